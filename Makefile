@@ -1,0 +1,38 @@
+# Warren — build, test and benchmark targets. `make test` is what CI runs.
+GO       ?= go
+PKGS     := ./...
+# Packages with goroutines or shared state run under the race detector.
+RACE_PKGS := ./queue/...
+
+.PHONY: all build test test-race vet fmt-check lint bench fuzz vectors tools
+
+all: build
+
+build:
+	$(GO) build $(PKGS)
+
+test: fmt-check vet
+	$(GO) test -count=1 $(PKGS)
+	$(GO) test -count=1 -race $(RACE_PKGS)
+
+vet:
+	$(GO) vet $(PKGS)
+
+fmt-check:
+	@out=$$(gofmt -l $$(git ls-files '*.go' 2>/dev/null || find . -name '*.go')); \
+	if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi
+
+lint: vet
+	$(GO) run honnef.co/go/tools/cmd/staticcheck@v0.7.0 $(PKGS)
+
+bench:
+	$(GO) test -run '^$$' -bench . -benchmem $(PKGS)
+
+# Fuzz the frame decoder; FUZZTIME=10m make fuzz for a longer run.
+FUZZTIME ?= 60s
+fuzz:
+	$(GO) test -run '^$$' -fuzz=FuzzDecode -fuzztime=$(FUZZTIME) ./wire
+
+# Regenerate spec/vectors from the Go cases (review the diff!).
+vectors:
+	$(GO) test ./wire -run TestVectors -update
