@@ -129,9 +129,7 @@ func DecodePublish(f Frame, maxFrame uint32, d *Decompressor, b *PublishBatch) e
 		return &Error{FrameError, "publish first_seq must be at least 1"}
 	}
 	b.section = section
-	var m Message
-	var scratch Properties
-	return validateBatch(section, b.Count, func(r *reader) { r.validMessage(&m, &scratch) })
+	return validateBatch(section, b.Count, entryMessage)
 }
 
 // section reads the rest of a batch payload, decompressing it if needed.
@@ -154,16 +152,41 @@ func (r *reader) section(c Codec, maxFrame uint32, d *Decompressor) ([]byte, err
 	return out, nil
 }
 
-// validateBatch checks that section holds exactly count entries, each
-// read by one.
-func validateBatch(section []byte, count uint32, one func(*reader)) error {
+type entryKind uint8
+
+const (
+	entryMessage entryKind = iota
+	entryDelivery
+	entryReturn
+)
+
+// validateBatch checks that section holds exactly count well-formed entries
+// of kind. (A switch rather than a callback: a closure here would escape and
+// cost an allocation per batch.)
+func validateBatch(section []byte, count uint32, kind entryKind) error {
 	if count == 0 {
 		return errEmptyBatch
 	}
 	r := reader{b: section}
-	var n uint32
+	var (
+		n       uint32
+		m       Message
+		d       Delivery
+		rm      Returned
+		scratch Properties
+	)
 	for !r.end() {
-		one(&r)
+		switch kind {
+		case entryMessage:
+			r.validMessage(&m, &scratch)
+		case entryDelivery:
+			r.validDelivery(&d, &scratch)
+		case entryReturn:
+			rm.Seq = r.u64()
+			rm.Code = Code(r.u16())
+			rm.Exchange = r.str8()
+			r.validMessage(&rm.Message, &scratch)
+		}
 		n++
 		if n > count {
 			return errCount
@@ -281,22 +304,22 @@ func DecodeDeliver(f Frame, maxFrame uint32, dc *Decompressor, b *DeliverBatch) 
 		return err
 	}
 	b.section = section
-	var d Delivery
-	var scratch Properties
-	return validateBatch(section, b.Count, func(r *reader) {
-		r.delivery(&d)
-		switch {
-		case r.err != nil:
-		case d.Flags&^deliveryFlagsMask != 0:
-			r.fail(errDeliveryFlags)
-		case d.Tag == 0:
-			r.fail(errDeliveryTag)
-		default:
-			if err := ParseProperties(d.Properties, &scratch); err != nil {
-				r.fail(err.(*Error))
-			}
+	return validateBatch(section, b.Count, entryDelivery)
+}
+
+func (r *reader) validDelivery(d *Delivery, scratch *Properties) {
+	r.delivery(d)
+	switch {
+	case r.err != nil:
+	case d.Flags&^deliveryFlagsMask != 0:
+		r.fail(errDeliveryFlags)
+	case d.Tag == 0:
+		r.fail(errDeliveryTag)
+	default:
+		if err := ParseProperties(d.Properties, scratch); err != nil {
+			r.fail(err.(*Error))
 		}
-	})
+	}
 }
 
 // DeliveryIter iterates the deliveries of a validated batch.
@@ -364,14 +387,7 @@ func DecodeReturn(f Frame, b *ReturnBatch) error {
 	if r.err != nil {
 		return r.err
 	}
-	var rm Returned
-	var scratch Properties
-	return validateBatch(b.section, b.Count, func(r *reader) {
-		rm.Seq = r.u64()
-		rm.Code = Code(r.u16())
-		rm.Exchange = r.str8()
-		r.validMessage(&rm.Message, &scratch)
-	})
+	return validateBatch(b.section, b.Count, entryReturn)
 }
 
 // ReturnIter iterates a validated RETURN batch.

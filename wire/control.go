@@ -194,9 +194,9 @@ func Negotiate[T uint16 | uint32](server, client T) T {
 // else for a heartbeat interval.
 type Heartbeat struct{}
 
-func (*Heartbeat) FrameType() Type                   { return TypeHeartbeat }
+func (*Heartbeat) FrameType() Type                 { return TypeHeartbeat }
 func (*Heartbeat) appendPayload(dst []byte) []byte { return dst }
-func (*Heartbeat) decodePayload(*reader)            {}
+func (*Heartbeat) decodePayload(*reader)           {}
 
 // Close ends a connection with a code and a reason.
 type Close struct {
@@ -213,9 +213,9 @@ func (c *Close) decodePayload(r *reader) { c.Code, c.Reason = Code(r.u16()), str
 // CloseOK acknowledges a Close; after it the socket is closed.
 type CloseOK struct{}
 
-func (*CloseOK) FrameType() Type                   { return TypeCloseOK }
+func (*CloseOK) FrameType() Type                 { return TypeCloseOK }
 func (*CloseOK) appendPayload(dst []byte) []byte { return dst }
-func (*CloseOK) decodePayload(*reader)            {}
+func (*CloseOK) decodePayload(*reader)           {}
 
 // ChannelOpen opens the channel it is sent on; the broker replies OK.
 type ChannelOpen struct {
@@ -241,9 +241,9 @@ func (c *ChannelClose) decodePayload(r *reader) { c.Code, c.Reason = Code(r.u16(
 // ChannelCloseOK acknowledges a ChannelClose; the channel id is free again.
 type ChannelCloseOK struct{}
 
-func (*ChannelCloseOK) FrameType() Type                   { return TypeChannelCloseOK }
+func (*ChannelCloseOK) FrameType() Type                 { return TypeChannelCloseOK }
 func (*ChannelCloseOK) appendPayload(dst []byte) []byte { return dst }
-func (*ChannelCloseOK) decodePayload(*reader)            {}
+func (*ChannelCloseOK) decodePayload(*reader)           {}
 
 // OKReply answers a request: Count is the number of messages the request
 // affected (deleted or purged), 0 where that has no meaning.

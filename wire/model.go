@@ -145,7 +145,7 @@ type Publish struct {
 	Messages []PublishMessage `json:"messages"`
 }
 
-func (*Publish) FrameType() Type               { return TypePublish }
+func (*Publish) FrameType() Type             { return TypePublish }
 func (*Publish) appendPayload([]byte) []byte { panic("wire: BUG: Publish is framed by appendFrame") }
 func (*Publish) decodePayload(*reader)       { panic("wire: BUG: Publish is decoded by DecodePublish") }
 func (p *Publish) appendFrame(dst []byte, ch uint16) []byte {
@@ -178,7 +178,7 @@ type Deliver struct {
 	Deliveries  []DeliveredMessage `json:"deliveries"`
 }
 
-func (*Deliver) FrameType() Type               { return TypeDeliver }
+func (*Deliver) FrameType() Type             { return TypeDeliver }
 func (*Deliver) appendPayload([]byte) []byte { panic("wire: BUG: Deliver is framed by appendFrame") }
 func (*Deliver) decodePayload(*reader)       { panic("wire: BUG: Deliver is decoded by DecodeDeliver") }
 func (d *Deliver) appendFrame(dst []byte, ch uint16) []byte {
@@ -216,7 +216,7 @@ type Return struct {
 	Returns []ReturnedMessage `json:"returns"`
 }
 
-func (*Return) FrameType() Type               { return TypeReturn }
+func (*Return) FrameType() Type             { return TypeReturn }
 func (*Return) appendPayload([]byte) []byte { panic("wire: BUG: Return is framed by appendFrame") }
 func (*Return) decodePayload(*reader)       { panic("wire: BUG: Return is decoded by DecodeReturn") }
 func (rt *Return) appendFrame(dst []byte, ch uint16) []byte {
@@ -236,7 +236,7 @@ type Confirm struct {
 	Ranges []ConfirmRange `json:"ranges"`
 }
 
-func (*Confirm) FrameType() Type               { return TypeConfirm }
+func (*Confirm) FrameType() Type             { return TypeConfirm }
 func (*Confirm) appendPayload([]byte) []byte { panic("wire: BUG: Confirm is framed by appendFrame") }
 func (*Confirm) decodePayload(*reader)       { panic("wire: BUG: Confirm is decoded by DecodeConfirm") }
 func (c *Confirm) appendFrame(dst []byte, ch uint16) []byte {
@@ -248,7 +248,7 @@ type Settle struct {
 	Entries []Settlement `json:"entries"`
 }
 
-func (*Settle) FrameType() Type               { return TypeSettle }
+func (*Settle) FrameType() Type             { return TypeSettle }
 func (*Settle) appendPayload([]byte) []byte { panic("wire: BUG: Settle is framed by appendFrame") }
 func (*Settle) decodePayload(*reader)       { panic("wire: BUG: Settle is decoded by DecodeSettle") }
 func (s *Settle) appendFrame(dst []byte, ch uint16) []byte {

@@ -21,7 +21,7 @@ const (
 	PropAppID           PropID = 10 // bytes
 	PropHeaders         PropID = 11 // table entries (no length prefix)
 	PropDeaths          PropID = 12 // dead-letter history, written by the broker
-	maxKnownProp                = PropDeaths
+	maxKnownProp               = PropDeaths
 )
 
 // MaxPropertiesLen bounds the encoded property block (u16 on the wire).

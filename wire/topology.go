@@ -153,9 +153,11 @@ type QueuePurge struct {
 	Name string `json:"name"`
 }
 
-func (*QueuePurge) FrameType() Type                   { return TypeQueuePurge }
-func (q *QueuePurge) appendPayload(dst []byte) []byte { return appendStr8(appendU32(dst, q.Req), q.Name) }
-func (q *QueuePurge) decodePayload(r *reader)         { q.Req, q.Name = r.u32(), string(r.str8()) }
+func (*QueuePurge) FrameType() Type { return TypeQueuePurge }
+func (q *QueuePurge) appendPayload(dst []byte) []byte {
+	return appendStr8(appendU32(dst, q.Req), q.Name)
+}
+func (q *QueuePurge) decodePayload(r *reader) { q.Req, q.Name = r.u32(), string(r.str8()) }
 
 // Bind routes messages from the Source exchange to Destination, a queue or
 // (ToExchange) an exchange. Unbind has the same fields and removes the
