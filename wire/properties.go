@@ -209,13 +209,13 @@ func (r DeathReason) String() string {
 // Death is one entry of a message's dead-letter history: one per (queue,
 // reason), most recent first.
 type Death struct {
-	Queue       string
-	Reason      DeathReason
-	Count       uint32
-	FirstMs     int64
-	LastMs      int64
-	Exchange    string
-	RoutingKeys []string
+	Queue       string      `json:"queue"`
+	Reason      DeathReason `json:"reason"`
+	Count       uint32      `json:"count"`
+	FirstMs     int64       `json:"first_ms"`
+	LastMs      int64       `json:"last_ms"`
+	Exchange    string      `json:"exchange"`
+	RoutingKeys []string    `json:"routing_keys"`
 }
 
 // AppendDeaths encodes a death history (the value of PropDeaths): a u8 count,

@@ -39,10 +39,10 @@ func (op SettleOp) String() string {
 // delivery tags First..Last inclusive. First == 0 means "every outstanding
 // tag up to Last" (AMQP's multiple flag); First == Last names one tag.
 type Settlement struct {
-	Op    SettleOp
-	First uint64
-	Last  uint64
-	Arg   uint32
+	Op    SettleOp `json:"op"`
+	First uint64   `json:"first"`
+	Last  uint64   `json:"last"`
+	Arg   uint32   `json:"arg"`
 }
 
 // settleEntrySize is op u8, first u64, last u64, arg u32.
@@ -117,9 +117,9 @@ func (b *SettleBatch) At(i int, s *Settlement) { readSettlement(b.entries[i*sett
 // on a channel: Code OK is an ack (the broker has taken responsibility),
 // any other code a nack for that reason.
 type ConfirmRange struct {
-	First uint64
-	Last  uint64
-	Code  Code
+	First uint64 `json:"first"`
+	Last  uint64 `json:"last"`
+	Code  Code   `json:"code"`
 }
 
 const confirmEntrySize = 18
