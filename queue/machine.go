@@ -1,0 +1,872 @@
+package queue
+
+import (
+	"errors"
+	"math"
+	"math/bits"
+	"slices"
+
+	"github.com/warren-mq/warren/wire"
+)
+
+// DefaultStarvationLimit is how many messages in a row the highest waiting
+// priority level may take while a lower level waits, before a lower level
+// gets one (weighted anti-starvation). See Machine.
+const DefaultStarvationLimit = 8
+
+// Config is a queue's behaviour, fixed at declare time.
+type Config struct {
+	MaxPriority     uint8 // levels 0..MaxPriority
+	StrictPriority  bool  // no anti-starvation
+	StarvationLimit int   // 0: DefaultStarvationLimit
+	MaxLength       int64 // ready messages; 0: no limit
+	MaxLengthBytes  int64 // ready body bytes; 0: no limit
+	Overflow        wire.Overflow
+	MessageTTLMs    int64 // 0: none
+	DeadLetter      bool  // a dead-letter exchange is set (else dead messages are dropped)
+	DeliveryLimit   uint32
+	RetryInitialMs  int64
+	RetryMultiplier float64
+	RetryMaxMs      int64
+	ConsumerTimeout int64 // ms; 0: none
+	SingleActive    bool
+	AutoDelete      bool  // delete when the last consumer leaves
+	ExpiresMs       int64 // delete when unused this long; 0: never
+}
+
+// ConfigFromArgs maps declared queue arguments to a Config.
+func ConfigFromArgs(a wire.QueueArgs, autoDelete bool) Config {
+	return Config{
+		MaxPriority: a.MaxPriority, StrictPriority: a.StrictPriority,
+		MaxLength: a.MaxLength, MaxLengthBytes: a.MaxLengthBytes, Overflow: a.Overflow,
+		MessageTTLMs: a.MessageTTL.Milliseconds(), DeadLetter: a.DeadLetterExchange != "",
+		DeliveryLimit: a.DeliveryLimit, RetryInitialMs: a.RetryInitial.Milliseconds(),
+		RetryMultiplier: a.RetryMultiplier, RetryMaxMs: a.RetryMax.Milliseconds(),
+		ConsumerTimeout: a.ConsumerTimeout.Milliseconds(), SingleActive: a.SingleActiveConsumer,
+		AutoDelete: autoDelete, ExpiresMs: a.Expires.Milliseconds(),
+	}
+}
+
+// Message is what Enqueue needs to know of a message: never its body,
+// which the caller keeps (in memory, or in the log at index ID).
+type Message struct {
+	ID            uint64 // unique and increasing per queue (a raft index, or a counter)
+	Size          uint32 // body bytes, for max-length-bytes and prefetch bytes
+	Priority      uint8
+	ExpirationMs  uint32 // per-message TTL; used when HasExpiration
+	HasExpiration bool
+}
+
+// entry is the fixed-size record of one message the queue holds: 32 bytes,
+// no pointers, so a million ready messages cost 32 MB and no GC scanning.
+type entry struct {
+	id         uint64
+	expireAt   int64 // ms; 0: never
+	size       uint32
+	deliveries uint32 // delivery_count
+	failed     uint32 // failed_count
+	prio       uint8
+}
+
+// ConsumerID names a consumer; the caller assigns them.
+type ConsumerID uint64
+
+// OwnerID names what a consumer belongs to (a connection, or channel), for
+// Down.
+type OwnerID uint64
+
+// ConsumerSpec describes a new consumer.
+type ConsumerSpec struct {
+	ID        ConsumerID
+	Owner     OwnerID
+	Prefetch  uint32 // 0: unlimited
+	Priority  int16
+	AutoAck   bool
+	Exclusive bool
+}
+
+type outstanding struct {
+	tag      uint64
+	deadline int64 // ms; 0: none
+	// floor is the deadline given at delivery. Leases only grow (extend
+	// never shortens one), and floors grow with tags, so the first live
+	// floor bounds every deadline from below: the next wake-up needs no
+	// scan.
+	floor   int64
+	e       entry
+	settled bool // a tombstone until the head passes it
+}
+
+type consumer struct {
+	ConsumerSpec
+	seq       uint64 // arrival order, for stable ordering among equals
+	cancelled bool   // no more deliveries; kept while it has outstanding ones
+	out       []outstanding
+	head      int // first live index in out
+	live      int // unsettled deliveries
+}
+
+func (c *consumer) hasCredit() bool {
+	return !c.cancelled && (c.AutoAck || c.Prefetch == 0 || uint32(c.live) < c.Prefetch)
+}
+
+// EffectKind says what an Effect asks the caller to do.
+type EffectKind uint8
+
+const (
+	// Deliver message Msg to Consumer under queue-local tag Tag.
+	Deliver EffectKind = iota + 1
+	// Remove: message Msg is settled for good (acked, auto-acked, purged);
+	// free its body.
+	Remove
+	// DeadLetter: publish Msg to the dead-letter exchange with a death
+	// record for Reason, then free it.
+	DeadLetter
+	// Drop: Msg died for Reason but there is no dead-letter exchange; free it.
+	Drop
+	// RejectPublish: nack the publisher of Msg with queue_full; the queue
+	// never took it. With reject-publish-dlx a DeadLetter for it follows.
+	RejectPublish
+	// LeaseExpired: Consumer held Tag past its ack timeout; it was taken
+	// back. Tell the consumer.
+	LeaseExpired
+	// Timer: call Tick at At (ms) or earlier. At most one per batch of
+	// effects, always the last.
+	Timer
+	// DeleteQueue: the queue auto-deleted (last consumer left) or expired.
+	DeleteQueue
+)
+
+var effectNames = [...]string{"", "deliver", "remove", "dead-letter", "drop", "reject-publish", "lease-expired", "timer", "delete-queue"}
+
+func (k EffectKind) String() string { return effectNames[k] }
+
+// Effect is one thing the caller must do after a command. Which fields are
+// set depends on Kind.
+type Effect struct {
+	Kind          EffectKind
+	Consumer      ConsumerID
+	Tag           uint64
+	Msg           uint64
+	DeliveryCount uint32
+	FailedCount   uint32
+	Reason        wire.DeathReason
+	At            int64
+}
+
+// Errors returned for commands a client got wrong. They carry the protocol
+// code to answer with.
+var (
+	ErrUnknownConsumer = &wire.Error{Code: wire.NotFound, Reason: "queue: no such consumer"}
+	ErrConsumerExists  = &wire.Error{Code: wire.PreconditionFailed, Reason: "queue: consumer id in use"}
+	ErrExclusive       = &wire.Error{Code: wire.ResourceLocked, Reason: "queue: has an exclusive consumer"}
+	ErrNotExclusive    = &wire.Error{Code: wire.ResourceLocked, Reason: "queue: has consumers; cannot be exclusive"}
+	ErrUnknownTag      = &wire.Error{Code: wire.UnknownDeliveryTag, Reason: "queue: delivery tag not outstanding"}
+	ErrSettleOp        = errors.New("queue: unknown settle op")
+)
+
+// Machine is one queue's state machine. It is deterministic: its state and
+// effects depend only on the commands applied and the times passed in (ms,
+// stamped by the leader). It does no I/O, starts no goroutines, reads no
+// clock and draws no random numbers, so every replica computes the same.
+//
+// Dispatch picks the highest non-empty priority level, except that after
+// StarvationLimit (K) consecutive picks while a lower level waited, the next
+// pick goes to the next non-empty lower level in a rotation. Bound: while N
+// levels are non-empty, the head of each is dispatched within (K+1)·N
+// dispatches. Consumers are served highest consumer priority first, and
+// round-robin among equals.
+//
+// Every command returns the effects it caused, in order. The slice is owned
+// by the machine and valid until the next command.
+type Machine struct {
+	cfg Config
+
+	levels   []ring
+	nonEmpty [4]uint64 // bit l set ⇔ levels[l] has entries (dead ones included)
+	skipped  int       // consecutive top-level picks while a lower level waited
+	cursor   int       // last lower level served by anti-starvation
+
+	readyCount int64
+	readyBytes int64
+
+	consumers []*consumer // sorted by priority desc, then arrival
+	rr        int
+	arrivals  uint64
+	nextTag   uint64
+
+	parked   timeHeap            // retry backoff: ready at .at
+	ttlWatch timeHeap            // ready messages with an expiry
+	ttlReady map[uint64]struct{} // ids of ready messages in ttlWatch
+	dead     map[uint64]struct{} // expired while in a ring; skipped on pop
+
+	lastUsed int64
+	deleted  bool
+
+	effects []Effect
+	scratch []entry
+
+	Stats Stats
+}
+
+// Stats are monotonic counters, for metrics.
+type Stats struct {
+	Enqueued, Delivered, Redelivered, Acked, Requeued, DeadLettered, Dropped, Rejected, Expired uint64
+}
+
+// New returns an empty queue.
+func New(cfg Config, now int64) *Machine {
+	if cfg.StarvationLimit <= 0 {
+		cfg.StarvationLimit = DefaultStarvationLimit
+	}
+	if cfg.RetryMultiplier < 1 {
+		cfg.RetryMultiplier = 1
+	}
+	return &Machine{
+		cfg:      cfg,
+		levels:   make([]ring, int(cfg.MaxPriority)+1),
+		ttlReady: map[uint64]struct{}{},
+		dead:     map[uint64]struct{}{},
+		lastUsed: now,
+	}
+}
+
+// Ready is the number of messages waiting for a consumer (parked retries
+// not included).
+func (m *Machine) Ready() int64 { return m.readyCount }
+
+// ReadyBytes is the body bytes of the ready messages.
+func (m *Machine) ReadyBytes() int64 { return m.readyBytes }
+
+// Parked is the number of messages waiting out a retry backoff.
+func (m *Machine) Parked() int { return len(m.parked) }
+
+// Unacked is the number of deliveries out with consumers.
+func (m *Machine) Unacked() int {
+	n := 0
+	for _, c := range m.consumers {
+		n += c.live
+	}
+	return n
+}
+
+// Consumers is the number of active (not cancelled) consumers.
+func (m *Machine) Consumers() int {
+	n := 0
+	for _, c := range m.consumers {
+		if !c.cancelled {
+			n++
+		}
+	}
+	return n
+}
+
+func (m *Machine) begin(now int64) { m.effects = m.effects[:0]; _ = now }
+
+func (m *Machine) emit(e Effect) { m.effects = append(m.effects, e) }
+
+// finish dispatches what it can and appends the next timer.
+func (m *Machine) finish(now int64) []Effect {
+	m.dispatch(now)
+	if at, ok := m.nextWake(now); ok {
+		m.emit(Effect{Kind: Timer, At: at})
+	}
+	return m.effects
+}
+
+// ---- enqueue ----
+
+// Enqueue adds a batch of messages. Each is either taken (and may cause
+// drop-head dead-letters) or refused with a RejectPublish effect.
+func (m *Machine) Enqueue(now int64, msgs []Message) []Effect {
+	m.begin(now)
+	m.lastUsed = now
+	for i := range msgs {
+		msg := &msgs[i]
+		e := entry{id: msg.ID, size: msg.Size, prio: min(msg.Priority, m.cfg.MaxPriority)}
+		ttl := m.cfg.MessageTTLMs
+		if msg.HasExpiration && (ttl == 0 || int64(msg.ExpirationMs) < ttl) {
+			ttl = int64(msg.ExpirationMs)
+		}
+		if msg.HasExpiration || m.cfg.MessageTTLMs > 0 {
+			e.expireAt = now + ttl
+			if ttl == 0 {
+				e.expireAt = now // expires at once: never delivered
+			}
+		}
+		if m.full(e.size) {
+			switch m.cfg.Overflow {
+			case wire.RejectPublish, wire.RejectPublishDLX:
+				m.emit(Effect{Kind: RejectPublish, Msg: e.id})
+				m.Stats.Rejected++
+				if m.cfg.Overflow == wire.RejectPublishDLX {
+					m.kill(e, wire.ReasonMaxLen)
+				}
+				continue
+			default:
+				for m.full(e.size) && m.readyCount > 0 {
+					m.kill(m.popLowest(), wire.ReasonMaxLen)
+				}
+				if m.full(e.size) { // larger than the whole byte limit
+					m.kill(e, wire.ReasonMaxLen)
+					continue
+				}
+			}
+		}
+		m.Stats.Enqueued++
+		m.pushReady(e, false)
+	}
+	return m.finish(now)
+}
+
+func (m *Machine) full(size uint32) bool {
+	return (m.cfg.MaxLength > 0 && m.readyCount+1 > m.cfg.MaxLength) ||
+		(m.cfg.MaxLengthBytes > 0 && m.readyBytes+int64(size) > m.cfg.MaxLengthBytes)
+}
+
+// pushReady puts e in its level: at the tail for new messages, at the head
+// for returned ones.
+func (m *Machine) pushReady(e entry, front bool) {
+	l := int(e.prio)
+	if front {
+		m.levels[l].pushFront(e)
+	} else {
+		m.levels[l].pushBack(e)
+	}
+	m.nonEmpty[l>>6] |= 1 << (l & 63)
+	m.readyCount++
+	m.readyBytes += int64(e.size)
+	if e.expireAt != 0 {
+		m.ttlWatch.push(timed{at: e.expireAt, e: e})
+		m.ttlReady[e.id] = struct{}{}
+	}
+}
+
+// popLevel removes the live head of level l, skipping entries that expired
+// in place. The level must hold a live entry.
+func (m *Machine) popLevel(l int) entry {
+	r := &m.levels[l]
+	for {
+		e := r.popFront()
+		if r.len() == 0 {
+			m.nonEmpty[l>>6] &^= 1 << (l & 63)
+		}
+		if len(m.dead) > 0 {
+			if _, gone := m.dead[e.id]; gone {
+				delete(m.dead, e.id)
+				continue
+			}
+		}
+		m.readyCount--
+		m.readyBytes -= int64(e.size)
+		if e.expireAt != 0 {
+			delete(m.ttlReady, e.id)
+		}
+		return e
+	}
+}
+
+// liveLevel reports whether level l holds a live (not expired-in-place)
+// entry, dropping dead heads as it looks.
+func (m *Machine) liveLevel(l int) bool {
+	r := &m.levels[l]
+	for r.len() > 0 {
+		if len(m.dead) == 0 {
+			return true
+		}
+		if _, gone := m.dead[r.front().id]; !gone {
+			return true
+		}
+		delete(m.dead, r.front().id)
+		r.popFront()
+	}
+	m.nonEmpty[l>>6] &^= 1 << (l & 63)
+	return false
+}
+
+// highestBelow returns the highest level < limit with entries, or -1.
+func (m *Machine) highestBelow(limit int) int {
+	for limit > 0 {
+		w := (limit - 1) >> 6
+		mask := m.nonEmpty[w]
+		if b := (limit-1)&63 + 1; b < 64 {
+			mask &= 1<<b - 1
+		}
+		if mask != 0 {
+			return w<<6 + bits.Len64(mask) - 1
+		}
+		limit = w << 6
+	}
+	return -1
+}
+
+// liveBelow is highestBelow over live levels.
+func (m *Machine) liveBelow(limit int) int {
+	for {
+		l := m.highestBelow(limit)
+		if l < 0 || m.liveLevel(l) {
+			return l
+		}
+	}
+}
+
+// popLowest removes the head of the lowest live level (drop-head overflow).
+func (m *Machine) popLowest() entry {
+	for l := range m.levels {
+		if m.liveLevel(l) {
+			return m.popLevel(l)
+		}
+	}
+	panic("queue: BUG: popLowest with no ready message")
+}
+
+// pickLevel chooses the level of the next dispatch (see Machine).
+func (m *Machine) pickLevel() int {
+	top := m.liveBelow(len(m.levels))
+	if top < 0 {
+		return -1
+	}
+	if m.cfg.StrictPriority {
+		return top
+	}
+	lower := m.liveBelow(top)
+	if lower < 0 {
+		m.skipped = 0
+		return top
+	}
+	if m.skipped < m.cfg.StarvationLimit {
+		m.skipped++
+		return top
+	}
+	m.skipped = 0
+	// Rotate through the lower levels: next below the cursor, wrapping.
+	if m.cursor >= top || m.cursor <= 0 {
+		m.cursor = top
+	}
+	l := m.liveBelow(m.cursor)
+	if l < 0 {
+		l = lower
+	}
+	m.cursor = l
+	return l
+}
+
+// ---- dispatch ----
+
+func (m *Machine) pickConsumer() *consumer {
+	cs := m.consumers
+	if m.cfg.SingleActive {
+		if len(cs) > 0 && cs[0].hasCredit() {
+			return cs[0]
+		}
+		return nil
+	}
+	for gi := 0; gi < len(cs); {
+		gj := gi + 1
+		for gj < len(cs) && cs[gj].Priority == cs[gi].Priority {
+			gj++
+		}
+		n := gj - gi
+		for k := 0; k < n; k++ {
+			i := (m.rr + k) % n
+			if c := cs[gi+i]; c.hasCredit() {
+				m.rr = i + 1
+				return c
+			}
+		}
+		gi = gj
+	}
+	return nil
+}
+
+func (m *Machine) dispatch(now int64) {
+	for m.readyCount > 0 {
+		c := m.pickConsumer()
+		if c == nil {
+			return
+		}
+		l := m.pickLevel()
+		if l < 0 {
+			return
+		}
+		e := m.popLevel(l)
+		if e.expireAt != 0 && e.expireAt <= now {
+			m.Stats.Expired++
+			m.kill(e, wire.ReasonExpired)
+			continue
+		}
+		m.deliver(now, c, e)
+	}
+}
+
+func (m *Machine) deliver(now int64, c *consumer, e entry) {
+	e.deliveries++
+	m.nextTag++
+	m.Stats.Delivered++
+	if e.deliveries > 1 {
+		m.Stats.Redelivered++
+	}
+	m.lastUsed = now
+	m.emit(Effect{Kind: Deliver, Consumer: c.ID, Tag: m.nextTag, Msg: e.id, DeliveryCount: e.deliveries, FailedCount: e.failed})
+	if c.AutoAck {
+		m.Stats.Acked++
+		m.emit(Effect{Kind: Remove, Msg: e.id})
+		return
+	}
+	o := outstanding{tag: m.nextTag, e: e}
+	if m.cfg.ConsumerTimeout > 0 {
+		o.deadline = now + m.cfg.ConsumerTimeout
+		o.floor = o.deadline
+	}
+	c.out = append(c.out, o)
+	c.live++
+}
+
+// kill dead-letters e (or drops it when the queue has no dead-letter
+// exchange).
+func (m *Machine) kill(e entry, reason wire.DeathReason) {
+	if m.cfg.DeadLetter {
+		m.Stats.DeadLettered++
+		m.emit(Effect{Kind: DeadLetter, Msg: e.id, Reason: reason})
+	} else {
+		m.Stats.Dropped++
+		m.emit(Effect{Kind: Drop, Msg: e.id, Reason: reason})
+	}
+}
+
+// ---- consumers ----
+
+// Subscribe adds a consumer.
+func (m *Machine) Subscribe(now int64, spec ConsumerSpec) ([]Effect, error) {
+	m.begin(now)
+	for _, c := range m.consumers {
+		if c.ID == spec.ID {
+			return nil, ErrConsumerExists
+		}
+		if c.Exclusive && !c.cancelled {
+			return nil, ErrExclusive
+		}
+	}
+	if spec.Exclusive && m.Consumers() > 0 {
+		return nil, ErrNotExclusive
+	}
+	m.arrivals++
+	c := &consumer{ConsumerSpec: spec, seq: m.arrivals}
+	i, _ := slices.BinarySearchFunc(m.consumers, c, func(a, b *consumer) int {
+		if a.Priority != b.Priority {
+			return int(b.Priority) - int(a.Priority)
+		}
+		return int(a.seq) - int(b.seq)
+	})
+	m.consumers = slices.Insert(m.consumers, i, c)
+	m.lastUsed = now
+	return m.finish(now), nil
+}
+
+func (m *Machine) find(id ConsumerID) (int, *consumer) {
+	for i, c := range m.consumers {
+		if c.ID == id {
+			return i, c
+		}
+	}
+	return -1, nil
+}
+
+// Cancel stops deliveries to a consumer. With requeue, its outstanding
+// deliveries return to the queue now (as on channel close); without, they
+// stay settleable and the consumer goes once they are settled.
+func (m *Machine) Cancel(now int64, id ConsumerID, requeue bool) ([]Effect, error) {
+	m.begin(now)
+	i, c := m.find(id)
+	if c == nil || (c.cancelled && !requeue) {
+		return nil, ErrUnknownConsumer
+	}
+	c.cancelled = true
+	if requeue {
+		m.returnAll(now, c)
+	}
+	if c.live == 0 {
+		m.consumers = slices.Delete(m.consumers, i, i+1)
+	}
+	m.lastUsed = now
+	if m.cfg.AutoDelete && m.Consumers() == 0 && !m.deleted {
+		m.deleted = true
+		m.emit(Effect{Kind: DeleteQueue})
+	}
+	return m.finish(now), nil
+}
+
+// Down returns everything held by the consumers of owner (a connection
+// or channel that went away) and removes them.
+func (m *Machine) Down(now int64, owner OwnerID) []Effect {
+	m.begin(now)
+	had := false
+	for i := 0; i < len(m.consumers); {
+		c := m.consumers[i]
+		if c.Owner != owner {
+			i++
+			continue
+		}
+		had = true
+		c.cancelled = true
+		m.returnAll(now, c)
+		m.consumers = slices.Delete(m.consumers, i, i+1)
+	}
+	if had && m.cfg.AutoDelete && m.Consumers() == 0 && !m.deleted {
+		m.deleted = true
+		m.emit(Effect{Kind: DeleteQueue})
+	}
+	return m.finish(now)
+}
+
+// returnAll takes back every outstanding delivery of c, restoring their
+// original order at the head of their levels.
+func (m *Machine) returnAll(now int64, c *consumer) {
+	m.scratch = m.scratch[:0]
+	for i := c.head; i < len(c.out); i++ {
+		if !c.out[i].settled {
+			m.scratch = append(m.scratch, c.out[i].e)
+		}
+	}
+	c.out, c.head, c.live = c.out[:0], 0, 0
+	m.requeue(now, m.scratch)
+}
+
+// requeue returns entries (in delivery order) to the head of their levels,
+// counting a failure, applying the delivery limit and retry backoff.
+func (m *Machine) requeue(now int64, es []entry) {
+	for i := len(es) - 1; i >= 0; i-- {
+		e := es[i]
+		e.failed++
+		m.Stats.Requeued++
+		if m.cfg.DeliveryLimit > 0 && e.deliveries >= m.cfg.DeliveryLimit {
+			m.kill(e, wire.ReasonDeliveryLimit)
+			continue
+		}
+		if d := m.backoff(e.failed); d > 0 {
+			m.parked.push(timed{at: now + d, e: e})
+			continue
+		}
+		m.pushReady(e, true)
+	}
+}
+
+// backoff is min(initial × multiplier^(n−1), max) for the n-th failure.
+func (m *Machine) backoff(n uint32) int64 {
+	if m.cfg.RetryInitialMs <= 0 {
+		return 0
+	}
+	d := float64(m.cfg.RetryInitialMs) * math.Pow(m.cfg.RetryMultiplier, float64(n-1))
+	if m.cfg.RetryMaxMs > 0 && d > float64(m.cfg.RetryMaxMs) {
+		return m.cfg.RetryMaxMs
+	}
+	if d > math.MaxInt64/2 {
+		return math.MaxInt64 / 2
+	}
+	return int64(d)
+}
+
+// ---- settlement ----
+
+// Settle applies op to consumer id's outstanding deliveries with tags in
+// first..last (first == 0: every outstanding tag ≤ last). Tags in the range
+// that are not outstanding are skipped; a range that matches none is
+// ErrUnknownTag. Extend takes the new lease in arg ms (0: the queue's
+// consumer timeout).
+func (m *Machine) Settle(now int64, id ConsumerID, op wire.SettleOp, first, last uint64, argMs uint32) ([]Effect, error) {
+	m.begin(now)
+	ci, c := m.find(id)
+	if c == nil {
+		return nil, ErrUnknownConsumer
+	}
+	if op < wire.SettleAck || op > wire.SettleExtend {
+		return nil, ErrSettleOp
+	}
+	start := c.head
+	if first > 0 {
+		start, _ = slices.BinarySearchFunc(c.out[c.head:], first, func(o outstanding, t uint64) int {
+			return cmpU64(o.tag, t)
+		})
+		start += c.head
+	}
+	m.scratch = m.scratch[:0]
+	matched := 0
+	for i := start; i < len(c.out) && c.out[i].tag <= last; i++ {
+		o := &c.out[i]
+		if o.settled {
+			continue
+		}
+		matched++
+		switch op {
+		case wire.SettleExtend:
+			lease := int64(argMs)
+			if lease == 0 {
+				lease = m.cfg.ConsumerTimeout
+			}
+			if lease > 0 && now+lease > o.deadline {
+				o.deadline = now + lease
+			}
+			continue
+		case wire.SettleAck:
+			m.Stats.Acked++
+			m.emit(Effect{Kind: Remove, Msg: o.e.id})
+		case wire.SettleRequeue:
+			m.scratch = append(m.scratch, o.e)
+		case wire.SettleReject:
+			o.e.failed++
+			m.kill(o.e, wire.ReasonRejected)
+		}
+		o.settled = true
+		c.live--
+	}
+	if matched == 0 {
+		return nil, ErrUnknownTag
+	}
+	m.compact(c)
+	m.requeue(now, m.scratch)
+	if c.cancelled && c.live == 0 {
+		m.consumers = slices.Delete(m.consumers, ci, ci+1)
+	}
+	return m.finish(now), nil
+}
+
+func cmpU64(a, b uint64) int {
+	switch {
+	case a < b:
+		return -1
+	case a > b:
+		return 1
+	}
+	return 0
+}
+
+// compact advances c's head past settled slots and reclaims space.
+func (m *Machine) compact(c *consumer) {
+	for c.head < len(c.out) && c.out[c.head].settled {
+		c.head++
+	}
+	if c.head == len(c.out) {
+		c.out, c.head = c.out[:0], 0
+	} else if c.head > 64 && c.head > len(c.out)/2 {
+		n := copy(c.out, c.out[c.head:])
+		c.out, c.head = c.out[:n], 0
+	}
+}
+
+// ---- time ----
+
+// Tick advances time: ready messages past their TTL are dead-lettered
+// wherever they are in the queue, parked retries whose backoff is over
+// become ready, deliveries past their lease are taken back, and an unused
+// queue past its expiry is deleted.
+func (m *Machine) Tick(now int64) []Effect {
+	m.begin(now)
+	for {
+		at, ok := m.ttlWatch.peek()
+		if !ok || at > now {
+			break
+		}
+		t := m.ttlWatch.pop()
+		if _, ready := m.ttlReady[t.e.id]; !ready {
+			continue // delivered (or dropped) since
+		}
+		delete(m.ttlReady, t.e.id)
+		m.dead[t.e.id] = struct{}{}
+		m.readyCount--
+		m.readyBytes -= int64(t.e.size)
+		m.Stats.Expired++
+		m.kill(t.e, wire.ReasonExpired)
+	}
+	for {
+		at, ok := m.parked.peek()
+		if !ok || at > now {
+			break
+		}
+		m.pushReady(m.parked.pop().e, true)
+	}
+	if m.cfg.ConsumerTimeout > 0 {
+		for _, c := range m.consumers {
+			m.expireLeases(now, c)
+		}
+	}
+	if m.cfg.ExpiresMs > 0 && !m.deleted && m.Consumers() == 0 && now-m.lastUsed >= m.cfg.ExpiresMs {
+		m.deleted = true
+		m.emit(Effect{Kind: DeleteQueue})
+	}
+	return m.finish(now)
+}
+
+func (m *Machine) expireLeases(now int64, c *consumer) {
+	m.scratch = m.scratch[:0]
+	for i := c.head; i < len(c.out); i++ {
+		o := &c.out[i]
+		if o.settled || o.deadline == 0 || o.deadline > now {
+			continue
+		}
+		m.emit(Effect{Kind: LeaseExpired, Consumer: c.ID, Tag: o.tag})
+		m.scratch = append(m.scratch, o.e)
+		o.settled = true
+		c.live--
+	}
+	if len(m.scratch) > 0 {
+		m.compact(c)
+		m.requeue(now, m.scratch)
+	}
+}
+
+// nextWake is the earliest time Tick has work: a TTL, a retry, a lease or
+// the queue's expiry.
+func (m *Machine) nextWake(now int64) (int64, bool) {
+	at, ok := int64(math.MaxInt64), false
+	consider := func(t int64) {
+		if t < at {
+			at, ok = t, true
+		}
+	}
+	for len(m.ttlWatch) > 0 {
+		if _, ready := m.ttlReady[m.ttlWatch[0].e.id]; ready {
+			consider(m.ttlWatch[0].at)
+			break
+		}
+		m.ttlWatch.pop() // stale watch: the message left the ready set
+	}
+	if t, has := m.parked.peek(); has {
+		consider(t)
+	}
+	if m.cfg.ConsumerTimeout > 0 {
+		for _, c := range m.consumers {
+			if c.head >= len(c.out) {
+				continue
+			}
+			if f := c.out[c.head].floor; f > now {
+				consider(f) // a lower bound of every lease (see outstanding.floor)
+				continue
+			}
+			// The head's lease was extended past its floor: find the
+			// earliest live deadline the slow way (rare).
+			for i := c.head; i < len(c.out); i++ {
+				if o := &c.out[i]; !o.settled && o.deadline != 0 {
+					consider(o.deadline)
+				}
+			}
+		}
+	}
+	if m.cfg.ExpiresMs > 0 && !m.deleted && m.Consumers() == 0 {
+		consider(m.lastUsed + m.cfg.ExpiresMs)
+	}
+	return at, ok
+}
+
+// Purge removes every ready message (not parked or outstanding ones) and
+// returns how many went.
+func (m *Machine) Purge(now int64) (int64, []Effect) {
+	m.begin(now)
+	n := int64(0)
+	for m.readyCount > 0 {
+		e := m.popLowest()
+		m.emit(Effect{Kind: Remove, Msg: e.id})
+		n++
+	}
+	m.lastUsed = now
+	return n, m.finish(now)
+}
