@@ -267,6 +267,7 @@ func (m *Machine) emit(e Effect) { m.effects = append(m.effects, e) }
 
 // finish dispatches what it can and appends the next timer.
 func (m *Machine) finish(now int64) []Effect {
+	m.reap()
 	m.dispatch(now)
 	if at, ok := m.nextWake(now); ok {
 		m.emit(Effect{Kind: Timer, At: at})
@@ -274,10 +275,18 @@ func (m *Machine) finish(now int64) []Effect {
 	return m.effects
 }
 
+// reap removes cancelled consumers that hold nothing any more.
+func (m *Machine) reap() {
+	m.consumers = slices.DeleteFunc(m.consumers, func(c *consumer) bool { return c.cancelled && c.live == 0 })
+}
+
 // ---- enqueue ----
 
 // Enqueue adds a batch of messages. Each is either taken (and may cause
-// drop-head dead-letters) or refused with a RejectPublish effect.
+// drop-head dead-letters) or refused with a RejectPublish effect. Length
+// limits are enforced here, on publish: a message a consumer hands back is
+// always taken back (the queue already owns it), so a queue may exceed its
+// limit by at most its unacked count until the next publish trims it.
 func (m *Machine) Enqueue(now int64, msgs []Message) []Effect {
 	m.begin(now)
 	m.lastUsed = now
@@ -456,8 +465,15 @@ func (m *Machine) pickLevel() int {
 func (m *Machine) pickConsumer() *consumer {
 	cs := m.consumers
 	if m.cfg.SingleActive {
-		if len(cs) > 0 && cs[0].hasCredit() {
-			return cs[0]
+		// The active consumer is the first (highest priority, oldest)
+		// that is not cancelled; the others wait their turn.
+		for _, c := range cs {
+			if !c.cancelled {
+				if c.hasCredit() {
+					return c
+				}
+				return nil
+			}
 		}
 		return nil
 	}
@@ -577,16 +593,13 @@ func (m *Machine) find(id ConsumerID) (int, *consumer) {
 // stay settleable and the consumer goes once they are settled.
 func (m *Machine) Cancel(now int64, id ConsumerID, requeue bool) ([]Effect, error) {
 	m.begin(now)
-	i, c := m.find(id)
+	_, c := m.find(id)
 	if c == nil || (c.cancelled && !requeue) {
 		return nil, ErrUnknownConsumer
 	}
 	c.cancelled = true
 	if requeue {
 		m.returnAll(now, c)
-	}
-	if c.live == 0 {
-		m.consumers = slices.Delete(m.consumers, i, i+1)
 	}
 	m.lastUsed = now
 	if m.cfg.AutoDelete && m.Consumers() == 0 && !m.deleted {
@@ -675,7 +688,7 @@ func (m *Machine) backoff(n uint32) int64 {
 // consumer timeout).
 func (m *Machine) Settle(now int64, id ConsumerID, op wire.SettleOp, first, last uint64, argMs uint32) ([]Effect, error) {
 	m.begin(now)
-	ci, c := m.find(id)
+	_, c := m.find(id)
 	if c == nil {
 		return nil, ErrUnknownConsumer
 	}
@@ -724,9 +737,6 @@ func (m *Machine) Settle(now int64, id ConsumerID, op wire.SettleOp, first, last
 	}
 	m.compact(c)
 	m.requeue(now, m.scratch)
-	if c.cancelled && c.live == 0 {
-		m.consumers = slices.Delete(m.consumers, ci, ci+1)
-	}
 	return m.finish(now), nil
 }
 

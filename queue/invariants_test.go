@@ -1,0 +1,55 @@
+package queue
+
+import "fmt"
+
+// checkInvariants verifies the machine's internal consistency. Tests call
+// it after every command; it is O(state), so never on the hot path.
+func (m *Machine) checkInvariants() error {
+	var ready, bytes int64
+	for l := range m.levels {
+		r := &m.levels[l]
+		bit := m.nonEmpty[l>>6]&(1<<(l&63)) != 0
+		if bit != (r.len() > 0) {
+			return fmt.Errorf("level %d: bitmap says %v, ring has %d", l, bit, r.len())
+		}
+		for i := 0; i < r.len(); i++ {
+			e := r.at(i)
+			if _, gone := m.dead[e.id]; gone {
+				continue
+			}
+			if int(e.prio) != l {
+				return fmt.Errorf("message %d of priority %d in level %d", e.id, e.prio, l)
+			}
+			ready++
+			bytes += int64(e.size)
+		}
+	}
+	if ready != m.readyCount || bytes != m.readyBytes {
+		return fmt.Errorf("ready count %d/%d bytes %d/%d (counted/kept)", ready, m.readyCount, bytes, m.readyBytes)
+	}
+	// Length limits are enforced on publish only (see Enqueue), so they
+	// are checked by the traces, not here.
+	for _, c := range m.consumers {
+		live := 0
+		var last uint64
+		for i := c.head; i < len(c.out); i++ {
+			if c.out[i].tag <= last {
+				return fmt.Errorf("consumer %d: tags out of order", c.ID)
+			}
+			last = c.out[i].tag
+			if !c.out[i].settled {
+				live++
+			}
+		}
+		if live != c.live {
+			return fmt.Errorf("consumer %d: %d live, counted %d", c.ID, live, c.live)
+		}
+		if !c.AutoAck && c.Prefetch > 0 && uint32(c.live) > c.Prefetch {
+			return fmt.Errorf("consumer %d: %d unacked over prefetch %d", c.ID, c.live, c.Prefetch)
+		}
+		if c.cancelled && c.live == 0 {
+			return fmt.Errorf("consumer %d: cancelled and drained but still listed", c.ID)
+		}
+	}
+	return nil
+}
