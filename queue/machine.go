@@ -193,7 +193,9 @@ type Machine struct {
 	consumers []*consumer // sorted by priority desc, then arrival
 	rr        int
 	arrivals  uint64
-	nextTag   uint64
+	// cancelledAny: some consumer is cancelled but may still be listed.
+	cancelledAny bool
+	nextTag      uint64
 
 	parked   timeHeap            // retry backoff: ready at .at
 	ttlWatch timeHeap            // ready messages with an expiry
@@ -277,7 +279,16 @@ func (m *Machine) finish(now int64) []Effect {
 
 // reap removes cancelled consumers that hold nothing any more.
 func (m *Machine) reap() {
-	m.consumers = slices.DeleteFunc(m.consumers, func(c *consumer) bool { return c.cancelled && c.live == 0 })
+	if !m.cancelledAny {
+		return
+	}
+	m.cancelledAny = false
+	m.consumers = slices.DeleteFunc(m.consumers, func(c *consumer) bool {
+		if c.cancelled && c.live > 0 {
+			m.cancelledAny = true // still draining
+		}
+		return c.cancelled && c.live == 0
+	})
 }
 
 // ---- enqueue ----
@@ -598,6 +609,7 @@ func (m *Machine) Cancel(now int64, id ConsumerID, requeue bool) ([]Effect, erro
 		return nil, ErrUnknownConsumer
 	}
 	c.cancelled = true
+	m.cancelledAny = true
 	if requeue {
 		m.returnAll(now, c)
 	}
