@@ -8,10 +8,10 @@
 // After the 8-byte preamble ("WARREN", major, minor), both directions are a
 // sequence of frames:
 //
-//	 0               4       5       6               8
-//	 +---------------+-------+-------+---------------+==================+
-//	 | length  (u32) | type  | flags | channel (u16) | payload (length) |
-//	 +---------------+-------+-------+---------------+==================+
+//	0               4       5       6               8
+//	+---------------+-------+-------+---------------+==================+
+//	| length  (u32) | type  | flags | channel (u16) | payload (length) |
+//	+---------------+-------+-------+---------------+==================+
 //
 // All integers are little-endian: every CPU Warren runs on is, so a field
 // is one load with no swap. length counts the payload only; the frame size

@@ -1,0 +1,359 @@
+package queue
+
+import (
+	"bytes"
+	"math"
+	"slices"
+	"strconv"
+	"sync/atomic"
+
+	"github.com/cespare/xxhash/v2"
+	"github.com/warren-mq/warren/wire"
+)
+
+// Exchange is a declared exchange.
+type Exchange struct {
+	Name      string
+	Kind      wire.ExchangeKind
+	Alternate string // exchange for messages nothing else takes; "" for none
+	Internal  bool
+	Args      wire.Table // consistent-hash: "hash-header" (string) hashes that header instead of the key
+}
+
+// Binding routes from exchange Source to a queue, or to an exchange when
+// ToExchange. Key is a binding key (direct), a pattern (topic) or a weight
+// (consistent-hash, an integer ≥ 1; empty means 1); Args carry header
+// matches (headers exchange, with "x-match" = "all" or "any").
+type Binding struct {
+	Source      string
+	Destination string
+	ToExchange  bool
+	Key         string
+	Args        wire.Table
+}
+
+// Topology is the mutable description the routing table is compiled from.
+// It is owned by one writer (the metadata state machine); readers use the
+// immutable Table it compiles, through a Router.
+type Topology struct {
+	Exchanges map[string]Exchange
+	Queues    map[string]struct{}
+	Bindings  []Binding
+}
+
+// NewTopology returns a topology with no exchanges and no queues.
+func NewTopology() *Topology {
+	return &Topology{Exchanges: map[string]Exchange{}, Queues: map[string]struct{}{}}
+}
+
+// Router publishes the current routing Table through an atomic pointer:
+// routing never takes a lock, and a topology change swaps in a new table.
+type Router struct{ p atomic.Pointer[Table] }
+
+// Load returns the current table (never nil after the first Store).
+func (r *Router) Load() *Table { return r.p.Load() }
+
+// Store installs a newly compiled table.
+func (r *Router) Store(t *Table) { r.p.Store(t) }
+
+type dest struct {
+	name string
+	ex   *compiled // non-nil for an exchange-to-exchange binding
+}
+
+type headerBinding struct {
+	d     dest
+	any   bool
+	match wire.Table // required header values (x- keys removed)
+}
+
+type hashPoint struct {
+	h uint64
+	d dest
+}
+
+type compiled struct {
+	Exchange
+	alt *compiled
+
+	direct  map[string][]dest
+	fanout  []dest
+	topic   *topicNode
+	headers []headerBinding
+	ring    []hashPoint
+	hashHdr string
+}
+
+// Table is an immutable, compiled routing table.
+type Table struct {
+	exchanges map[string]*compiled
+	queues    map[string]struct{}
+}
+
+// Compile builds the routing table for t. Bindings to exchanges or queues
+// that do not exist are skipped.
+func (t *Topology) Compile() *Table {
+	tab := &Table{exchanges: map[string]*compiled{}, queues: map[string]struct{}{}}
+	for q := range t.Queues {
+		tab.queues[q] = struct{}{}
+	}
+	for name, ex := range t.Exchanges {
+		c := &compiled{Exchange: ex}
+		switch ex.Kind {
+		case wire.ExchangeDirect:
+			c.direct = map[string][]dest{}
+		case wire.ExchangeTopic:
+			c.topic = &topicNode{}
+		case wire.ExchangeConsistentHash:
+			if v, ok := ex.Args.Get("hash-header"); ok && v.Kind == wire.KindString {
+				c.hashHdr = string(v.Bytes)
+			}
+		}
+		tab.exchanges[name] = c
+	}
+	for _, c := range tab.exchanges {
+		c.alt = tab.exchanges[c.Alternate]
+	}
+	for _, b := range t.Bindings {
+		src := tab.exchanges[b.Source]
+		if src == nil {
+			continue
+		}
+		d := dest{name: b.Destination}
+		if b.ToExchange {
+			if d.ex = tab.exchanges[b.Destination]; d.ex == nil {
+				continue
+			}
+		} else if _, ok := tab.queues[b.Destination]; !ok {
+			continue
+		}
+		switch src.Kind {
+		case wire.ExchangeDirect:
+			src.direct[b.Key] = appendDest(src.direct[b.Key], d)
+		case wire.ExchangeFanout:
+			src.fanout = appendDest(src.fanout, d)
+		case wire.ExchangeTopic:
+			src.topic.insert(b.Key, d)
+		case wire.ExchangeHeaders:
+			hb := headerBinding{d: d}
+			for _, f := range b.Args {
+				if f.Key == "x-match" {
+					hb.any = f.Value.Kind == wire.KindString && string(f.Value.Bytes) == "any"
+					continue
+				}
+				if len(f.Key) >= 2 && f.Key[:2] == "x-" {
+					continue
+				}
+				hb.match = append(hb.match, f)
+			}
+			src.headers = append(src.headers, hb)
+		case wire.ExchangeConsistentHash:
+			w, err := strconv.Atoi(b.Key)
+			if b.Key == "" {
+				w, err = 1, nil
+			}
+			if err != nil || w < 1 {
+				continue
+			}
+			w = min(w, 1000)
+			for i := 0; i < w*pointsPerWeight; i++ {
+				h := xxhash.Sum64String(b.Destination + "\x00" + strconv.Itoa(i))
+				src.ring = append(src.ring, hashPoint{h: h, d: d})
+			}
+		}
+	}
+	for _, c := range tab.exchanges {
+		slices.SortFunc(c.ring, func(a, b hashPoint) int {
+			if a.h != b.h {
+				if a.h < b.h {
+					return -1
+				}
+				return 1
+			}
+			return cmpStr(a.d.name, b.d.name)
+		})
+	}
+	return tab
+}
+
+// pointsPerWeight virtual nodes per unit of weight keep the split even
+// (within a few percent at 100 points) while the ring stays small.
+const pointsPerWeight = 100
+
+func cmpStr(a, b string) int {
+	switch {
+	case a < b:
+		return -1
+	case a > b:
+		return 1
+	}
+	return 0
+}
+
+func appendDest(ds []dest, d dest) []dest {
+	for _, x := range ds {
+		if x == d {
+			return ds
+		}
+	}
+	return append(ds, d)
+}
+
+// Route appends to dst the queues a message published to exchange with
+// routingKey and headers (raw table entries, as in wire.Properties.Headers)
+// goes to, each once, and returns it. ok is false when the exchange does
+// not exist. An empty result means unroutable (the caller returns
+// mandatory messages). The default exchange "" routes to the queue named
+// by the key. Route allocates nothing once dst has room.
+func (t *Table) Route(dst []string, exchange string, routingKey []byte, headers []byte) (out []string, ok bool) {
+	if exchange == "" {
+		if _, found := t.queues[string(routingKey)]; found {
+			dst = append(dst, string(routingKey))
+		}
+		return dst, true
+	}
+	c := t.exchanges[exchange]
+	if c == nil {
+		return dst, false
+	}
+	var visited [maxExchangeHops]*compiled
+	start := len(dst)
+	dst = c.route(dst, start, routingKey, headers, visited[:0])
+	return dst, true
+}
+
+// maxExchangeHops bounds exchange-to-exchange chains (and so cycles).
+const maxExchangeHops = 16
+
+// HasExchange reports whether exchange exists (the default always does).
+func (t *Table) HasExchange(name string) bool {
+	_, ok := t.exchanges[name]
+	return ok || name == ""
+}
+
+// HasQueue reports whether a queue exists.
+func (t *Table) HasQueue(name string) bool { _, ok := t.queues[name]; return ok }
+
+func (c *compiled) route(dst []string, start int, key, headers []byte, visited []*compiled) []string {
+	if slices.Contains(visited, c) || len(visited) == cap(visited) {
+		return dst // a cycle, or too deep
+	}
+	visited = append(visited, c)
+	before := len(dst)
+	add := func(d dest) {
+		if d.ex != nil {
+			dst = d.ex.route(dst, start, key, headers, visited)
+			return
+		}
+		if !slices.Contains(dst[start:], d.name) {
+			dst = append(dst, d.name)
+		}
+	}
+	switch c.Kind {
+	case wire.ExchangeDirect:
+		for _, d := range c.direct[string(key)] {
+			add(d)
+		}
+	case wire.ExchangeFanout:
+		for _, d := range c.fanout {
+			add(d)
+		}
+	case wire.ExchangeTopic:
+		var m topicMatcher
+		m.split(key)
+		m.match(c.topic, 0, func(d dest) { add(d) })
+	case wire.ExchangeHeaders:
+		for i := range c.headers {
+			if c.headers[i].matches(headers) {
+				add(c.headers[i].d)
+			}
+		}
+	case wire.ExchangeConsistentHash:
+		if len(c.ring) > 0 {
+			hk := key
+			if c.hashHdr != "" {
+				hk = headerBytes(headers, c.hashHdr)
+			}
+			h := xxhash.Sum64(hk)
+			i, _ := slices.BinarySearchFunc(c.ring, h, func(p hashPoint, h uint64) int {
+				if p.h < h {
+					return -1
+				}
+				if p.h > h {
+					return 1
+				}
+				return 0
+			})
+			if i == len(c.ring) {
+				i = 0
+			}
+			add(c.ring[i].d)
+		}
+	}
+	if len(dst) == before && c.alt != nil {
+		dst = c.alt.route(dst, start, key, headers, visited)
+	}
+	return dst
+}
+
+// headerBytes returns a header's value as bytes for hashing: strings and
+// bytes as they are, numbers in decimal-free fixed form (their raw bits).
+func headerBytes(headers []byte, name string) []byte {
+	it := wire.NewTableIter(headers)
+	for k, v, ok := it.Next(); ok; k, v, ok = it.Next() {
+		if string(k) == name {
+			if v.Kind == wire.KindString || v.Kind == wire.KindBytes {
+				return v.Bytes
+			}
+			return nil
+		}
+	}
+	return nil
+}
+
+func (hb *headerBinding) matches(headers []byte) bool {
+	if len(hb.match) == 0 {
+		return !hb.any // all-of-nothing matches; any-of-nothing does not
+	}
+	matched := 0
+	for i := range hb.match {
+		want := &hb.match[i]
+		it := wire.NewTableIter(headers)
+		found := false
+		for k, v, ok := it.Next(); ok; k, v, ok = it.Next() {
+			if string(k) == want.Key {
+				found = valueEqual(&want.Value, &v)
+				break
+			}
+		}
+		if found {
+			matched++
+			if hb.any {
+				return true
+			}
+		} else if !hb.any {
+			return false
+		}
+	}
+	return matched == len(hb.match)
+}
+
+// valueEqual compares a binding's value with a header's. A binding value of
+// kind null matches any value of the key (presence only).
+func valueEqual(want, got *wire.Value) bool {
+	if want.Kind == wire.KindNull {
+		return true
+	}
+	if want.Kind != got.Kind {
+		return false
+	}
+	switch want.Kind {
+	case wire.KindBool, wire.KindInt, wire.KindTimestamp:
+		return want.Int == got.Int
+	case wire.KindFloat:
+		return want.Float == got.Float || (math.IsNaN(want.Float) && math.IsNaN(got.Float))
+	case wire.KindString, wire.KindBytes:
+		return bytes.Equal(want.Bytes, got.Bytes)
+	}
+	return false // containers are not matched
+}
