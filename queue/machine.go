@@ -32,6 +32,7 @@ type Config struct {
 	SingleActive    bool
 	AutoDelete      bool  // delete when the last consumer leaves
 	ExpiresMs       int64 // delete when unused this long; 0: never
+	DedupWindowMs   int64 // drop a message whose DedupKey was seen this recently; 0: off
 }
 
 // ConfigFromArgs maps declared queue arguments to a Config.
@@ -44,6 +45,7 @@ func ConfigFromArgs(a wire.QueueArgs, autoDelete bool) Config {
 		RetryMultiplier: a.RetryMultiplier, RetryMaxMs: a.RetryMax.Milliseconds(),
 		ConsumerTimeout: a.ConsumerTimeout.Milliseconds(), SingleActive: a.SingleActiveConsumer,
 		AutoDelete: autoDelete, ExpiresMs: a.Expires.Milliseconds(),
+		DedupWindowMs: a.DedupWindow.Milliseconds(),
 	}
 }
 
@@ -55,6 +57,9 @@ type Message struct {
 	Priority      uint8
 	ExpirationMs  uint32 // per-message TTL; used when HasExpiration
 	HasExpiration bool
+	// DedupKey is a hash of the message id (0: none); with a dedup window,
+	// a key seen within the window makes the message a Duplicate.
+	DedupKey uint64
 }
 
 // entry is the fixed-size record of one message the queue holds: 32 bytes,
@@ -135,9 +140,12 @@ const (
 	Timer
 	// DeleteQueue: the queue auto-deleted (last consumer left) or expired.
 	DeleteQueue
+	// Duplicate: Msg repeats a message id seen within the dedup window. It
+	// was not enqueued; confirm it to the publisher (ack) and free it.
+	Duplicate
 )
 
-var effectNames = [...]string{"", "deliver", "remove", "dead-letter", "drop", "reject-publish", "lease-expired", "timer", "delete-queue"}
+var effectNames = [...]string{"", "deliver", "remove", "dead-letter", "drop", "reject-publish", "lease-expired", "timer", "delete-queue", "duplicate"}
 
 func (k EffectKind) String() string { return effectNames[k] }
 
@@ -205,15 +213,46 @@ type Machine struct {
 	lastUsed int64
 	deleted  bool
 
+	dedupSeen  map[uint64]int64 // key → when first seen
+	dedupOrder []dedupMark      // keys in the order seen, for expiry
+	dedupHead  int
+
 	effects []Effect
 	scratch []entry
 
 	Stats Stats
 }
 
+type dedupMark struct {
+	key uint64
+	at  int64
+}
+
+// duplicate reports whether key was seen within the window, and records it
+// if not. Keys leave the window in the order they entered it.
+func (m *Machine) duplicate(now int64, key uint64) bool {
+	if m.cfg.DedupWindowMs <= 0 || key == 0 {
+		return false
+	}
+	for m.dedupHead < len(m.dedupOrder) && now-m.dedupOrder[m.dedupHead].at >= m.cfg.DedupWindowMs {
+		delete(m.dedupSeen, m.dedupOrder[m.dedupHead].key)
+		m.dedupHead++
+	}
+	if m.dedupHead > 1024 && m.dedupHead > len(m.dedupOrder)/2 {
+		n := copy(m.dedupOrder, m.dedupOrder[m.dedupHead:])
+		m.dedupOrder, m.dedupHead = m.dedupOrder[:n], 0
+	}
+	if _, seen := m.dedupSeen[key]; seen {
+		return true
+	}
+	m.dedupSeen[key] = now
+	m.dedupOrder = append(m.dedupOrder, dedupMark{key: key, at: now})
+	return false
+}
+
 // Stats are monotonic counters, for metrics.
 type Stats struct {
-	Enqueued, Delivered, Redelivered, Acked, Requeued, DeadLettered, Dropped, Rejected, Expired uint64
+	Enqueued, Delivered, Redelivered, Acked, Requeued, DeadLettered, Dropped, Rejected, Expired, Duplicates uint64
 }
 
 // New returns an empty queue.
@@ -225,11 +264,12 @@ func New(cfg Config, now int64) *Machine {
 		cfg.RetryMultiplier = 1
 	}
 	return &Machine{
-		cfg:      cfg,
-		levels:   make([]ring, int(cfg.MaxPriority)+1),
-		ttlReady: map[uint64]struct{}{},
-		dead:     map[uint64]struct{}{},
-		lastUsed: now,
+		cfg:       cfg,
+		levels:    make([]ring, int(cfg.MaxPriority)+1),
+		ttlReady:  map[uint64]struct{}{},
+		dead:      map[uint64]struct{}{},
+		dedupSeen: map[uint64]int64{},
+		lastUsed:  now,
 	}
 }
 
@@ -303,6 +343,11 @@ func (m *Machine) Enqueue(now int64, msgs []Message) []Effect {
 	m.lastUsed = now
 	for i := range msgs {
 		msg := &msgs[i]
+		if m.duplicate(now, msg.DedupKey) {
+			m.Stats.Duplicates++
+			m.emit(Effect{Kind: Duplicate, Msg: msg.ID})
+			continue
+		}
 		e := entry{id: msg.ID, size: msg.Size, prio: min(msg.Priority, m.cfg.MaxPriority)}
 		ttl := m.cfg.MessageTTLMs
 		if msg.HasExpiration && (ttl == 0 || int64(msg.ExpirationMs) < ttl) {

@@ -53,6 +53,9 @@ func runRandom(t *testing.T, seed uint64) []Effect {
 	if r.IntN(3) == 0 {
 		cfg.ConsumerTimeout = int64(1 + r.IntN(300))
 	}
+	if r.IntN(3) == 0 {
+		cfg.DedupWindowMs = int64(1 + r.IntN(200))
+	}
 	env := &traceEnv{m: New(cfg, 0), where: map[uint64]string{}}
 	var all []Effect
 	tags := map[ConsumerID][]uint64{}
@@ -73,7 +76,7 @@ func runRandom(t *testing.T, seed uint64) []Effect {
 			var msgs []Message
 			for i := r.IntN(5); i >= 0; i-- {
 				env.nextID++
-				m := Message{ID: env.nextID, Size: uint32(r.IntN(100)), Priority: uint8(r.IntN(6))}
+				m := Message{ID: env.nextID, Size: uint32(r.IntN(100)), Priority: uint8(r.IntN(6)), DedupKey: uint64(r.IntN(30))}
 				if r.IntN(4) == 0 {
 					m.ExpirationMs, m.HasExpiration = uint32(r.IntN(300)), true
 				}

@@ -91,6 +91,7 @@ func (env *traceEnv) run(d *datadriven.TestData) (string, error) {
 			SingleActive:    d.HasArg("single-active"),
 			AutoDelete:      d.HasArg("auto-delete"),
 			ExpiresMs:       argInt(d, "expires", 0),
+			DedupWindowMs:   argInt(d, "dedup", 0),
 		}
 		switch argStr(d, "overflow", "drop-head") {
 		case "reject-publish":
@@ -107,6 +108,7 @@ func (env *traceEnv) run(d *datadriven.TestData) (string, error) {
 		for i := 0; i < n; i++ {
 			env.nextID++
 			msg := Message{ID: env.nextID, Size: uint32(argInt(d, "size", 10)), Priority: uint8(argInt(d, "p", 0))}
+			msg.DedupKey = uint64(argInt(d, "key", 0))
 			if ttl := argInt(d, "ttl", -1); ttl >= 0 {
 				msg.ExpirationMs, msg.HasExpiration = uint32(ttl), true
 			}
@@ -174,6 +176,8 @@ func formatEffect(e Effect) string {
 		return fmt.Sprintf("timer at=%d", e.At)
 	case DeleteQueue:
 		return "delete-queue"
+	case Duplicate:
+		return fmt.Sprintf("duplicate msg=%d", e.Msg)
 	}
 	return "?"
 }
@@ -192,6 +196,8 @@ func (env *traceEnv) account(e Effect) {
 		env.where[e.Msg] = "dropped"
 	case RejectPublish:
 		env.where[e.Msg] = "rejected"
+	case Duplicate:
+		env.where[e.Msg] = "duplicate"
 	}
 }
 
