@@ -2,6 +2,7 @@ package queue
 
 import (
 	"bytes"
+	"cmp"
 	"math"
 	"slices"
 	"strconv"
@@ -165,12 +166,9 @@ func (t *Topology) Compile() *Table {
 	for _, c := range tab.exchanges {
 		slices.SortFunc(c.ring, func(a, b hashPoint) int {
 			if a.h != b.h {
-				if a.h < b.h {
-					return -1
-				}
-				return 1
+				return cmp.Compare(a.h, b.h)
 			}
-			return cmpStr(a.d.name, b.d.name)
+			return cmp.Compare(a.d.name, b.d.name)
 		})
 	}
 	return tab
@@ -179,16 +177,6 @@ func (t *Topology) Compile() *Table {
 // pointsPerWeight virtual nodes per unit of weight keep the split even
 // (within a few percent at 100 points) while the ring stays small.
 const pointsPerWeight = 100
-
-func cmpStr(a, b string) int {
-	switch {
-	case a < b:
-		return -1
-	case a > b:
-		return 1
-	}
-	return 0
-}
 
 func appendDest(ds []dest, d dest) []dest {
 	for _, x := range ds {
@@ -275,15 +263,7 @@ func (c *compiled) route(dst []string, start int, key, headers []byte, visited [
 				hk = headerBytes(headers, c.hashHdr)
 			}
 			h := xxhash.Sum64(hk)
-			i, _ := slices.BinarySearchFunc(c.ring, h, func(p hashPoint, h uint64) int {
-				if p.h < h {
-					return -1
-				}
-				if p.h > h {
-					return 1
-				}
-				return 0
-			})
+			i, _ := slices.BinarySearchFunc(c.ring, h, func(p hashPoint, h uint64) int { return cmp.Compare(p.h, h) })
 			if i == len(c.ring) {
 				i = 0
 			}

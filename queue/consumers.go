@@ -1,0 +1,214 @@
+package queue
+
+import (
+	"cmp"
+	"math"
+	"slices"
+
+	"github.com/warren-mq/warren/wire"
+)
+
+// ---- consumers ----
+
+// Subscribe adds a consumer.
+func (m *Machine) Subscribe(now int64, spec ConsumerSpec) ([]Effect, error) {
+	m.begin(now)
+	for _, c := range m.consumers {
+		if c.ID == spec.ID {
+			return nil, ErrConsumerExists
+		}
+		if c.Exclusive && !c.cancelled {
+			return nil, ErrExclusive
+		}
+	}
+	if spec.Exclusive && m.Consumers() > 0 {
+		return nil, ErrNotExclusive
+	}
+	m.arrivals++
+	c := &consumer{ConsumerSpec: spec, seq: m.arrivals}
+	i, _ := slices.BinarySearchFunc(m.consumers, c, func(a, b *consumer) int {
+		if a.Priority != b.Priority {
+			return int(b.Priority) - int(a.Priority)
+		}
+		return int(a.seq) - int(b.seq)
+	})
+	m.consumers = slices.Insert(m.consumers, i, c)
+	m.lastUsed = now
+	return m.finish(now), nil
+}
+
+func (m *Machine) find(id ConsumerID) (int, *consumer) {
+	for i, c := range m.consumers {
+		if c.ID == id {
+			return i, c
+		}
+	}
+	return -1, nil
+}
+
+// Cancel stops deliveries to a consumer. With requeue, its outstanding
+// deliveries return to the queue now (as on channel close); without, they
+// stay settleable and the consumer goes once they are settled.
+func (m *Machine) Cancel(now int64, id ConsumerID, requeue bool) ([]Effect, error) {
+	m.begin(now)
+	_, c := m.find(id)
+	if c == nil || (c.cancelled && !requeue) {
+		return nil, ErrUnknownConsumer
+	}
+	c.cancelled = true
+	m.cancelledAny = true
+	if requeue {
+		m.returnAll(now, c)
+	}
+	m.lastUsed = now
+	if m.cfg.AutoDelete && m.Consumers() == 0 && !m.deleted {
+		m.deleted = true
+		m.emit(Effect{Kind: DeleteQueue})
+	}
+	return m.finish(now), nil
+}
+
+// Down returns everything held by the consumers of owner (a connection
+// or channel that went away) and removes them.
+func (m *Machine) Down(now int64, owner OwnerID) []Effect {
+	m.begin(now)
+	had := false
+	for i := 0; i < len(m.consumers); {
+		c := m.consumers[i]
+		if c.Owner != owner {
+			i++
+			continue
+		}
+		had = true
+		c.cancelled = true
+		m.returnAll(now, c)
+		m.consumers = slices.Delete(m.consumers, i, i+1)
+	}
+	if had && m.cfg.AutoDelete && m.Consumers() == 0 && !m.deleted {
+		m.deleted = true
+		m.emit(Effect{Kind: DeleteQueue})
+	}
+	return m.finish(now)
+}
+
+// returnAll takes back every outstanding delivery of c, restoring their
+// original order at the head of their levels.
+func (m *Machine) returnAll(now int64, c *consumer) {
+	m.scratch = m.scratch[:0]
+	for i := c.head; i < len(c.out); i++ {
+		if !c.out[i].settled {
+			m.scratch = append(m.scratch, c.out[i].e)
+		}
+	}
+	c.out, c.head, c.live = c.out[:0], 0, 0
+	m.requeue(now, m.scratch)
+}
+
+// requeue returns entries (in delivery order) to the head of their levels,
+// counting a failure, applying the delivery limit and retry backoff.
+func (m *Machine) requeue(now int64, es []entry) {
+	for i := len(es) - 1; i >= 0; i-- {
+		e := es[i]
+		e.failed++
+		m.Stats.Requeued++
+		if m.cfg.DeliveryLimit > 0 && e.deliveries >= m.cfg.DeliveryLimit {
+			m.kill(e, wire.ReasonDeliveryLimit)
+			continue
+		}
+		if d := m.backoff(e.failed); d > 0 {
+			m.parked.push(timed{at: now + d, e: e})
+			continue
+		}
+		m.pushReady(e, true)
+	}
+}
+
+// backoff is min(initial × multiplier^(n−1), max) for the n-th failure.
+func (m *Machine) backoff(n uint32) int64 {
+	if m.cfg.RetryInitialMs <= 0 {
+		return 0
+	}
+	d := float64(m.cfg.RetryInitialMs) * math.Pow(m.cfg.RetryMultiplier, float64(n-1))
+	if m.cfg.RetryMaxMs > 0 && d > float64(m.cfg.RetryMaxMs) {
+		return m.cfg.RetryMaxMs
+	}
+	if d > math.MaxInt64/2 {
+		return math.MaxInt64 / 2
+	}
+	return int64(d)
+}
+
+// ---- settlement ----
+
+// Settle applies op to consumer id's outstanding deliveries with tags in
+// first..last (first == 0: every outstanding tag ≤ last). Tags in the range
+// that are not outstanding are skipped; a range that matches none is
+// ErrUnknownTag. Extend takes the new lease in arg ms (0: the queue's
+// consumer timeout).
+func (m *Machine) Settle(now int64, id ConsumerID, op wire.SettleOp, first, last uint64, argMs uint32) ([]Effect, error) {
+	m.begin(now)
+	_, c := m.find(id)
+	if c == nil {
+		return nil, ErrUnknownConsumer
+	}
+	if op < wire.SettleAck || op > wire.SettleExtend {
+		return nil, ErrSettleOp
+	}
+	start := c.head
+	if first > 0 {
+		start, _ = slices.BinarySearchFunc(c.out[c.head:], first, func(o outstanding, t uint64) int {
+			return cmp.Compare(o.tag, t)
+		})
+		start += c.head
+	}
+	m.scratch = m.scratch[:0]
+	matched := 0
+	for i := start; i < len(c.out) && c.out[i].tag <= last; i++ {
+		o := &c.out[i]
+		if o.settled {
+			continue
+		}
+		matched++
+		switch op {
+		case wire.SettleExtend:
+			lease := int64(argMs)
+			if lease == 0 {
+				lease = m.cfg.ConsumerTimeout
+			}
+			if lease > 0 && now+lease > o.deadline {
+				o.deadline = now + lease
+			}
+			continue
+		case wire.SettleAck:
+			m.Stats.Acked++
+			m.emit(Effect{Kind: Remove, Msg: o.e.id})
+		case wire.SettleRequeue:
+			m.scratch = append(m.scratch, o.e)
+		case wire.SettleReject:
+			o.e.failed++
+			m.kill(o.e, wire.ReasonRejected)
+		}
+		o.settled = true
+		c.live--
+	}
+	if matched == 0 {
+		return nil, ErrUnknownTag
+	}
+	m.compact(c)
+	m.requeue(now, m.scratch)
+	return m.finish(now), nil
+}
+
+// compact advances c's head past settled slots and reclaims space.
+func (m *Machine) compact(c *consumer) {
+	for c.head < len(c.out) && c.out[c.head].settled {
+		c.head++
+	}
+	if c.head == len(c.out) {
+		c.out, c.head = c.out[:0], 0
+	} else if c.head > 64 && c.head > len(c.out)/2 {
+		n := copy(c.out, c.out[c.head:])
+		c.out, c.head = c.out[:n], 0
+	}
+}
+
