@@ -211,4 +211,3 @@ func (m *Machine) compact(c *consumer) {
 		c.out, c.head = c.out[:n], 0
 	}
 }
-

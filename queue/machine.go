@@ -604,4 +604,3 @@ func (m *Machine) kill(e entry, reason wire.DeathReason) {
 		m.emit(Effect{Kind: Drop, Msg: e.id, Reason: reason})
 	}
 }
-
