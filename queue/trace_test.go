@@ -19,6 +19,7 @@ type traceEnv struct {
 	nextID uint64
 	// model of where every published message is, for the invariant check
 	where map[uint64]string
+	tags  map[ConsumerID][]uint64 // delivered tags, for random settlements
 }
 
 func TestTraces(t *testing.T) {

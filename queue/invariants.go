@@ -3,7 +3,8 @@ package queue
 import "fmt"
 
 // checkInvariants verifies the machine's internal consistency. Tests call
-// it after every command; it is O(state), so never on the hot path.
+// it after every command and Restore on what it read; it is O(state), so
+// never on the hot path.
 func (m *Machine) checkInvariants() error {
 	var ready, bytes int64
 	for l := range m.levels {
