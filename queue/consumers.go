@@ -33,25 +33,20 @@ func (m *Machine) Subscribe(now int64, spec ConsumerSpec) ([]Effect, error) {
 		return int(a.seq) - int(b.seq)
 	})
 	m.consumers = slices.Insert(m.consumers, i, c)
+	m.byID[c.ID] = c
+	m.regroup()
 	m.lastUsed = now
 	return m.finish(now), nil
 }
 
-func (m *Machine) find(id ConsumerID) (int, *consumer) {
-	for i, c := range m.consumers {
-		if c.ID == id {
-			return i, c
-		}
-	}
-	return -1, nil
-}
+func (m *Machine) find(id ConsumerID) *consumer { return m.byID[id] }
 
 // Cancel stops deliveries to a consumer. With requeue, its outstanding
 // deliveries return to the queue now (as on channel close); without, they
 // stay settleable and the consumer goes once they are settled.
 func (m *Machine) Cancel(now int64, id ConsumerID, requeue bool) ([]Effect, error) {
 	m.begin(now)
-	_, c := m.find(id)
+	c := m.find(id)
 	if c == nil || (c.cancelled && !requeue) {
 		return nil, ErrUnknownConsumer
 	}
@@ -83,6 +78,8 @@ func (m *Machine) Down(now int64, owner OwnerID) []Effect {
 		c.cancelled = true
 		m.returnAll(now, c)
 		m.consumers = slices.Delete(m.consumers, i, i+1)
+		delete(m.byID, c.ID)
+		m.regroup()
 	}
 	if had && m.cfg.AutoDelete && m.Consumers() == 0 && !m.deleted {
 		m.deleted = true
@@ -147,7 +144,7 @@ func (m *Machine) backoff(n uint32) int64 {
 // consumer timeout).
 func (m *Machine) Settle(now int64, id ConsumerID, op wire.SettleOp, first, last uint64, argMs uint32) ([]Effect, error) {
 	m.begin(now)
-	_, c := m.find(id)
+	c := m.find(id)
 	if c == nil {
 		return nil, ErrUnknownConsumer
 	}

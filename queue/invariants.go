@@ -13,10 +13,19 @@ func (m *Machine) checkInvariants() error {
 		if bit != (r.len() > 0) {
 			return fmt.Errorf("level %d: bitmap says %v, ring has %d", l, bit, r.len())
 		}
+		var lastFresh uint64
 		for i := 0; i < r.len(); i++ {
 			e := r.at(i)
 			if _, gone := m.dead[e.id]; gone {
 				continue
+			}
+			// FIFO within a level: messages never delivered keep their
+			// publish order (ids increase with it).
+			if e.deliveries == 0 {
+				if e.id <= lastFresh {
+					return fmt.Errorf("level %d: message %d after %d breaks FIFO", l, e.id, lastFresh)
+				}
+				lastFresh = e.id
 			}
 			if int(e.prio) != l {
 				return fmt.Errorf("message %d of priority %d in level %d", e.id, e.prio, l)

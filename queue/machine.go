@@ -198,6 +198,8 @@ type Machine struct {
 	readyBytes int64
 
 	consumers []*consumer // sorted by priority desc, then arrival
+	byID      map[ConsumerID]*consumer
+	groupEnds []int // end index in consumers of each equal-priority run
 	rr        int
 	arrivals  uint64
 	// cancelledAny: some consumer is cancelled but may still be listed.
@@ -268,6 +270,7 @@ func New(cfg Config, now int64) *Machine {
 		ttlReady:  map[uint64]struct{}{},
 		dead:      map[uint64]struct{}{},
 		dedupSeen: map[uint64]int64{},
+		byID:      map[ConsumerID]*consumer{},
 		lastUsed:  now,
 	}
 }
@@ -326,8 +329,24 @@ func (m *Machine) reap() {
 		if c.cancelled && c.live > 0 {
 			m.cancelledAny = true // still draining
 		}
-		return c.cancelled && c.live == 0
+		if c.cancelled && c.live == 0 {
+			delete(m.byID, c.ID)
+			return true
+		}
+		return false
 	})
+	m.regroup()
+}
+
+// regroup recomputes the equal-priority runs of consumers; called whenever
+// the list changes (rare), so dispatch finds a group's bounds in O(1).
+func (m *Machine) regroup() {
+	m.groupEnds = m.groupEnds[:0]
+	for i, c := range m.consumers {
+		if i+1 == len(m.consumers) || m.consumers[i+1].Priority != c.Priority {
+			m.groupEnds = append(m.groupEnds, i+1)
+		}
+	}
 }
 
 // ---- enqueue ----
@@ -532,11 +551,8 @@ func (m *Machine) pickConsumer() *consumer {
 		}
 		return nil
 	}
-	for gi := 0; gi < len(cs); {
-		gj := gi + 1
-		for gj < len(cs) && cs[gj].Priority == cs[gi].Priority {
-			gj++
-		}
+	gi := 0
+	for _, gj := range m.groupEnds {
 		n := gj - gi
 		for k := 0; k < n; k++ {
 			i := (m.rr + k) % n

@@ -249,8 +249,13 @@ func Restore(b []byte) (*Machine, error) {
 			}
 			cs.out = append(cs.out, o)
 		}
+		if m.byID[cs.ID] != nil {
+			return nil, ErrBadSnapshot
+		}
 		m.consumers = append(m.consumers, cs)
+		m.byID[cs.ID] = cs
 	}
+	m.regroup()
 	m.rr = int(r.i())
 	m.arrivals = r.u()
 	m.cancelledAny = r.bool()
