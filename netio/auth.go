@@ -1,0 +1,54 @@
+package netio
+
+import (
+	"crypto/subtle"
+
+	"golang.org/x/crypto/bcrypt"
+)
+
+// User is a broker user. PasswordHash is a bcrypt hash (make one with
+// `warrenctl hash-password` or any bcrypt tool); passwords are never kept
+// in clear.
+type User struct {
+	Name         string   `json:"name"`
+	PasswordHash string   `json:"password_hash"`
+	Tags         []string `json:"tags,omitempty"` // "administrator" allows admin writes
+}
+
+type authenticator struct {
+	users         map[string]User
+	guestLoopback bool
+}
+
+func newAuthenticator(users []User, guestLoopback bool) *authenticator {
+	a := &authenticator{users: map[string]User{}, guestLoopback: guestLoopback}
+	for _, u := range users {
+		a.users[u.Name] = u
+	}
+	return a
+}
+
+// dummyHash is compared against when the user does not exist, so a failed
+// login takes as long for an unknown user as for a wrong password.
+var dummyHash, _ = bcrypt.GenerateFromPassword([]byte("warren-dummy"), bcrypt.MinCost)
+
+// check verifies a user's password. The default guest/guest account is
+// accepted only from loopback addresses, and only if no user named guest is
+// configured.
+func (a *authenticator) check(user, pass string, loopback bool) bool {
+	u, ok := a.users[user]
+	if !ok {
+		if user == "guest" && a.guestLoopback && loopback {
+			return subtle.ConstantTimeCompare([]byte(pass), []byte("guest")) == 1
+		}
+		_ = bcrypt.CompareHashAndPassword(dummyHash, []byte(pass))
+		return false
+	}
+	return bcrypt.CompareHashAndPassword([]byte(u.PasswordHash), []byte(pass)) == nil
+}
+
+// HashPassword returns a bcrypt hash for a config file.
+func HashPassword(pass string) (string, error) {
+	h, err := bcrypt.GenerateFromPassword([]byte(pass), bcrypt.DefaultCost)
+	return string(h), err
+}

@@ -1,0 +1,623 @@
+package netio
+
+import (
+	"errors"
+	"net"
+	"slices"
+	"strconv"
+	"sync"
+	"sync/atomic"
+
+	"github.com/cespare/xxhash/v2"
+	"github.com/panjf2000/gnet/v2"
+	"github.com/warren-mq/warren/queue"
+	"github.com/warren-mq/warren/wire"
+)
+
+const (
+	stPreamble uint32 = iota
+	stAuth
+	stAuthPending // credentials being checked off the loop
+	stOpen
+	stClosing
+)
+
+// conn is one client connection. Loop-owned fields are touched only by its
+// event loop; the outbox and the channels' tag state are guarded by mu.
+type conn struct {
+	srv      *Server
+	gc       gnet.Conn
+	id       uint64
+	loopback bool
+	state    atomic.Uint32
+
+	maxFrame    uint32
+	maxChannels uint16
+	heartbeatMs atomic.Uint32
+	user        string
+	lastRecv    atomic.Int64
+	lastSend    atomic.Int64
+	flowOff     atomic.Bool
+
+	// loop-owned
+	dec      wire.Decompressor
+	routeBuf []string
+	parts    [][]enqItem
+
+	mu           sync.Mutex
+	channels     map[uint16]*channel
+	out          []byte
+	spare        []byte
+	inflight     []byte
+	flushing     bool
+	closed       bool
+	autoAcks     []settleItem
+	inflightAcks []settleItem
+	ackSpare     []settleItem
+	flushedCB    gnet.AsyncCallback
+}
+
+type channel struct {
+	id        uint16
+	nextSeq   uint64                  // loop-owned: the next publish sequence number
+	consumers map[string]*consumerRef // active consumers by tag (mu)
+	all       []*consumerRef          // every consumer until the channel closes (mu)
+	closed    bool                    // (mu)
+	nextTag   uint64                  // last delivery tag given (mu)
+	tagBase   uint64                  // tag of tags[head] (mu)
+	tags      []tagEntry              // (mu)
+	head      int
+	ctagSeq   int
+}
+
+const (
+	tagLive uint8 = iota
+	tagSettled
+	tagExpired
+	tagAuto
+)
+
+type tagEntry struct {
+	c     *consumerRef
+	qtag  uint64
+	state uint8
+}
+
+func newChannel(id uint16) *channel {
+	return &channel{id: id, nextSeq: 1, consumers: map[string]*consumerRef{}, tagBase: 1}
+}
+
+func (ch *channel) pushTag(e tagEntry) { ch.tags = append(ch.tags, e) }
+
+func (ch *channel) tagAt(t uint64) *tagEntry {
+	if t < ch.tagBase || t-ch.tagBase >= uint64(len(ch.tags)-ch.head) {
+		return nil
+	}
+	return &ch.tags[ch.head+int(t-ch.tagBase)]
+}
+
+// compact drops settled entries from the front.
+func (ch *channel) compact() {
+	for ch.head < len(ch.tags) && ch.tags[ch.head].state != tagLive {
+		ch.tags[ch.head] = tagEntry{}
+		ch.head++
+		ch.tagBase++
+	}
+	if ch.head == len(ch.tags) {
+		ch.tags, ch.head = ch.tags[:0], 0
+	} else if ch.head > 1024 && ch.head > len(ch.tags)/2 {
+		n := copy(ch.tags, ch.tags[ch.head:])
+		ch.tags, ch.head = ch.tags[:n], 0
+	}
+}
+
+// consumerRef is one consumer. chTags is owned by the queue's shard.
+type consumerRef struct {
+	id       queue.ConsumerID
+	tag      string
+	tagBytes []byte
+	conn     *conn
+	ch       *channel
+	q        *queueRef
+	autoAck  bool
+	chTags   map[uint64]uint64 // queue tag → channel tag, for lease expiry
+}
+
+func (s *Server) newConn(gc gnet.Conn) *conn {
+	c := &conn{srv: s, gc: gc, id: s.connSeq.Add(1), channels: map[uint16]*channel{}, parts: make([][]enqItem, len(s.shards))}
+	if a, ok := gc.RemoteAddr().(*net.TCPAddr); ok {
+		c.loopback = a.IP.IsLoopback()
+	}
+	c.flushedCB = c.flushed
+	c.lastRecv.Store(s.nowMs())
+	c.lastSend.Store(s.nowMs())
+	return c
+}
+
+// protoError closes the connection with a CLOSE frame carrying err's code.
+func (c *conn) protoError(err error) gnet.Action {
+	code := wire.CodeOf(err)
+	if code.Scope() != wire.ScopeConnection {
+		code = wire.InternalError
+	}
+	c.srv.metrics.protocolErrors.Inc()
+	c.srv.log.Debug("protocol error", "conn", c.id, "err", err)
+	c.closeWith(code, err.Error())
+	return gnet.None
+}
+
+// closeWith sends CLOSE and closes the socket once it is written. Safe from
+// any goroutine.
+func (c *conn) closeWith(code wire.Code, reason string) {
+	c.state.Store(stClosing)
+	if len(reason) > 1000 {
+		reason = reason[:1000]
+	}
+	c.mu.Lock()
+	if c.closed {
+		c.mu.Unlock()
+		return
+	}
+	c.out = wire.AppendFrame(c.out, 0, &wire.Close{Code: code, Reason: reason})
+	c.flushLocked()
+	c.closed = true
+	c.mu.Unlock()
+	_ = c.gc.CloseWithCallback(nil) // queued after the write above
+}
+
+// onTraffic decodes every complete frame buffered for the connection.
+func (c *conn) onTraffic() gnet.Action {
+	c.lastRecv.Store(c.srv.nowMs())
+	for {
+		switch c.state.Load() {
+		case stClosing:
+			_, _ = c.gc.Discard(-1)
+			return gnet.None
+		case stAuthPending:
+			return gnet.None // read on once the credentials are checked
+		case stPreamble:
+			buf, err := c.gc.Peek(len(wire.Preamble))
+			if err != nil {
+				return gnet.None
+			}
+			if _, _, err := wire.CheckPreamble(buf); err != nil {
+				c.srv.log.Debug("bad preamble", "conn", c.id)
+				c.state.Store(stClosing)
+				_ = c.gc.AsyncWrite(wire.Preamble[:], nil)
+				_ = c.gc.CloseWithCallback(nil)
+				return gnet.None
+			}
+			_, _ = c.gc.Discard(len(wire.Preamble))
+			c.state.Store(stAuth)
+			c.send(0, &wire.Hello{
+				Product: "warren", Version: Version, Mechanisms: []string{"PLAIN"},
+				Capabilities: []string{"compression.s2", "compression.zstd"},
+				MaxFrame:     c.srv.cfg.MaxFrame, MaxChannels: c.srv.cfg.MaxChannels, HeartbeatMs: c.srv.cfg.HeartbeatMs,
+			})
+			continue
+		}
+		limit := uint32(wire.HandshakeMaxFrame)
+		if c.state.Load() == stOpen {
+			limit = c.maxFrame
+		}
+		hdr, err := c.gc.Peek(wire.HeaderSize)
+		if err != nil {
+			return gnet.None
+		}
+		size := wire.FrameSize(hdr)
+		if uint64(size) > uint64(limit) {
+			return c.protoError(&wire.Error{Code: wire.FrameTooLarge, Reason: "frame of " + strconv.Itoa(size) + " bytes over the maximum " + strconv.Itoa(int(limit))})
+		}
+		if c.gc.InboundBuffered() < size {
+			return gnet.None
+		}
+		buf, err := c.gc.Peek(size)
+		if err != nil {
+			return gnet.None
+		}
+		f, n, err := wire.Split(buf, limit)
+		if err != nil {
+			return c.protoError(err)
+		}
+		if !f.Type.Ignorable() {
+			if err := c.handle(f); err != nil {
+				if a := c.fail(f.Channel, err); a != gnet.None {
+					return a
+				}
+			}
+		}
+		_, _ = c.gc.Discard(n)
+		if c.state.Load() == stClosing {
+			return gnet.None
+		}
+	}
+}
+
+// fail answers an error by its scope.
+func (c *conn) fail(ch uint16, err error) gnet.Action {
+	var we *wire.Error
+	if !errors.As(err, &we) {
+		we = &wire.Error{Code: wire.InternalError, Reason: err.Error()}
+	}
+	switch we.Code.Scope() {
+	case wire.ScopeChannel:
+		c.closeChannel(ch, we.Code, we.Reason)
+	default:
+		return c.protoError(we)
+	}
+	return gnet.None
+}
+
+var (
+	errUnexpected = func(t wire.Type) error {
+		return &wire.Error{Code: wire.UnexpectedFrame, Reason: "unexpected " + t.String() + " frame"}
+	}
+	errChannelNotOpen = &wire.Error{Code: wire.ChannelError, Reason: "channel not open"}
+)
+
+// requestErr wraps a request-scoped failure so handle can reply to it.
+type requestErr struct {
+	req uint32
+	err error
+}
+
+func (c *conn) handle(f wire.Frame) error {
+	if f.Type.Direction()&wire.ClientToServer == 0 || !f.Type.ChannelOK(f.Channel) {
+		return errUnexpected(f.Type)
+	}
+	st := c.state.Load()
+	if st != stOpen {
+		switch {
+		case st == stAuth && f.Type == wire.TypeAuth:
+			return c.onAuth(f)
+		case f.Type == wire.TypeClose:
+			c.closeWith(wire.OK, "")
+			return nil
+		}
+		return errUnexpected(f.Type)
+	}
+	switch f.Type {
+	case wire.TypeHeartbeat:
+		return nil
+	case wire.TypeClose:
+		c.state.Store(stClosing)
+		c.mu.Lock()
+		c.out = wire.AppendFrame(c.out, 0, &wire.CloseOK{})
+		c.flushLocked()
+		c.closed = true
+		c.mu.Unlock()
+		_ = c.gc.CloseWithCallback(nil)
+		return nil
+	case wire.TypeCloseOK:
+		_ = c.gc.Close()
+		return nil
+	case wire.TypeAuth, wire.TypeAuthResponse:
+		return errUnexpected(f.Type)
+	case wire.TypeChannelOpen:
+		return c.onChannelOpen(f)
+	}
+	c.mu.Lock()
+	ch := c.channels[f.Channel]
+	closed := ch != nil && ch.closed
+	c.mu.Unlock()
+	if ch == nil {
+		return errChannelNotOpen
+	}
+	if closed {
+		// We closed it and wait for CHANNEL_CLOSE_OK; drop everything else.
+		if f.Type == wire.TypeChannelCloseOK || f.Type == wire.TypeChannelClose {
+			c.mu.Lock()
+			delete(c.channels, f.Channel)
+			c.mu.Unlock()
+			if f.Type == wire.TypeChannelClose {
+				c.send(f.Channel, &wire.ChannelCloseOK{})
+			}
+		}
+		return nil
+	}
+	switch f.Type {
+	case wire.TypePublish:
+		return c.onPublish(ch, f)
+	case wire.TypeSettle:
+		return c.onSettle(ch, f)
+	case wire.TypeChannelClose:
+		c.closeChannelNow(ch)
+		c.mu.Lock()
+		delete(c.channels, ch.id)
+		c.mu.Unlock()
+		c.send(ch.id, &wire.ChannelCloseOK{})
+		return nil
+	case wire.TypeChannelCloseOK:
+		return errUnexpected(f.Type)
+	}
+	body, err := wire.Decode(f, c.maxFrame, &c.dec)
+	if err != nil {
+		return err
+	}
+	if err := c.onRequest(ch, body); err != nil {
+		var re *requestErr
+		if errors.As(err, &re) {
+			c.sendError(ch.id, re.req, wire.CodeOf(re.err), re.err.Error())
+			return nil
+		}
+		return err
+	}
+	return nil
+}
+
+func (c *conn) onChannelOpen(f wire.Frame) error {
+	body, err := wire.Decode(f, c.maxFrame, nil)
+	if err != nil {
+		return err
+	}
+	if f.Channel > c.maxChannels {
+		return &wire.Error{Code: wire.ChannelError, Reason: "channel id over the negotiated maximum"}
+	}
+	c.mu.Lock()
+	if _, ok := c.channels[f.Channel]; ok {
+		c.mu.Unlock()
+		return &wire.Error{Code: wire.ChannelError, Reason: "channel already open"}
+	}
+	c.channels[f.Channel] = newChannel(f.Channel)
+	c.mu.Unlock()
+	c.srv.metrics.channels.Add(1)
+	c.send(f.Channel, &wire.OKReply{Req: body.(*wire.ChannelOpen).Req})
+	return nil
+}
+
+// closeChannel closes a channel from the broker's side with an error.
+func (c *conn) closeChannel(id uint16, code wire.Code, reason string) {
+	c.mu.Lock()
+	ch := c.channels[id]
+	c.mu.Unlock()
+	if ch == nil {
+		return
+	}
+	c.closeChannelNow(ch)
+	c.send(id, &wire.ChannelClose{Code: code, Reason: reason})
+}
+
+// closeChannelNow marks a channel closed and returns what its consumers
+// held.
+func (c *conn) closeChannelNow(ch *channel) {
+	c.mu.Lock()
+	if ch.closed {
+		c.mu.Unlock()
+		return
+	}
+	ch.closed = true
+	all := ch.all
+	ch.all, ch.consumers, ch.tags, ch.head = nil, nil, nil, 0
+	c.mu.Unlock()
+	c.srv.metrics.channels.Add(-1)
+	for _, cr := range all {
+		cr := cr
+		cr.q.shard.submit(func(s *shard) { s.cancel(cr, true) })
+	}
+}
+
+func (c *conn) forgetConsumer(cr *consumerRef) {
+	c.mu.Lock()
+	if cr.ch.consumers[cr.tag] == cr {
+		delete(cr.ch.consumers, cr.tag)
+	}
+	c.mu.Unlock()
+}
+
+// onClose runs when the socket is gone: everything the connection held goes
+// back to its queues.
+func (c *conn) onClose() {
+	c.state.Store(stClosing)
+	c.mu.Lock()
+	c.closed = true
+	n := 0
+	for _, ch := range c.channels {
+		if !ch.closed {
+			n++
+		}
+		ch.closed = true
+	}
+	c.mu.Unlock()
+	c.srv.metrics.channels.Add(int64(-n))
+	for _, s := range c.srv.shards {
+		s.submit(func(s *shard) { s.down(c.id) })
+	}
+}
+
+// dedupKey hashes a message id for the queue's dedup window.
+func dedupKey(id []byte) uint64 {
+	if len(id) == 0 {
+		return 0
+	}
+	if k := xxhash.Sum64(id); k != 0 {
+		return k
+	}
+	return 1
+}
+
+// onPublish routes a PUBLISH batch: decode and validate it whole, copy it
+// once into an arena, route each message, return unroutable mandatory ones,
+// and hand each shard its part. The batch is confirmed when every part is
+// done.
+func (c *conn) onPublish(ch *channel, f wire.Frame) error {
+	var b wire.PublishBatch
+	if err := wire.DecodePublish(f, c.maxFrame, &c.dec, &b); err != nil {
+		return err
+	}
+	if b.FirstSeq != ch.nextSeq {
+		return &wire.Error{Code: wire.SequenceError, Reason: "publish first_seq " + strconv.FormatUint(b.FirstSeq, 10) + ", expected " + strconv.FormatUint(ch.nextSeq, 10)}
+	}
+	ch.nextSeq += uint64(b.Count)
+	c.srv.metrics.published.Add(int(b.Count))
+	batch := &pubBatch{c: c, ch: ch.id, firstSeq: b.FirstSeq, codes: make([]uint32, b.Count)}
+	view := c.srv.topo.view.Load()
+	exName := string(b.Exchange)
+	if !view.table.HasExchange(exName) {
+		for i := range batch.codes {
+			batch.codes[i] = uint32(wire.ExchangeNotFound)
+		}
+		batch.pending.Store(1)
+		batch.partDone()
+		return nil
+	}
+	// One arena for every byte the queues keep, one slice of messages.
+	size := len(b.Exchange)
+	it := b.Messages()
+	var m wire.Message
+	for it.Next(&m) {
+		size += len(m.RoutingKey) + len(m.Properties) + len(m.Body)
+	}
+	arena := make([]byte, 0, size)
+	msgs := make([]storedMsg, b.Count)
+	arena = append(arena, b.Exchange...)
+	exchange := arena[:len(b.Exchange):len(b.Exchange)]
+	keep := func(p []byte) []byte {
+		start := len(arena)
+		arena = append(arena, p...)
+		return arena[start:len(arena):len(arena)]
+	}
+	var ret []byte
+	var retMark wire.BatchMark
+	nret := 0
+	var props wire.Properties
+	it = b.Messages()
+	for i := 0; it.Next(&m); i++ {
+		sm := &msgs[i]
+		*sm = storedMsg{exchange: exchange, routingKey: keep(m.RoutingKey), props: keep(m.Properties), body: keep(m.Body), flags: m.Flags, priority: m.Priority}
+		_ = wire.ParseProperties(sm.props, &props) // validated by DecodePublish
+		meta := queue.Message{Size: uint32(len(sm.body)), Priority: m.Priority, DedupKey: dedupKey(props.MessageID)}
+		if props.Has(wire.PropExpiration) {
+			meta.ExpirationMs, meta.HasExpiration = props.ExpirationMs, true
+		}
+		c.routeBuf, _ = view.table.Route(c.routeBuf[:0], exName, sm.routingKey, props.Headers)
+		if len(c.routeBuf) == 0 && m.Flags&wire.Mandatory != 0 {
+			if nret == 0 {
+				ret, retMark = wire.BeginReturn(nil, ch.id)
+			}
+			nret++
+			ret = wire.AppendReturned(ret, &wire.Returned{Seq: b.FirstSeq + uint64(i), Code: wire.NoRoute, Exchange: b.Exchange, Message: m})
+		}
+		for _, name := range c.routeBuf {
+			q := view.queues[name]
+			if q == nil {
+				continue
+			}
+			si := slices.Index(c.srv.shards, q.shard)
+			c.parts[si] = append(c.parts[si], enqItem{q: q, msg: sm, meta: meta, idx: i})
+		}
+	}
+	if nret > 0 {
+		c.mu.Lock()
+		c.out = append(c.out, retMark.End(ret, uint32(nret))...)
+		c.flushLocked()
+		c.mu.Unlock()
+		c.srv.metrics.returned.Add(nret)
+	}
+	parts := 1
+	for _, p := range c.parts {
+		if len(p) > 0 {
+			parts++
+		}
+	}
+	batch.pending.Store(int32(parts))
+	for si, p := range c.parts {
+		if len(p) == 0 {
+			continue
+		}
+		items := slices.Clone(p) // handed to the shard
+		slices.SortStableFunc(items, func(a, b enqItem) int { return cmpStr(a.q.name, b.q.name) })
+		c.parts[si] = p[:0]
+		c.srv.shards[si].submit(func(s *shard) { s.enqueue(items, batch) })
+	}
+	batch.partDone()
+	return nil
+}
+
+func cmpStr(a, b string) int {
+	switch {
+	case a < b:
+		return -1
+	case a > b:
+		return 1
+	}
+	return 0
+}
+
+// onSettle translates channel tags into queue tags and hands each shard its
+// settlements.
+func (c *conn) onSettle(ch *channel, f wire.Frame) error {
+	var b wire.SettleBatch
+	if err := wire.DecodeSettle(f, &b); err != nil {
+		return err
+	}
+	var items []settleItem
+	c.mu.Lock()
+	for i := 0; i < b.Count; i++ {
+		var s wire.Settlement
+		b.At(i, &s)
+		if s.Last > ch.nextTag {
+			c.mu.Unlock()
+			return &wire.Error{Code: wire.UnknownDeliveryTag, Reason: "tag " + strconv.FormatUint(s.Last, 10) + " was never delivered on this channel"}
+		}
+		first := max(s.First, ch.tagBase)
+		if s.First == 0 {
+			first = ch.tagBase
+		}
+		matched := 0
+		for t := first; t <= s.Last; t++ {
+			e := ch.tagAt(t)
+			if e == nil {
+				break
+			}
+			switch e.state {
+			case tagLive:
+				matched++
+				items = append(items, settleItem{c: e.c, op: s.Op, qtag: e.qtag, arg: s.Arg})
+				if s.Op != wire.SettleExtend {
+					e.state = tagSettled
+				}
+			case tagExpired:
+				matched++ // a late settlement of a taken-back delivery is ignored
+				if s.Op != wire.SettleExtend {
+					e.state = tagSettled
+				}
+			}
+		}
+		if matched == 0 && s.First != 0 {
+			c.mu.Unlock()
+			return &wire.Error{Code: wire.UnknownDeliveryTag, Reason: "no outstanding delivery in tags " + strconv.FormatUint(s.First, 10) + ".." + strconv.FormatUint(s.Last, 10)}
+		}
+	}
+	ch.compact()
+	c.mu.Unlock()
+	c.srv.settleAcross(items)
+	return nil
+}
+
+// settleAcross groups settlements by shard and submits them.
+func (s *Server) settleAcross(items []settleItem) {
+	if len(items) == 0 {
+		return
+	}
+	var acks int
+	for _, it := range items {
+		if it.op == wire.SettleAck {
+			acks++
+		}
+	}
+	s.metrics.acked.Add(acks)
+	for _, sh := range s.shards {
+		var part []settleItem
+		for _, it := range items {
+			if it.c.q.shard == sh {
+				part = append(part, it)
+			}
+		}
+		if len(part) > 0 {
+			sh.submit(func(s *shard) { s.settle(part) })
+		}
+	}
+}
+
+func (e *requestErr) Error() string { return e.err.Error() }
+func (e *requestErr) Unwrap() error { return e.err }

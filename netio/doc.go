@@ -1,0 +1,42 @@
+// Package netio is Warren's broker runtime: gnet event loops that speak the
+// wire protocol, the topology (exchanges, queues, bindings), and the queue
+// shards that own queue state machines.
+//
+// # Threads and ownership
+//
+//   - Event loops (gnet, one per core) own their connections: handshake,
+//     channels, frame decoding, routing of publishes and the translation of
+//     channel delivery tags into queue-local tags. A publish batch is routed
+//     against the current routing view (an atomic pointer; no lock), its
+//     bodies are copied once into one arena, and it is handed to the shards
+//     that own its destination queues as one command per shard.
+//   - Shards (a fixed number of goroutines) own queues: each queue's
+//     queue.Machine, its message bodies and its consumers. A shard drains
+//     its inbox in batches, applies commands to machines, and turns the
+//     effects into frames (deliveries, confirms, cancels) in connection
+//     outboxes. Time comes from the shard's clock and is passed into the
+//     machines, which never read one.
+//   - Outboxes: each connection has one, guarded by a mutex taken once per
+//     batch of frames. When it goes from empty to non-empty one AsyncWrite
+//     is scheduled on the connection's loop; bytes appended while a write is
+//     in flight go out with the next one. A connection whose outbox grows
+//     past the configured cap is closed (resource_limit).
+//
+// Commands cross threads in batches: a lock and a wake-up per batch, never
+// per message. The boundary between loops and shards is where raft will sit
+// for durable queues (commands in, effects out). DESIGN.md asks for MPSC
+// rings between them; a mutex-guarded batch inbox is used instead, since it
+// is taken once per batch and is simpler to reason about; revisit with a
+// profile.
+//
+// # Flow control
+//
+//   - Consumers: prefetch bounds the unacked deliveries a consumer holds
+//     (an unlimited prefetch is capped by Config.MaxPrefetch). Auto-ack
+//     consumers get a window of MaxPrefetch deliveries that is settled when
+//     the bytes have been written to the socket, so a slow reader holds the
+//     queue back instead of the broker's memory.
+//   - Publishers: when the bodies held in memory pass the high-watermark the
+//     broker sends FLOW(active=false) on channel 0 to every connection, and
+//     FLOW(active=true) once it is below the low-watermark again.
+package netio

@@ -1,0 +1,178 @@
+package netio
+
+import (
+	"sync/atomic"
+
+	"github.com/panjf2000/gnet/v2"
+	"github.com/warren-mq/warren/wire"
+)
+
+// pubBatch tracks one PUBLISH frame until every shard it was split across
+// has taken its part; the last one confirms the whole range.
+type pubBatch struct {
+	c        *conn
+	ch       uint16
+	firstSeq uint64
+	codes    []uint32 // per message: 0 ack, else the nack code (written atomically)
+	pending  atomic.Int32
+}
+
+func (b *pubBatch) nack(i int, code wire.Code) { atomic.StoreUint32(&b.codes[i], uint32(code)) }
+
+// partDone is called once per shard part (and once by the loop itself).
+func (b *pubBatch) partDone() {
+	if b.pending.Add(-1) == 0 {
+		b.c.confirm(b)
+	}
+}
+
+// confirm writes a CONFIRM frame for the batch: one range per run of equal
+// codes.
+func (c *conn) confirm(b *pubBatch) {
+	var ranges [16]wire.ConfirmRange
+	rs := ranges[:0]
+	start := 0
+	for i := 1; i <= len(b.codes); i++ {
+		if i == len(b.codes) || atomic.LoadUint32(&b.codes[i]) != atomic.LoadUint32(&b.codes[start]) {
+			rs = append(rs, wire.ConfirmRange{First: b.firstSeq + uint64(start), Last: b.firstSeq + uint64(i-1), Code: wire.Code(atomic.LoadUint32(&b.codes[start]))})
+			start = i
+		}
+	}
+	c.mu.Lock()
+	c.out = wire.AppendConfirm(c.out, b.ch, rs)
+	c.srv.metrics.confirmed.Add(len(b.codes))
+	c.flushLocked()
+	c.mu.Unlock()
+}
+
+// send appends one frame and schedules a flush. Safe from any goroutine.
+func (c *conn) send(ch uint16, body wire.Body) {
+	c.mu.Lock()
+	c.out = wire.AppendFrame(c.out, ch, body)
+	c.flushLocked()
+	c.mu.Unlock()
+}
+
+func (c *conn) sendError(ch uint16, req uint32, code wire.Code, msg string) {
+	if len(msg) > 1000 {
+		msg = msg[:1000]
+	}
+	c.send(ch, &wire.ErrorReply{Req: req, Code: code, Message: msg})
+}
+
+func (c *conn) sendCancelled(cr *consumerRef, code wire.Code, reason string) {
+	c.send(cr.ch.id, &wire.Cancelled{ConsumerTag: cr.tag, Code: code, Reason: reason})
+}
+
+// flushLocked starts a write of the outbox if none is in flight. One write
+// is in flight per connection; what is appended meanwhile goes with the
+// next. c.mu must be held.
+func (c *conn) flushLocked() {
+	if len(c.out) > c.srv.cfg.MaxOutboundBytes && !c.closed {
+		c.closed = true
+		c.srv.log.Warn("closing connection over its outbound byte cap", "conn", c.id, "bytes", len(c.out))
+		c.out = c.out[:0]
+		go c.gc.Close()
+		return
+	}
+	if c.flushing || len(c.out) == 0 || c.closed {
+		return
+	}
+	c.flushing = true
+	c.inflight, c.out = c.out, c.spare[:0]
+	c.spare = nil
+	c.inflightAcks, c.autoAcks = c.autoAcks, c.ackSpare[:0]
+	c.ackSpare = nil
+	c.lastSend.Store(c.srv.nowMs())
+	if err := c.gc.AsyncWrite(c.inflight, c.flushedCB); err != nil {
+		c.flushing = false
+	}
+}
+
+// flushed runs on the loop once the in-flight bytes are in the socket (or
+// gnet's buffer). It recycles the buffer, settles the auto-ack deliveries
+// that went out, and starts the next write.
+func (c *conn) flushed(_ gnet.Conn, err error) error {
+	c.mu.Lock()
+	c.spare, c.inflight = c.inflight[:0], nil
+	acks := c.inflightAcks
+	c.inflightAcks = nil
+	c.flushing = false
+	if err == nil {
+		c.flushLocked()
+	}
+	c.mu.Unlock()
+	if len(acks) > 0 {
+		c.srv.settleAcross(acks) // copies what it keeps
+	}
+	c.mu.Lock()
+	if c.ackSpare == nil {
+		c.ackSpare = acks[:0]
+	}
+	c.mu.Unlock()
+	return nil
+}
+
+// writeDeliveries encodes one shard's deliveries for this connection: one
+// DELIVER frame per run of deliveries to the same consumer, channel tags
+// assigned in order, all under one lock. Called on the shard goroutine.
+func (c *conn) writeDeliveries(ds []pendingDelivery) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.closed {
+		return // the connection's Down returns them
+	}
+	for start := 0; start < len(ds); {
+		cr := ds[start].c
+		end := start + 1
+		for end < len(ds) && ds[end].c == cr {
+			end++
+		}
+		ch := cr.ch
+		if ch.closed {
+			start = end
+			continue // the channel's cancel returns them
+		}
+		out, mark := wire.BeginDeliver(c.out, ch.id, cr.tagBytes)
+		for _, d := range ds[start:end] {
+			ch.nextTag++
+			tag := ch.nextTag
+			var fl wire.DeliveryFlags
+			if d.dc > 1 {
+				fl |= wire.Redelivered
+			}
+			if d.msg.flags&wire.Persistent != 0 {
+				fl |= wire.DeliveredPersistent
+			}
+			out = wire.AppendDelivery(out, &wire.Delivery{
+				Tag: tag, Flags: fl, Priority: d.msg.priority, DeliveryCount: d.dc, FailedCount: d.fc,
+				Exchange: d.msg.exchange, RoutingKey: d.msg.routingKey, Properties: d.msg.props, Body: d.msg.body,
+			})
+			if cr.autoAck {
+				ch.pushTag(tagEntry{state: tagAuto})
+				c.autoAcks = append(c.autoAcks, settleItem{c: cr, op: wire.SettleAck, qtag: d.qtag})
+			} else {
+				ch.pushTag(tagEntry{c: cr, qtag: d.qtag})
+				cr.chTags[d.qtag] = tag
+			}
+		}
+		c.out = mark.End(out, uint32(end-start))
+		c.srv.metrics.delivered.Add(end - start)
+		start = end
+	}
+	c.flushLocked()
+}
+
+// leaseExpired tells a consumer a delivery was taken back.
+func (c *conn) leaseExpired(cr *consumerRef, chTag uint64) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.closed || cr.ch.closed {
+		return
+	}
+	if e := cr.ch.tagAt(chTag); e != nil && e.state == tagLive {
+		e.state = tagExpired
+	}
+	c.out = wire.AppendFrame(c.out, cr.ch.id, &wire.LeaseExpired{ConsumerTag: cr.tag, Tags: []uint64{chTag}})
+	c.flushLocked()
+}

@@ -1,0 +1,176 @@
+package netio
+
+import (
+	"strconv"
+
+	"github.com/warren-mq/warren/queue"
+	"github.com/warren-mq/warren/wire"
+)
+
+// onRequest handles the request frames: topology, subscribe and cancel.
+// Request-scoped failures come back as *requestErr (an ERROR reply).
+func (c *conn) onRequest(ch *channel, body wire.Body) error {
+	fail := func(req uint32, err error) error { return &requestErr{req: req, err: err} }
+	topo := c.srv.topo
+	switch r := body.(type) {
+	case *wire.ExchangeDeclare:
+		if err := topo.declareExchange(r); err != nil {
+			return fail(r.Req, err)
+		}
+		c.send(ch.id, &wire.OKReply{Req: r.Req})
+	case *wire.ExchangeDelete:
+		if err := topo.deleteExchange(r); err != nil {
+			return fail(r.Req, err)
+		}
+		c.send(ch.id, &wire.OKReply{Req: r.Req})
+	case *wire.QueueDeclare:
+		q, err := topo.declareQueue(r, c.id)
+		if err != nil {
+			return fail(r.Req, err)
+		}
+		c.send(ch.id, &wire.QueueDeclareOK{Req: r.Req, Name: q.name, Messages: uint64(q.ready.Load()), Consumers: uint32(q.consumers.Load())})
+	case *wire.QueueDelete:
+		q := topo.lookupQueue(r.Name)
+		if q == nil {
+			return fail(r.Req, reqErr(wire.NotFound, "no queue %q", r.Name))
+		}
+		if q.exclusive != 0 && q.exclusive != c.id {
+			return fail(r.Req, reqErr(wire.ResourceLocked, "queue %q is exclusive to another connection", r.Name))
+		}
+		req, ifUnused, ifEmpty := r.Req, r.IfUnused, r.IfEmpty
+		q.shard.submit(func(s *shard) {
+			switch {
+			case q.gone:
+				c.sendError(ch.id, req, wire.NotFound, "no queue "+q.name)
+			case ifUnused && q.m.Consumers() > 0:
+				c.sendError(ch.id, req, wire.PreconditionFailed, "queue "+q.name+" has consumers")
+			case ifEmpty && q.m.Ready()+int64(q.m.Unacked())+int64(q.m.Parked()) > 0:
+				c.sendError(ch.id, req, wire.PreconditionFailed, "queue "+q.name+" is not empty")
+			default:
+				n := int64(0)
+				if s.srv.topo.removeQueue(q) {
+					n = s.deleteQueue(q, "queue deleted")
+				}
+				c.send(ch.id, &wire.OKReply{Req: req, Count: uint64(n)})
+			}
+		})
+	case *wire.QueuePurge:
+		q := topo.lookupQueue(r.Name)
+		if q == nil {
+			return fail(r.Req, reqErr(wire.NotFound, "no queue %q", r.Name))
+		}
+		req := r.Req
+		q.shard.submit(func(s *shard) {
+			if q.gone {
+				c.sendError(ch.id, req, wire.NotFound, "no queue "+q.name)
+				return
+			}
+			n, effs := q.m.Purge(s.now)
+			s.handle(q, effs)
+			c.send(ch.id, &wire.OKReply{Req: req, Count: uint64(n)})
+		})
+	case *wire.Bind:
+		if err := topo.bind(r); err != nil {
+			return fail(r.Req, err)
+		}
+		c.send(ch.id, &wire.OKReply{Req: r.Req})
+	case *wire.Subscribe:
+		return c.onSubscribe(ch, r)
+	case *wire.Cancel:
+		c.mu.Lock()
+		cr := ch.consumers[r.ConsumerTag]
+		delete(ch.consumers, r.ConsumerTag)
+		c.mu.Unlock()
+		if cr == nil {
+			return fail(r.Req, reqErr(wire.NotFound, "no consumer %q on this channel", r.ConsumerTag))
+		}
+		cr.q.shard.submit(func(s *shard) { s.cancel(cr, false) })
+		c.send(ch.id, &wire.OKReply{Req: r.Req})
+	default:
+		return errUnexpected(body.FrameType())
+	}
+	return nil
+}
+
+func (c *conn) onSubscribe(ch *channel, r *wire.Subscribe) error {
+	fail := func(err error) error { return &requestErr{req: r.Req, err: err} }
+	if len(r.Args) > 0 {
+		return fail(reqErr(wire.InvalidArgument, "subscribe arguments are not supported"))
+	}
+	q := c.srv.topo.lookupQueue(r.Queue)
+	if q == nil {
+		return fail(reqErr(wire.NotFound, "no queue %q", r.Queue))
+	}
+	if q.exclusive != 0 && q.exclusive != c.id {
+		return fail(reqErr(wire.ResourceLocked, "queue %q is exclusive to another connection", r.Queue))
+	}
+	c.mu.Lock()
+	tag := r.ConsumerTag
+	if tag == "" {
+		ch.ctagSeq++
+		tag = "ctag-" + strconv.FormatUint(c.id, 10) + "-" + strconv.Itoa(int(ch.id)) + "-" + strconv.Itoa(ch.ctagSeq)
+	}
+	if _, dup := ch.consumers[tag]; dup {
+		c.mu.Unlock()
+		return fail(reqErr(wire.PreconditionFailed, "consumer tag %q in use on this channel", tag))
+	}
+	prefetch := r.PrefetchCount
+	if prefetch == 0 || prefetch > c.srv.cfg.MaxPrefetch {
+		prefetch = c.srv.cfg.MaxPrefetch
+	}
+	cr := &consumerRef{
+		id: queue.ConsumerID(c.srv.consumerSeq.Add(1)), tag: tag, tagBytes: []byte(tag),
+		conn: c, ch: ch, q: q, autoAck: r.AutoAck, chTags: map[uint64]uint64{},
+	}
+	ch.consumers[tag] = cr
+	ch.all = append(ch.all, cr)
+	c.mu.Unlock()
+	spec := queue.ConsumerSpec{ID: cr.id, Owner: queue.OwnerID(c.id), Prefetch: prefetch, Priority: r.Priority, Exclusive: r.Exclusive}
+	req := r.Req
+	q.shard.submit(func(s *shard) { s.subscribe(q, cr, spec, req) })
+	return nil
+}
+
+// onAuth checks credentials off the loop (password hashing is slow on
+// purpose) and answers OPEN_OK or CLOSE auth_failed.
+func (c *conn) onAuth(f wire.Frame) error {
+	body, err := wire.Decode(f, wire.HandshakeMaxFrame, nil)
+	if err != nil {
+		return err
+	}
+	a := body.(*wire.Auth)
+	maxFrame := wire.Negotiate(c.srv.cfg.MaxFrame, a.MaxFrame)
+	if maxFrame < wire.MinMaxFrame || maxFrame > wire.HardMaxFrame {
+		return &wire.Error{Code: wire.FrameError, Reason: "max_frame out of range"}
+	}
+	if a.Mechanism != "PLAIN" {
+		c.closeWith(wire.AuthFailed, "unsupported mechanism "+a.Mechanism)
+		return nil
+	}
+	user, pass, ok := wire.ParsePlain(a.Response)
+	c.state.Store(stAuthPending)
+	go func() {
+		if !ok || !c.srv.auth.check(user, pass, c.loopback) {
+			c.srv.metrics.authFailures.Inc()
+			c.closeWith(wire.AuthFailed, "authentication failed")
+			return
+		}
+		c.user = user
+		c.maxFrame = maxFrame
+		c.maxChannels = wire.Negotiate(c.srv.cfg.MaxChannels, a.MaxChannels)
+		hb := c.srv.cfg.HeartbeatMs
+		if a.HeartbeatMs != 0 && (hb == 0 || a.HeartbeatMs < hb) {
+			hb = a.HeartbeatMs
+		}
+		c.heartbeatMs.Store(hb)
+		c.send(0, &wire.OpenOK{ConnectionID: c.id, MaxFrame: c.maxFrame, MaxChannels: c.maxChannels, HeartbeatMs: hb})
+		c.state.Store(stOpen)
+		if c.srv.flowOff.Load() {
+			c.send(0, &wire.Flow{Active: false})
+		}
+		// Frames the client pipelined behind AUTH are waiting in the
+		// inbound buffer: wake the loop to read them.
+		_ = c.gc.Wake(nil)
+	}()
+	return nil
+}

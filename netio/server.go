@@ -1,0 +1,407 @@
+package netio
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/VictoriaMetrics/metrics"
+	"github.com/panjf2000/gnet/v2"
+	"golang.org/x/sys/unix"
+
+	"github.com/warren-mq/warren/wire"
+)
+
+// Version is the broker's version, sent in HELLO.
+const Version = "0.1.0"
+
+// Config is the broker's configuration. Zero values take the defaults
+// noted on each field.
+type Config struct {
+	Addr              string        // "127.0.0.1:5680"; port 0 picks a free one
+	Users             []User        // besides guest/guest from loopback
+	DisableGuest      bool          // refuse guest/guest even from loopback
+	MaxFrame          uint32        // proposed max frame size; wire.DefaultMaxFrame
+	MaxChannels       uint16        // per connection; 2047
+	HeartbeatMs       uint32        // proposed heartbeat; 30000 (0 keeps the default; use Heartbeat < 0 to disable)
+	DisableHeartbeats bool          // propose no heartbeats
+	MaxConnections    int           // 10000
+	MaxPrefetch       uint32        // cap on a consumer's unacked deliveries (and auto-ack window); 1000
+	MaxOutboundBytes  int           // per-connection outbox cap before the connection is closed; 64 MiB
+	MemoryHighWater   int64         // stored message bytes that pause publishers; 40% of RAM
+	Shards            int           // queue shards; GOMAXPROCS
+	EventLoops        int           // gnet loops; GOMAXPROCS
+	TickInterval      time.Duration // heartbeat and flow checks; 100ms
+	Logger            *slog.Logger  // discard if nil
+}
+
+func (c *Config) fill() {
+	if c.Addr == "" {
+		c.Addr = "127.0.0.1:5680"
+	}
+	if c.MaxFrame == 0 {
+		c.MaxFrame = wire.DefaultMaxFrame
+	}
+	if c.MaxChannels == 0 {
+		c.MaxChannels = 2047
+	}
+	if c.HeartbeatMs == 0 && !c.DisableHeartbeats {
+		c.HeartbeatMs = 30000
+	}
+	if c.MaxConnections == 0 {
+		c.MaxConnections = 10000
+	}
+	if c.MaxPrefetch == 0 {
+		c.MaxPrefetch = 1000
+	}
+	if c.MaxOutboundBytes == 0 {
+		c.MaxOutboundBytes = 64 << 20
+	}
+	if c.MemoryHighWater == 0 {
+		var si unix.Sysinfo_t
+		if unix.Sysinfo(&si) == nil {
+			c.MemoryHighWater = int64(si.Totalram) * int64(si.Unit) * 4 / 10
+		} else {
+			c.MemoryHighWater = 1 << 30
+		}
+	}
+	if c.Shards <= 0 {
+		c.Shards = gomaxprocs()
+	}
+	if c.EventLoops <= 0 {
+		c.EventLoops = gomaxprocs()
+	}
+	if c.TickInterval == 0 {
+		c.TickInterval = 100 * time.Millisecond
+	}
+	if c.Logger == nil {
+		c.Logger = slog.New(slog.NewTextHandler(io.Discard, nil))
+	}
+}
+
+// Server is a running broker.
+type Server struct {
+	gnet.BuiltinEventEngine
+	cfg    Config
+	log    *slog.Logger
+	auth   *authenticator
+	topo   *topology
+	shards []*shard
+
+	eng         gnet.Engine
+	addr        net.Addr
+	booted      chan error
+	stopped     chan struct{}
+	closing     atomic.Bool
+	connSeq     atomic.Uint64
+	consumerSeq atomic.Uint64
+
+	connsMu sync.Mutex
+	conns   map[uint64]*conn
+
+	storedBytes atomic.Int64
+	flowOff     atomic.Bool
+
+	metrics serverMetrics
+}
+
+type serverMetrics struct {
+	set                                              *metrics.Set
+	published, delivered, acked, confirmed, returned *metrics.Counter
+	protocolErrors, authFailures                     *metrics.Counter
+	channels                                         atomic.Int64
+	busyNanos                                        atomic.Int64
+	lastBusy, lastBusyAt                             atomic.Int64
+}
+
+func (s *Server) nowMs() int64 { return time.Now().UnixMilli() }
+
+// Start listens and runs the broker in the background. It returns once the
+// listener is bound.
+func Start(cfg Config) (*Server, error) {
+	cfg.fill()
+	s := &Server{cfg: cfg, log: cfg.Logger, booted: make(chan error, 1), stopped: make(chan struct{}), conns: map[uint64]*conn{}}
+	s.auth = newAuthenticator(cfg.Users, !cfg.DisableGuest)
+	for i := 0; i < cfg.Shards; i++ {
+		s.shards = append(s.shards, newShard(s))
+	}
+	s.topo = newTopology(s.shards)
+	s.initMetrics()
+	for _, sh := range s.shards {
+		go sh.run()
+	}
+	go func() {
+		defer close(s.stopped)
+		err := gnet.Run(s, "tcp://"+cfg.Addr,
+			gnet.WithMulticore(true), gnet.WithNumEventLoop(cfg.EventLoops), gnet.WithReusePort(false),
+			gnet.WithTicker(true), gnet.WithReadBufferCap(256<<10), gnet.WithLogger(gnetLogger{s.log}))
+		select {
+		case s.booted <- err:
+		default:
+		}
+		if err == nil {
+			err = errors.New("netio: engine stopped")
+		}
+		s.log.Debug("engine exited", "err", err)
+	}()
+	if err := <-s.booted; err != nil {
+		s.stopShards()
+		return nil, fmt.Errorf("netio: listen on %s: %w", cfg.Addr, err)
+	}
+	return s, nil
+}
+
+// Addr is the address the broker listens on.
+func (s *Server) Addr() net.Addr { return s.addr }
+
+// OnBoot records the bound address (the port may have been 0).
+func (s *Server) OnBoot(eng gnet.Engine) gnet.Action {
+	s.eng = eng
+	fd, err := eng.Dup()
+	if err != nil {
+		s.booted <- err
+		return gnet.Shutdown
+	}
+	sa, err := unix.Getsockname(fd)
+	_ = unix.Close(fd)
+	if err != nil {
+		s.booted <- err
+		return gnet.Shutdown
+	}
+	switch a := sa.(type) {
+	case *unix.SockaddrInet4:
+		s.addr = &net.TCPAddr{IP: net.IP(a.Addr[:]), Port: a.Port}
+	case *unix.SockaddrInet6:
+		s.addr = &net.TCPAddr{IP: net.IP(a.Addr[:]), Port: a.Port}
+	}
+	s.log.Info("listening", "addr", s.addr.String())
+	s.booted <- nil
+	return gnet.None
+}
+
+func (s *Server) OnOpen(gc gnet.Conn) ([]byte, gnet.Action) {
+	if s.closing.Load() {
+		return nil, gnet.Close
+	}
+	c := s.newConn(gc)
+	s.connsMu.Lock()
+	if len(s.conns) >= s.cfg.MaxConnections {
+		s.connsMu.Unlock()
+		s.log.Warn("connection limit reached", "max", s.cfg.MaxConnections)
+		return nil, gnet.Close
+	}
+	s.conns[c.id] = c
+	s.connsMu.Unlock()
+	gc.SetContext(c)
+	return nil, gnet.None
+}
+
+func (s *Server) OnClose(gc gnet.Conn, err error) gnet.Action {
+	c, _ := gc.Context().(*conn)
+	if c == nil {
+		return gnet.None
+	}
+	s.connsMu.Lock()
+	delete(s.conns, c.id)
+	s.connsMu.Unlock()
+	c.onClose()
+	return gnet.None
+}
+
+func (s *Server) OnTraffic(gc gnet.Conn) gnet.Action {
+	c, _ := gc.Context().(*conn)
+	if c == nil {
+		return gnet.Close
+	}
+	start := time.Now()
+	a := c.onTraffic()
+	s.metrics.busyNanos.Add(int64(time.Since(start)))
+	return a
+}
+
+// OnTick runs off the loops: heartbeats, dead peers and memory flow control.
+func (s *Server) OnTick() (time.Duration, gnet.Action) {
+	now := s.nowMs()
+	s.connsMu.Lock()
+	conns := make([]*conn, 0, len(s.conns))
+	for _, c := range s.conns {
+		conns = append(conns, c)
+	}
+	s.connsMu.Unlock()
+	for _, c := range conns {
+		if c.state.Load() != stOpen {
+			continue
+		}
+		hb := int64(c.heartbeatMs.Load())
+		if hb == 0 {
+			continue
+		}
+		if now-c.lastRecv.Load() > 2*hb {
+			s.log.Info("peer missed heartbeats", "conn", c.id)
+			c.closeWith(wire.HeartbeatTimeout, "no traffic for two heartbeat intervals")
+			continue
+		}
+		if now-c.lastSend.Load() >= hb {
+			c.send(0, &wire.Heartbeat{})
+		}
+	}
+	s.checkFlow(conns)
+	return s.cfg.TickInterval, gnet.None
+}
+
+// checkFlow pauses publishers above the memory high-watermark and resumes
+// them below 80% of it.
+func (s *Server) checkFlow(conns []*conn) {
+	used := s.storedBytes.Load()
+	off := s.flowOff.Load()
+	switch {
+	case !off && used > s.cfg.MemoryHighWater:
+		s.flowOff.Store(true)
+		s.log.Warn("memory high-watermark passed: pausing publishers", "stored_bytes", used, "high_water", s.cfg.MemoryHighWater)
+	case off && used < s.cfg.MemoryHighWater*8/10:
+		s.flowOff.Store(false)
+		s.log.Info("memory below the watermark: resuming publishers", "stored_bytes", used)
+	default:
+		return
+	}
+	active := !s.flowOff.Load()
+	for _, c := range conns {
+		if c.state.Load() == stOpen {
+			c.send(0, &wire.Flow{Active: active})
+		}
+	}
+}
+
+// Close stops accepting, closes every connection with connection_forced
+// (after flushing what they were owed), and stops the shards.
+func (s *Server) Close(ctx context.Context) error {
+	if !s.closing.CompareAndSwap(false, true) {
+		return nil
+	}
+	s.connsMu.Lock()
+	conns := make([]*conn, 0, len(s.conns))
+	for _, c := range s.conns {
+		conns = append(conns, c)
+	}
+	s.connsMu.Unlock()
+	// Let the shards finish what is queued so confirms go out first.
+	for _, sh := range s.shards {
+		done := make(chan struct{})
+		sh.submit(func(*shard) { close(done) })
+		select {
+		case <-done:
+		case <-ctx.Done():
+		}
+	}
+	for _, c := range conns {
+		c.closeWith(wire.ConnectionForced, "broker shutting down")
+	}
+	err := s.eng.Stop(ctx)
+	select {
+	case <-s.stopped:
+	case <-ctx.Done():
+		err = ctx.Err()
+	}
+	s.stopShards()
+	return err
+}
+
+func (s *Server) stopShards() {
+	for _, sh := range s.shards {
+		close(sh.stop)
+		<-sh.done
+	}
+}
+
+// ConnectionCount is the number of open connections.
+func (s *Server) ConnectionCount() int {
+	s.connsMu.Lock()
+	defer s.connsMu.Unlock()
+	return len(s.conns)
+}
+
+// QueueStats is a point-in-time view of one queue.
+type QueueStats struct {
+	Name                 string
+	Ready, Unacked       int64
+	Consumers            int64
+	Published, Delivered uint64
+	Acked, Redelivered   uint64
+	DeadLettered         uint64
+}
+
+// Queues returns the current queues' counts.
+func (s *Server) Queues() []QueueStats {
+	var out []QueueStats
+	for _, q := range s.topo.snapshotQueues() {
+		out = append(out, QueueStats{
+			Name: q.name, Ready: q.ready.Load(), Unacked: q.unacked.Load(), Consumers: q.consumers.Load(),
+			Published: q.published.Load(), Delivered: q.delivered.Load(), Acked: q.acked.Load(),
+			Redelivered: q.redelivered.Load(), DeadLettered: q.deadLettered.Load(),
+		})
+	}
+	return out
+}
+
+func (s *Server) initMetrics() {
+	m := &s.metrics
+	m.set = metrics.NewSet()
+	m.published = m.set.NewCounter("warren_published_total")
+	m.delivered = m.set.NewCounter("warren_delivered_total")
+	m.acked = m.set.NewCounter("warren_acked_total")
+	m.confirmed = m.set.NewCounter("warren_confirmed_total")
+	m.returned = m.set.NewCounter("warren_returned_total")
+	m.protocolErrors = m.set.NewCounter("warren_protocol_errors_total")
+	m.authFailures = m.set.NewCounter("warren_auth_failures_total")
+	m.set.NewGauge("warren_connections", func() float64 { return float64(s.ConnectionCount()) })
+	m.set.NewGauge("warren_channels", func() float64 { return float64(m.channels.Load()) })
+	m.set.NewGauge("warren_stored_message_bytes", func() float64 { return float64(s.storedBytes.Load()) })
+	m.set.NewGauge("warren_memory_high_watermark_bytes", func() float64 { return float64(s.cfg.MemoryHighWater) })
+	m.set.NewGauge("warren_flow_blocked", func() float64 {
+		if s.flowOff.Load() {
+			return 1
+		}
+		return 0
+	})
+	m.set.NewGauge("warren_eventloop_busy_ratio", func() float64 {
+		now := time.Now().UnixNano()
+		busy := m.busyNanos.Load()
+		prevAt, prev := m.lastBusyAt.Swap(now), m.lastBusy.Swap(busy)
+		if prevAt == 0 || now <= prevAt {
+			return 0
+		}
+		return float64(busy-prev) / float64(now-prevAt) / float64(s.cfg.EventLoops)
+	})
+	m.set.RegisterMetricsWriter(func(w io.Writer) {
+		for _, q := range s.Queues() {
+			l := `{queue=` + strconv.Quote(q.Name) + `}`
+			fmt.Fprintf(w, "warren_queue_ready%s %d\n", l, q.Ready)
+			fmt.Fprintf(w, "warren_queue_unacked%s %d\n", l, q.Unacked)
+			fmt.Fprintf(w, "warren_queue_consumers%s %d\n", l, q.Consumers)
+			fmt.Fprintf(w, "warren_queue_published_total%s %d\n", l, q.Published)
+			fmt.Fprintf(w, "warren_queue_delivered_total%s %d\n", l, q.Delivered)
+			fmt.Fprintf(w, "warren_queue_acked_total%s %d\n", l, q.Acked)
+			fmt.Fprintf(w, "warren_queue_redelivered_total%s %d\n", l, q.Redelivered)
+			fmt.Fprintf(w, "warren_queue_dead_lettered_total%s %d\n", l, q.DeadLettered)
+		}
+	})
+}
+
+// WriteMetrics writes the broker's metrics in Prometheus text format.
+func (s *Server) WriteMetrics(w io.Writer) { s.metrics.set.WritePrometheus(w) }
+
+// gnetLogger routes gnet's own logging into slog.
+type gnetLogger struct{ l *slog.Logger }
+
+func (g gnetLogger) Debugf(f string, a ...any) { g.l.Debug(fmt.Sprintf(f, a...)) }
+func (g gnetLogger) Infof(f string, a ...any)  { g.l.Debug(fmt.Sprintf(f, a...)) }
+func (g gnetLogger) Warnf(f string, a ...any)  { g.l.Warn(fmt.Sprintf(f, a...)) }
+func (g gnetLogger) Errorf(f string, a ...any) { g.l.Error(fmt.Sprintf(f, a...)) }
+func (g gnetLogger) Fatalf(f string, a ...any) { g.l.Error(fmt.Sprintf(f, a...)) }

@@ -1,0 +1,402 @@
+package netio
+
+import (
+	"sync"
+	"time"
+
+	"github.com/warren-mq/warren/queue"
+	"github.com/warren-mq/warren/wire"
+)
+
+// shard owns a set of queues and runs their commands on one goroutine.
+// Loops submit closures (one per batch of work); the shard drains them in
+// batches and writes the resulting frames to connection outboxes.
+type shard struct {
+	srv   *Server
+	mu    sync.Mutex
+	inbox []func(*shard)
+	spare []func(*shard)
+	wake  chan struct{}
+	stop  chan struct{}
+	done  chan struct{}
+
+	// shard-owned
+	queues   map[*queueRef]struct{}
+	now      int64 // ms, stamped once per drained batch
+	nextWake int64
+	timer    *time.Timer
+
+	// deliveries gathered during a batch, written per connection at its end
+	pending map[*conn][]pendingDelivery
+	touched []*conn
+}
+
+type pendingDelivery struct {
+	c    *consumerRef
+	qtag uint64
+	msg  *storedMsg
+	dc   uint32
+	fc   uint32
+}
+
+func newShard(srv *Server) *shard {
+	s := &shard{
+		srv: srv, wake: make(chan struct{}, 1), stop: make(chan struct{}), done: make(chan struct{}),
+		queues: map[*queueRef]struct{}{}, pending: map[*conn][]pendingDelivery{},
+		timer: time.NewTimer(time.Hour),
+	}
+	s.timer.Stop()
+	return s
+}
+
+// submit queues fn to run on the shard. Safe from any goroutine.
+func (s *shard) submit(fn func(*shard)) {
+	s.mu.Lock()
+	s.inbox = append(s.inbox, fn)
+	s.mu.Unlock()
+	select {
+	case s.wake <- struct{}{}:
+	default:
+	}
+}
+
+func (s *shard) run() {
+	defer close(s.done)
+	for {
+		select {
+		case <-s.stop:
+			s.drain()
+			return
+		case <-s.wake:
+			s.drain()
+		case <-s.timer.C:
+			s.now = s.srv.nowMs()
+			s.tick()
+			s.finishBatch()
+		}
+	}
+}
+
+func (s *shard) drain() {
+	for {
+		s.mu.Lock()
+		batch := s.inbox
+		s.inbox = s.spare[:0]
+		s.mu.Unlock()
+		if len(batch) == 0 {
+			return
+		}
+		s.now = s.srv.nowMs()
+		for i, fn := range batch {
+			fn(s)
+			batch[i] = nil
+		}
+		s.spare = batch[:0]
+		s.finishBatch()
+	}
+}
+
+// finishBatch writes the deliveries gathered in this batch, one outbox
+// lock per connection, and re-arms the timer.
+func (s *shard) finishBatch() {
+	for _, c := range s.touched {
+		c.writeDeliveries(s.pending[c])
+		s.pending[c] = s.pending[c][:0]
+	}
+	s.touched = s.touched[:0]
+	if s.nextWake > 0 {
+		d := time.Duration(s.nextWake-s.now) * time.Millisecond
+		if d < time.Millisecond {
+			d = time.Millisecond
+		}
+		s.timer.Reset(d)
+	}
+}
+
+func (s *shard) tick() {
+	next := int64(0)
+	for q := range s.queues {
+		if q.wakeAt != 0 && q.wakeAt <= s.now {
+			q.wakeAt = 0
+			s.handle(q, q.m.Tick(s.now))
+		}
+		if q.wakeAt != 0 && (next == 0 || q.wakeAt < next) {
+			next = q.wakeAt
+		}
+	}
+	s.nextWake = next
+}
+
+func (s *shard) createQueue(q *queueRef) {
+	q.m = queue.New(queue.ConfigFromArgs(q.args, q.autoDelete), s.now)
+	q.bodies = map[uint64]*storedMsg{}
+	q.cons = map[queue.ConsumerID]*consumerRef{}
+	s.queues[q] = struct{}{}
+	s.handle(q, q.m.Tick(s.now)) // arms the expiry timer, if any
+}
+
+// enqItem is one message bound for one queue.
+type enqItem struct {
+	q    *queueRef
+	msg  *storedMsg
+	meta queue.Message // ID filled in by the shard
+	idx  int           // index in the publish batch, for confirms
+}
+
+// enqueue applies a group of messages (already grouped by queue, in
+// publish order) and reports nacks into batch.
+func (s *shard) enqueue(items []enqItem, batch *pubBatch) {
+	var msgs []queue.Message
+	for start := 0; start < len(items); {
+		q := items[start].q
+		end := start + 1
+		for end < len(items) && items[end].q == q {
+			end++
+		}
+		if q.gone || q.m == nil {
+			if batch != nil {
+				for _, it := range items[start:end] {
+					batch.nack(it.idx, wire.InternalNack)
+				}
+			}
+			start = end
+			continue
+		}
+		firstID := q.nextID + 1
+		msgs = msgs[:0]
+		for _, it := range items[start:end] {
+			q.nextID++
+			it.meta.ID = q.nextID
+			q.bodies[q.nextID] = it.msg
+			s.srv.storedBytes.Add(it.msg.size())
+			msgs = append(msgs, it.meta)
+		}
+		effs := q.m.Enqueue(s.now, msgs)
+		for _, e := range effs {
+			if e.Kind == queue.RejectPublish && batch != nil {
+				batch.nack(items[start+int(e.Msg-firstID)].idx, wire.QueueFull)
+			}
+		}
+		s.handle(q, effs)
+		start = end
+	}
+	if batch != nil {
+		batch.partDone()
+	}
+}
+
+// handle carries out a machine's effects.
+func (s *shard) handle(q *queueRef, effs []queue.Effect) {
+	for _, e := range effs {
+		switch e.Kind {
+		case queue.Deliver:
+			c := q.cons[e.Consumer]
+			msg := q.bodies[e.Msg]
+			if c == nil || msg == nil {
+				panic("queue: BUG: delivery to an unknown consumer or of an unknown message")
+			}
+			if _, ok := s.pending[c.conn]; !ok || len(s.pending[c.conn]) == 0 {
+				s.touched = append(s.touched, c.conn)
+			}
+			s.pending[c.conn] = append(s.pending[c.conn], pendingDelivery{c: c, qtag: e.Tag, msg: msg, dc: e.DeliveryCount, fc: e.FailedCount})
+		case queue.Remove, queue.Drop, queue.Duplicate, queue.RejectPublish:
+			s.free(q, e.Msg)
+		case queue.DeadLetter:
+			if msg := q.bodies[e.Msg]; msg != nil {
+				s.deadLetter(q, msg, e.Reason)
+			}
+			s.free(q, e.Msg)
+		case queue.LeaseExpired:
+			if c := q.cons[e.Consumer]; c != nil {
+				if chTag, ok := c.chTags[e.Tag]; ok {
+					delete(c.chTags, e.Tag)
+					c.conn.leaseExpired(c, chTag)
+				}
+			}
+		case queue.Timer:
+			q.wakeAt = e.At
+			if s.nextWake == 0 || e.At < s.nextWake {
+				s.nextWake = e.At
+			}
+		case queue.DeleteQueue:
+			if s.srv.topo.removeQueue(q) {
+				s.deleteQueue(q, "queue deleted (auto-delete or expiry)")
+			}
+		}
+	}
+	st := &q.m.Stats
+	q.ready.Store(q.m.Ready())
+	q.unacked.Store(int64(q.m.Unacked()))
+	q.consumers.Store(int64(q.m.Consumers()))
+	q.published.Store(st.Enqueued)
+	q.delivered.Store(st.Delivered)
+	q.acked.Store(st.Acked)
+	q.redelivered.Store(st.Redelivered)
+	q.deadLettered.Store(st.DeadLettered)
+}
+
+func (s *shard) free(q *queueRef, id uint64) {
+	if msg := q.bodies[id]; msg != nil {
+		s.srv.storedBytes.Add(-msg.size())
+		delete(q.bodies, id)
+	}
+}
+
+// deleteQueue drops a queue's state and tells its consumers.
+func (s *shard) deleteQueue(q *queueRef, reason string) int64 {
+	if q.gone {
+		return 0
+	}
+	q.gone = true
+	n := int64(len(q.bodies))
+	for _, c := range q.cons {
+		c.conn.sendCancelled(c, wire.NotFound, reason)
+	}
+	for id := range q.bodies {
+		s.free(q, id)
+	}
+	q.cons = nil
+	q.ready.Store(0)
+	q.unacked.Store(0)
+	q.consumers.Store(0)
+	delete(s.queues, q)
+	return n
+}
+
+// deadLetter republishes msg to the queue's dead-letter exchange with its
+// death history extended. Messages that would loop without a rejection
+// in the cycle are dropped (queue.DeadLetterCycle).
+func (s *shard) deadLetter(q *queueRef, msg *storedMsg, reason wire.DeathReason) {
+	dlx := q.args.DeadLetterExchange
+	view := s.srv.topo.view.Load()
+	if !view.table.HasExchange(dlx) {
+		return
+	}
+	var props wire.Properties
+	if err := wire.ParseProperties(msg.props, &props); err != nil {
+		return
+	}
+	var deaths []wire.Death
+	if props.Has(wire.PropDeaths) {
+		deaths, _ = wire.DecodeDeaths(props.Deaths)
+	}
+	old := deaths
+	deaths = queue.RecordDeath(append([]wire.Death(nil), deaths...), q.name, reason, time.Now().UnixMilli(), string(msg.exchange), []string{string(msg.routingKey)})
+	rk := msg.routingKey
+	if q.args.DeadLetterRoutingKey != "" {
+		rk = []byte(q.args.DeadLetterRoutingKey)
+	}
+	props.Deaths = wire.AppendDeaths(nil, deaths)
+	props.Set(wire.PropDeaths)
+	// A dead letter never expires again by its old per-message TTL.
+	props.Present &^= 1 << wire.PropExpiration
+	newProps := wire.AppendProperties(nil, &props)[2:]
+	dm := &storedMsg{exchange: []byte(dlx), routingKey: append([]byte(nil), rk...), props: newProps, body: msg.body, flags: msg.flags, priority: msg.priority}
+	targets, _ := view.table.Route(nil, dlx, dm.routingKey, props.Headers)
+	for _, name := range targets {
+		if queue.DeadLetterCycle(old, name) {
+			continue
+		}
+		tq := view.queues[name]
+		if tq == nil {
+			continue
+		}
+		meta := queue.Message{Size: uint32(len(dm.body)), Priority: dm.priority}
+		item := []enqItem{{q: tq, msg: dm, meta: meta}}
+		if tq.shard == s {
+			s.enqueue(item, nil)
+		} else {
+			tq.shard.submit(func(o *shard) { o.enqueue(item, nil) })
+		}
+	}
+}
+
+// subscribe adds a consumer and replies on its channel.
+func (s *shard) subscribe(q *queueRef, c *consumerRef, spec queue.ConsumerSpec, req uint32) {
+	if q.gone || q.m == nil {
+		c.conn.sendError(c.ch.id, req, wire.NotFound, "no queue "+q.name)
+		return
+	}
+	effs, err := q.m.Subscribe(s.now, spec)
+	if err != nil {
+		c.conn.sendError(c.ch.id, req, wire.CodeOf(err), err.Error())
+		c.conn.forgetConsumer(c)
+		return
+	}
+	q.cons[c.id] = c
+	c.conn.send(c.ch.id, &wire.SubscribeOK{Req: req, ConsumerTag: c.tag})
+	s.handle(q, effs)
+}
+
+// cancel stops a consumer. With requeue its unacked deliveries go back.
+func (s *shard) cancel(c *consumerRef, requeue bool) {
+	q := c.q
+	if q.gone || q.m == nil {
+		return
+	}
+	effs, err := q.m.Cancel(s.now, c.id, requeue)
+	if err != nil {
+		return
+	}
+	if requeue {
+		clear(c.chTags)
+		delete(q.cons, c.id)
+	}
+	s.handle(q, effs)
+}
+
+// settleItem is one settled delivery, translated from a channel tag.
+type settleItem struct {
+	c    *consumerRef
+	op   wire.SettleOp
+	qtag uint64
+	arg  uint32
+}
+
+// settle applies settlements, coalescing runs of consecutive queue tags of
+// one consumer and op into one machine command.
+func (s *shard) settle(items []settleItem) {
+	for start := 0; start < len(items); {
+		it := items[start]
+		end := start + 1
+		for end < len(items) && items[end].c == it.c && items[end].op == it.op && items[end].arg == it.arg && items[end].qtag == items[end-1].qtag+1 {
+			end++
+		}
+		q := it.c.q
+		if !q.gone && q.m != nil {
+			if it.op != wire.SettleExtend {
+				for _, x := range items[start:end] {
+					delete(it.c.chTags, x.qtag)
+				}
+			}
+			effs, err := q.m.Settle(s.now, it.c.id, it.op, it.qtag, items[end-1].qtag, it.arg)
+			if err == nil {
+				s.handle(q, effs)
+			}
+		}
+		start = end
+	}
+}
+
+// down returns everything a closed connection held, drops its consumers
+// and deletes the queues it owned exclusively.
+func (s *shard) down(connID uint64) {
+	for q := range s.queues {
+		if q.exclusive == connID {
+			if s.srv.topo.removeQueue(q) {
+				s.deleteQueue(q, "exclusive owner closed")
+			}
+			continue
+		}
+		owned := false
+		for id, c := range q.cons {
+			if c.conn.id == connID {
+				owned = true
+				delete(q.cons, id)
+			}
+		}
+		if owned || q.m.Unacked() > 0 {
+			s.handle(q, q.m.Down(s.now, queue.OwnerID(connID)))
+		}
+	}
+}

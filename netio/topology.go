@@ -1,0 +1,314 @@
+package netio
+
+import (
+	"fmt"
+	"reflect"
+	"strconv"
+	"sync"
+	"sync/atomic"
+
+	"github.com/warren-mq/warren/queue"
+	"github.com/warren-mq/warren/wire"
+)
+
+// queueRef is a declared queue. The fields above the line are fixed at
+// declare time; the atomics are published by the owning shard for replies
+// and metrics; the rest belongs to the shard goroutine.
+type queueRef struct {
+	name       string
+	shard      *shard
+	decl       wire.QueueDeclare // as declared, for equivalence checks
+	args       wire.QueueArgs
+	exclusive  uint64 // owning connection id, 0 if not exclusive
+	autoDelete bool
+
+	ready, unacked, consumers atomic.Int64
+	published, delivered      atomic.Uint64
+	acked, redelivered        atomic.Uint64
+	deadLettered              atomic.Uint64
+	deleted                   atomic.Bool
+
+	// shard-owned
+	m      *queue.Machine
+	bodies map[uint64]*storedMsg
+	nextID uint64
+	cons   map[queue.ConsumerID]*consumerRef
+	wakeAt int64 // next Timer, 0 for none
+	gone   bool  // deleted: commands for it are dropped
+}
+
+// storedMsg is one message held by a queue. Its slices point into the arena
+// of the publish batch it came in (one allocation per batch), shared by every
+// queue the message was routed to.
+type storedMsg struct {
+	exchange   []byte
+	routingKey []byte
+	props      []byte
+	body       []byte
+	flags      wire.MessageFlags
+	priority   uint8
+}
+
+func (m *storedMsg) size() int64 { return int64(len(m.body) + len(m.props) + len(m.routingKey)) }
+
+// routeView is what the event loops route against: swapped atomically on
+// every topology change, never mutated.
+type routeView struct {
+	table  *queue.Table
+	queues map[string]*queueRef
+}
+
+// topology holds exchanges, queues and bindings. Writes (declare, delete,
+// bind) take mu and publish a new routeView; routing reads the view only.
+type topology struct {
+	mu      sync.Mutex
+	top     *queue.Topology
+	exDecl  map[string]wire.ExchangeDeclare
+	queues  map[string]*queueRef
+	view    atomic.Pointer[routeView]
+	shards  []*shard
+	nameSeq atomic.Uint64
+}
+
+func newTopology(shards []*shard) *topology {
+	t := &topology{top: queue.NewTopology(), exDecl: map[string]wire.ExchangeDeclare{}, queues: map[string]*queueRef{}, shards: shards}
+	// The standard exchanges every AMQP user expects.
+	for _, e := range []struct {
+		name string
+		kind wire.ExchangeKind
+	}{{"amq.direct", wire.ExchangeDirect}, {"amq.topic", wire.ExchangeTopic}, {"amq.fanout", wire.ExchangeFanout}, {"amq.headers", wire.ExchangeHeaders}} {
+		d := wire.ExchangeDeclare{Name: e.name, Kind: e.kind, Durable: true}
+		t.exDecl[e.name] = d
+		t.top.Exchanges[e.name] = queue.Exchange{Name: e.name, Kind: e.kind}
+	}
+	t.publishLocked()
+	return t
+}
+
+func (t *topology) publishLocked() {
+	qs := make(map[string]*queueRef, len(t.queues))
+	for k, v := range t.queues {
+		qs[k] = v
+	}
+	t.view.Store(&routeView{table: t.top.Compile(), queues: qs})
+}
+
+func reqErr(code wire.Code, format string, args ...any) error {
+	return &wire.Error{Code: code, Reason: fmt.Sprintf(format, args...)}
+}
+
+func validName(name string) error {
+	if len(name) > wire.MaxNameLen {
+		return reqErr(wire.InvalidArgument, "name longer than 255 bytes")
+	}
+	return nil
+}
+
+func (t *topology) declareExchange(d *wire.ExchangeDeclare) error {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if d.Name == "" {
+		return reqErr(wire.NotAllowed, "the default exchange cannot be declared")
+	}
+	old, exists := t.exDecl[d.Name]
+	if d.Passive {
+		if !exists {
+			return reqErr(wire.NotFound, "no exchange %q", d.Name)
+		}
+		return nil
+	}
+	if err := validName(d.Alternate); err != nil {
+		return err
+	}
+	if exists {
+		o, n := old, *d
+		o.Req, n.Req = 0, 0
+		if !reflect.DeepEqual(normArgs(o.Args), normArgs(n.Args)) || o.Kind != n.Kind || o.Durable != n.Durable ||
+			o.AutoDelete != n.AutoDelete || o.Internal != n.Internal || o.Alternate != n.Alternate {
+			return reqErr(wire.PreconditionFailed, "exchange %q exists with other settings", d.Name)
+		}
+		return nil
+	}
+	for _, a := range d.Args {
+		if a.Key != "hash-header" || d.Kind != wire.ExchangeConsistentHash || a.Value.Kind != wire.KindString {
+			return reqErr(wire.InvalidArgument, "exchange argument %q not supported here", a.Key)
+		}
+	}
+	t.exDecl[d.Name] = *d
+	t.top.Exchanges[d.Name] = queue.Exchange{Name: d.Name, Kind: d.Kind, Alternate: d.Alternate, Internal: d.Internal, Args: d.Args}
+	t.publishLocked()
+	return nil
+}
+
+func normArgs(t wire.Table) wire.Table {
+	if len(t) == 0 {
+		return nil
+	}
+	return t
+}
+
+func (t *topology) deleteExchange(d *wire.ExchangeDelete) error {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if d.Name == "" || (len(d.Name) > 4 && d.Name[:4] == "amq.") {
+		return reqErr(wire.NotAllowed, "exchange %q cannot be deleted", d.Name)
+	}
+	if _, ok := t.exDecl[d.Name]; !ok {
+		return reqErr(wire.NotFound, "no exchange %q", d.Name)
+	}
+	used := false
+	for _, b := range t.top.Bindings {
+		if b.Source == d.Name {
+			used = true
+		}
+	}
+	if d.IfUnused && used {
+		return reqErr(wire.PreconditionFailed, "exchange %q has bindings", d.Name)
+	}
+	delete(t.exDecl, d.Name)
+	delete(t.top.Exchanges, d.Name)
+	t.removeBindingsLocked(func(b queue.Binding) bool {
+		return b.Source == d.Name || (b.ToExchange && b.Destination == d.Name)
+	})
+	t.publishLocked()
+	return nil
+}
+
+func (t *topology) removeBindingsLocked(drop func(queue.Binding) bool) {
+	kept := t.top.Bindings[:0]
+	for _, b := range t.top.Bindings {
+		if !drop(b) {
+			kept = append(kept, b)
+		}
+	}
+	t.top.Bindings = kept
+}
+
+// declareQueue creates a queue (on the shard its name hashes to) or checks
+// an existing one. owner is the declaring connection.
+func (t *topology) declareQueue(d *wire.QueueDeclare, owner uint64) (*queueRef, error) {
+	args, err := wire.ParseQueueArgs(d.Args)
+	if err != nil {
+		return nil, err
+	}
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	name := d.Name
+	if name == "" {
+		if d.Passive {
+			return nil, reqErr(wire.InvalidArgument, "passive declare needs a name")
+		}
+		name = "amq.gen-" + strconv.FormatUint(t.nameSeq.Add(1), 10)
+	} else if err := validName(name); err != nil {
+		return nil, err
+	}
+	if q, ok := t.queues[name]; ok {
+		if q.exclusive != 0 && q.exclusive != owner {
+			return nil, reqErr(wire.ResourceLocked, "queue %q is exclusive to another connection", name)
+		}
+		if d.Passive {
+			return q, nil
+		}
+		o, n := q.decl, *d
+		o.Req, n.Req, o.Name, n.Name = 0, 0, "", ""
+		if !reflect.DeepEqual(normArgs(o.Args), normArgs(n.Args)) || o.Durable != n.Durable || o.Exclusive != n.Exclusive || o.AutoDelete != n.AutoDelete {
+			return nil, reqErr(wire.PreconditionFailed, "queue %q exists with other settings", name)
+		}
+		return q, nil
+	}
+	if d.Passive {
+		return nil, reqErr(wire.NotFound, "no queue %q", name)
+	}
+	if args.DeadLetterExchange != "" {
+		if _, ok := t.exDecl[args.DeadLetterExchange]; !ok {
+			// Allowed, as in AMQP: the exchange may be declared later;
+			// dead letters are dropped until it exists.
+			_ = ok
+		}
+	}
+	q := &queueRef{name: name, decl: *d, args: args, autoDelete: d.AutoDelete}
+	q.decl.Name = name
+	if d.Exclusive {
+		q.exclusive = owner
+	}
+	q.shard = t.shards[shardOf(name, len(t.shards))]
+	t.queues[name] = q
+	t.top.Queues[name] = struct{}{}
+	t.publishLocked()
+	q.shard.submit(func(s *shard) { s.createQueue(q) })
+	return q, nil
+}
+
+func shardOf(name string, n int) int {
+	var h uint32 = 2166136261
+	for i := 0; i < len(name); i++ {
+		h ^= uint32(name[i])
+		h *= 16777619
+	}
+	return int(h % uint32(n))
+}
+
+// removeQueue unlists a queue and its bindings; the caller tells the shard.
+func (t *topology) removeQueue(q *queueRef) bool {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if t.queues[q.name] != q {
+		return false
+	}
+	delete(t.queues, q.name)
+	delete(t.top.Queues, q.name)
+	t.removeBindingsLocked(func(b queue.Binding) bool { return !b.ToExchange && b.Destination == q.name })
+	q.deleted.Store(true)
+	t.publishLocked()
+	return true
+}
+
+func (t *topology) lookupQueue(name string) *queueRef {
+	return t.view.Load().queues[name]
+}
+
+func (t *topology) bind(b *wire.Bind) error {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if _, ok := t.exDecl[b.Source]; !ok {
+		if b.Source == "" {
+			return reqErr(wire.NotAllowed, "the default exchange cannot be bound")
+		}
+		return reqErr(wire.NotFound, "no exchange %q", b.Source)
+	}
+	if b.ToExchange {
+		if _, ok := t.exDecl[b.Destination]; !ok {
+			return reqErr(wire.NotFound, "no exchange %q", b.Destination)
+		}
+	} else if _, ok := t.queues[b.Destination]; !ok {
+		return reqErr(wire.NotFound, "no queue %q", b.Destination)
+	}
+	nb := queue.Binding{Source: b.Source, Destination: b.Destination, ToExchange: b.ToExchange, Key: b.RoutingKey, Args: normArgs(b.Args)}
+	idx := -1
+	for i, x := range t.top.Bindings {
+		if x.Source == nb.Source && x.Destination == nb.Destination && x.ToExchange == nb.ToExchange && x.Key == nb.Key && reflect.DeepEqual(x.Args, nb.Args) {
+			idx = i
+		}
+	}
+	if b.Unbind {
+		if idx < 0 {
+			return reqErr(wire.NotFound, "no such binding")
+		}
+		t.top.Bindings = append(t.top.Bindings[:idx], t.top.Bindings[idx+1:]...)
+	} else if idx < 0 {
+		t.top.Bindings = append(t.top.Bindings, nb)
+	}
+	t.publishLocked()
+	return nil
+}
+
+// exchangeNames lists exchanges for the admin surface.
+func (t *topology) snapshotQueues() []*queueRef {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	out := make([]*queueRef, 0, len(t.queues))
+	for _, q := range t.queues {
+		out = append(out, q)
+	}
+	return out
+}
