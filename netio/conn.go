@@ -265,6 +265,11 @@ func (c *conn) handle(f wire.Frame) error {
 	if f.Type.Direction()&wire.ClientToServer == 0 || !f.Type.ChannelOK(f.Channel) {
 		return errUnexpected(f.Type)
 	}
+	if f.Type == wire.TypeClose || f.Type == wire.TypeCloseOK || f.Type == wire.TypeHeartbeat {
+		if _, err := wire.Decode(f, wire.HandshakeMaxFrame, nil); err != nil {
+			return err
+		}
+	}
 	st := c.state.Load()
 	if st != stOpen {
 		switch {

@@ -79,11 +79,13 @@ func (s *shard) run() {
 
 func (s *shard) drain() {
 	for {
+		// inbox and spare are two distinct arrays that trade places.
 		s.mu.Lock()
 		batch := s.inbox
-		s.inbox = s.spare[:0]
+		s.inbox, s.spare = s.spare[:0], nil
 		s.mu.Unlock()
 		if len(batch) == 0 {
+			s.spare = batch
 			return
 		}
 		s.now = s.srv.nowMs()

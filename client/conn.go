@@ -1,0 +1,415 @@
+// Package client is the Go SDK for Warren: connect, declare topology,
+// publish with confirms, consume with acks. It speaks the wire protocol of
+// spec/PROTOCOL.md over a plain net.Conn.
+//
+// Publishing is asynchronous and batched: PublishAsync appends the message
+// to an open batch and returns; one writer goroutine sends whatever has
+// accumulated whenever the socket is free, so a plain loop of publishes
+// goes out as large PUBLISH frames. Confirms arrive as ranges and are
+// delivered to Publish waiters and NotifyConfirm handlers. Acks are batched
+// the same way: Delivery.Ack only records the tag; the writer sends them as
+// ranges.
+package client
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"net/url"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/warren-mq/warren/wire"
+)
+
+// Error is a protocol error from the broker, with its stable code.
+type Error = wire.Error
+
+// ErrClosed is returned for operations on a closed connection or channel.
+var ErrClosed = errors.New("client: closed")
+
+// ErrConnectionLost is the error of every publish that was not confirmed
+// when its connection went away: it may or may not have been taken.
+var ErrConnectionLost = errors.New("client: connection lost before the broker confirmed")
+
+// Options tune a connection. Zero values take the defaults.
+type Options struct {
+	Heartbeat     time.Duration // proposed; 10s. Negative disables.
+	MaxFrame      uint32        // proposed; the broker's
+	ConfirmWindow int           // unconfirmed publishes per channel before PublishAsync blocks; 10000
+	Name          string        // client product name sent to the broker
+}
+
+// Conn is a connection to a broker. It is safe for concurrent use.
+type Conn struct {
+	nc   net.Conn
+	opts Options
+
+	maxFrame    uint32
+	maxChannels uint16
+	heartbeat   time.Duration
+	ID          uint64 // the broker's connection id
+
+	wmu      sync.Mutex
+	wcond    *sync.Cond
+	wbuf     []byte
+	wspare   []byte
+	open     *Channel // channel with an open publish batch at the end of wbuf
+	settles  map[*Channel]struct{}
+	closing  bool
+	lastSend atomic.Int64
+	lastRecv atomic.Int64
+
+	mu       sync.Mutex
+	channels map[uint16]*Channel
+	nextCh   uint16
+	err      error
+	done     chan struct{}
+	flowOn   bool
+	flowCond *sync.Cond
+
+	scratch []byte // writer-owned
+}
+
+// ParseURL splits warren://user:pass@host:port into its parts (port 5680
+// by default, guest/guest when no user is given).
+func ParseURL(raw string) (addr, user, pass string, err error) {
+	u, err := url.Parse(raw)
+	if err != nil {
+		return "", "", "", fmt.Errorf("client: bad url: %w", err)
+	}
+	if u.Scheme != "warren" {
+		return "", "", "", fmt.Errorf("client: url scheme must be warren://, got %q", u.Scheme)
+	}
+	host := u.Host
+	if u.Port() == "" {
+		host = net.JoinHostPort(u.Hostname(), "5680")
+	}
+	user, pass = "guest", "guest"
+	if u.User != nil {
+		user = u.User.Username()
+		pass, _ = u.User.Password()
+	}
+	return host, user, pass, nil
+}
+
+// Dial connects and authenticates. The context bounds the handshake.
+func Dial(ctx context.Context, rawURL string, opts ...Options) (*Conn, error) {
+	addr, user, pass, err := ParseURL(rawURL)
+	if err != nil {
+		return nil, err
+	}
+	var o Options
+	if len(opts) > 0 {
+		o = opts[0]
+	}
+	if o.Heartbeat == 0 {
+		o.Heartbeat = 10 * time.Second
+	}
+	if o.ConfirmWindow <= 0 {
+		o.ConfirmWindow = 10000
+	}
+	if o.Name == "" {
+		o.Name = "warren-go"
+	}
+	var d net.Dialer
+	nc, err := d.DialContext(ctx, "tcp", addr)
+	if err != nil {
+		return nil, err
+	}
+	c := &Conn{nc: nc, opts: o, channels: map[uint16]*Channel{}, done: make(chan struct{}), flowOn: true, settles: map[*Channel]struct{}{}}
+	c.wcond = sync.NewCond(&c.wmu)
+	c.flowCond = sync.NewCond(&c.mu)
+	if dl, ok := ctx.Deadline(); ok {
+		_ = nc.SetDeadline(dl)
+	}
+	stop := context.AfterFunc(ctx, func() { _ = nc.SetDeadline(time.Unix(1, 0)) })
+	err = c.handshake(user, pass)
+	stop()
+	if err != nil {
+		nc.Close()
+		if ctx.Err() != nil {
+			return nil, ctx.Err()
+		}
+		return nil, err
+	}
+	_ = nc.SetDeadline(time.Time{})
+	now := time.Now().UnixNano()
+	c.lastSend.Store(now)
+	c.lastRecv.Store(now)
+	go c.writer()
+	go c.reader()
+	if c.heartbeat > 0 {
+		go c.heartbeater()
+	}
+	return c, nil
+}
+
+// readFrame reads one whole frame (handshake only; later the reader loop
+// buffers).
+func readFrame(nc net.Conn, buf []byte, limit uint32) (wire.Frame, []byte, error) {
+	hdr := buf[:wire.HeaderSize]
+	if _, err := ioReadFull(nc, hdr); err != nil {
+		return wire.Frame{}, buf, err
+	}
+	size := wire.FrameSize(hdr)
+	if uint64(size) > uint64(limit) {
+		return wire.Frame{}, buf, &wire.Error{Code: wire.FrameTooLarge, Reason: "handshake frame too large"}
+	}
+	if cap(buf) < size {
+		nb := make([]byte, size)
+		copy(nb, hdr)
+		buf = nb
+	}
+	buf = buf[:size]
+	if _, err := ioReadFull(nc, buf[wire.HeaderSize:]); err != nil {
+		return wire.Frame{}, buf, err
+	}
+	f, _, err := wire.Split(buf, limit)
+	return f, buf, err
+}
+
+func ioReadFull(nc net.Conn, b []byte) (int, error) {
+	n := 0
+	for n < len(b) {
+		m, err := nc.Read(b[n:])
+		n += m
+		if err != nil {
+			return n, err
+		}
+	}
+	return n, nil
+}
+
+func (c *Conn) handshake(user, pass string) error {
+	if _, err := c.nc.Write(wire.Preamble[:]); err != nil {
+		return err
+	}
+	buf := make([]byte, 512)
+	f, buf, err := readFrame(c.nc, buf, wire.HandshakeMaxFrame)
+	if err != nil {
+		return fmt.Errorf("client: reading HELLO: %w", err)
+	}
+	body, err := wire.Decode(f, wire.HandshakeMaxFrame, nil)
+	if err != nil {
+		return err
+	}
+	hello, ok := body.(*wire.Hello)
+	if !ok {
+		return fmt.Errorf("client: expected HELLO, got %v", f.Type)
+	}
+	hb := uint32(0)
+	if c.opts.Heartbeat > 0 {
+		hb = uint32(c.opts.Heartbeat / time.Millisecond)
+	}
+	auth := &wire.Auth{Mechanism: "PLAIN", Response: wire.PlainResponse(user, pass), Product: c.opts.Name,
+		Version: "0.1.0", MaxFrame: c.opts.MaxFrame, HeartbeatMs: hb}
+	if _, err := c.nc.Write(wire.AppendFrame(nil, 0, auth)); err != nil {
+		return err
+	}
+	_ = hello
+	f, _, err = readFrame(c.nc, buf, wire.HandshakeMaxFrame)
+	if err != nil {
+		return fmt.Errorf("client: reading OPEN_OK: %w", err)
+	}
+	body, err = wire.Decode(f, wire.HandshakeMaxFrame, nil)
+	if err != nil {
+		return err
+	}
+	switch b := body.(type) {
+	case *wire.OpenOK:
+		c.ID, c.maxFrame, c.maxChannels = b.ConnectionID, b.MaxFrame, b.MaxChannels
+		c.heartbeat = time.Duration(b.HeartbeatMs) * time.Millisecond
+		return nil
+	case *wire.Close:
+		return &wire.Error{Code: b.Code, Reason: b.Reason}
+	}
+	return fmt.Errorf("client: expected OPEN_OK, got %v", f.Type)
+}
+
+// Done is closed when the connection is closed; Err then says why.
+func (c *Conn) Done() <-chan struct{} { return c.done }
+
+// Err returns why the connection closed (nil while open, or after Close).
+func (c *Conn) Err() error {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.err
+}
+
+// Close closes the connection cleanly: pending frames are flushed, CLOSE is
+// sent and the socket closed.
+func (c *Conn) Close() error {
+	c.wmu.Lock()
+	if c.closing {
+		c.wmu.Unlock()
+		<-c.done
+		return nil
+	}
+	c.sealLocked()
+	c.flushSettlesLocked()
+	c.wbuf = wire.AppendFrame(c.wbuf, 0, &wire.Close{Code: wire.OK})
+	c.closing = true
+	c.wcond.Broadcast()
+	c.wmu.Unlock()
+	select {
+	case <-c.done:
+	case <-time.After(5 * time.Second):
+		c.shutdown(ErrClosed)
+	}
+	return nil
+}
+
+// shutdown tears the connection down once, failing everything pending.
+func (c *Conn) shutdown(err error) {
+	c.mu.Lock()
+	select {
+	case <-c.done:
+		c.mu.Unlock()
+		return
+	default:
+	}
+	c.err = err
+	close(c.done)
+	chans := make([]*Channel, 0, len(c.channels))
+	for _, ch := range c.channels {
+		chans = append(chans, ch)
+	}
+	c.flowCond.Broadcast()
+	c.mu.Unlock()
+	c.wmu.Lock()
+	c.closing = true
+	c.wcond.Broadcast()
+	c.wmu.Unlock()
+	_ = c.nc.Close()
+	lost := err
+	if lost == nil || errors.Is(lost, ErrClosed) {
+		lost = ErrConnectionLost
+	}
+	for _, ch := range chans {
+		ch.fail(lost)
+	}
+}
+
+// writer sends whatever accumulated, whenever the socket is free.
+func (c *Conn) writer() {
+	for {
+		c.wmu.Lock()
+		for len(c.wbuf) == 0 && len(c.settles) == 0 && c.open == nil && !c.closing {
+			c.wcond.Wait()
+		}
+		c.sealLocked()
+		c.flushSettlesLocked()
+		out := c.wbuf
+		c.wbuf = c.wspare[:0]
+		closing := c.closing
+		c.wmu.Unlock()
+		if len(out) > 0 {
+			if _, err := c.nc.Write(out); err != nil {
+				c.shutdown(fmt.Errorf("client: write: %w", err))
+				return
+			}
+			c.lastSend.Store(time.Now().UnixNano())
+		}
+		c.wmu.Lock()
+		c.wspare = out[:0]
+		c.wmu.Unlock()
+		if closing {
+			select {
+			case <-c.done:
+				return
+			default:
+			}
+			c.wmu.Lock()
+			empty := len(c.wbuf) == 0
+			c.wmu.Unlock()
+			if empty {
+				// Wait for CLOSE_OK (the reader shuts down), but not forever.
+				select {
+				case <-c.done:
+				case <-time.After(2 * time.Second):
+					c.shutdown(ErrClosed)
+				}
+				return
+			}
+		}
+	}
+}
+
+// sendFrame queues one control frame. c.wmu must not be held.
+func (c *Conn) sendFrame(ch uint16, b wire.Body) error {
+	c.wmu.Lock()
+	defer c.wmu.Unlock()
+	if c.closing {
+		return c.closedErr()
+	}
+	c.sealLocked()
+	c.wbuf = wire.AppendFrame(c.wbuf, ch, b)
+	c.wcond.Signal()
+	return nil
+}
+
+func (c *Conn) closedErr() error {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.err != nil {
+		return c.err
+	}
+	return ErrClosed
+}
+
+func (c *Conn) heartbeater() {
+	t := time.NewTicker(c.heartbeat / 2)
+	defer t.Stop()
+	for {
+		select {
+		case <-c.done:
+			return
+		case <-t.C:
+		}
+		now := time.Now().UnixNano()
+		if now-c.lastRecv.Load() > int64(2*c.heartbeat) {
+			c.shutdown(&wire.Error{Code: wire.HeartbeatTimeout, Reason: "no traffic from the broker for two heartbeat intervals"})
+			return
+		}
+		if now-c.lastSend.Load() >= int64(c.heartbeat/2) {
+			_ = c.sendFrame(0, &wire.Heartbeat{})
+		}
+	}
+}
+
+// Channel opens a new channel.
+func (c *Conn) Channel(ctx context.Context) (*Channel, error) {
+	c.mu.Lock()
+	if c.err != nil {
+		c.mu.Unlock()
+		return nil, c.err
+	}
+	var id uint16
+	for i := 0; i < int(c.maxChannels); i++ {
+		c.nextCh = c.nextCh%c.maxChannels + 1
+		if _, used := c.channels[c.nextCh]; !used {
+			id = c.nextCh
+			break
+		}
+	}
+	if id == 0 {
+		c.mu.Unlock()
+		return nil, errors.New("client: no free channel id")
+	}
+	ch := newChannel(c, id)
+	c.channels[id] = ch
+	c.mu.Unlock()
+	if _, err := ch.request(ctx, func(req uint32) wire.Body { return &wire.ChannelOpen{Req: req} }); err != nil {
+		c.mu.Lock()
+		delete(c.channels, id)
+		c.mu.Unlock()
+		return nil, err
+	}
+	return ch, nil
+}
+
+func itoa(v uint64) string { return strconv.FormatUint(v, 10) }

@@ -1,0 +1,179 @@
+package client
+
+import (
+	"context"
+	"errors"
+	"sync"
+	"time"
+
+	"github.com/warren-mq/warren/wire"
+)
+
+// ConsumeOptions configure a consumer.
+type ConsumeOptions struct {
+	Tag       string // empty: the broker picks one
+	Prefetch  uint32 // unacked deliveries in flight; 0: the broker's maximum
+	AutoAck   bool   // at-most-once: no acks, nothing redelivered
+	Exclusive bool
+	Priority  int16
+}
+
+// Delivery is one delivered message. Settle it with exactly one of Ack,
+// Nack or Reject (not for auto-ack consumers).
+type Delivery struct {
+	Tag           uint64
+	Redelivered   bool
+	DeliveryCount uint32
+	FailedCount   uint32
+	Persistent    bool
+	Priority      uint8
+	Exchange      string
+	RoutingKey    string
+	Body          []byte
+	rawProps      []byte
+	ch            *Channel
+}
+
+// Props decodes the message's properties (nil if it has none).
+func (d *Delivery) Props() (*wire.Props, error) { return wire.DecodeProps(d.rawProps) }
+
+// Ack tells the broker the message is done with. Acks are batched and sent
+// by the connection's writer.
+func (d *Delivery) Ack() error { return d.ch.settle(wire.SettleAck, d.Tag, d.Tag, 0) }
+
+// AckMultiple acks this and every earlier outstanding delivery of the
+// channel.
+func (d *Delivery) AckMultiple() error { return d.ch.settle(wire.SettleAck, 0, d.Tag, 0) }
+
+// Nack returns the message: to its queue (requeue) or to the dead-letter
+// exchange.
+func (d *Delivery) Nack(requeue bool) error {
+	if requeue {
+		return d.ch.settle(wire.SettleRequeue, d.Tag, d.Tag, 0)
+	}
+	return d.ch.settle(wire.SettleReject, d.Tag, d.Tag, 0)
+}
+
+// Reject dead-letters the message (or drops it if its queue has no
+// dead-letter exchange).
+func (d *Delivery) Reject() error { return d.ch.settle(wire.SettleReject, d.Tag, d.Tag, 0) }
+
+// Extend asks for more time before the queue's ack timeout takes the
+// delivery back (0: the queue's timeout again).
+func (d *Delivery) Extend(lease time.Duration) error {
+	return d.ch.settle(wire.SettleExtend, d.Tag, d.Tag, uint32(lease/time.Millisecond))
+}
+
+// Consumer is a running subscription.
+type Consumer struct {
+	ch      *Channel
+	Tag     string
+	Queue   string
+	autoAck bool
+	feed    chan *Delivery
+	done    chan struct{}
+	once    sync.Once
+	mu      sync.Mutex
+	err     error
+	expired func(tags []uint64)
+}
+
+// ErrCancelled is the error of a consumer the broker cancelled.
+var ErrCancelled = errors.New("client: consumer cancelled")
+
+// Consume starts a consumer whose deliveries come on the returned
+// consumer's Deliveries channel.
+func (ch *Channel) Consume(ctx context.Context, queue string, o ConsumeOptions) (*Consumer, error) {
+	buf := int(o.Prefetch)
+	if buf == 0 || buf > 4096 {
+		buf = 4096
+	}
+	cs := &Consumer{ch: ch, Queue: queue, autoAck: o.AutoAck, feed: make(chan *Delivery, buf), done: make(chan struct{})}
+	_, err := ch.request(ctx, func(req uint32) wire.Body {
+		return &wire.Subscribe{Req: req, Queue: queue, ConsumerTag: o.Tag, AutoAck: o.AutoAck, Exclusive: o.Exclusive,
+			Priority: o.Priority, PrefetchCount: o.Prefetch}
+	}, func(b wire.Body) {
+		// On the reader goroutine, before any delivery for it is read.
+		if ok, isOK := b.(*wire.SubscribeOK); isOK {
+			cs.Tag = ok.ConsumerTag
+			ch.mu.Lock()
+			ch.consumers[cs.Tag] = cs
+			ch.mu.Unlock()
+		}
+	})
+	if err != nil {
+		return nil, err
+	}
+	return cs, nil
+}
+
+// ConsumeFunc starts a consumer and runs handler for each delivery, one at
+// a time, on a goroutine of its own, until the consumer stops.
+func (ch *Channel) ConsumeFunc(ctx context.Context, queue string, o ConsumeOptions, handler func(*Delivery)) (*Consumer, error) {
+	cs, err := ch.Consume(ctx, queue, o)
+	if err != nil {
+		return nil, err
+	}
+	go func() {
+		for d := range cs.Deliveries() {
+			handler(d)
+		}
+	}()
+	return cs, nil
+}
+
+// Deliveries is the consumer's feed; it is closed when the consumer stops.
+func (cs *Consumer) Deliveries() <-chan *Delivery { return cs.feed }
+
+// Done is closed when the consumer has stopped; Err says why.
+func (cs *Consumer) Done() <-chan struct{} { return cs.done }
+
+// Err is why the consumer stopped (nil after a Cancel).
+func (cs *Consumer) Err() error {
+	cs.mu.Lock()
+	defer cs.mu.Unlock()
+	return cs.err
+}
+
+// OnLeaseExpired registers fn for deliveries the broker took back after
+// the queue's ack timeout.
+func (cs *Consumer) OnLeaseExpired(fn func(tags []uint64)) {
+	cs.mu.Lock()
+	cs.expired = fn
+	cs.mu.Unlock()
+}
+
+// Cancel stops the consumer. Deliveries already received can still be
+// settled.
+func (cs *Consumer) Cancel(ctx context.Context) error {
+	_, err := cs.ch.request(ctx, func(req uint32) wire.Body { return &wire.Cancel{Req: req, ConsumerTag: cs.Tag} })
+	cs.ch.mu.Lock()
+	delete(cs.ch.consumers, cs.Tag)
+	cs.ch.mu.Unlock()
+	cs.stop(nil)
+	return err
+}
+
+func (cs *Consumer) stop(err error) {
+	cs.once.Do(func() {
+		cs.mu.Lock()
+		cs.err = err
+		cs.mu.Unlock()
+		close(cs.done)
+		close(cs.feed)
+	})
+}
+
+// deliver hands a delivery to the consumer (reader goroutine). It blocks
+// while the feed is full: the reader then stops reading and TCP pushes back
+// on the broker, which is what an auto-ack consumer relies on.
+func (cs *Consumer) deliver(d *Delivery) {
+	select {
+	case <-cs.done:
+	default:
+		select {
+		case cs.feed <- d:
+		case <-cs.done:
+		}
+	}
+}
