@@ -2,14 +2,20 @@
 GO       ?= go
 PKGS     := ./...
 # Packages with goroutines or shared state run under the race detector.
-RACE_PKGS := ./queue/... ./netio/... ./client/...
+RACE_PKGS := ./queue/... ./netio/... ./client/... ./cmd/...
 
-.PHONY: all build test test-race vet fmt-check lint bench fuzz vectors tools
+.PHONY: all build run test test-race vet fmt-check lint bench fuzz vectors tools
 
 all: build
 
 build:
 	$(GO) build $(PKGS)
+	$(GO) build -o bin/warrend ./cmd/warrend
+
+# Start a broker with the defaults: native protocol on 127.0.0.1:5680,
+# HTTP (/metrics, /healthz, /readyz) on 127.0.0.1:15680, data in ./warren-data.
+run:
+	$(GO) run ./cmd/warrend
 
 test: fmt-check vet
 	$(GO) test -count=1 $(PKGS)

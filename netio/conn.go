@@ -7,6 +7,7 @@ import (
 	"strconv"
 	"sync"
 	"sync/atomic"
+	"time"
 
 	"github.com/cespare/xxhash/v2"
 	"github.com/panjf2000/gnet/v2"
@@ -454,7 +455,7 @@ func (c *conn) onPublish(ch *channel, f wire.Frame) error {
 	}
 	ch.nextSeq += uint64(b.Count)
 	c.srv.metrics.published.Add(int(b.Count))
-	batch := &pubBatch{c: c, ch: ch.id, firstSeq: b.FirstSeq, codes: make([]uint32, b.Count)}
+	batch := &pubBatch{c: c, ch: ch.id, firstSeq: b.FirstSeq, codes: make([]uint32, b.Count), start: time.Now()}
 	view := c.srv.topo.view.Load()
 	exName := string(b.Exchange)
 	if !view.table.HasExchange(exName) {

@@ -2,6 +2,7 @@ package netio
 
 import (
 	"sync/atomic"
+	"time"
 
 	"github.com/panjf2000/gnet/v2"
 	"github.com/warren-mq/warren/wire"
@@ -15,6 +16,7 @@ type pubBatch struct {
 	firstSeq uint64
 	codes    []uint32 // per message: 0 ack, else the nack code (written atomically)
 	pending  atomic.Int32
+	start    time.Time // when the loop read the frame, for the confirm latency
 }
 
 func (b *pubBatch) nack(i int, code wire.Code) { atomic.StoreUint32(&b.codes[i], uint32(code)) }
@@ -43,6 +45,9 @@ func (c *conn) confirm(b *pubBatch) {
 	c.srv.metrics.confirmed.Add(len(b.codes))
 	c.flushLocked()
 	c.mu.Unlock()
+	if !b.start.IsZero() {
+		c.srv.metrics.confirmLatency.UpdateDuration(b.start)
+	}
 }
 
 // send appends one frame and schedules a flush. Safe from any goroutine.

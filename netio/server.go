@@ -116,6 +116,7 @@ type serverMetrics struct {
 	set                                              *metrics.Set
 	published, delivered, acked, confirmed, returned *metrics.Counter
 	protocolErrors, authFailures                     *metrics.Counter
+	confirmLatency                                   *metrics.Histogram
 	channels                                         atomic.Int64
 	busyNanos                                        atomic.Int64
 	lastBusy, lastBusyAt                             atomic.Int64
@@ -360,6 +361,7 @@ func (s *Server) initMetrics() {
 	m.returned = m.set.NewCounter("warren_returned_total")
 	m.protocolErrors = m.set.NewCounter("warren_protocol_errors_total")
 	m.authFailures = m.set.NewCounter("warren_auth_failures_total")
+	m.confirmLatency = m.set.NewHistogram("warren_publish_confirm_seconds")
 	m.set.NewGauge("warren_connections", func() float64 { return float64(s.ConnectionCount()) })
 	m.set.NewGauge("warren_channels", func() float64 { return float64(m.channels.Load()) })
 	m.set.NewGauge("warren_stored_message_bytes", func() float64 { return float64(s.storedBytes.Load()) })

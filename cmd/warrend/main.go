@@ -1,0 +1,179 @@
+// Command warrend is the Warren broker.
+//
+//	warrend [--listen ADDR] [--http ADDR] [--data DIR] [--config FILE]
+//	warrend hash-password < password
+//
+// Settings come from, in rising precedence: defaults, the JSON config
+// file, WARREN_* environment variables, flags. SIGTERM or SIGINT shuts it
+// down gracefully: stop accepting, flush confirms, close clients with
+// connection_forced.
+package main
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"os"
+	"os/signal"
+	"strconv"
+	"strings"
+	"sync/atomic"
+	"syscall"
+	"time"
+
+	"github.com/VictoriaMetrics/metrics"
+
+	"github.com/warren-mq/warren/netio"
+)
+
+func main() {
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
+	defer stop()
+	if err := run(ctx, os.Args[1:], os.Getenv, os.Stdin, os.Stdout, os.Stderr, nil); err != nil {
+		fmt.Fprintln(os.Stderr, "warrend:", err)
+		os.Exit(1)
+	}
+}
+
+// fileConfig is the JSON config file.
+type fileConfig struct {
+	Listen           string       `json:"listen"`
+	HTTP             string       `json:"http"`
+	Data             string       `json:"data"`
+	LogLevel         string       `json:"log_level"`
+	LogFormat        string       `json:"log_format"` // text or json
+	Users            []netio.User `json:"users"`
+	DisableGuest     bool         `json:"disable_guest"`
+	MaxConnections   int          `json:"max_connections"`
+	MaxChannels      uint16       `json:"max_channels"`
+	MaxFrame         uint32       `json:"max_frame"`
+	HeartbeatMs      uint32       `json:"heartbeat_ms"`
+	MaxPrefetch      uint32       `json:"max_prefetch"`
+	MaxOutboundBytes int          `json:"max_outbound_bytes"`
+	MemoryHighWater  int64        `json:"memory_high_watermark_bytes"`
+}
+
+// ready is told the bound addresses once serving (for tests).
+type ready func(broker, http net.Addr)
+
+func run(ctx context.Context, args []string, getenv func(string) string, stdin io.Reader, stdout, stderr io.Writer, onReady ready) error {
+	if len(args) > 0 && args[0] == "hash-password" {
+		line, err := bufio.NewReader(stdin).ReadString('\n')
+		if err != nil && !errors.Is(err, io.EOF) {
+			return err
+		}
+		h, err := netio.HashPassword(strings.TrimRight(line, "\r\n"))
+		if err != nil {
+			return err
+		}
+		fmt.Fprintln(stdout, h)
+		return nil
+	}
+	fc := fileConfig{Listen: "127.0.0.1:5680", HTTP: "127.0.0.1:15680", Data: "./warren-data", LogLevel: "info", LogFormat: "text"}
+	fs := flag.NewFlagSet("warrend", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	listen := fs.String("listen", "", "native protocol address (default 127.0.0.1:5680; env WARREN_LISTEN)")
+	httpAddr := fs.String("http", "", "HTTP address for /metrics, /healthz, /readyz (default 127.0.0.1:15680; env WARREN_HTTP)")
+	data := fs.String("data", "", "data directory (default ./warren-data; env WARREN_DATA)")
+	cfgPath := fs.String("config", "", "JSON config file (env WARREN_CONFIG)")
+	logLevel := fs.String("log-level", "", "debug, info, warn or error (env WARREN_LOG_LEVEL)")
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	pick := func(flagVal, env string, dst *string) {
+		if v := getenv(env); v != "" {
+			*dst = v
+		}
+		if flagVal != "" {
+			*dst = flagVal
+		}
+	}
+	path := ""
+	pick(*cfgPath, "WARREN_CONFIG", &path)
+	if path != "" {
+		b, err := os.ReadFile(path)
+		if err != nil {
+			return fmt.Errorf("config: %w", err)
+		}
+		dec := json.NewDecoder(strings.NewReader(string(b)))
+		dec.DisallowUnknownFields()
+		if err := dec.Decode(&fc); err != nil {
+			return fmt.Errorf("config %s: %w", path, err)
+		}
+	}
+	pick(*listen, "WARREN_LISTEN", &fc.Listen)
+	pick(*httpAddr, "WARREN_HTTP", &fc.HTTP)
+	pick(*data, "WARREN_DATA", &fc.Data)
+	pick(*logLevel, "WARREN_LOG_LEVEL", &fc.LogLevel)
+	if v := getenv("WARREN_MEMORY_HIGH_WATERMARK_BYTES"); v != "" {
+		n, err := strconv.ParseInt(v, 10, 64)
+		if err != nil {
+			return fmt.Errorf("WARREN_MEMORY_HIGH_WATERMARK_BYTES: %w", err)
+		}
+		fc.MemoryHighWater = n
+	}
+
+	var level slog.Level
+	if err := level.UnmarshalText([]byte(fc.LogLevel)); err != nil {
+		return fmt.Errorf("log level: %w", err)
+	}
+	var h slog.Handler = slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: level})
+	if fc.LogFormat == "json" {
+		h = slog.NewJSONHandler(stderr, &slog.HandlerOptions{Level: level})
+	}
+	log := slog.New(h)
+
+	if err := os.MkdirAll(fc.Data, 0o750); err != nil {
+		return fmt.Errorf("data directory: %w", err)
+	}
+	srv, err := netio.Start(netio.Config{
+		Addr: fc.Listen, Users: fc.Users, DisableGuest: fc.DisableGuest, MaxConnections: fc.MaxConnections,
+		MaxChannels: fc.MaxChannels, MaxFrame: fc.MaxFrame, HeartbeatMs: fc.HeartbeatMs, MaxPrefetch: fc.MaxPrefetch,
+		MaxOutboundBytes: fc.MaxOutboundBytes, MemoryHighWater: fc.MemoryHighWater, Logger: log,
+	})
+	if err != nil {
+		return err
+	}
+	ln, err := net.Listen("tcp", fc.HTTP)
+	if err != nil {
+		_ = srv.Close(context.Background())
+		return fmt.Errorf("http: %w", err)
+	}
+	var shuttingDown atomic.Bool
+	mux := http.NewServeMux()
+	mux.HandleFunc("/metrics", func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "text/plain; version=0.0.4")
+		srv.WriteMetrics(w)
+		metrics.WriteProcessMetrics(w)
+	})
+	mux.HandleFunc("/healthz", func(w http.ResponseWriter, r *http.Request) { io.WriteString(w, "ok\n") })
+	mux.HandleFunc("/readyz", func(w http.ResponseWriter, r *http.Request) {
+		if shuttingDown.Load() {
+			http.Error(w, "shutting down", http.StatusServiceUnavailable)
+			return
+		}
+		io.WriteString(w, "ready\n")
+	})
+	hs := &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
+	go func() { _ = hs.Serve(ln) }()
+	log.Info("warrend started", "listen", srv.Addr().String(), "http", ln.Addr().String(), "data", fc.Data, "version", netio.Version)
+	if onReady != nil {
+		onReady(srv.Addr(), ln.Addr())
+	}
+	<-ctx.Done()
+	shuttingDown.Store(true)
+	log.Info("shutting down")
+	sctx, cancel := context.WithTimeout(context.Background(), 15*time.Second)
+	defer cancel()
+	err = srv.Close(sctx)
+	_ = hs.Shutdown(sctx)
+	log.Info("stopped")
+	return err
+}

@@ -1,0 +1,121 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"io"
+	"net"
+	"net/http"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/warren-mq/warren/client"
+	"github.com/warren-mq/warren/wire"
+)
+
+func TestWarrendServesAndShutsDown(t *testing.T) {
+	dir := t.TempDir()
+	cfg := filepath.Join(dir, "warren.json")
+	if err := os.WriteFile(cfg, []byte(`{"log_level":"warn","max_connections":50}`), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	env := map[string]string{"WARREN_DATA": filepath.Join(dir, "data")}
+	ctx, cancel := context.WithCancel(context.Background())
+	addrs := make(chan [2]net.Addr, 1)
+	done := make(chan error, 1)
+	var stderr bytes.Buffer
+	go func() {
+		done <- run(ctx, []string{"--listen", "127.0.0.1:0", "--http", "127.0.0.1:0", "--config", cfg},
+			func(k string) string { return env[k] }, strings.NewReader(""), io.Discard, &stderr,
+			func(b, h net.Addr) { addrs <- [2]net.Addr{b, h} })
+	}()
+	var a [2]net.Addr
+	select {
+	case a = <-addrs:
+	case err := <-done:
+		t.Fatalf("warrend exited: %v\n%s", err, stderr.String())
+	case <-time.After(10 * time.Second):
+		t.Fatal("warrend did not start")
+	}
+	if _, err := os.Stat(filepath.Join(dir, "data")); err != nil {
+		t.Fatalf("data directory from WARREN_DATA not created: %v", err)
+	}
+	get := func(path string) (int, string) {
+		resp, err := http.Get("http://" + a[1].String() + path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		b, _ := io.ReadAll(resp.Body)
+		return resp.StatusCode, string(b)
+	}
+	if code, _ := get("/healthz"); code != 200 {
+		t.Fatalf("/healthz %d", code)
+	}
+	if code, _ := get("/readyz"); code != 200 {
+		t.Fatalf("/readyz %d", code)
+	}
+	cctx, ccancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer ccancel()
+	c, err := client.Dial(cctx, "warren://guest:guest@"+a[0].String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	ch, err := c.Channel(cctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := ch.DeclareQueue(cctx, "orders", client.QueueOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	if err := ch.Publish(cctx, "", client.Message{RoutingKey: "orders", Body: []byte("x")}); err != nil {
+		t.Fatal(err)
+	}
+	_, body := get("/metrics")
+	for _, want := range []string{"warren_connections 1", `warren_queue_ready{queue="orders"} 1`, "warren_published_total 1",
+		"warren_publish_confirm_seconds_bucket", "go_memstats_alloc_bytes", "warren_eventloop_busy_ratio"} {
+		if !strings.Contains(body, want) {
+			t.Errorf("/metrics lacks %q", want)
+		}
+	}
+	cancel() // SIGTERM
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Fatalf("shutdown: %v", err)
+		}
+	case <-time.After(20 * time.Second):
+		t.Fatal("warrend did not shut down")
+	}
+	select {
+	case <-c.Done():
+		if wire.CodeOf(c.Err()) != wire.ConnectionForced {
+			t.Fatalf("client saw %v, want connection_forced", c.Err())
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("client not closed by the shutdown")
+	}
+}
+
+func TestHashPassword(t *testing.T) {
+	var out bytes.Buffer
+	if err := run(context.Background(), []string{"hash-password"}, func(string) string { return "" }, strings.NewReader("s3cret\n"), &out, io.Discard, nil); err != nil {
+		t.Fatal(err)
+	}
+	if !strings.HasPrefix(out.String(), "$2") {
+		t.Fatalf("not a bcrypt hash: %q", out.String())
+	}
+}
+
+func TestBadConfigIsAClearError(t *testing.T) {
+	dir := t.TempDir()
+	cfg := filepath.Join(dir, "bad.json")
+	os.WriteFile(cfg, []byte(`{"listen_addr":"x"}`), 0o600)
+	err := run(context.Background(), []string{"--config", cfg}, func(string) string { return "" }, strings.NewReader(""), io.Discard, io.Discard, nil)
+	if err == nil || !strings.Contains(err.Error(), "unknown field") {
+		t.Fatalf("got %v", err)
+	}
+}
