@@ -158,7 +158,9 @@ func (c *conn) writeDeliveries(ds []pendingDelivery) {
 				c.autoAcks = append(c.autoAcks, settleItem{c: cr, op: wire.SettleAck, qtag: d.qtag})
 			} else {
 				ch.pushTag(tagEntry{c: cr, qtag: d.qtag})
-				cr.chTags[d.qtag] = tag
+				if cr.chTags != nil {
+					cr.chTags[d.qtag] = tag // kept only where leases can expire
+				}
 			}
 		}
 		c.out = mark.End(out, uint32(end-start))

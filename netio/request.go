@@ -120,7 +120,10 @@ func (c *conn) onSubscribe(ch *channel, r *wire.Subscribe) error {
 	}
 	cr := &consumerRef{
 		id: queue.ConsumerID(c.srv.consumerSeq.Add(1)), tag: tag, tagBytes: []byte(tag),
-		conn: c, ch: ch, q: q, autoAck: r.AutoAck, chTags: map[uint64]uint64{},
+		conn: c, ch: ch, q: q, autoAck: r.AutoAck,
+	}
+	if q.args.ConsumerTimeout > 0 {
+		cr.chTags = map[uint64]uint64{}
 	}
 	ch.consumers[tag] = cr
 	ch.all = append(ch.all, cr)

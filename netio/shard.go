@@ -25,6 +25,9 @@ type shard struct {
 	now      int64 // ms, stamped once per drained batch
 	nextWake int64
 	timer    *time.Timer
+	// bytesDelta accumulates stored-byte changes, folded into the server's
+	// counter once per batch rather than once per message.
+	bytesDelta int64
 
 	// deliveries gathered during a batch, written per connection at its end
 	pending map[*conn][]pendingDelivery
@@ -101,6 +104,10 @@ func (s *shard) drain() {
 // finishBatch writes the deliveries gathered in this batch, one outbox
 // lock per connection, and re-arms the timer.
 func (s *shard) finishBatch() {
+	if s.bytesDelta != 0 {
+		s.srv.storedBytes.Add(s.bytesDelta)
+		s.bytesDelta = 0
+	}
 	for _, c := range s.touched {
 		c.writeDeliveries(s.pending[c])
 		s.pending[c] = s.pending[c][:0]
@@ -131,7 +138,6 @@ func (s *shard) tick() {
 
 func (s *shard) createQueue(q *queueRef) {
 	q.m = queue.New(queue.ConfigFromArgs(q.args, q.autoDelete), s.now)
-	q.bodies = map[uint64]*storedMsg{}
 	q.cons = map[queue.ConsumerID]*consumerRef{}
 	s.queues[q] = struct{}{}
 	s.handle(q, q.m.Tick(s.now)) // arms the expiry timer, if any
@@ -169,8 +175,8 @@ func (s *shard) enqueue(items []enqItem, batch *pubBatch) {
 		for _, it := range items[start:end] {
 			q.nextID++
 			it.meta.ID = q.nextID
-			q.bodies[q.nextID] = it.msg
-			s.srv.storedBytes.Add(it.msg.size())
+			q.bodies.put(q.nextID, it.msg)
+			s.bytesDelta += it.msg.size()
 			msgs = append(msgs, it.meta)
 		}
 		effs := q.m.Enqueue(s.now, msgs)
@@ -193,7 +199,7 @@ func (s *shard) handle(q *queueRef, effs []queue.Effect) {
 		switch e.Kind {
 		case queue.Deliver:
 			c := q.cons[e.Consumer]
-			msg := q.bodies[e.Msg]
+			msg := q.bodies.get(e.Msg)
 			if c == nil || msg == nil {
 				panic("queue: BUG: delivery to an unknown consumer or of an unknown message")
 			}
@@ -204,7 +210,7 @@ func (s *shard) handle(q *queueRef, effs []queue.Effect) {
 		case queue.Remove, queue.Drop, queue.Duplicate, queue.RejectPublish:
 			s.free(q, e.Msg)
 		case queue.DeadLetter:
-			if msg := q.bodies[e.Msg]; msg != nil {
+			if msg := q.bodies.get(e.Msg); msg != nil {
 				s.deadLetter(q, msg, e.Reason)
 			}
 			s.free(q, e.Msg)
@@ -238,9 +244,8 @@ func (s *shard) handle(q *queueRef, effs []queue.Effect) {
 }
 
 func (s *shard) free(q *queueRef, id uint64) {
-	if msg := q.bodies[id]; msg != nil {
-		s.srv.storedBytes.Add(-msg.size())
-		delete(q.bodies, id)
+	if msg := q.bodies.del(id); msg != nil {
+		s.bytesDelta -= msg.size()
 	}
 }
 
@@ -250,13 +255,12 @@ func (s *shard) deleteQueue(q *queueRef, reason string) int64 {
 		return 0
 	}
 	q.gone = true
-	n := int64(len(q.bodies))
+	n := int64(q.m.Ready())
 	for _, c := range q.cons {
 		c.conn.sendCancelled(c, wire.NotFound, reason)
 	}
-	for id := range q.bodies {
-		s.free(q, id)
-	}
+	q.bodies.each(func(_ uint64, m *storedMsg) { s.bytesDelta -= m.size() })
+	q.bodies = bodyStore{}
 	q.cons = nil
 	q.ready.Store(0)
 	q.unacked.Store(0)

@@ -30,7 +30,7 @@ type queueRef struct {
 
 	// shard-owned
 	m      *queue.Machine
-	bodies map[uint64]*storedMsg
+	bodies bodyStore
 	nextID uint64
 	cons   map[queue.ConsumerID]*consumerRef
 	wakeAt int64 // next Timer, 0 for none
