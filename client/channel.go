@@ -20,6 +20,8 @@ type Channel struct {
 	reqSeq      uint32
 	pending     map[uint32]*call
 	unconfirmed int
+	outBase     uint64 // sequence number of outstanding[0]
+	outstanding []bool // per published sequence number: not yet confirmed
 	waiters     map[uint64]chan error
 	confirmFn   func(first, last uint64, err error)
 	returnFn    func(Return)
@@ -107,8 +109,21 @@ func (ch *Channel) fail(err error) {
 	cons := ch.consumers
 	ch.consumers = map[string]*Consumer{}
 	fn := ch.confirmFn
-	unconfirmed := ch.unconfirmed
 	ch.unconfirmed = 0
+	// The exact sequence numbers nobody confirmed, as ranges.
+	var lost [][2]uint64
+	for i, out := range ch.outstanding {
+		if !out {
+			continue
+		}
+		s := ch.outBase + uint64(i)
+		if n := len(lost); n > 0 && lost[n-1][1]+1 == s {
+			lost[n-1][1] = s
+		} else {
+			lost = append(lost, [2]uint64{s, s})
+		}
+	}
+	ch.outstanding = nil
 	ch.window.Broadcast()
 	ch.mu.Unlock()
 	for _, cl := range pending {
@@ -120,8 +135,10 @@ func (ch *Channel) fail(err error) {
 	for _, cs := range cons {
 		cs.stop(err)
 	}
-	if fn != nil && unconfirmed > 0 {
-		fn(0, 0, err)
+	if fn != nil {
+		for _, r := range lost {
+			fn(r[0], r[1], err)
+		}
 	}
 }
 
@@ -356,6 +373,12 @@ func (ch *Channel) publish(ctx context.Context, exchange string, m *Message, wai
 	seq := ch.nextSeq
 	ch.nextSeq++
 	ch.batchN++
+	ch.mu.Lock()
+	if len(ch.outstanding) == 0 {
+		ch.outBase = seq
+	}
+	ch.outstanding = append(ch.outstanding, true)
+	ch.mu.Unlock()
 	c.wbuf = wire.AppendMessage(c.wbuf, &wire.Message{Flags: fl, Priority: m.Priority, RoutingKey: []byte(m.RoutingKey), Properties: c.scratch[2:], Body: m.Body})
 	if wait != nil {
 		ch.mu.Lock()
@@ -382,9 +405,11 @@ func (c *Conn) sealLocked() {
 }
 
 // NotifyConfirm registers fn for confirms: each call covers sequence
-// numbers first..last with err nil (ack) or the nack's *Error. After the
-// connection is lost fn gets (0, 0, ErrConnectionLost) once. fn runs on the
-// reader goroutine and must not block.
+// numbers first..last with err nil (ack) or the nack's *Error. When the
+// connection is lost, fn gets every sequence number still unconfirmed, as
+// ranges, with ErrConnectionLost: nothing published is left unreported.
+// fn runs on the reader goroutine (or the one that saw the loss) and must
+// not block.
 func (ch *Channel) NotifyConfirm(fn func(first, last uint64, err error)) {
 	ch.mu.Lock()
 	ch.confirmFn = fn
@@ -433,10 +458,14 @@ func (ch *Channel) onConfirm(r wire.ConfirmRange) {
 		err = &wire.Error{Code: r.Code, Reason: "nack: " + r.Code.String()}
 	}
 	ch.mu.Lock()
-	n := int(r.Last - r.First + 1)
-	ch.unconfirmed -= n
-	if ch.unconfirmed < 0 {
-		ch.unconfirmed = 0
+	for s := r.First; s <= r.Last; s++ {
+		if s >= ch.outBase && s-ch.outBase < uint64(len(ch.outstanding)) {
+			ch.outstanding[s-ch.outBase] = false
+		}
+	}
+	for len(ch.outstanding) > 0 && !ch.outstanding[0] {
+		ch.outstanding = ch.outstanding[1:]
+		ch.outBase++
 	}
 	var ws []chan error
 	if len(ch.waiters) > 0 {
@@ -448,7 +477,6 @@ func (ch *Channel) onConfirm(r wire.ConfirmRange) {
 		}
 	}
 	fn := ch.confirmFn
-	ch.window.Broadcast()
 	ch.mu.Unlock()
 	for _, w := range ws {
 		w <- err
@@ -456,6 +484,12 @@ func (ch *Channel) onConfirm(r wire.ConfirmRange) {
 	if fn != nil {
 		fn(r.First, r.Last, err)
 	}
+	// Only now does the window open: WaitConfirms returns after the
+	// handlers have seen every confirm.
+	ch.mu.Lock()
+	ch.unconfirmed = max(0, ch.unconfirmed-int(r.Last-r.First+1))
+	ch.window.Broadcast()
+	ch.mu.Unlock()
 }
 
 // settle queues a settlement; the writer sends queued ones as ranges.

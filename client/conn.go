@@ -67,6 +67,7 @@ type Conn struct {
 	channels map[uint16]*Channel
 	nextCh   uint16
 	err      error
+	shut     bool
 	done     chan struct{}
 	flowOn   bool
 	flowCond *sync.Cond
@@ -233,7 +234,8 @@ func (c *Conn) handshake(user, pass string) error {
 // Done is closed when the connection is closed; Err then says why.
 func (c *Conn) Done() <-chan struct{} { return c.done }
 
-// Err returns why the connection closed (nil while open, or after Close).
+// Err returns why the connection closed: nil while open, ErrClosed after
+// Close, or the failure that ended it.
 func (c *Conn) Err() error {
 	c.mu.Lock()
 	defer c.mu.Unlock()
@@ -266,14 +268,12 @@ func (c *Conn) Close() error {
 // shutdown tears the connection down once, failing everything pending.
 func (c *Conn) shutdown(err error) {
 	c.mu.Lock()
-	select {
-	case <-c.done:
+	if c.shut {
 		c.mu.Unlock()
 		return
-	default:
 	}
+	c.shut = true
 	c.err = err
-	close(c.done)
 	chans := make([]*Channel, 0, len(c.channels))
 	for _, ch := range c.channels {
 		chans = append(chans, ch)
@@ -285,13 +285,15 @@ func (c *Conn) shutdown(err error) {
 	c.wcond.Broadcast()
 	c.wmu.Unlock()
 	_ = c.nc.Close()
-	lost := err
-	if lost == nil || errors.Is(lost, ErrClosed) {
-		lost = ErrConnectionLost
+	lost := ErrConnectionLost
+	if err != nil && !errors.Is(err, ErrClosed) {
+		lost = fmt.Errorf("%w: %w", ErrConnectionLost, err)
 	}
 	for _, ch := range chans {
 		ch.fail(lost)
 	}
+	// Done closes last: by then every waiter and handler has been told.
+	close(c.done)
 }
 
 // writer sends whatever accumulated, whenever the socket is free.

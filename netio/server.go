@@ -407,3 +407,49 @@ func (g gnetLogger) Infof(f string, a ...any)  { g.l.Debug(fmt.Sprintf(f, a...))
 func (g gnetLogger) Warnf(f string, a ...any)  { g.l.Warn(fmt.Sprintf(f, a...)) }
 func (g gnetLogger) Errorf(f string, a ...any) { g.l.Error(fmt.Sprintf(f, a...)) }
 func (g gnetLogger) Fatalf(f string, a ...any) { g.l.Error(fmt.Sprintf(f, a...)) }
+
+// ConnInfo describes an open connection.
+type ConnInfo struct {
+	ID       uint64
+	Remote   string
+	User     string
+	Channels int
+}
+
+// Connections lists the open connections.
+func (s *Server) Connections() []ConnInfo {
+	s.connsMu.Lock()
+	conns := make([]*conn, 0, len(s.conns))
+	for _, c := range s.conns {
+		conns = append(conns, c)
+	}
+	s.connsMu.Unlock()
+	out := make([]ConnInfo, 0, len(conns))
+	for _, c := range conns {
+		c.mu.Lock()
+		n := len(c.channels)
+		c.mu.Unlock()
+		info := ConnInfo{ID: c.id, Channels: n}
+		if c.state.Load() == stOpen {
+			info.User = c.user
+		}
+		if a := c.gc.RemoteAddr(); a != nil {
+			info.Remote = a.String()
+		}
+		out = append(out, info)
+	}
+	return out
+}
+
+// CloseConnection closes a connection with connection_forced, as an
+// operator would. It reports whether the connection existed.
+func (s *Server) CloseConnection(id uint64, reason string) bool {
+	s.connsMu.Lock()
+	c := s.conns[id]
+	s.connsMu.Unlock()
+	if c == nil {
+		return false
+	}
+	c.closeWith(wire.ConnectionForced, reason)
+	return true
+}

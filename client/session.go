@@ -1,0 +1,356 @@
+package client
+
+import (
+	"context"
+	"sync"
+	"time"
+)
+
+// Session is a connection that heals itself. It remembers the topology it
+// declared and the consumers it started; when the connection is lost it
+// reconnects with backoff, declares the topology again and restarts the
+// consumers, whose handlers carry on.
+//
+// Publishes are never dropped silently: a publish not confirmed when the
+// connection was lost fails with ErrConnectionLost (Publish returns it;
+// PublishAsync's confirm handler gets it), and the application decides
+// whether to send it again. Deliveries not acked before the loss are
+// redelivered by the broker (Redelivered is set); their old tags are dead,
+// and acking them is a no-op.
+type Session struct {
+	url  string
+	opts Options
+
+	mu         sync.Mutex
+	conn       *Conn
+	ch         *Channel
+	ready      chan struct{} // closed while connected; replaced on loss
+	steps      []step
+	consumers  []*sessionConsumer
+	names      map[string]string // server-named queue: first name → current
+	confirmFn  func(first, last uint64, err error)
+	returnFn   func(Return)
+	closed     bool
+	done       chan struct{}
+	reconnects int
+
+	// OnReconnect, if set, is called after each successful reconnect.
+	OnReconnect func(attempt int)
+}
+
+type step struct {
+	run func(ctx context.Context, ch *Channel, s *Session) error
+}
+
+type sessionConsumer struct {
+	queue   string
+	opts    ConsumeOptions
+	handler func(*Delivery)
+	current *Consumer
+}
+
+// Connect dials and returns a self-healing session.
+func Connect(ctx context.Context, url string, opts ...Options) (*Session, error) {
+	s := &Session{url: url, names: map[string]string{}, done: make(chan struct{})}
+	if len(opts) > 0 {
+		s.opts = opts[0]
+	}
+	c, ch, err := s.dial(ctx)
+	if err != nil {
+		return nil, err
+	}
+	s.install(c, ch)
+	go s.watch()
+	return s, nil
+}
+
+func (s *Session) dial(ctx context.Context) (*Conn, *Channel, error) {
+	c, err := Dial(ctx, s.url, s.opts)
+	if err != nil {
+		return nil, nil, err
+	}
+	ch, err := c.Channel(ctx)
+	if err != nil {
+		c.Close()
+		return nil, nil, err
+	}
+	return c, ch, nil
+}
+
+func (s *Session) install(c *Conn, ch *Channel) {
+	s.mu.Lock()
+	s.conn, s.ch = c, ch
+	ch.NotifyConfirm(s.onConfirm)
+	ch.NotifyReturn(s.onReturn)
+	if s.ready == nil {
+		s.ready = make(chan struct{})
+	}
+	close(s.ready)
+	s.mu.Unlock()
+}
+
+func (s *Session) onConfirm(first, last uint64, err error) {
+	s.mu.Lock()
+	fn := s.confirmFn
+	s.mu.Unlock()
+	if fn != nil {
+		fn(first, last, err)
+	}
+}
+
+func (s *Session) onReturn(r Return) {
+	s.mu.Lock()
+	fn := s.returnFn
+	s.mu.Unlock()
+	if fn != nil {
+		fn(r)
+	}
+}
+
+// watch reconnects after every loss until Close.
+func (s *Session) watch() {
+	for {
+		s.mu.Lock()
+		c := s.conn
+		s.mu.Unlock()
+		select {
+		case <-c.Done():
+		case <-s.done:
+			return
+		}
+		s.mu.Lock()
+		if s.closed {
+			s.mu.Unlock()
+			return
+		}
+		s.ready = make(chan struct{})
+		s.mu.Unlock()
+		backoff := 50 * time.Millisecond
+		for attempt := 1; ; attempt++ {
+			select {
+			case <-s.done:
+				return
+			case <-time.After(backoff):
+			}
+			backoff = min(backoff*2, 5*time.Second)
+			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+			err := s.restore(ctx)
+			cancel()
+			if err == nil {
+				s.mu.Lock()
+				s.reconnects++
+				fn := s.OnReconnect
+				s.mu.Unlock()
+				if fn != nil {
+					fn(attempt)
+				}
+				break
+			}
+		}
+	}
+}
+
+// restore dials, replays the topology and restarts the consumers.
+func (s *Session) restore(ctx context.Context) error {
+	c, ch, err := s.dial(ctx)
+	if err != nil {
+		return err
+	}
+	s.mu.Lock()
+	steps := append([]step(nil), s.steps...)
+	cons := append([]*sessionConsumer(nil), s.consumers...)
+	s.mu.Unlock()
+	for _, st := range steps {
+		if err := st.run(ctx, ch, s); err != nil {
+			c.Close()
+			return err
+		}
+	}
+	for _, sc := range cons {
+		if err := s.start(ctx, ch, sc); err != nil {
+			c.Close()
+			return err
+		}
+	}
+	s.install(c, ch)
+	return nil
+}
+
+// channel waits until connected and returns the current channel.
+func (s *Session) channel(ctx context.Context) (*Channel, error) {
+	for {
+		s.mu.Lock()
+		if s.closed {
+			s.mu.Unlock()
+			return nil, ErrClosed
+		}
+		ready, ch := s.ready, s.ch
+		s.mu.Unlock()
+		select {
+		case <-ready:
+			select {
+			case <-ch.c.Done():
+				continue // lost; wait for the next connection
+			default:
+				return ch, nil
+			}
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		}
+	}
+}
+
+// do runs a topology operation now and records it for reconnects.
+func (s *Session) do(ctx context.Context, st step) error {
+	ch, err := s.channel(ctx)
+	if err != nil {
+		return err
+	}
+	if err := st.run(ctx, ch, s); err != nil {
+		return err
+	}
+	s.mu.Lock()
+	s.steps = append(s.steps, st)
+	s.mu.Unlock()
+	return nil
+}
+
+// queueName maps a server-named queue's first name to its current one.
+func (s *Session) queueName(name string) string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if n, ok := s.names[name]; ok {
+		return n
+	}
+	return name
+}
+
+// DeclareExchange declares an exchange now and after every reconnect.
+func (s *Session) DeclareExchange(ctx context.Context, name, kind string, o ExchangeOptions) error {
+	return s.do(ctx, step{run: func(ctx context.Context, ch *Channel, _ *Session) error {
+		return ch.DeclareExchange(ctx, name, kind, o)
+	}})
+}
+
+// DeclareQueue declares a queue now and after every reconnect. A
+// server-named queue gets a new name on each connection; the session
+// tracks it, so use the name returned here everywhere in the session.
+func (s *Session) DeclareQueue(ctx context.Context, name string, o QueueOptions) (QueueInfo, error) {
+	var info QueueInfo
+	first := ""
+	err := s.do(ctx, step{run: func(ctx context.Context, ch *Channel, s *Session) error {
+		i, err := ch.DeclareQueue(ctx, name, o)
+		if err != nil {
+			return err
+		}
+		if name == "" {
+			s.mu.Lock()
+			if first == "" {
+				first = i.Name
+			}
+			s.names[first] = i.Name
+			s.mu.Unlock()
+		}
+		info = i
+		return nil
+	}})
+	return info, err
+}
+
+// Bind adds a binding now and after every reconnect.
+func (s *Session) Bind(ctx context.Context, b Binding) error {
+	return s.do(ctx, step{run: func(ctx context.Context, ch *Channel, s *Session) error {
+		bb := b
+		if !bb.ToExchange {
+			bb.Destination = s.queueName(bb.Destination)
+		}
+		return ch.Bind(ctx, bb)
+	}})
+}
+
+// Consume runs handler for every delivery from queue, across reconnects.
+func (s *Session) Consume(ctx context.Context, queue string, o ConsumeOptions, handler func(*Delivery)) error {
+	ch, err := s.channel(ctx)
+	if err != nil {
+		return err
+	}
+	sc := &sessionConsumer{queue: queue, opts: o, handler: handler}
+	if err := s.start(ctx, ch, sc); err != nil {
+		return err
+	}
+	s.mu.Lock()
+	s.consumers = append(s.consumers, sc)
+	s.mu.Unlock()
+	return nil
+}
+
+func (s *Session) start(ctx context.Context, ch *Channel, sc *sessionConsumer) error {
+	cs, err := ch.Consume(ctx, s.queueName(sc.queue), sc.opts)
+	if err != nil {
+		return err
+	}
+	sc.current = cs
+	go func() {
+		for d := range cs.Deliveries() {
+			sc.handler(d)
+		}
+	}()
+	return nil
+}
+
+// Publish sends a message and waits for its confirm. After a connection
+// loss it returns ErrConnectionLost for a message that may not have been
+// taken; it does not resend by itself.
+func (s *Session) Publish(ctx context.Context, exchange string, m Message) error {
+	ch, err := s.channel(ctx)
+	if err != nil {
+		return err
+	}
+	return ch.Publish(ctx, exchange, m)
+}
+
+// PublishAsync queues a message; its confirm goes to the NotifyConfirm
+// handler, with ErrConnectionLost for everything unconfirmed at a loss.
+func (s *Session) PublishAsync(ctx context.Context, exchange string, m Message) (uint64, error) {
+	ch, err := s.channel(ctx)
+	if err != nil {
+		return 0, err
+	}
+	return ch.PublishAsync(ctx, exchange, m)
+}
+
+// NotifyConfirm sets the confirm handler (see Channel.NotifyConfirm).
+// Sequence numbers restart at 1 on each connection.
+func (s *Session) NotifyConfirm(fn func(first, last uint64, err error)) {
+	s.mu.Lock()
+	s.confirmFn = fn
+	s.mu.Unlock()
+}
+
+// NotifyReturn sets the handler for returned mandatory messages.
+func (s *Session) NotifyReturn(fn func(Return)) {
+	s.mu.Lock()
+	s.returnFn = fn
+	s.mu.Unlock()
+}
+
+// Reconnects is how many times the session has reconnected.
+func (s *Session) Reconnects() int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.reconnects
+}
+
+// Close ends the session.
+func (s *Session) Close() error {
+	s.mu.Lock()
+	if s.closed {
+		s.mu.Unlock()
+		return nil
+	}
+	s.closed = true
+	close(s.done)
+	c := s.conn
+	s.mu.Unlock()
+	return c.Close()
+}
