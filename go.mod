@@ -3,11 +3,13 @@ module github.com/warren-mq/warren
 go 1.26.8
 
 require (
+	github.com/HdrHistogram/hdrhistogram-go v1.4.0
 	github.com/VictoriaMetrics/metrics v1.45.0
 	github.com/cespare/xxhash/v2 v2.3.0
 	github.com/cockroachdb/datadriven v1.0.3
 	github.com/klauspost/compress v1.20.4
 	github.com/panjf2000/gnet/v2 v2.9.7
+	github.com/rabbitmq/amqp091-go v1.10.0
 	golang.org/x/crypto v0.59.0
 	golang.org/x/sys v0.50.0
 )

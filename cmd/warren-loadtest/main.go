@@ -1,0 +1,123 @@
+// Command warren-loadtest drives a broker with producers and consumers and
+// reports rates, latency percentiles, and any lost, duplicated or reordered
+// messages. It exits non-zero on any loss, or when a scenario's required
+// rate was not held.
+//
+//	warren-loadtest --driver warren --producers 4 --consumers 1 --queues 4 --size 128 --duration 30s
+//	warren-loadtest --driver amqp --url amqp://guest:guest@127.0.0.1:5672/ --scenario persistent-1k
+//	warren-loadtest --scenario million --json million.json
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"os/signal"
+	"strings"
+	"syscall"
+
+	"github.com/warren-mq/warren/loadtest"
+)
+
+func main() {
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
+	defer stop()
+	os.Exit(run(ctx, os.Args[1:], os.Stdout, os.Stderr))
+}
+
+func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
+	fs := flag.NewFlagSet("warren-loadtest", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	var c loadtest.Config
+	scenario := fs.String("scenario", "", "a built-in scenario ("+strings.Join(loadtest.ScenarioNames(), ", ")+") or a JSON file (FILE or FILE:NAME); flags override it")
+	fs.StringVar(&c.Driver, "driver", "", "warren or amqp (default warren)")
+	fs.StringVar(&c.URL, "url", "", "broker URL (default warren://guest:guest@127.0.0.1:5680, or amqp://guest:guest@127.0.0.1:5672/)")
+	fs.IntVar(&c.Producers, "producers", 0, "producer connections (default 1)")
+	fs.IntVar(&c.Consumers, "consumers", 0, "consumers per queue (default 1)")
+	fs.IntVar(&c.Queues, "queues", 0, "queues (default 1)")
+	fs.StringVar(&c.ExchangeType, "exchange-type", "", "direct, topic or fanout (default direct)")
+	fs.StringVar(&c.Size, "size", "", "message size in bytes, or a range such as 64-4096 (default 128; at least 20)")
+	fs.StringVar(&c.Priorities, "priorities", "", "priority range such as 0-9 (default: none)")
+	fs.BoolVar(&c.Persistent, "persistent", false, "publish persistent messages to durable queues")
+	fs.StringVar(&c.QueueType, "queue-type", "", "amqp only: classic or quorum")
+	fs.IntVar(&c.ConfirmWindow, "confirm-window", 0, "unconfirmed messages per producer (default 10000)")
+	fs.IntVar(&c.Prefetch, "prefetch", 0, "consumer prefetch (default 1000)")
+	fs.IntVar(&c.AckBatch, "ack-batch", 0, "ack every N messages with multiple (default 100, at most half the prefetch)")
+	fs.IntVar(&c.Rate, "rate", 0, "fixed total publish rate in msg/s, for latency runs (default 0: as fast as possible)")
+	fs.DurationVar(&c.Duration, "duration", 0, "how long to publish after the warmup (default 10s)")
+	fs.Int64Var(&c.Count, "count", 0, "publish this many messages in all instead of running for a duration")
+	fs.DurationVar(&c.Warmup, "warmup", 0, "run this long before measuring")
+	fs.StringVar(&c.JSONPath, "json", "", "write the report as JSON to this file")
+	if err := fs.Parse(args); err != nil {
+		return 2
+	}
+	cfg := c
+	if *scenario != "" {
+		sc, err := loadtest.LoadScenario(*scenario)
+		if err != nil {
+			fmt.Fprintln(stderr, err)
+			return 2
+		}
+		cfg = overlay(sc, c)
+	}
+	rep, err := loadtest.Run(ctx, cfg, stdout)
+	if rep != nil && c.JSONPath != "" {
+		if werr := rep.WriteJSON(c.JSONPath); werr != nil {
+			fmt.Fprintln(stderr, werr)
+			return 1
+		}
+	}
+	if err != nil {
+		fmt.Fprintln(stderr, err)
+		if errors.Is(err, loadtest.ErrLoss) || errors.Is(err, loadtest.ErrRateNotHeld) {
+			return 3
+		}
+		return 1
+	}
+	return 0
+}
+
+// overlay applies the flags that were set over a scenario.
+func overlay(s, f loadtest.Config) loadtest.Config {
+	str := func(dst *string, v string) {
+		if v != "" {
+			*dst = v
+		}
+	}
+	num := func(dst *int, v int) {
+		if v != 0 {
+			*dst = v
+		}
+	}
+	str(&s.Driver, f.Driver)
+	str(&s.URL, f.URL)
+	num(&s.Producers, f.Producers)
+	num(&s.Consumers, f.Consumers)
+	num(&s.Queues, f.Queues)
+	str(&s.ExchangeType, f.ExchangeType)
+	str(&s.Size, f.Size)
+	str(&s.Priorities, f.Priorities)
+	str(&s.QueueType, f.QueueType)
+	num(&s.ConfirmWindow, f.ConfirmWindow)
+	num(&s.Prefetch, f.Prefetch)
+	num(&s.AckBatch, f.AckBatch)
+	num(&s.Rate, f.Rate)
+	if f.Persistent {
+		s.Persistent = true
+	}
+	if f.Duration != 0 {
+		s.Duration, s.DurationS = f.Duration, 0
+	}
+	if f.Count != 0 {
+		s.Count = f.Count
+	}
+	if f.Warmup != 0 {
+		s.Warmup, s.WarmupS = f.Warmup, 0
+	}
+	return s
+}
+
+

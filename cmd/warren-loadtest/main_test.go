@@ -1,0 +1,37 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/warren-mq/warren/netio/warrentest"
+)
+
+func TestCommandLine(t *testing.T) {
+	s := warrentest.StartServer(t, nil)
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	js := filepath.Join(t.TempDir(), "r.json")
+	var out, errb bytes.Buffer
+	code := run(ctx, []string{"--scenario", "throughput", "--url", warrentest.URL(s), "--count", "5000", "--warmup", "1ms", "--json", js}, &out, &errb)
+	if code != 0 {
+		t.Fatalf("exit %d\n%s\n%s", code, out.String(), errb.String())
+	}
+	if !strings.Contains(out.String(), "publish→confirm") {
+		t.Fatalf("no report:\n%s", out.String())
+	}
+	var rep map[string]any
+	b, _ := os.ReadFile(js)
+	if err := json.Unmarshal(b, &rep); err != nil || rep["scenario"] != "throughput" || rep["lost"].(float64) != 0 {
+		t.Fatalf("json %s %v", b, err)
+	}
+	if code := run(ctx, []string{"--size", "x"}, &out, &errb); code == 0 {
+		t.Fatal("bad flag accepted")
+	}
+}

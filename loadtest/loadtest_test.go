@@ -1,0 +1,137 @@
+package loadtest
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"os"
+	"path/filepath"
+	"testing"
+	"time"
+
+	"github.com/warren-mq/warren/netio/warrentest"
+)
+
+func testConfig(url string) Config {
+	return Config{Driver: "warren", URL: url, Producers: 2, Consumers: 1, Queues: 3, Size: "64-512",
+		Count: 20000, Prefetch: 200, AckBatch: 50, DrainTimeout: 10 * time.Second, Scenario: "test"}
+}
+
+func TestShortRunAccountsForEveryMessage(t *testing.T) {
+	s := warrentest.StartServer(t, nil)
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	var out bytes.Buffer
+	cfg := testConfig(warrentest.URL(s))
+	cfg.Priorities = "0-3"
+	rep, err := Run(ctx, cfg, &out)
+	if err != nil {
+		t.Fatalf("%v\n%s", err, out.String())
+	}
+	if rep.Published != 20000 || rep.Confirmed != 20000 || rep.Consumed != 20000 || rep.Lost != 0 || rep.Duplicates != 0 || rep.Nacked != 0 {
+		t.Fatalf("counts: %+v\n%s", rep, out.String())
+	}
+	if rep.PublishRate <= 0 || rep.ConsumeRate <= 0 || rep.E2ELat.P50 <= 0 || rep.ConfirmLat.Max < rep.ConfirmLat.P50 {
+		t.Fatalf("rates/latency not measured: %+v", rep)
+	}
+	path := filepath.Join(t.TempDir(), "r.json")
+	if err := rep.WriteJSON(path); err != nil {
+		t.Fatal(err)
+	}
+	b, _ := os.ReadFile(path)
+	var m map[string]any
+	if err := json.Unmarshal(b, &m); err != nil {
+		t.Fatal(err)
+	}
+	for _, k := range []string{"driver", "scenario", "duration_s", "published", "confirmed", "consumed", "lost", "duplicates",
+		"publish_rate", "consume_rate", "confirm_latency_ms", "e2e_latency_ms"} {
+		if _, ok := m[k]; !ok {
+			t.Errorf("JSON report lacks %q", k)
+		}
+	}
+	if l := m["e2e_latency_ms"].(map[string]any); l["p999"] == nil {
+		t.Error("latency lacks p999")
+	}
+}
+
+func TestFanoutCountsEveryCopy(t *testing.T) {
+	s := warrentest.StartServer(t, nil)
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	cfg := testConfig(warrentest.URL(s))
+	cfg.ExchangeType, cfg.Count = "fanout", 3000
+	var out bytes.Buffer
+	rep, err := Run(ctx, cfg, &out)
+	if err != nil {
+		t.Fatalf("%v\n%s", err, out.String())
+	}
+	if rep.Consumed != 3*3000 || rep.Lost != 0 {
+		t.Fatalf("consumed %d lost %d, want 9000 and 0", rep.Consumed, rep.Lost)
+	}
+}
+
+// TestInjectedLossFailsTheRun: a consumer that silently drops messages is
+// caught, and the run fails.
+func TestInjectedLossFailsTheRun(t *testing.T) {
+	s := warrentest.StartServer(t, nil)
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	cfg := testConfig(warrentest.URL(s))
+	cfg.Count = 5000
+	cfg.DrainTimeout = 2 * time.Second
+	if err := cfg.fill(); err != nil {
+		t.Fatal(err)
+	}
+	d := &warrenDriver{url: cfg.URL}
+	defer d.close()
+	var out bytes.Buffer
+	rep, err := run(ctx, &cfg, d, &out, 1000)
+	if !errors.Is(err, ErrLoss) {
+		t.Fatalf("got %v, want ErrLoss\n%s", err, out.String())
+	}
+	if rep.Lost != 5 {
+		t.Fatalf("lost %d, want 5 (every 1000th of 5000)", rep.Lost)
+	}
+}
+
+func TestMinRateNotHeldIsReported(t *testing.T) {
+	s := warrentest.StartServer(t, nil)
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	cfg := testConfig(warrentest.URL(s))
+	cfg.Count, cfg.MinRate = 2000, 1e12
+	var out bytes.Buffer
+	rep, err := Run(ctx, cfg, &out)
+	if !errors.Is(err, ErrRateNotHeld) || rep.RateHeld == nil || *rep.RateHeld {
+		t.Fatalf("got %v, %+v", err, rep)
+	}
+	if !bytes.Contains(out.Bytes(), []byte("NOT HELD")) {
+		t.Fatalf("report does not say so plainly:\n%s", out.String())
+	}
+}
+
+func TestScenarios(t *testing.T) {
+	for _, n := range ScenarioNames() {
+		c, err := LoadScenario(n)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := c.fill(); err != nil {
+			t.Fatalf("%s: %v", n, err)
+		}
+	}
+	path := filepath.Join(t.TempDir(), "s.json")
+	os.WriteFile(path, []byte(`{"mine":{"producers":3,"size":"100-200","duration_s":2}}`), 0o600)
+	c, err := LoadScenario(path)
+	if err != nil || c.Producers != 3 || c.Scenario != "mine" {
+		t.Fatalf("%+v %v", c, err)
+	}
+	if _, err := LoadScenario("no-such"); err == nil {
+		t.Fatal("unknown scenario accepted")
+	}
+	bad := Config{Size: "8"}
+	if err := bad.fill(); err == nil {
+		t.Fatal("size below the header accepted")
+	}
+}

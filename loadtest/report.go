@@ -1,0 +1,110 @@
+package loadtest
+
+import (
+	"encoding/json"
+	"fmt"
+	"io"
+	"os"
+	"time"
+
+	"github.com/HdrHistogram/hdrhistogram-go"
+)
+
+// Latency is a percentile summary in milliseconds.
+type Latency struct {
+	P50  float64 `json:"p50"`
+	P90  float64 `json:"p90"`
+	P99  float64 `json:"p99"`
+	P999 float64 `json:"p999"`
+	Max  float64 `json:"max"`
+}
+
+func latency(h *hdrhistogram.Histogram) Latency {
+	return Latency{P50: ms(h.ValueAtQuantile(50)), P90: ms(h.ValueAtQuantile(90)), P99: ms(h.ValueAtQuantile(99)),
+		P999: ms(h.ValueAtQuantile(99.9)), Max: ms(h.Max())}
+}
+
+// Report is a run's result; its JSON is what --json writes.
+type Report struct {
+	Driver      string  `json:"driver"`
+	Scenario    string  `json:"scenario"`
+	DurationS   float64 `json:"duration_s"`
+	Published   int64   `json:"published"`
+	Confirmed   int64   `json:"confirmed"`
+	Nacked      int64   `json:"nacked"`
+	Consumed    int64   `json:"consumed"`
+	Lost        int64   `json:"lost"`
+	Duplicates  int64   `json:"duplicates"`
+	Reordered   int64   `json:"reordered"`
+	PublishRate float64 `json:"publish_rate"`
+	ConsumeRate float64 `json:"consume_rate"`
+	ConfirmLat  Latency `json:"confirm_latency_ms"`
+	E2ELat      Latency `json:"e2e_latency_ms"`
+	Conditions  string  `json:"conditions"`
+	MinRate     float64 `json:"min_rate,omitempty"`
+	RateHeld    *bool   `json:"rate_held,omitempty"`
+}
+
+func (t *tracker) report(cfg *Config, pubDur, consDur time.Duration, pubMeasured, consMeasured int64) *Report {
+	pub, acked, nacked := t.totals()
+	r := &Report{
+		Driver: cfg.Driver, Scenario: cfg.Scenario, DurationS: pubDur.Seconds(),
+		Published: pub, Confirmed: acked, Nacked: nacked, Consumed: t.consumed.Load(),
+		Lost: t.lost(), Duplicates: t.dups.Load(), Reordered: t.reorder.Load(),
+		ConfirmLat: latency(merge(t.confirm)), E2ELat: latency(merge(t.e2e)),
+		Conditions: fmt.Sprintf("%d producers, %d queues × %d consumers, %s exchange, %s-byte %s messages, confirm window %d, prefetch %d, ack batch %d",
+			cfg.Producers, cfg.Queues, cfg.Consumers, cfg.ExchangeType, cfg.Size, map[bool]string{true: "persistent", false: "transient"}[cfg.Persistent],
+			cfg.ConfirmWindow, cfg.Prefetch, ackBatch(cfg)),
+	}
+	if cfg.prios {
+		r.Conditions += ", priorities " + cfg.Priorities
+	}
+	if cfg.Rate > 0 {
+		r.Conditions += fmt.Sprintf(", fixed rate %d/s", cfg.Rate)
+	}
+	if cfg.QueueType != "" {
+		r.Conditions += ", " + cfg.QueueType + " queues"
+	}
+	if pubDur > 0 {
+		r.PublishRate = float64(pubMeasured) / pubDur.Seconds()
+	}
+	if consDur > 0 {
+		r.ConsumeRate = float64(consMeasured) / consDur.Seconds()
+	}
+	if cfg.MinRate > 0 {
+		held := r.PublishRate >= cfg.MinRate && r.ConsumeRate >= cfg.MinRate
+		r.MinRate, r.RateHeld = cfg.MinRate, &held
+	}
+	return r
+}
+
+func (r *Report) print(w io.Writer) {
+	fmt.Fprintf(w, "\n== %s / %s: %s\n", r.Driver, r.Scenario, r.Conditions)
+	fmt.Fprintf(w, "published %d  confirmed %d  nacked %d  consumed %d  lost %d  duplicates %d  reordered %d\n",
+		r.Published, r.Confirmed, r.Nacked, r.Consumed, r.Lost, r.Duplicates, r.Reordered)
+	fmt.Fprintf(w, "publish %.0f msg/s  consume %.0f msg/s  over %.1fs\n", r.PublishRate, r.ConsumeRate, r.DurationS)
+	l := func(name string, x Latency) {
+		fmt.Fprintf(w, "%-16s p50 %.3f  p90 %.3f  p99 %.3f  p99.9 %.3f  max %.3f ms\n", name, x.P50, x.P90, x.P99, x.P999, x.Max)
+	}
+	l("publish→confirm", r.ConfirmLat)
+	l("publish→deliver", r.E2ELat)
+	if r.RateHeld != nil {
+		if *r.RateHeld {
+			fmt.Fprintf(w, "HELD: at least %.0f msg/s published and consumed\n", r.MinRate)
+		} else {
+			fmt.Fprintf(w, "NOT HELD: needed %.0f msg/s published and consumed; got %.0f and %.0f\n", r.MinRate, r.PublishRate, r.ConsumeRate)
+		}
+	}
+	if r.Lost > 0 {
+		fmt.Fprintf(w, "LOSS: %d confirmed messages were never consumed\n", r.Lost)
+	}
+}
+
+// WriteJSON writes the report to path.
+func (r *Report) WriteJSON(path string) error {
+	b, err := json.MarshalIndent(r, "", "  ")
+	if err != nil {
+		return err
+	}
+	return os.WriteFile(path, append(b, '\n'), 0o644)
+}

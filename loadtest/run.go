@@ -1,0 +1,213 @@
+package loadtest
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"math/rand/v2"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/HdrHistogram/hdrhistogram-go"
+)
+
+// ErrLoss is returned (wrapped) when a confirmed message was never consumed.
+var ErrLoss = errors.New("loadtest: confirmed messages were lost")
+
+// ErrRateNotHeld is returned (wrapped) when a scenario's min_rate was not
+// reached.
+var ErrRateNotHeld = errors.New("loadtest: the required rate was not held")
+
+// Run executes one load test, printing a progress line per second and the
+// final report to out. The report is returned even when err reports a
+// loss or a missed rate.
+func Run(ctx context.Context, cfg Config, out io.Writer) (*Report, error) {
+	if err := cfg.fill(); err != nil {
+		return nil, err
+	}
+	var d driver
+	switch cfg.Driver {
+	case "warren":
+		d = &warrenDriver{url: cfg.URL}
+	case "amqp":
+		d = &amqpDriver{url: cfg.URL}
+	default:
+		return nil, errNoDriver
+	}
+	defer d.close()
+	return run(ctx, &cfg, d, out, 0)
+}
+
+func run(ctx context.Context, cfg *Config, d driver, out io.Writer, dropNth int64) (*Report, error) {
+	t := newTopo(cfg)
+	if err := d.setup(ctx, cfg, t); err != nil {
+		return nil, fmt.Errorf("loadtest: setup: %w", err)
+	}
+	nCons := cfg.Queues * cfg.Consumers
+	tr := newTracker(cfg.Producers, nCons, cfg.copies(), cfg.ConfirmWindow)
+	tr.dropNth = dropNth
+
+	for i := 0; i < nCons; i++ {
+		ci := i
+		last := make([]uint64, cfg.Producers)
+		if _, err := d.consumer(ctx, cfg, t.queues[i%cfg.Queues], func(body []byte) {
+			tr.consumedMsg(ci, body, time.Now().UnixNano(), last)
+		}); err != nil {
+			return nil, fmt.Errorf("loadtest: consumer: %w", err)
+		}
+	}
+	prods := make([]producer, cfg.Producers)
+	for i := range prods {
+		pi := i
+		p, err := d.producer(ctx, cfg, func(first, last uint64, ok bool) {
+			tr.confirmed(pi, first, last, ok, time.Now().UnixNano())
+		})
+		if err != nil {
+			return nil, fmt.Errorf("loadtest: producer: %w", err)
+		}
+		prods[i] = p
+	}
+
+	start := time.Now()
+	measureFrom := start.Add(cfg.Warmup)
+	var stop atomic.Bool
+	var wg sync.WaitGroup
+	errs := make(chan error, cfg.Producers)
+	perProducer := int64(0)
+	if cfg.Count > 0 {
+		perProducer = (cfg.Count + int64(cfg.Producers) - 1) / int64(cfg.Producers)
+	}
+	for i, p := range prods {
+		wg.Add(1)
+		go func(pi int, p producer) {
+			defer wg.Done()
+			r := rand.New(rand.NewPCG(uint64(pi), 42))
+			ps := tr.prod[pi]
+			body := make([]byte, cfg.sizeHi)
+			var rate float64
+			if cfg.Rate > 0 {
+				rate = float64(cfg.Rate) / float64(cfg.Producers)
+			}
+			pstart := time.Now()
+			for seq := uint64(1); !stop.Load() && (perProducer == 0 || int64(seq) <= perProducer); seq++ {
+				if rate > 0 {
+					// Pace: message seq is due at pstart + seq/rate.
+					if wait := time.Until(pstart.Add(time.Duration(float64(seq) / rate * float64(time.Second)))); wait > 0 {
+						time.Sleep(wait)
+					}
+				}
+				qi := (int(seq) + pi) % cfg.Queues
+				b := body[:cfg.size(r)]
+				now := time.Now().UnixNano()
+				putHeader(b, uint32(pi), seq, now)
+				ps.sent(seq, now)
+				if err := p.publish(ctx, t.exchange, t.keys[qi], b, cfg.priority(r), cfg.Persistent); err != nil {
+					errs <- fmt.Errorf("loadtest: producer %d: %w", pi, err)
+					return
+				}
+			}
+		}(i, p)
+	}
+
+	// Progress, once a second, until the publishing phase ends.
+	ticker := time.NewTicker(time.Second)
+	defer ticker.Stop()
+	var warmPub, warmCons int64
+	warmed := cfg.Warmup == 0
+	if warmed {
+		tr.setActive(true)
+	}
+	var lastPub, lastCons int64
+	lastAt := start
+	pubDone := make(chan struct{})
+	go func() { wg.Wait(); close(pubDone) }()
+	end := start.Add(cfg.Warmup + cfg.Duration)
+	endTimer := time.NewTimer(time.Until(end))
+	if cfg.Count > 0 {
+		endTimer.Stop()
+	}
+	var runErr error
+loop:
+	for {
+		select {
+		case <-ctx.Done():
+			stop.Store(true)
+			runErr = ctx.Err()
+			break loop
+		case err := <-errs:
+			stop.Store(true)
+			runErr = err
+			break loop
+		case <-pubDone:
+			break loop
+		case <-endTimer.C:
+			stop.Store(true)
+		case now := <-ticker.C:
+			pub, _, _ := tr.totals()
+			cons := tr.consumed.Load()
+			if !warmed && now.After(measureFrom) {
+				warmed = true
+				warmPub, warmCons = pub, cons
+				tr.setActive(true)
+			}
+			dt := now.Sub(lastAt).Seconds()
+			ch := mergeIntervals(tr.confirm)
+			_, acked, _ := tr.totals()
+			fmt.Fprintf(out, "%6.1fs  publish %9.0f/s  consume %9.0f/s  confirm p50 %7.2fms p99 %7.2fms  backlog %d\n",
+				now.Sub(start).Seconds(), float64(pub-lastPub)/dt, float64(cons-lastCons)/dt,
+				ms(ch.ValueAtQuantile(50)), ms(ch.ValueAtQuantile(99)), acked*int64(cfg.copies())-cons)
+			lastPub, lastCons, lastAt = pub, cons, now
+		}
+	}
+	stop.Store(true)
+	<-pubDone
+	pubEnd := time.Now()
+	pubAtEnd, _, _ := tr.totals()
+	if !warmed { // shorter than the warmup: measure everything
+		warmPub, warmCons = 0, 0
+		measureFrom = start
+		tr.setActive(true)
+	}
+	wctx, cancel := context.WithTimeout(context.Background(), cfg.DrainTimeout)
+	for _, p := range prods {
+		if err := p.wait(wctx); err != nil && runErr == nil {
+			runErr = fmt.Errorf("loadtest: waiting for confirms: %w", err)
+		}
+	}
+	cancel()
+	// Drain: wait until every confirmed copy is consumed, or until nothing
+	// moves for the drain timeout.
+	_, acked, _ := tr.totals()
+	want := acked * int64(cfg.copies())
+	lastMove, lastSeen := time.Now(), tr.consumed.Load()
+	for tr.consumed.Load() < want && time.Since(lastMove) < cfg.DrainTimeout && ctx.Err() == nil {
+		time.Sleep(10 * time.Millisecond)
+		if c := tr.consumed.Load(); c != lastSeen {
+			lastMove, lastSeen = time.Now(), c
+		}
+	}
+	consEnd := time.Now()
+	rep := tr.report(cfg, pubEnd.Sub(measureFrom), consEnd.Sub(measureFrom), pubAtEnd-warmPub, tr.consumed.Load()-warmCons)
+	rep.print(out)
+	switch {
+	case runErr != nil:
+		return rep, runErr
+	case rep.Lost > 0:
+		return rep, fmt.Errorf("%w: %d of %d", ErrLoss, rep.Lost, rep.Confirmed)
+	case cfg.MinRate > 0 && (rep.PublishRate < cfg.MinRate || rep.ConsumeRate < cfg.MinRate):
+		return rep, fmt.Errorf("%w: published %.0f/s and consumed %.0f/s, needed %.0f/s", ErrRateNotHeld, rep.PublishRate, rep.ConsumeRate, cfg.MinRate)
+	}
+	return rep, nil
+}
+
+func mergeIntervals(rs []*recorder) *hdrhistogram.Histogram {
+	h := newHist()
+	for _, r := range rs {
+		h.Merge(r.takeInterval())
+	}
+	return h
+}
+
+func ms(us int64) float64 { return float64(us) / 1000 }

@@ -1,0 +1,138 @@
+package loadtest
+
+import (
+	"context"
+	"errors"
+	"time"
+
+	"github.com/warren-mq/warren/client"
+	"github.com/warren-mq/warren/wire"
+)
+
+// warrenDriver drives a Warren broker through the Go SDK: one connection per
+// producer and per consumer.
+type warrenDriver struct {
+	url   string
+	conns []*client.Conn
+}
+
+func (d *warrenDriver) dial(ctx context.Context, cfg *Config) (*client.Conn, *client.Channel, error) {
+	c, err := client.Dial(ctx, d.url, client.Options{ConfirmWindow: cfg.ConfirmWindow, Name: "warren-loadtest"})
+	if err != nil {
+		return nil, nil, err
+	}
+	ch, err := c.Channel(ctx)
+	if err != nil {
+		c.Close()
+		return nil, nil, err
+	}
+	d.conns = append(d.conns, c)
+	return c, ch, nil
+}
+
+func (d *warrenDriver) setup(ctx context.Context, cfg *Config, t *topo) error {
+	_, ch, err := d.dial(ctx, cfg)
+	if err != nil {
+		return err
+	}
+	if err := ch.DeclareExchange(ctx, t.exchange, cfg.ExchangeType, client.ExchangeOptions{Durable: cfg.Persistent}); err != nil {
+		return err
+	}
+	var args wire.Table
+	if cfg.prios {
+		args = append(args, wire.Field{Key: "max-priority", Value: wire.Int(int64(cfg.prioHi))})
+	}
+	for i, q := range t.queues {
+		if _, err := ch.DeleteQueue(ctx, q, false, false); err != nil && wire.CodeOf(err) != wire.NotFound {
+			return err
+		}
+		if _, err := ch.DeclareQueue(ctx, q, client.QueueOptions{Durable: cfg.Persistent, Args: args}); err != nil {
+			return err
+		}
+		if err := ch.Bind(ctx, client.Binding{Source: t.exchange, Destination: q, RoutingKey: t.binds[i]}); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+type warrenProducer struct{ ch *client.Channel }
+
+func (d *warrenDriver) producer(ctx context.Context, cfg *Config, onConfirm func(first, last uint64, ok bool)) (producer, error) {
+	_, ch, err := d.dial(ctx, cfg)
+	if err != nil {
+		return nil, err
+	}
+	ch.NotifyConfirm(func(first, last uint64, err error) { onConfirm(first, last, err == nil) })
+	return &warrenProducer{ch: ch}, nil
+}
+
+func (p *warrenProducer) publish(ctx context.Context, exchange, key string, body []byte, prio uint8, persistent bool) error {
+	_, err := p.ch.PublishAsync(ctx, exchange, client.Message{RoutingKey: key, Body: body, Priority: prio, Persistent: persistent})
+	return err
+}
+
+func (p *warrenProducer) wait(ctx context.Context) error { return p.ch.WaitConfirms(ctx) }
+func (p *warrenProducer) close()                         {}
+
+type warrenConsumer struct{ cs *client.Consumer }
+
+func (d *warrenDriver) consumer(ctx context.Context, cfg *Config, queue string, handle func([]byte)) (closer, error) {
+	_, ch, err := d.dial(ctx, cfg)
+	if err != nil {
+		return nil, err
+	}
+	cs, err := ch.Consume(ctx, queue, client.ConsumeOptions{Prefetch: uint32(cfg.Prefetch)})
+	if err != nil {
+		return nil, err
+	}
+	ackEvery := ackBatch(cfg)
+	go func() {
+		tick := time.NewTicker(20 * time.Millisecond)
+		defer tick.Stop()
+		var last *client.Delivery
+		n := 0
+		for {
+			select {
+			case dl, ok := <-cs.Deliveries():
+				if !ok {
+					return
+				}
+				handle(dl.Body)
+				last = dl
+				if n++; n >= ackEvery {
+					_ = dl.AckMultiple()
+					last, n = nil, 0
+				}
+			case <-tick.C:
+				// Ack a partial batch so a quiet stream never stalls on
+				// prefetch.
+				if last != nil {
+					_ = last.AckMultiple()
+					last, n = nil, 0
+				}
+			}
+		}
+	}()
+	return &warrenConsumer{cs: cs}, nil
+}
+
+func (c *warrenConsumer) close() {}
+
+func (d *warrenDriver) close() {
+	for _, c := range d.conns {
+		c.Close()
+	}
+}
+
+// ackBatch keeps the ack batch well under the prefetch, so a consumer never
+// waits for messages the broker holds back until it acks.
+func ackBatch(cfg *Config) int {
+	n := cfg.AckBatch
+	if cfg.Prefetch > 0 && n > cfg.Prefetch/2 {
+		n = max(1, cfg.Prefetch/2)
+	}
+	return n
+}
+
+var errNoDriver = errors.New("loadtest: unknown driver")
