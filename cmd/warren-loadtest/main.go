@@ -119,5 +119,3 @@ func overlay(s, f loadtest.Config) loadtest.Config {
 	}
 	return s
 }
-
-
