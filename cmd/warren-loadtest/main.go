@@ -29,6 +29,9 @@ func main() {
 }
 
 func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
+	if len(args) > 0 && args[0] == "compare" {
+		return compare(ctx, args[1:], stdout, stderr)
+	}
 	fs := flag.NewFlagSet("warren-loadtest", flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	var c loadtest.Config
@@ -118,4 +121,39 @@ func overlay(s, f loadtest.Config) loadtest.Config {
 		s.Warmup, s.WarmupS = f.Warmup, 0
 	}
 	return s
+}
+
+// compare runs the standard scenarios against Warren and RabbitMQ side by
+// side (`make bench-compare`).
+func compare(ctx context.Context, args []string, stdout, stderr io.Writer) int {
+	fs := flag.NewFlagSet("warren-loadtest compare", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	wurl := fs.String("warren-url", "warren://guest:guest@127.0.0.1:5680", "Warren broker")
+	aurl := fs.String("amqp-url", "amqp://guest:guest@127.0.0.1:5672/", "RabbitMQ broker")
+	scen := fs.String("scenarios", "throughput,persistent-1k,priority-mix,queues-1000,latency", "comma-separated scenarios")
+	dur := fs.Duration("duration", 0, "override each scenario's duration")
+	outPath := fs.String("out", "", "write the markdown table here (default stdout)")
+	if err := fs.Parse(args); err != nil {
+		return 2
+	}
+	out := stdout
+	if *outPath != "" {
+		f, err := os.Create(*outPath)
+		if err != nil {
+			fmt.Fprintln(stderr, err)
+			return 1
+		}
+		defer f.Close()
+		out = f
+	}
+	targets := []loadtest.CompareTarget{
+		{Label: "Warren", Driver: "warren", URL: *wurl},
+		{Label: "RabbitMQ classic", Driver: "amqp", URL: *aurl, QueueType: "classic"},
+		{Label: "RabbitMQ quorum", Driver: "amqp", URL: *aurl, QueueType: "quorum"},
+	}
+	if err := loadtest.Compare(ctx, strings.Split(*scen, ","), targets, *dur, stderr, out); err != nil {
+		fmt.Fprintln(stderr, err)
+		return 1
+	}
+	return 0
 }

@@ -1,0 +1,76 @@
+package loadtest
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"net"
+	"net/url"
+	"strings"
+	"time"
+)
+
+// CompareTarget is one broker configuration in a comparison.
+type CompareTarget struct {
+	Label     string // e.g. "Warren", "RabbitMQ classic"
+	Driver    string
+	URL       string
+	QueueType string // amqp: classic or quorum
+}
+
+// Compare runs each scenario against each target in turn (same machine, same
+// settings) and writes a side-by-side markdown table to out; progress goes
+// to log. Targets that are not reachable are skipped with a note.
+func Compare(ctx context.Context, scenarios []string, targets []CompareTarget, duration time.Duration, log, out io.Writer) error {
+	var live []CompareTarget
+	for _, t := range targets {
+		if reachable(t.URL) {
+			live = append(live, t)
+		} else {
+			fmt.Fprintf(out, "> %s (%s) is not reachable; skipped.\n\n", t.Label, t.URL)
+		}
+	}
+	fmt.Fprintln(out, "| scenario | broker | publish msg/s | consume msg/s | confirm p50 / p99 ms | publish→deliver p50 / p99 ms | lost | conditions |")
+	fmt.Fprintln(out, "|---|---|---|---|---|---|---|---|")
+	for _, name := range scenarios {
+		for _, t := range live {
+			cfg, err := LoadScenario(name)
+			if err != nil {
+				return err
+			}
+			if cfg.QueueType != "" && t.Driver == "warren" {
+				continue
+			}
+			cfg.Driver, cfg.URL, cfg.QueueType = t.Driver, t.URL, t.QueueType
+			if duration > 0 {
+				cfg.Duration, cfg.DurationS = duration, 0
+			}
+			fmt.Fprintf(log, "\n### %s on %s\n", name, t.Label)
+			rep, err := Run(ctx, cfg, log)
+			if rep == nil {
+				fmt.Fprintf(out, "| %s | %s | failed: %v |  |  |  |  |  |\n", name, t.Label, err)
+				continue
+			}
+			fmt.Fprintf(out, "| %s | %s | %.0f | %.0f | %.2f / %.2f | %.2f / %.2f | %d | %s |\n", name, t.Label,
+				rep.PublishRate, rep.ConsumeRate, rep.ConfirmLat.P50, rep.ConfirmLat.P99, rep.E2ELat.P50, rep.E2ELat.P99, rep.Lost, rep.Conditions)
+		}
+	}
+	return nil
+}
+
+func reachable(raw string) bool {
+	u, err := url.Parse(raw)
+	if err != nil {
+		return false
+	}
+	host := u.Host
+	if !strings.Contains(host, ":") {
+		host += map[string]string{"amqp": ":5672", "warren": ":5680"}[u.Scheme]
+	}
+	c, err := net.DialTimeout("tcp", host, 2*time.Second)
+	if err != nil {
+		return false
+	}
+	c.Close()
+	return true
+}
