@@ -12,9 +12,11 @@ import (
 // queues) with the same scenario: one connection per producer and per
 // consumer, publisher confirms, manual acks with multiple.
 type amqpDriver struct {
-	url   string
-	mu    sync.Mutex
-	conns []*amqp.Connection
+	url        string
+	mu         sync.Mutex
+	conns      []*amqp.Connection
+	consConn   *amqp.Connection
+	consOnConn int
 }
 
 func (d *amqpDriver) dial() (*amqp.Connection, *amqp.Channel, error) {
@@ -38,6 +40,14 @@ func (d *amqpDriver) setup(ctx context.Context, cfg *Config, t *topo) error {
 	if err != nil {
 		return err
 	}
+	for _, q := range t.queues {
+		if _, err := ch.QueueDelete(q, false, false, false); err != nil {
+			return err
+		}
+	}
+	if err := ch.ExchangeDelete(t.exchange, false, false); err != nil {
+		return err
+	}
 	if err := ch.ExchangeDeclare(t.exchange, cfg.ExchangeType, cfg.Persistent, false, false, false, nil); err != nil {
 		return err
 	}
@@ -53,9 +63,6 @@ func (d *amqpDriver) setup(ctx context.Context, cfg *Config, t *topo) error {
 		}
 	}
 	for i, q := range t.queues {
-		if _, err := ch.QueueDelete(q, false, false, false); err != nil {
-			return err
-		}
 		if _, err := ch.QueueDeclare(q, durable, false, false, false, args); err != nil {
 			return err
 		}
@@ -137,7 +144,15 @@ func (p *amqpProducer) close() { _ = p.ch.Close() }
 type amqpConsumer struct{ ch *amqp.Channel }
 
 func (d *amqpDriver) consumer(ctx context.Context, cfg *Config, queue string, handle func([]byte)) (closer, error) {
-	_, ch, err := d.dial()
+	if d.consConn == nil || d.consOnConn == consumersPerConn {
+		c, _, err := d.dial()
+		if err != nil {
+			return nil, err
+		}
+		d.consConn, d.consOnConn = c, 0
+	}
+	d.consOnConn++
+	ch, err := d.consConn.Channel()
 	if err != nil {
 		return nil, err
 	}

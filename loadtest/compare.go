@@ -38,7 +38,8 @@ func Compare(ctx context.Context, scenarios []string, targets []CompareTarget, d
 			if err != nil {
 				return err
 			}
-			if cfg.QueueType != "" && t.Driver == "warren" {
+			if t.QueueType == "quorum" && cfg.Priorities != "" {
+				fmt.Fprintf(out, "| %s | %s | not supported: RabbitMQ quorum queues have no x-max-priority |  |  |  |  |  |\n", name, t.Label)
 				continue
 			}
 			cfg.Driver, cfg.URL, cfg.QueueType = t.Driver, t.URL, t.QueueType

@@ -12,9 +12,14 @@ import (
 // warrenDriver drives a Warren broker through the Go SDK: one connection per
 // producer and per consumer.
 type warrenDriver struct {
-	url   string
-	conns []*client.Conn
+	url        string
+	conns      []*client.Conn
+	consConn   *client.Conn
+	consOnConn int
 }
+
+// consumersPerConn bounds how many consumers share one connection.
+const consumersPerConn = 32
 
 func (d *warrenDriver) dial(ctx context.Context, cfg *Config) (*client.Conn, *client.Channel, error) {
 	c, err := client.Dial(ctx, d.url, client.Options{ConfirmWindow: cfg.ConfirmWindow, Name: "warren-loadtest"})
@@ -35,6 +40,15 @@ func (d *warrenDriver) setup(ctx context.Context, cfg *Config, t *topo) error {
 	if err != nil {
 		return err
 	}
+	// Start from scratch: a previous run may have declared them otherwise.
+	for _, q := range t.queues {
+		if _, err := ch.DeleteQueue(ctx, q, false, false); err != nil && wire.CodeOf(err) != wire.NotFound {
+			return err
+		}
+	}
+	if err := ch.DeleteExchange(ctx, t.exchange, false); err != nil && wire.CodeOf(err) != wire.NotFound {
+		return err
+	}
 	if err := ch.DeclareExchange(ctx, t.exchange, cfg.ExchangeType, client.ExchangeOptions{Durable: cfg.Persistent}); err != nil {
 		return err
 	}
@@ -43,9 +57,6 @@ func (d *warrenDriver) setup(ctx context.Context, cfg *Config, t *topo) error {
 		args = append(args, wire.Field{Key: "max-priority", Value: wire.Int(int64(cfg.prioHi))})
 	}
 	for i, q := range t.queues {
-		if _, err := ch.DeleteQueue(ctx, q, false, false); err != nil && wire.CodeOf(err) != wire.NotFound {
-			return err
-		}
 		if _, err := ch.DeclareQueue(ctx, q, client.QueueOptions{Durable: cfg.Persistent, Args: args}); err != nil {
 			return err
 		}
@@ -78,7 +89,17 @@ func (p *warrenProducer) close()                         {}
 type warrenConsumer struct{ cs *client.Consumer }
 
 func (d *warrenDriver) consumer(ctx context.Context, cfg *Config, queue string, handle func([]byte)) (closer, error) {
-	_, ch, err := d.dial(ctx, cfg)
+	// Consumers share connections, a channel each, consumersPerConn to a
+	// connection, so a thousand queues do not mean a thousand sockets.
+	if d.consConn == nil || d.consOnConn == consumersPerConn {
+		c, _, err := d.dial(ctx, cfg)
+		if err != nil {
+			return nil, err
+		}
+		d.consConn, d.consOnConn = c, 0
+	}
+	d.consOnConn++
+	ch, err := d.consConn.Channel(ctx)
 	if err != nil {
 		return nil, err
 	}

@@ -18,10 +18,11 @@ type User struct {
 type authenticator struct {
 	users         map[string]User
 	guestLoopback bool
+	internalPass  string // for clients inside this process (admin replay)
 }
 
 func newAuthenticator(users []User, guestLoopback bool) *authenticator {
-	a := &authenticator{users: map[string]User{}, guestLoopback: guestLoopback}
+	a := &authenticator{users: map[string]User{}, guestLoopback: guestLoopback, internalPass: randomSecret()}
 	for _, u := range users {
 		a.users[u.Name] = u
 	}
@@ -36,6 +37,9 @@ var dummyHash, _ = bcrypt.GenerateFromPassword([]byte("warren-dummy"), bcrypt.Mi
 // accepted only from loopback addresses, and only if no user named guest is
 // configured.
 func (a *authenticator) check(user, pass string, loopback bool) bool {
+	if user == internalUser {
+		return loopback && subtle.ConstantTimeCompare([]byte(pass), []byte(a.internalPass)) == 1
+	}
 	u, ok := a.users[user]
 	if !ok {
 		if user == "guest" && a.guestLoopback && loopback {

@@ -7,6 +7,7 @@ import (
 	"io"
 	"log/slog"
 	"net"
+	"sort"
 	"strconv"
 	"sync"
 	"sync/atomic"
@@ -330,24 +331,24 @@ func (s *Server) ConnectionCount() int {
 
 // QueueStats is a point-in-time view of one queue.
 type QueueStats struct {
-	Name                 string
-	Ready, Unacked       int64
-	Consumers            int64
-	Published, Delivered uint64
-	Acked, Redelivered   uint64
-	DeadLettered         uint64
+	Name         string `json:"name"`
+	Ready        int64  `json:"ready"`
+	Unacked      int64  `json:"unacked"`
+	Consumers    int64  `json:"consumers"`
+	Published    uint64 `json:"published_total"`
+	Delivered    uint64 `json:"delivered_total"`
+	Acked        uint64 `json:"acked_total"`
+	Redelivered  uint64 `json:"redelivered_total"`
+	DeadLettered uint64 `json:"dead_lettered_total"`
 }
 
 // Queues returns the current queues' counts.
 func (s *Server) Queues() []QueueStats {
 	var out []QueueStats
 	for _, q := range s.topo.snapshotQueues() {
-		out = append(out, QueueStats{
-			Name: q.name, Ready: q.ready.Load(), Unacked: q.unacked.Load(), Consumers: q.consumers.Load(),
-			Published: q.published.Load(), Delivered: q.delivered.Load(), Acked: q.acked.Load(),
-			Redelivered: q.redelivered.Load(), DeadLettered: q.deadLettered.Load(),
-		})
+		out = append(out, statsOf(q))
 	}
+	sort.Slice(out, func(i, j int) bool { return out[i].Name < out[j].Name })
 	return out
 }
 
@@ -410,10 +411,10 @@ func (g gnetLogger) Fatalf(f string, a ...any) { g.l.Error(fmt.Sprintf(f, a...))
 
 // ConnInfo describes an open connection.
 type ConnInfo struct {
-	ID       uint64
-	Remote   string
-	User     string
-	Channels int
+	ID       uint64 `json:"id"`
+	Remote   string `json:"remote"`
+	User     string `json:"user"`
+	Channels int    `json:"channels"`
 }
 
 // Connections lists the open connections.

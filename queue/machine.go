@@ -620,3 +620,31 @@ func (m *Machine) kill(e entry, reason wire.DeathReason) {
 		m.emit(Effect{Kind: Drop, Msg: e.id, Reason: reason})
 	}
 }
+
+// PeekedMessage is a ready message as Peek reports it.
+type PeekedMessage struct {
+	ID            uint64
+	Priority      uint8
+	DeliveryCount uint32
+	FailedCount   uint32
+	ExpireAtMs    int64
+}
+
+// Peek reports up to n ready messages in the order they would be
+// dispatched under strict priority (highest level first, FIFO within a
+// level), without changing anything: no delivery is counted. For
+// operators' inspection.
+func (m *Machine) Peek(n int) []PeekedMessage {
+	var out []PeekedMessage
+	for l := len(m.levels) - 1; l >= 0 && len(out) < n; l-- {
+		r := &m.levels[l]
+		for i := 0; i < r.len() && len(out) < n; i++ {
+			e := r.at(i)
+			if _, gone := m.dead[e.id]; gone {
+				continue
+			}
+			out = append(out, PeekedMessage{ID: e.id, Priority: e.prio, DeliveryCount: e.deliveries, FailedCount: e.failed, ExpireAtMs: e.expireAt})
+		}
+	}
+	return out
+}

@@ -219,3 +219,19 @@ func (env *traceEnv) checkAccounting() error {
 	}
 	return nil
 }
+
+func TestPeekChangesNothing(t *testing.T) {
+	m := New(Config{MaxPriority: 3}, 0)
+	m.Enqueue(0, []Message{{ID: 1, Priority: 0}, {ID: 2, Priority: 3}, {ID: 3, Priority: 0}})
+	before := m.Snapshot()
+	got := m.Peek(10)
+	if len(got) != 3 || got[0].ID != 2 || got[1].ID != 1 || got[2].ID != 3 {
+		t.Fatalf("peek order %+v", got)
+	}
+	if len(m.Peek(1)) != 1 {
+		t.Fatal("peek ignores n")
+	}
+	if string(m.Snapshot()) != string(before) {
+		t.Fatal("peek changed the state")
+	}
+}

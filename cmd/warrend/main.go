@@ -31,6 +31,7 @@ import (
 	"github.com/VictoriaMetrics/metrics"
 
 	"github.com/warren-mq/warren/netio"
+	"github.com/warren-mq/warren/netio/admin"
 )
 
 func main() {
@@ -161,6 +162,9 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdin i
 		}
 		io.WriteString(w, "ready\n")
 	})
+	api := admin.New(srv, log, 0)
+	defer api.Close()
+	mux.Handle("/api/", api)
 	hs := &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
 	go func() { _ = hs.Serve(ln) }()
 	log.Info("warrend started", "listen", srv.Addr().String(), "http", ln.Addr().String(), "data", fc.Data, "version", netio.Version)

@@ -1,0 +1,795 @@
+// Command warrenctl operates a Warren broker from a shell: topology,
+// inspection, publishing and consuming, dead-letter peek and replay.
+//
+//	warrenctl [--url warren://user:pass@host:5680] [--api http://host:15680] [--json] COMMAND ...
+//
+// Topology and inspection go through the admin HTTP API (--api, default:
+// the --url host on port 15680 with the same credentials); publish and
+// consume speak the native protocol (--url, or WARREN_URL). Run
+// `warrenctl help` for the commands.
+package main
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"net/url"
+	"os"
+	"os/signal"
+	"sort"
+	"strconv"
+	"strings"
+	"syscall"
+	"text/tabwriter"
+	"time"
+
+	"github.com/warren-mq/warren/client"
+	"github.com/warren-mq/warren/wire"
+)
+
+const usage = `warrenctl — operate a Warren broker
+
+Global flags (before the command):
+  --url URL    native protocol URL (env WARREN_URL; default warren://guest:guest@127.0.0.1:5680)
+  --api URL    admin API URL (env WARREN_API; default: the --url host on port 15680)
+  --json       print JSON instead of tables
+
+Commands:
+  status
+  exchange list | declare NAME --type TYPE [--durable] [--auto-delete] [--internal] [--alternate EX] | delete NAME
+  queue list | show NAME | declare NAME [settings] | delete NAME | purge NAME | get NAME [--count N]
+      settings: --durable --auto-delete --max-priority N --max-length N --max-length-bytes N --overflow MODE
+                --ttl MS --expires MS --dlx EX --dlrk KEY --delivery-limit N --consumer-timeout MS
+                --retry-initial MS --retry-multiplier X --retry-max MS --single-active --dedup-window MS
+  binding list | add --exchange EX (--queue Q | --to-exchange EX) --routing-key KEY | delete (same flags)
+  connection list | close ID
+  publish --exchange EX --routing-key KEY [--persistent] [--mandatory] [--priority N] [--content-type T]
+          [--message-id ID] [--header k=v]... [--lines] [--file F] [BODY]   (body from stdin when absent)
+  consume QUEUE [--count N] [--requeue | --reject] [--timeout D]   (prints each body on its own line)
+  dlq peek QUEUE [--count N] | dlq replay QUEUE [--count N] [--rate R]
+  purge QUEUE
+`
+
+func main() {
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
+	defer stop()
+	os.Exit(run(ctx, os.Args[1:], os.Getenv, os.Stdin, os.Stdout, os.Stderr))
+}
+
+type cli struct {
+	url, api   string
+	user, pass string
+	jsonOut    bool
+	stdin      io.Reader
+	out, errw  io.Writer
+	ctx        context.Context
+}
+
+// usageErr is a mistake on the command line (exit 2).
+type usageErr struct{ msg string }
+
+func (e usageErr) Error() string { return e.msg }
+
+func run(ctx context.Context, args []string, getenv func(string) string, stdin io.Reader, stdout, stderr io.Writer) int {
+	c := &cli{stdin: stdin, out: stdout, errw: stderr, ctx: ctx}
+	fs := flag.NewFlagSet("warrenctl", flag.ContinueOnError)
+	fs.SetOutput(io.Discard)
+	fs.StringVar(&c.url, "url", "", "")
+	fs.StringVar(&c.api, "api", "", "")
+	fs.BoolVar(&c.jsonOut, "json", false, "")
+	if err := fs.Parse(args); err != nil {
+		fmt.Fprintf(stderr, "warrenctl: %v\n\n%s", err, usage)
+		return 2
+	}
+	if c.url == "" {
+		c.url = getenv("WARREN_URL")
+	}
+	if c.url == "" {
+		c.url = "warren://guest:guest@127.0.0.1:5680"
+	}
+	if c.api == "" {
+		c.api = getenv("WARREN_API")
+	}
+	addr, user, pass, err := client.ParseURL(c.url)
+	if err != nil {
+		fmt.Fprintln(stderr, "warrenctl:", err)
+		return 2
+	}
+	c.user, c.pass = user, pass
+	if c.api == "" {
+		host, _, _ := net.SplitHostPort(addr)
+		c.api = "http://" + net.JoinHostPort(host, "15680")
+	}
+	rest := fs.Args()
+	if len(rest) == 0 || rest[0] == "help" || rest[0] == "-h" || rest[0] == "--help" {
+		fmt.Fprint(stdout, usage)
+		return 0
+	}
+	err = c.dispatch(rest)
+	var ue usageErr
+	switch {
+	case err == nil:
+		return 0
+	case errors.As(err, &ue):
+		fmt.Fprintf(stderr, "warrenctl: %v\n", err)
+		return 2
+	default:
+		fmt.Fprintf(stderr, "warrenctl: %v\n", err)
+		return 1
+	}
+}
+
+func (c *cli) dispatch(args []string) error {
+	sub := func(i int) string {
+		if len(args) > i {
+			return args[i]
+		}
+		return ""
+	}
+	switch args[0] {
+	case "status":
+		return c.status()
+	case "exchange":
+		return c.exchange(sub(1), args[min(2, len(args)):])
+	case "queue":
+		return c.queue(sub(1), args[min(2, len(args)):])
+	case "binding":
+		return c.binding(sub(1), args[min(2, len(args)):])
+	case "connection":
+		return c.connection(sub(1), args[min(2, len(args)):])
+	case "publish":
+		return c.publish(args[1:])
+	case "consume":
+		return c.consume(args[1:])
+	case "purge":
+		return c.queue("purge", args[1:])
+	case "dlq":
+		switch sub(1) {
+		case "peek":
+			return c.queue("get", args[2:])
+		case "replay":
+			return c.replay(args[2:])
+		}
+		return usageErr{"dlq: want peek or replay"}
+	}
+	return usageErr{"unknown command " + strconv.Quote(args[0]) + " (see warrenctl help)"}
+}
+
+// ---- admin API ----
+
+// call sends a request to the admin API and decodes the reply into out.
+func (c *cli) call(method, path string, body any, out any) error {
+	var rd io.Reader
+	if body != nil {
+		b, err := json.Marshal(body)
+		if err != nil {
+			return err
+		}
+		rd = bytes.NewReader(b)
+	}
+	req, err := http.NewRequestWithContext(c.ctx, method, strings.TrimRight(c.api, "/")+path, rd)
+	if err != nil {
+		return err
+	}
+	req.SetBasicAuth(c.user, c.pass)
+	req.Header.Set("Content-Type", "application/json")
+	resp, err := (&http.Client{Timeout: 15 * time.Minute}).Do(req)
+	if err != nil {
+		return fmt.Errorf("admin API at %s: %w", c.api, err)
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	if resp.StatusCode >= 300 {
+		var eb struct {
+			Error struct {
+				Code    int
+				Name    string
+				Message string
+			}
+		}
+		if json.Unmarshal(b, &eb) == nil && eb.Error.Name != "" {
+			return fmt.Errorf("%s (%d): %s", eb.Error.Name, eb.Error.Code, eb.Error.Message)
+		}
+		return fmt.Errorf("admin API: %s", resp.Status)
+	}
+	if out != nil && len(b) > 0 {
+		if raw, ok := out.(*json.RawMessage); ok {
+			*raw = append((*raw)[:0], b...)
+			return nil
+		}
+		return json.Unmarshal(b, out)
+	}
+	return nil
+}
+
+// show prints v as JSON, or as a table via render.
+func (c *cli) show(raw json.RawMessage, render func(w *tabwriter.Writer) error) error {
+	if c.jsonOut {
+		_, err := c.out.Write(raw)
+		return err
+	}
+	w := tabwriter.NewWriter(c.out, 0, 4, 2, ' ', 0)
+	if err := render(w); err != nil {
+		return err
+	}
+	return w.Flush()
+}
+
+func (c *cli) status() error {
+	var raw json.RawMessage
+	if err := c.call("GET", "/api/overview", nil, &raw); err != nil {
+		return err
+	}
+	var o map[string]any
+	_ = json.Unmarshal(raw, &o)
+	return c.show(raw, func(w *tabwriter.Writer) error {
+		keys := make([]string, 0, len(o))
+		for k := range o {
+			keys = append(keys, k)
+		}
+		sort.Strings(keys)
+		for _, k := range keys {
+			fmt.Fprintf(w, "%s\t%v\n", k, fmtVal(o[k]))
+		}
+		return nil
+	})
+}
+
+func fmtVal(v any) string {
+	if f, ok := v.(float64); ok && f == float64(int64(f)) {
+		return strconv.FormatInt(int64(f), 10)
+	}
+	return fmt.Sprint(v)
+}
+
+func flags(name string) *flag.FlagSet {
+	fs := flag.NewFlagSet(name, flag.ContinueOnError)
+	fs.SetOutput(io.Discard)
+	return fs
+}
+
+// parse parses flags that may come before or after positional arguments.
+func parse(fs *flag.FlagSet, args []string) ([]string, error) {
+	var pos []string
+	for {
+		if err := fs.Parse(args); err != nil {
+			return nil, usageErr{fs.Name() + ": " + err.Error()}
+		}
+		rest := fs.Args()
+		if len(rest) == 0 {
+			return pos, nil
+		}
+		pos = append(pos, rest[0])
+		args = rest[1:]
+	}
+}
+
+func one(name string, pos []string) (string, error) {
+	if len(pos) != 1 {
+		return "", usageErr{name + ": want exactly one name"}
+	}
+	return pos[0], nil
+}
+
+func (c *cli) exchange(verb string, args []string) error {
+	switch verb {
+	case "list":
+		var raw json.RawMessage
+		if err := c.call("GET", "/api/exchanges", nil, &raw); err != nil {
+			return err
+		}
+		var xs []map[string]any
+		_ = json.Unmarshal(raw, &xs)
+		return c.show(raw, func(w *tabwriter.Writer) error {
+			fmt.Fprintln(w, "NAME\tTYPE\tDURABLE\tALTERNATE")
+			for _, x := range xs {
+				fmt.Fprintf(w, "%v\t%v\t%v\t%v\n", x["name"], x["type"], x["durable"], orDash(x["alternate_exchange"]))
+			}
+			return nil
+		})
+	case "declare":
+		fs := flags("exchange declare")
+		typ := fs.String("type", "", "")
+		durable := fs.Bool("durable", false, "")
+		autoDel := fs.Bool("auto-delete", false, "")
+		internal := fs.Bool("internal", false, "")
+		alt := fs.String("alternate", "", "")
+		pos, err := parse(fs, args)
+		if err != nil {
+			return err
+		}
+		name, err := one("exchange declare", pos)
+		if err != nil {
+			return err
+		}
+		if *typ == "" {
+			return usageErr{"exchange declare: --type is required"}
+		}
+		body := map[string]any{"type": *typ, "durable": *durable, "auto_delete": *autoDel, "internal": *internal, "alternate_exchange": *alt}
+		if err := c.call("PUT", "/api/exchanges/"+url.PathEscape(name), body, nil); err != nil {
+			return err
+		}
+		fmt.Fprintf(c.errw, "exchange %s declared\n", name)
+		return nil
+	case "delete":
+		name, err := one("exchange delete", args)
+		if err != nil {
+			return err
+		}
+		if err := c.call("DELETE", "/api/exchanges/"+url.PathEscape(name), nil, nil); err != nil {
+			return err
+		}
+		fmt.Fprintf(c.errw, "exchange %s deleted\n", name)
+		return nil
+	}
+	return usageErr{"exchange: want list, declare or delete"}
+}
+
+func orDash(v any) any {
+	if v == nil || v == "" {
+		return "-"
+	}
+	return v
+}
+
+func (c *cli) queue(verb string, args []string) error {
+	switch verb {
+	case "list":
+		var raw json.RawMessage
+		if err := c.call("GET", "/api/queues", nil, &raw); err != nil {
+			return err
+		}
+		var qs []map[string]any
+		_ = json.Unmarshal(raw, &qs)
+		return c.show(raw, func(w *tabwriter.Writer) error {
+			fmt.Fprintln(w, "NAME\tREADY\tUNACKED\tCONSUMERS\tPUBLISH/S\tDELIVER/S\tACK/S")
+			for _, q := range qs {
+				r, _ := q["rates"].(map[string]any)
+				fmt.Fprintf(w, "%v\t%s\t%s\t%s\t%v\t%v\t%v\n", q["name"], fmtVal(q["ready"]), fmtVal(q["unacked"]), fmtVal(q["consumers"]),
+					fmtVal(r["publish"]), fmtVal(r["deliver"]), fmtVal(r["ack"]))
+			}
+			return nil
+		})
+	case "show":
+		name, err := one("queue show", args)
+		if err != nil {
+			return err
+		}
+		var raw json.RawMessage
+		if err := c.call("GET", "/api/queues/"+url.PathEscape(name), nil, &raw); err != nil {
+			return err
+		}
+		var q map[string]any
+		_ = json.Unmarshal(raw, &q)
+		return c.show(raw, func(w *tabwriter.Writer) error {
+			keys := make([]string, 0, len(q))
+			for k := range q {
+				keys = append(keys, k)
+			}
+			sort.Strings(keys)
+			for _, k := range keys {
+				fmt.Fprintf(w, "%s\t%v\n", k, fmtVal(q[k]))
+			}
+			return nil
+		})
+	case "declare":
+		fs := flags("queue declare")
+		body := map[string]any{}
+		durable := fs.Bool("durable", false, "")
+		autoDel := fs.Bool("auto-delete", false, "")
+		single := fs.Bool("single-active", false, "")
+		ints := map[string]string{"max-priority": "max_priority", "max-length": "max_length", "max-length-bytes": "max_length_bytes",
+			"ttl": "message_ttl_ms", "expires": "expires_ms", "delivery-limit": "delivery_limit", "consumer-timeout": "consumer_timeout_ms",
+			"retry-initial": "retry_initial_ms", "retry-max": "retry_max_ms", "dedup-window": "dedup_window_ms"}
+		for f, key := range ints {
+			key := key
+			fs.Func(f, "", func(s string) error {
+				n, err := strconv.ParseInt(s, 10, 64)
+				if err != nil {
+					return fmt.Errorf("want an integer")
+				}
+				body[key] = n
+				return nil
+			})
+		}
+		strs := map[string]string{"overflow": "overflow", "dlx": "dead_letter_exchange", "dlrk": "dead_letter_routing_key"}
+		for f, key := range strs {
+			key := key
+			fs.Func(f, "", func(s string) error { body[key] = s; return nil })
+		}
+		fs.Func("retry-multiplier", "", func(s string) error {
+			x, err := strconv.ParseFloat(s, 64)
+			if err != nil {
+				return fmt.Errorf("want a number")
+			}
+			body["retry_multiplier"] = x
+			return nil
+		})
+		pos, err := parse(fs, args)
+		if err != nil {
+			return err
+		}
+		name, err := one("queue declare", pos)
+		if err != nil {
+			return err
+		}
+		body["durable"], body["auto_delete"] = *durable, *autoDel
+		if *single {
+			body["single_active_consumer"] = true
+		}
+		if err := c.call("PUT", "/api/queues/"+url.PathEscape(name), body, nil); err != nil {
+			return err
+		}
+		fmt.Fprintf(c.errw, "queue %s declared\n", name)
+		return nil
+	case "delete":
+		name, err := one("queue delete", args)
+		if err != nil {
+			return err
+		}
+		var r struct {
+			Deleted int64 `json:"deleted_messages"`
+		}
+		if err := c.call("DELETE", "/api/queues/"+url.PathEscape(name), nil, &r); err != nil {
+			return err
+		}
+		fmt.Fprintf(c.errw, "queue %s deleted (%d messages)\n", name, r.Deleted)
+		return nil
+	case "purge":
+		name, err := one("purge", args)
+		if err != nil {
+			return err
+		}
+		var r struct{ Purged int64 }
+		if err := c.call("POST", "/api/queues/"+url.PathEscape(name)+"/purge", nil, &r); err != nil {
+			return err
+		}
+		fmt.Fprintf(c.out, "%d\n", r.Purged)
+		return nil
+	case "get":
+		fs := flags("queue get")
+		count := fs.Int("count", 10, "")
+		pos, err := parse(fs, args)
+		if err != nil {
+			return err
+		}
+		name, err := one("get", pos)
+		if err != nil {
+			return err
+		}
+		var raw json.RawMessage
+		if err := c.call("POST", "/api/queues/"+url.PathEscape(name)+"/get", map[string]int{"count": *count}, &raw); err != nil {
+			return err
+		}
+		var r struct {
+			Messages []struct {
+				RoutingKey    string `json:"routing_key"`
+				Exchange      string
+				DeliveryCount int `json:"delivery_count"`
+				Properties    *wire.Props
+				Body          []byte
+			}
+		}
+		_ = json.Unmarshal(raw, &r)
+		return c.show(raw, func(w *tabwriter.Writer) error {
+			fmt.Fprintln(w, "#\tEXCHANGE\tROUTING KEY\tDELIVERIES\tDIED\tBODY")
+			for i, m := range r.Messages {
+				died := "-"
+				if m.Properties != nil && len(m.Properties.Deaths) > 0 {
+					d := m.Properties.Deaths[0]
+					died = fmt.Sprintf("%s in %s ×%d", d.Reason, d.Queue, d.Count)
+				}
+				fmt.Fprintf(w, "%d\t%s\t%s\t%d\t%s\t%s\n", i+1, orDash(m.Exchange), m.RoutingKey, m.DeliveryCount, died, printable(m.Body))
+			}
+			return nil
+		})
+	}
+	return usageErr{"queue: want list, show, declare, delete, purge or get"}
+}
+
+func printable(b []byte) string {
+	s := string(b)
+	if len(s) > 60 {
+		s = s[:60] + "…"
+	}
+	return strconv.Quote(s)
+}
+
+func (c *cli) binding(verb string, args []string) error {
+	if verb == "list" {
+		var raw json.RawMessage
+		if err := c.call("GET", "/api/bindings", nil, &raw); err != nil {
+			return err
+		}
+		var bs []map[string]any
+		_ = json.Unmarshal(raw, &bs)
+		return c.show(raw, func(w *tabwriter.Writer) error {
+			fmt.Fprintln(w, "EXCHANGE\tDESTINATION\tROUTING KEY")
+			for _, b := range bs {
+				dest := b["queue"]
+				if dest == nil {
+					dest = "exchange " + fmt.Sprint(b["destination_exchange"])
+				}
+				fmt.Fprintf(w, "%v\t%v\t%v\n", b["exchange"], dest, b["routing_key"])
+			}
+			return nil
+		})
+	}
+	if verb != "add" && verb != "delete" {
+		return usageErr{"binding: want list, add or delete"}
+	}
+	fs := flags("binding " + verb)
+	ex := fs.String("exchange", "", "")
+	q := fs.String("queue", "", "")
+	toEx := fs.String("to-exchange", "", "")
+	key := fs.String("routing-key", "", "")
+	if _, err := parse(fs, args); err != nil {
+		return err
+	}
+	if *ex == "" || (*q == "") == (*toEx == "") {
+		return usageErr{"binding " + verb + ": want --exchange and one of --queue, --to-exchange"}
+	}
+	body := map[string]any{"exchange": *ex, "routing_key": *key}
+	if *q != "" {
+		body["queue"] = *q
+	} else {
+		body["destination_exchange"] = *toEx
+	}
+	method := "PUT"
+	if verb == "delete" {
+		method = "DELETE"
+	}
+	return c.call(method, "/api/bindings", body, nil)
+}
+
+func (c *cli) connection(verb string, args []string) error {
+	switch verb {
+	case "list":
+		var raw json.RawMessage
+		if err := c.call("GET", "/api/connections", nil, &raw); err != nil {
+			return err
+		}
+		var cs []map[string]any
+		_ = json.Unmarshal(raw, &cs)
+		return c.show(raw, func(w *tabwriter.Writer) error {
+			fmt.Fprintln(w, "ID\tUSER\tREMOTE\tCHANNELS")
+			for _, x := range cs {
+				fmt.Fprintf(w, "%s\t%v\t%v\t%s\n", fmtVal(x["id"]), orDash(x["user"]), x["remote"], fmtVal(x["channels"]))
+			}
+			return nil
+		})
+	case "close":
+		id, err := one("connection close", args)
+		if err != nil {
+			return err
+		}
+		return c.call("DELETE", "/api/connections/"+url.PathEscape(id), nil, nil)
+	}
+	return usageErr{"connection: want list or close"}
+}
+
+func (c *cli) replay(args []string) error {
+	fs := flags("dlq replay")
+	count := fs.Int("count", 0, "")
+	rate := fs.Float64("rate", 0, "")
+	pos, err := parse(fs, args)
+	if err != nil {
+		return err
+	}
+	name, err := one("dlq replay", pos)
+	if err != nil {
+		return err
+	}
+	var raw json.RawMessage
+	if err := c.call("POST", "/api/queues/"+url.PathEscape(name)+"/replay", map[string]any{"count": *count, "rate": *rate}, &raw); err != nil {
+		return err
+	}
+	var r struct {
+		Moved, Skipped int
+		Error          string
+	}
+	_ = json.Unmarshal(raw, &r)
+	if err := c.show(raw, func(w *tabwriter.Writer) error {
+		fmt.Fprintf(w, "moved\t%d\nskipped\t%d\n", r.Moved, r.Skipped)
+		return nil
+	}); err != nil {
+		return err
+	}
+	if r.Error != "" {
+		return errors.New("replay stopped early: " + r.Error)
+	}
+	return nil
+}
+
+// ---- native protocol ----
+
+func (c *cli) dial() (*client.Conn, *client.Channel, error) {
+	ctx, cancel := context.WithTimeout(c.ctx, 10*time.Second)
+	defer cancel()
+	conn, err := client.Dial(ctx, c.url, client.Options{Name: "warrenctl"})
+	if err != nil {
+		return nil, nil, fmt.Errorf("connect %s: %w", redact(c.url), err)
+	}
+	ch, err := conn.Channel(ctx)
+	if err != nil {
+		conn.Close()
+		return nil, nil, err
+	}
+	return conn, ch, nil
+}
+
+func redact(u string) string {
+	p, err := url.Parse(u)
+	if err != nil || p.User == nil {
+		return u
+	}
+	p.User = url.User(p.User.Username())
+	return p.String()
+}
+
+type headerFlags []string
+
+func (h *headerFlags) String() string     { return strings.Join(*h, ",") }
+func (h *headerFlags) Set(s string) error { *h = append(*h, s); return nil }
+
+func (c *cli) publish(args []string) error {
+	fs := flags("publish")
+	ex := fs.String("exchange", "", "")
+	key := fs.String("routing-key", "", "")
+	persistent := fs.Bool("persistent", false, "")
+	mandatory := fs.Bool("mandatory", false, "")
+	prio := fs.Uint("priority", 0, "")
+	ctype := fs.String("content-type", "", "")
+	msgID := fs.String("message-id", "", "")
+	lines := fs.Bool("lines", false, "")
+	file := fs.String("file", "", "")
+	var hdrs headerFlags
+	fs.Var(&hdrs, "header", "")
+	pos, err := parse(fs, args)
+	if err != nil {
+		return err
+	}
+	if *prio > 255 {
+		return usageErr{"publish: --priority must be 0-255"}
+	}
+	var props *wire.Props
+	if *ctype != "" || *msgID != "" || len(hdrs) > 0 {
+		props = &wire.Props{ContentType: *ctype, MessageID: *msgID}
+		for _, h := range hdrs {
+			k, v, ok := strings.Cut(h, "=")
+			if !ok {
+				return usageErr{"publish: --header wants key=value"}
+			}
+			props.Headers = append(props.Headers, wire.Field{Key: k, Value: wire.String(v)})
+		}
+	}
+	var bodies [][]byte
+	switch {
+	case len(pos) > 1:
+		return usageErr{"publish: at most one BODY argument (use --lines for many messages)"}
+	case len(pos) == 1:
+		bodies = [][]byte{[]byte(pos[0])}
+	default:
+		var r io.Reader = c.stdin
+		if *file != "" {
+			f, err := os.Open(*file)
+			if err != nil {
+				return err
+			}
+			defer f.Close()
+			r = f
+		}
+		if *lines {
+			sc := bufio.NewScanner(r)
+			sc.Buffer(make([]byte, 64<<10), 64<<20)
+			for sc.Scan() {
+				bodies = append(bodies, append([]byte(nil), sc.Bytes()...))
+			}
+			if err := sc.Err(); err != nil {
+				return err
+			}
+		} else {
+			b, err := io.ReadAll(r)
+			if err != nil {
+				return err
+			}
+			bodies = [][]byte{b}
+		}
+	}
+	conn, ch, err := c.dial()
+	if err != nil {
+		return err
+	}
+	defer conn.Close()
+	returned := 0
+	ch.NotifyReturn(func(client.Return) { returned++ })
+	ctx, cancel := context.WithTimeout(c.ctx, time.Minute)
+	defer cancel()
+	var ms []client.Message
+	for _, b := range bodies {
+		ms = append(ms, client.Message{RoutingKey: *key, Body: b, Persistent: *persistent, Mandatory: *mandatory, Priority: uint8(*prio), Props: props})
+	}
+	if err := ch.PublishBatch(ctx, *ex, ms); err != nil {
+		return fmt.Errorf("publish: %w", err)
+	}
+	fmt.Fprintf(c.errw, "published %d message(s), all confirmed\n", len(ms))
+	if returned > 0 {
+		return fmt.Errorf("%d message(s) were unroutable and returned", returned)
+	}
+	return nil
+}
+
+func (c *cli) consume(args []string) error {
+	fs := flags("consume")
+	count := fs.Int("count", 1, "")
+	requeue := fs.Bool("requeue", false, "")
+	reject := fs.Bool("reject", false, "")
+	timeout := fs.Duration("timeout", 5*time.Second, "")
+	pos, err := parse(fs, args)
+	if err != nil {
+		return err
+	}
+	name, err := one("consume", pos)
+	if err != nil {
+		return err
+	}
+	if *requeue && *reject {
+		return usageErr{"consume: --requeue and --reject exclude each other"}
+	}
+	conn, ch, err := c.dial()
+	if err != nil {
+		return err
+	}
+	defer conn.Close()
+	ctx, cancel := context.WithTimeout(c.ctx, 10*time.Second)
+	defer cancel()
+	cs, err := ch.Consume(ctx, name, client.ConsumeOptions{Prefetch: uint32(*count)})
+	if err != nil {
+		return err
+	}
+	var got []*client.Delivery
+	for len(got) < *count {
+		select {
+		case d, ok := <-cs.Deliveries():
+			if !ok {
+				return fmt.Errorf("consumer stopped: %v", cs.Err())
+			}
+			got = append(got, d)
+			if c.jsonOut {
+				p, _ := d.Props()
+				b, _ := json.Marshal(map[string]any{"exchange": d.Exchange, "routing_key": d.RoutingKey, "redelivered": d.Redelivered,
+					"delivery_count": d.DeliveryCount, "properties": p, "body": string(d.Body)})
+				fmt.Fprintf(c.out, "%s\n", b)
+			} else {
+				fmt.Fprintf(c.out, "%s\n", d.Body)
+			}
+		case <-time.After(*timeout):
+			c.settle(got, *requeue, *reject)
+			return fmt.Errorf("got %d of %d messages before the %v timeout", len(got), *count, *timeout)
+		case <-c.ctx.Done():
+			return c.ctx.Err()
+		}
+	}
+	c.settle(got, *requeue, *reject)
+	return nil
+}
+
+func (c *cli) settle(ds []*client.Delivery, requeue, reject bool) {
+	for _, d := range ds {
+		switch {
+		case requeue:
+			_ = d.Nack(true)
+		case reject:
+			_ = d.Reject()
+		default:
+			_ = d.Ack()
+		}
+	}
+}

@@ -1,0 +1,636 @@
+// Package admin is Warren's HTTP admin API: topology, inspection, purge and
+// dead-letter replay, as JSON over HTTP, authenticated with the broker's
+// users (the administrator tag for writes). spec/admin-api.yaml describes
+// it; warrend serves it on its HTTP port and warrenctl is its client.
+package admin
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"math"
+	"net"
+	"net/http"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/warren-mq/warren/netio"
+	"github.com/warren-mq/warren/wire"
+)
+
+// API serves the admin endpoints for one broker.
+type API struct {
+	srv  *netio.Server
+	log  *slog.Logger
+	mux  *http.ServeMux
+	stop chan struct{}
+
+	mu    sync.Mutex
+	prev  map[string]netio.QueueStats
+	prevT time.Time
+	rates map[string]Rates
+}
+
+// Rates are per-second rates over the last sampling interval.
+type Rates struct {
+	Publish float64 `json:"publish"`
+	Deliver float64 `json:"deliver"`
+	Ack     float64 `json:"ack"`
+}
+
+// New returns the API for srv; sampleEvery sets how often per-queue rates
+// are recomputed (5s if 0). Close stops the sampler.
+func New(srv *netio.Server, log *slog.Logger, sampleEvery time.Duration) *API {
+	if log == nil {
+		log = slog.New(slog.NewTextHandler(io.Discard, nil))
+	}
+	if sampleEvery <= 0 {
+		sampleEvery = 5 * time.Second
+	}
+	a := &API{srv: srv, log: log, mux: http.NewServeMux(), stop: make(chan struct{}), rates: map[string]Rates{}}
+	a.routes()
+	a.sample()
+	go func() {
+		t := time.NewTicker(sampleEvery)
+		defer t.Stop()
+		for {
+			select {
+			case <-a.stop:
+				return
+			case <-t.C:
+				a.sample()
+			}
+		}
+	}()
+	return a
+}
+
+// Close stops the rate sampler.
+func (a *API) Close() { close(a.stop) }
+
+func (a *API) sample() {
+	now := time.Now()
+	cur := map[string]netio.QueueStats{}
+	for _, q := range a.srv.Queues() {
+		cur[q.Name] = q
+	}
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if a.prev != nil {
+		dt := now.Sub(a.prevT).Seconds()
+		rates := map[string]Rates{}
+		for n, q := range cur {
+			p := a.prev[n]
+			rates[n] = Rates{Publish: rate(q.Published, p.Published, dt), Deliver: rate(q.Delivered, p.Delivered, dt), Ack: rate(q.Acked, p.Acked, dt)}
+		}
+		a.rates = rates
+	}
+	a.prev, a.prevT = cur, now
+}
+
+func rate(cur, prev uint64, dt float64) float64 {
+	if dt <= 0 || cur < prev {
+		return 0
+	}
+	return math.Round(float64(cur-prev)/dt*10) / 10
+}
+
+// ServeHTTP authenticates and dispatches.
+func (a *API) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	user, pass, ok := r.BasicAuth()
+	host, _, _ := net.SplitHostPort(r.RemoteAddr)
+	ip := net.ParseIP(host)
+	if !ok {
+		w.Header().Set("WWW-Authenticate", `Basic realm="warren"`)
+		writeErr(w, &wire.Error{Code: wire.AccessRefused, Reason: "authentication required"})
+		return
+	}
+	tags, ok := a.srv.Authenticate(user, pass, ip != nil && ip.IsLoopback())
+	if !ok {
+		w.Header().Set("WWW-Authenticate", `Basic realm="warren"`)
+		writeErr(w, &wire.Error{Code: wire.AuthFailed, Reason: "authentication failed"})
+		return
+	}
+	if r.Method != http.MethodGet && r.Method != http.MethodHead && !slices.Contains(tags, "administrator") {
+		writeErr(w, &wire.Error{Code: wire.AccessRefused, Reason: "writes need the administrator tag"})
+		return
+	}
+	a.mux.ServeHTTP(w, r)
+}
+
+func (a *API) routes() {
+	m := a.mux
+	m.HandleFunc("GET /api/overview", func(w http.ResponseWriter, r *http.Request) { writeJSON(w, 200, a.srv.Overview()) })
+
+	m.HandleFunc("GET /api/exchanges", func(w http.ResponseWriter, r *http.Request) { writeJSON(w, 200, a.srv.Exchanges()) })
+	m.HandleFunc("GET /api/exchanges/{name}", a.getExchange)
+	m.HandleFunc("PUT /api/exchanges/{name}", a.putExchange)
+	m.HandleFunc("DELETE /api/exchanges/{name}", func(w http.ResponseWriter, r *http.Request) {
+		if err := a.srv.DeleteExchange(r.PathValue("name"), r.URL.Query().Get("if_unused") == "true"); err != nil {
+			writeErr(w, err)
+			return
+		}
+		w.WriteHeader(http.StatusNoContent)
+	})
+
+	m.HandleFunc("GET /api/queues", func(w http.ResponseWriter, r *http.Request) {
+		var out []queueJSON
+		for _, q := range a.srv.Queues() {
+			info, ok := a.srv.Queue(q.Name)
+			if ok {
+				out = append(out, a.queueJSON(info))
+			}
+		}
+		writeJSON(w, 200, nonNil(out))
+	})
+	m.HandleFunc("GET /api/queues/{name}", func(w http.ResponseWriter, r *http.Request) {
+		info, ok := a.srv.Queue(r.PathValue("name"))
+		if !ok {
+			writeErr(w, &wire.Error{Code: wire.NotFound, Reason: "no queue " + strconv.Quote(r.PathValue("name"))})
+			return
+		}
+		writeJSON(w, 200, a.queueJSON(info))
+	})
+	m.HandleFunc("PUT /api/queues/{name}", a.putQueue)
+	m.HandleFunc("DELETE /api/queues/{name}", func(w http.ResponseWriter, r *http.Request) {
+		q := r.URL.Query()
+		n, err := a.srv.DeleteQueue(r.Context(), r.PathValue("name"), q.Get("if_unused") == "true", q.Get("if_empty") == "true")
+		if err != nil {
+			writeErr(w, err)
+			return
+		}
+		writeJSON(w, 200, map[string]int64{"deleted_messages": n})
+	})
+	m.HandleFunc("POST /api/queues/{name}/purge", func(w http.ResponseWriter, r *http.Request) {
+		n, err := a.srv.PurgeQueue(r.Context(), r.PathValue("name"))
+		if err != nil {
+			writeErr(w, err)
+			return
+		}
+		writeJSON(w, 200, map[string]int64{"purged": n})
+	})
+	m.HandleFunc("POST /api/queues/{name}/get", a.getMessages)
+	m.HandleFunc("POST /api/queues/{name}/replay", a.replay)
+
+	m.HandleFunc("GET /api/bindings", func(w http.ResponseWriter, r *http.Request) {
+		var out []bindingJSON
+		for _, b := range a.srv.Bindings() {
+			bj := bindingJSON{Exchange: b.Source, RoutingKey: b.RoutingKey, Arguments: tableToJSON(b.Args)}
+			if b.ToExchange {
+				bj.DestinationExchange = b.Destination
+			} else {
+				bj.Queue = b.Destination
+			}
+			out = append(out, bj)
+		}
+		writeJSON(w, 200, nonNil(out))
+	})
+	m.HandleFunc("PUT /api/bindings", func(w http.ResponseWriter, r *http.Request) { a.binding(w, r, false) })
+	m.HandleFunc("DELETE /api/bindings", func(w http.ResponseWriter, r *http.Request) { a.binding(w, r, true) })
+
+	m.HandleFunc("GET /api/connections", func(w http.ResponseWriter, r *http.Request) {
+		writeJSON(w, 200, nonNil(a.srv.Connections()))
+	})
+	m.HandleFunc("DELETE /api/connections/{id}", func(w http.ResponseWriter, r *http.Request) {
+		id, err := strconv.ParseUint(r.PathValue("id"), 10, 64)
+		if err != nil {
+			writeErr(w, &wire.Error{Code: wire.InvalidArgument, Reason: "connection id must be a number"})
+			return
+		}
+		if !a.srv.CloseConnection(id, "closed by an operator") {
+			writeErr(w, &wire.Error{Code: wire.NotFound, Reason: "no connection " + r.PathValue("id")})
+			return
+		}
+		w.WriteHeader(http.StatusNoContent)
+	})
+	m.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
+		writeErr(w, &wire.Error{Code: wire.NotFound, Reason: "no such endpoint: " + r.Method + " " + r.URL.Path})
+	})
+}
+
+func nonNil[T any](s []T) []T {
+	if s == nil {
+		return []T{}
+	}
+	return s
+}
+
+// ---- JSON helpers ----
+
+// ErrorBody is every error reply: the protocol's error code and name, and
+// a message.
+type ErrorBody struct {
+	Error struct {
+		Code    int    `json:"code"`
+		Name    string `json:"name"`
+		Message string `json:"message"`
+	} `json:"error"`
+}
+
+func status(code wire.Code) int {
+	switch code {
+	case wire.NotFound:
+		return http.StatusNotFound
+	case wire.PreconditionFailed, wire.ResourceLocked:
+		return http.StatusConflict
+	case wire.AccessRefused, wire.NotAllowed:
+		return http.StatusForbidden
+	case wire.AuthFailed:
+		return http.StatusUnauthorized
+	case wire.InvalidArgument, wire.FrameError:
+		return http.StatusBadRequest
+	}
+	return http.StatusInternalServerError
+}
+
+func writeErr(w http.ResponseWriter, err error) {
+	var we *wire.Error
+	if !errors.As(err, &we) {
+		we = &wire.Error{Code: wire.InternalError, Reason: err.Error()}
+	}
+	var b ErrorBody
+	b.Error.Code, b.Error.Name, b.Error.Message = int(we.Code), we.Code.String(), we.Reason
+	if we.Code == wire.AccessRefused && we.Reason == "authentication required" {
+		writeJSON(w, http.StatusUnauthorized, b)
+		return
+	}
+	writeJSON(w, status(we.Code), b)
+}
+
+func writeJSON(w http.ResponseWriter, code int, v any) {
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(code)
+	enc := json.NewEncoder(w)
+	enc.SetIndent("", "  ")
+	_ = enc.Encode(v)
+}
+
+// decode reads a JSON body strictly: unknown fields and trailing data are
+// refused.
+func decode(r *http.Request, v any) error {
+	dec := json.NewDecoder(io.LimitReader(r.Body, 1<<20))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(v); err != nil {
+		if errors.Is(err, io.EOF) {
+			return &wire.Error{Code: wire.InvalidArgument, Reason: "request body required"}
+		}
+		return &wire.Error{Code: wire.InvalidArgument, Reason: "bad request body: " + err.Error()}
+	}
+	if dec.More() {
+		return &wire.Error{Code: wire.InvalidArgument, Reason: "bad request body: trailing data"}
+	}
+	return nil
+}
+
+// jsonToTable converts JSON arguments to a protocol table: strings,
+// booleans, integers (numbers without a fraction) and floats.
+func jsonToTable(m map[string]any) (wire.Table, error) {
+	keys := make([]string, 0, len(m))
+	for k := range m {
+		keys = append(keys, k)
+	}
+	slices.Sort(keys)
+	var t wire.Table
+	for _, k := range keys {
+		var v wire.Value
+		switch x := m[k].(type) {
+		case string:
+			v = wire.String(x)
+		case bool:
+			v = wire.Bool(x)
+		case json.Number:
+			if i, err := x.Int64(); err == nil {
+				v = wire.Int(i)
+			} else if f, err := x.Float64(); err == nil {
+				v = wire.Float(f)
+			} else {
+				return nil, &wire.Error{Code: wire.InvalidArgument, Reason: "argument " + k + ": bad number"}
+			}
+		case float64:
+			if x == math.Trunc(x) && math.Abs(x) < 1<<53 {
+				v = wire.Int(int64(x))
+			} else {
+				v = wire.Float(x)
+			}
+		case nil:
+			v = wire.Null()
+		default:
+			return nil, &wire.Error{Code: wire.InvalidArgument, Reason: "argument " + k + ": want a string, number or boolean"}
+		}
+		t = append(t, wire.Field{Key: k, Value: v})
+	}
+	return t, nil
+}
+
+func tableToJSON(t wire.Table) map[string]any {
+	if len(t) == 0 {
+		return nil
+	}
+	m := map[string]any{}
+	for _, f := range t {
+		switch f.Value.Kind {
+		case wire.KindString, wire.KindBytes:
+			m[f.Key] = string(f.Value.Bytes)
+		case wire.KindBool:
+			m[f.Key] = f.Value.Int != 0
+		case wire.KindInt, wire.KindTimestamp:
+			m[f.Key] = f.Value.Int
+		case wire.KindFloat:
+			m[f.Key] = f.Value.Float
+		default:
+			m[f.Key] = nil
+		}
+	}
+	return m
+}
+
+// ---- exchanges ----
+
+type exchangeJSON struct {
+	Type       string         `json:"type"`
+	Durable    bool           `json:"durable"`
+	AutoDelete bool           `json:"auto_delete"`
+	Internal   bool           `json:"internal"`
+	Alternate  string         `json:"alternate_exchange"`
+	Arguments  map[string]any `json:"arguments"`
+}
+
+func (a *API) getExchange(w http.ResponseWriter, r *http.Request) {
+	name := r.PathValue("name")
+	for _, e := range a.srv.Exchanges() {
+		if e.Name == name {
+			writeJSON(w, 200, e)
+			return
+		}
+	}
+	writeErr(w, &wire.Error{Code: wire.NotFound, Reason: "no exchange " + strconv.Quote(name)})
+}
+
+func (a *API) putExchange(w http.ResponseWriter, r *http.Request) {
+	var body exchangeJSON
+	if err := decode(r, &body); err != nil {
+		writeErr(w, err)
+		return
+	}
+	kind, ok := wire.ParseExchangeKind(body.Type)
+	if !ok {
+		writeErr(w, &wire.Error{Code: wire.InvalidArgument, Reason: "type must be direct, topic, fanout, headers or consistent-hash"})
+		return
+	}
+	args, err := jsonToTable(body.Arguments)
+	if err != nil {
+		writeErr(w, err)
+		return
+	}
+	name := r.PathValue("name")
+	if err := a.srv.DeclareExchange(wire.ExchangeDeclare{Name: name, Kind: kind, Durable: body.Durable, AutoDelete: body.AutoDelete,
+		Internal: body.Internal, Alternate: body.Alternate, Args: args}); err != nil {
+		writeErr(w, err)
+		return
+	}
+	a.getExchange(w, r)
+}
+
+// ---- bindings ----
+
+type bindingJSON struct {
+	Exchange            string         `json:"exchange"`
+	Queue               string         `json:"queue,omitempty"`
+	DestinationExchange string         `json:"destination_exchange,omitempty"`
+	RoutingKey          string         `json:"routing_key"`
+	Arguments           map[string]any `json:"arguments,omitempty"`
+}
+
+func (a *API) binding(w http.ResponseWriter, r *http.Request, unbind bool) {
+	var b bindingJSON
+	if err := decode(r, &b); err != nil {
+		writeErr(w, err)
+		return
+	}
+	if (b.Queue == "") == (b.DestinationExchange == "") {
+		writeErr(w, &wire.Error{Code: wire.InvalidArgument, Reason: "give exactly one of queue and destination_exchange"})
+		return
+	}
+	args, err := jsonToTable(b.Arguments)
+	if err != nil {
+		writeErr(w, err)
+		return
+	}
+	wb := wire.Bind{Unbind: unbind, Source: b.Exchange, Destination: b.Queue, RoutingKey: b.RoutingKey, Args: args}
+	if b.DestinationExchange != "" {
+		wb.Destination, wb.ToExchange = b.DestinationExchange, true
+	}
+	if err := a.srv.Bind(wb); err != nil {
+		writeErr(w, err)
+		return
+	}
+	if unbind {
+		w.WriteHeader(http.StatusNoContent)
+		return
+	}
+	writeJSON(w, 200, b)
+}
+
+// ---- queues ----
+
+// queueSettings are the queue arguments under their JSON names; each maps
+// to one protocol argument (spec/PROTOCOL.md §7.2).
+type queueSettings struct {
+	Durable              bool     `json:"durable"`
+	AutoDelete           bool     `json:"auto_delete"`
+	MaxPriority          *int64   `json:"max_priority,omitempty"`
+	StrictPriority       *bool    `json:"strict_priority,omitempty"`
+	MaxLength            *int64   `json:"max_length,omitempty"`
+	MaxLengthBytes       *int64   `json:"max_length_bytes,omitempty"`
+	Overflow             *string  `json:"overflow,omitempty"`
+	MessageTTLMs         *int64   `json:"message_ttl_ms,omitempty"`
+	ExpiresMs            *int64   `json:"expires_ms,omitempty"`
+	DeadLetterExchange   *string  `json:"dead_letter_exchange,omitempty"`
+	DeadLetterRoutingKey *string  `json:"dead_letter_routing_key,omitempty"`
+	DeliveryLimit        *int64   `json:"delivery_limit,omitempty"`
+	RetryInitialMs       *int64   `json:"retry_initial_ms,omitempty"`
+	RetryMultiplier      *float64 `json:"retry_multiplier,omitempty"`
+	RetryMaxMs           *int64   `json:"retry_max_ms,omitempty"`
+	ConsumerTimeoutMs    *int64   `json:"consumer_timeout_ms,omitempty"`
+	Replicas             *int64   `json:"replicas,omitempty"`
+	SingleActiveConsumer *bool    `json:"single_active_consumer,omitempty"`
+	DedupWindowMs        *int64   `json:"dedup_window_ms,omitempty"`
+}
+
+func (q *queueSettings) table() wire.Table {
+	var t wire.Table
+	i := func(k string, v *int64) {
+		if v != nil {
+			t = append(t, wire.Field{Key: k, Value: wire.Int(*v)})
+		}
+	}
+	b := func(k string, v *bool) {
+		if v != nil {
+			t = append(t, wire.Field{Key: k, Value: wire.Bool(*v)})
+		}
+	}
+	s := func(k string, v *string) {
+		if v != nil {
+			t = append(t, wire.Field{Key: k, Value: wire.String(*v)})
+		}
+	}
+	i("max-priority", q.MaxPriority)
+	b("strict-priority", q.StrictPriority)
+	i("max-length", q.MaxLength)
+	i("max-length-bytes", q.MaxLengthBytes)
+	s("overflow", q.Overflow)
+	i("message-ttl", q.MessageTTLMs)
+	i("expires", q.ExpiresMs)
+	s("dead-letter-exchange", q.DeadLetterExchange)
+	s("dead-letter-routing-key", q.DeadLetterRoutingKey)
+	i("delivery-limit", q.DeliveryLimit)
+	i("retry-initial-ms", q.RetryInitialMs)
+	if q.RetryMultiplier != nil {
+		t = append(t, wire.Field{Key: "retry-multiplier", Value: wire.Float(*q.RetryMultiplier)})
+	}
+	i("retry-max-ms", q.RetryMaxMs)
+	i("consumer-timeout-ms", q.ConsumerTimeoutMs)
+	i("replicas", q.Replicas)
+	b("single-active-consumer", q.SingleActiveConsumer)
+	i("dedup-window-ms", q.DedupWindowMs)
+	return t
+}
+
+// settingsOf reads declared protocol arguments back into JSON settings.
+func settingsOf(info netio.QueueInfo) queueSettings {
+	qs := queueSettings{Durable: info.Durable, AutoDelete: info.AutoDelete}
+	for _, f := range info.Declared {
+		v := f.Value
+		iv, bv, sv, fv := v.Int, v.Int != 0, string(v.Bytes), v.Float
+		switch f.Key {
+		case "max-priority":
+			qs.MaxPriority = &iv
+		case "strict-priority":
+			qs.StrictPriority = &bv
+		case "max-length":
+			qs.MaxLength = &iv
+		case "max-length-bytes":
+			qs.MaxLengthBytes = &iv
+		case "overflow":
+			qs.Overflow = &sv
+		case "message-ttl":
+			qs.MessageTTLMs = &iv
+		case "expires":
+			qs.ExpiresMs = &iv
+		case "dead-letter-exchange":
+			qs.DeadLetterExchange = &sv
+		case "dead-letter-routing-key":
+			qs.DeadLetterRoutingKey = &sv
+		case "delivery-limit":
+			qs.DeliveryLimit = &iv
+		case "retry-initial-ms":
+			qs.RetryInitialMs = &iv
+		case "retry-multiplier":
+			if v.Kind == wire.KindInt {
+				fv = float64(v.Int)
+			}
+			qs.RetryMultiplier = &fv
+		case "retry-max-ms":
+			qs.RetryMaxMs = &iv
+		case "consumer-timeout-ms":
+			qs.ConsumerTimeoutMs = &iv
+		case "replicas":
+			qs.Replicas = &iv
+		case "single-active-consumer":
+			qs.SingleActiveConsumer = &bv
+		case "dedup-window-ms":
+			qs.DedupWindowMs = &iv
+		}
+	}
+	return qs
+}
+
+type queueJSON struct {
+	netio.QueueStats
+	Exclusive bool `json:"exclusive"`
+	queueSettings
+	Rates Rates `json:"rates"`
+}
+
+func (a *API) queueJSON(info netio.QueueInfo) queueJSON {
+	a.mu.Lock()
+	r := a.rates[info.Name]
+	a.mu.Unlock()
+	return queueJSON{QueueStats: info.QueueStats, Exclusive: info.Exclusive, queueSettings: settingsOf(info), Rates: r}
+}
+
+func (a *API) putQueue(w http.ResponseWriter, r *http.Request) {
+	var qs queueSettings
+	if err := decode(r, &qs); err != nil {
+		writeErr(w, err)
+		return
+	}
+	name := r.PathValue("name")
+	if _, err := a.srv.DeclareQueue(wire.QueueDeclare{Name: name, Durable: qs.Durable, AutoDelete: qs.AutoDelete, Args: qs.table()}); err != nil {
+		writeErr(w, err)
+		return
+	}
+	info, _ := a.srv.Queue(name)
+	writeJSON(w, 200, a.queueJSON(info))
+}
+
+// ---- inspection and replay ----
+
+type countBody struct {
+	Count int     `json:"count"`
+	Rate  float64 `json:"rate,omitempty"` // replay only: msgs/s, 0 = unlimited
+}
+
+func (a *API) getMessages(w http.ResponseWriter, r *http.Request) {
+	body := countBody{Count: 10}
+	if r.ContentLength != 0 {
+		if err := decode(r, &body); err != nil {
+			writeErr(w, err)
+			return
+		}
+	}
+	if body.Count < 1 || body.Count > 10000 || body.Rate != 0 {
+		writeErr(w, &wire.Error{Code: wire.InvalidArgument, Reason: "count must be in [1, 10000]"})
+		return
+	}
+	msgs, err := a.srv.PeekQueue(r.Context(), r.PathValue("name"), body.Count)
+	if err != nil {
+		writeErr(w, err)
+		return
+	}
+	writeJSON(w, 200, map[string]any{"messages": nonNil(msgs)})
+}
+
+func (a *API) replay(w http.ResponseWriter, r *http.Request) {
+	var body countBody
+	if r.ContentLength != 0 {
+		if err := decode(r, &body); err != nil {
+			writeErr(w, err)
+			return
+		}
+	}
+	if body.Count < 0 || body.Rate < 0 {
+		writeErr(w, &wire.Error{Code: wire.InvalidArgument, Reason: "count and rate must not be negative"})
+		return
+	}
+	ctx, cancel := context.WithTimeout(r.Context(), 10*time.Minute)
+	defer cancel()
+	res, err := Replay(ctx, a.srv, r.PathValue("name"), body.Count, body.Rate)
+	if err != nil && res.Moved == 0 {
+		writeErr(w, err)
+		return
+	}
+	if err != nil {
+		res.Error = err.Error()
+	}
+	writeJSON(w, 200, res)
+}
+
+var _ = fmt.Sprint
+var _ = strings.Cut

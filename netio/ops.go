@@ -1,0 +1,287 @@
+package netio
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"sort"
+
+	"github.com/warren-mq/warren/wire"
+)
+
+// This file is the broker's operator surface: the same topology operations
+// the protocol offers, plus inspection, for the admin API.
+
+// ExchangeInfo describes a declared exchange.
+type ExchangeInfo struct {
+	Name       string     `json:"name"`
+	Type       string     `json:"type"`
+	Durable    bool       `json:"durable"`
+	AutoDelete bool       `json:"auto_delete"`
+	Internal   bool       `json:"internal"`
+	Alternate  string     `json:"alternate_exchange,omitempty"`
+	Args       wire.Table `json:"arguments,omitempty"`
+}
+
+// BindingInfo describes a binding.
+type BindingInfo struct {
+	Source      string     `json:"exchange"`
+	Destination string     `json:"destination"`
+	ToExchange  bool       `json:"to_exchange"`
+	RoutingKey  string     `json:"routing_key"`
+	Args        wire.Table `json:"arguments,omitempty"`
+}
+
+// Exchanges lists the exchanges, by name.
+func (s *Server) Exchanges() []ExchangeInfo {
+	t := s.topo
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	out := make([]ExchangeInfo, 0, len(t.exDecl))
+	for _, d := range t.exDecl {
+		out = append(out, ExchangeInfo{Name: d.Name, Type: d.Kind.String(), Durable: d.Durable, AutoDelete: d.AutoDelete,
+			Internal: d.Internal, Alternate: d.Alternate, Args: d.Args})
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].Name < out[j].Name })
+	return out
+}
+
+// Bindings lists the bindings.
+func (s *Server) Bindings() []BindingInfo {
+	t := s.topo
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	out := make([]BindingInfo, 0, len(t.top.Bindings))
+	for _, b := range t.top.Bindings {
+		out = append(out, BindingInfo{Source: b.Source, Destination: b.Destination, ToExchange: b.ToExchange, RoutingKey: b.Key, Args: b.Args})
+	}
+	return out
+}
+
+// DeclareExchange declares an exchange as EXCHANGE_DECLARE does.
+func (s *Server) DeclareExchange(d wire.ExchangeDeclare) error { return s.topo.declareExchange(&d) }
+
+// DeleteExchange deletes an exchange as EXCHANGE_DELETE does.
+func (s *Server) DeleteExchange(name string, ifUnused bool) error {
+	return s.topo.deleteExchange(&wire.ExchangeDelete{Name: name, IfUnused: ifUnused})
+}
+
+// DeclareQueue declares a queue as QUEUE_DECLARE does (exclusive queues
+// need a connection, so Exclusive is refused here).
+func (s *Server) DeclareQueue(d wire.QueueDeclare) (string, error) {
+	if d.Exclusive {
+		return "", reqErr(wire.InvalidArgument, "exclusive queues belong to a connection")
+	}
+	q, err := s.topo.declareQueue(&d, 0)
+	if err != nil {
+		return "", err
+	}
+	return q.name, nil
+}
+
+// Bind adds (or, with Unbind set, removes) a binding as BIND does.
+func (s *Server) Bind(b wire.Bind) error { return s.topo.bind(&b) }
+
+// onShard runs fn on q's shard and waits for it.
+func onShard[T any](ctx context.Context, q *queueRef, fn func(s *shard) T) (T, error) {
+	res := make(chan T, 1)
+	q.shard.submit(func(s *shard) { res <- fn(s) })
+	select {
+	case v := <-res:
+		return v, nil
+	case <-ctx.Done():
+		var zero T
+		return zero, ctx.Err()
+	}
+}
+
+type countResult struct {
+	n   int64
+	err error
+}
+
+// DeleteQueue deletes a queue as QUEUE_DELETE does and returns the
+// messages it held.
+func (s *Server) DeleteQueue(ctx context.Context, name string, ifUnused, ifEmpty bool) (int64, error) {
+	q := s.topo.lookupQueue(name)
+	if q == nil {
+		return 0, reqErr(wire.NotFound, "no queue %q", name)
+	}
+	r, err := onShard(ctx, q, func(sh *shard) countResult {
+		switch {
+		case q.gone:
+			return countResult{err: reqErr(wire.NotFound, "no queue %q", name)}
+		case ifUnused && q.m.Consumers() > 0:
+			return countResult{err: reqErr(wire.PreconditionFailed, "queue %q has consumers", name)}
+		case ifEmpty && q.m.Ready()+int64(q.m.Unacked())+int64(q.m.Parked()) > 0:
+			return countResult{err: reqErr(wire.PreconditionFailed, "queue %q is not empty", name)}
+		}
+		n := int64(0)
+		if sh.srv.topo.removeQueue(q) {
+			n = sh.deleteQueue(q, "queue deleted by an operator")
+		}
+		return countResult{n: n}
+	})
+	if err != nil {
+		return 0, err
+	}
+	return r.n, r.err
+}
+
+// PurgeQueue removes a queue's ready messages and returns how many.
+func (s *Server) PurgeQueue(ctx context.Context, name string) (int64, error) {
+	q := s.topo.lookupQueue(name)
+	if q == nil {
+		return 0, reqErr(wire.NotFound, "no queue %q", name)
+	}
+	r, err := onShard(ctx, q, func(sh *shard) countResult {
+		if q.gone {
+			return countResult{err: reqErr(wire.NotFound, "no queue %q", name)}
+		}
+		n, effs := q.m.Purge(sh.now)
+		sh.handle(q, effs)
+		return countResult{n: n}
+	})
+	if err != nil {
+		return 0, err
+	}
+	return r.n, r.err
+}
+
+// Message is a copy of a stored message, for inspection.
+type Message struct {
+	Exchange      string      `json:"exchange"`
+	RoutingKey    string      `json:"routing_key"`
+	Priority      uint8       `json:"priority"`
+	Persistent    bool        `json:"persistent"`
+	DeliveryCount uint32      `json:"delivery_count"`
+	FailedCount   uint32      `json:"failed_count"`
+	Properties    *wire.Props `json:"properties,omitempty"`
+	Body          []byte      `json:"body"`
+}
+
+type peekResult struct {
+	msgs []Message
+	err  error
+}
+
+// PeekQueue copies up to n ready messages in dispatch order without
+// taking them: nothing is delivered or counted.
+func (s *Server) PeekQueue(ctx context.Context, name string, n int) ([]Message, error) {
+	q := s.topo.lookupQueue(name)
+	if q == nil {
+		return nil, reqErr(wire.NotFound, "no queue %q", name)
+	}
+	r, err := onShard(ctx, q, func(sh *shard) peekResult {
+		if q.gone {
+			return peekResult{err: reqErr(wire.NotFound, "no queue %q", name)}
+		}
+		var out []Message
+		for _, p := range q.m.Peek(n) {
+			m := q.bodies.get(p.ID)
+			if m == nil {
+				continue
+			}
+			props, _ := wire.DecodeProps(m.props)
+			out = append(out, Message{Exchange: string(m.exchange), RoutingKey: string(m.routingKey), Priority: m.priority,
+				Persistent: m.flags&wire.Persistent != 0, DeliveryCount: p.DeliveryCount, FailedCount: p.FailedCount,
+				Properties: props, Body: append([]byte(nil), m.body...)})
+		}
+		return peekResult{msgs: out}
+	})
+	if err != nil {
+		return nil, err
+	}
+	return r.msgs, r.err
+}
+
+// QueueInfo is a queue's settings and counts.
+type QueueInfo struct {
+	QueueStats
+	Durable    bool           `json:"durable"`
+	Exclusive  bool           `json:"exclusive"`
+	AutoDelete bool           `json:"auto_delete"`
+	Args       wire.QueueArgs `json:"-"`
+	Declared   wire.Table     `json:"-"`
+}
+
+// Queue returns one queue's settings and counts.
+func (s *Server) Queue(name string) (QueueInfo, bool) {
+	q := s.topo.lookupQueue(name)
+	if q == nil {
+		return QueueInfo{}, false
+	}
+	return QueueInfo{QueueStats: statsOf(q), Durable: q.decl.Durable, Exclusive: q.decl.Exclusive,
+		AutoDelete: q.decl.AutoDelete, Args: q.args, Declared: q.decl.Args}, true
+}
+
+func statsOf(q *queueRef) QueueStats {
+	return QueueStats{
+		Name: q.name, Ready: q.ready.Load(), Unacked: q.unacked.Load(), Consumers: q.consumers.Load(),
+		Published: q.published.Load(), Delivered: q.delivered.Load(), Acked: q.acked.Load(),
+		Redelivered: q.redelivered.Load(), DeadLettered: q.deadLettered.Load(),
+	}
+}
+
+// Overview sums the broker's state.
+type Overview struct {
+	Version             string `json:"version"`
+	Connections         int    `json:"connections"`
+	Channels            int64  `json:"channels"`
+	Exchanges           int    `json:"exchanges"`
+	Queues              int    `json:"queues"`
+	Ready               int64  `json:"ready"`
+	Unacked             int64  `json:"unacked"`
+	Consumers           int64  `json:"consumers"`
+	StoredMessageBytes  int64  `json:"stored_message_bytes"`
+	MemoryHighWatermark int64  `json:"memory_high_watermark_bytes"`
+	FlowBlocked         bool   `json:"flow_blocked"`
+	Published           uint64 `json:"published_total"`
+	Delivered           uint64 `json:"delivered_total"`
+	Acked               uint64 `json:"acked_total"`
+}
+
+// Overview returns the broker's totals.
+func (s *Server) Overview() Overview {
+	o := Overview{Version: Version, Connections: s.ConnectionCount(), Channels: s.metrics.channels.Load(),
+		Exchanges: len(s.Exchanges()), StoredMessageBytes: s.storedBytes.Load(),
+		MemoryHighWatermark: s.cfg.MemoryHighWater, FlowBlocked: s.flowOff.Load()}
+	for _, q := range s.Queues() {
+		o.Queues++
+		o.Ready += q.Ready
+		o.Unacked += q.Unacked
+		o.Consumers += q.Consumers
+		o.Published += q.Published
+		o.Delivered += q.Delivered
+		o.Acked += q.Acked
+	}
+	return o
+}
+
+// Authenticate checks a user's password as the protocol does and returns
+// the user's tags. guest from loopback is an administrator.
+func (s *Server) Authenticate(user, pass string, loopback bool) (tags []string, ok bool) {
+	if !s.auth.check(user, pass, loopback) {
+		return nil, false
+	}
+	if u, found := s.auth.users[user]; found {
+		return u.Tags, true
+	}
+	return []string{"administrator"}, true // guest (loopback) or the internal user
+}
+
+// InternalURL is a warren:// URL with credentials that only this process
+// knows, for broker-side clients such as the admin API's replay.
+func (s *Server) InternalURL() string {
+	return "warren://" + internalUser + ":" + s.auth.internalPass + "@" + s.addr.String()
+}
+
+const internalUser = "warren-internal"
+
+func randomSecret() string {
+	b := make([]byte, 24)
+	if _, err := rand.Read(b); err != nil {
+		panic("netio: no randomness for the internal secret: " + err.Error())
+	}
+	return hex.EncodeToString(b)
+}
