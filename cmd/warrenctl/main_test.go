@@ -1,0 +1,153 @@
+package main
+
+import (
+	"bytes"
+	"encoding/json"
+	"net/http/httptest"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/warren-mq/warren/netio/admin"
+	"github.com/warren-mq/warren/netio/warrentest"
+)
+
+var binary string
+
+func TestMain(m *testing.M) {
+	dir, err := os.MkdirTemp("", "warrenctl-test")
+	if err != nil {
+		panic(err)
+	}
+	binary = filepath.Join(dir, "warrenctl")
+	if out, err := exec.Command("go", "build", "-o", binary, ".").CombinedOutput(); err != nil {
+		panic("building warrenctl: " + err.Error() + "\n" + string(out))
+	}
+	code := m.Run()
+	os.RemoveAll(dir)
+	os.Exit(code)
+}
+
+type ctl struct {
+	t        *testing.T
+	url, api string
+}
+
+// run executes the built binary and returns stdout, stderr and the exit
+// code.
+func (c *ctl) run(stdin string, args ...string) (string, string, int) {
+	c.t.Helper()
+	cmd := exec.Command(binary, append([]string{"--url", c.url, "--api", c.api}, args...)...)
+	cmd.Env = append(os.Environ(), "WARREN_URL=", "WARREN_API=")
+	cmd.Stdin = strings.NewReader(stdin)
+	var out, errb bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &out, &errb
+	err := cmd.Run()
+	code := 0
+	if ee, ok := err.(*exec.ExitError); ok {
+		code = ee.ExitCode()
+	} else if err != nil {
+		c.t.Fatal(err)
+	}
+	return out.String(), errb.String(), code
+}
+
+func (c *ctl) ok(stdin string, args ...string) string {
+	c.t.Helper()
+	out, errs, code := c.run(stdin, args...)
+	if code != 0 {
+		c.t.Fatalf("warrenctl %v: exit %d\n%s%s", args, code, out, errs)
+	}
+	return out
+}
+
+func TestWarrenctl(t *testing.T) {
+	srv := warrentest.StartServer(t, nil)
+	a := admin.New(srv, nil, 0)
+	defer a.Close()
+	hs := httptest.NewServer(a)
+	defer hs.Close()
+	c := &ctl{t: t, url: warrentest.URL(srv), api: hs.URL}
+
+	c.ok("", "exchange", "declare", "dlx", "--type", "fanout")
+	c.ok("", "queue", "declare", "dlq")
+	c.ok("", "queue", "declare", "orders", "--max-length", "100", "--dlx", "dlx", "--ttl", "600000")
+	c.ok("", "binding", "add", "--exchange", "dlx", "--queue", "dlq")
+	if _, errs, _ := c.run("a\nb\nc\n", "publish", "--exchange", "", "--routing-key", "orders", "--lines", "--content-type", "text/plain"); !strings.Contains(errs, "published 3") {
+		t.Fatalf("publish: %s", errs)
+	}
+	if out := c.ok("", "queue", "list"); !strings.Contains(out, "orders") || !regexpLine(out, "orders", "3") {
+		t.Fatalf("queue list:\n%s", out)
+	}
+	if out := c.ok("", "consume", "orders", "--count", "3", "--reject"); out != "a\nb\nc\n" {
+		t.Fatalf("consume --reject printed %q", out)
+	}
+	if out := c.ok("", "dlq", "peek", "dlq", "--count", "5"); !strings.Contains(out, "rejected in orders") || !strings.Contains(out, `"a"`) {
+		t.Fatalf("dlq peek:\n%s", out)
+	}
+	if out := c.ok("", "dlq", "replay", "dlq"); !regexpLine(out, "moved", "3") {
+		t.Fatalf("dlq replay:\n%s", out)
+	}
+	if out := c.ok("", "consume", "orders", "--count", "3"); out != "a\nb\nc\n" {
+		t.Fatalf("consume after replay printed %q", out)
+	}
+	var q map[string]any
+	if err := json.Unmarshal([]byte(c.ok("", "--json", "queue", "show", "orders")), &q); err != nil || q["max_length"] != 100.0 {
+		t.Fatalf("--json queue show: %v %v", q, err)
+	}
+	if out := c.ok("body from arg", "publish", "--routing-key", "orders", "hello"); out != "" {
+		t.Fatalf("publish printed to stdout: %q", out)
+	}
+	if out := c.ok("", "purge", "orders"); strings.TrimSpace(out) != "1" {
+		t.Fatalf("purge printed %q", out)
+	}
+	if out := c.ok("", "status"); !strings.Contains(out, "queues") {
+		t.Fatalf("status:\n%s", out)
+	}
+	if out := c.ok("", "connection", "list"); !strings.Contains(out, "ID") {
+		t.Fatalf("connection list:\n%s", out)
+	}
+
+	// Failures: clear messages and non-zero exit codes.
+	if _, errs, code := c.run("", "queue", "show", "missing"); code != 1 || !strings.Contains(errs, "not_found") {
+		t.Fatalf("missing queue: exit %d %q", code, errs)
+	}
+	if _, errs, code := c.run("", "queue", "declare"); code != 2 || !strings.Contains(errs, "exactly one name") {
+		t.Fatalf("usage error: exit %d %q", code, errs)
+	}
+	if _, errs, code := c.run("", "queue", "declare", "x", "--max-priority", "lots"); code != 2 || !strings.Contains(errs, "integer") {
+		t.Fatalf("bad flag value: exit %d %q", code, errs)
+	}
+	if _, errs, code := c.run("", "queue", "declare", "x", "--max-priority", "999"); code != 1 || !strings.Contains(errs, "invalid_argument") {
+		t.Fatalf("out of range: exit %d %q", code, errs)
+	}
+	if _, errs, code := c.run("", "frobnicate"); code != 2 || !strings.Contains(errs, "unknown command") {
+		t.Fatalf("unknown command: exit %d %q", code, errs)
+	}
+	if _, errs, code := c.run("x", "publish", "--routing-key", "nowhere", "--mandatory", "x"); code != 1 || !strings.Contains(errs, "unroutable") {
+		t.Fatalf("unroutable: exit %d %q", code, errs)
+	}
+}
+
+// regexpLine reports whether some line contains all the words.
+func regexpLine(out string, words ...string) bool {
+	for _, line := range strings.Split(out, "\n") {
+		f := strings.Fields(line)
+		all := true
+		for _, w := range words {
+			found := false
+			for _, x := range f {
+				if x == w {
+					found = true
+				}
+			}
+			all = all && found
+		}
+		if all {
+			return true
+		}
+	}
+	return false
+}
