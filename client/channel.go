@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"sync"
-	"time"
 
 	"github.com/warren-mq/warren/wire"
 )
@@ -527,5 +526,3 @@ func (c *Conn) flushSettlesLocked() {
 		delete(c.settles, ch)
 	}
 }
-
-var _ = time.Second

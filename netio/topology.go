@@ -219,13 +219,8 @@ func (t *topology) declareQueue(d *wire.QueueDeclare, owner uint64) (*queueRef, 
 	if d.Passive {
 		return nil, reqErr(wire.NotFound, "no queue %q", name)
 	}
-	if args.DeadLetterExchange != "" {
-		if _, ok := t.exDecl[args.DeadLetterExchange]; !ok {
-			// Allowed, as in AMQP: the exchange may be declared later;
-			// dead letters are dropped until it exists.
-			_ = ok
-		}
-	}
+	// A dead-letter exchange that does not exist yet is allowed, as in
+	// AMQP: it may be declared later; dead letters are dropped until then.
 	q := &queueRef{name: name, decl: *d, args: args, autoDelete: d.AutoDelete}
 	q.decl.Name = name
 	if d.Exclusive {

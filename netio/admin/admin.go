@@ -8,7 +8,6 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
-	"fmt"
 	"io"
 	"log/slog"
 	"math"
@@ -16,7 +15,6 @@ import (
 	"net/http"
 	"slices"
 	"strconv"
-	"strings"
 	"sync"
 	"time"
 
@@ -631,6 +629,3 @@ func (a *API) replay(w http.ResponseWriter, r *http.Request) {
 	}
 	writeJSON(w, 200, res)
 }
-
-var _ = fmt.Sprint
-var _ = strings.Cut
