@@ -1,0 +1,100 @@
+package segment
+
+import (
+	"encoding/binary"
+	"errors"
+	"hash/crc32"
+)
+
+// Record framing. Every record starts on an 8-byte boundary:
+//
+//	0        4        8            12     13        16
+//	+--------+--------+------------+------+---------+==================+=====+
+//	| crc32c | length | generation | type | 0  0  0 | payload (length) | pad |
+//	+--------+--------+------------+------+---------+==================+=====+
+//
+// crc32c (Castagnoli) covers bytes 4 .. 16+length: the rest of the header
+// and the payload. pad zero-fills to the next multiple of 8. generation is
+// the file's generation (from its header), so a record left over from an
+// earlier use of the same bytes is never mistaken for a current one. A
+// header of all zeros marks the end of the written part (a preallocated
+// tail). These numbers are part of the on-disk format.
+const (
+	recordHeader = 16
+	align        = 8
+	// MaxRecord bounds one record's payload, so a corrupted length can never
+	// make recovery allocate without limit.
+	MaxRecord = 64 << 20
+)
+
+var castagnoli = crc32.MakeTable(crc32.Castagnoli)
+
+// Record types. Part of the format.
+const (
+	recEntries   uint8 = 1 // group u64, count u32, count × (index u64, term u64, len u32, data)
+	recHardState uint8 = 2 // group u64, term u64, vote u64, commit u64
+	recTruncate  uint8 = 3 // group u64, from u64: entries ≥ from are gone
+	recCompact   uint8 = 4 // group u64, upTo u64: entries ≤ upTo are gone
+)
+
+func padded(n int) int { return (n + align - 1) &^ (align - 1) }
+
+// appendRecord frames payload and appends it to dst.
+func appendRecord(dst []byte, gen uint32, typ uint8, payload []byte) []byte {
+	start := len(dst)
+	total := padded(recordHeader + len(payload))
+	dst = append(dst, make([]byte, total)...)
+	r := dst[start:]
+	binary.LittleEndian.PutUint32(r[4:], uint32(len(payload)))
+	binary.LittleEndian.PutUint32(r[8:], gen)
+	r[12] = typ
+	copy(r[recordHeader:], payload)
+	binary.LittleEndian.PutUint32(r, crc32.Checksum(r[4:recordHeader+len(payload)], castagnoli))
+	return dst
+}
+
+var (
+	errEnd    = errors.New("segment: end of records")
+	errBadRec = errors.New("segment: bad record")
+)
+
+// readRecord decodes the record at off in buf. It returns errEnd for a
+// zero header or too few bytes for a whole record (the end, possibly torn),
+// and errBadRec for a complete-looking record that fails its checks.
+func readRecord(buf []byte, off int, gen uint32) (typ uint8, payload []byte, next int, err error) {
+	if len(buf)-off < recordHeader {
+		return 0, nil, 0, errEnd
+	}
+	h := buf[off : off+recordHeader]
+	crc := binary.LittleEndian.Uint32(h)
+	length := binary.LittleEndian.Uint32(h[4:])
+	if crc == 0 && length == 0 && binary.LittleEndian.Uint64(h[8:]) == 0 {
+		return 0, nil, 0, errEnd
+	}
+	if length > MaxRecord {
+		return 0, nil, 0, errBadRec
+	}
+	end := off + padded(recordHeader+int(length))
+	if end > len(buf) {
+		return 0, nil, 0, errEnd
+	}
+	if crc32.Checksum(buf[off+4:off+recordHeader+int(length)], castagnoli) != crc {
+		return 0, nil, 0, errBadRec
+	}
+	if binary.LittleEndian.Uint32(h[8:]) != gen || h[13]|h[14]|h[15] != 0 {
+		return 0, nil, 0, errBadRec
+	}
+	return h[12], buf[off+recordHeader : off+recordHeader+int(length)], end, nil
+}
+
+// validAfter reports whether a valid record of generation gen starts at any
+// aligned offset after off: if one does, damage at off is corruption in the
+// middle of the log, not a torn tail.
+func validAfter(buf []byte, off int, gen uint32) (int, bool) {
+	for o := off + align; o+recordHeader <= len(buf); o += align {
+		if _, _, _, err := readRecord(buf, o, gen); err == nil {
+			return o, true
+		}
+	}
+	return 0, false
+}
