@@ -5,6 +5,7 @@ import (
 	"context"
 	"fmt"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -386,4 +387,36 @@ func metricValue(s *netio.Server, name string) float64 {
 		}
 	}
 	return -1
+}
+
+// TestBacklogHoldsConfirms: past a queue's soft limit, confirms wait until
+// consumers drain it, so publishers slow to the consumers' pace.
+func TestBacklogHoldsConfirms(t *testing.T) {
+	s := warrentest.StartServer(t, &netio.Config{QueueSoftLimit: 50})
+	ctx := ctxT(t)
+	ch := channel(t, dial(t, s))
+	ch.DeclareQueue(ctx, "slow", client.QueueOptions{})
+	var confirmed atomic.Int64
+	ch.NotifyConfirm(func(first, last uint64, err error) { confirmed.Add(int64(last - first + 1)) })
+	for i := 0; i < 50; i++ { // up to the limit: confirmed at once
+		must(t, ch.Publish(ctx, "", client.Message{RoutingKey: "slow", Body: []byte("x")}))
+	}
+	for i := 0; i < 150; i++ { // past it: taken, but not confirmed
+		if _, err := ch.PublishAsync(ctx, "", client.Message{RoutingKey: "slow", Body: []byte("x")}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	waitFor(t, func() bool { return queueStats(s, "slow").Ready == 200 })
+	if n := confirmed.Load(); n != 50 {
+		t.Fatalf("%d confirmed with 200 queued and a soft limit of 50", n)
+	}
+	cs, err := channel(t, dial(t, s)).Consume(ctx, "slow", client.ConsumeOptions{AutoAck: true})
+	must(t, err)
+	for i := 0; i < 200; i++ {
+		recv(t, cs)
+	}
+	must(t, ch.WaitConfirms(ctx))
+	if confirmed.Load() != 200 {
+		t.Fatalf("%d confirmed after draining", confirmed.Load())
+	}
 }

@@ -37,6 +37,7 @@ type Config struct {
 	MaxPrefetch       uint32        // cap on a consumer's unacked deliveries (and auto-ack window); 1000
 	MaxOutboundBytes  int           // per-connection outbox cap before the connection is closed; 64 MiB
 	MemoryHighWater   int64         // stored message bytes that pause publishers; 40% of RAM
+	QueueSoftLimit    int64         // ready messages above which a queue holds back its publishers' confirms; 20,000 (-1: never)
 	Shards            int           // queue shards; GOMAXPROCS
 	EventLoops        int           // gnet loops; GOMAXPROCS
 	TickInterval      time.Duration // heartbeat and flow checks; 100ms
@@ -72,6 +73,9 @@ func (c *Config) fill() {
 		} else {
 			c.MemoryHighWater = 1 << 30
 		}
+	}
+	if c.QueueSoftLimit == 0 {
+		c.QueueSoftLimit = 20_000
 	}
 	if c.Shards <= 0 {
 		c.Shards = gomaxprocs()

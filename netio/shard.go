@@ -21,10 +21,11 @@ type shard struct {
 	done  chan struct{}
 
 	// shard-owned
-	queues   map[*queueRef]struct{}
-	now      int64 // ms, stamped once per drained batch
-	nextWake int64
-	timer    *time.Timer
+	queues     map[*queueRef]struct{}
+	now        int64 // ms, stamped once per drained batch
+	nextWake   int64
+	timer      *time.Timer
+	msgScratch []queue.Message
 	// bytesDelta accumulates stored-byte changes, folded into the server's
 	// counter once per batch rather than once per message.
 	bytesDelta int64
@@ -154,7 +155,9 @@ type enqItem struct {
 // enqueue applies a group of messages (already grouped by queue, in
 // publish order) and reports nacks into batch.
 func (s *shard) enqueue(items []enqItem, batch *pubBatch) {
-	var msgs []queue.Message
+	msgs := s.msgScratch[:0]
+	defer func() { s.msgScratch = msgs[:0] }()
+	var full *queueRef
 	for start := 0; start < len(items); {
 		q := items[start].q
 		end := start + 1
@@ -186,10 +189,35 @@ func (s *shard) enqueue(items []enqItem, batch *pubBatch) {
 			}
 		}
 		s.handle(q, effs)
+		if full == nil && s.srv.cfg.QueueSoftLimit > 0 && q.m.Ready() > s.srv.cfg.QueueSoftLimit {
+			full = q
+		}
 		start = end
 	}
-	if batch != nil {
-		batch.partDone()
+	if batch == nil {
+		return
+	}
+	if full != nil {
+		// Backpressure: the messages are in the queue, but the confirm waits
+		// until the queue drains below half its soft limit. The publisher's
+		// confirm window fills and it slows to the consumers' pace, instead
+		// of growing the backlog (and its latency) without bound.
+		full.held = append(full.held, batch)
+		return
+	}
+	batch.partDone()
+}
+
+// releaseHeld confirms the batches held back by a queue's backlog once it
+// has drained (or is gone).
+func (s *shard) releaseHeld(q *queueRef) {
+	if len(q.held) == 0 || (!q.gone && q.m.Ready() > s.srv.cfg.QueueSoftLimit/2) {
+		return
+	}
+	held := q.held
+	q.held = nil
+	for _, b := range held {
+		b.partDone()
 	}
 }
 
@@ -232,6 +260,7 @@ func (s *shard) handle(q *queueRef, effs []queue.Effect) {
 			}
 		}
 	}
+	s.releaseHeld(q)
 	st := &q.m.Stats
 	q.ready.Store(q.m.Ready())
 	q.unacked.Store(int64(q.m.Unacked()))
@@ -262,6 +291,7 @@ func (s *shard) deleteQueue(q *queueRef, reason string) int64 {
 	q.bodies.each(func(_ uint64, m *storedMsg) { s.bytesDelta -= m.size() })
 	q.bodies = bodyStore{}
 	q.cons = nil
+	s.releaseHeld(q)
 	q.ready.Store(0)
 	q.unacked.Store(0)
 	q.consumers.Store(0)

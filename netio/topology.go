@@ -33,8 +33,9 @@ type queueRef struct {
 	bodies bodyStore
 	nextID uint64
 	cons   map[queue.ConsumerID]*consumerRef
-	wakeAt int64 // next Timer, 0 for none
-	gone   bool  // deleted: commands for it are dropped
+	wakeAt int64       // next Timer, 0 for none
+	held   []*pubBatch // confirms held back while the queue is over its soft limit
+	gone   bool        // deleted: commands for it are dropped
 }
 
 // storedMsg is one message held by a queue. Its slices point into the arena

@@ -59,6 +59,7 @@ type fileConfig struct {
 	MaxPrefetch      uint32       `json:"max_prefetch"`
 	MaxOutboundBytes int          `json:"max_outbound_bytes"`
 	MemoryHighWater  int64        `json:"memory_high_watermark_bytes"`
+	QueueSoftLimit   int64        `json:"queue_soft_limit"`
 }
 
 // ready is told the bound addresses once serving (for tests).
@@ -137,7 +138,7 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdin i
 	srv, err := netio.Start(netio.Config{
 		Addr: fc.Listen, Users: fc.Users, DisableGuest: fc.DisableGuest, MaxConnections: fc.MaxConnections,
 		MaxChannels: fc.MaxChannels, MaxFrame: fc.MaxFrame, HeartbeatMs: fc.HeartbeatMs, MaxPrefetch: fc.MaxPrefetch,
-		MaxOutboundBytes: fc.MaxOutboundBytes, MemoryHighWater: fc.MemoryHighWater, Logger: log,
+		MaxOutboundBytes: fc.MaxOutboundBytes, MemoryHighWater: fc.MemoryHighWater, QueueSoftLimit: fc.QueueSoftLimit, Logger: log,
 	})
 	if err != nil {
 		return err
