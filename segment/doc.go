@@ -6,10 +6,10 @@
 //
 // One log file per node (wal-000001.log) starts with a 16-byte header:
 //
-//	 0          8            12         16
-//	 +----------+------------+----------+
-//	 | WRNSEG01 | generation | reserved |
-//	 +----------+------------+----------+
+//	0          8            12         16
+//	+----------+------------+----------+
+//	| WRNSEG01 | generation | reserved |
+//	+----------+------------+----------+
 //
 // followed by records, each 8-byte aligned (record.go has the byte
 // diagram): crc32c | length | generation | type | payload | zero pad. The

@@ -13,7 +13,9 @@ import (
 	"testing"
 )
 
-func payload(g, i uint64) []byte { return []byte(fmt.Sprintf("group %d entry %d %s", g, i, strings.Repeat("z", int(i%97)))) }
+func payload(g, i uint64) []byte {
+	return []byte(fmt.Sprintf("group %d entry %d %s", g, i, strings.Repeat("z", int(i%97))))
+}
 
 // TestMain lets the test binary act as the child of TestKillRecovery.
 func TestMain(m *testing.M) {
