@@ -415,3 +415,11 @@ func (c *Conn) Channel(ctx context.Context) (*Channel, error) {
 }
 
 func itoa(v uint64) string { return strconv.FormatUint(v, 10) }
+
+// FlowPaused reports whether the broker has asked this connection to stop
+// publishing (FLOW active=false); publishes block until it resumes.
+func (c *Conn) FlowPaused() bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return !c.flowOn
+}

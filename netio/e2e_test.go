@@ -357,7 +357,7 @@ func TestFlowControlBlocksAndResumes(t *testing.T) {
 	}
 	// Over the watermark: the next publish blocks until the queue drains.
 	published := make(chan error, 1)
-	waitFor(t, func() bool { return metricValue(s, "warren_flow_blocked") == 1 })
+	waitFor(t, func() bool { return metricValue(s, "warren_flow_blocked") == 1 && c.FlowPaused() })
 	go func() { published <- ch.Publish(ctx, "", client.Message{RoutingKey: "big", Body: body}) }()
 	select {
 	case err := <-published:

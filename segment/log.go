@@ -106,6 +106,9 @@ type Log struct {
 
 	// Stats: syncs and records written, for benchmarks.
 	Syncs, Records uint64
+
+	queuedHook func() // tests: called (under l.mu) when an append is queued
+
 }
 
 type pendingOp struct {
@@ -356,6 +359,9 @@ func (l *Log) Append(batches ...Batch) error {
 	}
 	l.seq++
 	my := l.seq
+	if l.queuedHook != nil {
+		l.queuedHook()
+	}
 	return l.commitLocked(my)
 }
 
