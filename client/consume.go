@@ -73,6 +73,7 @@ type Consumer struct {
 	feed    chan *Delivery
 	done    chan struct{}
 	once    sync.Once
+	sendMu  sync.RWMutex // held (read) while the reader sends on feed
 	mu      sync.Mutex
 	err     error
 	expired func(tags []uint64)
@@ -159,8 +160,10 @@ func (cs *Consumer) stop(err error) {
 		cs.mu.Lock()
 		cs.err = err
 		cs.mu.Unlock()
-		close(cs.done)
-		close(cs.feed)
+		close(cs.done) // wakes a reader blocked sending on feed
+		cs.sendMu.Lock()
+		close(cs.feed) // no send is in flight now, and none will start
+		cs.sendMu.Unlock()
 	})
 }
 
@@ -168,6 +171,8 @@ func (cs *Consumer) stop(err error) {
 // while the feed is full: the reader then stops reading and TCP pushes back
 // on the broker, which is what an auto-ack consumer relies on.
 func (cs *Consumer) deliver(d *Delivery) {
+	cs.sendMu.RLock()
+	defer cs.sendMu.RUnlock()
 	select {
 	case <-cs.done:
 	default:

@@ -269,9 +269,12 @@ func TestThousandConnections(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
+	var cw sync.WaitGroup
 	for _, c := range conns {
-		c.Close()
+		cw.Add(1)
+		go func() { defer cw.Done(); c.Close() }()
 	}
+	cw.Wait()
 	waitFor(t, func() bool { return s.ConnectionCount() == 0 })
 }
 

@@ -45,17 +45,20 @@ type conn struct {
 	routeBuf []string
 	parts    [][]enqItem
 
-	mu           sync.Mutex
-	channels     map[uint16]*channel
-	out          []byte
-	spare        []byte
-	inflight     []byte
-	flushing     bool
-	closed       bool
-	autoAcks     []settleItem
-	inflightAcks []settleItem
-	ackSpare     []settleItem
-	flushedCB    gnet.AsyncCallback
+	mu       sync.Mutex
+	channels map[uint16]*channel
+	out      []byte
+	spare    []byte
+	inflight []byte
+	flushing bool
+	closed   bool // no more frames are accepted (the outbox still drains)
+	// closeAfterFlush: close the socket when the in-flight write and the
+	// final frames behind it are out.
+	closeAfterFlush bool
+	autoAcks        []settleItem
+	inflightAcks    []settleItem
+	ackSpare        []settleItem
+	flushedCB       gnet.AsyncCallback
 }
 
 type channel struct {
@@ -155,15 +158,26 @@ func (c *conn) closeWith(code wire.Code, reason string) {
 		reason = reason[:1000]
 	}
 	c.mu.Lock()
+	defer c.mu.Unlock()
 	if c.closed {
-		c.mu.Unlock()
 		return
 	}
 	c.out = wire.AppendFrame(c.out, 0, &wire.Close{Code: code, Reason: reason})
-	c.flushLocked()
+	c.finishLocked()
+}
+
+// finishLocked refuses further frames and closes the socket once
+// everything already in the outbox (ending with CLOSE or CLOSE_OK) is
+// written. c.mu must be held.
+func (c *conn) finishLocked() {
 	c.closed = true
-	c.mu.Unlock()
-	_ = c.gc.CloseWithCallback(nil) // queued after the write above
+	c.flushLocked()
+	if c.flushing && len(c.out) > 0 {
+		// A write is in flight and ours waits behind it: flushed closes.
+		c.closeAfterFlush = true
+		return
+	}
+	_ = c.gc.CloseWithCallback(nil) // queued after the write that carries our frame
 }
 
 // onTraffic decodes every complete frame buffered for the connection.
@@ -288,11 +302,11 @@ func (c *conn) handle(f wire.Frame) error {
 	case wire.TypeClose:
 		c.state.Store(stClosing)
 		c.mu.Lock()
-		c.out = wire.AppendFrame(c.out, 0, &wire.CloseOK{})
-		c.flushLocked()
-		c.closed = true
+		if !c.closed {
+			c.out = wire.AppendFrame(c.out, 0, &wire.CloseOK{})
+			c.finishLocked()
+		}
 		c.mu.Unlock()
-		_ = c.gc.CloseWithCallback(nil)
 		return nil
 	case wire.TypeCloseOK:
 		_ = c.gc.Close()
@@ -514,8 +528,10 @@ func (c *conn) onPublish(ch *channel, f wire.Frame) error {
 	}
 	if nret > 0 {
 		c.mu.Lock()
-		c.out = append(c.out, retMark.End(ret, uint32(nret))...)
-		c.flushLocked()
+		if !c.closed {
+			c.out = append(c.out, retMark.End(ret, uint32(nret))...)
+			c.flushLocked()
+		}
 		c.mu.Unlock()
 		c.srv.metrics.returned.Add(nret)
 	}

@@ -41,9 +41,11 @@ func (c *conn) confirm(b *pubBatch) {
 		}
 	}
 	c.mu.Lock()
-	c.out = wire.AppendConfirm(c.out, b.ch, rs)
-	c.srv.metrics.confirmed.Add(len(b.codes))
-	c.flushLocked()
+	if !c.closed {
+		c.out = wire.AppendConfirm(c.out, b.ch, rs)
+		c.srv.metrics.confirmed.Add(len(b.codes))
+		c.flushLocked()
+	}
 	c.mu.Unlock()
 	if !b.start.IsZero() {
 		c.srv.metrics.confirmLatency.UpdateDuration(b.start)
@@ -53,8 +55,10 @@ func (c *conn) confirm(b *pubBatch) {
 // send appends one frame and schedules a flush. Safe from any goroutine.
 func (c *conn) send(ch uint16, body wire.Body) {
 	c.mu.Lock()
-	c.out = wire.AppendFrame(c.out, ch, body)
-	c.flushLocked()
+	if !c.closed {
+		c.out = wire.AppendFrame(c.out, ch, body)
+		c.flushLocked()
+	}
 	c.mu.Unlock()
 }
 
@@ -80,7 +84,7 @@ func (c *conn) flushLocked() {
 		go c.gc.Close()
 		return
 	}
-	if c.flushing || len(c.out) == 0 || c.closed {
+	if c.flushing || len(c.out) == 0 {
 		return
 	}
 	c.flushing = true
@@ -105,6 +109,10 @@ func (c *conn) flushed(_ gnet.Conn, err error) error {
 	c.flushing = false
 	if err == nil {
 		c.flushLocked()
+	}
+	if c.closeAfterFlush && (c.flushing || len(c.out) == 0 || err != nil) {
+		c.closeAfterFlush = false
+		_ = c.gc.CloseWithCallback(nil) // after the final write just queued
 	}
 	c.mu.Unlock()
 	if len(acks) > 0 {

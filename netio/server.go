@@ -158,7 +158,7 @@ func Start(cfg Config) (*Server, error) {
 		s.log.Debug("engine exited", "err", err)
 	}()
 	if err := <-s.booted; err != nil {
-		s.stopShards()
+		_ = s.stopShards(context.Background())
 		return nil, fmt.Errorf("netio: listen on %s: %w", cfg.Addr, err)
 	}
 	return s, nil
@@ -315,15 +315,24 @@ func (s *Server) Close(ctx context.Context) error {
 	case <-ctx.Done():
 		err = ctx.Err()
 	}
-	s.stopShards()
+	if serr := s.stopShards(ctx); err == nil {
+		err = serr
+	}
 	return err
 }
 
-func (s *Server) stopShards() {
+func (s *Server) stopShards(ctx context.Context) error {
 	for _, sh := range s.shards {
 		close(sh.stop)
-		<-sh.done
 	}
+	for _, sh := range s.shards {
+		select {
+		case <-sh.done:
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+	}
+	return nil
 }
 
 // ConnectionCount is the number of open connections.
