@@ -56,9 +56,8 @@ func (m *Machine) Cancel(now int64, id ConsumerID, requeue bool) ([]Effect, erro
 		m.returnAll(now, c)
 	}
 	m.lastUsed = now
-	if m.cfg.AutoDelete && m.Consumers() == 0 && !m.deleted {
-		m.deleted = true
-		m.emit(Effect{Kind: DeleteQueue})
+	if m.cfg.AutoDelete && m.Consumers() == 0 {
+		m.deleteOnce()
 	}
 	return m.finish(now), nil
 }
@@ -81,11 +80,18 @@ func (m *Machine) Down(now int64, owner OwnerID) []Effect {
 		delete(m.byID, c.ID)
 		m.regroup()
 	}
-	if had && m.cfg.AutoDelete && m.Consumers() == 0 && !m.deleted {
+	if had && m.cfg.AutoDelete && m.Consumers() == 0 {
+		m.deleteOnce()
+	}
+	return m.finish(now)
+}
+
+// deleteOnce emits DeleteQueue the first time the queue decides to go.
+func (m *Machine) deleteOnce() {
+	if !m.deleted {
 		m.deleted = true
 		m.emit(Effect{Kind: DeleteQueue})
 	}
-	return m.finish(now)
 }
 
 // returnAll takes back every outstanding delivery of c, restoring their

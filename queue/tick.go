@@ -42,9 +42,8 @@ func (m *Machine) Tick(now int64) []Effect {
 			m.expireLeases(now, c)
 		}
 	}
-	if m.cfg.ExpiresMs > 0 && !m.deleted && m.Consumers() == 0 && now-m.lastUsed >= m.cfg.ExpiresMs {
-		m.deleted = true
-		m.emit(Effect{Kind: DeleteQueue})
+	if m.cfg.ExpiresMs > 0 && m.Consumers() == 0 && now-m.lastUsed >= m.cfg.ExpiresMs {
+		m.deleteOnce()
 	}
 	return m.finish(now)
 }
