@@ -420,3 +420,31 @@ func TestBacklogHoldsConfirms(t *testing.T) {
 		t.Fatalf("%d confirmed after draining", confirmed.Load())
 	}
 }
+
+// TestDeadLetterToItself: a queue whose dead-letter exchange routes back to
+// it (the delayed-retry pattern) takes the message back with its history.
+func TestDeadLetterToItself(t *testing.T) {
+	s := warrentest.StartServer(t, nil)
+	ctx := ctxT(t)
+	ch := channel(t, dial(t, s))
+	must(t, ch.DeclareExchange(ctx, "retry", "direct", client.ExchangeOptions{}))
+	_, err := ch.DeclareQueue(ctx, "loop", client.QueueOptions{Args: wire.Table{{Key: "dead-letter-exchange", Value: wire.String("retry")}}})
+	must(t, err)
+	must(t, ch.Bind(ctx, client.Binding{Source: "retry", Destination: "loop", RoutingKey: "loop"}))
+	must(t, ch.Publish(ctx, "", client.Message{RoutingKey: "loop", Body: []byte("again")}))
+	cs, err := ch.Consume(ctx, "loop", client.ConsumeOptions{Prefetch: 1})
+	must(t, err)
+	must(t, recv(t, cs).Reject())
+	d := recv(t, cs)
+	p, _ := d.Props()
+	if string(d.Body) != "again" || p == nil || p.Deaths[0].Queue != "loop" || p.Deaths[0].Count != 1 {
+		t.Fatalf("%q %+v", d.Body, p)
+	}
+	must(t, d.Reject())
+	d = recv(t, cs)
+	p, _ = d.Props()
+	if p.Deaths[0].Count != 2 || len(p.Deaths) != 1 {
+		t.Fatalf("second death: %+v", p.Deaths)
+	}
+	d.Ack()
+}

@@ -339,11 +339,9 @@ func (s *shard) deadLetter(q *queueRef, msg *storedMsg, reason wire.DeathReason)
 		}
 		meta := queue.Message{Size: uint32(len(dm.body)), Priority: dm.priority}
 		item := []enqItem{{q: tq, msg: dm, meta: meta}}
-		if tq.shard == s {
-			s.enqueue(item, nil)
-		} else {
-			tq.shard.submit(func(o *shard) { o.enqueue(item, nil) })
-		}
+		// Always through the inbox, even to this shard: we are inside
+		// handle() for q, and q itself may be the target.
+		tq.shard.submit(func(o *shard) { o.enqueue(item, nil) })
 	}
 }
 
@@ -374,11 +372,17 @@ func (s *shard) cancel(c *consumerRef, requeue bool) {
 	if err != nil {
 		return
 	}
-	if requeue {
+	s.handle(q, effs)
+	s.forgetIfGone(q, c)
+}
+
+// forgetIfGone drops a consumer the machine no longer tracks (cancelled
+// and drained).
+func (s *shard) forgetIfGone(q *queueRef, c *consumerRef) {
+	if !q.m.HasConsumer(c.id) {
 		clear(c.chTags)
 		delete(q.cons, c.id)
 	}
-	s.handle(q, effs)
 }
 
 // settleItem is one settled delivery, translated from a channel tag.
@@ -408,6 +412,7 @@ func (s *shard) settle(items []settleItem) {
 			effs, err := q.m.Settle(s.now, it.c.id, it.op, it.qtag, items[end-1].qtag, it.arg)
 			if err == nil {
 				s.handle(q, effs)
+				s.forgetIfGone(q, it.c)
 			}
 		}
 		start = end

@@ -648,3 +648,7 @@ func (m *Machine) Peek(n int) []PeekedMessage {
 	}
 	return out
 }
+
+// HasConsumer reports whether the queue still tracks a consumer (an active
+// one, or a cancelled one with deliveries outstanding).
+func (m *Machine) HasConsumer(id ConsumerID) bool { return m.byID[id] != nil }
