@@ -11,11 +11,14 @@ import (
 
 // ConsumeOptions configure a consumer.
 type ConsumeOptions struct {
-	Tag       string // empty: the broker picks one
-	Prefetch  uint32 // unacked deliveries in flight; 0: the broker's maximum
-	AutoAck   bool   // at-most-once: no acks, nothing redelivered
-	Exclusive bool
-	Priority  int16
+	Tag      string // empty: the broker picks one
+	Prefetch uint32 // unacked deliveries in flight; 0: the broker's maximum
+	// PrefetchBytes stops deliveries while this many body bytes are unacked
+	// (0: no byte limit).
+	PrefetchBytes uint32
+	AutoAck       bool // at-most-once: no acks, nothing redelivered
+	Exclusive     bool
+	Priority      int16
 }
 
 // Delivery is one delivered message. Settle it with exactly one of Ack,
@@ -92,7 +95,7 @@ func (ch *Channel) Consume(ctx context.Context, queue string, o ConsumeOptions) 
 	cs := &Consumer{ch: ch, Queue: queue, autoAck: o.AutoAck, feed: make(chan *Delivery, buf), done: make(chan struct{})}
 	_, err := ch.request(ctx, func(req uint32) wire.Body {
 		return &wire.Subscribe{Req: req, Queue: queue, ConsumerTag: o.Tag, AutoAck: o.AutoAck, Exclusive: o.Exclusive,
-			Priority: o.Priority, PrefetchCount: o.Prefetch}
+			Priority: o.Priority, PrefetchCount: o.Prefetch, PrefetchBytes: o.PrefetchBytes}
 	}, func(b wire.Body) {
 		// On the reader goroutine, before any delivery for it is read.
 		if ok, isOK := b.(*wire.SubscribeOK); isOK {

@@ -128,7 +128,7 @@ func (c *conn) onSubscribe(ch *channel, r *wire.Subscribe) error {
 	ch.consumers[tag] = cr
 	ch.all = append(ch.all, cr)
 	c.mu.Unlock()
-	spec := queue.ConsumerSpec{ID: cr.id, Owner: queue.OwnerID(c.id), Prefetch: prefetch, Priority: r.Priority, Exclusive: r.Exclusive}
+	spec := queue.ConsumerSpec{ID: cr.id, Owner: queue.OwnerID(c.id), Prefetch: prefetch, PrefetchBytes: r.PrefetchBytes, Priority: r.Priority, Exclusive: r.Exclusive}
 	req := r.Req
 	q.shard.submit(func(s *shard) { s.subscribe(q, cr, spec, req) })
 	return nil

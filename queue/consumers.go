@@ -103,7 +103,7 @@ func (m *Machine) returnAll(now int64, c *consumer) {
 			m.scratch = append(m.scratch, c.out[i].e)
 		}
 	}
-	c.out, c.head, c.live = c.out[:0], 0, 0
+	c.out, c.head, c.live, c.liveBytes = c.out[:0], 0, 0, 0
 	m.requeue(now, m.scratch)
 }
 
@@ -193,6 +193,7 @@ func (m *Machine) Settle(now int64, id ConsumerID, op wire.SettleOp, first, last
 		}
 		o.settled = true
 		c.live--
+		c.liveBytes -= uint64(o.e.size)
 	}
 	if matched == 0 {
 		return nil, ErrUnknownTag

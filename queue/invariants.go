@@ -40,7 +40,7 @@ func (m *Machine) checkInvariants() error {
 	// Length limits are enforced on publish only (see Enqueue), so they
 	// are checked by the traces, not here.
 	for _, c := range m.consumers {
-		live := 0
+		live, liveBytes := 0, uint64(0)
 		var last uint64
 		for i := c.head; i < len(c.out); i++ {
 			if c.out[i].tag <= last {
@@ -49,7 +49,11 @@ func (m *Machine) checkInvariants() error {
 			last = c.out[i].tag
 			if !c.out[i].settled {
 				live++
+				liveBytes += uint64(c.out[i].e.size)
 			}
+		}
+		if liveBytes != c.liveBytes {
+			return fmt.Errorf("consumer %d: %d live bytes, counted %d", c.ID, liveBytes, c.liveBytes)
 		}
 		if live != c.live {
 			return fmt.Errorf("consumer %d: %d live, counted %d", c.ID, live, c.live)

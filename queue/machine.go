@@ -81,12 +81,16 @@ type OwnerID uint64
 
 // ConsumerSpec describes a new consumer.
 type ConsumerSpec struct {
-	ID        ConsumerID
-	Owner     OwnerID
-	Prefetch  uint32 // 0: unlimited
-	Priority  int16
-	AutoAck   bool
-	Exclusive bool
+	ID       ConsumerID
+	Owner    OwnerID
+	Prefetch uint32 // 0: unlimited
+	// PrefetchBytes stops deliveries once the consumer's unacked body bytes
+	// reach it (0: unlimited); the last delivery may cross it, and a
+	// consumer with nothing outstanding always gets one message.
+	PrefetchBytes uint32
+	Priority      int16
+	AutoAck       bool
+	Exclusive     bool
 }
 
 type outstanding struct {
@@ -106,12 +110,20 @@ type consumer struct {
 	seq       uint64 // arrival order, for stable ordering among equals
 	cancelled bool   // no more deliveries; kept while it has outstanding ones
 	out       []outstanding
-	head      int // first live index in out
-	live      int // unsettled deliveries
+	head      int    // first live index in out
+	live      int    // unsettled deliveries
+	liveBytes uint64 // their body bytes
 }
 
 func (c *consumer) hasCredit() bool {
-	return !c.cancelled && (c.AutoAck || c.Prefetch == 0 || uint32(c.live) < c.Prefetch)
+	if c.cancelled {
+		return false
+	}
+	if c.AutoAck {
+		return true
+	}
+	return (c.Prefetch == 0 || uint32(c.live) < c.Prefetch) &&
+		(c.PrefetchBytes == 0 || c.live == 0 || c.liveBytes < uint64(c.PrefetchBytes))
 }
 
 // EffectKind says what an Effect asks the caller to do.
@@ -607,6 +619,7 @@ func (m *Machine) deliver(now int64, c *consumer, e entry) {
 	}
 	c.out = append(c.out, o)
 	c.live++
+	c.liveBytes += uint64(e.size)
 }
 
 // kill dead-letters e (or drops it when the queue has no dead-letter

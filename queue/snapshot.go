@@ -14,7 +14,7 @@ import (
 // in ascending key order. It is an exact image: Restore(Snapshot()) behaves
 // identically to the original under any later commands, and snapshots of
 // equal machines are equal bytes. Replicas and recovery depend on that.
-const snapshotVersion = 1
+const snapshotVersion = 2
 
 // ErrBadSnapshot is returned by Restore for input it cannot read.
 var ErrBadSnapshot = errors.New("queue: malformed snapshot")
@@ -144,6 +144,7 @@ func (m *Machine) Snapshot() []byte {
 		w.u(uint64(cs.ID))
 		w.u(uint64(cs.Owner))
 		w.u(uint64(cs.Prefetch))
+		w.u(uint64(cs.PrefetchBytes))
 		w.i(int64(cs.Priority))
 		w.bool(cs.AutoAck)
 		w.bool(cs.Exclusive)
@@ -230,12 +231,13 @@ func Restore(b []byte) (*Machine, error) {
 	m.readyCount = r.i()
 	m.readyBytes = r.i()
 
-	nc := r.n(9)
+	nc := r.n(10)
 	for k := 0; k < nc; k++ {
 		cs := &consumer{}
 		cs.ID = ConsumerID(r.u())
 		cs.Owner = OwnerID(r.u())
 		cs.Prefetch = uint32(r.u())
+		cs.PrefetchBytes = uint32(r.u())
 		cs.Priority = int16(r.i())
 		cs.AutoAck = r.bool()
 		cs.Exclusive = r.bool()
@@ -246,6 +248,7 @@ func Restore(b []byte) (*Machine, error) {
 			o := outstanding{tag: r.u(), deadline: r.i(), floor: r.i(), e: r.entry(), settled: r.bool()}
 			if !o.settled {
 				cs.live++
+				cs.liveBytes += uint64(o.e.size)
 			}
 			cs.out = append(cs.out, o)
 		}

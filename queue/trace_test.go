@@ -120,8 +120,9 @@ func (env *traceEnv) run(d *datadriven.TestData) (string, error) {
 	case "sub":
 		effs, err = env.m.Subscribe(env.now, ConsumerSpec{
 			ID: ConsumerID(argInt(d, "c", 1)), Owner: OwnerID(argInt(d, "owner", 1)),
-			Prefetch: uint32(argInt(d, "prefetch", 0)), Priority: int16(argInt(d, "prio", 0)),
-			AutoAck: d.HasArg("auto-ack"), Exclusive: d.HasArg("exclusive"),
+			Prefetch: uint32(argInt(d, "prefetch", 0)), PrefetchBytes: uint32(argInt(d, "prefetch-bytes", 0)),
+			Priority: int16(argInt(d, "prio", 0)),
+			AutoAck:  d.HasArg("auto-ack"), Exclusive: d.HasArg("exclusive"),
 		})
 	case "cancel":
 		effs, err = env.m.Cancel(env.now, ConsumerID(argInt(d, "c", 1)), d.HasArg("requeue"))
