@@ -472,9 +472,13 @@ func (c *conn) onPublish(ch *channel, f wire.Frame) error {
 	batch := &pubBatch{c: c, ch: ch.id, firstSeq: b.FirstSeq, codes: make([]uint32, b.Count), start: time.Now()}
 	view := c.srv.topo.view.Load()
 	exName := string(b.Exchange)
-	if !view.table.HasExchange(exName) {
+	if !view.table.HasExchange(exName) || view.table.IsInternal(exName) {
+		code := wire.ExchangeNotFound
+		if view.table.HasExchange(exName) {
+			code = wire.ExchangeInternal
+		}
 		for i := range batch.codes {
-			batch.codes[i] = uint32(wire.ExchangeNotFound)
+			batch.codes[i] = uint32(code)
 		}
 		batch.pending.Store(1)
 		batch.partDone()

@@ -166,6 +166,11 @@ func TestNackOnFullQueueAndUnknownExchange(t *testing.T) {
 	if wire.CodeOf(err) != wire.ExchangeNotFound {
 		t.Fatalf("got %v, want exchange_not_found", err)
 	}
+	must(t, ch.DeclareExchange(ctx, "inner", "fanout", client.ExchangeOptions{Internal: true}))
+	err = ch.Publish(ctx, "inner", client.Message{Body: []byte("4")})
+	if wire.CodeOf(err) != wire.ExchangeInternal {
+		t.Fatalf("got %v, want exchange_internal", err)
+	}
 }
 
 func TestRedeliveryAfterConnectionDrop(t *testing.T) {

@@ -219,6 +219,13 @@ func (t *Table) HasExchange(name string) bool {
 	return ok || name == ""
 }
 
+// IsInternal reports whether exchange is internal (fed only by
+// exchange-to-exchange bindings, not by publishers).
+func (t *Table) IsInternal(name string) bool {
+	c := t.exchanges[name]
+	return c != nil && c.Internal
+}
+
 // HasQueue reports whether a queue exists.
 func (t *Table) HasQueue(name string) bool { _, ok := t.queues[name]; return ok }
 

@@ -16,6 +16,7 @@ const (
 	QueueFull        Code = 101 // a queue with overflow reject-publish is full
 	ExchangeNotFound Code = 102 // the batch named an exchange that does not exist
 	InternalNack     Code = 103 // the broker could not take the message (storage failure)
+	ExchangeInternal Code = 104 // the batch named an internal exchange, which takes no direct publishes
 
 	// 2xx: per request, carried in ERROR; the channel stays open.
 	NotFound           Code = 200 // the named exchange, queue or consumer does not exist
@@ -78,6 +79,7 @@ var codeNames = map[Code]string{
 	QueueFull:          "queue_full",
 	ExchangeNotFound:   "exchange_not_found",
 	InternalNack:       "internal_nack",
+	ExchangeInternal:   "exchange_internal",
 	NotFound:           "not_found",
 	PreconditionFailed: "precondition_failed",
 	AccessRefused:      "access_refused",
