@@ -17,7 +17,6 @@ import (
 	"fmt"
 	"net"
 	"net/url"
-	"strconv"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -413,8 +412,6 @@ func (c *Conn) Channel(ctx context.Context) (*Channel, error) {
 	}
 	return ch, nil
 }
-
-func itoa(v uint64) string { return strconv.FormatUint(v, 10) }
 
 // FlowPaused reports whether the broker has asked this connection to stop
 // publishing (FLOW active=false); publishes block until it resumes.

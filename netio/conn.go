@@ -38,7 +38,6 @@ type conn struct {
 	user        string
 	lastRecv    atomic.Int64
 	lastSend    atomic.Int64
-	flowOff     atomic.Bool
 
 	// loop-owned
 	dec      wire.Decompressor

@@ -107,7 +107,6 @@ func (r *reader) done() error {
 
 func (r *reader) end() bool { return r.err != nil || r.off >= len(r.b) }
 
-func appendU8(b []byte, v uint8) []byte   { return append(b, v) }
 func appendU16(b []byte, v uint16) []byte { return le.AppendUint16(b, v) }
 func appendU32(b []byte, v uint32) []byte { return le.AppendUint32(b, v) }
 func appendU64(b []byte, v uint64) []byte { return le.AppendUint64(b, v) }
