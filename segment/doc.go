@@ -49,6 +49,5 @@
 // without copying, and drops or compacts segment files by the queue's live
 // indexes. Here there is one log file that grows until the process is
 // restarted with a fresh directory; Entries copies data out with pread;
-// Compact only forgets index entries. Appends allocate a few objects per
-// call (the encoded record, the index update).
+// Compact only forgets index entries.
 package segment

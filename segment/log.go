@@ -95,7 +95,9 @@ type Log struct {
 	groups  map[uint64]*groupIndex
 	size    int64 // end of durable (and written) data
 	pending []byte
-	pendOps []pendingOp
+	updates []update // index changes to apply once pending is durable
+	spare   []byte   // the other pending buffer (double buffering)
+	spareU  []update
 	seq     uint64 // batches queued so far
 	done    uint64 // batches durable so far
 	syncing bool
@@ -103,6 +105,8 @@ type Log struct {
 	// pendLast: each group's last index once the pending records are
 	// durable, so appends queued behind one another are checked for gaps.
 	pendLast map[uint64]uint64
+	// flyLast is pendLast of the records being written right now.
+	flyLast map[uint64]uint64
 
 	// Stats: syncs and records written, for benchmarks.
 	Syncs, Records uint64
@@ -111,8 +115,17 @@ type Log struct {
 
 }
 
-type pendingOp struct {
-	apply func(base int64) // updates the index once durable; base = file offset of pending[0]
+// update is one change to the in-memory index, applied once the record
+// that carries it is durable. Plain data, not closures: appends allocate
+// nothing in steady state.
+type update struct {
+	kind  uint8 // a record type
+	group uint64
+	idx   uint64 // entries: index; truncate: from; compact: upTo
+	term  uint64
+	off   int64 // entries: offset of the data within the pending buffer
+	n     uint32
+	hs    HardState
 }
 
 // Open opens (creating if needed) the log in dir and recovers its state.
@@ -127,7 +140,7 @@ func Open(fs FS, dir string, opts Options) (*Log, error) {
 	if err != nil {
 		return nil, err
 	}
-	l := &Log{fs: fs, f: f, log: opts.Logger, groups: map[uint64]*groupIndex{}}
+	l := &Log{fs: fs, f: f, log: opts.Logger, groups: map[uint64]*groupIndex{}, pendLast: map[uint64]uint64{}, flyLast: map[uint64]uint64{}}
 	l.cond = sync.NewCond(&l.mu)
 	if err := l.recover(opts.Repair); err != nil {
 		f.Close()
@@ -392,57 +405,60 @@ func (l *Log) pendingLast(id, last uint64) uint64 {
 	if p, ok := l.pendLast[id]; ok {
 		return p
 	}
+	if p, ok := l.flyLast[id]; ok {
+		return p
+	}
 	return last
 }
 
 func (l *Log) encodeLocked(b *Batch) {
-	if l.pendLast == nil {
-		l.pendLast = map[uint64]uint64{}
-	}
 	if len(b.Entries) > 0 {
-		size := 12
+		var start int
+		l.pending, start = beginRecord(l.pending)
+		l.pending = binary.LittleEndian.AppendUint64(l.pending, b.Group)
+		l.pending = binary.LittleEndian.AppendUint32(l.pending, uint32(len(b.Entries)))
 		for _, e := range b.Entries {
-			size += 20 + len(e.Data)
+			l.pending = binary.LittleEndian.AppendUint64(l.pending, e.Index)
+			l.pending = binary.LittleEndian.AppendUint64(l.pending, e.Term)
+			l.pending = binary.LittleEndian.AppendUint32(l.pending, uint32(len(e.Data)))
+			l.updates = append(l.updates, update{kind: recEntries, group: b.Group, idx: e.Index, term: e.Term,
+				off: int64(len(l.pending)), n: uint32(len(e.Data))})
+			l.pending = append(l.pending, e.Data...)
 		}
-		p := make([]byte, 12, size)
-		binary.LittleEndian.PutUint64(p, b.Group)
-		binary.LittleEndian.PutUint32(p[8:], uint32(len(b.Entries)))
-		offs := make([]int, len(b.Entries))
-		for i, e := range b.Entries {
-			p = binary.LittleEndian.AppendUint64(p, e.Index)
-			p = binary.LittleEndian.AppendUint64(p, e.Term)
-			p = binary.LittleEndian.AppendUint32(p, uint32(len(e.Data)))
-			offs[i] = len(p)
-			p = append(p, e.Data...)
-		}
-		recStart := len(l.pending)
-		l.pending = appendRecord(l.pending, l.gen, recEntries, p)
-		entries := make([]Entry, len(b.Entries))
-		copy(entries, b.Entries)
-		grpID := b.Group
-		l.pendOps = append(l.pendOps, pendingOp{apply: func(base int64) {
-			g := l.grp(grpID)
-			for i, e := range entries {
-				_ = g.put(e.Index, loc{term: e.Term, off: base + int64(recStart) + recordHeader + int64(offs[i]), n: uint32(len(e.Data))})
-			}
-		}})
+		l.pending = endRecord(l.pending, start, l.gen, recEntries)
 		l.pendLast[b.Group] = b.Entries[len(b.Entries)-1].Index
+		l.Records++
 	}
-	if b.HardState != nil {
-		hs := *b.HardState
-		p := make([]byte, 32)
-		binary.LittleEndian.PutUint64(p, b.Group)
-		binary.LittleEndian.PutUint64(p[8:], hs.Term)
-		binary.LittleEndian.PutUint64(p[16:], hs.Vote)
-		binary.LittleEndian.PutUint64(p[24:], hs.Commit)
-		l.pending = appendRecord(l.pending, l.gen, recHardState, p)
-		grpID := b.Group
-		l.pendOps = append(l.pendOps, pendingOp{apply: func(int64) {
-			g := l.grp(grpID)
-			g.hs, g.hsSet = hs, true
-		}})
+	if hs := b.HardState; hs != nil {
+		var start int
+		l.pending, start = beginRecord(l.pending)
+		l.pending = binary.LittleEndian.AppendUint64(l.pending, b.Group)
+		l.pending = binary.LittleEndian.AppendUint64(l.pending, hs.Term)
+		l.pending = binary.LittleEndian.AppendUint64(l.pending, hs.Vote)
+		l.pending = binary.LittleEndian.AppendUint64(l.pending, hs.Commit)
+		l.pending = endRecord(l.pending, start, l.gen, recHardState)
+		l.updates = append(l.updates, update{kind: recHardState, group: b.Group, hs: *hs})
+		l.Records++
 	}
-	l.Records++
+}
+
+// applyLocked applies durable updates; base is the file offset of the
+// pending buffer they were encoded in.
+func (l *Log) applyLocked(us []update, base int64) {
+	for i := range us {
+		u := &us[i]
+		g := l.grp(u.group)
+		switch u.kind {
+		case recEntries:
+			_ = g.put(u.idx, loc{term: u.term, off: base + u.off, n: u.n})
+		case recHardState:
+			g.hs, g.hsSet = u.hs, true
+		case recTruncate:
+			g.truncate(u.idx)
+		case recCompact:
+			g.compact(u.idx)
+		}
+	}
 }
 
 // commitLocked waits until batch my is durable, becoming the writer if
@@ -459,8 +475,10 @@ func (l *Log) commitLocked(my uint64) error {
 			l.cond.Wait()
 			continue
 		}
-		buf, ops, upTo, base := l.pending, l.pendOps, l.seq, l.size
-		l.pending, l.pendOps, l.pendLast = nil, nil, nil
+		buf, us, upTo, base := l.pending, l.updates, l.seq, l.size
+		l.pending, l.updates = l.spare[:0], l.spareU[:0]
+		l.spare, l.spareU = nil, nil
+		l.pendLast, l.flyLast = l.flyLast, l.pendLast // flyLast was cleared after the last write
 		l.syncing = true
 		l.mu.Unlock()
 		_, err := l.f.WriteAt(buf, base)
@@ -479,9 +497,9 @@ func (l *Log) commitLocked(my uint64) error {
 			l.mu.Unlock()
 			return fmt.Errorf("%w: %v", ErrStopped, err)
 		}
-		for _, op := range ops {
-			op.apply(base)
-		}
+		l.applyLocked(us, base)
+		clear(l.flyLast)
+		l.spare, l.spareU = buf[:0], us[:0]
 		l.size = base + int64(len(buf))
 		l.done = upTo
 		l.cond.Broadcast()
@@ -491,21 +509,19 @@ func (l *Log) commitLocked(my uint64) error {
 }
 
 // writeOp appends one control record (truncate, compact) durably.
-func (l *Log) writeOp(typ uint8, gid, arg uint64, apply func(g *groupIndex)) error {
+func (l *Log) writeOp(typ uint8, gid, arg uint64) error {
 	l.mu.Lock()
 	if l.failed != nil {
 		l.mu.Unlock()
 		return ErrStopped
 	}
-	p := make([]byte, 16)
-	binary.LittleEndian.PutUint64(p, gid)
-	binary.LittleEndian.PutUint64(p[8:], arg)
-	l.pending = appendRecord(l.pending, l.gen, typ, p)
-	l.pendOps = append(l.pendOps, pendingOp{apply: func(int64) { apply(l.grp(gid)) }})
+	var start int
+	l.pending, start = beginRecord(l.pending)
+	l.pending = binary.LittleEndian.AppendUint64(l.pending, gid)
+	l.pending = binary.LittleEndian.AppendUint64(l.pending, arg)
+	l.pending = endRecord(l.pending, start, l.gen, typ)
+	l.updates = append(l.updates, update{kind: typ, group: gid, idx: arg})
 	if typ == recTruncate {
-		if l.pendLast == nil {
-			l.pendLast = map[uint64]uint64{}
-		}
 		l.pendLast[gid] = arg - 1
 	}
 	l.seq++
@@ -515,12 +531,12 @@ func (l *Log) writeOp(typ uint8, gid, arg uint64, apply func(g *groupIndex)) err
 // Truncate removes a group's entries from index from on (raft overwrites
 // uncommitted entries after a leader change).
 func (l *Log) Truncate(group, from uint64) error {
-	return l.writeOp(recTruncate, group, from, func(g *groupIndex) { g.truncate(from) })
+	return l.writeOp(recTruncate, group, from)
 }
 
 // Compact discards a group's entries up to and including upTo.
 func (l *Log) Compact(group, upTo uint64) error {
-	return l.writeOp(recCompact, group, upTo, func(g *groupIndex) { g.compact(upTo) })
+	return l.writeOp(recCompact, group, upTo)
 }
 
 // FirstIndex and LastIndex give a group's available range; an empty group

@@ -39,17 +39,25 @@ const (
 
 func padded(n int) int { return (n + align - 1) &^ (align - 1) }
 
-// appendRecord frames payload and appends it to dst.
-func appendRecord(dst []byte, gen uint32, typ uint8, payload []byte) []byte {
+// beginRecord reserves a record header at the end of dst; append the
+// payload, then call endRecord. Encoding in place allocates nothing once
+// dst has room.
+func beginRecord(dst []byte) ([]byte, int) {
 	start := len(dst)
-	total := padded(recordHeader + len(payload))
-	dst = append(dst, make([]byte, total)...)
+	return append(dst, make([]byte, recordHeader)...), start
+}
+
+// endRecord fills in the header of the record begun at start and pads it.
+func endRecord(dst []byte, start int, gen uint32, typ uint8) []byte {
+	n := len(dst) - start - recordHeader
 	r := dst[start:]
-	binary.LittleEndian.PutUint32(r[4:], uint32(len(payload)))
+	binary.LittleEndian.PutUint32(r[4:], uint32(n))
 	binary.LittleEndian.PutUint32(r[8:], gen)
 	r[12] = typ
-	copy(r[recordHeader:], payload)
-	binary.LittleEndian.PutUint32(r, crc32.Checksum(r[4:recordHeader+len(payload)], castagnoli))
+	binary.LittleEndian.PutUint32(r, crc32.Checksum(r[4:recordHeader+n], castagnoli))
+	if pad := padded(recordHeader+n) - (recordHeader + n); pad > 0 {
+		dst = append(dst, make([]byte, pad)...)
+	}
 	return dst
 }
 
