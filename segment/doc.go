@@ -45,9 +45,11 @@
 //
 // The design (DESIGN.md §5, RabbitMQ Ra's layout) moves entries from this
 // shared log into per-group segment files with a background flusher,
-// deletes log files once flushed, reads entries through read-only mmaps
-// without copying, and drops or compacts segment files by the queue's live
-// indexes. Here there is one log file that grows until the process is
-// restarted with a fresh directory; Entries copies data out with pread;
-// Compact only forgets index entries.
+// deletes log files once flushed, and drops or compacts segment files by
+// the queue's live indexes. Here there is one log file that grows until the
+// process is restarted with a fresh directory, and Compact only forgets
+// index entries. Reads: EntriesView returns views into a read-only,
+// reference-counted mmap of the log (remapped larger as it grows; an old
+// mapping is unmapped only when its last view is released); Entries copies
+// with pread.
 package segment

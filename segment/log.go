@@ -113,6 +113,7 @@ type Log struct {
 
 	queuedHook func() // tests: called (under l.mu) when an append is queued
 
+	maps mappings
 }
 
 // update is one change to the in-memory index, applied once the record
@@ -610,6 +611,35 @@ func (l *Log) Entries(group, lo, hi uint64) ([]Entry, error) {
 	return out, nil
 }
 
+var errNoMap = errors.New("segment: file cannot be mapped")
+
+// EntriesView returns a group's entries lo..hi-1 without copying: their
+// Data are views into a read-only mapping of the log, valid until release
+// is called (call it exactly once). The mapping stays alive while any view
+// of it is held, even when the log grows and is remapped.
+func (l *Log) EntriesView(group, lo, hi uint64) (entries []Entry, release func(), err error) {
+	l.mu.Lock()
+	g := l.groups[group]
+	if g == nil || lo < g.first || hi > g.last()+1 || lo > hi {
+		l.mu.Unlock()
+		return nil, nil, ErrUnavailable
+	}
+	locs := g.locs[lo-g.first : hi-g.first]
+	out := make([]Entry, len(locs))
+	size := l.size
+	m, err := l.maps.acquire(l.f, size)
+	if err != nil {
+		l.mu.Unlock()
+		return nil, nil, err
+	}
+	for i, lc := range locs {
+		out[i] = Entry{Index: lo + uint64(i), Term: lc.term, Data: m.data[lc.off : lc.off+int64(lc.n) : lc.off+int64(lc.n)]}
+	}
+	l.mu.Unlock()
+	var once sync.Once
+	return out, func() { once.Do(func() { l.maps.release(m) }) }, nil
+}
+
 // Groups lists the groups the log knows.
 func (l *Log) Groups() []uint64 {
 	l.mu.Lock()
@@ -623,4 +653,7 @@ func (l *Log) Groups() []uint64 {
 
 // Close closes the file. Pending appends have all returned by then only if
 // the caller waited for them.
-func (l *Log) Close() error { return l.f.Close() }
+func (l *Log) Close() error {
+	l.maps.close()
+	return l.f.Close()
+}

@@ -459,3 +459,38 @@ func TestRepairTruncatesMidLogCorruption(t *testing.T) {
 	}
 	must(t, l2.Append(Batch{Group: 7, Entries: ents(1, 1, 2, "y")}))
 }
+
+// TestEntriesViewSurvivesRemap: views stay valid while held, across the
+// log growing (and being remapped), on the real filesystem.
+func TestEntriesViewSurvivesRemap(t *testing.T) {
+	for _, fs := range []FS{NewMemFS(), OSFS{}} {
+		dir := t.TempDir()
+		l, err := Open(fs, dir, Options{})
+		must(t, err)
+		must(t, l.Append(Batch{Group: 1, Entries: ents(1, 10, 1, "v")}))
+		view, release, err := l.EntriesView(1, 3, 6)
+		must(t, err)
+		// Grow the log well past the first mapping's headroom.
+		big := make([]byte, 64<<10)
+		for i := uint64(11); i < 11+40; i++ {
+			must(t, l.Append(Batch{Group: 1, Entries: []Entry{{Index: i, Term: 1, Data: big}}}))
+		}
+		later, release2, err := l.EntriesView(1, 40, 41)
+		must(t, err)
+		if len(later[0].Data) != len(big) {
+			t.Fatalf("view after growth has %d bytes", len(later[0].Data))
+		}
+		for i, e := range view {
+			if want := fmt.Sprintf("v-%d", 3+i); string(e.Data) != want {
+				t.Fatalf("held view %d = %q, want %q", i, e.Data, want)
+			}
+		}
+		release()
+		release() // idempotent
+		release2()
+		if _, _, err := l.EntriesView(1, 0, 2); !errors.Is(err, ErrUnavailable) {
+			t.Fatalf("out of range: %v", err)
+		}
+		must(t, l.Close())
+	}
+}
