@@ -319,19 +319,39 @@ func (ch *Channel) publish(ctx context.Context, exchange string, m *Message, wai
 	if len(m.RoutingKey) > wire.MaxNameLen || len(exchange) > wire.MaxNameLen {
 		return 0, &wire.Error{Code: wire.InvalidArgument, Reason: "exchange or routing key longer than 255 bytes"}
 	}
-	// Flow control, then the confirm window.
+	// Flow control, then the confirm window; both give up when ctx ends.
 	c.mu.Lock()
-	for !c.flowOn && c.err == nil {
-		c.flowCond.Wait()
+	if !c.flowOn && c.err == nil {
+		stop := context.AfterFunc(ctx, func() {
+			c.mu.Lock()
+			c.flowCond.Broadcast()
+			c.mu.Unlock()
+		})
+		for !c.flowOn && c.err == nil && ctx.Err() == nil {
+			c.flowCond.Wait()
+		}
+		stop()
+		if ctx.Err() != nil {
+			c.mu.Unlock()
+			return 0, ctx.Err()
+		}
 	}
 	c.mu.Unlock()
 	ch.mu.Lock()
-	for ch.unconfirmed >= c.opts.ConfirmWindow && ch.err == nil {
+	if ch.unconfirmed >= c.opts.ConfirmWindow && ch.err == nil {
+		stop := context.AfterFunc(ctx, func() {
+			ch.mu.Lock()
+			ch.window.Broadcast()
+			ch.mu.Unlock()
+		})
+		for ch.unconfirmed >= c.opts.ConfirmWindow && ch.err == nil && ctx.Err() == nil {
+			ch.window.Wait()
+		}
+		stop()
 		if ctx.Err() != nil {
 			ch.mu.Unlock()
 			return 0, ctx.Err()
 		}
-		ch.window.Wait()
 	}
 	if ch.err != nil {
 		ch.mu.Unlock()

@@ -357,28 +357,43 @@ func TestFlowControlBlocksAndResumes(t *testing.T) {
 	ch := channel(t, c)
 	ch.DeclareQueue(ctx, "big", client.QueueOptions{})
 	body := make([]byte, 1000)
-	for i := 0; i < 20; i++ {
-		must(t, ch.Publish(ctx, "", client.Message{RoutingKey: "big", Body: body}))
-	}
-	// Over the watermark: the next publish blocks until the queue drains.
-	published := make(chan error, 1)
+	// 20 KB into a broker with a 10 KB watermark: at some point the broker
+	// pauses this publisher (exactly when depends on its tick).
+	filled := make(chan error, 1)
+	go func() {
+		for i := 0; i < 20; i++ {
+			if err := ch.Publish(ctx, "", client.Message{RoutingKey: "big", Body: body}); err != nil {
+				filled <- err
+				return
+			}
+		}
+		filled <- nil
+	}()
 	waitFor(t, func() bool { return metricValue(s, "warren_flow_blocked") == 1 && c.FlowPaused() })
+	// Paused: a publish now waits.
+	published := make(chan error, 1)
 	go func() { published <- ch.Publish(ctx, "", client.Message{RoutingKey: "big", Body: body}) }()
 	select {
 	case err := <-published:
-		t.Fatalf("publish went through while blocked: %v", err)
+		t.Fatalf("publish went through while paused: %v", err)
 	case <-time.After(200 * time.Millisecond):
 	}
+	// Draining the queue resumes publishers; every message arrives.
 	cons := channel(t, dial(t, s))
 	cs, _ := cons.Consume(ctx, "big", client.ConsumeOptions{AutoAck: true})
-	for i := 0; i < 20; i++ {
+	for i := 0; i < 21; i++ {
 		recv(t, cs)
 	}
-	select {
-	case err := <-published:
-		must(t, err)
-	case <-time.After(10 * time.Second):
-		t.Fatal("publisher not resumed after the queue drained")
+	for _, done := range []chan error{filled, published} {
+		select {
+		case err := <-done:
+			must(t, err)
+		case <-time.After(10 * time.Second):
+			t.Fatal("publisher not resumed after the queue drained")
+		}
+	}
+	if c.FlowPaused() {
+		t.Fatal("client still paused")
 	}
 }
 
