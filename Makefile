@@ -19,8 +19,8 @@ run:
 	$(GO) run ./cmd/warrend
 
 test: fmt-check vet
-	$(GO) test -count=1 $(PKGS)
-	$(GO) test -count=1 -race $(RACE_PKGS)
+	$(GO) test -count=1 -timeout 5m $(PKGS)
+	$(GO) test -count=1 -timeout 5m -race $(RACE_PKGS)
 
 vet:
 	$(GO) vet $(PKGS)
