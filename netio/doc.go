@@ -36,7 +36,11 @@
 //     consumers get a window of MaxPrefetch deliveries that is settled when
 //     the bytes have been written to the socket, so a slow reader holds the
 //     queue back instead of the broker's memory.
-//   - Publishers: when the bodies held in memory pass the high-watermark the
-//     broker sends FLOW(active=false) on channel 0 to every connection, and
-//     FLOW(active=true) once it is below the low-watermark again.
+//   - Publishers, per queue: past Config.QueueSoftLimit ready messages a
+//     queue still takes what is published but holds back the confirms
+//     until it has drained below half the limit, so publishers' confirm
+//     windows fill and they slow to the consumers' pace.
+//   - Publishers, broker-wide: when the bodies held in memory pass the
+//     high-watermark the broker sends FLOW(active=false) on channel 0 to
+//     every connection, and FLOW(active=true) once it is below 80% of it.
 package netio
