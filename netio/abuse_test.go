@@ -279,3 +279,40 @@ func TestThousandConnections(t *testing.T) {
 }
 
 func le32(v uint32) []byte { return []byte{byte(v), byte(v >> 8), byte(v >> 16), byte(v >> 24)} }
+
+func TestConnectionAndChannelLimits(t *testing.T) {
+	s := warrentest.StartServer(t, &netio.Config{MaxConnections: 2, MaxChannels: 2})
+	ctx := ctxT(t)
+	a := dial(t, s)
+	dial(t, s)
+	if _, err := client.Dial(ctx, warrentest.URL(s)); err == nil {
+		t.Fatal("a third connection was accepted over MaxConnections=2")
+	}
+	// The client honours the negotiated channel limit...
+	channel(t, a)
+	channel(t, a)
+	if _, err := a.Channel(ctx); err == nil {
+		t.Fatal("a third channel was opened over MaxChannels=2")
+	}
+	// ...and the broker enforces it on a client that does not.
+	a.Close()
+	waitFor(t, func() bool { return s.ConnectionCount() == 1 })
+	r := rawDial(t, s, 0)
+	r.write(wire.AppendFrame(nil, 3, &wire.ChannelOpen{Req: 1}))
+	r.expectClose(wire.ChannelError)
+}
+
+func TestUnlimitedPrefetchIsCapped(t *testing.T) {
+	s := warrentest.StartServer(t, &netio.Config{MaxPrefetch: 5})
+	ctx := ctxT(t)
+	ch := channel(t, dial(t, s))
+	ch.DeclareQueue(ctx, "capped", client.QueueOptions{})
+	for i := 0; i < 20; i++ {
+		ch.PublishAsync(ctx, "", client.Message{RoutingKey: "capped", Body: []byte("x")})
+	}
+	must(t, ch.WaitConfirms(ctx))
+	if _, err := ch.Consume(ctx, "capped", client.ConsumeOptions{}); err != nil { // prefetch 0: "unlimited"
+		t.Fatal(err)
+	}
+	waitFor(t, func() bool { q := queueStats(s, "capped"); return q.Unacked == 5 && q.Ready == 15 })
+}
