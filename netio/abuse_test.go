@@ -316,3 +316,28 @@ func TestUnlimitedPrefetchIsCapped(t *testing.T) {
 	}
 	waitFor(t, func() bool { q := queueStats(s, "capped"); return q.Unacked == 5 && q.Ready == 15 })
 }
+
+// TestSlowReaderIsCutOff: an auto-ack consumer that stops reading cannot
+// make the broker buffer without bound; its connection is closed and
+// other clients carry on.
+func TestSlowReaderIsCutOff(t *testing.T) {
+	s := warrentest.StartServer(t, &netio.Config{MaxOutboundBytes: 1 << 20})
+	ctx := ctxT(t)
+	good := channel(t, dial(t, s))
+	good.DeclareQueue(ctx, "flood", client.QueueOptions{})
+	r := rawDial(t, s, 0)
+	r.write(wire.AppendFrame(nil, 1, &wire.ChannelOpen{Req: 1}))
+	r.read()
+	r.write(wire.AppendFrame(nil, 1, &wire.Subscribe{Req: 2, Queue: "flood", AutoAck: true}))
+	r.read() // SUBSCRIBE_OK; from now on it reads nothing
+	// Small messages: each delivery batch stays under the outbox cap, so
+	// only gnet's own buffer (the socket is full) grows past it.
+	body := make([]byte, 512)
+	for i := 0; i < 200_000 && s.ConnectionCount() > 1; i++ { // 100 MB at most
+		if _, err := good.PublishAsync(ctx, "", client.Message{RoutingKey: "flood", Body: body}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	waitFor(t, func() bool { return s.ConnectionCount() == 1 })
+	aliveCheck(t, s, good)
+}

@@ -101,7 +101,19 @@ func (c *conn) flushLocked() {
 // flushed runs on the loop once the in-flight bytes are in the socket (or
 // gnet's buffer). It recycles the buffer, settles the auto-ack deliveries
 // that went out, and starts the next write.
-func (c *conn) flushed(_ gnet.Conn, err error) error {
+func (c *conn) flushed(gc gnet.Conn, err error) error {
+	// gnet takes what the socket cannot (its buffer has no bound): a peer
+	// that stops reading shows up here. Past the cap it is cut off, rather
+	// than let it grow the broker's memory.
+	if err == nil && gc.OutboundBuffered() > c.srv.cfg.MaxOutboundBytes {
+		c.srv.log.Warn("closing a connection that stopped reading", "conn", c.id, "buffered", gc.OutboundBuffered())
+		c.mu.Lock()
+		c.closed = true
+		c.out, c.inflight, c.flushing = c.out[:0], nil, false
+		c.mu.Unlock()
+		_ = gc.Close()
+		return nil
+	}
 	c.mu.Lock()
 	c.spare, c.inflight = c.inflight[:0], nil
 	acks := c.inflightAcks
