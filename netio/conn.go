@@ -1,6 +1,7 @@
 package netio
 
 import (
+	"cmp"
 	"errors"
 	"net"
 	"slices"
@@ -525,7 +526,7 @@ func (c *conn) onPublish(ch *channel, f wire.Frame) error {
 			if q == nil {
 				continue
 			}
-			si := slices.Index(c.srv.shards, q.shard)
+			si := q.shardIdx
 			c.parts[si] = append(c.parts[si], enqItem{q: q, msg: sm, meta: meta, idx: i})
 		}
 	}
@@ -550,22 +551,12 @@ func (c *conn) onPublish(ch *channel, f wire.Frame) error {
 			continue
 		}
 		items := slices.Clone(p) // handed to the shard
-		slices.SortStableFunc(items, func(a, b enqItem) int { return cmpStr(a.q.name, b.q.name) })
+		slices.SortStableFunc(items, func(a, b enqItem) int { return cmp.Compare(a.q.name, b.q.name) })
 		c.parts[si] = p[:0]
 		c.srv.shards[si].submit(func(s *shard) { s.enqueue(items, batch) })
 	}
 	batch.partDone()
 	return nil
-}
-
-func cmpStr(a, b string) int {
-	switch {
-	case a < b:
-		return -1
-	case a > b:
-		return 1
-	}
-	return 0
 }
 
 // onSettle translates channel tags into queue tags and hands each shard its

@@ -7,6 +7,7 @@ import (
 	"sync"
 	"sync/atomic"
 
+	"github.com/cespare/xxhash/v2"
 	"github.com/warren-mq/warren/queue"
 	"github.com/warren-mq/warren/wire"
 )
@@ -17,6 +18,7 @@ import (
 type queueRef struct {
 	name       string
 	shard      *shard
+	shardIdx   int               // index of shard in Server.shards
 	decl       wire.QueueDeclare // as declared, for equivalence checks
 	args       wire.QueueArgs
 	exclusive  uint64 // owning connection id, 0 if not exclusive
@@ -227,21 +229,13 @@ func (t *topology) declareQueue(d *wire.QueueDeclare, owner uint64) (*queueRef, 
 	if d.Exclusive {
 		q.exclusive = owner
 	}
-	q.shard = t.shards[shardOf(name, len(t.shards))]
+	q.shardIdx = int(xxhash.Sum64String(name) % uint64(len(t.shards)))
+	q.shard = t.shards[q.shardIdx]
 	t.queues[name] = q
 	t.top.Queues[name] = struct{}{}
 	t.publishLocked()
 	q.shard.submit(func(s *shard) { s.createQueue(q) })
 	return q, nil
-}
-
-func shardOf(name string, n int) int {
-	var h uint32 = 2166136261
-	for i := 0; i < len(name); i++ {
-		h ^= uint32(name[i])
-		h *= 16777619
-	}
-	return int(h % uint32(n))
 }
 
 // removeQueue unlists a queue and its bindings; the caller tells the shard.
@@ -298,7 +292,7 @@ func (t *topology) bind(b *wire.Bind) error {
 	return nil
 }
 
-// exchangeNames lists exchanges for the admin surface.
+// snapshotQueues lists the declared queues.
 func (t *topology) snapshotQueues() []*queueRef {
 	t.mu.Lock()
 	defer t.mu.Unlock()
