@@ -5,14 +5,17 @@ import (
 	"testing"
 )
 
-func publishFrame(n, size int) []byte {
+func publishFrame(n, size int) []byte { return publishFrameCodec(n, size, CodecNone) }
+
+func publishFrameCodec(n, size int, codec Codec) []byte {
 	dst, mark := BeginPublish(nil, 1, 1, []byte("events"))
 	body := bytes.Repeat([]byte{'x'}, size)
 	props := AppendProperties(nil, &Properties{Present: 1 << PropMessageID, MessageID: []byte("message-0001")})[2:]
 	for i := 0; i < n; i++ {
 		dst = AppendMessage(dst, &Message{Flags: Persistent, RoutingKey: []byte("order.eu.created"), Properties: props, Body: body})
 	}
-	return mark.End(dst, uint32(n))
+	dst, _ = mark.EndCompressed(dst, uint32(n), codec, nil)
+	return dst
 }
 
 // BenchmarkDecodePublish: decode and validate a batch of 100 × 128-byte
@@ -42,9 +45,7 @@ func BenchmarkDecodePublish(b *testing.B) {
 // BenchmarkDecodePublishS2 is the same batch compressed with s2.
 func BenchmarkDecodePublishS2(b *testing.B) {
 	plain := publishFrame(100, 128)
-	f0, _, _ := Split(plain, DefaultMaxFrame)
-	raw, _ := (BatchMark{start: 0, countAt: HeaderSize + 8, section: HeaderSize + 13 + len("events")}).EndCompressed(append([]byte{}, plain...), 100, CodecS2, nil)
-	_ = f0
+	raw := publishFrameCodec(100, 128, CodecS2)
 	var d Decompressor
 	var batch PublishBatch
 	b.SetBytes(int64(len(plain)))
