@@ -229,7 +229,7 @@ func (s *shard) handle(q *queueRef, effs []queue.Effect) {
 			c := q.cons[e.Consumer]
 			msg := q.bodies.get(e.Msg)
 			if c == nil || msg == nil {
-				panic("queue: BUG: delivery to an unknown consumer or of an unknown message")
+				panic("netio: BUG: delivery to an unknown consumer or of an unknown message")
 			}
 			if _, ok := s.pending[c.conn]; !ok || len(s.pending[c.conn]) == 0 {
 				s.touched = append(s.touched, c.conn)
