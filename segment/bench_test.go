@@ -64,7 +64,7 @@ func BenchmarkAppendSync(b *testing.B) {
 				wg.Wait()
 				b.StopTimer()
 				b.ReportMetric(float64(b.N*perAppend)/b.Elapsed().Seconds(), "entries/s")
-				b.ReportMetric(float64(b.N*perAppend)/float64(max(l.Syncs, 1)), "entries/sync")
+				b.ReportMetric(float64(b.N*perAppend)/float64(max(l.Stats().Syncs, 1)), "entries/sync")
 			})
 		}
 	}

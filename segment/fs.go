@@ -20,6 +20,9 @@ type FS interface {
 	// List returns the names of the files in dir, sorted.
 	List(dir string) ([]string, error)
 	MkdirAll(dir string) error
+	// SyncDir makes the directory's entries durable: files created or
+	// removed in it before the call survive a crash as created or removed.
+	SyncDir(dir string) error
 }
 
 // File is an open file. Writes are positional; Sync makes every write so
@@ -45,6 +48,15 @@ func (OSFS) Open(name string) (File, error) {
 }
 func (OSFS) Remove(name string) error  { return os.Remove(name) }
 func (OSFS) MkdirAll(dir string) error { return os.MkdirAll(dir, 0o750) }
+func (OSFS) SyncDir(dir string) error {
+	d, err := os.Open(dir)
+	if err != nil {
+		return err
+	}
+	defer d.Close()
+	return d.Sync()
+}
+
 func (OSFS) List(dir string) ([]string, error) {
 	es, err := os.ReadDir(dir)
 	if err != nil {
@@ -78,14 +90,19 @@ func (o osFile) Size() (int64, error) {
 var ErrInjected = errors.New("segment: injected I/O error")
 
 // MemFS is an in-memory filesystem that remembers, per file, what was
-// synced. Crash returns the filesystem a machine would find after losing
-// power: only synced bytes survive, optionally plus a torn prefix of the
-// unsynced ones. It is safe for concurrent use.
+// synced, and which creations and removals the directory has synced.
+// Crash returns the filesystem a machine would find after losing power:
+// only synced bytes survive, optionally plus a torn prefix of the unsynced
+// ones; a file created since the last SyncDir is gone and a file removed
+// since then is back. It is safe for concurrent use.
 type MemFS struct {
 	mu        sync.Mutex
 	files     map[string]*memFile
-	failSync  int // fail the n-th Sync from now (1 = the next); 0: never
+	created   map[string]bool     // since the last SyncDir
+	removed   map[string]*memFile // since the last SyncDir
+	failSync  int                 // fail the n-th Sync from now (1 = the next); 0: never
 	failWrite int
+	syncs     int // Sync and SyncDir calls so far
 }
 
 type memFile struct {
@@ -94,7 +111,24 @@ type memFile struct {
 }
 
 // NewMemFS returns an empty MemFS.
-func NewMemFS() *MemFS { return &MemFS{files: map[string]*memFile{}} }
+func NewMemFS() *MemFS {
+	return &MemFS{files: map[string]*memFile{}, created: map[string]bool{}, removed: map[string]*memFile{}}
+}
+
+// Syncs counts the Sync and SyncDir calls so far (a crash test picks one
+// to fail).
+func (m *MemFS) Syncs() int { m.mu.Lock(); defer m.mu.Unlock(); return m.syncs }
+
+// syncFailsLocked consumes one sync and reports whether it is the one to fail.
+func (m *MemFS) syncFailsLocked() bool {
+	m.syncs++
+	if m.failSync > 0 {
+		if m.failSync--; m.failSync == 0 {
+			return true
+		}
+	}
+	return false
+}
 
 // FailSync makes the n-th Sync from now fail with ErrInjected (n ≥ 1).
 func (m *MemFS) FailSync(n int) { m.mu.Lock(); m.failSync = n; m.mu.Unlock() }
@@ -109,7 +143,13 @@ func (m *MemFS) Crash(tornBytes int) *MemFS {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	out := NewMemFS()
+	for name, f := range m.removed {
+		out.files[name] = &memFile{data: append([]byte(nil), f.synced...), synced: append([]byte(nil), f.synced...)}
+	}
 	for name, f := range m.files {
+		if m.created[name] {
+			continue
+		}
 		keep := append([]byte(nil), f.synced...)
 		if tornBytes > 0 && len(f.data) > len(f.synced) && bytesEqualPrefix(f.data, f.synced) {
 			n := min(tornBytes, len(f.data)-len(f.synced))
@@ -143,10 +183,14 @@ func (m *MemFS) FileSize(name string) int64 {
 func (m *MemFS) Open(name string) (File, error) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	f := m.files[filepath.Clean(name)]
+	name = filepath.Clean(name)
+	f := m.files[name]
 	if f == nil {
 		f = &memFile{}
-		m.files[filepath.Clean(name)] = f
+		m.files[name] = f
+		if _, ok := m.removed[name]; !ok {
+			m.created[name] = true
+		}
 	}
 	return &memHandle{fs: m, f: f}, nil
 }
@@ -154,14 +198,41 @@ func (m *MemFS) Open(name string) (File, error) {
 func (m *MemFS) Remove(name string) error {
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	if _, ok := m.files[filepath.Clean(name)]; !ok {
+	name = filepath.Clean(name)
+	f, ok := m.files[name]
+	if !ok {
 		return os.ErrNotExist
 	}
-	delete(m.files, filepath.Clean(name))
+	delete(m.files, name)
+	if m.created[name] {
+		delete(m.created, name)
+	} else if _, ok := m.removed[name]; !ok {
+		m.removed[name] = f
+	}
 	return nil
 }
 
 func (m *MemFS) MkdirAll(string) error { return nil }
+
+func (m *MemFS) SyncDir(dir string) error {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if m.syncFailsLocked() {
+		return ErrInjected
+	}
+	dir = filepath.Clean(dir)
+	for name := range m.created {
+		if filepath.Dir(name) == dir {
+			delete(m.created, name)
+		}
+	}
+	for name := range m.removed {
+		if filepath.Dir(name) == dir {
+			delete(m.removed, name)
+		}
+	}
+	return nil
+}
 
 func (m *MemFS) List(dir string) ([]string, error) {
 	m.mu.Lock()
@@ -212,10 +283,8 @@ func (h *memHandle) ReadAt(p []byte, off int64) (int, error) {
 func (h *memHandle) Sync() error {
 	h.fs.mu.Lock()
 	defer h.fs.mu.Unlock()
-	if h.fs.failSync > 0 {
-		if h.fs.failSync--; h.fs.failSync == 0 {
-			return ErrInjected
-		}
+	if h.fs.syncFailsLocked() {
+		return ErrInjected
 	}
 	h.f.synced = append(h.f.synced[:0], h.f.data...)
 	return nil

@@ -26,10 +26,24 @@ func TestMain(m *testing.M) {
 	os.Exit(m.Run())
 }
 
+// killOpts are small files, so that the child rotates its WAL, moves it
+// into segments, and compacts and deletes segment files all the time.
+var killOpts = Options{WALSize: 64 << 10, SegmentSize: 32 << 10}
+
+// liveBelow is the child's rule for live entries below a compaction point:
+// every third index stays, as if those messages were not acked yet.
+func liveBelow(upTo uint64) []uint64 {
+	var out []uint64
+	for k := uint64(3); k <= upTo; k += 3 {
+		out = append(out, k)
+	}
+	return out
+}
+
 // killChild appends forever (until killed), printing each acknowledged
-// append.
+// append, and compacts each group now and then, keeping liveBelow.
 func killChild(dir string) {
-	l, err := Open(OSFS{}, dir, Options{})
+	l, err := Open(OSFS{}, dir, killOpts)
 	if err != nil {
 		fmt.Println("open:", err)
 		os.Exit(1)
@@ -51,12 +65,21 @@ func killChild(dir string) {
 		}
 		fmt.Fprintf(w, "ack %d %d\n", g, next+uint64(n-1))
 		w.Flush()
+		if last := next + uint64(n-1); r.IntN(20) == 0 && last > 40 {
+			if err := l.Compact(g, last-30, liveBelow(last-30)); err != nil {
+				fmt.Fprintln(w, "error:", err)
+				w.Flush()
+				os.Exit(1)
+			}
+		}
 	}
 }
 
 // TestKillRecovery: a child process appends with syncs on the real
-// filesystem and is killed with SIGKILL at random moments; every append it
-// acknowledged must be there, intact, after recovery.
+// filesystem, compacts, and moves and deletes files in the background, and
+// is killed with SIGKILL at random moments; every append it acknowledged
+// must be there, intact, after recovery, and so must every live entry
+// below the compaction points.
 func TestKillRecovery(t *testing.T) {
 	if testing.Short() {
 		t.Skip("spawns processes")
@@ -76,7 +99,7 @@ func TestKillRecovery(t *testing.T) {
 		if err := cmd.Start(); err != nil {
 			t.Fatal(err)
 		}
-		killAfter := 20 + r.IntN(300)
+		killAfter := 200 + r.IntN(2000)
 		sc := bufio.NewScanner(out)
 		n := 0
 		for sc.Scan() {
@@ -93,7 +116,7 @@ func TestKillRecovery(t *testing.T) {
 			}
 		}
 		_ = cmd.Wait()
-		l, err := Open(OSFS{}, dir, Options{})
+		l, err := Open(OSFS{}, dir, killOpts)
 		if err != nil {
 			t.Fatalf("round %d: recovery: %v", round, err)
 		}
@@ -101,9 +124,22 @@ func TestKillRecovery(t *testing.T) {
 			if l.LastIndex(g) < last {
 				t.Fatalf("round %d: group %d has %d entries, %d were acknowledged", round, g, l.LastIndex(g), last)
 			}
-			es, err := l.Entries(g, 1, l.LastIndex(g)+1)
+			first := l.FirstIndex(g)
+			es, err := l.Entries(g, first, l.LastIndex(g)+1)
 			if err != nil {
 				t.Fatal(err)
+			}
+			live := liveBelow(first - 1)
+			if err := l.Compact(g, first-1, live); err != nil {
+				t.Fatalf("round %d: group %d: %v", round, g, err)
+			}
+			for _, k := range live {
+				v, release, err := l.EntriesView(g, k, k+1)
+				if err != nil {
+					t.Fatalf("round %d: group %d live entry %d: %v", round, g, k, err)
+				}
+				es = append(es, Entry{Index: k, Data: bytes.Clone(v[0].Data)})
+				release()
 			}
 			for _, e := range es {
 				if !bytes.Equal(e.Data, payload(g, e.Index)) {
@@ -112,6 +148,9 @@ func TestKillRecovery(t *testing.T) {
 			}
 			acked[g] = l.LastIndex(g) // unacknowledged-but-durable entries count from now on
 		}
+		st := l.Stats()
+		files, _ := os.ReadDir(dir)
+		t.Logf("round %d: %d files, %+v", round, len(files), st)
 		l.Close()
 	}
 }

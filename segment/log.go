@@ -7,6 +7,7 @@ import (
 	"io"
 	"log/slog"
 	"path/filepath"
+	"slices"
 	"sync"
 )
 
@@ -31,89 +32,139 @@ type Batch struct {
 	HardState *HardState
 }
 
-// Options configure a Log.
+// Options configure a Log. The zero value is the default.
 type Options struct {
-	// Repair truncates the log at mid-log corruption (losing what follows,
-	// with an error-level log line) instead of refusing to open.
+	// Repair truncates at mid-file corruption (losing what follows, with an
+	// error-level log line) instead of refusing to open.
 	Repair bool
 	Logger *slog.Logger
+	// WALSize is the size at which the WAL file is sealed and a new one
+	// started (default 64 MiB). Sealed WAL files are moved into segment
+	// files and deleted.
+	WALSize int64
+	// SegmentSize is the size at which a group's segment file is sealed
+	// (default 64 MiB).
+	SegmentSize int64
+	// CompactBelow: a sealed segment whose stored entries fall below this
+	// fraction of those written into it is compacted (its stored entries
+	// copied to the group's current segment, then it is deleted). Default
+	// 0.5.
+	CompactBelow float64
+	// Manual turns the background worker off: the owner calls Maintain.
+	// Tests use it to place maintenance deterministically.
+	Manual bool
+}
+
+const maxFileSize = 1 << 30 // offsets in the index are uint32
+
+func (o *Options) defaults() error {
+	if o.Logger == nil {
+		o.Logger = slog.New(slog.NewTextHandler(io.Discard, nil))
+	}
+	if o.WALSize == 0 {
+		o.WALSize = 64 << 20
+	}
+	if o.SegmentSize == 0 {
+		o.SegmentSize = 64 << 20
+	}
+	if o.CompactBelow == 0 {
+		o.CompactBelow = 0.5
+	}
+	if o.WALSize < 0 || o.WALSize > maxFileSize || o.SegmentSize < 0 || o.SegmentSize > maxFileSize {
+		return fmt.Errorf("segment: WALSize and SegmentSize must be at most %d", maxFileSize)
+	}
+	if o.CompactBelow < 0 || o.CompactBelow > 1 {
+		return errors.New("segment: CompactBelow must be within [0, 1]")
+	}
+	return nil
 }
 
 // Errors.
 var (
-	// ErrCorrupt is returned (wrapped, with the position and what follows)
-	// by Open when a record before the end of the log is damaged.
-	ErrCorrupt = errors.New("segment: corrupt record before the end of the log")
+	// ErrCorrupt is returned (wrapped, with the file, position and what is
+	// lost) by Open when a record before the end of a file is damaged, or
+	// when entries the log must hold are missing.
+	ErrCorrupt = errors.New("segment: corrupt log")
 	// ErrStopped: an fsync or write failed earlier; the engine refuses all
 	// further work. The process must restart and recover.
 	ErrStopped = errors.New("segment: stopped after an I/O failure; restart to recover")
-	// ErrUnavailable: the requested index is compacted or not yet written.
+	// ErrUnavailable: the requested index is compacted, dropped or not yet
+	// written.
 	ErrUnavailable = errors.New("segment: index not available")
 	// ErrGap: an append would leave a hole after the group's last index.
 	ErrGap = errors.New("segment: append leaves a gap")
+	// ErrClosed: the log is closed.
+	ErrClosed = errors.New("segment: log closed")
 )
 
 const (
-	walName    = "wal-000001.log"
-	fileHeader = 16 // magic "WRNSEG01", generation u32, reserved u32
-	magic      = "WRNSEG01"
+	fileHeader = 16 // magic, generation u32, reserved u32
+	walMagic   = "WRNWAL01"
+	segMagic   = "WRNSEG01"
 )
 
-// loc is where an entry's data lives in the log file.
-type loc struct {
-	term uint64
-	off  int64
-	n    uint32
-}
-
-type groupIndex struct {
-	first uint64 // first available index (after compaction); last = first+len(locs)-1
-	locs  []loc
-	hs    HardState
-	hsSet bool
-}
-
-func (g *groupIndex) last() uint64 { return g.first + uint64(len(g.locs)) - 1 }
-
-// Log is a node's log: every group's entries and hard state in one
-// append-only file of framed, checksummed records. Appends from many
-// goroutines share writes and fsyncs (group commit): each caller's records
-// are durable when Append returns. The entry index is kept in memory and
-// rebuilt by Open.
-//
-// Not built yet (see the package doc): per-group segment files, the
-// background flusher, WAL file rotation and deletion, mmap'd reads and
-// compaction of files by live indexes.
+// Log is a node's log for many raft groups: one WAL takes every group's
+// appends, made durable together by one write and one fdatasync (group
+// commit); a background worker moves sealed WAL files into per-group
+// segment files and deletes them, and deletes or compacts segment files by
+// the groups' live indexes. The package doc describes the layout, format
+// and recovery.
 type Log struct {
-	fs  FS
-	f   File
-	gen uint32
-	log *slog.Logger
+	fs   FS
+	dir  string
+	opts Options
+	log  *slog.Logger
 
 	mu      sync.Mutex
 	cond    *sync.Cond
 	groups  map[uint64]*groupIndex
-	size    int64 // end of durable (and written) data
+	wal     *file   // the active WAL
+	wals    []*file // sealed WAL files not yet moved, oldest first
+	nextSeq uint64
 	pending []byte
 	updates []update // index changes to apply once pending is durable
 	spare   []byte   // the other pending buffer (double buffering)
 	spareU  []update
+	ckpt    []byte // checkpoint records for a new WAL file
 	seq     uint64 // batches queued so far
 	done    uint64 // batches durable so far
 	syncing bool
 	failed  error
-	// pendLast: each group's last index once the pending records are
-	// durable, so appends queued behind one another are checked for gaps.
-	pendLast map[uint64]uint64
-	// flyLast is pendLast of the records being written right now.
-	flyLast map[uint64]uint64
+	closed  bool
+	// pend: each group's raft range once the pending records are durable,
+	// so appends queued behind one another are checked for gaps; fly is
+	// pend of the records being written right now.
+	pend, fly map[uint64]span
+	undo      []spanUndo
+	dead      []*file // sealed segments with nothing stored, to delete
 
-	// Stats: syncs and records written, for benchmarks.
-	Syncs, Records uint64
+	maint sync.Mutex // one Maintain at a time
+	work  chan struct{}
+	quit  chan struct{}
+	wg    sync.WaitGroup
+
+	stats Stats
 
 	queuedHook func() // tests: called (under l.mu) when an append is queued
+}
 
-	maps mappings
+// Stats are counters for benchmarks and metrics.
+type Stats struct {
+	Syncs          uint64 // WAL fdatasyncs
+	Records        uint64 // WAL records written
+	WALFiles       int    // WAL files on disk
+	SegmentFiles   int    // segment files on disk
+	Moved          uint64 // entries copied from the WAL into segments
+	Compacted      uint64 // entries copied by segment compaction
+	DeletedFiles   uint64
+	StoredEntries  int
+	SegmentsSealed uint64
+}
+
+type spanUndo struct {
+	group uint64
+	prev  span
+	had   bool
 }
 
 // update is one change to the in-memory index, applied once the record
@@ -123,234 +174,94 @@ type update struct {
 	kind  uint8 // a record type
 	group uint64
 	idx   uint64 // entries: index; truncate: from; compact: upTo
-	term  uint64
-	off   int64 // entries: offset of the data within the pending buffer
-	n     uint32
+	off   int64  // entries: offset of the data within the pending buffer
 	hs    HardState
 }
 
 // Open opens (creating if needed) the log in dir and recovers its state.
 func Open(fs FS, dir string, opts Options) (*Log, error) {
-	if opts.Logger == nil {
-		opts.Logger = slog.New(slog.NewTextHandler(io.Discard, nil))
+	if err := opts.defaults(); err != nil {
+		return nil, err
 	}
 	if err := fs.MkdirAll(dir); err != nil {
 		return nil, err
 	}
-	f, err := fs.Open(filepath.Join(dir, walName))
-	if err != nil {
+	l := &Log{fs: fs, dir: dir, opts: opts, log: opts.Logger, groups: map[uint64]*groupIndex{},
+		pend: map[uint64]span{}, fly: map[uint64]span{}, work: make(chan struct{}, 1), quit: make(chan struct{})}
+	l.cond = sync.NewCond(&l.mu)
+	if err := l.recover(); err != nil {
+		l.closeFiles()
 		return nil, err
 	}
-	l := &Log{fs: fs, f: f, log: opts.Logger, groups: map[uint64]*groupIndex{}, pendLast: map[uint64]uint64{}, flyLast: map[uint64]uint64{}}
-	l.cond = sync.NewCond(&l.mu)
-	if err := l.recover(opts.Repair); err != nil {
-		f.Close()
-		return nil, err
+	if !opts.Manual {
+		l.wg.Add(1)
+		go l.worker()
+		l.kick()
 	}
 	return l, nil
 }
 
-func (l *Log) recover(repair bool) error {
-	size, err := l.f.Size()
-	if err != nil {
-		return err
-	}
-	if size < fileHeader {
-		// New (or torn before its header was synced): start generation 1.
-		l.gen = 1
-		hdr := make([]byte, fileHeader)
-		copy(hdr, magic)
-		binary.LittleEndian.PutUint32(hdr[8:], l.gen)
-		if err := l.f.Truncate(0); err != nil {
-			return err
-		}
-		if _, err := l.f.WriteAt(hdr, 0); err != nil {
-			return err
-		}
-		if err := l.f.Sync(); err != nil {
-			return err
-		}
-		l.size = fileHeader
-		return nil
-	}
-	buf := make([]byte, size)
-	if _, err := l.f.ReadAt(buf, 0); err != nil && !errors.Is(err, io.EOF) {
-		return err
-	}
-	if string(buf[:8]) != magic {
-		return fmt.Errorf("%w: bad file header in %s", ErrCorrupt, walName)
-	}
-	l.gen = binary.LittleEndian.Uint32(buf[8:])
-	off := fileHeader
-	for {
-		typ, payload, next, err := readRecord(buf, off, l.gen)
-		if err == nil {
-			if err := l.replay(typ, payload, int64(off)); err != nil {
-				return fmt.Errorf("%w: at offset %d: %v", ErrCorrupt, off, err)
-			}
-			off = next
-			continue
-		}
-		if nextValid, found := validAfter(buf, off, l.gen); found && (errors.Is(err, errBadRec) || errors.Is(err, errEnd)) {
-			what := describeFrom(buf, nextValid, l.gen)
-			if !repair {
-				return fmt.Errorf("%w: %s at offset %d; intact records follow (%s)", ErrCorrupt, walName, off, what)
-			}
-			l.log.Error("segment: REPAIR: truncating the log at mid-log corruption; everything after it is lost",
-				"file", walName, "offset", off, "lost", what)
-		}
-		// The end: a torn or zeroed tail is cut here.
-		break
-	}
-	if int64(off) < size {
-		if err := l.f.Truncate(int64(off)); err != nil {
-			return err
-		}
-		if err := l.f.Sync(); err != nil {
-			return err
-		}
-	}
-	l.size = int64(off)
-	return nil
-}
-
-// describeFrom names the groups and index ranges of the intact records
-// from off on, for the corruption report.
-func describeFrom(buf []byte, off int, gen uint32) string {
-	ranges := map[uint64][2]uint64{}
-	for {
-		typ, payload, next, err := readRecord(buf, off, gen)
-		if err != nil {
-			break
-		}
-		if typ == recEntries && len(payload) >= 12 {
-			g := binary.LittleEndian.Uint64(payload)
-			if len(payload) >= 20 {
-				idx := binary.LittleEndian.Uint64(payload[12:])
-				r, ok := ranges[g]
-				if !ok || idx < r[0] {
-					r[0] = idx
-				}
-				if idx > r[1] {
-					r[1] = idx
-				}
-				ranges[g] = r
-			}
-		}
-		off = next
-	}
-	s := ""
-	for g, r := range ranges {
-		s += fmt.Sprintf("group %d entries from %d; ", g, r[0])
-	}
-	if s == "" {
-		return "no entries"
-	}
-	return s
-}
+func (l *Log) path(name string) string { return filepath.Join(l.dir, name) }
 
 func (l *Log) grp(id uint64) *groupIndex {
 	g := l.groups[id]
 	if g == nil {
-		g = &groupIndex{first: 1}
+		g = newGroup(id)
 		l.groups[id] = g
 	}
 	return g
 }
 
-// replay applies one recovered record to the index.
-func (l *Log) replay(typ uint8, p []byte, recOff int64) error {
-	switch typ {
-	case recEntries:
-		if len(p) < 12 {
-			return errors.New("short entries record")
-		}
-		g := l.grp(binary.LittleEndian.Uint64(p))
-		n := int(binary.LittleEndian.Uint32(p[8:]))
-		o := 12
-		for i := 0; i < n; i++ {
-			if len(p)-o < 20 {
-				return errors.New("truncated entry")
-			}
-			idx, term := binary.LittleEndian.Uint64(p[o:]), binary.LittleEndian.Uint64(p[o+8:])
-			dn := binary.LittleEndian.Uint32(p[o+16:])
-			o += 20
-			if uint64(len(p)-o) < uint64(dn) {
-				return errors.New("truncated entry data")
-			}
-			if err := g.put(idx, loc{term: term, off: recOff + recordHeader + int64(o), n: dn}); err != nil {
-				return err
-			}
-			o += int(dn)
-		}
-	case recHardState:
-		if len(p) != 32 {
-			return errors.New("bad hard state record")
-		}
-		g := l.grp(binary.LittleEndian.Uint64(p))
-		g.hs = HardState{Term: binary.LittleEndian.Uint64(p[8:]), Vote: binary.LittleEndian.Uint64(p[16:]), Commit: binary.LittleEndian.Uint64(p[24:])}
-		g.hsSet = true
-	case recTruncate:
-		if len(p) != 16 {
-			return errors.New("bad truncate record")
-		}
-		l.grp(binary.LittleEndian.Uint64(p)).truncate(binary.LittleEndian.Uint64(p[8:]))
-	case recCompact:
-		if len(p) != 16 {
-			return errors.New("bad compact record")
-		}
-		l.grp(binary.LittleEndian.Uint64(p)).compact(binary.LittleEndian.Uint64(p[8:]))
-	default:
-		return fmt.Errorf("unknown record type %d", typ)
-	}
-	return nil
-}
-
-// put records entry idx, overwriting from idx if it is at or below last.
-func (g *groupIndex) put(idx uint64, lc loc) error {
-	if len(g.locs) == 0 {
-		g.first = idx
-		g.locs = append(g.locs, lc)
-		return nil
-	}
-	switch {
-	case idx == g.last()+1:
-	case idx >= g.first && idx <= g.last():
-		g.locs = g.locs[:idx-g.first]
-	case idx < g.first:
-		g.first, g.locs = idx, g.locs[:0]
-	default:
-		return ErrGap
-	}
-	g.locs = append(g.locs, lc)
-	return nil
-}
-
-func (g *groupIndex) truncate(from uint64) {
-	switch {
-	case len(g.locs) == 0 || from > g.last():
-	case from <= g.first:
-		g.locs = g.locs[:0]
-		g.first = from
-	default:
-		g.locs = g.locs[:from-g.first]
-	}
-}
-
-func (g *groupIndex) compact(upTo uint64) {
-	if len(g.locs) == 0 || upTo < g.first {
-		if len(g.locs) == 0 && upTo >= g.first {
-			g.first = upTo + 1
-		}
+// maybeDead schedules a sealed segment with nothing stored for deletion.
+// Called with l.mu held (or during recovery).
+func (l *Log) maybeDead(f *file) {
+	if f.wal || !f.sealed || f.dead || f.refs != 0 {
 		return
 	}
-	if upTo >= g.last() {
-		g.first, g.locs = upTo+1, g.locs[:0]
-		return
+	f.dead = true
+	l.dead = append(l.dead, f)
+	l.kick()
+}
+
+// kick wakes the background worker.
+func (l *Log) kick() {
+	select {
+	case l.work <- struct{}{}:
+	default:
 	}
-	n := copy(g.locs, g.locs[upTo+1-g.first:])
-	g.locs = g.locs[:n]
-	g.first = upTo + 1
+}
+
+// shadow is a group's raft range as it will be once everything queued is
+// durable.
+func (l *Log) shadow(id uint64) span {
+	if s, ok := l.pend[id]; ok {
+		return s
+	}
+	if s, ok := l.fly[id]; ok {
+		return s
+	}
+	if g := l.groups[id]; g != nil {
+		return g.span
+	}
+	return span{first: 1}
+}
+
+func (l *Log) setShadow(id uint64, s span) {
+	prev, had := l.pend[id]
+	l.undo = append(l.undo, spanUndo{id, prev, had})
+	l.pend[id] = s
+}
+
+func (l *Log) rollback() {
+	for i := len(l.undo) - 1; i >= 0; i-- {
+		u := l.undo[i]
+		if u.had {
+			l.pend[u.group] = u.prev
+		} else {
+			delete(l.pend, u.group)
+		}
+	}
+	l.undo = l.undo[:0]
 }
 
 // Append makes batches durable: one write and one fsync cover them and
@@ -358,15 +269,34 @@ func (g *groupIndex) compact(upTo uint64) {
 // on disk, or the error that stopped the engine.
 func (l *Log) Append(batches ...Batch) error {
 	l.mu.Lock()
-	if l.failed != nil {
+	if err := l.usableLocked(); err != nil {
 		l.mu.Unlock()
-		return ErrStopped
+		return err
 	}
+	for len(l.pending) > maxPending && l.syncing && l.failed == nil {
+		l.cond.Wait() // the next write takes what is pending; bound it
+	}
+	l.undo = l.undo[:0]
+	total := 0
 	for i := range batches {
-		if err := l.checkLocked(&batches[i]); err != nil {
-			l.mu.Unlock()
-			return err
+		b := &batches[i]
+		if len(b.Entries) == 0 {
+			continue
 		}
+		s := l.shadow(b.Group)
+		for j := range b.Entries {
+			if err := s.put(b.Entries[j].Index); err != nil || (j > 0 && b.Entries[j].Index != b.Entries[j-1].Index+1) {
+				l.rollback()
+				l.mu.Unlock()
+				return ErrGap
+			}
+			if total += len(b.Entries[j].Data) + entryHeader; len(b.Entries[j].Data) > MaxEntry || total > maxPending {
+				l.rollback()
+				l.mu.Unlock()
+				return fmt.Errorf("segment: an entry over %d bytes, or an append over %d bytes", MaxEntry, maxPending)
+			}
+		}
+		l.setShadow(b.Group, s)
 	}
 	for i := range batches {
 		l.encodeLocked(&batches[i])
@@ -379,56 +309,49 @@ func (l *Log) Append(batches ...Batch) error {
 	return l.commitLocked(my)
 }
 
-// checkLocked refuses an append that would leave a hole.
-func (l *Log) checkLocked(b *Batch) error {
-	if len(b.Entries) == 0 {
-		return nil
+func (l *Log) usableLocked() error {
+	if l.failed != nil {
+		return ErrStopped
 	}
-	for i := 1; i < len(b.Entries); i++ {
-		if b.Entries[i].Index != b.Entries[i-1].Index+1 {
-			return ErrGap
-		}
-	}
-	// Pending (not yet durable) appends count: look at the index as it will be.
-	g := l.groups[b.Group]
-	if g == nil || len(g.locs) == 0 {
-		return nil
-	}
-	if b.Entries[0].Index > l.pendingLast(b.Group, g.last())+1 {
-		return ErrGap
+	if l.closed {
+		return ErrClosed
 	}
 	return nil
 }
 
-// pendingLast is the last index a group will have once pending records are
-// durable (tracked through the encoded batches).
-func (l *Log) pendingLast(id, last uint64) uint64 {
-	if p, ok := l.pendLast[id]; ok {
-		return p
-	}
-	if p, ok := l.flyLast[id]; ok {
-		return p
-	}
-	return last
-}
+// maxEntriesRecord bounds one entries record's payload; a batch larger
+// than this is split over several records.
+const maxEntriesRecord = 1 << 20
+
+// MaxEntry bounds one entry's data.
+const MaxEntry = MaxRecord / 2
+
+// maxPending bounds what is queued for the next write (appenders wait
+// while it is over) and one Append: with WAL files of at most
+// maxFileSize, every offset fits the index's uint32.
+const maxPending = 256 << 20
 
 func (l *Log) encodeLocked(b *Batch) {
-	if len(b.Entries) > 0 {
+	for i := 0; i < len(b.Entries); {
 		var start int
 		l.pending, start = beginRecord(l.pending)
 		l.pending = binary.LittleEndian.AppendUint64(l.pending, b.Group)
-		l.pending = binary.LittleEndian.AppendUint32(l.pending, uint32(len(b.Entries)))
-		for _, e := range b.Entries {
+		countAt := len(l.pending)
+		l.pending = binary.LittleEndian.AppendUint32(l.pending, 0)
+		n, size := 0, 0
+		for ; i < len(b.Entries) && (n == 0 || size+len(b.Entries[i].Data) <= maxEntriesRecord); i++ {
+			e := &b.Entries[i]
 			l.pending = binary.LittleEndian.AppendUint64(l.pending, e.Index)
 			l.pending = binary.LittleEndian.AppendUint64(l.pending, e.Term)
 			l.pending = binary.LittleEndian.AppendUint32(l.pending, uint32(len(e.Data)))
-			l.updates = append(l.updates, update{kind: recEntries, group: b.Group, idx: e.Index, term: e.Term,
-				off: int64(len(l.pending)), n: uint32(len(e.Data))})
+			l.updates = append(l.updates, update{kind: recEntries, group: b.Group, idx: e.Index, off: int64(len(l.pending))})
 			l.pending = append(l.pending, e.Data...)
+			n++
+			size += len(e.Data) + entryHeader
 		}
-		l.pending = endRecord(l.pending, start, l.gen, recEntries)
-		l.pendLast[b.Group] = b.Entries[len(b.Entries)-1].Index
-		l.Records++
+		binary.LittleEndian.PutUint32(l.pending[countAt:], uint32(n))
+		l.pending = closeRecord(l.pending, start, recEntries)
+		l.stats.Records++
 	}
 	if hs := b.HardState; hs != nil {
 		var start int
@@ -437,21 +360,21 @@ func (l *Log) encodeLocked(b *Batch) {
 		l.pending = binary.LittleEndian.AppendUint64(l.pending, hs.Term)
 		l.pending = binary.LittleEndian.AppendUint64(l.pending, hs.Vote)
 		l.pending = binary.LittleEndian.AppendUint64(l.pending, hs.Commit)
-		l.pending = endRecord(l.pending, start, l.gen, recHardState)
+		l.pending = closeRecord(l.pending, start, recHardState)
 		l.updates = append(l.updates, update{kind: recHardState, group: b.Group, hs: *hs})
-		l.Records++
+		l.stats.Records++
 	}
 }
 
-// applyLocked applies durable updates; base is the file offset of the
-// pending buffer they were encoded in.
-func (l *Log) applyLocked(us []update, base int64) {
+// applyLocked applies durable updates; base is the offset in f of the
+// buffer they were encoded in.
+func (l *Log) applyLocked(us []update, f *file, base int64) {
 	for i := range us {
 		u := &us[i]
 		g := l.grp(u.group)
 		switch u.kind {
 		case recEntries:
-			_ = g.put(u.idx, loc{term: u.term, off: base + u.off, n: u.n})
+			_ = g.put(u.idx, f, uint32(base+u.off)) // checked against the shadow when queued
 		case recHardState:
 			g.hs, g.hsSet = u.hs, true
 		case recTruncate:
@@ -464,8 +387,9 @@ func (l *Log) applyLocked(us []update, base int64) {
 
 // commitLocked waits until batch my is durable, becoming the writer if
 // nobody is: the writer takes everything pending, writes it at the end of
-// the file, fsyncs once, applies it to the index, and wakes the waiters.
-// l.mu is held on entry and released on return.
+// the WAL (or, when the WAL is full, into a new WAL file that starts with
+// a checkpoint), fsyncs once, applies it to the index and wakes the
+// waiters. l.mu is held on entry and released on return.
 func (l *Log) commitLocked(my uint64) error {
 	for l.done < my {
 		if l.failed != nil {
@@ -476,32 +400,46 @@ func (l *Log) commitLocked(my uint64) error {
 			l.cond.Wait()
 			continue
 		}
-		buf, us, upTo, base := l.pending, l.updates, l.seq, l.size
+		buf, us, upTo := l.pending, l.updates, l.seq
 		l.pending, l.updates = l.spare[:0], l.spareU[:0]
 		l.spare, l.spareU = nil, nil
-		l.pendLast, l.flyLast = l.flyLast, l.pendLast // flyLast was cleared after the last write
+		l.pend, l.fly = l.fly, l.pend // fly was cleared after the last write
+		f, base := l.wal, l.wal.size
+		var head []byte // header and checkpoint of a new WAL file
+		if base > f.head && base+int64(len(buf)) > l.opts.WALSize {
+			f = &file{seq: l.nextSeq, wal: true, owner: l}
+			f.name = walName(f.seq)
+			l.nextSeq++
+			head = l.checkpointLocked(f.gen())
+			base = int64(len(head))
+			f.head = base
+		}
 		l.syncing = true
 		l.mu.Unlock()
-		_, err := l.f.WriteAt(buf, base)
-		if err == nil {
-			err = l.f.Sync()
-		}
+		seal(buf, f.gen())
+		err := l.write(f, head, buf, base)
 		l.mu.Lock()
 		l.syncing = false
-		l.Syncs++
+		l.stats.Syncs++
 		if err != nil {
 			// Any write or fsync failure stops the engine: the page cache
 			// may have dropped the data, so continuing could lie.
-			l.failed = err
-			l.log.Error("segment: I/O failure; the log is stopped", "err", err)
-			l.cond.Broadcast()
+			l.failLocked(err)
 			l.mu.Unlock()
 			return fmt.Errorf("%w: %v", ErrStopped, err)
 		}
-		l.applyLocked(us, base)
-		clear(l.flyLast)
+		if f != l.wal {
+			old := l.wal
+			old.sealed = true
+			l.wals = append(l.wals, old)
+			l.wal = f
+			l.kick()
+		}
+		l.applyLocked(us, f, base)
+		clear(l.fly)
 		l.spare, l.spareU = buf[:0], us[:0]
-		l.size = base + int64(len(buf))
+		f.size = base + int64(len(buf))
+		f.wsize = f.size
 		l.done = upTo
 		l.cond.Broadcast()
 	}
@@ -509,21 +447,121 @@ func (l *Log) commitLocked(my uint64) error {
 	return nil
 }
 
+// write writes buf at base in f and syncs it. A new file (head != nil) is
+// created with its header and checkpoint first, and the directory synced.
+func (l *Log) write(f *file, head, buf []byte, base int64) error {
+	if head != nil {
+		h, err := l.fs.Open(l.path(f.name))
+		if err != nil {
+			return err
+		}
+		f.f = h
+		if _, err := h.WriteAt(head, 0); err != nil {
+			return err
+		}
+	}
+	if _, err := f.f.WriteAt(buf, base); err != nil {
+		return err
+	}
+	if err := f.f.Sync(); err != nil {
+		return err
+	}
+	if head != nil {
+		return l.fs.SyncDir(l.dir)
+	}
+	return nil
+}
+
+func (l *Log) failLocked(err error) {
+	if l.failed == nil {
+		l.failed = err
+		l.log.Error("segment: I/O failure; the log is stopped", "err", err)
+	}
+	l.cond.Broadcast()
+}
+
+// checkpointLocked encodes a new WAL file's header and a checkpoint record
+// per group: its raft range and hard state as of everything durable so
+// far. With it, the WAL files before it are not needed once their entries
+// are in segment files.
+func (l *Log) checkpointLocked(gen uint32) []byte {
+	b := append(l.ckpt[:0], make([]byte, fileHeader)...)
+	copy(b, walMagic)
+	binary.LittleEndian.PutUint32(b[8:], gen)
+	ids := make([]uint64, 0, len(l.groups))
+	for id := range l.groups {
+		ids = append(ids, id)
+	}
+	slices.Sort(ids)
+	for _, id := range ids {
+		g := l.groups[id]
+		var start int
+		b, start = beginRecord(b)
+		b = binary.LittleEndian.AppendUint64(b, id)
+		b = binary.LittleEndian.AppendUint64(b, g.first)
+		b = binary.LittleEndian.AppendUint64(b, g.last)
+		b = binary.LittleEndian.AppendUint64(b, g.hs.Term)
+		b = binary.LittleEndian.AppendUint64(b, g.hs.Vote)
+		b = binary.LittleEndian.AppendUint64(b, g.hs.Commit)
+		var flags uint64
+		if g.hsSet {
+			flags = 1
+		}
+		b = binary.LittleEndian.AppendUint64(b, flags)
+		b = binary.LittleEndian.AppendUint64(b, uint64(len(g.segs)))
+		for _, f := range g.segs {
+			b = binary.LittleEndian.AppendUint64(b, f.seq)
+			b = binary.LittleEndian.AppendUint64(b, uint64(f.size))
+		}
+		b = endRecord(b, start, gen, recCheckpoint)
+	}
+	l.ckpt = b
+	return b
+}
+
 // writeOp appends one control record (truncate, compact) durably.
 func (l *Log) writeOp(typ uint8, gid, arg uint64) error {
 	l.mu.Lock()
-	if l.failed != nil {
+	if err := l.usableLocked(); err != nil {
 		l.mu.Unlock()
-		return ErrStopped
+		return err
 	}
+	s := l.shadow(gid)
+	if typ == recTruncate {
+		s.truncate(arg)
+	} else {
+		s.compact(arg)
+	}
+	l.undo = l.undo[:0]
+	l.setShadow(gid, s)
 	var start int
 	l.pending, start = beginRecord(l.pending)
 	l.pending = binary.LittleEndian.AppendUint64(l.pending, gid)
 	l.pending = binary.LittleEndian.AppendUint64(l.pending, arg)
-	l.pending = endRecord(l.pending, start, l.gen, typ)
+	l.pending = closeRecord(l.pending, start, typ)
 	l.updates = append(l.updates, update{kind: typ, group: gid, idx: arg})
-	if typ == recTruncate {
-		l.pendLast[gid] = arg - 1
+	l.stats.Records++
+	l.seq++
+	return l.commitLocked(l.seq)
+}
+
+// promise records, durably, that the first size bytes of each segment
+// file are synced (called by the mover after its sync, before the source
+// of the copies is deleted).
+func (l *Log) promise(fs []*file, sizes []int64) error {
+	l.mu.Lock()
+	if err := l.usableLocked(); err != nil {
+		l.mu.Unlock()
+		return err
+	}
+	for i, f := range fs {
+		var start int
+		l.pending, start = beginRecord(l.pending)
+		l.pending = binary.LittleEndian.AppendUint64(l.pending, f.group)
+		l.pending = binary.LittleEndian.AppendUint64(l.pending, f.seq)
+		l.pending = binary.LittleEndian.AppendUint64(l.pending, uint64(sizes[i]))
+		l.pending = closeRecord(l.pending, start, recPromise)
+		l.stats.Records++
 	}
 	l.seq++
 	return l.commitLocked(l.seq)
@@ -535,12 +573,45 @@ func (l *Log) Truncate(group, from uint64) error {
 	return l.writeOp(recTruncate, group, from)
 }
 
-// Compact discards a group's entries up to and including upTo.
-func (l *Log) Compact(group, upTo uint64) error {
-	return l.writeOp(recCompact, group, upTo)
+// Compact moves the start of a group's raft log past upTo (durably: the
+// record is synced before Compact returns), and tells storage which
+// entries at or below its compaction point the owner still needs: live,
+// sorted ascending, typically the indexes of messages not yet acked. Every
+// other stored entry below the new first index is dropped, and files left
+// with nothing stored are deleted or compacted in the background. Calling
+// it again with the same upTo and a smaller live set drops more without
+// writing anything.
+//
+// The live set is not persisted: after a restart, every entry below the
+// compaction point still in a file is kept until the owner calls Compact
+// with its live set again. That call also checks that every live entry is
+// stored, so an entry lost to damage is reported (ErrCorrupt, naming the
+// group) rather than missed at read time.
+func (l *Log) Compact(group, upTo uint64, live []uint64) error {
+	l.mu.Lock()
+	if err := l.usableLocked(); err != nil {
+		l.mu.Unlock()
+		return err
+	}
+	if s := l.shadow(group); upTo >= s.first {
+		l.mu.Unlock()
+		if err := l.writeOp(recCompact, group, upTo); err != nil {
+			return err
+		}
+		l.mu.Lock()
+	}
+	var missing []uint64
+	if g := l.groups[group]; g != nil {
+		missing = g.dropExcept(live)
+	}
+	l.mu.Unlock()
+	if len(missing) > 0 {
+		return fmt.Errorf("%w: group %d: %d live entries are not stored (first %d)", ErrCorrupt, group, len(missing), missing[0])
+	}
+	return nil
 }
 
-// FirstIndex and LastIndex give a group's available range; an empty group
+// FirstIndex and LastIndex give a group's raft log range; an empty log
 // has LastIndex = FirstIndex-1.
 func (l *Log) FirstIndex(group uint64) uint64 {
 	l.mu.Lock()
@@ -555,7 +626,7 @@ func (l *Log) LastIndex(group uint64) uint64 {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	if g := l.groups[group]; g != nil {
-		return g.last()
+		return g.last
 	}
 	return 0
 }
@@ -570,74 +641,98 @@ func (l *Log) HardState(group uint64) (HardState, bool) {
 	return HardState{}, false
 }
 
-// Term returns the term of a group's entry.
+// Term returns the term of an entry of a group's raft log.
 func (l *Log) Term(group, index uint64) (uint64, error) {
+	es, release, err := l.view(group, index, index+1, true)
+	if err != nil {
+		return 0, err
+	}
+	t := es[0].Term
+	release()
+	return t, nil
+}
+
+// Entries returns a group's raft log entries lo..hi-1, their data copied
+// into one fresh buffer (the caller owns it).
+func (l *Log) Entries(group, lo, hi uint64) ([]Entry, error) {
+	es, release, err := l.view(group, lo, hi, true)
+	if err != nil {
+		return nil, err
+	}
+	defer release()
+	total := 0
+	for _, e := range es {
+		total += len(e.Data)
+	}
+	data := make([]byte, 0, total)
+	for i := range es {
+		o := len(data)
+		data = append(data, es[i].Data...)
+		es[i].Data = data[o:len(data):len(data)]
+	}
+	return es, nil
+}
+
+// EntriesView returns a group's stored entries lo..hi-1 (in its raft log,
+// or kept live below it) without copying: their Data are views into
+// read-only mappings of the files, valid until release is called (call
+// it once; later calls do nothing). A mapping stays alive while any view
+// of it is held, even when its file is deleted.
+func (l *Log) EntriesView(group, lo, hi uint64) (entries []Entry, release func(), err error) {
+	return l.view(group, lo, hi, false)
+}
+
+func (l *Log) view(group, lo, hi uint64, raftOnly bool) ([]Entry, func(), error) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
+	if l.closed {
+		return nil, nil, ErrClosed
+	}
 	g := l.groups[group]
-	if g == nil || len(g.locs) == 0 || index < g.first || index > g.last() {
-		return 0, ErrUnavailable
-	}
-	return g.locs[index-g.first].term, nil
-}
-
-// Entries returns a group's entries lo..hi-1, their data read into one
-// fresh buffer (the caller owns it).
-func (l *Log) Entries(group, lo, hi uint64) ([]Entry, error) {
-	l.mu.Lock()
-	g := l.groups[group]
-	if g == nil || lo < g.first || hi > g.last()+1 || lo > hi {
-		l.mu.Unlock()
-		return nil, ErrUnavailable
-	}
-	locs := append([]loc(nil), g.locs[lo-g.first:hi-g.first]...)
-	l.mu.Unlock()
-	total := 0
-	for _, lc := range locs {
-		total += int(lc.n)
-	}
-	data := make([]byte, total)
-	out := make([]Entry, len(locs))
-	o := 0
-	for i, lc := range locs {
-		if lc.n > 0 {
-			if _, err := l.f.ReadAt(data[o:o+int(lc.n)], lc.off); err != nil && !errors.Is(err, io.EOF) {
-				return nil, err
-			}
-		}
-		out[i] = Entry{Index: lo + uint64(i), Term: lc.term, Data: data[o : o+int(lc.n) : o+int(lc.n)]}
-		o += int(lc.n)
-	}
-	return out, nil
-}
-
-var errNoMap = errors.New("segment: file cannot be mapped")
-
-// EntriesView returns a group's entries lo..hi-1 without copying: their
-// Data are views into a read-only mapping of the log, valid until release
-// is called (call it exactly once). The mapping stays alive while any view
-// of it is held, even when the log grows and is remapped.
-func (l *Log) EntriesView(group, lo, hi uint64) (entries []Entry, release func(), err error) {
-	l.mu.Lock()
-	g := l.groups[group]
-	if g == nil || lo < g.first || hi > g.last()+1 || lo > hi {
-		l.mu.Unlock()
+	if g == nil || lo > hi || (raftOnly && (lo < g.first || hi > g.last+1)) {
 		return nil, nil, ErrUnavailable
 	}
-	locs := g.locs[lo-g.first : hi-g.first]
-	out := make([]Entry, len(locs))
-	size := l.size
-	m, err := l.maps.acquire(l.f, size)
-	if err != nil {
-		l.mu.Unlock()
-		return nil, nil, err
+	out := make([]Entry, 0, hi-lo)
+	var held []*mapping
+	var heldFiles []*file
+	releaseAll := func() {
+		for i, m := range held {
+			heldFiles[i].maps.release(m)
+		}
 	}
-	for i, lc := range locs {
-		out[i] = Entry{Index: lo + uint64(i), Term: lc.term, Data: m.data[lc.off : lc.off+int64(lc.n) : lc.off+int64(lc.n)]}
+	var cur *file
+	var m *mapping
+	for k := lo; k < hi; k++ {
+		f, off, ok := g.get(k)
+		if !ok {
+			releaseAll()
+			return nil, nil, ErrUnavailable
+		}
+		if f != cur {
+			cur, m = f, nil
+			for i, hf := range heldFiles {
+				if hf == f {
+					m = held[i]
+				}
+			}
+			if m == nil {
+				var err error
+				if m, err = f.maps.acquire(f.f, f.size); err != nil {
+					releaseAll()
+					return nil, nil, err
+				}
+				held, heldFiles = append(held, m), append(heldFiles, f)
+			}
+		}
+		idx, term, data := entryAt(m.data, off)
+		if idx != k {
+			releaseAll()
+			return nil, nil, fmt.Errorf("%w: %s holds index %d where %d was expected", ErrCorrupt, f.name, idx, k)
+		}
+		out = append(out, Entry{Index: k, Term: term, Data: data})
 	}
-	l.mu.Unlock()
 	var once sync.Once
-	return out, func() { once.Do(func() { l.maps.release(m) }) }, nil
+	return out, func() { once.Do(releaseAll) }, nil
 }
 
 // Groups lists the groups the log knows.
@@ -648,12 +743,83 @@ func (l *Log) Groups() []uint64 {
 	for id := range l.groups {
 		out = append(out, id)
 	}
+	slices.Sort(out)
 	return out
 }
 
-// Close closes the file. Pending appends have all returned by then only if
-// the caller waited for them.
+// Stats returns the counters.
+func (l *Log) Stats() Stats {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	s := l.stats
+	s.WALFiles = 1 + len(l.wals)
+	for _, g := range l.groups {
+		s.StoredEntries += g.stored()
+		s.SegmentFiles += len(g.segs)
+	}
+	return s
+}
+
+// Close stops the background worker and closes the files. Appends in
+// flight must have returned.
 func (l *Log) Close() error {
-	l.maps.close()
-	return l.f.Close()
+	l.mu.Lock()
+	if l.closed {
+		l.mu.Unlock()
+		return nil
+	}
+	l.closed = true
+	l.mu.Unlock()
+	close(l.quit)
+	l.wg.Wait()
+	l.maint.Lock()
+	defer l.maint.Unlock()
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.closeFiles()
+}
+
+// closeFiles closes every open file (views keep their mappings until
+// released).
+func (l *Log) closeFiles() error {
+	var first error
+	closeOne := func(f *file) {
+		if f == nil || f.f == nil {
+			return
+		}
+		f.maps.close()
+		if err := f.f.Close(); err != nil && first == nil {
+			first = err
+		}
+		f.f = nil
+	}
+	seen := map[*file]bool{}
+	for _, g := range l.groups {
+		for i := range g.runs {
+			if f := g.runs[i].f; !seen[f] {
+				seen[f] = true
+				closeOne(f)
+			}
+		}
+		if g.seg != nil && !seen[g.seg] {
+			seen[g.seg] = true
+			closeOne(g.seg)
+		}
+	}
+	for _, f := range l.wals {
+		if !seen[f] {
+			seen[f] = true
+			closeOne(f)
+		}
+	}
+	if l.wal != nil && !seen[l.wal] {
+		closeOne(l.wal)
+	}
+	for _, f := range l.dead {
+		if !seen[f] {
+			seen[f] = true
+			closeOne(f)
+		}
+	}
+	return first
 }

@@ -34,7 +34,16 @@ const (
 	recEntries   uint8 = 1 // group u64, count u32, count × (index u64, term u64, len u32, data)
 	recHardState uint8 = 2 // group u64, term u64, vote u64, commit u64
 	recTruncate  uint8 = 3 // group u64, from u64: entries ≥ from are gone
-	recCompact   uint8 = 4 // group u64, upTo u64: entries ≤ upTo are gone
+	recCompact   uint8 = 4 // group u64, upTo u64: the raft log starts after upTo
+	// recCheckpoint opens every WAL file, one per group: group u64,
+	// first u64, last u64, term u64, vote u64, commit u64, flags u64 (bit 0:
+	// the hard state is set), n u64, then n × (segment seq u64, synced size
+	// u64): the group's segment files and how much of each is promised.
+	recCheckpoint uint8 = 5
+	// recPromise: group u64, segment seq u64, size u64. The segment file's
+	// first size bytes are synced: damage before that is corruption, never a
+	// torn tail. Written after the mover syncs, before its source goes.
+	recPromise uint8 = 6
 )
 
 func padded(n int) int { return (n + align - 1) &^ (align - 1) }
@@ -49,12 +58,22 @@ func beginRecord(dst []byte) ([]byte, int) {
 
 // endRecord fills in the header of the record begun at start and pads it.
 func endRecord(dst []byte, start int, gen uint32, typ uint8) []byte {
+	dst = closeRecord(dst, start, typ)
+	r := dst[start:]
+	n := binary.LittleEndian.Uint32(r[4:])
+	binary.LittleEndian.PutUint32(r[8:], gen)
+	binary.LittleEndian.PutUint32(r, crc32.Checksum(r[4:recordHeader+n], castagnoli))
+	return dst
+}
+
+// closeRecord fills in the length and type of the record begun at start
+// and pads it, leaving generation and checksum to seal: WAL records are
+// encoded before it is known which file they go to.
+func closeRecord(dst []byte, start int, typ uint8) []byte {
 	n := len(dst) - start - recordHeader
 	r := dst[start:]
 	binary.LittleEndian.PutUint32(r[4:], uint32(n))
-	binary.LittleEndian.PutUint32(r[8:], gen)
 	r[12] = typ
-	binary.LittleEndian.PutUint32(r, crc32.Checksum(r[4:recordHeader+n], castagnoli))
 	if pad := padded(recordHeader+n) - (recordHeader + n); pad > 0 {
 		dst = append(dst, make([]byte, pad)...)
 	}
@@ -105,4 +124,17 @@ func validAfter(buf []byte, off int, gen uint32) (int, bool) {
 		}
 	}
 	return 0, false
+}
+
+// seal sets the generation of every record in buf (closed by closeRecord)
+// and computes their checksums. The group-commit writer calls it outside
+// the lock, once it knows the file.
+func seal(buf []byte, gen uint32) {
+	for off := 0; off < len(buf); {
+		r := buf[off:]
+		n := int(binary.LittleEndian.Uint32(r[4:]))
+		binary.LittleEndian.PutUint32(r[8:], gen)
+		binary.LittleEndian.PutUint32(r, crc32.Checksum(r[4:recordHeader+n], castagnoli))
+		off += padded(recordHeader + n)
+	}
 }

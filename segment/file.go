@@ -1,10 +1,65 @@
 package segment
 
 import (
+	"errors"
+	"fmt"
+	"strconv"
+	"strings"
 	"sync"
 
 	"golang.org/x/sys/unix"
 )
+
+// file is one WAL or segment file of the log.
+type file struct {
+	name  string // base name
+	seq   uint64 // from the name; also the generation in its header (low 32 bits)
+	wal   bool
+	group uint64 // segment files: the group whose entries it holds
+	f     File
+	size  int64 // bytes durable (and readable)
+	wsize int64 // bytes written (the flusher's append position)
+	head  int64 // WAL: bytes of header and checkpoint (a WAL holding only these is never sealed)
+	refs  int   // stored entries the index points at in it
+	// written counts the entries ever written (segments: live/written is
+	// the ratio that triggers compaction).
+	written int
+	sealed  bool // no more appends
+	dead    bool // scheduled for deletion
+	maps    mappings
+	owner   *Log
+}
+
+func (f *file) gen() uint32 { return uint32(f.seq) }
+
+// unref drops n index references; a sealed segment left with none is
+// scheduled for deletion.
+func (f *file) unref(n int) {
+	f.refs -= n
+	if f.refs == 0 && n > 0 {
+		f.owner.maybeDead(f)
+	}
+}
+
+var errNoMap = errors.New("segment: file cannot be mapped")
+
+func walName(seq uint64) string { return fmt.Sprintf("wal-%016x.log", seq) }
+
+func segName(group, seq uint64) string { return fmt.Sprintf("seg-%016x-%016x.seg", group, seq) }
+
+// parseName recognises the log's file names.
+func parseName(name string) (seq, group uint64, wal, ok bool) {
+	switch {
+	case strings.HasPrefix(name, "wal-") && strings.HasSuffix(name, ".log") && len(name) == 4+16+4:
+		s, err := strconv.ParseUint(name[4:20], 16, 64)
+		return s, 0, true, err == nil
+	case strings.HasPrefix(name, "seg-") && strings.HasSuffix(name, ".seg") && len(name) == 4+16+1+16+4:
+		g, err1 := strconv.ParseUint(name[4:20], 16, 64)
+		s, err2 := strconv.ParseUint(name[21:37], 16, 64)
+		return s, g, false, err1 == nil && err2 == nil && name[20] == '-'
+	}
+	return 0, 0, false, false
+}
 
 // mapper is implemented by files that can be mapped read-only. A mapping
 // is never written through and the mapped file is never shrunk while it is
@@ -31,7 +86,7 @@ func (h *memHandle) Map(int64) ([]byte, func() error, error) {
 	return append([]byte(nil), h.f.data...), func() error { return nil }, nil
 }
 
-// mapping is one read-only mapping of the log file, reference-counted:
+// mapping is one read-only mapping of a file, reference-counted:
 // it is unmapped when it is no longer current and its last reader has
 // released it.
 type mapping struct {

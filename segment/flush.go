@@ -1,0 +1,378 @@
+package segment
+
+import (
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"slices"
+)
+
+// worker runs Maintain whenever there is work: a WAL file sealed, a
+// segment file emptied.
+func (l *Log) worker() {
+	defer l.wg.Done()
+	for {
+		select {
+		case <-l.quit:
+			return
+		case <-l.work:
+		}
+		if err := l.Maintain(); err != nil {
+			return // the engine is stopped or closed; every caller sees it
+		}
+	}
+}
+
+// Maintain does the background work now (the worker calls it; with
+// Options.Manual the owner does): it moves the entries still stored in
+// each sealed WAL file into their groups' segment files, syncs those, and
+// deletes the WAL file; it compacts sealed segment files whose stored
+// entries fell below Options.CompactBelow of those written (copying them
+// to the group's current segment file); and it deletes segment files left
+// with nothing stored. An I/O failure stops the engine.
+func (l *Log) Maintain() error {
+	l.maint.Lock()
+	defer l.maint.Unlock()
+	for {
+		l.mu.Lock()
+		if err := l.usableLocked(); err != nil {
+			l.mu.Unlock()
+			return err
+		}
+		if len(l.wals) == 0 {
+			l.mu.Unlock()
+			break
+		}
+		w := l.wals[0]
+		l.mu.Unlock()
+		if err := l.moveOut(w); err != nil {
+			return l.fail(err)
+		}
+		l.mu.Lock()
+		refs := w.refs
+		l.mu.Unlock()
+		if refs != 0 {
+			return l.fail(fmt.Errorf("segment: %s still holds %d entries after they were moved", w.name, refs))
+		}
+		// Its successor opens with a checkpoint of everything in it, and its
+		// entries are synced in segment files: it can go.
+		if err := l.fs.Remove(l.path(w.name)); err != nil {
+			return l.fail(err)
+		}
+		if err := l.fs.SyncDir(l.dir); err != nil {
+			return l.fail(err)
+		}
+		l.mu.Lock()
+		l.wals = l.wals[1:]
+		l.stats.DeletedFiles++
+		l.mu.Unlock()
+		l.closeFile(w)
+	}
+
+	l.mu.Lock()
+	var compact []*file
+	for _, id := range l.groupIDsLocked() {
+		g := l.groups[id]
+		for i := range g.runs {
+			f := g.runs[i].f
+			if !f.wal && f.sealed && !f.dead && f.refs > 0 && float64(f.refs) < l.opts.CompactBelow*float64(f.written) &&
+				!slices.Contains(compact, f) {
+				compact = append(compact, f)
+			}
+		}
+	}
+	l.mu.Unlock()
+	for _, f := range compact {
+		if err := l.moveOut(f); err != nil {
+			return l.fail(err)
+		}
+	}
+
+	l.mu.Lock()
+	dead := l.dead
+	l.dead = nil
+	l.mu.Unlock()
+	if len(dead) == 0 {
+		return nil
+	}
+	for _, f := range dead {
+		if err := l.fs.Remove(l.path(f.name)); err != nil {
+			return l.fail(err)
+		}
+	}
+	if err := l.fs.SyncDir(l.dir); err != nil {
+		return l.fail(err)
+	}
+	l.mu.Lock()
+	for _, f := range dead {
+		if g := l.groups[f.group]; g != nil {
+			g.segs = slices.DeleteFunc(g.segs, func(x *file) bool { return x == f })
+		}
+	}
+	l.stats.DeletedFiles += uint64(len(dead))
+	l.mu.Unlock()
+	for _, f := range dead {
+		l.closeFile(f)
+	}
+	return nil
+}
+
+func (l *Log) fail(err error) error {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if errors.Is(err, ErrStopped) || errors.Is(err, ErrClosed) {
+		return err
+	}
+	l.failLocked(err)
+	return fmt.Errorf("%w: %v", ErrStopped, err)
+}
+
+// closeFile closes a deleted file; views still held keep its mapping.
+func (l *Log) closeFile(f *file) {
+	f.maps.close()
+	if f.f != nil {
+		_ = f.f.Close()
+		f.f = nil
+	}
+}
+
+func (l *Log) groupIDsLocked() []uint64 {
+	ids := make([]uint64, 0, len(l.groups))
+	for id := range l.groups {
+		ids = append(ids, id)
+	}
+	slices.Sort(ids)
+	return ids
+}
+
+// moveJob is a run of src as the mover found it.
+type moveJob struct {
+	g    *groupIndex
+	lo   uint64
+	offs []uint32
+}
+
+// moveOut copies every entry stored in src (a sealed WAL file, or a
+// segment file being compacted) to the end of its group's segment file,
+// syncs what it wrote, and points the index at the copies. Entries cut or
+// dropped meanwhile are left as they are; src ends with nothing stored.
+func (l *Log) moveOut(src *file) error {
+	l.mu.Lock()
+	var jobs []moveJob
+	ids := []uint64{src.group}
+	if src.wal {
+		ids = l.groupIDsLocked()
+	}
+	for _, id := range ids {
+		g := l.groups[id]
+		if g == nil {
+			continue
+		}
+		for i := range g.runs {
+			if r := &g.runs[i]; r.f == src {
+				jobs = append(jobs, moveJob{g, r.lo, slices.Clone(r.offs)})
+			}
+		}
+	}
+	if len(jobs) == 0 {
+		l.mu.Unlock()
+		return nil
+	}
+	m, err := src.maps.acquire(src.f, src.size)
+	l.mu.Unlock()
+	if err != nil {
+		return err
+	}
+	defer src.maps.release(m)
+
+	w := segWriter{l: l}
+	var moved [][]piece
+	for start := 0; start < len(jobs); {
+		end := start
+		for end < len(jobs) && jobs[end].g == jobs[start].g {
+			end++
+		}
+		ps, err := w.group(jobs[start].g, jobs[start:end], m.data)
+		if err != nil {
+			return err
+		}
+		moved = append(moved, ps)
+		start = end
+	}
+	if err := w.sync(); err != nil {
+		return err
+	}
+	files := slices.Clip(w.touched)
+	for _, f := range w.sealed {
+		if !slices.Contains(files, f) {
+			files = append(files, f)
+		}
+	}
+	sizes := make([]int64, len(files))
+	for i, f := range files {
+		sizes[i] = f.wsize
+	}
+	if err := l.promise(files, sizes); err != nil {
+		return err
+	}
+
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	for _, f := range w.touched {
+		f.size = f.wsize
+	}
+	for _, s := range w.sealed {
+		s.sealed = true
+		l.stats.SegmentsSealed++
+	}
+	n := 0
+	for i, start := 0, 0; start < len(jobs); i++ {
+		end := start
+		for end < len(jobs) && jobs[end].g == jobs[start].g {
+			end++
+		}
+		jobs[start].g.repoint(src, moved[i])
+		for _, p := range moved[i] {
+			n += len(p.offs)
+		}
+		start = end
+	}
+	if src.wal {
+		l.stats.Moved += uint64(n)
+	} else {
+		l.stats.Compacted += uint64(n)
+	}
+	for _, s := range w.sealed {
+		l.maybeDead(s)
+	}
+	return nil
+}
+
+// segWriter appends groups' entries to their segment files: records of up
+// to maxEntriesRecord, one pwrite per record, a new file when one is full.
+type segWriter struct {
+	l       *Log
+	buf     []byte
+	touched []*file // files written, to sync
+	sealed  []*file // files filled up (sealed once the copies are synced)
+	created bool
+}
+
+// group writes the entries of jobs (one group's) and returns where each
+// went.
+func (w *segWriter) group(g *groupIndex, jobs []moveJob, src []byte) ([]piece, error) {
+	var pieces []piece
+	recStart, count := -1, 0
+	flush := func() error {
+		if recStart < 0 {
+			return nil
+		}
+		binary.LittleEndian.PutUint32(w.buf[recStart+recordHeader+8:], uint32(count))
+		w.buf = endRecord(w.buf, recStart, g.seg.gen(), recEntries)
+		if _, err := g.seg.f.WriteAt(w.buf, g.seg.wsize); err != nil {
+			return err
+		}
+		g.seg.wsize += int64(len(w.buf))
+		g.seg.written += count
+		w.buf, recStart, count = w.buf[:0], -1, 0
+		return nil
+	}
+	for _, j := range jobs {
+		for i, o := range j.offs {
+			if o == 0 {
+				continue // dropped before the move
+			}
+			idx := j.lo + uint64(i)
+			got, term, data := entryAt(src, o)
+			if got != idx {
+				return nil, fmt.Errorf("segment: moving group %d: index %d found where %d was expected", g.id, got, idx)
+			}
+			need := int64(recordHeader + 12 + entryHeader + len(data) + align)
+			if recStart >= 0 && len(w.buf)+entryHeader+len(data) > maxEntriesRecord {
+				if err := flush(); err != nil {
+					return nil, err
+				}
+			}
+			if g.seg == nil || (g.seg.wsize > fileHeader && g.seg.wsize+int64(len(w.buf))+need > w.l.opts.SegmentSize) {
+				if err := flush(); err != nil {
+					return nil, err
+				}
+				if g.seg != nil {
+					w.sealed = append(w.sealed, g.seg)
+				}
+				if err := w.newSegment(g); err != nil {
+					return nil, err
+				}
+			}
+			if recStart < 0 {
+				w.buf, recStart = beginRecord(w.buf)
+				w.buf = binary.LittleEndian.AppendUint64(w.buf, g.id)
+				w.buf = binary.LittleEndian.AppendUint32(w.buf, 0)
+			}
+			w.buf = binary.LittleEndian.AppendUint64(w.buf, idx)
+			w.buf = binary.LittleEndian.AppendUint64(w.buf, term)
+			w.buf = binary.LittleEndian.AppendUint32(w.buf, uint32(len(data)))
+			off := uint32(g.seg.wsize) + uint32(len(w.buf))
+			w.buf = append(w.buf, data...)
+			count++
+			if n := len(pieces); n > 0 && pieces[n-1].f == g.seg && pieces[n-1].lo+uint64(len(pieces[n-1].offs)) == idx {
+				pieces[n-1].offs = append(pieces[n-1].offs, off)
+			} else {
+				pieces = append(pieces, piece{lo: idx, f: g.seg, offs: []uint32{off}})
+			}
+			if !slices.Contains(w.touched, g.seg) {
+				w.touched = append(w.touched, g.seg)
+			}
+		}
+	}
+	return pieces, flush()
+}
+
+// newSegment starts a group's next segment file.
+func (w *segWriter) newSegment(g *groupIndex) error {
+	l := w.l
+	l.mu.Lock()
+	f := &file{seq: l.nextSeq, group: g.id, owner: l}
+	l.nextSeq++
+	l.mu.Unlock()
+	f.name = segName(g.id, f.seq)
+	h, err := l.fs.Open(l.path(f.name))
+	if err != nil {
+		return err
+	}
+	f.f = h
+	hdr := make([]byte, fileHeader)
+	copy(hdr, segMagic)
+	binary.LittleEndian.PutUint32(hdr[8:], f.gen())
+	if _, err := h.WriteAt(hdr, 0); err != nil {
+		return err
+	}
+	f.wsize = fileHeader
+	g.seg = f
+	w.created = true
+	l.mu.Lock()
+	g.segs = append(g.segs, f)
+	l.mu.Unlock()
+	return nil
+}
+
+// sync makes everything written durable: each file, then the directory
+// if files were created.
+func (w *segWriter) sync() error {
+	for _, f := range w.touched {
+		if err := f.f.Sync(); err != nil {
+			return err
+		}
+	}
+	for _, f := range w.sealed {
+		if !slices.Contains(w.touched, f) {
+			if err := f.f.Sync(); err != nil {
+				return err
+			}
+		}
+	}
+	if w.created {
+		return w.l.fs.SyncDir(w.l.dir)
+	}
+	return nil
+}

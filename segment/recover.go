@@ -1,0 +1,483 @@
+package segment
+
+import (
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"slices"
+	"strings"
+)
+
+// recover rebuilds the index from the files in the directory: every
+// group's segment files in order (a later copy of an index wins), then the
+// WAL files in order (each after the first opens with a checkpoint of
+// every group's range and hard state; its records replay with raft's
+// append semantics). Then every group's raft log must be wholly stored.
+func (l *Log) recover() error {
+	names, err := l.fs.List(l.dir)
+	if err != nil {
+		return err
+	}
+	var wals []*file
+	segs := map[uint64][]*file{}
+	for _, name := range names {
+		seq, group, wal, ok := parseName(name)
+		if !ok {
+			continue // not ours
+		}
+		f := &file{name: name, seq: seq, wal: wal, group: group, owner: l}
+		l.nextSeq = max(l.nextSeq, seq+1)
+		if wal {
+			wals = append(wals, f)
+		} else {
+			segs[group] = append(segs[group], f)
+		}
+	}
+	l.nextSeq = max(l.nextSeq, 1)
+	byseq := func(a, b *file) int { return cmpSeq(a.seq, b.seq) }
+	slices.SortFunc(wals, byseq)
+
+	// What the WAL files promise of the segment files: damage before a
+	// promised size is corruption, after it a torn tail.
+	promised := map[uint64]int64{}
+	for _, f := range wals {
+		if err := l.promises(f, promised); err != nil {
+			return err
+		}
+	}
+
+	groupIDs := make([]uint64, 0, len(segs))
+	for id := range segs {
+		groupIDs = append(groupIDs, id)
+	}
+	slices.Sort(groupIDs)
+	for _, id := range groupIDs {
+		list := segs[id]
+		slices.SortFunc(list, byseq)
+		g := l.grp(id)
+		for _, f := range list {
+			if err := l.loadSegment(g, f, promised[f.seq]); err != nil {
+				return err
+			}
+		}
+		// Until a checkpoint says otherwise, the raft log is what is stored.
+		if n := len(g.runs); n > 0 {
+			g.first, g.last = g.runs[0].lo, g.runs[n-1].hi()
+		}
+		for i, f := range list {
+			if f.f == nil {
+				continue // removed (nothing in it)
+			}
+			g.segs = append(g.segs, f)
+			if i == len(list)-1 && f.wsize < l.opts.SegmentSize {
+				g.seg = f
+			} else {
+				f.sealed = true
+			}
+		}
+	}
+
+	for i, f := range wals {
+		if err := l.loadWAL(f, i == len(wals)-1); err != nil {
+			return err
+		}
+	}
+	if err := l.validate(); err != nil {
+		return err
+	}
+	// The active WAL: the last one, unless it has no usable header.
+	if n := len(wals); n > 0 && wals[n-1].f != nil {
+		l.wal = wals[n-1]
+		l.wals = wals[:n-1]
+		for _, w := range l.wals {
+			w.sealed = true
+		}
+	} else {
+		l.wals = wals[:max(n-1, 0)]
+		for _, w := range l.wals {
+			w.sealed = true
+		}
+		if err := l.newWAL(); err != nil {
+			return err
+		}
+	}
+	// Segments left holding nothing go.
+	for _, list := range segs {
+		for _, f := range list {
+			if f.f != nil {
+				l.maybeDead(f)
+			}
+		}
+	}
+	return nil
+}
+
+func cmpSeq(a, b uint64) int {
+	switch {
+	case a < b:
+		return -1
+	case a > b:
+		return 1
+	}
+	return 0
+}
+
+// newWAL starts the first WAL file of a fresh log (or replaces one whose
+// header never reached the disk), opening with a checkpoint of the state.
+func (l *Log) newWAL() error {
+	f := &file{seq: l.nextSeq, wal: true, owner: l}
+	f.name = walName(f.seq)
+	l.nextSeq++
+	head := l.checkpointLocked(f.gen())
+	h, err := l.fs.Open(l.path(f.name))
+	if err != nil {
+		return err
+	}
+	f.f = h
+	if err := h.Truncate(0); err != nil {
+		return err
+	}
+	if _, err := h.WriteAt(head, 0); err != nil {
+		return err
+	}
+	if err := h.Sync(); err != nil {
+		return err
+	}
+	if err := l.fs.SyncDir(l.dir); err != nil {
+		return err
+	}
+	f.size, f.wsize, f.head = int64(len(head)), int64(len(head)), int64(len(head))
+	l.wal = f
+	return nil
+}
+
+// openAndMap opens f and maps its whole content for the scan.
+func (l *Log) openAndMap(f *file) ([]byte, *mapping, error) {
+	h, err := l.fs.Open(l.path(f.name))
+	if err != nil {
+		return nil, nil, err
+	}
+	f.f = h
+	size, err := h.Size()
+	if err != nil {
+		return nil, nil, err
+	}
+	f.size, f.wsize = size, size
+	if size == 0 {
+		return nil, nil, nil
+	}
+	m, err := f.maps.acquire(h, size)
+	if err != nil {
+		return nil, nil, err
+	}
+	return m.data[:size], m, nil
+}
+
+// cut makes end the end of f: a torn tail is cut (the mapping is dropped
+// first: a mapped file is never shrunk under a mapping). end 0 removes
+// the file.
+func (l *Log) cut(f *file, end int64) error {
+	if end >= f.size {
+		return nil
+	}
+	f.maps.close()
+	if end == 0 {
+		if err := f.f.Close(); err != nil {
+			return err
+		}
+		f.f = nil
+		if err := l.fs.Remove(l.path(f.name)); err != nil {
+			return err
+		}
+		return l.fs.SyncDir(l.dir)
+	}
+	if err := f.f.Truncate(end); err != nil {
+		return err
+	}
+	if err := f.f.Sync(); err != nil {
+		return err
+	}
+	f.size, f.wsize = end, end
+	return nil
+}
+
+// scan replays the records of one file through fn and returns where the
+// intact records end. A damaged record followed by intact ones is
+// corruption: an error naming what follows, or with Options.Repair the
+// end. tornOK says whether a torn tail may be cut (otherwise damage at
+// the tail is corruption too).
+func (l *Log) scan(f *file, buf []byte, magic string, tornOK bool, promised int64, fn func(typ uint8, p []byte, off int) error) (int, error) {
+	gen := f.gen()
+	if int64(len(buf)) < promised {
+		return 0, fmt.Errorf("%w: %s has %d bytes, %d were synced", ErrCorrupt, f.name, len(buf), promised)
+	}
+	if len(buf) < fileHeader {
+		return 0, nil // the header never fully reached the disk: nothing in it was acknowledged
+	}
+	off := fileHeader
+	if string(buf[:8]) != magic || binary.LittleEndian.Uint32(buf[8:]) != gen {
+		off = 0 // a damaged header: torn from the start, or corruption if records follow
+	} else {
+		for {
+			typ, payload, next, err := readRecord(buf, off, gen)
+			if err != nil {
+				break
+			}
+			if err := fn(typ, payload, off); err != nil {
+				return 0, fmt.Errorf("%w: %s at offset %d: %v", ErrCorrupt, f.name, off, err)
+			}
+			off = next
+		}
+	}
+	if off == len(buf) {
+		return off, nil
+	}
+	nextValid, found := validAfter(buf, max(off, fileHeader-align), gen)
+	if !found && tornOK && int64(off) >= promised {
+		return off, nil
+	}
+	what := "no intact records after it"
+	if found {
+		what = describeFrom(buf, nextValid, gen)
+	}
+	if !l.opts.Repair {
+		return 0, fmt.Errorf("%w: %s damaged at offset %d; %s", ErrCorrupt, f.name, off, what)
+	}
+	l.log.Error("segment: REPAIR: truncating a file at damage; everything after it is lost",
+		"file", f.name, "offset", off, "lost", what)
+	return off, nil
+}
+
+// describeFrom names the groups and index ranges of the intact entries
+// records from off on, for the corruption report.
+func describeFrom(buf []byte, off int, gen uint32) string {
+	type rng struct{ lo, hi uint64 }
+	ranges := map[uint64]rng{}
+	for {
+		typ, payload, next, err := readRecord(buf, off, gen)
+		if err != nil {
+			break
+		}
+		if typ == recEntries && len(payload) >= 12+entryHeader {
+			g := binary.LittleEndian.Uint64(payload)
+			n := uint64(binary.LittleEndian.Uint32(payload[8:]))
+			lo := binary.LittleEndian.Uint64(payload[12:])
+			r, ok := ranges[g]
+			if !ok || lo < r.lo {
+				r.lo = lo
+			}
+			r.hi = max(r.hi, lo+n-1)
+			ranges[g] = r
+		}
+		off = next
+	}
+	if len(ranges) == 0 {
+		return "intact records follow, with no entries"
+	}
+	ids := make([]uint64, 0, len(ranges))
+	for g := range ranges {
+		ids = append(ids, g)
+	}
+	slices.Sort(ids)
+	var b strings.Builder
+	b.WriteString("intact records follow: ")
+	for i, g := range ids {
+		if i > 0 {
+			b.WriteString(", ")
+		}
+		fmt.Fprintf(&b, "group %d entries %d..%d", g, ranges[g].lo, ranges[g].hi)
+	}
+	return b.String()
+}
+
+// forEntries calls fn for each entry of an entries record payload, with
+// the offset of its data within the payload.
+func forEntries(p []byte, fn func(idx uint64, dataOff int) error) error {
+	if len(p) < 12 {
+		return errors.New("short entries record")
+	}
+	n := int(binary.LittleEndian.Uint32(p[8:]))
+	o := 12
+	for i := 0; i < n; i++ {
+		if len(p)-o < entryHeader {
+			return errors.New("truncated entry")
+		}
+		idx := binary.LittleEndian.Uint64(p[o:])
+		dn := binary.LittleEndian.Uint32(p[o+16:])
+		o += entryHeader
+		if uint64(len(p)-o) < uint64(dn) {
+			return errors.New("truncated entry data")
+		}
+		if err := fn(idx, o); err != nil {
+			return err
+		}
+		o += int(dn)
+	}
+	if o != len(p) {
+		return errors.New("trailing bytes in entries record")
+	}
+	return nil
+}
+
+// loadSegment places a segment file's entries in the index; a later copy
+// of an index replaces an earlier one.
+func (l *Log) loadSegment(g *groupIndex, f *file, promised int64) error {
+	buf, m, err := l.openAndMap(f)
+	if err != nil {
+		return err
+	}
+	end, err := l.scan(f, buf, segMagic, true, promised, func(typ uint8, p []byte, off int) error {
+		if typ != recEntries || binary.LittleEndian.Uint64(p) != g.id {
+			return fmt.Errorf("unexpected record type %d in a segment of group %d", typ, g.id)
+		}
+		return forEntries(p, func(idx uint64, dataOff int) error {
+			g.place(idx, f, uint32(off+recordHeader+dataOff))
+			f.written++
+			return nil
+		})
+	})
+	if m != nil {
+		f.maps.release(m)
+	}
+	if err != nil {
+		return err
+	}
+	if end < fileHeader {
+		end = 0 // nothing usable: remove it
+		if f.refs != 0 {
+			return fmt.Errorf("%w: %s: entries indexed from a file with no header", ErrCorrupt, f.name)
+		}
+	}
+	return l.cut(f, int64(end))
+}
+
+// promises gathers what a WAL file's checkpoint and promise records say
+// of segment files (the largest promise wins). Damage is left for loadWAL
+// to report.
+func (l *Log) promises(f *file, promised map[uint64]int64) error {
+	buf, m, err := l.openAndMap(f)
+	if err != nil || m == nil {
+		return err
+	}
+	defer f.maps.release(m)
+	if len(buf) < fileHeader {
+		return nil
+	}
+	for off := fileHeader; ; {
+		typ, p, next, err := readRecord(buf, off, f.gen())
+		if err != nil {
+			return nil
+		}
+		switch {
+		case typ == recPromise && len(p) == 24:
+			seq := binary.LittleEndian.Uint64(p[8:])
+			promised[seq] = max(promised[seq], int64(binary.LittleEndian.Uint64(p[16:])))
+		case typ == recCheckpoint && len(p) >= 64:
+			n := binary.LittleEndian.Uint64(p[56:])
+			for i := uint64(0); i < n && 64+16*(i+1) <= uint64(len(p)); i++ {
+				seq := binary.LittleEndian.Uint64(p[64+16*i:])
+				promised[seq] = max(promised[seq], int64(binary.LittleEndian.Uint64(p[72+16*i:])))
+			}
+		}
+		off = next
+	}
+}
+
+// loadWAL replays a WAL file. Only the last may have a torn tail: every
+// earlier one was synced whole before the next was started.
+func (l *Log) loadWAL(f *file, last bool) error {
+	buf, m, err := l.openAndMap(f)
+	if err != nil {
+		return err
+	}
+	end, err := l.scan(f, buf, walMagic, last, 0, func(typ uint8, p []byte, off int) error {
+		return l.replay(f, typ, p, off)
+	})
+	if m != nil {
+		f.maps.release(m)
+	}
+	if err != nil {
+		return err
+	}
+	if end < fileHeader {
+		// A WAL whose header never reached the disk holds nothing.
+		return l.cut(f, 0)
+	}
+	f.head = fileHeader
+	return l.cut(f, int64(end))
+}
+
+// replay applies one WAL record to the index.
+func (l *Log) replay(f *file, typ uint8, p []byte, recOff int) error {
+	switch typ {
+	case recEntries:
+		if len(p) < 12 {
+			return errors.New("short entries record")
+		}
+		g := l.grp(binary.LittleEndian.Uint64(p))
+		return forEntries(p, func(idx uint64, dataOff int) error {
+			return g.put(idx, f, uint32(recOff+recordHeader+dataOff))
+		})
+	case recHardState:
+		if len(p) != 32 {
+			return errors.New("bad hard state record")
+		}
+		g := l.grp(binary.LittleEndian.Uint64(p))
+		g.hs = HardState{Term: binary.LittleEndian.Uint64(p[8:]), Vote: binary.LittleEndian.Uint64(p[16:]), Commit: binary.LittleEndian.Uint64(p[24:])}
+		g.hsSet = true
+	case recTruncate:
+		if len(p) != 16 {
+			return errors.New("bad truncate record")
+		}
+		l.grp(binary.LittleEndian.Uint64(p)).truncate(binary.LittleEndian.Uint64(p[8:]))
+	case recCompact:
+		if len(p) != 16 {
+			return errors.New("bad compact record")
+		}
+		l.grp(binary.LittleEndian.Uint64(p)).compact(binary.LittleEndian.Uint64(p[8:]))
+	case recPromise:
+		if len(p) != 24 {
+			return errors.New("bad promise record")
+		}
+	case recCheckpoint:
+		if len(p) < 64 || uint64(len(p)) != 64+16*binary.LittleEndian.Uint64(p[56:]) {
+			return errors.New("bad checkpoint record")
+		}
+		g := l.grp(binary.LittleEndian.Uint64(p))
+		g.first, g.last = binary.LittleEndian.Uint64(p[8:]), binary.LittleEndian.Uint64(p[16:])
+		g.cutFrom(g.last + 1)
+		g.hs = HardState{Term: binary.LittleEndian.Uint64(p[24:]), Vote: binary.LittleEndian.Uint64(p[32:]), Commit: binary.LittleEndian.Uint64(p[40:])}
+		g.hsSet = binary.LittleEndian.Uint64(p[48:])&1 != 0
+		f.head = int64(recOff + padded(recordHeader+len(p)))
+	default:
+		return fmt.Errorf("unknown record type %d", typ)
+	}
+	return nil
+}
+
+// validate checks that every group's raft log is wholly stored. A hole is
+// corruption (a segment file lost or damaged); with Options.Repair the
+// group's log is truncated at the hole.
+func (l *Log) validate() error {
+	ids := make([]uint64, 0, len(l.groups))
+	for id := range l.groups {
+		ids = append(ids, id)
+	}
+	slices.Sort(ids)
+	for _, id := range ids {
+		g := l.groups[id]
+		if g.empty() {
+			continue
+		}
+		hole, ok := g.firstHole()
+		if ok {
+			continue
+		}
+		if !l.opts.Repair {
+			return fmt.Errorf("%w: group %d: entries %d..%d of its raft log are missing", ErrCorrupt, id, hole, g.last)
+		}
+		l.log.Error("segment: REPAIR: truncating a group's log at missing entries", "group", id, "from", hole, "last", g.last)
+		g.truncate(hole)
+	}
+	return nil
+}
