@@ -316,7 +316,7 @@ func TestCrashProperty(t *testing.T) {
 }
 
 type crashTotals struct {
-	Moved, Compacted, Deleted, Sealed   uint64
+	Moved, Compacted, Deleted, Sealed  uint64
 	FailedOps, FlipsReported, FlipsCut int
 }
 
