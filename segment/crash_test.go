@@ -205,6 +205,7 @@ func (gn *gen) op(m model) op {
 		id := uint64(r.IntN(6))
 		g := m.g(id)
 		o.trunc = &[2]uint64{id, g.first + uint64(r.IntN(int(g.last-g.first+2)))}
+		gn.terms[id]++ // raft truncates only for a new leader's entries
 	case k < 18:
 		id := uint64(r.IntN(6))
 		g := m.g(id)

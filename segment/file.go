@@ -25,6 +25,7 @@ type file struct {
 	// the ratio that triggers compaction).
 	written int
 	sealed  bool // no more appends
+	touched bool // written by the current move (worker-owned)
 	dead    bool // scheduled for deletion
 	maps    mappings
 	owner   *Log

@@ -199,6 +199,9 @@ func (l *Log) moveOut(src *file) error {
 		moved = append(moved, ps)
 		start = end
 	}
+	for _, f := range w.touched {
+		f.touched = false
+	}
 	if err := w.sync(); err != nil {
 		return err
 	}
@@ -320,7 +323,8 @@ func (w *segWriter) group(g *groupIndex, jobs []moveJob, src []byte) ([]piece, e
 			} else {
 				pieces = append(pieces, piece{lo: idx, f: g.seg, offs: []uint32{off}})
 			}
-			if !slices.Contains(w.touched, g.seg) {
+			if !g.seg.touched {
+				g.seg.touched = true
 				w.touched = append(w.touched, g.seg)
 			}
 		}

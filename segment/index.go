@@ -143,7 +143,9 @@ func (g *groupIndex) put(idx uint64, f *file, off uint32) error {
 	if err := g.span.put(idx); err != nil {
 		return err
 	}
-	g.cutFrom(idx)
+	if n := len(g.runs); n > 0 && g.runs[n-1].hi() >= idx {
+		g.cutFrom(idx) // a rewrite: drop the old suffix
+	}
 	g.appendAt(idx, f, off)
 	return nil
 }
@@ -266,10 +268,15 @@ func (g *groupIndex) repoint(src *file, pieces []piece) {
 	g.runs = out
 }
 
-// place stores idx at off in f, replacing whatever copy was stored
-// (recovery: a later copy wins).
-func (g *groupIndex) place(idx uint64, f *file, off uint32) {
+// place stores idx (of term) at off in f unless a copy of at least that
+// term is stored (recovery). Raft rewrites an index only with a higher
+// term, so the highest term is the newest version, and two copies of one
+// term are the same entry (the mover's and compaction's copies).
+func (g *groupIndex) place(idx, term uint64, f *file, off uint32, termOf func(*file, uint32) uint64) {
 	i, in := g.find(idx)
+	if in && g.runs[i].offs[idx-g.runs[i].lo] != 0 && termOf(g.runs[i].f, g.runs[i].offs[idx-g.runs[i].lo]) >= term {
+		return
+	}
 	if !in {
 		if i > 0 && g.runs[i-1].f == f && g.runs[i-1].hi()+1 == idx {
 			g.runs[i-1].offs = append(g.runs[i-1].offs, off)

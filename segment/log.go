@@ -26,6 +26,10 @@ type HardState struct {
 // Batch is what one group appends in one call: entries (contiguous
 // indexes; an index at or below the group's last overwrites from there, as
 // raft does after a leader change) and optionally a new hard state.
+//
+// As in raft, an index is only ever rewritten (after an overwrite or a
+// Truncate) with a higher term than the entry it replaces: recovery keeps
+// the highest-term copy of an index it finds in segment files.
 type Batch struct {
 	Group     uint64
 	Entries   []Entry
@@ -643,13 +647,23 @@ func (l *Log) HardState(group uint64) (HardState, bool) {
 
 // Term returns the term of an entry of a group's raft log.
 func (l *Log) Term(group, index uint64) (uint64, error) {
-	es, release, err := l.view(group, index, index+1, true)
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	g := l.groups[group]
+	if l.closed || g == nil || index < g.first || index > g.last {
+		return 0, ErrUnavailable
+	}
+	f, off, ok := g.get(index)
+	if !ok {
+		return 0, ErrUnavailable
+	}
+	m, err := f.maps.acquire(f.f, f.size)
 	if err != nil {
 		return 0, err
 	}
-	t := es[0].Term
-	release()
-	return t, nil
+	_, term, _ := entryAt(m.data, off)
+	f.maps.release(m)
+	return term, nil
 }
 
 // Entries returns a group's raft log entries lo..hi-1, their data copied

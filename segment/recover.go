@@ -326,12 +326,24 @@ func (l *Log) loadSegment(g *groupIndex, f *file, promised int64) error {
 	if err != nil {
 		return err
 	}
+	termOf := func(sf *file, off uint32) uint64 {
+		if sf == f {
+			return binary.LittleEndian.Uint64(buf[off-entryHeader+8:])
+		}
+		sm, err := sf.maps.acquire(sf.f, sf.size)
+		if err != nil {
+			return 0 // unreadable: the new copy wins
+		}
+		defer sf.maps.release(sm)
+		return binary.LittleEndian.Uint64(sm.data[off-entryHeader+8:])
+	}
 	end, err := l.scan(f, buf, segMagic, true, promised, func(typ uint8, p []byte, off int) error {
 		if typ != recEntries || binary.LittleEndian.Uint64(p) != g.id {
 			return fmt.Errorf("unexpected record type %d in a segment of group %d", typ, g.id)
 		}
 		return forEntries(p, func(idx uint64, dataOff int) error {
-			g.place(idx, f, uint32(off+recordHeader+dataOff))
+			term := binary.LittleEndian.Uint64(p[dataOff-entryHeader+8:])
+			g.place(idx, term, f, uint32(off+recordHeader+dataOff), termOf)
 			f.written++
 			return nil
 		})
