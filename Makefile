@@ -5,7 +5,7 @@ PKGS     := ./...
 # Packages with goroutines or shared state run under the race detector.
 RACE_PKGS := ./queue/... ./netio/... ./client/... ./cmd/... ./segment/...
 
-.PHONY: all build run test test-race vet fmt-check lint bench bench-compare bench-million fuzz vectors tools
+.PHONY: all build run test test-race vet fmt-check lint bench bench-segment bench-compare bench-million fuzz vectors tools soak-segment
 
 all: build
 
@@ -34,6 +34,18 @@ lint: vet
 
 bench:
 	$(GO) test -run '^$$' -bench . -benchmem $(PKGS)
+
+# Storage engine soak: 10,000,000 × 1 KiB entries written (about 20 GiB of
+# disk writes), moved into segment files and read back; reports heap and
+# RSS. CRASH_SEEDS runs the crash property test with more seeds.
+SEGMENT_SOAK_DIR ?=
+CRASH_SEEDS ?= 20000
+soak-segment:
+	SEGMENT_SOAK=1 SEGMENT_SOAK_DIR=$(SEGMENT_SOAK_DIR) $(GO) test -count=1 -run TestSoakTenMillion -v -timeout 60m ./segment
+	$(GO) test -count=1 -run TestCrashProperty ./segment -crash.seeds=$(CRASH_SEEDS)
+
+bench-segment:
+	$(GO) test -run '^$$' -bench . -benchmem -benchtime 2s ./segment
 
 # Fuzz the frame decoder; FUZZTIME=10m make fuzz for a longer run.
 FUZZTIME ?= 60s
