@@ -1,55 +1,111 @@
-// Package segment is Warren's storage engine: the node's log, shared by
-// every raft group on the node, with group commit and crash-safe recovery.
-// It knows nothing of raft or queues beyond "group id, index, term, bytes".
+// Package segment is Warren's storage engine: one log per node, shared by
+// every raft group on the node, with group commit, per-group segment
+// files and crash-safe recovery. It knows nothing of raft or queues beyond
+// "group id, index, term, bytes" and "these indexes are still live".
+//
+// # Layout
+//
+// RabbitMQ Ra's, so that one stuck message never pins the whole log:
+//
+//	dir/wal-<seq>.log             every group's appends, in arrival order
+//	dir/seg-<group>-<seq>.seg     one group's entries, moved from the WAL
+//
+// Appends go to the current WAL file. When it passes Options.WALSize the
+// next group commit starts a new one, which opens with a checkpoint: every
+// group's raft range, hard state and segment files. A background worker
+// then moves the entries still stored in the sealed WAL file (those not
+// cut by a truncation or dropped by a compaction meanwhile) to the end of
+// each group's current segment file, syncs them, records a promise of
+// their synced size in the WAL, points the index at the copies and
+// deletes the WAL file. A segment file is sealed at Options.SegmentSize.
+// The owner tells storage which entries below its compaction point are
+// live (Compact): a sealed segment file left with no stored entry is
+// deleted; one whose stored entries fall below Options.CompactBelow of
+// those written into it is compacted, its stored entries copied to the
+// group's current segment file, then deleted.
 //
 // # File format
 //
-// One log file per node (wal-000001.log) starts with a 16-byte header:
+// Every file starts with a 16-byte header, then records:
 //
 //	0          8            12         16
-//	+----------+------------+----------+
-//	| WRNSEG01 | generation | reserved |
-//	+----------+------------+----------+
+//	+----------+------------+----------+==========
+//	|  magic   | generation | reserved | records...
+//	+----------+------------+----------+==========
 //
-// followed by records, each 8-byte aligned (record.go has the byte
-// diagram): crc32c | length | generation | type | payload | zero pad. The
-// CRC-32C (Castagnoli) covers the header after the CRC and the payload.
-// Record types: entries (one group's contiguous entries: group u64,
-// count u32, then per entry index u64, term u64, length u32, data), hard
-// state (group, term, vote, commit), truncate (group, from) and compact
-// (group, up-to). All integers are little-endian. The constants are part of
-// the format.
+// magic is "WRNWAL01" or "WRNSEG01"; generation is the low 32 bits of the
+// file's sequence number (in its name). Each record is 8-byte aligned
+// (record.go has the byte diagram): crc32c | length | generation | type |
+// payload | zero pad. The CRC-32C (Castagnoli) covers the header after the
+// CRC and the payload; the generation must be the file's, so bytes left
+// from another use of the space are never taken for records. Record types:
+//
+//	1 entries     group u64, count u32, count × (index u64, term u64, len u32, data)
+//	2 hard state  group u64, term u64, vote u64, commit u64
+//	3 truncate    group u64, from u64
+//	4 compact     group u64, upTo u64
+//	5 checkpoint  group u64, first u64, last u64, term u64, vote u64, commit u64,
+//	              flags u64 (bit 0: hard state set), n u64, n × (segment seq u64, size u64)
+//	6 promise     group u64, segment seq u64, size u64
+//
+// Segment files hold only entries records. All integers are
+// little-endian. The constants are part of the format.
 //
 // # Writing
 //
 // Append encodes its records into a shared pending buffer and waits. The
 // first waiter with no write in flight becomes the writer: it takes
-// everything pending, writes it with one pwrite at the end of the file,
-// calls fdatasync once, applies it to the in-memory index and wakes every
-// waiter it covered (group commit). Writes never go through a mapping.
-// Any write or fsync failure stops the engine for good (ErrStopped): after
-// a failed fsync the kernel may have dropped the data, so the process must
-// restart and recover rather than carry on.
+// everything pending, sets the records' generation and checksums, writes
+// them with one pwrite at the end of the WAL file (or into a new one),
+// calls fdatasync once, applies them to the index and wakes every waiter
+// it covered (group commit). Writes never go through a mapping. Any write
+// or fsync failure stops the engine for good (ErrStopped): after a failed
+// fsync the kernel may have dropped the data, so the process must restart
+// and recover rather than carry on. New files are made durable in their
+// directory (fsync of the directory) before anything depends on them, and
+// deletions before anything assumes them gone.
+//
+// # Reading
+//
+// The index keeps, per group, runs of consecutive indexes with the
+// offset of each entry's data in its file: 4 bytes per entry. The entry
+// header before the data gives its index, term and length, so a read
+// checks it found the index it asked for. EntriesView returns views into
+// a read-only, reference-counted mmap of each file (remapped larger as a
+// file grows; a mapping is unmapped only when it is no longer current and
+// its last view is released, even after its file is deleted); Entries
+// copies. A mapped file is never shrunk: recovery drops the mapping before
+// it cuts a torn tail.
 //
 // # Recovery
 //
-// Open reads the file and replays every record into the index. The first
-// record that does not decode ends the scan. If no intact record follows it,
-// it is a torn tail (a partial last write, or zeros) and is cut. If intact
-// records do follow, it is corruption in the middle: Open refuses with
-// ErrCorrupt, naming the offset and the groups and indexes that follow the
-// damage; with Options.Repair it truncates there instead, with an
-// error-level log line.
+// Open lists the files. It first gathers what the WAL files promise about
+// segment sizes (checkpoints and promise records). It loads every group's
+// segment files in order; of two copies of an index, the one with the
+// higher term wins (raft rewrites an index only with a higher term; equal
+// terms are the same entry). Then it replays the WAL files in order:
+// checkpoints set each group's range and hard state, entries replay with
+// raft's append semantics, truncations and compactions apply. Last, every
+// group's raft log [first, last] must be wholly stored.
+//
+// Damage: the first record of a file that does not decode ends its scan.
+// If intact records follow it, or it lies before the file's promised size
+// (segments), or the file is a sealed WAL file, it is corruption: Open
+// refuses with ErrCorrupt, naming the file, the offset and the groups and
+// index ranges of the intact records after it. Otherwise it is a torn
+// tail (a partial last write, or zeros) and is cut. A raft log with a
+// hole is corruption naming the group and the missing range. With
+// Options.Repair, Open truncates at the damage instead, with an
+// error-level log line. Live entries below a compaction point are not
+// listed on disk; the owner hands its live set to Compact after a restart,
+// which reports any that are missing (ErrCorrupt), so a loss is never
+// silent.
 //
 // # Not built yet
 //
-// The design (DESIGN.md §5, RabbitMQ Ra's layout) moves entries from this
-// shared log into per-group segment files with a background flusher,
-// deletes log files once flushed, and drops or compacts segment files by
-// the queue's live indexes. Here there is one log file that grows until the
-// process is restarted with a fresh directory, and Compact only forgets
-// index entries. Reads: EntriesView returns views into a read-only,
-// reference-counted mmap of the log (remapped larger as it grows; an old
-// mapping is unmapped only when its last view is released); Entries copies
-// with pread.
+// Opening reads every segment file whole to rebuild the index (a sealed
+// segment could carry its own index for a faster open); groups are never
+// removed; the mover copies each surviving entry once more than a shared
+// log would, and syncs every touched segment file on each move (one
+// fdatasync per group per WAL file).
 package segment

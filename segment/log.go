@@ -57,6 +57,11 @@ type Options struct {
 	// Manual turns the background worker off: the owner calls Maintain.
 	// Tests use it to place maintenance deterministically.
 	Manual bool
+	// MaxSealedWALs bounds how far the worker may fall behind: while this
+	// many sealed WAL files wait to be moved, appends wait (default 2). Disk
+	// use stays bounded and the append rate is what the disk sustains with
+	// the moves, not a burst. Not applied with Manual.
+	MaxSealedWALs int
 }
 
 const maxFileSize = 1 << 30 // offsets in the index are uint32
@@ -73,6 +78,9 @@ func (o *Options) defaults() error {
 	}
 	if o.CompactBelow == 0 {
 		o.CompactBelow = 0.5
+	}
+	if o.MaxSealedWALs == 0 {
+		o.MaxSealedWALs = 2
 	}
 	if o.WALSize < 0 || o.WALSize > maxFileSize || o.SegmentSize < 0 || o.SegmentSize > maxFileSize {
 		return fmt.Errorf("segment: WALSize and SegmentSize must be at most %d", maxFileSize)
@@ -135,6 +143,7 @@ type Log struct {
 	syncing bool
 	failed  error
 	closed  bool
+	rotate  bool // seal the WAL at the next write (Rotate)
 	// pend: each group's raft range once the pending records are durable,
 	// so appends queued behind one another are checked for gaps; fly is
 	// pend of the records being written right now.
@@ -191,7 +200,11 @@ func Open(fs FS, dir string, opts Options) (*Log, error) {
 		return nil, err
 	}
 	l := &Log{fs: fs, dir: dir, opts: opts, log: opts.Logger, groups: map[uint64]*groupIndex{},
-		pend: map[uint64]span{}, fly: map[uint64]span{}, work: make(chan struct{}, 1), quit: make(chan struct{})}
+		pend: map[uint64]span{}, fly: map[uint64]span{}, work: make(chan struct{}, 1), quit: make(chan struct{}),
+		// Room for a busy group commit up front: the buffers are reused,
+		// and growing them is the only allocation an append can cause.
+		pending: make([]byte, 0, 4<<20), spare: make([]byte, 0, 4<<20),
+		updates: make([]update, 0, 16<<10), spareU: make([]update, 0, 16<<10)}
 	l.cond = sync.NewCond(&l.mu)
 	if err := l.recover(); err != nil {
 		l.closeFiles()
@@ -277,8 +290,15 @@ func (l *Log) Append(batches ...Batch) error {
 		l.mu.Unlock()
 		return err
 	}
-	for len(l.pending) > maxPending && l.syncing && l.failed == nil {
-		l.cond.Wait() // the next write takes what is pending; bound it
+	for l.failed == nil && !l.closed && ((len(l.pending) > maxPending && l.syncing) ||
+		(!l.opts.Manual && len(l.wals) >= l.opts.MaxSealedWALs)) {
+		// The next write takes what is pending: bound it. And let the
+		// worker catch up when it is behind.
+		l.cond.Wait()
+	}
+	if err := l.usableLocked(); err != nil {
+		l.mu.Unlock()
+		return err
 	}
 	l.undo = l.undo[:0]
 	total := 0
@@ -410,7 +430,8 @@ func (l *Log) commitLocked(my uint64) error {
 		l.pend, l.fly = l.fly, l.pend // fly was cleared after the last write
 		f, base := l.wal, l.wal.size
 		var head []byte // header and checkpoint of a new WAL file
-		if base > f.head && base+int64(len(buf)) > l.opts.WALSize {
+		if base > f.head && (l.rotate || base+int64(len(buf)) > l.opts.WALSize) {
+			l.rotate = false
 			f = &file{seq: l.nextSeq, wal: true, owner: l}
 			f.name = walName(f.seq)
 			l.nextSeq++
@@ -547,6 +568,15 @@ func (l *Log) writeOp(typ uint8, gid, arg uint64) error {
 	l.stats.Records++
 	l.seq++
 	return l.commitLocked(l.seq)
+}
+
+// Rotate seals the current WAL file at the next write, if it holds any
+// record beyond its checkpoint; the worker then moves it into segment
+// files. For tests, benchmarks and operators who want the WAL emptied.
+func (l *Log) Rotate() {
+	l.mu.Lock()
+	l.rotate = true
+	l.mu.Unlock()
 }
 
 // promise records, durably, that the first size bytes of each segment
@@ -783,6 +813,7 @@ func (l *Log) Close() error {
 		return nil
 	}
 	l.closed = true
+	l.cond.Broadcast() // appends waiting for the worker give up
 	l.mu.Unlock()
 	close(l.quit)
 	l.wg.Wait()
