@@ -139,7 +139,7 @@ func rawWriteSync(b *testing.B, block int) {
 }
 
 // BenchmarkRead: reading 100 × 1 KiB entries through a read-only mapping
-// (no copy) against pread into a fresh buffer.
+// (no copy) against Entries, which copies them into a fresh buffer.
 func BenchmarkRead(b *testing.B) {
 	l, err := Open(OSFS{}, b.TempDir(), Options{})
 	if err != nil {
@@ -174,7 +174,7 @@ func BenchmarkRead(b *testing.B) {
 			lo = lo%9800 + 100
 		}
 	})
-	b.Run("pread-copy", func(b *testing.B) {
+	b.Run("copy", func(b *testing.B) {
 		b.SetBytes(100 * 1024)
 		b.ReportAllocs()
 		lo := uint64(1)

@@ -737,46 +737,81 @@ func (l *Log) view(group, lo, hi uint64, raftOnly bool) ([]Entry, func(), error)
 		return nil, nil, ErrUnavailable
 	}
 	out := make([]Entry, 0, hi-lo)
-	var held []*mapping
-	var heldFiles []*file
-	releaseAll := func() {
-		for i, m := range held {
-			heldFiles[i].maps.release(m)
-		}
-	}
-	var cur *file
+	h := &hold{}
 	var m *mapping
 	for k := lo; k < hi; k++ {
 		f, off, ok := g.get(k)
 		if !ok {
-			releaseAll()
+			h.release()
 			return nil, nil, ErrUnavailable
 		}
-		if f != cur {
-			cur, m = f, nil
-			for i, hf := range heldFiles {
-				if hf == f {
-					m = held[i]
-				}
+		if m = h.mapping(f); m == nil {
+			var err error
+			if m, err = f.maps.acquire(f.f, f.size); err != nil {
+				h.release()
+				return nil, nil, err
 			}
-			if m == nil {
-				var err error
-				if m, err = f.maps.acquire(f.f, f.size); err != nil {
-					releaseAll()
-					return nil, nil, err
-				}
-				held, heldFiles = append(held, m), append(heldFiles, f)
-			}
+			h.add(f, m)
 		}
 		idx, term, data := entryAt(m.data, off)
 		if idx != k {
-			releaseAll()
+			h.release()
 			return nil, nil, fmt.Errorf("%w: %s holds index %d where %d was expected", ErrCorrupt, f.name, idx, k)
 		}
 		out = append(out, Entry{Index: k, Term: term, Data: data})
 	}
-	var once sync.Once
-	return out, func() { once.Do(releaseAll) }, nil
+	return out, h.release, nil
+}
+
+// hold is the mappings one view holds: usually one file, sometimes two
+// (a range that crosses from a segment file into the WAL), rarely more.
+type hold struct {
+	once  sync.Once
+	n     int
+	files [2]*file
+	maps  [2]*mapping
+	more  []struct {
+		f *file
+		m *mapping
+	}
+}
+
+func (h *hold) mapping(f *file) *mapping {
+	for i := 0; i < min(h.n, 2); i++ {
+		if h.files[i] == f {
+			return h.maps[i]
+		}
+	}
+	for _, x := range h.more {
+		if x.f == f {
+			return x.m
+		}
+	}
+	return nil
+}
+
+func (h *hold) add(f *file, m *mapping) {
+	if h.n < 2 {
+		h.files[h.n], h.maps[h.n] = f, m
+	} else {
+		h.more = append(h.more, struct {
+			f *file
+			m *mapping
+		}{f, m})
+	}
+	h.n++
+}
+
+// release drops the view's mappings; later calls do nothing.
+func (h *hold) release() {
+	h.once.Do(func() {
+		for i := 0; i < min(h.n, 2); i++ {
+			h.files[i].maps.release(h.maps[i])
+		}
+		for _, x := range h.more {
+			x.f.maps.release(x.m)
+		}
+	})
 }
 
 // Groups lists the groups the log knows.

@@ -153,11 +153,14 @@ func (l *Log) newWAL() error {
 
 // openAndMap opens f and maps its whole content for the scan.
 func (l *Log) openAndMap(f *file) ([]byte, *mapping, error) {
-	h, err := l.fs.Open(l.path(f.name))
-	if err != nil {
-		return nil, nil, err
+	if f.f == nil {
+		h, err := l.fs.Open(l.path(f.name))
+		if err != nil {
+			return nil, nil, err
+		}
+		f.f = h
 	}
-	f.f = h
+	h := f.f
 	size, err := h.Size()
 	if err != nil {
 		return nil, nil, err
