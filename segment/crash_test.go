@@ -178,7 +178,7 @@ func (gn *gen) op(m model) op {
 	switch k := r.IntN(20); {
 	case k < 13:
 		for n := 1 + r.IntN(3); n > 0; n-- {
-			id := uint64(r.IntN(6))
+			id := uint64(r.IntN(8))
 			g := m.g(id)
 			start := g.last + 1
 			if g.last >= g.first && r.IntN(4) == 0 { // a new leader overwrites a suffix
@@ -202,12 +202,12 @@ func (gn *gen) op(m model) op {
 			}
 		}
 	case k < 15:
-		id := uint64(r.IntN(6))
+		id := uint64(r.IntN(8))
 		g := m.g(id)
 		o.trunc = &[2]uint64{id, g.first + uint64(r.IntN(int(g.last-g.first+2)))}
 		gn.terms[id]++ // raft truncates only for a new leader's entries
 	case k < 18:
-		id := uint64(r.IntN(6))
+		id := uint64(r.IntN(8))
 		g := m.g(id)
 		upTo := g.first + uint64(r.IntN(int(g.last-g.first+2))) - 1
 		if r.IntN(4) == 0 {

@@ -201,10 +201,10 @@ func Open(fs FS, dir string, opts Options) (*Log, error) {
 	}
 	l := &Log{fs: fs, dir: dir, opts: opts, log: opts.Logger, groups: map[uint64]*groupIndex{},
 		pend: map[uint64]span{}, fly: map[uint64]span{}, work: make(chan struct{}, 1), quit: make(chan struct{}),
-		// Room for a busy group commit up front: the buffers are reused,
-		// and growing them is the only allocation an append can cause.
-		pending: make([]byte, 0, 4<<20), spare: make([]byte, 0, 4<<20),
-		updates: make([]update, 0, 16<<10), spareU: make([]update, 0, 16<<10)}
+		// The two pending buffers are reused; they grow to the largest
+		// group commit seen, and that growth is the only allocation an
+		// append can cause.
+		pending: make([]byte, 0, 256<<10), spare: make([]byte, 0, 256<<10)}
 	l.cond = sync.NewCond(&l.mu)
 	if err := l.recover(); err != nil {
 		l.closeFiles()
