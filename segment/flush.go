@@ -348,10 +348,7 @@ func (w *segWriter) newSegment(g *groupIndex) error {
 		return err
 	}
 	f.f = h
-	hdr := make([]byte, fileHeader)
-	copy(hdr, segMagic)
-	binary.LittleEndian.PutUint32(hdr[8:], f.gen())
-	if _, err := h.WriteAt(hdr, 0); err != nil {
+	if _, err := h.WriteAt(appendFileHeader(nil, segMagic, f.gen()), 0); err != nil {
 		return err
 	}
 	f.wsize = fileHeader

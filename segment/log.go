@@ -510,15 +510,8 @@ func (l *Log) failLocked(err error) {
 // far. With it, the WAL files before it are not needed once their entries
 // are in segment files.
 func (l *Log) checkpointLocked(gen uint32) []byte {
-	b := append(l.ckpt[:0], make([]byte, fileHeader)...)
-	copy(b, walMagic)
-	binary.LittleEndian.PutUint32(b[8:], gen)
-	ids := make([]uint64, 0, len(l.groups))
-	for id := range l.groups {
-		ids = append(ids, id)
-	}
-	slices.Sort(ids)
-	for _, id := range ids {
+	b := appendFileHeader(l.ckpt[:0], walMagic, gen)
+	for _, id := range l.groupIDsLocked() {
 		g := l.groups[id]
 		var start int
 		b, start = beginRecord(b)

@@ -46,6 +46,14 @@ const (
 	recPromise uint8 = 6
 )
 
+// appendFileHeader appends a file's 16-byte header: magic, generation,
+// reserved zeros.
+func appendFileHeader(dst []byte, magic string, gen uint32) []byte {
+	dst = append(dst, magic...)
+	dst = binary.LittleEndian.AppendUint32(dst, gen)
+	return binary.LittleEndian.AppendUint32(dst, 0)
+}
+
 func padded(n int) int { return (n + align - 1) &^ (align - 1) }
 
 // beginRecord reserves a record header at the end of dst; append the

@@ -474,12 +474,7 @@ func (l *Log) replay(f *file, typ uint8, p []byte, recOff int) error {
 // corruption (a segment file lost or damaged); with Options.Repair the
 // group's log is truncated at the hole.
 func (l *Log) validate() error {
-	ids := make([]uint64, 0, len(l.groups))
-	for id := range l.groups {
-		ids = append(ids, id)
-	}
-	slices.Sort(ids)
-	for _, id := range ids {
+	for _, id := range l.groupIDsLocked() {
 		g := l.groups[id]
 		if g.empty() {
 			continue
