@@ -1,6 +1,7 @@
 package segment
 
 import (
+	"cmp"
 	"encoding/binary"
 	"errors"
 	"fmt"
@@ -9,10 +10,11 @@ import (
 )
 
 // recover rebuilds the index from the files in the directory: every
-// group's segment files in order (a later copy of an index wins), then the
-// WAL files in order (each after the first opens with a checkpoint of
-// every group's range and hard state; its records replay with raft's
-// append semantics). Then every group's raft log must be wholly stored.
+// group's segment files (of two copies of an index, the higher term
+// wins), then the WAL files in order (each opens with a checkpoint of
+// every group's range, hard state and segment files; its records replay
+// with raft's append semantics). Then every group's raft log must be
+// wholly stored.
 func (l *Log) recover() error {
 	names, err := l.fs.List(l.dir)
 	if err != nil {
@@ -34,7 +36,7 @@ func (l *Log) recover() error {
 		}
 	}
 	l.nextSeq = max(l.nextSeq, 1)
-	byseq := func(a, b *file) int { return cmpSeq(a.seq, b.seq) }
+	byseq := func(a, b *file) int { return cmp.Compare(a.seq, b.seq) }
 	slices.SortFunc(wals, byseq)
 
 	// What the WAL files promise of the segment files: damage before a
@@ -85,18 +87,18 @@ func (l *Log) recover() error {
 	if err := l.validate(); err != nil {
 		return err
 	}
-	// The active WAL: the last one, unless it has no usable header.
-	if n := len(wals); n > 0 && wals[n-1].f != nil {
-		l.wal = wals[n-1]
-		l.wals = wals[:n-1]
-		for _, w := range l.wals {
-			w.sealed = true
-		}
-	} else {
-		l.wals = wals[:max(n-1, 0)]
-		for _, w := range l.wals {
-			w.sealed = true
-		}
+	// The active WAL: the last one, unless it had no usable header (then
+	// it is gone, and a new one starts).
+	lastGone := len(wals) == 0 || wals[len(wals)-1].f == nil
+	wals = slices.DeleteFunc(wals, func(f *file) bool { return f.f == nil })
+	if !lastGone {
+		l.wal, wals = wals[len(wals)-1], wals[:len(wals)-1]
+	}
+	l.wals = wals
+	for _, w := range l.wals {
+		w.sealed = true
+	}
+	if lastGone {
 		if err := l.newWAL(); err != nil {
 			return err
 		}
@@ -110,16 +112,6 @@ func (l *Log) recover() error {
 		}
 	}
 	return nil
-}
-
-func cmpSeq(a, b uint64) int {
-	switch {
-	case a < b:
-		return -1
-	case a > b:
-		return 1
-	}
-	return 0
 }
 
 // newWAL starts the first WAL file of a fresh log (or replaces one whose
@@ -322,8 +314,8 @@ func forEntries(p []byte, fn func(idx uint64, dataOff int) error) error {
 	return nil
 }
 
-// loadSegment places a segment file's entries in the index; a later copy
-// of an index replaces an earlier one.
+// loadSegment places a segment file's entries in the index; a copy of an
+// index replaces a stored one of a lower term.
 func (l *Log) loadSegment(g *groupIndex, f *file, promised int64) error {
 	buf, m, err := l.openAndMap(f)
 	if err != nil {
