@@ -28,13 +28,15 @@
 //
 // Every file starts with a 16-byte header, then records:
 //
-//	0          8            12         16
-//	+----------+------------+----------+==========
-//	|  magic   | generation | reserved | records...
-//	+----------+------------+----------+==========
+//	0        6         8            12         16
+//	+--------+---------+------------+----------+==========
+//	| magic  | version | generation | reserved | records...
+//	+--------+---------+------------+----------+==========
 //
-// magic is "WRNWAL01" or "WRNSEG01"; generation is the low 32 bits of the
-// file's sequence number (in its name). Each record is 8-byte aligned
+// magic is "WRNWAL" or "WRNSEG"; version (u16) is 1, and a file of a
+// later version is refused with ErrVersion rather than taken for damage;
+// generation is the low 32 bits of the file's sequence number (in its
+// name). Each record is 8-byte aligned
 // (record.go has the byte diagram): crc32c | length | generation | type |
 // payload | zero pad. The CRC-32C (Castagnoli) covers the header after the
 // CRC and the payload; the generation must be the file's, so bytes left

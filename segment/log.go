@@ -107,12 +107,18 @@ var (
 	ErrGap = errors.New("segment: append leaves a gap")
 	// ErrClosed: the log is closed.
 	ErrClosed = errors.New("segment: log closed")
+	// ErrVersion: a file was written in a format version this build does
+	// not read.
+	ErrVersion = errors.New("segment: unsupported format version")
 )
 
 const (
-	fileHeader = 16 // magic, generation u32, reserved u32
-	walMagic   = "WRNWAL01"
-	segMagic   = "WRNSEG01"
+	fileHeader = 16 // magic [6], version u16, generation u32, reserved u32
+	walMagic   = "WRNWAL"
+	segMagic   = "WRNSEG"
+	// formatVersion is written in every file header. A file of another
+	// version is refused, never taken for damage.
+	formatVersion = 1
 )
 
 // Log is a node's log for many raft groups: one WAL takes every group's

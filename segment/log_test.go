@@ -280,3 +280,21 @@ func TestWorkerWithConcurrentUse(t *testing.T) {
 	check(l2)
 	must(t, l2.Close())
 }
+
+// TestNewerFormatVersionIsRefused: a file written by a later format is
+// refused with ErrVersion, and left as it is (never cut as a torn file).
+func TestNewerFormatVersionIsRefused(t *testing.T) {
+	fs := NewMemFS()
+	l := mustOpen(t, fs)
+	must(t, l.Append(Batch{Group: 1, Entries: ents(1, 3, 1, "a")}))
+	must(t, l.Close())
+	name := "/data/" + walName(1)
+	size := fs.FileSize(name)
+	fs.Corrupt(name, 6, 1) // version 1 → 3
+	if _, err := Open(fs, "/data", Options{}); !errors.Is(err, ErrVersion) {
+		t.Fatalf("got %v, want ErrVersion", err)
+	}
+	if fs.FileSize(name) != size {
+		t.Fatal("a file of another version was modified")
+	}
+}

@@ -46,10 +46,11 @@ const (
 	recPromise uint8 = 6
 )
 
-// appendFileHeader appends a file's 16-byte header: magic, generation,
-// reserved zeros.
+// appendFileHeader appends a file's 16-byte header: magic, format
+// version, generation, reserved zeros.
 func appendFileHeader(dst []byte, magic string, gen uint32) []byte {
 	dst = append(dst, magic...)
+	dst = binary.LittleEndian.AppendUint16(dst, formatVersion)
 	dst = binary.LittleEndian.AppendUint32(dst, gen)
 	return binary.LittleEndian.AppendUint32(dst, 0)
 }

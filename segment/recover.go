@@ -210,7 +210,10 @@ func (l *Log) scan(f *file, buf []byte, magic string, tornOK bool, promised int6
 		return 0, nil // the header never fully reached the disk: nothing in it was acknowledged
 	}
 	off := fileHeader
-	if string(buf[:8]) != magic || binary.LittleEndian.Uint32(buf[8:]) != gen {
+	if v := binary.LittleEndian.Uint16(buf[6:]); string(buf[:6]) == magic && v > formatVersion {
+		return 0, fmt.Errorf("%w: %s is version %d; this build reads version %d", ErrVersion, f.name, v, formatVersion)
+	}
+	if string(buf[:6]) != magic || binary.LittleEndian.Uint16(buf[6:]) != formatVersion || binary.LittleEndian.Uint32(buf[8:]) != gen {
 		off = 0 // a damaged header: torn from the start, or corruption if records follow
 	} else {
 		for {
