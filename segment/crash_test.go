@@ -19,6 +19,7 @@ type mgroup struct {
 	first, last uint64
 	stored      map[uint64]Entry // the raft log [first, last] and the live entries kept below it
 	hs          *HardState
+	prevTerm    uint64 // the term of first-1, recorded by a compaction (0: unknown)
 }
 
 func (m model) g(id uint64) *mgroup {
@@ -74,8 +75,8 @@ func (m model) apply(o op) {
 	for _, b := range o.batches {
 		g := m.g(b.Group)
 		for _, e := range b.Entries {
-			if g.last < g.first || e.Index < g.first {
-				g.first = e.Index
+			if (g.last < g.first || e.Index < g.first) && g.first != e.Index {
+				g.first, g.prevTerm = e.Index, 0
 			}
 			g.cutFrom(e.Index)
 			g.stored[e.Index] = Entry{Index: e.Index, Term: e.Term, Data: append([]byte(nil), e.Data...)}
@@ -90,13 +91,19 @@ func (m model) apply(o op) {
 		g := m.g(o.trunc[0])
 		if from := o.trunc[1]; from <= g.last {
 			g.cutFrom(from)
-			g.first = min(g.first, from)
+			if from < g.first {
+				g.first, g.prevTerm = from, 0
+			}
 			g.last = from - 1
 		}
 	}
 	if o.compact != nil {
 		g := m.g(o.compact[0])
 		if upTo := o.compact[1]; upTo >= g.first {
+			g.prevTerm = 0
+			if e, ok := g.stored[upTo]; ok && upTo <= g.last {
+				g.prevTerm = e.Term
+			}
 			g.first = upTo + 1
 			g.last = max(g.last, upTo)
 		}
@@ -138,6 +145,12 @@ func (m model) matchesRange(l *Log) error {
 		hs, ok := l.HardState(id)
 		if (g.hs != nil) != ok || (ok && hs != *g.hs) {
 			return fmt.Errorf("group %d hard state %+v (%v), model %+v", id, hs, ok, g.hs)
+		}
+		if g.first > 1 {
+			term, err := l.Term(id, g.first-1)
+			if g.prevTerm != 0 && (err != nil || term != g.prevTerm) {
+				return fmt.Errorf("group %d: term of %d (before first): %d, %v; model %d", id, g.first-1, term, err, g.prevTerm)
+			}
 		}
 	}
 	return nil

@@ -45,9 +45,9 @@
 //	1 entries     group u64, count u32, count × (index u64, term u64, len u32, data)
 //	2 hard state  group u64, term u64, vote u64, commit u64
 //	3 truncate    group u64, from u64
-//	4 compact     group u64, upTo u64
-//	5 checkpoint  group u64, first u64, last u64, term u64, vote u64, commit u64,
-//	              flags u64 (bit 0: hard state set), n u64, n × (segment seq u64, size u64)
+//	4 compact     group u64, upTo u64, term of upTo u64 (0: unknown)
+//	5 checkpoint  group u64, first u64, last u64, term of first-1 u64, term u64, vote u64,
+//	              commit u64, flags u64 (bit 0: hard state set), n u64, n × (segment seq u64, size u64)
 //	6 promise     group u64, segment seq u64, size u64
 //
 // Segment files hold only entries records. All integers are

@@ -29,6 +29,9 @@ func (r *run) hi() uint64 { return r.lo + uint64(len(r.offs)) - 1 }
 type groupIndex struct {
 	id uint64
 	span
+	// prevTerm is the term of index first-1 (raft asks for it), when it
+	// is known: set by a compaction whose point was stored; 0 otherwise.
+	prevTerm uint64
 	runs  []run // sorted by lo, disjoint, each with live > 0
 	hs    HardState
 	hsSet bool
@@ -140,8 +143,12 @@ func (g *groupIndex) appendAt(idx uint64, f *file, off uint32) {
 
 // put stores idx with raft's append semantics (span.put).
 func (g *groupIndex) put(idx uint64, f *file, off uint32) error {
+	first := g.first
 	if err := g.span.put(idx); err != nil {
 		return err
+	}
+	if g.first != first {
+		g.prevTerm = 0
 	}
 	if n := len(g.runs); n > 0 && g.runs[n-1].hi() >= idx {
 		g.cutFrom(idx) // a rewrite: drop the old suffix
@@ -153,14 +160,24 @@ func (g *groupIndex) put(idx uint64, f *file, off uint32) error {
 // truncate removes the raft log from index from on, and anything kept
 // below first at or above from.
 func (g *groupIndex) truncate(from uint64) {
+	first := g.first
 	if g.span.truncate(from) {
 		g.cutFrom(from)
 	}
+	if g.first != first {
+		g.prevTerm = 0
+	}
 }
 
-// compact moves the start of the raft log past upTo. Entries at or below
-// upTo stay stored until dropExcept says they are not live.
-func (g *groupIndex) compact(upTo uint64) { g.span.compact(upTo) }
+// compact moves the start of the raft log past upTo, whose term was term
+// (0: unknown). Entries at or below upTo stay stored until dropExcept says
+// they are not live.
+func (g *groupIndex) compact(upTo, term uint64) {
+	if upTo >= g.first {
+		g.span.compact(upTo)
+		g.prevTerm = term
+	}
+}
 
 // dropExcept drops every stored entry below first that is not in live
 // (sorted ascending), and returns the live indexes below first that are

@@ -194,6 +194,7 @@ type update struct {
 	group uint64
 	idx   uint64 // entries: index; truncate: from; compact: upTo
 	off   int64  // entries: offset of the data within the pending buffer
+	term  uint64 // compact: the term of upTo
 	hs    HardState
 }
 
@@ -410,7 +411,7 @@ func (l *Log) applyLocked(us []update, f *file, base int64) {
 		case recTruncate:
 			g.truncate(u.idx)
 		case recCompact:
-			g.compact(u.idx)
+			g.compact(u.idx, u.term)
 		}
 	}
 }
@@ -524,6 +525,7 @@ func (l *Log) checkpointLocked(gen uint32) []byte {
 		b = binary.LittleEndian.AppendUint64(b, id)
 		b = binary.LittleEndian.AppendUint64(b, g.first)
 		b = binary.LittleEndian.AppendUint64(b, g.last)
+		b = binary.LittleEndian.AppendUint64(b, g.prevTerm)
 		b = binary.LittleEndian.AppendUint64(b, g.hs.Term)
 		b = binary.LittleEndian.AppendUint64(b, g.hs.Vote)
 		b = binary.LittleEndian.AppendUint64(b, g.hs.Commit)
@@ -551,10 +553,12 @@ func (l *Log) writeOp(typ uint8, gid, arg uint64) error {
 		return err
 	}
 	s := l.shadow(gid)
+	var term uint64
 	if typ == recTruncate {
 		s.truncate(arg)
 	} else {
 		s.compact(arg)
+		term = l.termLocked(gid, arg)
 	}
 	l.undo = l.undo[:0]
 	l.setShadow(gid, s)
@@ -562,8 +566,11 @@ func (l *Log) writeOp(typ uint8, gid, arg uint64) error {
 	l.pending, start = beginRecord(l.pending)
 	l.pending = binary.LittleEndian.AppendUint64(l.pending, gid)
 	l.pending = binary.LittleEndian.AppendUint64(l.pending, arg)
+	if typ == recCompact {
+		l.pending = binary.LittleEndian.AppendUint64(l.pending, term)
+	}
 	l.pending = closeRecord(l.pending, start, typ)
-	l.updates = append(l.updates, update{kind: typ, group: gid, idx: arg})
+	l.updates = append(l.updates, update{kind: typ, group: gid, idx: arg, term: term})
 	l.stats.Records++
 	l.seq++
 	return l.commitLocked(l.seq)
@@ -674,25 +681,43 @@ func (l *Log) HardState(group uint64) (HardState, bool) {
 	return HardState{}, false
 }
 
-// Term returns the term of an entry of a group's raft log.
+// Term returns the term of an entry of a group's raft log, or of the
+// entry just before it (first-1) when a compaction recorded it, as raft's
+// Storage must.
 func (l *Log) Term(group, index uint64) (uint64, error) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	g := l.groups[group]
-	if l.closed || g == nil || index < g.first || index > g.last {
+	if l.closed || g == nil || index+1 < g.first || index > g.last {
 		return 0, ErrUnavailable
 	}
+	if t := l.termLocked(group, index); t != 0 {
+		return t, nil
+	}
+	return 0, ErrUnavailable
+}
+
+// termLocked is the term of a stored entry (at first-1: the recorded
+// one), 0 when unknown.
+func (l *Log) termLocked(group, index uint64) uint64 {
+	g := l.groups[group]
+	if g == nil {
+		return 0
+	}
+	if index == g.first-1 && g.prevTerm != 0 {
+		return g.prevTerm
+	}
 	f, off, ok := g.get(index)
-	if !ok {
-		return 0, ErrUnavailable
+	if !ok || index < g.first && index != g.first-1 {
+		return 0
 	}
 	m, err := f.maps.acquire(f.f, f.size)
 	if err != nil {
-		return 0, err
+		return 0
 	}
 	_, term, _ := entryAt(m.data, off)
 	f.maps.release(m)
-	return term, nil
+	return term
 }
 
 // Entries returns a group's raft log entries lo..hi-1, their data copied

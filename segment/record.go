@@ -34,11 +34,12 @@ const (
 	recEntries   uint8 = 1 // group u64, count u32, count × (index u64, term u64, len u32, data)
 	recHardState uint8 = 2 // group u64, term u64, vote u64, commit u64
 	recTruncate  uint8 = 3 // group u64, from u64: entries ≥ from are gone
-	recCompact   uint8 = 4 // group u64, upTo u64: the raft log starts after upTo
+	recCompact   uint8 = 4 // group u64, upTo u64, term of upTo u64 (0: unknown): the raft log starts after upTo
 	// recCheckpoint opens every WAL file, one per group: group u64,
-	// first u64, last u64, term u64, vote u64, commit u64, flags u64 (bit 0:
-	// the hard state is set), n u64, then n × (segment seq u64, synced size
-	// u64): the group's segment files and how much of each is promised.
+	// first u64, last u64, term of first-1 u64, term u64, vote u64, commit
+	// u64, flags u64 (bit 0: the hard state is set), n u64, then n ×
+	// (segment seq u64, synced size u64): the group's segment files and how
+	// much of each is promised.
 	recCheckpoint uint8 = 5
 	// recPromise: group u64, segment seq u64, size u64. The segment file's
 	// first size bytes are synced: damage before that is corruption, never a
@@ -54,6 +55,9 @@ func appendFileHeader(dst []byte, magic string, gen uint32) []byte {
 	dst = binary.LittleEndian.AppendUint32(dst, gen)
 	return binary.LittleEndian.AppendUint32(dst, 0)
 }
+
+// ckptFixed is the size of a checkpoint record's fixed part.
+const ckptFixed = 72
 
 func padded(n int) int { return (n + align - 1) &^ (align - 1) }
 

@@ -382,11 +382,11 @@ func (l *Log) promises(f *file, promised map[uint64]int64) error {
 		case typ == recPromise && len(p) == 24:
 			seq := binary.LittleEndian.Uint64(p[8:])
 			promised[seq] = max(promised[seq], int64(binary.LittleEndian.Uint64(p[16:])))
-		case typ == recCheckpoint && len(p) >= 64:
-			n := binary.LittleEndian.Uint64(p[56:])
-			for i := uint64(0); i < n && 64+16*(i+1) <= uint64(len(p)); i++ {
-				seq := binary.LittleEndian.Uint64(p[64+16*i:])
-				promised[seq] = max(promised[seq], int64(binary.LittleEndian.Uint64(p[72+16*i:])))
+		case typ == recCheckpoint && len(p) >= ckptFixed:
+			n := binary.LittleEndian.Uint64(p[ckptFixed-8:])
+			for i := uint64(0); i < n && ckptFixed+16*(i+1) <= uint64(len(p)); i++ {
+				seq := binary.LittleEndian.Uint64(p[ckptFixed+16*i:])
+				promised[seq] = max(promised[seq], int64(binary.LittleEndian.Uint64(p[ckptFixed+8+16*i:])))
 			}
 		}
 		off = next
@@ -441,23 +441,24 @@ func (l *Log) replay(f *file, typ uint8, p []byte, recOff int) error {
 		}
 		l.grp(binary.LittleEndian.Uint64(p)).truncate(binary.LittleEndian.Uint64(p[8:]))
 	case recCompact:
-		if len(p) != 16 {
+		if len(p) != 24 {
 			return errors.New("bad compact record")
 		}
-		l.grp(binary.LittleEndian.Uint64(p)).compact(binary.LittleEndian.Uint64(p[8:]))
+		l.grp(binary.LittleEndian.Uint64(p)).compact(binary.LittleEndian.Uint64(p[8:]), binary.LittleEndian.Uint64(p[16:]))
 	case recPromise:
 		if len(p) != 24 {
 			return errors.New("bad promise record")
 		}
 	case recCheckpoint:
-		if len(p) < 64 || uint64(len(p)) != 64+16*binary.LittleEndian.Uint64(p[56:]) {
+		if len(p) < ckptFixed || uint64(len(p)) != ckptFixed+16*binary.LittleEndian.Uint64(p[ckptFixed-8:]) {
 			return errors.New("bad checkpoint record")
 		}
 		g := l.grp(binary.LittleEndian.Uint64(p))
 		g.first, g.last = binary.LittleEndian.Uint64(p[8:]), binary.LittleEndian.Uint64(p[16:])
+		g.prevTerm = binary.LittleEndian.Uint64(p[24:])
 		g.cutFrom(g.last + 1)
-		g.hs = HardState{Term: binary.LittleEndian.Uint64(p[24:]), Vote: binary.LittleEndian.Uint64(p[32:]), Commit: binary.LittleEndian.Uint64(p[40:])}
-		g.hsSet = binary.LittleEndian.Uint64(p[48:])&1 != 0
+		g.hs = HardState{Term: binary.LittleEndian.Uint64(p[32:]), Vote: binary.LittleEndian.Uint64(p[40:]), Commit: binary.LittleEndian.Uint64(p[48:])}
+		g.hsSet = binary.LittleEndian.Uint64(p[56:])&1 != 0
 		f.head = int64(recOff + padded(recordHeader+len(p)))
 	default:
 		return fmt.Errorf("unknown record type %d", typ)
