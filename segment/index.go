@@ -32,11 +32,11 @@ type groupIndex struct {
 	// prevTerm is the term of index first-1 (raft asks for it), when it
 	// is known: set by a compaction whose point was stored; 0 otherwise.
 	prevTerm uint64
-	runs  []run // sorted by lo, disjoint, each with live > 0
-	hs    HardState
-	hsSet bool
-	seg   *file   // the segment file the worker appends this group's entries to (worker-owned)
-	segs  []*file // every segment file of the group on disk, oldest first (under Log.mu)
+	runs     []run // sorted by lo, disjoint, each with live > 0
+	hs       HardState
+	hsSet    bool
+	seg      *file   // the segment file the worker appends this group's entries to (worker-owned)
+	segs     []*file // every segment file of the group on disk, oldest first (under Log.mu)
 }
 
 func newGroup(id uint64) *groupIndex { return &groupIndex{id: id, span: span{first: 1}} }

@@ -49,7 +49,10 @@ func TestAppendReadReopen(t *testing.T) {
 		if term, _ := l.Term(1, 5); term != 2 {
 			t.Fatalf("term %d", term)
 		}
-		if _, err := l.Term(1, 2); !errors.Is(err, ErrUnavailable) {
+		if term, err := l.Term(1, 2); err != nil || term != 1 {
+			t.Fatalf("term of the compaction point (first-1): %d, %v", term, err)
+		}
+		if _, err := l.Term(1, 1); !errors.Is(err, ErrUnavailable) {
 			t.Fatalf("compacted term: %v", err)
 		}
 		if la := l.LastIndex(2); la != 2 {
