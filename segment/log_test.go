@@ -213,9 +213,15 @@ func TestEntriesViewSurvivesRemap(t *testing.T) {
 // must read what was written, also after the files under it are gone, and
 // a reopen must find the same state.
 func TestWorkerWithConcurrentUse(t *testing.T) {
-	fs := NewMemFS()
+	t.Run("memfs", func(t *testing.T) { workerWithConcurrentUse(t, NewMemFS(), "/data") })
+	// The real filesystem: views are slices of real mappings of files the
+	// worker deletes; reading one after an early munmap would fault.
+	t.Run("osfs", func(t *testing.T) { workerWithConcurrentUse(t, OSFS{}, t.TempDir()) })
+}
+
+func workerWithConcurrentUse(t *testing.T, fs FS, dir string) {
 	opts := Options{WALSize: 8 << 10, SegmentSize: 4 << 10}
-	l, err := Open(fs, "/data", opts)
+	l, err := Open(fs, dir, opts)
 	must(t, err)
 	const groups, appends = 4, 300
 	var wg sync.WaitGroup
@@ -278,7 +284,10 @@ func TestWorkerWithConcurrentUse(t *testing.T) {
 	}
 	check(l)
 	must(t, l.Close())
-	l2, err := Open(fs.Crash(0), "/data", opts)
+	if mem, ok := fs.(*MemFS); ok {
+		fs = mem.Crash(0)
+	}
+	l2, err := Open(fs, dir, opts)
 	must(t, err)
 	check(l2)
 	must(t, l2.Close())
