@@ -301,8 +301,8 @@ func crashOpts(r *rand.Rand) Options {
 // maintenance (WAL files moved into segment files and deleted, segments
 // compacted and deleted) across groups on the in-memory filesystem, with
 // small files so that all of it happens often. Then a crash: between
-// operations, or in one whose fsync (of a file or the directory) failed,
-// with a random torn tail on every file. Then recovery: the acknowledged
+// operations, or in one whose write or fsync (of a file or the directory)
+// failed, with a random torn tail on every file. Then recovery: the acknowledged
 // state must be there, byte for byte; the failed operation may have
 // survived wholly or as a prefix of its records, never as garbage; hard
 // state is the last durable one; the owner's live entries below the
@@ -347,8 +347,13 @@ func crashOnce(t *testing.T, seed uint64, tot *crashTotals) {
 	var failed *op
 	for i := 0; i < steps; i++ {
 		o := gn.op(m)
-		if i == steps-1 && r.IntN(2) == 0 {
-			fs.FailSync(1 + r.IntN(3)) // one of the next syncs fails; then we crash
+		if i == steps-1 {
+			switch r.IntN(3) {
+			case 0:
+				fs.FailSync(1 + r.IntN(3)) // one of the next syncs fails; then we crash
+			case 1:
+				fs.FailWrite(1 + r.IntN(3)) // or one of the next writes
+			}
 		}
 		if err := l.do(o); err != nil {
 			if !errors.Is(err, ErrStopped) {

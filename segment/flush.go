@@ -218,8 +218,10 @@ func (l *Log) moveOut(src *file) error {
 	for i, f := range files {
 		sizes[i] = f.wsize
 	}
-	if err := l.promise(files, sizes); err != nil {
-		return err
+	if len(files) > 0 {
+		if err := l.promise(files, sizes); err != nil {
+			return err
+		}
 	}
 
 	l.mu.Lock()
@@ -299,7 +301,8 @@ func (w *segWriter) group(g *groupIndex, jobs []moveJob, src []byte) ([]piece, e
 					return nil, err
 				}
 			}
-			if g.seg == nil || (g.seg.wsize > fileHeader && g.seg.wsize+int64(len(w.buf))+need > w.l.opts.SegmentSize) {
+			if used := g.seg != nil && g.seg.wsize+int64(len(w.buf)) > fileHeader; g.seg == nil ||
+				(used && g.seg.wsize+int64(len(w.buf))+need > w.l.opts.SegmentSize) {
 				if err := flush(); err != nil {
 					return nil, err
 				}

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"errors"
 	"fmt"
+	"strings"
 	"sync"
 	"testing"
 )
@@ -308,5 +309,126 @@ func TestNewerFormatVersionIsRefused(t *testing.T) {
 	}
 	if fs.FileSize(name) != size {
 		t.Fatal("a file of another version was modified")
+	}
+}
+
+// TestGapRollsBack: an append refused for a gap in one batch leaves no
+// trace of the batches before it in the same call.
+func TestGapRollsBack(t *testing.T) {
+	l := mustOpen(t, NewMemFS())
+	err := l.Append(Batch{Group: 1, Entries: ents(1, 3, 1, "a")}, Batch{Group: 2, Entries: ents(1, 1, 1, "b")},
+		Batch{Group: 2, Entries: ents(5, 5, 1, "gap")})
+	if !errors.Is(err, ErrGap) {
+		t.Fatalf("got %v, want ErrGap", err)
+	}
+	if l.LastIndex(1) != 0 || l.LastIndex(2) != 0 {
+		t.Fatal("a refused append left entries behind")
+	}
+	// Had the refused batches' ranges stuck, these would be gaps.
+	must(t, l.Append(Batch{Group: 1, Entries: ents(1, 1, 1, "a")}))
+	must(t, l.Append(Batch{Group: 2, Entries: ents(1, 2, 1, "b")}))
+	if err := l.Append(Batch{Group: 1, Entries: ents(3, 3, 1, "a")}); !errors.Is(err, ErrGap) {
+		t.Fatalf("got %v, want ErrGap", err)
+	}
+}
+
+// TestLayout: sealed WAL files are moved into one segment file per group
+// and deleted; segment files left with nothing live are deleted; a lost
+// segment file is reported naming the group and the entries, and Repair
+// truncates the group's log there.
+func TestLayout(t *testing.T) {
+	fs := NewMemFS()
+	opts := Options{Manual: true, SegmentSize: 2 << 10}
+	l, err := Open(fs, "/data", opts)
+	must(t, err)
+	big := func(g, lo, hi uint64) []Entry {
+		var out []Entry
+		for i := lo; i <= hi; i++ {
+			out = append(out, Entry{Index: i, Term: 1, Data: bytes.Repeat([]byte{byte(g)}, 300)})
+		}
+		return out
+	}
+	must(t, l.Append(Batch{Group: 1, Entries: big(1, 1, 20)}, Batch{Group: 2, Entries: big(2, 1, 5)}))
+	l.Rotate()
+	must(t, l.Append(Batch{Group: 2, Entries: big(2, 6, 6)}))
+	must(t, l.Maintain())
+	files, _ := fs.List("/data")
+	var wals, segs1, segs2 int
+	for _, f := range files {
+		_, g, wal, _ := parseName(f)
+		switch {
+		case wal:
+			wals++
+		case g == 1:
+			segs1++
+		case g == 2:
+			segs2++
+		}
+	}
+	// 20 × 300 B of group 1 in 2 KiB segment files: several; group 2's
+	// five fit in one; the sealed WAL file is gone.
+	if wals != 1 || segs1 < 3 || segs2 != 1 {
+		t.Fatalf("files after the move: %v", files)
+	}
+	// Nothing of group 1 below 19 is live any more: its sealed segment
+	// files go.
+	must(t, l.Compact(1, 18, nil))
+	must(t, l.Maintain())
+	files, _ = fs.List("/data")
+	segs1 = 0
+	for _, f := range files {
+		if _, g, wal, _ := parseName(f); !wal && g == 1 {
+			segs1++
+		}
+	}
+	if segs1 != 1 {
+		t.Fatalf("group 1 should keep only the segment file holding 19..20: %v", files)
+	}
+	es, err := l.Entries(1, 19, 21)
+	must(t, err)
+	if len(es) != 2 || es[1].Data[0] != 1 {
+		t.Fatalf("entries after deletion: %+v", es)
+	}
+	must(t, l.Close())
+
+	// Lose group 2's segment file: its raft log has a hole now.
+	for _, f := range files {
+		if _, g, wal, _ := parseName(f); !wal && g == 2 {
+			must(t, fs.Remove("/data/"+f))
+		}
+	}
+	_, err = Open(fs, "/data", opts)
+	if !errors.Is(err, ErrCorrupt) || !strings.Contains(err.Error(), "group 2: entries 1..6") {
+		t.Fatalf("got %v, want ErrCorrupt naming group 2 entries 1..6", err)
+	}
+	opts.Repair = true
+	l, err = Open(fs, "/data", opts)
+	must(t, err)
+	if l.LastIndex(2) >= l.FirstIndex(2) || l.LastIndex(1) != 20 {
+		t.Fatalf("after repair: group 2 %d..%d, group 1 last %d", l.FirstIndex(2), l.LastIndex(2), l.LastIndex(1))
+	}
+	must(t, l.Close())
+}
+
+// TestWriteFailureStopsTheEngine: a failed write, like a failed fsync,
+// stops the engine, also in the background mover.
+func TestWriteFailureStopsTheEngine(t *testing.T) {
+	fs := NewMemFS()
+	l, err := Open(fs, "/data", Options{Manual: true})
+	must(t, err)
+	must(t, l.Append(Batch{Group: 1, Entries: ents(1, 1, 1, "a")}))
+	l.Rotate()
+	must(t, l.Append(Batch{Group: 1, Entries: ents(2, 2, 1, "b")}))
+	fs.FailWrite(2) // the segment file's header is written, then its first record fails
+	if err := l.Maintain(); !errors.Is(err, ErrStopped) {
+		t.Fatalf("mover: got %v, want ErrStopped", err)
+	}
+	if err := l.Append(Batch{Group: 1, Entries: ents(3, 3, 1, "c")}); !errors.Is(err, ErrStopped) {
+		t.Fatalf("append after a failed write: %v", err)
+	}
+	l2, err := Open(fs.Crash(0), "/data", Options{Manual: true})
+	must(t, err)
+	if l2.LastIndex(1) != 2 {
+		t.Fatalf("recovered last %d, want 2", l2.LastIndex(1))
 	}
 }
