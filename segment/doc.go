@@ -106,8 +106,9 @@
 // # Not built yet
 //
 // Opening reads every segment file whole to rebuild the index (a sealed
-// segment could carry its own index for a faster open); groups are never
-// removed; the mover copies each surviving entry once more than a shared
+// segment could carry its own index for a faster open); reads do not
+// re-verify checksums, so damage done to a file after Open is found at the
+// next Open; groups are never removed; the mover copies each surviving entry once more than a shared
 // log would, and syncs every touched segment file on each move (one
 // fdatasync per group per WAL file).
 package segment
