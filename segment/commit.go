@@ -1,0 +1,361 @@
+package segment
+
+// The write path: appends queued into a shared buffer, group commit,
+// WAL rotation with checkpoints, control records.
+
+import (
+	"encoding/binary"
+	"fmt"
+)
+
+// shadow is a group's raft range as it will be once everything queued is
+// durable.
+func (l *Log) shadow(id uint64) span {
+	if s, ok := l.pend[id]; ok {
+		return s
+	}
+	if s, ok := l.fly[id]; ok {
+		return s
+	}
+	if g := l.groups[id]; g != nil {
+		return g.span
+	}
+	return span{first: 1}
+}
+
+func (l *Log) setShadow(id uint64, s span) {
+	prev, had := l.pend[id]
+	l.undo = append(l.undo, spanUndo{id, prev, had})
+	l.pend[id] = s
+}
+
+func (l *Log) rollback() {
+	for i := len(l.undo) - 1; i >= 0; i-- {
+		u := l.undo[i]
+		if u.had {
+			l.pend[u.group] = u.prev
+		} else {
+			delete(l.pend, u.group)
+		}
+	}
+	l.undo = l.undo[:0]
+}
+
+// Append makes batches durable: one write and one fsync cover them and
+// whatever other goroutines appended meanwhile. It returns once they are
+// on disk, or the error that stopped the engine.
+func (l *Log) Append(batches ...Batch) error {
+	l.mu.Lock()
+	if err := l.usableLocked(); err != nil {
+		l.mu.Unlock()
+		return err
+	}
+	for l.failed == nil && !l.closed && ((len(l.pending) > maxPending && l.syncing) ||
+		(!l.opts.Manual && len(l.wals) >= l.opts.MaxSealedWALs)) {
+		// The next write takes what is pending: bound it. And let the
+		// worker catch up when it is behind.
+		l.cond.Wait()
+	}
+	if err := l.usableLocked(); err != nil {
+		l.mu.Unlock()
+		return err
+	}
+	l.undo = l.undo[:0]
+	total := 0
+	for i := range batches {
+		b := &batches[i]
+		if len(b.Entries) == 0 {
+			continue
+		}
+		s := l.shadow(b.Group)
+		for j := range b.Entries {
+			if err := s.put(b.Entries[j].Index); err != nil || (j > 0 && b.Entries[j].Index != b.Entries[j-1].Index+1) {
+				l.rollback()
+				l.mu.Unlock()
+				return ErrGap
+			}
+			if total += len(b.Entries[j].Data) + entryHeader; len(b.Entries[j].Data) > MaxEntry || total > maxPending {
+				l.rollback()
+				l.mu.Unlock()
+				return fmt.Errorf("segment: an entry over %d bytes, or an append over %d bytes", MaxEntry, maxPending)
+			}
+		}
+		l.setShadow(b.Group, s)
+	}
+	for i := range batches {
+		l.encodeLocked(&batches[i])
+	}
+	l.seq++
+	my := l.seq
+	if l.queuedHook != nil {
+		l.queuedHook()
+	}
+	return l.commitLocked(my)
+}
+
+func (l *Log) usableLocked() error {
+	if l.failed != nil {
+		return ErrStopped
+	}
+	if l.closed {
+		return ErrClosed
+	}
+	return nil
+}
+
+// maxEntriesRecord bounds one entries record's payload; a batch larger
+// than this is split over several records.
+const maxEntriesRecord = 1 << 20
+
+// MaxEntry bounds one entry's data.
+const MaxEntry = MaxRecord / 2
+
+// maxPending bounds what is queued for the next write (appenders wait
+// while it is over) and one Append: with WAL files of at most
+// maxFileSize, every offset fits the index's uint32.
+const maxPending = 256 << 20
+
+func (l *Log) encodeLocked(b *Batch) {
+	for i := 0; i < len(b.Entries); {
+		var start int
+		l.pending, start = beginRecord(l.pending)
+		l.pending = binary.LittleEndian.AppendUint64(l.pending, b.Group)
+		countAt := len(l.pending)
+		l.pending = binary.LittleEndian.AppendUint32(l.pending, 0)
+		n, size := 0, 0
+		for ; i < len(b.Entries) && (n == 0 || size+len(b.Entries[i].Data) <= maxEntriesRecord); i++ {
+			e := &b.Entries[i]
+			l.pending = binary.LittleEndian.AppendUint64(l.pending, e.Index)
+			l.pending = binary.LittleEndian.AppendUint64(l.pending, e.Term)
+			l.pending = binary.LittleEndian.AppendUint32(l.pending, uint32(len(e.Data)))
+			l.updates = append(l.updates, update{kind: recEntries, group: b.Group, idx: e.Index, off: int64(len(l.pending))})
+			l.pending = append(l.pending, e.Data...)
+			n++
+			size += len(e.Data) + entryHeader
+		}
+		binary.LittleEndian.PutUint32(l.pending[countAt:], uint32(n))
+		l.pending = closeRecord(l.pending, start, recEntries)
+		l.stats.Records++
+	}
+	if hs := b.HardState; hs != nil {
+		var start int
+		l.pending, start = beginRecord(l.pending)
+		l.pending = binary.LittleEndian.AppendUint64(l.pending, b.Group)
+		l.pending = binary.LittleEndian.AppendUint64(l.pending, hs.Term)
+		l.pending = binary.LittleEndian.AppendUint64(l.pending, hs.Vote)
+		l.pending = binary.LittleEndian.AppendUint64(l.pending, hs.Commit)
+		l.pending = closeRecord(l.pending, start, recHardState)
+		l.updates = append(l.updates, update{kind: recHardState, group: b.Group, hs: *hs})
+		l.stats.Records++
+	}
+}
+
+// applyLocked applies durable updates; base is the offset in f of the
+// buffer they were encoded in.
+func (l *Log) applyLocked(us []update, f *file, base int64) {
+	for i := range us {
+		u := &us[i]
+		g := l.grp(u.group)
+		switch u.kind {
+		case recEntries:
+			_ = g.put(u.idx, f, uint32(base+u.off)) // checked against the shadow when queued
+		case recHardState:
+			g.hs, g.hsSet = u.hs, true
+		case recTruncate:
+			g.truncate(u.idx)
+		case recCompact:
+			g.compact(u.idx, u.term)
+		}
+	}
+}
+
+// commitLocked waits until batch my is durable, becoming the writer if
+// nobody is: the writer takes everything pending, writes it at the end of
+// the WAL (or, when the WAL is full, into a new WAL file that starts with
+// a checkpoint), fsyncs once, applies it to the index and wakes the
+// waiters. l.mu is held on entry and released on return.
+func (l *Log) commitLocked(my uint64) error {
+	for l.done < my {
+		if l.failed != nil {
+			l.mu.Unlock()
+			return ErrStopped
+		}
+		if l.syncing {
+			l.cond.Wait()
+			continue
+		}
+		buf, us, upTo := l.pending, l.updates, l.seq
+		l.pending, l.updates = l.spare[:0], l.spareU[:0]
+		l.spare, l.spareU = nil, nil
+		l.pend, l.fly = l.fly, l.pend // fly was cleared after the last write
+		f, base := l.wal, l.wal.size
+		var head []byte // header and checkpoint of a new WAL file
+		if base > f.head && (l.rotate || base+int64(len(buf)) > l.opts.WALSize) {
+			l.rotate = false
+			f = &file{seq: l.nextSeq, wal: true, owner: l}
+			f.name = walName(f.seq)
+			l.nextSeq++
+			head = l.checkpointLocked(f.gen())
+			base = int64(len(head))
+			f.head = base
+		}
+		l.syncing = true
+		l.mu.Unlock()
+		seal(buf, f.gen())
+		err := l.write(f, head, buf, base)
+		l.mu.Lock()
+		l.syncing = false
+		l.stats.Syncs++
+		if err != nil {
+			// Any write or fsync failure stops the engine: the page cache
+			// may have dropped the data, so continuing could lie.
+			l.failLocked(err)
+			l.mu.Unlock()
+			return fmt.Errorf("%w: %v", ErrStopped, err)
+		}
+		if f != l.wal {
+			old := l.wal
+			old.sealed = true
+			l.wals = append(l.wals, old)
+			l.wal = f
+			l.kick()
+		}
+		l.applyLocked(us, f, base)
+		clear(l.fly)
+		l.spare, l.spareU = buf[:0], us[:0]
+		f.size = base + int64(len(buf))
+		f.wsize = f.size
+		l.done = upTo
+		l.cond.Broadcast()
+	}
+	l.mu.Unlock()
+	return nil
+}
+
+// write writes buf at base in f and syncs it. A new file (head != nil) is
+// created with its header and checkpoint first, and the directory synced.
+func (l *Log) write(f *file, head, buf []byte, base int64) error {
+	if head != nil {
+		h, err := l.fs.Open(l.path(f.name))
+		if err != nil {
+			return err
+		}
+		f.f = h
+		if _, err := h.WriteAt(head, 0); err != nil {
+			return err
+		}
+	}
+	if _, err := f.f.WriteAt(buf, base); err != nil {
+		return err
+	}
+	if err := f.f.Sync(); err != nil {
+		return err
+	}
+	if head != nil {
+		return l.fs.SyncDir(l.dir)
+	}
+	return nil
+}
+
+func (l *Log) failLocked(err error) {
+	if l.failed == nil {
+		l.failed = err
+		l.log.Error("segment: I/O failure; the log is stopped", "err", err)
+	}
+	l.cond.Broadcast()
+}
+
+// checkpointLocked encodes a new WAL file's header and a checkpoint record
+// per group: its raft range and hard state as of everything durable so
+// far. With it, the WAL files before it are not needed once their entries
+// are in segment files.
+func (l *Log) checkpointLocked(gen uint32) []byte {
+	b := appendFileHeader(l.ckpt[:0], walMagic, gen)
+	for _, id := range l.groupIDsLocked() {
+		g := l.groups[id]
+		var start int
+		b, start = beginRecord(b)
+		b = binary.LittleEndian.AppendUint64(b, id)
+		b = binary.LittleEndian.AppendUint64(b, g.first)
+		b = binary.LittleEndian.AppendUint64(b, g.last)
+		b = binary.LittleEndian.AppendUint64(b, g.prevTerm)
+		b = binary.LittleEndian.AppendUint64(b, g.hs.Term)
+		b = binary.LittleEndian.AppendUint64(b, g.hs.Vote)
+		b = binary.LittleEndian.AppendUint64(b, g.hs.Commit)
+		var flags uint64
+		if g.hsSet {
+			flags = 1
+		}
+		b = binary.LittleEndian.AppendUint64(b, flags)
+		b = binary.LittleEndian.AppendUint64(b, uint64(len(g.segs)))
+		for _, f := range g.segs {
+			b = binary.LittleEndian.AppendUint64(b, f.seq)
+			b = binary.LittleEndian.AppendUint64(b, uint64(f.size))
+		}
+		b = endRecord(b, start, gen, recCheckpoint)
+	}
+	l.ckpt = b
+	return b
+}
+
+// writeOp appends one control record (truncate, compact) durably.
+func (l *Log) writeOp(typ uint8, gid, arg uint64) error {
+	l.mu.Lock()
+	if err := l.usableLocked(); err != nil {
+		l.mu.Unlock()
+		return err
+	}
+	s := l.shadow(gid)
+	var term uint64
+	if typ == recTruncate {
+		s.truncate(arg)
+	} else {
+		s.compact(arg)
+		term = l.termLocked(gid, arg)
+	}
+	l.undo = l.undo[:0]
+	l.setShadow(gid, s)
+	var start int
+	l.pending, start = beginRecord(l.pending)
+	l.pending = binary.LittleEndian.AppendUint64(l.pending, gid)
+	l.pending = binary.LittleEndian.AppendUint64(l.pending, arg)
+	if typ == recCompact {
+		l.pending = binary.LittleEndian.AppendUint64(l.pending, term)
+	}
+	l.pending = closeRecord(l.pending, start, typ)
+	l.updates = append(l.updates, update{kind: typ, group: gid, idx: arg, term: term})
+	l.stats.Records++
+	l.seq++
+	return l.commitLocked(l.seq)
+}
+
+// Rotate seals the current WAL file at the next write, if it holds any
+// record beyond its checkpoint; the worker then moves it into segment
+// files. For tests, benchmarks and operators who want the WAL emptied.
+func (l *Log) Rotate() {
+	l.mu.Lock()
+	l.rotate = true
+	l.mu.Unlock()
+}
+
+// promise records, durably, that the first size bytes of each segment
+// file are synced (called by the mover after its sync, before the source
+// of the copies is deleted).
+func (l *Log) promise(fs []*file, sizes []int64) error {
+	l.mu.Lock()
+	if err := l.usableLocked(); err != nil {
+		l.mu.Unlock()
+		return err
+	}
+	for i, f := range fs {
+		var start int
+		l.pending, start = beginRecord(l.pending)
+		l.pending = binary.LittleEndian.AppendUint64(l.pending, f.group)
+		l.pending = binary.LittleEndian.AppendUint64(l.pending, f.seq)
+		l.pending = binary.LittleEndian.AppendUint64(l.pending, uint64(sizes[i]))
+		l.pending = closeRecord(l.pending, start, recPromise)
+		l.stats.Records++
+	}
+	l.seq++
+	return l.commitLocked(l.seq)
+}
