@@ -115,8 +115,8 @@ const (
 	fileHeader = 16 // magic [6], version u16, generation u32, reserved u32
 	walMagic   = "WRNWAL"
 	segMagic   = "WRNSEG"
-	// formatVersion is written in every file header. A file of another
-	// version is refused, never taken for damage.
+	// formatVersion is written in every file header. A file of a later
+	// version is refused (ErrVersion), never taken for damage.
 	formatVersion = 1
 )
 
