@@ -40,6 +40,11 @@ func (c *conn) confirm(b *pubBatch) {
 			start = i
 		}
 	}
+	// Counted before the frame is queued: a client that has its confirm
+	// must find it in the metrics.
+	if !b.start.IsZero() {
+		c.srv.metrics.confirmLatency.UpdateDuration(b.start)
+	}
 	c.mu.Lock()
 	if !c.closed {
 		c.out = wire.AppendConfirm(c.out, b.ch, rs)
@@ -47,9 +52,6 @@ func (c *conn) confirm(b *pubBatch) {
 		c.flushLocked()
 	}
 	c.mu.Unlock()
-	if !b.start.IsZero() {
-		c.srv.metrics.confirmLatency.UpdateDuration(b.start)
-	}
 }
 
 // send appends one frame and schedules a flush. Safe from any goroutine.
