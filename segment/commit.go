@@ -14,8 +14,10 @@ func (l *Log) shadow(id uint64) span {
 	if s, ok := l.pend[id]; ok {
 		return s
 	}
-	if s, ok := l.fly[id]; ok {
-		return s
+	for i := len(l.flys) - 1; i >= 0; i-- {
+		if s, ok := l.flys[i][id]; ok {
+			return s
+		}
 	}
 	if g := l.groups[id]; g != nil {
 		return g.span
@@ -50,7 +52,7 @@ func (l *Log) Append(batches ...Batch) error {
 		l.mu.Unlock()
 		return err
 	}
-	for l.failed == nil && !l.closed && ((len(l.pending) > maxPending && l.syncing) ||
+	for l.failed == nil && !l.closed && ((len(l.pending) > maxPending && l.inflight > 0) ||
 		(!l.opts.Manual && len(l.wals) >= l.opts.MaxSealedWALs)) {
 		// The next write takes what is pending: bound it. And let the
 		// worker catch up when it is behind.
@@ -169,42 +171,70 @@ func (l *Log) applyLocked(us []update, f *file, base int64) {
 	}
 }
 
-// commitLocked waits until batch my is durable, becoming the writer if
-// nobody is: the writer takes everything pending, writes it at the end of
-// the WAL (or, when the WAL is full, into a new WAL file that starts with
-// a checkpoint), fsyncs once, applies it to the index and wakes the
-// waiters. l.mu is held on entry and released on return.
+// maxInflight is how many group commits may be in flight at once: the
+// next one is written while the previous one's fdatasync runs, and a disk
+// completes overlapping flushes faster than one after another.
+const maxInflight = 2
+
+// commitLocked waits until batch my is durable, becoming a writer when
+// its batch is still pending and a write may start: the writer takes
+// everything pending, writes it at the end of the WAL (or, when the WAL
+// is full, into a new WAL file that starts with a checkpoint), lets the
+// next writer start, fsyncs, and once every earlier write is applied,
+// applies its own to the index and wakes the waiters. l.mu is held on
+// entry and released on return.
 func (l *Log) commitLocked(my uint64) error {
 	for l.done < my {
 		if l.failed != nil {
 			l.mu.Unlock()
 			return ErrStopped
 		}
-		if l.syncing {
-			l.cond.Wait()
+		if l.taken >= my || l.writing || l.inflight >= maxInflight {
+			l.cond.Wait() // in a write already, or no write may start now
+			continue
+		}
+		f, base := l.wal, l.wal.wsize
+		rotate := base > f.head && (l.rotate || base+int64(len(l.pending)) > l.opts.WALSize)
+		if rotate && l.inflight > 0 {
+			l.cond.Wait() // a checkpoint must follow everything before it
 			continue
 		}
 		buf, us, upTo := l.pending, l.updates, l.seq
-		l.pending, l.updates = l.spare[:0], l.spareU[:0]
-		l.spare, l.spareU = nil, nil
-		l.pend, l.fly = l.fly, l.pend // fly was cleared after the last write
-		f, base := l.wal, l.wal.size
+		l.pending, l.updates = l.freeBuf(), l.freeUpdates()
+		l.flys = append(l.flys, l.pend)
+		l.pend = l.freeMap()
+		l.taken = upTo
 		var head []byte // header and checkpoint of a new WAL file
-		if base > f.head && (l.rotate || base+int64(len(buf)) > l.opts.WALSize) {
+		if rotate {
 			l.rotate = false
-			f = &file{seq: l.nextSeq, wal: true, owner: l}
-			f.name = walName(f.seq)
+			nf := &file{seq: l.nextSeq, wal: true, owner: l}
+			nf.name = walName(nf.seq)
 			l.nextSeq++
-			head = l.checkpointLocked(f.gen())
-			base = int64(len(head))
-			f.head = base
+			head = l.checkpointLocked(nf.gen())
+			nf.head = int64(len(head))
+			f.sealed = true
+			l.wals = append(l.wals, f)
+			l.wal, f, base = nf, nf, nf.head
 		}
-		l.syncing = true
+		f.wsize = base + int64(len(buf))
+		l.tickets++
+		ticket := l.tickets
+		l.writing = true
+		l.inflight++
 		l.mu.Unlock()
 		seal(buf, f.gen())
 		err := l.write(f, head, buf, base)
 		l.mu.Lock()
-		l.syncing = false
+		l.writing = false
+		l.cond.Broadcast() // the next write may start
+		if err == nil {
+			l.mu.Unlock()
+			err = l.sync(f, head != nil)
+			l.mu.Lock()
+		}
+		for err == nil && l.failed == nil && l.applied != ticket-1 {
+			l.cond.Wait() // apply in order
+		}
 		l.stats.Syncs++
 		if err != nil {
 			// Any write or fsync failure stops the engine: the page cache
@@ -213,27 +243,59 @@ func (l *Log) commitLocked(my uint64) error {
 			l.mu.Unlock()
 			return fmt.Errorf("%w: %v", ErrStopped, err)
 		}
-		if f != l.wal {
-			old := l.wal
-			old.sealed = true
-			l.wals = append(l.wals, old)
-			l.wal = f
-			l.kick()
+		if l.failed != nil { // an earlier write failed: this one is not acknowledged
+			l.mu.Unlock()
+			return ErrStopped
+		}
+		if rotate {
+			l.kick() // the sealed WAL file can be moved
 		}
 		l.applyLocked(us, f, base)
-		clear(l.fly)
-		l.spare, l.spareU = buf[:0], us[:0]
+		fly := l.flys[0]
+		l.flys = append(l.flys[:0], l.flys[1:]...)
+		clear(fly)
+		l.freeMaps = append(l.freeMaps, fly)
+		l.freeBufs = append(l.freeBufs, buf[:0])
+		l.freeUps = append(l.freeUps, us[:0])
 		f.size = base + int64(len(buf))
-		f.wsize = f.size
 		l.done = upTo
+		l.applied = ticket
+		l.inflight--
 		l.cond.Broadcast()
 	}
 	l.mu.Unlock()
 	return nil
 }
 
-// write writes buf at base in f and syncs it. A new file (head != nil) is
-// created with its header and checkpoint first, and the directory synced.
+func (l *Log) freeBuf() []byte {
+	if n := len(l.freeBufs); n > 0 {
+		b := l.freeBufs[n-1]
+		l.freeBufs = l.freeBufs[:n-1]
+		return b
+	}
+	return make([]byte, 0, 256<<10)
+}
+
+func (l *Log) freeUpdates() []update {
+	if n := len(l.freeUps); n > 0 {
+		u := l.freeUps[n-1]
+		l.freeUps = l.freeUps[:n-1]
+		return u
+	}
+	return nil
+}
+
+func (l *Log) freeMap() map[uint64]span {
+	if n := len(l.freeMaps); n > 0 {
+		m := l.freeMaps[n-1]
+		l.freeMaps = l.freeMaps[:n-1]
+		return m
+	}
+	return map[uint64]span{}
+}
+
+// write writes buf at base in f. A new file (head != nil) is created with
+// its header and checkpoint first.
 func (l *Log) write(f *file, head, buf []byte, base int64) error {
 	if head != nil {
 		h, err := l.fs.Open(l.path(f.name))
@@ -245,13 +307,16 @@ func (l *Log) write(f *file, head, buf []byte, base int64) error {
 			return err
 		}
 	}
-	if _, err := f.f.WriteAt(buf, base); err != nil {
-		return err
-	}
+	_, err := f.f.WriteAt(buf, base)
+	return err
+}
+
+// sync makes f durable, and its directory entry when it is new.
+func (l *Log) sync(f *file, created bool) error {
 	if err := f.f.Sync(); err != nil {
 		return err
 	}
-	if head != nil {
+	if created {
 		return l.fs.SyncDir(l.dir)
 	}
 	return nil

@@ -140,21 +140,29 @@ type Log struct {
 	nextSeq uint64
 	pending []byte
 	updates []update // index changes to apply once pending is durable
-	spare   []byte   // the other pending buffer (double buffering)
-	spareU  []update
-	ckpt    []byte // checkpoint records for a new WAL file
-	seq     uint64 // batches queued so far
-	done    uint64 // batches durable so far
-	syncing bool
-	failed  error
-	closed  bool
-	rotate  bool // seal the WAL at the next write (Rotate)
+	ckpt    []byte   // checkpoint records for a new WAL file
+	seq     uint64   // batches queued so far
+	taken   uint64   // batches taken into a write so far
+	done    uint64   // batches durable (and applied) so far
+	// Up to maxInflight writes are in flight: one at a time in pwrite
+	// (writing), their fdatasyncs overlapping; they are applied in the
+	// order they were taken (tickets).
+	writing          bool
+	inflight         int
+	tickets, applied uint64
+	freeBufs         [][]byte // pending buffers not in use, reused
+	freeUps          [][]update
+	failed           error
+	closed           bool
+	rotate           bool // seal the WAL at the next write (Rotate)
 	// pend: each group's raft range once the pending records are durable,
-	// so appends queued behind one another are checked for gaps; fly is
-	// pend of the records being written right now.
-	pend, fly map[uint64]span
-	undo      []spanUndo
-	dead      []*file // sealed segments with nothing stored, to delete
+	// so appends queued behind one another are checked for gaps; flys are
+	// the pends of the writes in flight, oldest first.
+	pend     map[uint64]span
+	flys     []map[uint64]span
+	freeMaps []map[uint64]span
+	undo     []spanUndo
+	dead     []*file // sealed segments with nothing stored, to delete
 
 	maint sync.Mutex // one Maintain at a time
 	work  chan struct{}
@@ -206,11 +214,11 @@ func Open(fs FS, dir string, opts Options) (*Log, error) {
 		return nil, err
 	}
 	l := &Log{fs: fs, dir: dir, opts: opts, log: opts.Logger, groups: map[uint64]*groupIndex{},
-		pend: map[uint64]span{}, fly: map[uint64]span{}, work: make(chan struct{}, 1), quit: make(chan struct{}),
-		// The two pending buffers are reused; they grow to the largest
-		// group commit seen, and that growth is the only allocation an
-		// append can cause.
-		pending: make([]byte, 0, 256<<10), spare: make([]byte, 0, 256<<10)}
+		pend: map[uint64]span{}, work: make(chan struct{}, 1), quit: make(chan struct{}),
+		// The pending buffers are reused; they grow to the largest group
+		// commit seen, and that growth is the only allocation an append
+		// can cause.
+		pending: make([]byte, 0, 256<<10)}
 	l.cond = sync.NewCond(&l.mu)
 	if err := l.recover(); err != nil {
 		l.closeFiles()
