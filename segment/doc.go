@@ -55,12 +55,17 @@
 //
 // # Writing
 //
-// Append encodes its records into a shared pending buffer and waits. The
-// first waiter with no write in flight becomes the writer: it takes
+// Append encodes its records into a shared pending buffer and waits. A
+// waiter whose records are still pending becomes the writer when no other
+// pwrite is running and fewer than two writes are in flight: it takes
 // everything pending, sets the records' generation and checksums, writes
 // them with one pwrite at the end of the WAL file (or into a new one),
-// calls fdatasync once, applies them to the index and wakes every waiter
-// it covered (group commit). Writes never go through a mapping. Any write
+// lets the next writer start, calls fdatasync, and once every earlier
+// write is applied, applies its own to the index and wakes every waiter
+// it covered (group commit, pipelined two deep: a disk completes
+// overlapping flushes faster than one after another). A new WAL file is
+// started only with nothing in flight, so its checkpoint follows every
+// record before it. Writes never go through a mapping. Any write
 // or fsync failure stops the engine for good (ErrStopped): after a failed
 // fsync the kernel may have dropped the data, so the process must restart
 // and recover rather than carry on. New files are made durable in their
