@@ -219,6 +219,9 @@ func (l *Log) commitLocked(my uint64) error {
 		f.wsize = base + int64(len(buf))
 		l.tickets++
 		ticket := l.tickets
+		if l.inflight > 0 {
+			l.stats.Pipelined++
+		}
 		l.writing = true
 		l.inflight++
 		l.mu.Unlock()

@@ -8,6 +8,7 @@ import (
 	"maps"
 	"math/rand/v2"
 	"slices"
+	"sync"
 	"testing"
 )
 
@@ -125,6 +126,11 @@ func (m model) matchesRange(l *Log) error {
 	for _, id := range l.Groups() {
 		ids[id] = true
 	}
+	return m.matchesGroups(l, ids)
+}
+
+// matchesGroups is matchesRange for some groups only.
+func (m model) matchesGroups(l *Log, ids map[uint64]bool) error {
 	for id := range ids {
 		g := m.g(id)
 		if g.last >= g.first || l.LastIndex(id) >= l.FirstIndex(id) {
@@ -179,11 +185,15 @@ func (m model) checkKept(l *Log) error {
 	return nil
 }
 
-// gen produces random ops; terms grow per group as raft's do.
+// gen produces random ops on its groups; terms grow per group as raft's
+// do.
 type gen struct {
-	r     *rand.Rand
-	terms map[uint64]uint64
+	r      *rand.Rand
+	terms  map[uint64]uint64
+	groups []uint64
 }
+
+func (gn *gen) group() uint64 { return gn.groups[gn.r.IntN(len(gn.groups))] }
 
 func (gn *gen) op(m model) op {
 	r := gn.r
@@ -191,7 +201,7 @@ func (gn *gen) op(m model) op {
 	switch k := r.IntN(20); {
 	case k < 13:
 		for n := 1 + r.IntN(3); n > 0; n-- {
-			id := uint64(r.IntN(8))
+			id := gn.group()
 			g := m.g(id)
 			start := g.last + 1
 			if g.last >= g.first && r.IntN(4) == 0 { // a new leader overwrites a suffix
@@ -215,12 +225,12 @@ func (gn *gen) op(m model) op {
 			}
 		}
 	case k < 15:
-		id := uint64(r.IntN(8))
+		id := gn.group()
 		g := m.g(id)
 		o.trunc = &[2]uint64{id, g.first + uint64(r.IntN(int(g.last-g.first+2)))}
 		gn.terms[id]++ // raft truncates only for a new leader's entries
 	case k < 18:
-		id := uint64(r.IntN(8))
+		id := gn.group()
 		g := m.g(id)
 		upTo := g.first + uint64(r.IntN(int(g.last-g.first+2))) - 1
 		if r.IntN(4) == 0 {
@@ -330,8 +340,8 @@ func TestCrashProperty(t *testing.T) {
 }
 
 type crashTotals struct {
-	Moved, Compacted, Deleted, Sealed  uint64
-	FailedOps, FlipsReported, FlipsCut int
+	Moved, Compacted, Deleted, Sealed, Pipelined uint64
+	FailedOps, FlipsReported, FlipsCut           int
 }
 
 func crashOnce(t *testing.T, seed uint64, tot *crashTotals) {
@@ -340,7 +350,7 @@ func crashOnce(t *testing.T, seed uint64, tot *crashTotals) {
 	fs := NewMemFS()
 	l, err := Open(fs, "/data", opts)
 	must(t, err)
-	gn := &gen{r: r, terms: map[uint64]uint64{}}
+	gn := &gen{r: r, terms: map[uint64]uint64{}, groups: []uint64{0, 1, 2, 3, 4, 5, 6, 7}}
 	m := model{}
 	var history []op
 	steps := 1 + r.IntN(80)
@@ -456,5 +466,115 @@ func crashOnce(t *testing.T, seed uint64, tot *crashTotals) {
 	}
 	if err := common.checkKept(l3); err != nil && !errors.Is(err, ErrCorrupt) {
 		t.Fatalf("seed %d: a bit flipped at %s:%d: live entries neither intact nor reported: %v", seed, name, off, err)
+	}
+}
+
+// TestConcurrentCrash: several goroutines, each owning some groups, run
+// random ops at once while the background worker moves, compacts and
+// deletes files (small files), so the pipelined group commit, rotations
+// and moves interleave; a write or sync fails at a random point and every
+// goroutine stops at its first error; then a crash with torn tails. Each
+// goroutine's groups must then hold its acknowledged history, plus
+// possibly part or all of the op it was in when the engine stopped.
+func TestConcurrentCrash(t *testing.T) {
+	seeds := max(*crashSeeds/10, 20)
+	if testing.Short() {
+		seeds = 20
+	}
+	var tot crashTotals
+	for seed := 0; seed < seeds; seed++ {
+		t.Run(fmt.Sprintf("seed=%d", seed), func(t *testing.T) { concurrentCrashOnce(t, uint64(seed), &tot) })
+	}
+	t.Logf("%+v", tot)
+	if tot.Moved == 0 || tot.Pipelined == 0 || tot.FailedOps == 0 {
+		t.Fatalf("a path was never exercised: %+v", tot)
+	}
+}
+
+func concurrentCrashOnce(t *testing.T, seed uint64, tot *crashTotals) {
+	r := rand.New(rand.NewPCG(seed, 99))
+	opts := crashOpts(r)
+	opts.Manual = false
+	fs := NewMemFS()
+	l, err := Open(fs, "/data", opts)
+	must(t, err)
+	const workers = 4
+	type result struct {
+		history []op
+		failed  *op
+		groups  []uint64
+	}
+	results := make([]result, workers)
+	if r.IntN(4) != 0 {
+		if r.IntN(2) == 0 {
+			fs.FailSync(1 + r.IntN(60))
+		} else {
+			fs.FailWrite(1 + r.IntN(60))
+		}
+	}
+	var wg sync.WaitGroup
+	for w := 0; w < workers; w++ {
+		groups := []uint64{uint64(2 * w), uint64(2*w + 1)}
+		wr := rand.New(rand.NewPCG(seed, uint64(w)))
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			gn := &gen{r: wr, terms: map[uint64]uint64{}, groups: groups}
+			m := model{}
+			res := &results[w]
+			res.groups = groups
+			for i := 0; i < 40; i++ {
+				o := gn.op(m)
+				if o.maintain {
+					continue // the worker does it
+				}
+				if err := l.do(o); err != nil {
+					if !errors.Is(err, ErrStopped) {
+						t.Errorf("seed %d worker %d: %v", seed, w, err)
+					}
+					res.failed = &o
+					return
+				}
+				m.apply(o)
+				res.history = append(res.history, o)
+			}
+		}()
+	}
+	wg.Wait()
+	st := l.Stats()
+	tot.Moved += st.Moved
+	tot.Pipelined += st.Pipelined
+	for _, res := range results {
+		if res.failed != nil {
+			tot.FailedOps++
+		}
+	}
+	l.Close()
+	crashed := fs.Crash(r.IntN(2000))
+	opts.Manual = true
+	l2, err := Open(crashed, "/data", opts)
+	if err != nil {
+		t.Fatalf("seed %d: recovery: %v", seed, err)
+	}
+	defer l2.Close()
+	for w, res := range results {
+		ids := map[uint64]bool{}
+		for _, g := range res.groups {
+			ids[g] = true
+		}
+		ok := false
+		var last error
+		for _, c := range candidates(res.history, res.failed) {
+			if last = c.matchesGroups(l2, ids); last == nil {
+				if err := c.checkKept(l2); err != nil {
+					t.Fatalf("seed %d worker %d: live entries: %v", seed, w, err)
+				}
+				ok = true
+				break
+			}
+		}
+		if !ok {
+			t.Fatalf("seed %d worker %d: recovered state is not its acknowledged history (plus part of its failed op): %v", seed, w, last)
+		}
 	}
 }

@@ -177,6 +177,7 @@ type Log struct {
 // Stats are counters for benchmarks and metrics.
 type Stats struct {
 	Syncs          uint64 // WAL fdatasyncs
+	Pipelined      uint64 // WAL writes started while an earlier one was in flight
 	Records        uint64 // WAL records written
 	WALFiles       int    // WAL files on disk
 	SegmentFiles   int    // segment files on disk
