@@ -71,7 +71,8 @@ func (l *Log) Append(batches ...Batch) error {
 		}
 		s := l.shadow(b.Group)
 		for j := range b.Entries {
-			if err := s.put(b.Entries[j].Index); err != nil || (j > 0 && b.Entries[j].Index != b.Entries[j-1].Index+1) {
+			idx := b.Entries[j].Index
+			if err := s.put(idx); err != nil || idx == 0 || (j > 0 && idx != b.Entries[j-1].Index+1) {
 				l.rollback()
 				l.mu.Unlock()
 				return ErrGap

@@ -102,7 +102,8 @@ var (
 	// ErrUnavailable: the requested index is compacted, dropped or not yet
 	// written.
 	ErrUnavailable = errors.New("segment: index not available")
-	// ErrGap: an append would leave a hole after the group's last index.
+	// ErrGap: an append would leave a hole after the group's last index
+	// (or starts at index 0: raft's indexes start at 1).
 	ErrGap = errors.New("segment: append leaves a gap")
 	// ErrClosed: the log is closed.
 	ErrClosed = errors.New("segment: log closed")
@@ -284,6 +285,9 @@ func (l *Log) Truncate(group, from uint64) error {
 // stored, so an entry lost to damage is reported (ErrCorrupt, naming the
 // group) rather than missed at read time.
 func (l *Log) Compact(group, upTo uint64, live []uint64) error {
+	if !slices.IsSorted(live) {
+		return errors.New("segment: Compact: live indexes must be sorted ascending")
+	}
 	l.mu.Lock()
 	if err := l.usableLocked(); err != nil {
 		l.mu.Unlock()

@@ -340,6 +340,15 @@ func TestGapRollsBack(t *testing.T) {
 	if err := l.Append(Batch{Group: 1, Entries: ents(3, 3, 1, "a")}); !errors.Is(err, ErrGap) {
 		t.Fatalf("got %v, want ErrGap", err)
 	}
+	if err := l.Append(Batch{Group: 3, Entries: ents(0, 0, 1, "zero")}); !errors.Is(err, ErrGap) {
+		t.Fatalf("index 0: got %v, want ErrGap", err)
+	}
+	if err := l.Compact(1, 1, []uint64{1, 0}); err == nil {
+		t.Fatal("an unsorted live set was taken")
+	}
+	if l.FirstIndex(1) != 1 {
+		t.Fatal("a refused compaction compacted")
+	}
 }
 
 // TestLayout: sealed WAL files are moved into one segment file per group
