@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"math"
 	"path/filepath"
 	"slices"
 	"sync"
@@ -267,6 +268,9 @@ func (l *Log) kick() {
 // Truncate removes a group's entries from index from on (raft overwrites
 // uncommitted entries after a leader change).
 func (l *Log) Truncate(group, from uint64) error {
+	if from == 0 {
+		return errors.New("segment: Truncate from index 0: raft's indexes start at 1")
+	}
 	return l.writeOp(recTruncate, group, from)
 }
 
@@ -287,6 +291,9 @@ func (l *Log) Truncate(group, from uint64) error {
 func (l *Log) Compact(group, upTo uint64, live []uint64) error {
 	if !slices.IsSorted(live) {
 		return errors.New("segment: Compact: live indexes must be sorted ascending")
+	}
+	if upTo == math.MaxUint64 {
+		return errors.New("segment: Compact: index out of range")
 	}
 	l.mu.Lock()
 	if err := l.usableLocked(); err != nil {

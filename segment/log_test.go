@@ -349,6 +349,9 @@ func TestGapRollsBack(t *testing.T) {
 	if l.FirstIndex(1) != 1 {
 		t.Fatal("a refused compaction compacted")
 	}
+	if err := l.Truncate(1, 0); err == nil || l.LastIndex(1) != 1 {
+		t.Fatalf("Truncate from 0: %v, last %d", err, l.LastIndex(1))
+	}
 }
 
 // TestLayout: sealed WAL files are moved into one segment file per group
