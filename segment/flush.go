@@ -215,20 +215,25 @@ func (l *Log) moveOut(src *file) error {
 		}
 	}
 	sizes := make([]int64, len(files))
+	l.mu.Lock()
 	for i, f := range files {
+		// Synced: from now on a checkpoint lists the new size, so the
+		// promise outlives the WAL file the promise record goes into.
+		f.size = f.wsize
 		sizes[i] = f.wsize
 	}
+	l.mu.Unlock()
 	if len(files) > 0 {
 		if err := l.promise(files, sizes); err != nil {
 			return err
 		}
 	}
+	if l.promisedHook != nil {
+		l.promisedHook()
+	}
 
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	for _, f := range w.touched {
-		f.size = f.wsize
-	}
 	for _, s := range w.sealed {
 		s.sealed = true
 		l.stats.SegmentsSealed++

@@ -173,7 +173,8 @@ type Log struct {
 
 	stats Stats
 
-	queuedHook func() // tests: called (under l.mu) when an append is queued
+	queuedHook   func() // tests: called (under l.mu) when an append is queued
+	promisedHook func() // tests: called by a move between its promise and its repoint
 }
 
 // Stats are counters for benchmarks and metrics.

@@ -454,3 +454,48 @@ func TestWriteFailureStopsTheEngine(t *testing.T) {
 		t.Fatalf("recovered last %d, want 2", l2.LastIndex(1))
 	}
 }
+
+// TestPromiseOutlivesItsWALFile: a move's promise record lands in one WAL
+// file; if the WAL rotates before the move finishes and that file is then
+// moved and deleted, the next checkpoint must still promise the synced
+// size. Otherwise damage in the newest copy of an index would be cut as a
+// torn tail and an older copy, of an older term, served in its place.
+func TestPromiseOutlivesItsWALFile(t *testing.T) {
+	fs := NewMemFS()
+	l, err := Open(fs, "/data", Options{Manual: true})
+	must(t, err)
+	seal := func(g2 uint64) { // seal the current WAL file with one more append
+		l.Rotate()
+		must(t, l.Append(Batch{Group: 2, Entries: ents(g2, g2, 1, "other")}))
+	}
+	must(t, l.Append(Batch{Group: 1, Entries: ents(1, 3, 1, "old")}))
+	seal(1)
+	must(t, l.Maintain()) // 1..3 of term 1 in group 1's segment file
+	must(t, l.Append(Batch{Group: 1, Entries: ents(3, 3, 2, "new")}))
+	seal(2)
+	l.promisedHook = func() {
+		l.promisedHook = nil
+		seal(3) // the WAL file holding the promise is sealed, to be moved and deleted
+	}
+	must(t, l.Maintain()) // index 3 of term 2 appended to the same segment file
+	must(t, l.Close())
+
+	var seg string
+	files, _ := fs.List("/data")
+	for _, f := range files {
+		if _, g, wal, _ := parseName(f); !wal && g == 1 {
+			seg = "/data/" + f
+		} else if wal && f == walName(3) {
+			t.Fatalf("the WAL file with the promise was not deleted: %v", files)
+		}
+	}
+	// Damage the last record: the term-2 copy of index 3.
+	fs.Corrupt(seg, fs.FileSize(seg)-8, 0)
+	l2, err := Open(fs, "/data", Options{Manual: true})
+	if errors.Is(err, ErrCorrupt) {
+		return
+	}
+	must(t, err)
+	es, err := l2.Entries(1, 3, 4)
+	t.Fatalf("damage in a promised part was cut as a torn tail: index 3 reads %q (term %d), %v", es[0].Data, es[0].Term, err)
+}
