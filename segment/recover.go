@@ -204,7 +204,12 @@ func (l *Log) cut(f *file, end int64) error {
 func (l *Log) scan(f *file, buf []byte, magic string, tornOK bool, promised int64, fn func(typ uint8, p []byte, off int) error) (int, error) {
 	gen := f.gen()
 	if int64(len(buf)) < promised {
-		return 0, fmt.Errorf("%w: %s has %d bytes, %d were synced", ErrCorrupt, f.name, len(buf), promised)
+		if !l.opts.Repair {
+			return 0, fmt.Errorf("%w: %s has %d bytes, %d were synced", ErrCorrupt, f.name, len(buf), promised)
+		}
+		l.log.Error("segment: REPAIR: a file is shorter than what was synced; reading what is there",
+			"file", f.name, "size", len(buf), "synced", promised)
+		promised = int64(len(buf))
 	}
 	if len(buf) < fileHeader {
 		return 0, nil // the header never fully reached the disk: nothing in it was acknowledged
