@@ -18,7 +18,7 @@ type file struct {
 	group uint64 // segment files: the group whose entries it holds
 	f     File
 	size  int64 // bytes durable (and readable)
-	wsize int64 // bytes written (the flusher's append position)
+	wsize int64 // bytes written: where the next write goes
 	head  int64 // WAL: bytes of header and checkpoint (a WAL holding only these is never sealed)
 	refs  int   // stored entries the index points at in it
 	// written counts the entries ever written (segments: live/written is
@@ -63,8 +63,10 @@ func parseName(name string) (seq, group uint64, wal, ok bool) {
 }
 
 // mapper is implemented by files that can be mapped read-only. A mapping
-// is never written through and the mapped file is never shrunk while it is
-// mapped (recovery truncates before anything is mapped).
+// is never written through and a file is never shrunk while it is mapped
+// (recovery drops a file's mapping before it cuts a torn tail). A mapping
+// may reach past the end of the file; only bytes below the file's durable
+// size are ever touched.
 type mapper interface {
 	// Map maps the first size bytes; unmap releases them.
 	Map(size int64) (data []byte, unmap func() error, err error)
