@@ -6,6 +6,7 @@ package segment
 import (
 	"encoding/binary"
 	"fmt"
+	"sync"
 )
 
 // shadow is a group's raft range as it will be once everything queued is
@@ -88,12 +89,10 @@ func (l *Log) Append(batches ...Batch) error {
 	for i := range batches {
 		l.encodeLocked(&batches[i])
 	}
-	l.seq++
-	my := l.seq
 	if l.queuedHook != nil {
 		l.queuedHook()
 	}
-	return l.commitLocked(my)
+	return l.commitLocked()
 }
 
 func (l *Log) usableLocked() error {
@@ -177,34 +176,59 @@ func (l *Log) applyLocked(us []update, f *file, base int64) {
 // completes overlapping flushes faster than one after another.
 const maxInflight = 2
 
-// commitLocked waits until batch my is durable, becoming a writer when
-// its batch is still pending and a write may start: the writer takes
-// everything pending, writes it at the end of the WAL (or, when the WAL
-// is full, into a new WAL file that starts with a checkpoint), lets the
-// next writer start, fsyncs, and once every earlier write is applied,
-// applies its own to the index and wakes the waiters. l.mu is held on
-// entry and released on return.
-func (l *Log) commitLocked(my uint64) error {
-	for l.done < my {
+// batchGen is the batches queued into one pending buffer: they go out in
+// one write. Their appenders sleep on its cond, woken when it is durable
+// (or the engine stops) or, while it is still pending, when a write may
+// start (one of them, with Signal): a commit wakes the appenders it
+// covered, not every appender.
+type batchGen struct {
+	cond    sync.Cond
+	done    bool
+	waiters int // appenders in commitLocked for it; the last one out recycles it
+}
+
+func (l *Log) newGen() *batchGen {
+	if n := len(l.freeGens); n > 0 {
+		g := l.freeGens[n-1]
+		l.freeGens = l.freeGens[:n-1]
+		g.done = false
+		return g
+	}
+	g := &batchGen{}
+	g.cond.L = &l.mu
+	return g
+}
+
+// commitLocked waits until the batches just queued (into l.cur) are
+// durable, becoming the writer when they are still pending and a write
+// may start: the writer takes everything pending, writes it at the end of
+// the WAL (or, when the WAL is full, into a new WAL file that starts with
+// a checkpoint), lets the next writer start, fsyncs, and once every
+// earlier write is applied, applies its own to the index and wakes its
+// waiters. l.mu is held on entry and released on return.
+func (l *Log) commitLocked() error {
+	g := l.cur
+	g.waiters++
+	for !g.done {
 		if l.failed != nil {
-			l.mu.Unlock()
-			return ErrStopped
+			return l.leaveLocked(g, ErrStopped)
 		}
-		if l.taken >= my || l.writing || l.inflight >= maxInflight {
-			l.cond.Wait() // in a write already, or no write may start now
+		if g != l.cur || l.writing || l.inflight >= maxInflight {
+			g.cond.Wait() // in a write already, or no write may start now
 			continue
 		}
 		f, base := l.wal, l.wal.wsize
 		rotate := base > f.head && (l.rotate || base+int64(len(l.pending)) > l.opts.WALSize)
 		if rotate && l.inflight > 0 {
-			l.cond.Wait() // a checkpoint must follow everything before it
+			g.cond.Wait() // a checkpoint must follow everything before it
 			continue
 		}
-		buf, us, upTo := l.pending, l.updates, l.seq
+		buf, us := l.pending, l.updates
 		l.pending, l.updates = l.freeBuf(), l.freeUpdates()
 		l.flys = append(l.flys, l.pend)
 		l.pend = l.freeMap()
-		l.taken = upTo
+		l.flying = append(l.flying, g)
+		l.cur = l.newGen()
 		var head []byte // header and checkpoint of a new WAL file
 		if rotate {
 			l.rotate = false
@@ -218,8 +242,6 @@ func (l *Log) commitLocked(my uint64) error {
 			l.wal, f, base = nf, nf, nf.head
 		}
 		f.wsize = base + int64(len(buf))
-		l.tickets++
-		ticket := l.tickets
 		if l.inflight > 0 {
 			l.stats.Pipelined++
 		}
@@ -230,26 +252,24 @@ func (l *Log) commitLocked(my uint64) error {
 		err := l.write(f, head, buf, base)
 		l.mu.Lock()
 		l.writing = false
-		l.cond.Broadcast() // the next write may start
+		l.cur.cond.Signal() // the next write may start
 		if err == nil {
 			l.mu.Unlock()
 			err = l.sync(f, head != nil)
 			l.mu.Lock()
 		}
-		for err == nil && l.failed == nil && l.applied != ticket-1 {
-			l.cond.Wait() // apply in order
+		for err == nil && l.failed == nil && l.flying[0] != g {
+			l.applyCond.Wait() // apply in order
 		}
 		l.stats.Syncs++
 		if err != nil {
 			// Any write or fsync failure stops the engine: the page cache
 			// may have dropped the data, so continuing could lie.
 			l.failLocked(err)
-			l.mu.Unlock()
-			return fmt.Errorf("%w: %v", ErrStopped, err)
+			return l.leaveLocked(g, fmt.Errorf("%w: %v", ErrStopped, err))
 		}
 		if l.failed != nil { // an earlier write failed: this one is not acknowledged
-			l.mu.Unlock()
-			return ErrStopped
+			return l.leaveLocked(g, ErrStopped)
 		}
 		if rotate {
 			l.kick() // the sealed WAL file can be moved
@@ -259,16 +279,28 @@ func (l *Log) commitLocked(my uint64) error {
 		l.flys = append(l.flys[:0], l.flys[1:]...)
 		clear(fly)
 		l.freeMaps = append(l.freeMaps, fly)
+		l.flying = append(l.flying[:0], l.flying[1:]...)
 		l.freeBufs = append(l.freeBufs, buf[:0])
 		l.freeUps = append(l.freeUps, us[:0])
 		f.size = base + int64(len(buf))
-		l.done = upTo
-		l.applied = ticket
 		l.inflight--
-		l.cond.Broadcast()
+		g.done = true
+		g.cond.Broadcast()      // its appenders
+		l.applyCond.Broadcast() // the next write in order
+		l.cur.cond.Signal()     // a write may start
+		l.cond.Broadcast()      // appenders waiting for the pending buffer to shrink
+	}
+	return l.leaveLocked(g, nil)
+}
+
+// leaveLocked is an appender leaving commitLocked with err: the last one
+// out of a durable generation returns it to the pool. It unlocks l.mu.
+func (l *Log) leaveLocked(g *batchGen, err error) error {
+	if g.waiters--; g.waiters == 0 && g.done {
+		l.freeGens = append(l.freeGens, g)
 	}
 	l.mu.Unlock()
-	return nil
+	return err
 }
 
 func (l *Log) freeBuf() []byte {
@@ -331,7 +363,17 @@ func (l *Log) failLocked(err error) {
 		l.failed = err
 		l.log.Error("segment: I/O failure; the log is stopped", "err", err)
 	}
+	l.wakeAllLocked()
+}
+
+// wakeAllLocked wakes every waiter: the engine stopped or closed.
+func (l *Log) wakeAllLocked() {
 	l.cond.Broadcast()
+	l.applyCond.Broadcast()
+	l.cur.cond.Broadcast()
+	for _, g := range l.flying {
+		g.cond.Broadcast()
+	}
 }
 
 // checkpointLocked encodes a new WAL file's header and a checkpoint record
@@ -394,8 +436,7 @@ func (l *Log) writeOp(typ uint8, gid, arg uint64) error {
 	l.pending = closeRecord(l.pending, start, typ)
 	l.updates = append(l.updates, update{kind: typ, group: gid, idx: arg, term: term})
 	l.stats.Records++
-	l.seq++
-	return l.commitLocked(l.seq)
+	return l.commitLocked()
 }
 
 // Rotate seals the current WAL file at the next write, if it holds any
@@ -425,6 +466,5 @@ func (l *Log) promise(fs []*file, sizes []int64) error {
 		l.pending = closeRecord(l.pending, start, recPromise)
 		l.stats.Records++
 	}
-	l.seq++
-	return l.commitLocked(l.seq)
+	return l.commitLocked()
 }

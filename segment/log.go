@@ -143,20 +143,21 @@ type Log struct {
 	pending []byte
 	updates []update // index changes to apply once pending is durable
 	ckpt    []byte   // checkpoint records for a new WAL file
-	seq     uint64   // batches queued so far
-	taken   uint64   // batches taken into a write so far
-	done    uint64   // batches durable (and applied) so far
-	// Up to maxInflight writes are in flight: one at a time in pwrite
-	// (writing), their fdatasyncs overlapping; they are applied in the
-	// order they were taken (tickets).
-	writing          bool
-	inflight         int
-	tickets, applied uint64
-	freeBufs         [][]byte // pending buffers not in use, reused
-	freeUps          [][]update
-	failed           error
-	closed           bool
-	rotate           bool // seal the WAL at the next write (Rotate)
+	// cur is the batches queued into pending; flying, the writes in
+	// flight, oldest first. Up to maxInflight writes are in flight: one at
+	// a time in pwrite (writing), their fdatasyncs overlapping; they are
+	// applied in order (applyCond).
+	cur       *batchGen
+	flying    []*batchGen
+	freeGens  []*batchGen
+	applyCond *sync.Cond
+	writing   bool
+	inflight  int
+	freeBufs  [][]byte // pending buffers not in use, reused
+	freeUps   [][]update
+	failed    error
+	closed    bool
+	rotate    bool // seal the WAL at the next write (Rotate)
 	// pend: each group's raft range once the pending records are durable,
 	// so appends queued behind one another are checked for gaps; flys are
 	// the pends of the writes in flight, oldest first.
@@ -224,6 +225,8 @@ func Open(fs FS, dir string, opts Options) (*Log, error) {
 		// can cause.
 		pending: make([]byte, 0, 256<<10)}
 	l.cond = sync.NewCond(&l.mu)
+	l.applyCond = sync.NewCond(&l.mu)
+	l.cur = l.newGen()
 	if err := l.recover(); err != nil {
 		l.closeFiles()
 		return nil, err
@@ -383,7 +386,7 @@ func (l *Log) Close() error {
 		return nil
 	}
 	l.closed = true
-	l.cond.Broadcast() // appends waiting for the worker give up
+	l.wakeAllLocked() // appends waiting for the worker give up
 	l.mu.Unlock()
 	close(l.quit)
 	l.wg.Wait()
