@@ -12,11 +12,11 @@ import (
 // shadow is a group's raft range as it will be once everything queued is
 // durable.
 func (l *Log) shadow(id uint64) span {
-	if s, ok := l.pend[id]; ok {
+	if s, ok := l.cur.spans[id]; ok {
 		return s
 	}
-	for i := len(l.flys) - 1; i >= 0; i-- {
-		if s, ok := l.flys[i][id]; ok {
+	for i := len(l.flying) - 1; i >= 0; i-- {
+		if s, ok := l.flying[i].spans[id]; ok {
 			return s
 		}
 	}
@@ -27,18 +27,18 @@ func (l *Log) shadow(id uint64) span {
 }
 
 func (l *Log) setShadow(id uint64, s span) {
-	prev, had := l.pend[id]
+	prev, had := l.cur.spans[id]
 	l.undo = append(l.undo, spanUndo{id, prev, had})
-	l.pend[id] = s
+	l.cur.spans[id] = s
 }
 
 func (l *Log) rollback() {
 	for i := len(l.undo) - 1; i >= 0; i-- {
 		u := l.undo[i]
 		if u.had {
-			l.pend[u.group] = u.prev
+			l.cur.spans[u.group] = u.prev
 		} else {
-			delete(l.pend, u.group)
+			delete(l.cur.spans, u.group)
 		}
 	}
 	l.undo = l.undo[:0]
@@ -182,8 +182,11 @@ const maxInflight = 2
 // start (one of them, with Signal): a commit wakes the appenders it
 // covered, not every appender.
 type batchGen struct {
-	cond    sync.Cond
-	done    bool
+	cond sync.Cond
+	done bool
+	// spans: each group's raft range once these batches are durable, so
+	// appends queued behind them are checked for gaps.
+	spans   map[uint64]span
 	waiters int // appenders in commitLocked for it; the last one out recycles it
 }
 
@@ -194,7 +197,7 @@ func (l *Log) newGen() *batchGen {
 		g.done = false
 		return g
 	}
-	g := &batchGen{}
+	g := &batchGen{spans: map[uint64]span{}}
 	g.cond.L = &l.mu
 	return g
 }
@@ -225,8 +228,6 @@ func (l *Log) commitLocked() error {
 		}
 		buf, us := l.pending, l.updates
 		l.pending, l.updates = l.freeBuf(), l.freeUpdates()
-		l.flys = append(l.flys, l.pend)
-		l.pend = l.freeMap()
 		l.flying = append(l.flying, g)
 		l.cur = l.newGen()
 		var head []byte // header and checkpoint of a new WAL file
@@ -275,10 +276,7 @@ func (l *Log) commitLocked() error {
 			l.kick() // the sealed WAL file can be moved
 		}
 		l.applyLocked(us, f, base)
-		fly := l.flys[0]
-		l.flys = append(l.flys[:0], l.flys[1:]...)
-		clear(fly)
-		l.freeMaps = append(l.freeMaps, fly)
+		clear(g.spans)
 		l.flying = append(l.flying[:0], l.flying[1:]...)
 		l.freeBufs = append(l.freeBufs, buf[:0])
 		l.freeUps = append(l.freeUps, us[:0])
@@ -319,15 +317,6 @@ func (l *Log) freeUpdates() []update {
 		return u
 	}
 	return nil
-}
-
-func (l *Log) freeMap() map[uint64]span {
-	if n := len(l.freeMaps); n > 0 {
-		m := l.freeMaps[n-1]
-		l.freeMaps = l.freeMaps[:n-1]
-		return m
-	}
-	return map[uint64]span{}
 }
 
 // write writes buf at base in f. A new file (head != nil) is created with

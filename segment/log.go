@@ -158,14 +158,8 @@ type Log struct {
 	failed    error
 	closed    bool
 	rotate    bool // seal the WAL at the next write (Rotate)
-	// pend: each group's raft range once the pending records are durable,
-	// so appends queued behind one another are checked for gaps; flys are
-	// the pends of the writes in flight, oldest first.
-	pend     map[uint64]span
-	flys     []map[uint64]span
-	freeMaps []map[uint64]span
-	undo     []spanUndo
-	dead     []*file // sealed segments with nothing stored, to delete
+	undo      []spanUndo
+	dead      []*file // sealed segments with nothing stored, to delete
 
 	maint sync.Mutex // one Maintain at a time
 	work  chan struct{}
@@ -219,7 +213,7 @@ func Open(fs FS, dir string, opts Options) (*Log, error) {
 		return nil, err
 	}
 	l := &Log{fs: fs, dir: dir, opts: opts, log: opts.Logger, groups: map[uint64]*groupIndex{},
-		pend: map[uint64]span{}, work: make(chan struct{}, 1), quit: make(chan struct{}),
+		work: make(chan struct{}, 1), quit: make(chan struct{}),
 		// The pending buffers are reused; they grow to the largest group
 		// commit seen, and that growth is the only allocation an append
 		// can cause.
