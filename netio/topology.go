@@ -1,11 +1,15 @@
 package netio
 
 import (
+	"crypto/rand"
+	"encoding/base64"
 	"fmt"
 	"reflect"
-	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
+	"unicode"
+	"unicode/utf8"
 
 	"github.com/cespare/xxhash/v2"
 	"github.com/warren-mq/warren/queue"
@@ -64,13 +68,12 @@ type routeView struct {
 // topology holds exchanges, queues and bindings. Writes (declare, delete,
 // bind) take mu and publish a new routeView; routing reads the view only.
 type topology struct {
-	mu      sync.Mutex
-	top     *queue.Topology
-	exDecl  map[string]wire.ExchangeDeclare
-	queues  map[string]*queueRef
-	view    atomic.Pointer[routeView]
-	shards  []*shard
-	nameSeq atomic.Uint64
+	mu     sync.Mutex
+	top    *queue.Topology
+	exDecl map[string]wire.ExchangeDeclare
+	queues map[string]*queueRef
+	view   atomic.Pointer[routeView]
+	shards []*shard
 }
 
 func newTopology(shards []*shard) *topology {
@@ -100,11 +103,39 @@ func reqErr(code wire.Code, format string, args ...any) error {
 	return &wire.Error{Code: code, Reason: fmt.Sprintf(format, args...)}
 }
 
+// validName checks an exchange or queue name (spec §2): at most 255 bytes
+// of valid UTF-8 without control characters, so names stay printable in
+// logs, the admin API and /metrics labels.
 func validName(name string) error {
 	if len(name) > wire.MaxNameLen {
 		return reqErr(wire.InvalidArgument, "name longer than 255 bytes")
 	}
+	for i, r := range name {
+		if r == utf8.RuneError && !strings.HasPrefix(name[i:], "\uFFFD") {
+			if _, size := utf8.DecodeRuneInString(name[i:]); size <= 1 {
+				return reqErr(wire.InvalidArgument, "name %q is not valid UTF-8 (byte %d): names must be UTF-8 text", name, i)
+			}
+		}
+		if unicode.IsControl(r) {
+			return reqErr(wire.InvalidArgument, "name %q has a control character (U+%04X at byte %d): names must be printable text", name, r, i)
+		}
+	}
 	return nil
+}
+
+// reservedPrefix names belong to the broker: the standard exchanges and
+// generated queue names. Clients may not create them (RabbitMQ's rule),
+// so a client cannot squat a name the broker will hand to someone else.
+const reservedPrefix = "amq."
+
+// generatedQueueName is a server-chosen queue name with 128 random bits,
+// which no client can predict.
+func generatedQueueName() string {
+	var b [16]byte
+	if _, err := rand.Read(b[:]); err != nil {
+		panic("netio: no randomness for a queue name: " + err.Error())
+	}
+	return reservedPrefix + "gen-" + base64.RawURLEncoding.EncodeToString(b[:])
 }
 
 func (t *topology) declareExchange(d *wire.ExchangeDeclare) error {
@@ -120,8 +151,14 @@ func (t *topology) declareExchange(d *wire.ExchangeDeclare) error {
 		}
 		return nil
 	}
+	if err := validName(d.Name); err != nil {
+		return err
+	}
 	if err := validName(d.Alternate); err != nil {
 		return err
+	}
+	if !exists && strings.HasPrefix(d.Name, reservedPrefix) {
+		return reqErr(wire.AccessRefused, "exchange name %q: the prefix amq. is reserved for the broker; choose another name", d.Name)
 	}
 	if exists {
 		o, n := old, *d
@@ -201,8 +238,15 @@ func (t *topology) declareQueue(d *wire.QueueDeclare, owner uint64) (*queueRef, 
 		if d.Passive {
 			return nil, reqErr(wire.InvalidArgument, "passive declare needs a name")
 		}
-		name = "amq.gen-" + strconv.FormatUint(t.nameSeq.Add(1), 10)
+		for name == "" || t.queues[name] != nil {
+			name = generatedQueueName()
+		}
 	} else if err := validName(name); err != nil {
+		return nil, err
+	} else if !d.Passive && strings.HasPrefix(name, reservedPrefix) {
+		return nil, reqErr(wire.AccessRefused, "queue name %q: the prefix amq. is reserved for the broker; declare with an empty name to get a generated one", name)
+	}
+	if err := validName(args.DeadLetterExchange); err != nil {
 		return nil, err
 	}
 	if q, ok := t.queues[name]; ok {
