@@ -8,7 +8,7 @@ import (
 	"log/slog"
 	"net"
 	"sort"
-	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -397,7 +397,7 @@ func (s *Server) initMetrics() {
 	})
 	m.set.RegisterMetricsWriter(func(w io.Writer) {
 		for _, q := range s.Queues() {
-			l := `{queue=` + strconv.Quote(q.Name) + `}`
+			l := `{queue="` + promLabelValue(q.Name) + `"}`
 			fmt.Fprintf(w, "warren_queue_ready%s %d\n", l, q.Ready)
 			fmt.Fprintf(w, "warren_queue_unacked%s %d\n", l, q.Unacked)
 			fmt.Fprintf(w, "warren_queue_consumers%s %d\n", l, q.Consumers)
@@ -408,6 +408,29 @@ func (s *Server) initMetrics() {
 			fmt.Fprintf(w, "warren_queue_dead_lettered_total%s %d\n", l, q.DeadLettered)
 		}
 	})
+}
+
+// promLabelValue escapes a label value by the Prometheus text format's
+// rules: backslash, double quote and newline are the only escapes (Go's
+// strconv.Quote writes \x and \u escapes, which Prometheus refuses).
+func promLabelValue(v string) string {
+	if !strings.ContainsAny(v, "\\\"\n") {
+		return v
+	}
+	var b strings.Builder
+	for i := 0; i < len(v); i++ {
+		switch v[i] {
+		case '\\':
+			b.WriteString(`\\`)
+		case '"':
+			b.WriteString(`\"`)
+		case '\n':
+			b.WriteString(`\n`)
+		default:
+			b.WriteByte(v[i])
+		}
+	}
+	return b.String()
 }
 
 // WriteMetrics writes the broker's metrics in Prometheus text format.
