@@ -199,7 +199,7 @@ func (m *model) requeue(es []entry) {
 	for i := len(es) - 1; i >= 0; i-- {
 		e := es[i]
 		e.failed++
-		if m.cfg.DeliveryLimit > 0 && e.deliveries >= m.cfg.DeliveryLimit {
+		if m.cfg.DeliveryLimit > 0 && e.deliveries > m.cfg.DeliveryLimit { // delivered more than the limit
 			m.kill(e, wire.ReasonDeliveryLimit)
 			continue
 		}
