@@ -114,7 +114,9 @@ func (m *Machine) requeue(now int64, es []entry) {
 		e := es[i]
 		e.failed++
 		m.Stats.Requeued++
-		if m.cfg.DeliveryLimit > 0 && e.deliveries >= m.cfg.DeliveryLimit {
+		// "Delivered more than delivery-limit times": with limit L the
+		// message gets L+1 deliveries, and the (L+1)th failure kills it.
+		if m.cfg.DeliveryLimit > 0 && e.deliveries > m.cfg.DeliveryLimit {
 			m.kill(e, wire.ReasonDeliveryLimit)
 			continue
 		}
