@@ -15,7 +15,8 @@ import (
 type model struct {
 	cfg       Config
 	ready     [][]entry // per level, head first
-	skipped   int
+	runFloor  int
+	runCount  int
 	cursor    int
 	consumers []*mConsumer // priority desc, arrival asc
 	rr        int
@@ -40,7 +41,7 @@ func newModel(cfg Config) *model {
 	if cfg.StarvationLimit <= 0 {
 		cfg.StarvationLimit = DefaultStarvationLimit
 	}
-	return &model{cfg: cfg, ready: make([][]entry, int(cfg.MaxPriority)+1)}
+	return &model{cfg: cfg, ready: make([][]entry, int(cfg.MaxPriority)+1), runFloor: int(cfg.MaxPriority) + 1}
 }
 
 func (m *model) count() (n int64, bytes int64) {
@@ -116,16 +117,21 @@ func (m *model) pickLevel() int {
 	if top < 0 || m.cfg.StrictPriority {
 		return top
 	}
+	// The run: consecutive dispatches from the top since it last went
+	// below the run's floor (the levels it counted from ran dry).
+	if top < m.runFloor {
+		m.runFloor, m.runCount = top, 0
+	}
 	lower := m.highestBelow(top)
 	if lower < 0 {
-		m.skipped = 0
+		m.runFloor, m.runCount = top, 0
 		return top
 	}
-	if m.skipped < m.cfg.StarvationLimit {
-		m.skipped++
+	if m.runCount < m.cfg.StarvationLimit {
+		m.runCount++
 		return top
 	}
-	m.skipped = 0
+	m.runFloor, m.runCount = top, 0
 	if m.cursor >= top || m.cursor <= 0 {
 		m.cursor = top
 	}
