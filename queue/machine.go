@@ -189,22 +189,41 @@ var (
 // stamped by the leader). It does no I/O, starts no goroutines, reads no
 // clock and draws no random numbers, so every replica computes the same.
 //
-// Dispatch picks the highest non-empty priority level, except that after
-// StarvationLimit (K) consecutive picks while a lower level waited, the next
-// pick goes to the next non-empty lower level in a rotation. Bound: while N
-// levels are non-empty, the head of each is dispatched within (K+1)·N
-// dispatches. Consumers are served highest consumer priority first, and
-// round-robin among equals.
+// Dispatch picks the highest non-empty priority level (the top), with a
+// valve against monopoly (weighted anti-starvation, StarvationLimit K): it
+// counts a run of consecutive dispatches from the top while a lower level
+// waits. The run starts over when the top goes below the lowest level it
+// counted from (those levels ran dry), after each valve dispatch, and when
+// no lower level waits; a higher level arriving continues it (were the
+// count restarted on every level change, two high levels alternating could
+// starve a third forever). When the run reaches K and a lower level waits,
+// the next dispatch goes to a lower level instead: the next non-empty one
+// below the previous valve's level, wrapping to just below the top.
+//
+// So a backlog holding at most K messages per level drains strictly by
+// priority, and one level streaming alone above a waiting one gets K of
+// every K+1 dispatches. Bound, whatever is published meanwhile: while level
+// L holds messages, it is dispatched from within P·(K·(P−L+1)+1)
+// dispatches, P = MaxPriority (with K = 8 and P = 9: 729 for level 0).
+// Between two valve dispatches there are at most K·(P−L+1) others (the
+// run restarts only when its floor level runs dry, at most once per level
+// above L), and the valve's cursor moves strictly down each time until it
+// wraps, reaching L within P valve dispatches.
+//
+// Consumers are served highest consumer priority first, and round-robin
+// among equals.
 //
 // Every command returns the effects it caused, in order. The slice is owned
 // by the machine and valid until the next command.
 type Machine struct {
 	cfg Config
 
-	levels   []ring
-	nonEmpty [4]uint64 // bit l set ⇔ levels[l] has entries (dead ones included)
-	skipped  int       // consecutive top-level picks while a lower level waited
-	cursor   int       // last lower level served by anti-starvation
+	levels    []ring
+	nonEmpty  [4]uint64 // bit l set ⇔ levels[l] has entries (dead ones included)
+	runFloor  int       // lowest level the valve's current run counted from (len(levels): none)
+	runCount  int       // dispatches in the run while a lower level waited
+	lastLevel int       // level of the last dispatch (-1: none)
+	cursor    int       // last lower level served by the valve
 
 	readyCount int64
 	readyBytes int64
@@ -279,6 +298,8 @@ func New(cfg Config, now int64) *Machine {
 	return &Machine{
 		cfg:       cfg,
 		levels:    make([]ring, int(cfg.MaxPriority)+1),
+		runFloor:  int(cfg.MaxPriority) + 1,
+		lastLevel: -1,
 		ttlReady:  map[uint64]struct{}{},
 		dead:      map[uint64]struct{}{},
 		dedupSeen: map[uint64]int64{},
@@ -515,8 +536,15 @@ func (m *Machine) popLowest() entry {
 	panic("queue: BUG: popLowest with no ready message")
 }
 
-// pickLevel chooses the level of the next dispatch (see Machine).
+// pickLevel chooses the level of the next dispatch (see Machine). O(1) in
+// the number of messages; a bitmap scan over the levels.
 func (m *Machine) pickLevel() int {
+	l := m.chooseLevel()
+	m.lastLevel = l
+	return l
+}
+
+func (m *Machine) chooseLevel() int {
 	top := m.liveBelow(len(m.levels))
 	if top < 0 {
 		return -1
@@ -524,19 +552,29 @@ func (m *Machine) pickLevel() int {
 	if m.cfg.StrictPriority {
 		return top
 	}
+	if top < m.runFloor {
+		// The levels the run counted from ran dry: a new run starts, so a
+		// backlog drains level by level in strict order.
+		m.runFloor, m.runCount = top, 0
+	}
 	lower := m.liveBelow(top)
 	if lower < 0 {
-		m.skipped = 0
+		m.runFloor, m.runCount = top, 0 // nobody waits below: nothing to count
 		return top
 	}
-	if m.skipped < m.cfg.StarvationLimit {
-		m.skipped++
+	if m.runCount < m.cfg.StarvationLimit {
+		m.runCount++
 		return top
 	}
-	m.skipped = 0
-	// Rotate through the lower levels: next below the cursor, wrapping.
-	if m.cursor >= top || m.cursor <= 0 {
-		m.cursor = top
+	// The valve: K in a row from the top while a lower level waited. The
+	// next lower level below the cursor gets this one, wrapping.
+	m.runFloor, m.runCount = top, 0
+	// Rotate below the level the run last dispatched from (or the top):
+	// when that level has just run dry, the top itself takes its turn in
+	// the rotation, else the run's count would pass on to it.
+	h := max(top, m.lastLevel)
+	if m.cursor >= h || m.cursor <= 0 {
+		m.cursor = h
 	}
 	l := m.liveBelow(m.cursor)
 	if l < 0 {

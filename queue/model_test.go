@@ -17,6 +17,7 @@ type model struct {
 	ready     [][]entry // per level, head first
 	runFloor  int
 	runCount  int
+	lastLevel int
 	cursor    int
 	consumers []*mConsumer // priority desc, arrival asc
 	rr        int
@@ -41,7 +42,7 @@ func newModel(cfg Config) *model {
 	if cfg.StarvationLimit <= 0 {
 		cfg.StarvationLimit = DefaultStarvationLimit
 	}
-	return &model{cfg: cfg, ready: make([][]entry, int(cfg.MaxPriority)+1), runFloor: int(cfg.MaxPriority) + 1}
+	return &model{cfg: cfg, ready: make([][]entry, int(cfg.MaxPriority)+1), runFloor: int(cfg.MaxPriority) + 1, lastLevel: -1}
 }
 
 func (m *model) count() (n int64, bytes int64) {
@@ -113,6 +114,12 @@ func (m *model) highestBelow(limit int) int {
 }
 
 func (m *model) pickLevel() int {
+	l := m.chooseLevel()
+	m.lastLevel = l
+	return l
+}
+
+func (m *model) chooseLevel() int {
 	top := m.highestBelow(len(m.ready))
 	if top < 0 || m.cfg.StrictPriority {
 		return top
@@ -132,8 +139,12 @@ func (m *model) pickLevel() int {
 		return top
 	}
 	m.runFloor, m.runCount = top, 0
-	if m.cursor >= top || m.cursor <= 0 {
-		m.cursor = top
+	// Rotate below the level the run last dispatched from (or the top):
+	// when that level has just run dry, the top itself takes its turn in
+	// the rotation, else the run's count would pass on to it.
+	h := max(top, m.lastLevel)
+	if m.cursor >= h || m.cursor <= 0 {
+		m.cursor = h
 	}
 	l := m.highestBelow(m.cursor)
 	if l < 0 {

@@ -14,7 +14,7 @@ import (
 // in ascending key order. It is an exact image: Restore(Snapshot()) behaves
 // identically to the original under any later commands, and snapshots of
 // equal machines are equal bytes. Replicas and recovery depend on that.
-const snapshotVersion = 2
+const snapshotVersion = 3
 
 // ErrBadSnapshot is returned by Restore for input it cannot read.
 var ErrBadSnapshot = errors.New("queue: malformed snapshot")
@@ -134,7 +134,9 @@ func (m *Machine) Snapshot() []byte {
 			w.entry(*r.at(k))
 		}
 	}
-	w.i(int64(m.skipped))
+	w.i(int64(m.runFloor))
+	w.i(int64(m.runCount))
+	w.i(int64(m.lastLevel))
 	w.i(int64(m.cursor))
 	w.i(m.readyCount)
 	w.i(m.readyBytes)
@@ -226,7 +228,9 @@ func Restore(b []byte) (*Machine, error) {
 			m.nonEmpty[l>>6] |= 1 << (l & 63)
 		}
 	}
-	m.skipped = int(r.i())
+	m.runFloor = int(r.i())
+	m.runCount = int(r.i())
+	m.lastLevel = int(r.i())
 	m.cursor = int(r.i())
 	m.readyCount = r.i()
 	m.readyBytes = r.i()
