@@ -7,6 +7,7 @@ import (
 	"io"
 	"log/slog"
 	"net"
+	"net/netip"
 	"sort"
 	"strings"
 	"sync"
@@ -145,8 +146,11 @@ func Start(cfg Config) (*Server, error) {
 	}
 	go func() {
 		defer close(s.stopped)
-		err := gnet.Run(s, "tcp://"+cfg.Addr,
-			gnet.WithMulticore(true), gnet.WithNumEventLoop(cfg.EventLoops), gnet.WithReusePort(false),
+		// SO_REUSEADDR: after a graceful stop the broker's closed
+		// connections sit in TIME_WAIT on its port; a restart must still
+		// bind (Go's net.Listen sets it too).
+		err := gnet.Run(s, "tcp://"+listenAddr(cfg.Addr),
+			gnet.WithMulticore(true), gnet.WithNumEventLoop(cfg.EventLoops), gnet.WithReusePort(false), gnet.WithReuseAddr(true),
 			gnet.WithTicker(true), gnet.WithReadBufferCap(256<<10), gnet.WithLogger(gnetLogger{s.log}))
 		select {
 		case s.booted <- err:
@@ -162,6 +166,20 @@ func Start(cfg Config) (*Server, error) {
 		return nil, fmt.Errorf("netio: listen on %s: %w", cfg.Addr, err)
 	}
 	return s, nil
+}
+
+// listenAddr makes an unspecified host ("", "0.0.0.0", "::") mean every
+// address, IPv4 and IPv6, as net.Listen does: gnet binds "[::]" IPv6-only
+// and "0.0.0.0" IPv4-only, but an empty host dual-stack.
+func listenAddr(addr string) string {
+	host, port, err := net.SplitHostPort(addr)
+	if err != nil {
+		return addr // gnet reports it
+	}
+	if ip, err := netip.ParseAddr(host); err == nil && ip.IsUnspecified() {
+		return ":" + port
+	}
+	return addr
 }
 
 // Addr is the address the broker listens on.
