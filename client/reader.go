@@ -140,6 +140,9 @@ func (c *Conn) dispatch(f wire.Frame, dec *wire.Decompressor) error {
 		it := b.Returns()
 		var rm wire.Returned
 		for it.Next(&rm) {
+			// DecodeProps copies (headers included), so the Return owns
+			// its properties and does not pin buf. DecodeReturn has
+			// validated the block: it cannot fail here.
 			props, _ := wire.DecodeProps(rm.Message.Properties)
 			fn(Return{Seq: rm.Seq, Code: rm.Code, Exchange: string(rm.Exchange), Message: Message{
 				RoutingKey: string(rm.Message.RoutingKey), Body: append([]byte(nil), rm.Message.Body...),

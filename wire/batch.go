@@ -111,7 +111,8 @@ type PublishBatch struct {
 	section  []byte
 }
 
-// DecodePublish decodes and validates a whole PUBLISH frame: a batch is
+// DecodePublish decodes and validates a whole PUBLISH frame into the view b,
+// which aliases f.Payload (or d's buffer, if compressed): a batch is
 // accepted or refused as one, never half-applied. maxFrame bounds the
 // decompressed section. It allocates nothing (a compressed batch reuses
 // d's buffer, which must be large enough after warm-up).
@@ -207,7 +208,8 @@ type MessageIter struct{ r reader }
 // Messages returns an iterator over the batch's messages.
 func (b *PublishBatch) Messages() MessageIter { return MessageIter{r: reader{b: b.section}} }
 
-// Next fills m with the next message and reports whether there was one.
+// Next fills m with a view of the next message (aliasing the batch's
+// buffer) and reports whether there was one.
 func (it *MessageIter) Next(m *Message) bool {
 	if it.r.end() {
 		return false
@@ -293,7 +295,9 @@ var (
 	errDeliveryTag   = &Error{FrameError, "delivery tag 0"}
 )
 
-// DecodeDeliver decodes and validates a whole DELIVER frame.
+// DecodeDeliver decodes and validates a whole DELIVER frame into the view b,
+// which aliases f.Payload (or dc's buffer, if compressed). It allocates
+// nothing.
 func DecodeDeliver(f Frame, maxFrame uint32, dc *Decompressor, b *DeliverBatch) error {
 	r := reader{b: f.Payload}
 	b.ConsumerTag = r.str8()
@@ -328,7 +332,8 @@ type DeliveryIter struct{ r reader }
 // Deliveries returns an iterator over the batch.
 func (b *DeliverBatch) Deliveries() DeliveryIter { return DeliveryIter{r: reader{b: b.section}} }
 
-// Next fills d with the next delivery and reports whether there was one.
+// Next fills d with a view of the next delivery (aliasing the batch's
+// buffer) and reports whether there was one.
 func (it *DeliveryIter) Next(d *Delivery) bool {
 	if it.r.end() {
 		return false
@@ -379,7 +384,8 @@ type ReturnBatch struct {
 	section []byte
 }
 
-// DecodeReturn decodes and validates a RETURN frame.
+// DecodeReturn decodes and validates a RETURN frame into the view b, which
+// aliases f.Payload. It allocates nothing.
 func DecodeReturn(f Frame, b *ReturnBatch) error {
 	r := reader{b: f.Payload}
 	b.Count = r.u32()
@@ -396,7 +402,8 @@ type ReturnIter struct{ r reader }
 // Returns returns an iterator over the batch.
 func (b *ReturnBatch) Returns() ReturnIter { return ReturnIter{r: reader{b: b.section}} }
 
-// Next fills rm with the next entry and reports whether there was one.
+// Next fills rm with a view of the next entry (aliasing the batch's buffer)
+// and reports whether there was one.
 func (it *ReturnIter) Next(rm *Returned) bool {
 	if it.r.end() {
 		return false

@@ -28,7 +28,10 @@
 // DecodePublish, DecodeDeliver, DecodeReturn, DecodeSettle, DecodeConfirm.
 // A decoded batch aliases the input buffer (or the Decompressor's buffer for
 // a compressed batch) and dies with it; copy what must outlive the read.
-// Every other frame, and every frame in allocating form, comes from Decode.
+// Every other frame, and every frame in allocating form, comes from Decode,
+// whose results are owned copies that outlive the buffer (tables included:
+// DecodeTable and DecodeProps copy too). A function that returns views says
+// so in its first doc line.
 //
 // Sending: encoders append to a caller-owned slice. Batch frames are built in
 // place: BeginPublish / BeginDeliver / BeginReturn, then AppendMessage /

@@ -201,8 +201,8 @@ type Frame struct {
 	Payload []byte
 }
 
-// Split reads the next frame from buf. It returns the frame and the number of
-// bytes it used, or n == 0 and a nil error when buf holds only part of a
+// Split returns a view of the next frame in buf (its Payload aliases buf)
+// and the number of bytes it used, or n == 0 and a nil error when buf holds only part of a
 // frame (read more and call again). maxFrame is the negotiated maximum frame
 // size (header included); a header announcing more is refused with
 // FrameTooLarge before the rest is read, so the caller never buffers it.

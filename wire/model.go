@@ -68,8 +68,8 @@ func AppendProps(dst []byte, p *Props) []byte {
 	return AppendProperties(dst, &v)
 }
 
-// DecodeProps materializes a property block (without its length prefix);
-// an empty block gives nil.
+// DecodeProps materializes a property block (without its length prefix)
+// into owned values (copies: they outlive block); an empty block gives nil.
 func DecodeProps(block []byte) (*Props, error) {
 	if len(block) == 0 {
 		return nil, nil
@@ -255,7 +255,8 @@ func (s *Settle) appendFrame(dst []byte, ch uint16) []byte {
 	return AppendSettle(dst, ch, s.Entries)
 }
 
-// Decode materializes any frame of a known type. It validates exactly as the
+// Decode materializes any frame of a known type into owned values: nothing
+// in the result aliases f.Payload or d's buffer. It validates exactly as the
 // view decoders do, and allocates; use it off the hot path.
 func Decode(f Frame, maxFrame uint32, d *Decompressor) (Body, error) {
 	switch f.Type {

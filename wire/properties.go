@@ -81,7 +81,7 @@ func (p *Properties) bytesField(id PropID) *[]byte {
 }
 
 // ParseProperties decodes a property block (the bytes after its u16 length)
-// into p without allocating. Each entry is id u8, length u16, value; ids are
+// into the view p, whose slices alias block, without allocating. Each entry is id u8, length u16, value; ids are
 // strictly ascending (so each appears once and the unknown ones, all above
 // the known range, form the tail); a known id's value must have the size its
 // type fixes.
@@ -270,7 +270,7 @@ func validateDeaths(v []byte) *Error {
 	return r.err
 }
 
-// DecodeDeaths materializes a death history.
+// DecodeDeaths materializes a death history into owned values.
 func DecodeDeaths(v []byte) ([]Death, error) {
 	r := reader{b: v}
 	n := int(r.u8())

@@ -73,7 +73,8 @@ type SettleBatch struct {
 	entries []byte
 }
 
-// DecodeSettle decodes and validates a SETTLE frame without allocating.
+// DecodeSettle decodes and validates a SETTLE frame into the view b, which
+// aliases f.Payload (At copies one entry out), without allocating.
 func DecodeSettle(f Frame, b *SettleBatch) error {
 	r := reader{b: f.Payload}
 	n := int(r.u16())
@@ -147,7 +148,8 @@ type ConfirmBatch struct {
 	entries []byte
 }
 
-// DecodeConfirm decodes and validates a CONFIRM frame without allocating.
+// DecodeConfirm decodes and validates a CONFIRM frame into the view b, which
+// aliases f.Payload (At copies one range out), without allocating.
 func DecodeConfirm(f Frame, b *ConfirmBatch) error {
 	r := reader{b: f.Payload}
 	n := int(r.u16())

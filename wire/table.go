@@ -173,16 +173,18 @@ func (r *reader) skipValue(depth int) {
 	}
 }
 
-// TableIter walks validated raw table entries without allocating. Container
-// values come back with Bytes holding their raw entries; pass them to
-// NewTableIter (tables) or DecodeTable for more.
+// TableIter walks validated raw table entries in place, without allocating:
+// the keys and values it returns are views of the entries and die with
+// them. Container values come back with Bytes holding their raw entries;
+// pass them to NewTableIter (tables) or DecodeTable (an owned copy).
 type TableIter struct{ r reader }
 
-// NewTableIter iterates the raw entries of a table (without its length
-// prefix), as returned in views such as Properties.Headers.
+// NewTableIter returns an iterator of views over the raw entries of a table
+// (without its length prefix), such as Properties.Headers.
 func NewTableIter(entries []byte) TableIter { return TableIter{r: reader{b: entries}} }
 
-// Next returns the next field. The input must have been validated.
+// Next returns the next field as views of the entries. The input must have
+// been validated.
 func (it *TableIter) Next() (key []byte, v Value, ok bool) {
 	if it.r.end() {
 		return nil, Value{}, false
@@ -213,8 +215,11 @@ func (r *reader) valueView() Value {
 }
 
 // DecodeTable materializes raw table entries (without the length prefix)
-// into a Table, copying nothing but allocating the fields. For topology
-// arguments and tests, not for the message path.
+// into a Table that owns its bytes: string and bytes values are copies, so
+// the Table outlives the buffer it was decoded from. It allocates (one copy
+// of the entries plus the fields); for topology arguments, headers a client
+// hands to its application, and tests, not for the message path, which
+// reads headers in place with NewTableIter.
 func DecodeTable(entries []byte) (Table, error) {
 	if err := validateEntries(entries, true, 1); err != nil {
 		return nil, err
@@ -222,7 +227,15 @@ func DecodeTable(entries []byte) (Table, error) {
 	return materialize(entries), nil
 }
 
+// materialize builds an owned Table from validated entries: it copies the
+// entries once and points every string and bytes value into that copy
+// (each value capped to its own length, so appending to one cannot reach
+// its neighbour).
 func materialize(entries []byte) Table {
+	return materializeView(append([]byte(nil), entries...))
+}
+
+func materializeView(entries []byte) Table {
 	var t Table
 	it := NewTableIter(entries)
 	for k, v, ok := it.Next(); ok; k, v, ok = it.Next() {
@@ -234,7 +247,7 @@ func materialize(entries []byte) Table {
 func materializeValue(v Value) Value {
 	switch v.Kind {
 	case KindTable:
-		v.Table, v.Bytes = materialize(v.Bytes), nil
+		v.Table, v.Bytes = materializeView(v.Bytes), nil
 	case KindArray:
 		r := reader{b: v.Bytes}
 		v.Bytes = nil
