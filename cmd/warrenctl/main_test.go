@@ -10,6 +10,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/warren-mq/warren/netio"
 	"github.com/warren-mq/warren/netio/admin"
 	"github.com/warren-mq/warren/netio/warrentest"
 )
@@ -58,18 +59,37 @@ func (c *ctl) ok(stdin string, args ...string) string {
 	c.t.Helper()
 	out, errs, code := c.run(stdin, args...)
 	if code != 0 {
+		if len(out) > 2000 {
+			out = "…" + out[len(out)-2000:]
+		}
 		c.t.Fatalf("warrenctl %v: exit %d\n%s%s", args, code, out, errs)
 	}
 	return out
 }
 
-func TestWarrenctl(t *testing.T) {
-	srv := warrentest.StartServer(t, nil)
+// newCtl starts a broker (cfg may be nil) with its admin API and returns a
+// ctl that runs the built warrenctl against them.
+func newCtl(t *testing.T, cfg *netio.Config) *ctl {
+	t.Helper()
+	srv := warrentest.StartServer(t, cfg)
 	a := admin.New(srv, nil, 0)
-	defer a.Close()
 	hs := httptest.NewServer(a)
-	defer hs.Close()
-	c := &ctl{t: t, url: warrentest.URL(srv), api: hs.URL}
+	t.Cleanup(func() { hs.Close(); a.Close() })
+	return &ctl{t: t, url: warrentest.URL(srv), api: hs.URL}
+}
+
+// queueJSON returns `warrenctl --json queue show NAME` decoded.
+func (c *ctl) queueJSON(name string) map[string]any {
+	c.t.Helper()
+	var q map[string]any
+	if err := json.Unmarshal([]byte(c.ok("", "--json", "queue", "show", name)), &q); err != nil {
+		c.t.Fatalf("queue show %s: %v", name, err)
+	}
+	return q
+}
+
+func TestWarrenctl(t *testing.T) {
+	c := newCtl(t, nil)
 
 	c.ok("", "exchange", "declare", "dlx", "--type", "fanout")
 	c.ok("", "queue", "declare", "dlq")

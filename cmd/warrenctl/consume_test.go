@@ -1,0 +1,86 @@
+package main
+
+import (
+	"encoding/json"
+	"strings"
+	"testing"
+)
+
+// peekCounts returns the bodies and delivery counts of the ready messages
+// of a queue, through `queue get` (which delivers nothing).
+func (c *ctl) peekCounts(name string) (bodies []string, counts []int) {
+	c.t.Helper()
+	var r struct {
+		Messages []struct {
+			Body          []byte
+			DeliveryCount int `json:"delivery_count"`
+		}
+	}
+	if err := json.Unmarshal([]byte(c.ok("", "--json", "queue", "get", name, "--count", "100")), &r); err != nil {
+		c.t.Fatal(err)
+	}
+	for _, m := range r.Messages {
+		bodies = append(bodies, string(m.Body))
+		counts = append(counts, m.DeliveryCount)
+	}
+	return bodies, counts
+}
+
+// consume --count N takes exactly N messages: nothing more is delivered to
+// it, so nothing comes back as a failed delivery (which a delivery-limit 1
+// queue would dead-letter).
+func TestConsumeTakesExactlyN(t *testing.T) {
+	c := newCtl(t, nil)
+	c.ok("", "exchange", "declare", "dlx", "--type", "fanout")
+	c.ok("", "queue", "declare", "dead")
+	c.ok("", "binding", "add", "--exchange", "dlx", "--queue", "dead")
+	c.ok("", "queue", "declare", "dl1", "--delivery-limit", "1", "--dlx", "dlx")
+	c.ok("1\n2\n3\n4\n5\n6\n7\n8\n", "publish", "--routing-key", "dl1", "--lines")
+
+	if out := c.ok("", "consume", "dl1", "--count", "1"); out != "1\n" {
+		t.Fatalf("consume --count 1 printed %q", out)
+	}
+	if out := c.ok("", "consume", "dl1", "--count", "2"); out != "2\n3\n" {
+		t.Fatalf("consume --count 2 printed %q", out)
+	}
+	// A peek with --requeue hands each message back once: one failed
+	// delivery each, no more.
+	if out := c.ok("", "consume", "dl1", "--count", "3", "--requeue"); out != "4\n5\n6\n" {
+		t.Fatalf("consume --count 3 --requeue printed %q", out)
+	}
+	q := c.queueJSON("dl1")
+	if q["delivered_total"] != 6.0 || q["redelivered_total"] != 0.0 || q["dead_lettered_total"] != 0.0 {
+		t.Fatalf("after taking 1+2 and peeking 3: delivered_total %v redelivered_total %v dead_lettered_total %v, want 6 0 0",
+			q["delivered_total"], q["redelivered_total"], q["dead_lettered_total"])
+	}
+	bodies, counts := c.peekCounts("dl1")
+	if strings.Join(bodies, ",") != "4,5,6,7,8" || counts[0] != 1 || counts[1] != 1 || counts[2] != 1 || counts[3] != 0 || counts[4] != 0 {
+		t.Fatalf("left in dl1: %v with delivery counts %v, want 4..8 with 1 1 1 0 0", bodies, counts)
+	}
+	if bodies, _ := c.peekCounts("dead"); len(bodies) != 0 {
+		t.Fatalf("dead-lettered: %v", bodies)
+	}
+}
+
+// A count above the broker's prefetch cap (1,000) is taken in windows,
+// still exactly N.
+func TestConsumeMoreThanThePrefetchCap(t *testing.T) {
+	c := newCtl(t, nil)
+	c.ok("", "queue", "declare", "big")
+	var in strings.Builder
+	for i := 0; i < 1300; i++ {
+		in.WriteString("m\n")
+	}
+	c.ok(in.String(), "publish", "--routing-key", "big", "--lines")
+	out := c.ok("", "consume", "big", "--count", "1200", "--timeout", "3s")
+	if n := strings.Count(out, "\n"); n != 1200 {
+		t.Fatalf("printed %d lines, want 1200", n)
+	}
+	q := c.queueJSON("big")
+	if q["delivered_total"] != 1200.0 || q["ready"] != 100.0 || q["redelivered_total"] != 0.0 {
+		t.Fatalf("delivered_total %v ready %v redelivered_total %v, want 1200 100 0", q["delivered_total"], q["ready"], q["redelivered_total"])
+	}
+	if _, errs, code := c.run("", "consume", "big", "--count", "1001", "--requeue"); code != 2 || !strings.Contains(errs, "queue get") {
+		t.Fatalf("--requeue over the window: exit %d %q", code, errs)
+	}
+}
