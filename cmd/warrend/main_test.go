@@ -119,3 +119,11 @@ func TestBadConfigIsAClearError(t *testing.T) {
 		t.Fatalf("got %v", err)
 	}
 }
+
+func TestHelpExitsZero(t *testing.T) {
+	var out bytes.Buffer
+	err := run(context.Background(), []string{"--help"}, func(string) string { return "" }, strings.NewReader(""), &out, io.Discard, nil)
+	if err != nil || !strings.Contains(out.String(), "usage: warrend") || !strings.Contains(out.String(), "hash-password") {
+		t.Fatalf("warrend --help: err %v, stdout %q", err, out.String())
+	}
+}
