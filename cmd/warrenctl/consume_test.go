@@ -2,6 +2,7 @@ package main
 
 import (
 	"encoding/json"
+	"fmt"
 	"strings"
 	"testing"
 )
@@ -43,19 +44,30 @@ func TestConsumeTakesExactlyN(t *testing.T) {
 	if out := c.ok("", "consume", "dl1", "--count", "2"); out != "2\n3\n" {
 		t.Fatalf("consume --count 2 printed %q", out)
 	}
-	// A peek with --requeue hands each message back once: one failed
-	// delivery each, no more.
-	if out := c.ok("", "consume", "dl1", "--count", "3", "--requeue"); out != "4\n5\n6\n" {
-		t.Fatalf("consume --count 3 --requeue printed %q", out)
-	}
 	q := c.queueJSON("dl1")
-	if q["delivered_total"] != 6.0 || q["redelivered_total"] != 0.0 || q["dead_lettered_total"] != 0.0 {
-		t.Fatalf("after taking 1+2 and peeking 3: delivered_total %v redelivered_total %v dead_lettered_total %v, want 6 0 0",
+	if q["delivered_total"] != 3.0 || q["redelivered_total"] != 0.0 || q["dead_lettered_total"] != 0.0 {
+		t.Fatalf("after taking 1 and 2: delivered_total %v redelivered_total %v dead_lettered_total %v, want 3 0 0",
 			q["delivered_total"], q["redelivered_total"], q["dead_lettered_total"])
 	}
-	bodies, counts := c.peekCounts("dl1")
-	if strings.Join(bodies, ",") != "4,5,6,7,8" || counts[0] != 1 || counts[1] != 1 || counts[2] != 1 || counts[3] != 0 || counts[4] != 0 {
-		t.Fatalf("left in dl1: %v with delivery counts %v, want 4..8 with 1 1 1 0 0", bodies, counts)
+	if bodies, counts := c.peekCounts("dl1"); strings.Join(bodies, ",") != "4,5,6,7,8" || counts[0] != 0 {
+		t.Fatalf("left in dl1: %v with delivery counts %v, want 4..8 never delivered", bodies, counts)
+	}
+
+	// A peek with --requeue hands each message back once: one failed
+	// delivery each, no more (a delivery-limit queue counts those).
+	c.ok("", "queue", "declare", "dl3", "--delivery-limit", "3", "--dlx", "dlx")
+	c.ok("1\n2\n3\n4\n5\n", "publish", "--routing-key", "dl3", "--lines")
+	if out := c.ok("", "consume", "dl3", "--count", "3", "--requeue"); out != "1\n2\n3\n" {
+		t.Fatalf("consume --count 3 --requeue printed %q", out)
+	}
+	q = c.queueJSON("dl3")
+	if q["delivered_total"] != 3.0 || q["redelivered_total"] != 0.0 || q["dead_lettered_total"] != 0.0 {
+		t.Fatalf("after a --requeue peek of 3: delivered_total %v redelivered_total %v dead_lettered_total %v, want 3 0 0",
+			q["delivered_total"], q["redelivered_total"], q["dead_lettered_total"])
+	}
+	bodies, counts := c.peekCounts("dl3")
+	if strings.Join(bodies, ",") != "1,2,3,4,5" || fmt.Sprint(counts) != "[1 1 1 0 0]" {
+		t.Fatalf("left in dl3: %v with delivery counts %v, want 1..5 with [1 1 1 0 0]", bodies, counts)
 	}
 	if bodies, _ := c.peekCounts("dead"); len(bodies) != 0 {
 		t.Fatalf("dead-lettered: %v", bodies)
