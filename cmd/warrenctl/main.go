@@ -26,6 +26,7 @@ import (
 	"sort"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"syscall"
 	"text/tabwriter"
 	"time"
@@ -36,7 +37,7 @@ import (
 
 const usage = `warrenctl — operate a Warren broker
 
-Global flags (before the command):
+Global flags (before or after the command):
   --url URL    native protocol URL (env WARREN_URL; default warren://guest:guest@127.0.0.1:5680)
   --api URL    admin API URL (env WARREN_API; default: the --url host on port 15680)
   --json       print JSON instead of tables
@@ -50,11 +51,22 @@ Commands:
                 --retry-initial MS --retry-multiplier X --retry-max MS --single-active --dedup-window MS
   binding list | add --exchange EX (--queue Q | --to-exchange EX) --routing-key KEY | delete (same flags)
   connection list | close ID
-  publish --exchange EX --routing-key KEY [--persistent] [--mandatory] [--priority N] [--content-type T]
+  publish [--exchange EX] --routing-key KEY [--persistent] [--mandatory=false] [--priority N] [--content-type T]
           [--message-id ID] [--header k=v]... [--lines] [--file F] [BODY]   (body from stdin when absent)
+      The default exchange ("") delivers to the queue named by the routing key. A message that no queue
+      takes fails the command (exit 1); --mandatory=false lets it be dropped silently instead.
   consume QUEUE [--count N] [--requeue | --reject] [--timeout D]   (prints each body on its own line)
+      Takes exactly N messages (default 1) and acks them; --reject dead-letters them instead.
+      --requeue hands them back to the head of the queue, which counts as a failed delivery: their
+      delivery and failed counts grow, and a queue with --delivery-limit dead-letters a message handed
+      back too often. To look without touching anything, use queue get (at most 1000 with --requeue).
+      --timeout: give up when no message has come for this long (default 5s).
   dlq peek QUEUE [--count N] | dlq replay QUEUE [--count N] [--rate R]
+      peek is queue get (nothing is delivered or counted); replay sends each message back to the
+      exchange and routing key it died from.
   purge QUEUE
+
+Exit codes: 0 success, 1 failure, 2 usage error.
 `
 
 func main() {
@@ -79,14 +91,18 @@ func (e usageErr) Error() string { return e.msg }
 
 func run(ctx context.Context, args []string, getenv func(string) string, stdin io.Reader, stdout, stderr io.Writer) int {
 	c := &cli{stdin: stdin, out: stdout, errw: stderr, ctx: ctx}
-	fs := flag.NewFlagSet("warrenctl", flag.ContinueOnError)
-	fs.SetOutput(io.Discard)
-	fs.StringVar(&c.url, "url", "", "")
-	fs.StringVar(&c.api, "api", "", "")
-	fs.BoolVar(&c.jsonOut, "json", false, "")
-	if err := fs.Parse(args); err != nil {
-		fmt.Fprintf(stderr, "warrenctl: %v\n\n%s", err, usage)
+	rest, err := c.globals(args)
+	if err != nil {
+		fmt.Fprintf(stderr, "warrenctl: %v\n\nusage: %s", err, usage)
 		return 2
+	}
+	if len(rest) == 0 {
+		fmt.Fprint(stderr, usage)
+		return 2
+	}
+	if rest[0] == "help" || rest[0] == "-h" || rest[0] == "--help" || rest[0] == "-help" {
+		fmt.Fprint(stdout, usage)
+		return 0
 	}
 	if c.url == "" {
 		c.url = getenv("WARREN_URL")
@@ -107,23 +123,87 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdin i
 		host, _, _ := net.SplitHostPort(addr)
 		c.api = "http://" + net.JoinHostPort(host, "15680")
 	}
-	rest := fs.Args()
-	if len(rest) == 0 || rest[0] == "help" || rest[0] == "-h" || rest[0] == "--help" {
-		fmt.Fprint(stdout, usage)
-		return 0
-	}
 	err = c.dispatch(rest)
 	var ue usageErr
 	switch {
 	case err == nil:
 		return 0
 	case errors.As(err, &ue):
-		fmt.Fprintf(stderr, "warrenctl: %v\n", err)
+		fmt.Fprintf(stderr, "warrenctl: %v\n\nusage:\n%s\nRun 'warrenctl help' for every command.\n", err, usageOf(rest[0]))
 		return 2
 	default:
 		fmt.Fprintf(stderr, "warrenctl: %v\n", err)
 		return 1
 	}
+}
+
+// globals takes the global flags (--url, --api, --json) out of args,
+// wherever they are before a "--", and returns the rest.
+func (c *cli) globals(args []string) ([]string, error) {
+	var rest []string
+	for i := 0; i < len(args); i++ {
+		a := args[i]
+		if a == "--" {
+			return append(rest, args[i:]...), nil
+		}
+		name, val, hasVal := strings.Cut(strings.TrimLeft(a, "-"), "=")
+		if !strings.HasPrefix(a, "-") {
+			name = ""
+		}
+		switch name {
+		case "url", "api":
+			if !hasVal {
+				if i+1 == len(args) {
+					return nil, fmt.Errorf("flag needs an argument: %s", a)
+				}
+				i++
+				val = args[i]
+			}
+			if name == "url" {
+				c.url = val
+			} else {
+				c.api = val
+			}
+		case "json":
+			c.jsonOut = true
+			if hasVal {
+				b, err := strconv.ParseBool(val)
+				if err != nil {
+					return nil, fmt.Errorf("invalid boolean value %q for --json", val)
+				}
+				c.jsonOut = b
+			}
+		default:
+			if len(rest) == 0 && strings.HasPrefix(a, "-") && a != "-h" && a != "--help" && a != "-help" {
+				return nil, fmt.Errorf("unknown global flag %s", a)
+			}
+			rest = append(rest, a)
+		}
+	}
+	return rest, nil
+}
+
+// usageOf returns the lines of the usage text for one command.
+func usageOf(cmd string) string {
+	_, cmds, _ := strings.Cut(usage, "Commands:\n")
+	var b strings.Builder
+	in := false
+	for _, line := range strings.Split(cmds, "\n") {
+		switch {
+		case strings.HasPrefix(line, "  ") && !strings.HasPrefix(line, "   "):
+			f := strings.Fields(line)
+			in = len(f) > 0 && f[0] == cmd
+		case !strings.HasPrefix(line, "   "):
+			in = false
+		}
+		if in {
+			b.WriteString(line + "\n")
+		}
+	}
+	if b.Len() == 0 {
+		return cmds
+	}
+	return b.String()
 }
 
 func (c *cli) dispatch(args []string) error {
@@ -135,6 +215,9 @@ func (c *cli) dispatch(args []string) error {
 	}
 	switch args[0] {
 	case "status":
+		if err := none("status", args[1:]); err != nil {
+			return err
+		}
 		return c.status()
 	case "exchange":
 		return c.exchange(sub(1), args[min(2, len(args)):])
@@ -227,19 +310,59 @@ func (c *cli) status() error {
 	if err := c.call("GET", "/api/overview", nil, &raw); err != nil {
 		return err
 	}
+	return c.showFields(raw)
+}
+
+// showFields prints a JSON object as "key<TAB>value" lines, sorted by
+// key with "name" first; nested objects become dotted keys (rates.publish)
+// and rates get their unit.
+func (c *cli) showFields(raw json.RawMessage) error {
 	var o map[string]any
-	_ = json.Unmarshal(raw, &o)
-	return c.show(raw, func(w *tabwriter.Writer) error {
-		keys := make([]string, 0, len(o))
-		for k := range o {
-			keys = append(keys, k)
+	if err := json.Unmarshal(raw, &o); err != nil {
+		return fmt.Errorf("admin API: unexpected reply: %w", err)
+	}
+	fields := map[string]string{}
+	flatten("", o, fields)
+	keys := make([]string, 0, len(fields))
+	for k := range fields {
+		keys = append(keys, k)
+	}
+	sort.Slice(keys, func(i, j int) bool {
+		if (keys[i] == "name") != (keys[j] == "name") {
+			return keys[i] == "name"
 		}
-		sort.Strings(keys)
+		return keys[i] < keys[j]
+	})
+	return c.show(raw, func(w *tabwriter.Writer) error {
 		for _, k := range keys {
-			fmt.Fprintf(w, "%s\t%v\n", k, fmtVal(o[k]))
+			fmt.Fprintf(w, "%s\t%s\n", k, fields[k])
 		}
 		return nil
 	})
+}
+
+func flatten(prefix string, v any, out map[string]string) {
+	switch x := v.(type) {
+	case map[string]any:
+		if len(x) == 0 && prefix != "" {
+			out[prefix] = "-"
+		}
+		for k, e := range x {
+			if prefix != "" {
+				k = prefix + "." + k
+			}
+			flatten(k, e, out)
+		}
+	case []any:
+		b, _ := json.Marshal(x)
+		out[prefix] = string(b)
+	default:
+		s := fmtVal(x)
+		if strings.HasPrefix(prefix, "rates.") {
+			s += "/s"
+		}
+		out[prefix] = s
+	}
 }
 
 func fmtVal(v any) string {
@@ -255,7 +378,8 @@ func flags(name string) *flag.FlagSet {
 	return fs
 }
 
-// parse parses flags that may come before or after positional arguments.
+// parse parses flags that may come before or after positional arguments;
+// after "--" everything is positional. Unknown flags are usage errors.
 func parse(fs *flag.FlagSet, args []string) ([]string, error) {
 	var pos []string
 	for {
@@ -266,12 +390,40 @@ func parse(fs *flag.FlagSet, args []string) ([]string, error) {
 		if len(rest) == 0 {
 			return pos, nil
 		}
+		if consumed := len(args) - len(rest); consumed > 0 && args[consumed-1] == "--" {
+			return append(pos, rest...), nil
+		}
 		pos = append(pos, rest[0])
 		args = rest[1:]
 	}
 }
 
-func one(name string, pos []string) (string, error) {
+// one parses args that take no flags and exactly one name.
+func one(name string, args []string) (string, error) {
+	pos, err := parse(flags(name), args)
+	if err != nil {
+		return "", err
+	}
+	if len(pos) != 1 {
+		return "", usageErr{name + ": want exactly one name"}
+	}
+	return pos[0], nil
+}
+
+// none parses args that take no flags and no names.
+func none(name string, args []string) error {
+	pos, err := parse(flags(name), args)
+	if err != nil {
+		return err
+	}
+	if len(pos) != 0 {
+		return usageErr{name + ": unexpected argument " + strconv.Quote(pos[0])}
+	}
+	return nil
+}
+
+// oneOf wants exactly one name among positional arguments already parsed.
+func oneOf(name string, pos []string) (string, error) {
 	if len(pos) != 1 {
 		return "", usageErr{name + ": want exactly one name"}
 	}
@@ -281,6 +433,9 @@ func one(name string, pos []string) (string, error) {
 func (c *cli) exchange(verb string, args []string) error {
 	switch verb {
 	case "list":
+		if err := none("exchange list", args); err != nil {
+			return err
+		}
 		var raw json.RawMessage
 		if err := c.call("GET", "/api/exchanges", nil, &raw); err != nil {
 			return err
@@ -305,7 +460,7 @@ func (c *cli) exchange(verb string, args []string) error {
 		if err != nil {
 			return err
 		}
-		name, err := one("exchange declare", pos)
+		name, err := oneOf("exchange declare", pos)
 		if err != nil {
 			return err
 		}
@@ -342,6 +497,9 @@ func orDash(v any) any {
 func (c *cli) queue(verb string, args []string) error {
 	switch verb {
 	case "list":
+		if err := none("queue list", args); err != nil {
+			return err
+		}
 		var raw json.RawMessage
 		if err := c.call("GET", "/api/queues", nil, &raw); err != nil {
 			return err
@@ -366,19 +524,7 @@ func (c *cli) queue(verb string, args []string) error {
 		if err := c.call("GET", "/api/queues/"+url.PathEscape(name), nil, &raw); err != nil {
 			return err
 		}
-		var q map[string]any
-		_ = json.Unmarshal(raw, &q)
-		return c.show(raw, func(w *tabwriter.Writer) error {
-			keys := make([]string, 0, len(q))
-			for k := range q {
-				keys = append(keys, k)
-			}
-			sort.Strings(keys)
-			for _, k := range keys {
-				fmt.Fprintf(w, "%s\t%v\n", k, fmtVal(q[k]))
-			}
-			return nil
-		})
+		return c.showFields(raw)
 	case "declare":
 		fs := flags("queue declare")
 		body := map[string]any{}
@@ -416,7 +562,7 @@ func (c *cli) queue(verb string, args []string) error {
 		if err != nil {
 			return err
 		}
-		name, err := one("queue declare", pos)
+		name, err := oneOf("queue declare", pos)
 		if err != nil {
 			return err
 		}
@@ -460,7 +606,7 @@ func (c *cli) queue(verb string, args []string) error {
 		if err != nil {
 			return err
 		}
-		name, err := one("get", pos)
+		name, err := oneOf("queue get", pos)
 		if err != nil {
 			return err
 		}
@@ -504,6 +650,9 @@ func printable(b []byte) string {
 
 func (c *cli) binding(verb string, args []string) error {
 	if verb == "list" {
+		if err := none("binding list", args); err != nil {
+			return err
+		}
 		var raw json.RawMessage
 		if err := c.call("GET", "/api/bindings", nil, &raw); err != nil {
 			return err
@@ -542,16 +691,27 @@ func (c *cli) binding(verb string, args []string) error {
 	} else {
 		body["destination_exchange"] = *toEx
 	}
-	method := "PUT"
+	method, did := "PUT", "added"
 	if verb == "delete" {
-		method = "DELETE"
+		method, did = "DELETE", "deleted"
 	}
-	return c.call(method, "/api/bindings", body, nil)
+	if err := c.call(method, "/api/bindings", body, nil); err != nil {
+		return err
+	}
+	dest := "queue " + strconv.Quote(*q)
+	if *q == "" {
+		dest = "exchange " + strconv.Quote(*toEx)
+	}
+	fmt.Fprintf(c.errw, "binding %s: exchange %q → %s, routing key %q\n", did, *ex, dest, *key)
+	return nil
 }
 
 func (c *cli) connection(verb string, args []string) error {
 	switch verb {
 	case "list":
+		if err := none("connection list", args); err != nil {
+			return err
+		}
 		var raw json.RawMessage
 		if err := c.call("GET", "/api/connections", nil, &raw); err != nil {
 			return err
@@ -570,7 +730,11 @@ func (c *cli) connection(verb string, args []string) error {
 		if err != nil {
 			return err
 		}
-		return c.call("DELETE", "/api/connections/"+url.PathEscape(id), nil, nil)
+		if err := c.call("DELETE", "/api/connections/"+url.PathEscape(id), nil, nil); err != nil {
+			return err
+		}
+		fmt.Fprintf(c.errw, "connection %s closed\n", id)
+		return nil
 	}
 	return usageErr{"connection: want list or close"}
 }
@@ -583,7 +747,7 @@ func (c *cli) replay(args []string) error {
 	if err != nil {
 		return err
 	}
-	name, err := one("dlq replay", pos)
+	name, err := oneOf("dlq replay", pos)
 	if err != nil {
 		return err
 	}
@@ -644,7 +808,7 @@ func (c *cli) publish(args []string) error {
 	ex := fs.String("exchange", "", "")
 	key := fs.String("routing-key", "", "")
 	persistent := fs.Bool("persistent", false, "")
-	mandatory := fs.Bool("mandatory", false, "")
+	mandatory := fs.Bool("mandatory", true, "")
 	prio := fs.Uint("priority", 0, "")
 	ctype := fs.String("content-type", "", "")
 	msgID := fs.String("message-id", "", "")
@@ -708,8 +872,12 @@ func (c *cli) publish(args []string) error {
 		return err
 	}
 	defer conn.Close()
-	returned := 0
-	ch.NotifyReturn(func(client.Return) { returned++ })
+	var returned atomic.Int64
+	var returnCode atomic.Uint32
+	ch.NotifyReturn(func(r client.Return) {
+		returned.Add(1)
+		returnCode.Store(uint32(r.Code))
+	})
 	ctx, cancel := context.WithTimeout(c.ctx, time.Minute)
 	defer cancel()
 	var ms []client.Message
@@ -717,15 +885,52 @@ func (c *cli) publish(args []string) error {
 		ms = append(ms, client.Message{RoutingKey: *key, Body: b, Persistent: *persistent, Mandatory: *mandatory, Priority: uint8(*prio), Props: props})
 	}
 	if err := ch.PublishBatch(ctx, *ex, ms); err != nil {
-		return fmt.Errorf("publish: %w", err)
+		var we *wire.Error
+		if errors.As(err, &we) && we.Code == wire.ExchangeNotFound {
+			return fmt.Errorf("publish: %s (warrenctl exchange declare %s --type TYPE)", protoErr(err), *ex)
+		}
+		return fmt.Errorf("publish: %s", protoErr(err))
 	}
-	fmt.Fprintf(c.errw, "published %d message(s), all confirmed\n", len(ms))
-	if returned > 0 {
-		return fmt.Errorf("%d message(s) were unroutable and returned", returned)
+	n := returned.Load()
+	if n == 0 {
+		fmt.Fprintf(c.errw, "published %d message(s), all confirmed\n", len(ms))
+		return nil
 	}
-	return nil
+	// RETURNs come before the confirms of the same messages (spec §8.3).
+	what := fmt.Sprintf("%d of %d message(s) reached no queue and were not stored", n, len(ms))
+	switch {
+	case wire.Code(returnCode.Load()) != wire.NoRoute:
+		return fmt.Errorf("%s: %s", what, wire.Code(returnCode.Load()))
+	case *ex == "":
+		return fmt.Errorf("%s: no queue %q (the default exchange delivers to the queue named by the routing key; declare it with: warrenctl queue declare %s)", what, *key, *key)
+	default:
+		return fmt.Errorf("%s: exchange %q matched no binding for routing key %q (add one with: warrenctl binding add --exchange %s --queue QUEUE --routing-key KEY)", what, *ex, *key, *ex)
+	}
 }
 
+// protoErr prints a protocol error as "code: reason", without the Go
+// package prefix.
+func protoErr(err error) string {
+	var we *wire.Error
+	if errors.As(err, &we) {
+		return we.Code.String() + ": " + we.Reason
+	}
+	return err.Error()
+}
+
+// consumeWindow is the most deliveries consume asks for at once: the
+// broker's default cap on a consumer's prefetch (Config.MaxPrefetch). A
+// broker configured with a lower cap delivers fewer per window, and a
+// count above that cap then stops at the --timeout.
+const consumeWindow = 1000
+
+// consume takes exactly count messages. It never lets the broker push a
+// message it does not want: each window subscribes with a prefetch of what
+// is still wanted (at most consumeWindow) and settles nothing until the
+// window is full, so the broker cannot send more; then it cancels the
+// consumer and only then settles. A message delivered and then taken back
+// on close would count as a failed delivery (and a delivery-limit queue
+// dead-letters those).
 func (c *cli) consume(args []string) error {
 	fs := flags("consume")
 	count := fs.Int("count", 1, "")
@@ -736,49 +941,109 @@ func (c *cli) consume(args []string) error {
 	if err != nil {
 		return err
 	}
-	name, err := one("consume", pos)
+	name, err := oneOf("consume", pos)
 	if err != nil {
 		return err
 	}
-	if *requeue && *reject {
+	switch {
+	case *requeue && *reject:
 		return usageErr{"consume: --requeue and --reject exclude each other"}
+	case *count < 1:
+		return usageErr{"consume: --count must be at least 1"}
+	case *requeue && *count > consumeWindow:
+		// Requeued messages go back to the head of the queue: a second
+		// window would take the same ones again.
+		return usageErr{fmt.Sprintf("consume: --requeue takes at most %d messages; to look at more without taking them, use queue get", consumeWindow)}
+	case *timeout <= 0:
+		return usageErr{"consume: --timeout must be positive"}
 	}
 	conn, ch, err := c.dial()
 	if err != nil {
 		return err
 	}
 	defer conn.Close()
+	got := 0
+	for got < *count {
+		want := min(*count-got, consumeWindow)
+		n, err := c.consumeWindow(ch, name, want, *timeout, *requeue, *reject)
+		got += n
+		if err != nil {
+			return err
+		}
+		if n < want {
+			return fmt.Errorf("got %d of %d messages: none came for %v (--timeout)", got, *count, *timeout)
+		}
+	}
+	return nil
+}
+
+// consumeWindow subscribes with prefetch want, takes up to want deliveries
+// (fewer when none comes for timeout), cancels the consumer, then settles
+// what it took. It returns how many it took.
+func (c *cli) consumeWindow(ch *client.Channel, queue string, want int, timeout time.Duration, requeue, reject bool) (int, error) {
 	ctx, cancel := context.WithTimeout(c.ctx, 10*time.Second)
 	defer cancel()
-	cs, err := ch.Consume(ctx, name, client.ConsumeOptions{Prefetch: uint32(*count)})
+	cs, err := ch.Consume(ctx, queue, client.ConsumeOptions{Prefetch: uint32(want)})
 	if err != nil {
-		return err
+		return 0, consumeErr(queue, err)
 	}
 	var got []*client.Delivery
-	for len(got) < *count {
+	take := func(d *client.Delivery) {
+		got = append(got, d)
+		if c.jsonOut {
+			p, _ := d.Props()
+			b, _ := json.Marshal(map[string]any{"exchange": d.Exchange, "routing_key": d.RoutingKey, "redelivered": d.Redelivered,
+				"delivery_count": d.DeliveryCount, "properties": p, "body": string(d.Body)})
+			fmt.Fprintf(c.out, "%s\n", b)
+		} else {
+			fmt.Fprintf(c.out, "%s\n", d.Body)
+		}
+	}
+	idle := time.NewTimer(timeout)
+	defer idle.Stop()
+	var stopped error
+wait:
+	for len(got) < want {
 		select {
 		case d, ok := <-cs.Deliveries():
 			if !ok {
-				return fmt.Errorf("consumer stopped: %v", cs.Err())
+				stopped = fmt.Errorf("consumer stopped: %v", cs.Err())
+				break wait
 			}
-			got = append(got, d)
-			if c.jsonOut {
-				p, _ := d.Props()
-				b, _ := json.Marshal(map[string]any{"exchange": d.Exchange, "routing_key": d.RoutingKey, "redelivered": d.Redelivered,
-					"delivery_count": d.DeliveryCount, "properties": p, "body": string(d.Body)})
-				fmt.Fprintf(c.out, "%s\n", b)
-			} else {
-				fmt.Fprintf(c.out, "%s\n", d.Body)
-			}
-		case <-time.After(*timeout):
-			c.settle(got, *requeue, *reject)
-			return fmt.Errorf("got %d of %d messages before the %v timeout", len(got), *count, *timeout)
+			take(d)
+			idle.Reset(timeout)
+		case <-idle.C:
+			break wait
 		case <-c.ctx.Done():
-			return c.ctx.Err()
+			stopped = c.ctx.Err()
+			break wait
 		}
 	}
-	c.settle(got, *requeue, *reject)
-	return nil
+	if stopped == nil {
+		cctx, ccancel := context.WithTimeout(context.Background(), 10*time.Second)
+		err := cs.Cancel(cctx)
+		ccancel()
+		if err != nil {
+			stopped = fmt.Errorf("cancel consumer: %w", err)
+		}
+	}
+	// Deliveries the broker sent before it took the cancel are in the
+	// feed (never more than the window): take them too.
+	for d := range cs.Deliveries() {
+		if len(got) < want {
+			take(d)
+		}
+	}
+	c.settle(got, requeue, reject)
+	return len(got), stopped
+}
+
+// consumeErr says what to do about a failed subscribe.
+func consumeErr(queue string, err error) error {
+	if wire.CodeOf(err) == wire.NotFound {
+		return fmt.Errorf("consume: no queue %q (see warrenctl queue list; declare it with: warrenctl queue declare %s)", queue, queue)
+	}
+	return fmt.Errorf("consume: %s", protoErr(err))
 }
 
 func (c *cli) settle(ds []*client.Delivery, requeue, reject bool) {

@@ -146,7 +146,7 @@ func TestWarrenctl(t *testing.T) {
 	if _, errs, code := c.run("", "frobnicate"); code != 2 || !strings.Contains(errs, "unknown command") {
 		t.Fatalf("unknown command: exit %d %q", code, errs)
 	}
-	if _, errs, code := c.run("x", "publish", "--routing-key", "nowhere", "--mandatory", "x"); code != 1 || !strings.Contains(errs, "unroutable") {
+	if _, errs, code := c.run("x", "publish", "--routing-key", "nowhere", "--mandatory", "x"); code != 1 || !strings.Contains(errs, "reached no queue") {
 		t.Fatalf("unroutable: exit %d %q", code, errs)
 	}
 }

@@ -39,9 +39,34 @@ func main() {
 	defer stop()
 	if err := run(ctx, os.Args[1:], os.Getenv, os.Stdin, os.Stdout, os.Stderr, nil); err != nil {
 		fmt.Fprintln(os.Stderr, "warrend:", err)
-		os.Exit(1)
+		os.Exit(exitCode(err))
 	}
 }
+
+// usageError is a mistake on the command line (exit 2).
+type usageError struct{ error }
+
+// exitCode is the process's exit status for run's error: 0, 1, or 2 for a
+// usage error.
+func exitCode(err error) int {
+	var ue usageError
+	switch {
+	case err == nil:
+		return 0
+	case errors.As(err, &ue):
+		return 2
+	}
+	return 1
+}
+
+const usageHead = `usage: warrend [--listen ADDR] [--http ADDR] [--data DIR] [--config FILE] [--log-level LEVEL]
+       warrend hash-password < password      (prints a bcrypt hash for the config file)
+
+Settings come from, in rising precedence: defaults, the JSON config file, WARREN_* environment
+variables, flags. Exit codes: 0 success, 1 failure, 2 usage error.
+
+Flags:
+`
 
 // fileConfig is the JSON config file.
 type fileConfig struct {
@@ -80,14 +105,27 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdin i
 	}
 	fc := fileConfig{Listen: "127.0.0.1:5680", HTTP: "127.0.0.1:15680", Data: "./warren-data", LogLevel: "info", LogFormat: "text"}
 	fs := flag.NewFlagSet("warrend", flag.ContinueOnError)
-	fs.SetOutput(stderr)
+	fs.SetOutput(io.Discard)
 	listen := fs.String("listen", "", "native protocol address (default 127.0.0.1:5680; env WARREN_LISTEN)")
 	httpAddr := fs.String("http", "", "HTTP address for /metrics, /healthz, /readyz (default 127.0.0.1:15680; env WARREN_HTTP)")
 	data := fs.String("data", "", "data directory (default ./warren-data; env WARREN_DATA)")
 	cfgPath := fs.String("config", "", "JSON config file (env WARREN_CONFIG)")
 	logLevel := fs.String("log-level", "", "debug, info, warn or error (env WARREN_LOG_LEVEL)")
 	if err := fs.Parse(args); err != nil {
-		return err
+		if errors.Is(err, flag.ErrHelp) {
+			fmt.Fprint(stdout, usageHead)
+			fs.SetOutput(stdout)
+			fs.PrintDefaults()
+			return nil
+		}
+		fmt.Fprint(stderr, usageHead)
+		fs.SetOutput(stderr)
+		fs.PrintDefaults()
+		return usageError{err}
+	}
+	if fs.NArg() > 0 {
+		fmt.Fprint(stderr, usageHead)
+		return usageError{fmt.Errorf("unexpected argument %q", fs.Arg(0))}
 	}
 	pick := func(flagVal, env string, dst *string) {
 		if v := getenv(env); v != "" {

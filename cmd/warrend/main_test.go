@@ -126,4 +126,8 @@ func TestHelpExitsZero(t *testing.T) {
 	if err != nil || !strings.Contains(out.String(), "usage: warrend") || !strings.Contains(out.String(), "hash-password") {
 		t.Fatalf("warrend --help: err %v, stdout %q", err, out.String())
 	}
+	err = run(context.Background(), []string{"--bogus"}, func(string) string { return "" }, strings.NewReader(""), io.Discard, io.Discard, nil)
+	if exitCode(err) != 2 {
+		t.Fatalf("warrend --bogus: %v, exit %d; want exit 2", err, exitCode(err))
+	}
 }
