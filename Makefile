@@ -9,9 +9,11 @@ RACE_PKGS := ./queue/... ./netio/... ./client/... ./cmd/... ./segment/...
 
 all: build
 
+# The three binaries the README uses: bin/warrend, bin/warrenctl, bin/warren-loadtest.
 build:
-	$(GO) build $(PKGS)
 	$(GO) build -o bin/warrend ./cmd/warrend
+	$(GO) build -o bin/warrenctl ./cmd/warrenctl
+	$(GO) build -o bin/warren-loadtest ./cmd/warren-loadtest
 
 # Start a broker with the defaults: native protocol on 127.0.0.1:5680,
 # HTTP (/metrics, /healthz, /readyz) on 127.0.0.1:15680, data in ./warren-data.
