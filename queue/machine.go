@@ -419,7 +419,7 @@ func (m *Machine) Enqueue(now int64, msgs []Message) []Effect {
 					m.kill(e, wire.ReasonMaxLen)
 				}
 				continue
-			default:
+			default: // drop-head, dead-letter (drop-head with a dead-letter exchange)
 				for m.full(e.size) && m.readyCount > 0 {
 					m.kill(m.popLowest(), wire.ReasonMaxLen)
 				}

@@ -73,7 +73,7 @@ func (m *model) enqueue(msgs []Message) []Effect {
 	for _, msg := range msgs {
 		e := entry{id: msg.ID, size: msg.Size, prio: min(msg.Priority, m.cfg.MaxPriority)}
 		if m.full(e.size) {
-			if m.cfg.Overflow != wire.DropHead {
+			if m.cfg.Overflow != wire.DropHead && m.cfg.Overflow != wire.OverflowDeadLetter {
 				m.effects = append(m.effects, Effect{Kind: RejectPublish, Msg: e.id})
 				if m.cfg.Overflow == wire.RejectPublishDLX {
 					m.kill(e, wire.ReasonMaxLen)
@@ -351,7 +351,7 @@ func TestAgainstModel(t *testing.T) {
 		}
 		if r.IntN(2) == 0 {
 			cfg.MaxLength = int64(1 + r.IntN(15))
-			cfg.Overflow = wire.Overflow(r.IntN(3))
+			cfg.Overflow = wire.Overflow(r.IntN(4))
 		}
 		if r.IntN(3) == 0 {
 			cfg.MaxLengthBytes = int64(50 + r.IntN(500))

@@ -99,6 +99,8 @@ func (env *traceEnv) run(d *datadriven.TestData) (string, error) {
 			cfg.Overflow = wire.RejectPublish
 		case "reject-publish-dlx":
 			cfg.Overflow = wire.RejectPublishDLX
+		case "dead-letter":
+			cfg.Overflow = wire.OverflowDeadLetter
 		}
 		env.m = New(cfg, env.now)
 		env.where = map[uint64]string{}

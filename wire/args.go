@@ -12,9 +12,13 @@ const (
 	DropHead         Overflow = iota // drop (and dead-letter) the oldest ready message
 	RejectPublish                    // nack the new message with QueueFull
 	RejectPublishDLX                 // nack it and dead-letter it
+	// OverflowDeadLetter is drop-head that requires a dead-letter exchange:
+	// the displaced (oldest) message is dead-lettered (reason maxlen),
+	// never dropped.
+	OverflowDeadLetter
 )
 
-var overflowNames = [...]string{"drop-head", "reject-publish", "reject-publish-dlx"}
+var overflowNames = [...]string{"drop-head", "reject-publish", "reject-publish-dlx", "dead-letter"}
 
 func (o Overflow) String() string {
 	if int(o) < len(overflowNames) {
@@ -30,7 +34,7 @@ type QueueArgs struct {
 	StrictPriority       bool          // "strict-priority" bool: no anti-starvation
 	MaxLength            int64         // "max-length" int ≥ 0: ready messages
 	MaxLengthBytes       int64         // "max-length-bytes" int ≥ 0: ready body bytes
-	Overflow             Overflow      // "overflow" string: drop-head | reject-publish | reject-publish-dlx
+	Overflow             Overflow      // "overflow" string: drop-head | reject-publish | reject-publish-dlx | dead-letter
 	MessageTTL           time.Duration // "message-ttl" int ms ≥ 0
 	Expires              time.Duration // "expires" int ms ≥ 1: delete when unused this long
 	DeadLetterExchange   string        // "dead-letter-exchange" string
@@ -98,7 +102,7 @@ func ParseQueueArgs(t Table) (QueueArgs, error) {
 		case "overflow":
 			var s string
 			if s, err = str(); err == nil {
-				err = argErr(f.Key, "want drop-head, reject-publish or reject-publish-dlx")
+				err = argErr(f.Key, "want drop-head, reject-publish, reject-publish-dlx or dead-letter")
 				for i, name := range overflowNames {
 					if s == name {
 						a.Overflow, err = Overflow(i), nil
@@ -147,6 +151,9 @@ func ParseQueueArgs(t Table) (QueueArgs, error) {
 		if err != nil {
 			return a, err
 		}
+	}
+	if a.Overflow == OverflowDeadLetter && a.DeadLetterExchange == "" {
+		return a, argErr("overflow", "dead-letter needs a dead-letter-exchange: set one, or use drop-head to drop the oldest message")
 	}
 	return a, nil
 }
