@@ -246,7 +246,13 @@ func (s *Server) Overview() Overview {
 	o := Overview{Version: Version, Connections: s.ConnectionCount(), Channels: s.metrics.channels.Load(),
 		Exchanges: len(s.Exchanges()), StoredMessageBytes: s.storedBytes.Load(),
 		MemoryHighWatermark: s.cfg.MemoryHighWater, FlowBlocked: s.flowOff.Load()}
-	for _, q := range s.Queues() {
+	// Deleted queues' counts stay in the totals, which only grow: a live
+	// queue's counters, read after the snapshot, are at least what they were
+	// in it, and a queue deleted since is counted once, here.
+	qs, retired := s.topo.snapshotWithRetired()
+	o.Published, o.Delivered, o.Acked = retired.published, retired.delivered, retired.acked
+	for _, ref := range qs {
+		q := statsOf(ref)
 		o.Queues++
 		o.Ready += q.Ready
 		o.Unacked += q.Unacked

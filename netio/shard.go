@@ -255,12 +255,18 @@ func (s *shard) handle(q *queueRef, effs []queue.Effect) {
 				s.nextWake = e.At
 			}
 		case queue.DeleteQueue:
+			q.storeStats() // final counts, for the broker-wide totals
 			if s.srv.topo.removeQueue(q) {
 				s.deleteQueue(q, "queue deleted (auto-delete or expiry)")
 			}
 		}
 	}
 	s.releaseHeld(q)
+	q.storeStats()
+}
+
+// storeStats publishes the machine's counts for replies and metrics.
+func (q *queueRef) storeStats() {
 	st := &q.m.Stats
 	q.ready.Store(q.m.Ready())
 	q.unacked.Store(int64(q.m.Unacked()))

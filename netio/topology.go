@@ -74,6 +74,14 @@ type topology struct {
 	queues map[string]*queueRef
 	view   atomic.Pointer[routeView]
 	shards []*shard
+	// retired sums the counters of deleted queues, so the broker-wide
+	// totals never go down (mu).
+	retired queueTotals
+}
+
+// queueTotals are broker-wide sums of per-queue counters.
+type queueTotals struct {
+	published, delivered, acked uint64
 }
 
 func newTopology(shards []*shard) *topology {
@@ -291,6 +299,9 @@ func (t *topology) removeQueue(q *queueRef) bool {
 	}
 	delete(t.queues, q.name)
 	delete(t.top.Queues, q.name)
+	t.retired.published += q.published.Load()
+	t.retired.delivered += q.delivered.Load()
+	t.retired.acked += q.acked.Load()
 	t.removeBindingsLocked(func(b queue.Binding) bool { return !b.ToExchange && b.Destination == q.name })
 	q.deleted.Store(true)
 	t.publishLocked()
@@ -334,6 +345,18 @@ func (t *topology) bind(b *wire.Bind) error {
 	}
 	t.publishLocked()
 	return nil
+}
+
+// snapshotWithRetired lists the declared queues and the totals of the
+// deleted ones, consistently: a queue is in one or the other.
+func (t *topology) snapshotWithRetired() ([]*queueRef, queueTotals) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	out := make([]*queueRef, 0, len(t.queues))
+	for _, q := range t.queues {
+		out = append(out, q)
+	}
+	return out, t.retired
 }
 
 // snapshotQueues lists the declared queues.
