@@ -37,6 +37,7 @@ type conn struct {
 	maxChannels uint16
 	heartbeatMs atomic.Uint32
 	user        string
+	internal    bool // the broker's own client (admin replay): may publish a death history
 	lastRecv    atomic.Int64
 	lastSend    atomic.Int64
 
@@ -509,6 +510,12 @@ func (c *conn) onPublish(ch *channel, f wire.Frame) error {
 		sm := &msgs[i]
 		*sm = storedMsg{exchange: exchange, routingKey: keep(m.RoutingKey), props: keep(m.Properties), body: keep(m.Body), flags: m.Flags, priority: m.Priority}
 		_ = wire.ParseProperties(sm.props, &props) // validated by DecodePublish
+		if props.Has(wire.PropDeaths) && !c.internal {
+			// The broker owns the death history (dlq replay trusts it): a
+			// publisher's own is dropped. Rare, so the re-parse is cheap.
+			sm.props = stripProperty(sm.props, wire.PropDeaths)
+			_ = wire.ParseProperties(sm.props, &props)
+		}
 		meta := queue.Message{Size: uint32(len(sm.body)), Priority: m.Priority, DedupKey: dedupKey(props.MessageID)}
 		if props.Has(wire.PropExpiration) {
 			meta.ExpirationMs, meta.HasExpiration = props.ExpirationMs, true

@@ -159,6 +159,7 @@ func (c *conn) onAuth(f wire.Frame) error {
 			return
 		}
 		c.user = user
+		c.internal = user == internalUser
 		c.maxFrame = maxFrame
 		c.maxChannels = wire.Negotiate(c.srv.cfg.MaxChannels, a.MaxChannels)
 		hb := c.srv.cfg.HeartbeatMs
