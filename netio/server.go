@@ -140,6 +140,7 @@ func Start(cfg Config) (*Server, error) {
 		s.shards = append(s.shards, newShard(s))
 	}
 	s.topo = newTopology(s.shards)
+	s.topo.log = s.log
 	s.initMetrics()
 	for _, sh := range s.shards {
 		go sh.run()

@@ -4,10 +4,12 @@ import (
 	"crypto/rand"
 	"encoding/base64"
 	"fmt"
+	"log/slog"
 	"reflect"
 	"strings"
 	"sync"
 	"sync/atomic"
+	"time"
 	"unicode"
 	"unicode/utf8"
 
@@ -74,6 +76,9 @@ type topology struct {
 	queues map[string]*queueRef
 	view   atomic.Pointer[routeView]
 	shards []*shard
+	log    *slog.Logger
+	// durableWarn rate-limits the "durable is not yet honoured" warning.
+	durableWarn logLimiter
 	// retired sums the counters of deleted queues, so the broker-wide
 	// totals never go down (mu).
 	retired queueTotals
@@ -85,7 +90,8 @@ type queueTotals struct {
 }
 
 func newTopology(shards []*shard) *topology {
-	t := &topology{top: queue.NewTopology(), exDecl: map[string]wire.ExchangeDeclare{}, queues: map[string]*queueRef{}, shards: shards}
+	t := &topology{top: queue.NewTopology(), exDecl: map[string]wire.ExchangeDeclare{}, queues: map[string]*queueRef{}, shards: shards,
+		log: slog.New(slog.DiscardHandler), durableWarn: logLimiter{every: time.Minute}}
 	// The standard exchanges every AMQP user expects.
 	for _, e := range []struct {
 		name string
@@ -168,6 +174,9 @@ func (t *topology) declareExchange(d *wire.ExchangeDeclare) error {
 	if !exists && strings.HasPrefix(d.Name, reservedPrefix) {
 		return reqErr(wire.AccessRefused, "exchange name %q: the prefix amq. is reserved for the broker; choose another name", d.Name)
 	}
+	if d.Durable {
+		t.warnDurable("exchange", d.Name)
+	}
 	if exists {
 		o, n := old, *d
 		o.Req, n.Req = 0, 0
@@ -186,6 +195,15 @@ func (t *topology) declareExchange(d *wire.ExchangeDeclare) error {
 	t.top.Exchanges[d.Name] = queue.Exchange{Name: d.Name, Kind: d.Kind, Alternate: d.Alternate, Internal: d.Internal, Args: d.Args}
 	t.publishLocked()
 	return nil
+}
+
+// warnDurable says, at most once a minute, that durability is not built
+// yet: a durable declare is accepted and kept in memory only.
+func (t *topology) warnDurable(kind, name string) {
+	if ok, n := t.durableWarn.allow(time.Now()); ok {
+		t.log.Warn("durable is accepted but not yet honoured: every exchange, queue and message is in memory and a restart loses it",
+			"declared", kind, "name", name, "suppressed_since_last", n)
+	}
 }
 
 func normArgs(t wire.Table) wire.Table {
@@ -256,6 +274,9 @@ func (t *topology) declareQueue(d *wire.QueueDeclare, owner uint64) (*queueRef, 
 	}
 	if err := validName(args.DeadLetterExchange); err != nil {
 		return nil, err
+	}
+	if d.Durable && !d.Passive {
+		t.warnDurable("queue", name)
 	}
 	if q, ok := t.queues[name]; ok {
 		if q.exclusive != 0 && q.exclusive != owner {

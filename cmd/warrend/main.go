@@ -206,6 +206,7 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdin i
 	mux.Handle("/api/", api)
 	hs := &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
 	go func() { _ = hs.Serve(ln) }()
+	log.Warn("durable and persistent are accepted but not yet honoured: every queue and message is in memory, and a restart loses them all")
 	log.Info("warrend started", "listen", srv.Addr().String(), "http", ln.Addr().String(), "data", fc.Data, "version", netio.Version)
 	if onReady != nil {
 		onReady(srv.Addr(), ln.Addr())

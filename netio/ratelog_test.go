@@ -1,0 +1,22 @@
+package netio
+
+import (
+	"testing"
+	"time"
+)
+
+func TestLogLimiterLetsOneLinePerInterval(t *testing.T) {
+	l := logLimiter{every: time.Minute}
+	t0 := time.Unix(1000, 0)
+	if ok, n := l.allow(t0); !ok || n != 0 {
+		t.Fatalf("first line: ok=%v suppressed=%d", ok, n)
+	}
+	for i := 1; i <= 5; i++ {
+		if ok, _ := l.allow(t0.Add(time.Duration(i) * time.Second)); ok {
+			t.Fatalf("line %d within the interval let through", i)
+		}
+	}
+	if ok, n := l.allow(t0.Add(time.Minute)); !ok || n != 5 {
+		t.Fatalf("after the interval: ok=%v suppressed=%d, want true 5", ok, n)
+	}
+}
