@@ -5,7 +5,7 @@ PKGS     := ./...
 # Packages with goroutines or shared state run under the race detector.
 RACE_PKGS := ./queue/... ./netio/... ./client/... ./cmd/... ./segment/...
 
-.PHONY: all build run test test-race vet fmt-check lint bench bench-segment bench-compare bench-million fuzz vectors tools soak-segment
+.PHONY: all build run test test-race vet fmt-check lint bench bench-segment bench-compare bench-million fuzz vectors tools soak-segment abuse
 
 all: build
 
@@ -71,6 +71,16 @@ bench-compare:
 	bin/warren-loadtest compare --warren-url warren://guest:guest@127.0.0.1:5690 \
 		--duration $(COMPARE_DURATION) --out bench-compare.md
 	@cat bench-compare.md
+
+# The hostile clients of issue 11 at full size, each beside a 2,000 msg/s
+# pair against its own warrend child (RELIABILITY.md has the results).
+# ABUSE_FLAGS="--probe slowloris,auth-storm" runs some of them. Loads the
+# machine for about five minutes.
+ABUSE_FLAGS ?=
+abuse:
+	$(GO) build -o bin/warrend ./cmd/warrend
+	$(GO) build -o bin/warren-abuse ./cmd/warren-abuse
+	ulimit -n $$(ulimit -Hn) && bin/warren-abuse --bin bin/warrend --json abuse.json $(ABUSE_FLAGS)
 
 # The 1,000,000 msg/s validation against a running broker (WARREN_URL).
 WARREN_URL ?= warren://guest:guest@127.0.0.1:5680

@@ -41,6 +41,11 @@ type Config struct {
 	WarmupS       float64       `json:"warmup_s,omitempty"`
 	MinRate       float64       `json:"min_rate,omitempty"` // the run fails if publish or consume rate is lower
 	JSONPath      string        `json:"-"`
+	// Stop, when set, ends the publishing phase when it is closed (like the
+	// end of Duration); the drain and the report follow as usual.
+	Stop <-chan struct{} `json:"-"`
+	// Live, when set, is given the run's running totals.
+	Live *Live `json:"-"`
 
 	sizeLo, sizeHi int
 	prioLo, prioHi int

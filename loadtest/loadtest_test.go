@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"io"
 	"os"
 	"path/filepath"
 	"testing"
@@ -133,5 +134,49 @@ func TestScenarios(t *testing.T) {
 	bad := Config{Size: "8"}
 	if err := bad.fill(); err == nil {
 		t.Fatal("size below the header accepted")
+	}
+}
+
+// Stop ends a run with a long Duration, and Live shows its totals as it
+// goes (what the abuse suite watches).
+func TestStopEndsTheRunAndLiveShowsTotals(t *testing.T) {
+	s := warrentest.StartServer(t, nil)
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	stop := make(chan struct{})
+	var live Live
+	if p, c, n := live.Totals(); p != 0 || c != 0 || n != 0 {
+		t.Fatalf("totals before the run: %d %d %d", p, c, n)
+	}
+	cfg := Config{URL: warrentest.URL(s), Size: "64", Rate: 1000, Duration: time.Hour, Stop: stop, Live: &live, Scenario: "test"}
+	type result struct {
+		rep *Report
+		err error
+	}
+	done := make(chan result, 1)
+	go func() {
+		rep, err := Run(ctx, cfg, io.Discard)
+		done <- result{rep, err}
+	}()
+	for {
+		if _, _, n := live.Totals(); n >= 100 {
+			break
+		}
+		select {
+		case r := <-done:
+			t.Fatalf("run ended early: %v", r.err)
+		case <-ctx.Done():
+			t.Fatal("no consumption seen through Live")
+		case <-time.After(5 * time.Millisecond):
+		}
+	}
+	close(stop)
+	r := <-done
+	if r.err != nil {
+		t.Fatal(r.err)
+	}
+	p, c, n := live.Totals()
+	if r.rep.Published != p || r.rep.Confirmed != c || r.rep.Consumed != n || n < 100 || r.rep.Lost != 0 {
+		t.Fatalf("report %+v, live %d %d %d", r.rep, p, c, n)
 	}
 }

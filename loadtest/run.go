@@ -48,6 +48,9 @@ func run(ctx context.Context, cfg *Config, d driver, out io.Writer, dropNth int6
 	nCons := cfg.Queues * cfg.Consumers
 	tr := newTracker(cfg.Producers, nCons, cfg.copies(), cfg.ConfirmWindow)
 	tr.dropNth = dropNth
+	if cfg.Live != nil {
+		cfg.Live.t.Store(tr)
+	}
 
 	for i := 0; i < nCons; i++ {
 		ci := i
@@ -129,6 +132,7 @@ func run(ctx context.Context, cfg *Config, d driver, out io.Writer, dropNth int6
 		endTimer.Stop()
 	}
 	var runErr error
+	stopCh := cfg.Stop // nil blocks forever
 loop:
 	for {
 		select {
@@ -143,6 +147,9 @@ loop:
 		case <-pubDone:
 			break loop
 		case <-endTimer.C:
+			stop.Store(true)
+		case <-stopCh:
+			stopCh = nil
 			stop.Store(true)
 		case now := <-ticker.C:
 			pub, _, _ := tr.totals()
@@ -200,6 +207,22 @@ loop:
 		return rep, fmt.Errorf("%w: published %.0f/s and consumed %.0f/s, needed %.0f/s", ErrRateNotHeld, rep.PublishRate, rep.ConsumeRate, cfg.MinRate)
 	}
 	return rep, nil
+}
+
+// Live reads a run's running totals from another goroutine (Config.Live),
+// for a caller that watches the run as it goes: the abuse suite measures
+// the longest time without a delivery from it.
+type Live struct{ t atomic.Pointer[tracker] }
+
+// Totals returns the messages published, confirmed and consumed so far;
+// zeros until the run has set up.
+func (l *Live) Totals() (published, confirmed, consumed int64) {
+	t := l.t.Load()
+	if t == nil {
+		return 0, 0, 0
+	}
+	published, confirmed, _ = t.totals()
+	return published, confirmed, t.consumed.Load()
 }
 
 func mergeIntervals(rs []*recorder) *hdrhistogram.Histogram {

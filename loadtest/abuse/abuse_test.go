@@ -1,0 +1,122 @@
+package abuse
+
+import (
+	"context"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+)
+
+// pending lists the probes whose fix has not landed on main yet, with the
+// issue 11 item that fixes each: the scaled-down run skips them (they fail
+// today; `make abuse` runs them and RELIABILITY.md has their numbers).
+var pending = map[string]string{
+	"partial-handshakes":      "item 8 (handshake deadline)",
+	"idle-sockets":            "item 9 (unauthenticated-connection cap)",
+	"slowloris":               "item 8 (handshake deadline)",
+	"auth-storm":              "item 14 (bounded concurrent password checks)",
+	"flow-ignoring-publisher": "item 10 (stop reading a publisher that ignores FLOW)",
+	"empty-body-flood":        "item 10 (per-message overhead in the watermark)",
+	"stalled-auto-ack":        "item 11 (auto-ack window bound)",
+	"declare-storm":           "item 12 (declare storm)",
+}
+
+// buildBroker builds warrend into a temporary directory.
+func buildBroker(t *testing.T) string {
+	t.Helper()
+	bin := filepath.Join(t.TempDir(), "warrend")
+	goTool := filepath.Join(os.Getenv("GOROOT"), "bin", "go")
+	if _, err := os.Stat(goTool); err != nil {
+		goTool = "go"
+	}
+	out, err := exec.Command(goTool, "build", "-o", bin, "github.com/warren-mq/warren/cmd/warrend").CombinedOutput()
+	if err != nil {
+		t.Fatalf("building warrend: %v\n%s", err, out)
+	}
+	return bin
+}
+
+// TestAbuseSmall runs the suite at Small sizes against warrend child
+// processes: each hostile client for a few seconds beside the 2,000 msg/s
+// pair. `make abuse` is the full-size run.
+func TestAbuseSmall(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts brokers and runs load for tens of seconds")
+	}
+	if raceEnabled {
+		t.Skip("load and timing bounds: not run under the race detector")
+	}
+	var run []string
+	for _, p := range Probes() {
+		if why, ok := pending[p.Name]; ok {
+			t.Logf("%s: skipped until issue 11 %s lands on main", p.Name, why)
+			continue
+		}
+		run = append(run, p.Name)
+	}
+	if len(run) == 0 {
+		t.Skip("no probe's fix has landed yet")
+	}
+	bin := buildBroker(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	var log strings.Builder
+	rs, err := Run(ctx, Options{Bin: bin, Sizes: Small(), Only: run, Log: &log})
+	t.Log("\n" + log.String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, r := range rs {
+		if !r.OK() {
+			t.Errorf("%s: %s", r.Probe, strings.Join(r.Failures, "; "))
+		}
+	}
+}
+
+// TestHarnessControl runs the harness with a probe that does nothing: the
+// broker starts, the pair runs and loses nothing, RSS is read, and the
+// broker answers. It keeps the harness honest while probes are pending.
+func TestHarnessControl(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts a broker and runs the pair for seconds")
+	}
+	bin := buildBroker(t)
+	s := Small()
+	s.Duration = 2 * time.Second
+	control := Probe{Name: "control", RSSAllowance: socketsAllowance, run: func(ctx context.Context, e *env, r *Result) {
+		r.Tried = "nothing for " + e.s.Duration.String()
+		select {
+		case <-ctx.Done():
+		case <-time.After(e.s.Duration):
+		}
+	}}
+	r := RunProbe(context.Background(), bin, s, control)
+	var b strings.Builder
+	r.Print(&b)
+	t.Log("\n" + b.String())
+	if !r.OK() {
+		t.Fatalf("control: %s", strings.Join(r.Failures, "; "))
+	}
+	if r.Confirmed < PairRate || r.Consumed < r.Confirmed || r.RSSBaseline == 0 || r.RSSPeak < r.RSSBaseline || !r.BrokerUp {
+		t.Fatalf("control: implausible result %+v", r)
+	}
+}
+
+// TestProbeNamesAreUnique keeps --probe and the pending table honest.
+func TestProbeNamesAreUnique(t *testing.T) {
+	seen := map[string]bool{}
+	for _, p := range Probes() {
+		if seen[p.Name] {
+			t.Fatalf("probe %q twice", p.Name)
+		}
+		seen[p.Name] = true
+	}
+	for n := range pending {
+		if !seen[n] {
+			t.Fatalf("pending names a probe that does not exist: %q", n)
+		}
+	}
+}

@@ -1,0 +1,382 @@
+package abuse
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"strings"
+	"sync"
+	"time"
+)
+
+// MiB is 2^20 bytes.
+const MiB = 1 << 20
+
+// Sizes scale the suite: Full is the issue's, Small the `make test` run.
+type Sizes struct {
+	// Duration is how long each timed probe (floods, storms) runs.
+	Duration time.Duration
+	// WatermarkBytes is the broker's memory high-watermark.
+	WatermarkBytes int64
+	// HandshakeWait is how long a socket that never completes its
+	// handshake may stay open before the probe counts it as a failure:
+	// the broker's handshake deadline plus slack.
+	HandshakeWait time.Duration
+	// PartialSockets is how many sockets of each partial-handshake kind.
+	PartialSockets int
+	// IdleSockets is the idle-socket flood, and IdleMaxConnections the
+	// broker's max_connections during it (0: the broker's default).
+	IdleSockets, IdleMaxConnections int
+	// SlowlorisSockets drip their handshake one byte per SlowlorisByte.
+	SlowlorisSockets int
+	SlowlorisByte    time.Duration
+	// AuthLoops run wrong-password logins back to back in parallel.
+	AuthLoops int
+	// StalledConsumers subscribe with auto-ack and never read; a feeder
+	// publishes FeederRate 1 KiB messages per second to their queue.
+	StalledConsumers, FeederRate int
+	// StalledAllowance is what the broker may hold for the stalled
+	// consumers (RSS over the baseline); StalledSoftLimit, when set, is
+	// the broker's queue_soft_limit during that probe, so the feeder's
+	// backlog in the queue stays small next to it.
+	StalledAllowance int64
+	StalledSoftLimit int
+	// Declares queue declares, then as many binds, pipelined on one
+	// connection.
+	Declares int
+	// P99Bound is the pair's confirm p99 bound for the probes that stay
+	// under the watermark.
+	P99Bound time.Duration
+	// MaxGap is the longest the pair may go without a delivery during a
+	// probe that stays under the watermark.
+	MaxGap time.Duration
+	// ResumeBound is how soon the pair must move again once a memory
+	// flood has stopped and its queue is gone.
+	ResumeBound time.Duration
+	// BrokerConfig holds extra warrend config keys for every broker.
+	BrokerConfig map[string]any
+}
+
+// Full is the issue's sizes (issue 11 and the findings it cites).
+func Full() Sizes {
+	return Sizes{
+		Duration: 15 * time.Second, WatermarkBytes: 256 * MiB, HandshakeWait: 20 * time.Second,
+		PartialSockets: 200, IdleSockets: 10005, SlowlorisSockets: 100, SlowlorisByte: time.Second,
+		AuthLoops: 16, StalledConsumers: 20, FeederRate: 20000, StalledAllowance: 128 * MiB, Declares: 10000,
+		P99Bound: 50 * time.Millisecond, MaxGap: time.Second, ResumeBound: time.Second,
+	}
+}
+
+// Small is the scaled-down suite of `make test`: each probe for a few
+// seconds at small sizes, with bounds generous enough for a loaded 2-core
+// machine yet well below what a broker without the fixes reaches.
+func Small() Sizes {
+	return Sizes{
+		Duration: 3 * time.Second, WatermarkBytes: 64 * MiB, HandshakeWait: 15 * time.Second,
+		PartialSockets: 10, IdleSockets: 1100, IdleMaxConnections: 1050, SlowlorisSockets: 10,
+		SlowlorisByte: 200 * time.Millisecond, AuthLoops: 8, StalledConsumers: 4, FeederRate: 20000,
+		StalledAllowance: 32 * MiB, StalledSoftLimit: 2000, Declares: 2500,
+		P99Bound: 250 * time.Millisecond, MaxGap: 2 * time.Second, ResumeBound: 3 * time.Second,
+	}
+}
+
+// Result is one probe's outcome.
+type Result struct {
+	Probe string
+	Tried string // what the probe did, with its sizes
+	// The pair beside it.
+	Published, Confirmed, Consumed, Lost, Duplicates int64
+	P99, P99Bound                                    time.Duration // P99Bound 0: not asserted
+	MaxGap                                           time.Duration // longest time without a delivery during the probe
+	Resume                                           time.Duration // memory probes: pair moving again after the flood stopped
+	PairErr                                          string
+	// The broker.
+	RSSBaseline, RSSPeak, RSSBound int64
+	BrokerUp                       bool
+	BrokerErr                      string
+	CPUSeconds                     float64 // broker CPU during the probe
+	Elapsed                        time.Duration
+	Findings                       []string // what the probe measured
+	Failures                       []string // each assertion that did not hold
+}
+
+// OK reports whether every assertion held.
+func (r *Result) OK() bool { return len(r.Failures) == 0 }
+
+func (r *Result) failf(format string, a ...any) {
+	r.Failures = append(r.Failures, fmt.Sprintf(format, a...))
+}
+func (r *Result) notef(format string, a ...any) {
+	r.Findings = append(r.Findings, fmt.Sprintf(format, a...))
+}
+
+// Probe is one hostile client.
+type Probe struct {
+	Name string
+	// Memory probes push the broker to its watermark: their RSS bound is
+	// baseline + 1.2 × watermark and their confirm p99 is not bounded
+	// (FLOW pauses the pair too); the pair must resume within ResumeBound.
+	Memory bool
+	// RSSAllowance is the other probes' stated bound over the baseline.
+	RSSAllowance func(s Sizes) int64
+	// Config adds warrend config keys for this probe's broker.
+	Config func(s Sizes) map[string]any
+	// run drives the hostile client until ctx ends or it is done, records
+	// what it saw in r, and releases what it holds before returning.
+	run func(ctx context.Context, e *env, r *Result)
+}
+
+// env is what a probe's run gets.
+type env struct {
+	b     *Broker
+	s     Sizes
+	abort <-chan struct{} // closed when RSS passes the abort line
+}
+
+// Probes returns the suite, in the order it runs.
+func Probes() []Probe {
+	return []Probe{
+		partialHandshakes(), idleFlood(), slowloris(), authStorm(),
+		flowIgnorer(), emptyBodyFlood(), stalledAutoAck(), declareStorm(),
+	}
+}
+
+// Options run the suite.
+type Options struct {
+	Bin   string // warrend
+	Sizes Sizes
+	Only  []string  // probe names; empty: all
+	Log   io.Writer // progress; nil: none
+}
+
+// Run runs the selected probes one after another, each against its own
+// fresh broker, and returns their results.
+func Run(ctx context.Context, o Options) ([]*Result, error) {
+	sel := map[string]bool{}
+	for _, n := range o.Only {
+		sel[n] = true
+	}
+	var out []*Result
+	for _, p := range Probes() {
+		if len(sel) > 0 && !sel[p.Name] {
+			continue
+		}
+		delete(sel, p.Name)
+		if o.Log != nil {
+			fmt.Fprintf(o.Log, "== %s\n", p.Name)
+		}
+		r := RunProbe(ctx, o.Bin, o.Sizes, p)
+		if o.Log != nil {
+			r.Print(o.Log)
+		}
+		out = append(out, r)
+		if ctx.Err() != nil {
+			return out, ctx.Err()
+		}
+	}
+	for n := range sel {
+		return out, fmt.Errorf("abuse: no probe %q", n)
+	}
+	return out, nil
+}
+
+// RunProbe runs one probe beside the pair against a fresh broker.
+func RunProbe(ctx context.Context, bin string, s Sizes, p Probe) *Result {
+	r := &Result{Probe: p.Name}
+	start := time.Now()
+	defer func() { r.Elapsed = time.Since(start) }()
+	cfg := map[string]any{}
+	for k, v := range s.BrokerConfig {
+		cfg[k] = v
+	}
+	if p.Config != nil {
+		for k, v := range p.Config(s) {
+			cfg[k] = v
+		}
+	}
+	b, err := StartBroker(ctx, BrokerConfig{Bin: bin, WatermarkBytes: s.WatermarkBytes, Config: cfg})
+	if err != nil {
+		r.failf("broker did not start: %v", err)
+		return r
+	}
+	defer b.Stop()
+
+	pr, err := startPair(ctx, b.URL())
+	if err != nil {
+		r.failf("%v", err)
+		return r
+	}
+	// The baseline is the broker with the pair running, before the probe.
+	time.Sleep(500 * time.Millisecond) // let the pair reach its steady state
+	if m, err := b.ReadMemory(); err == nil {
+		r.RSSBaseline = m.RSS
+	}
+	_ = b.ResetPeak()
+	if p.Memory {
+		r.RSSBound = r.RSSBaseline + s.WatermarkBytes*12/10
+	} else {
+		r.RSSBound = r.RSSBaseline + p.RSSAllowance(s)
+		r.P99Bound = s.P99Bound
+	}
+	// Sample RSS; past the abort line (the bound plus 512 MiB) the probe
+	// is stopped, so a broker without its fix cannot take the machine.
+	abort := make(chan struct{})
+	samplerDone := make(chan struct{})
+	var peakMu sync.Mutex
+	var peak int64
+	var abortedAt time.Duration
+	go func() {
+		defer close(samplerDone)
+		t := time.NewTicker(50 * time.Millisecond)
+		defer t.Stop()
+		aborted := false
+		for {
+			select {
+			case <-ctx.Done():
+				return
+			case <-t.C:
+			}
+			m, err := b.ReadMemory()
+			if err != nil {
+				return // the process is gone
+			}
+			peakMu.Lock()
+			peak = max(peak, m.RSS, m.HWM)
+			if !aborted && m.RSS > r.RSSBound+512*MiB {
+				aborted, abortedAt = true, time.Since(start)
+				close(abort)
+			}
+			peakMu.Unlock()
+			select {
+			case <-pr.done:
+				return
+			default:
+			}
+		}
+	}()
+
+	cpu0, _ := b.CPUSeconds()
+	pr.watchGaps(true)
+	pctx, cancel := context.WithCancel(ctx)
+	go func() {
+		select {
+		case <-abort:
+			cancel()
+		case <-pctx.Done():
+		}
+	}()
+	p.run(pctx, &env{b: b, s: s, abort: abort}, r)
+	cancel()
+	pr.watchGaps(false)
+	r.MaxGap = pr.maxGap()
+	cpu1, _ := b.CPUSeconds()
+	r.CPUSeconds = cpu1 - cpu0
+	peakMu.Lock()
+	if abortedAt > 0 {
+		r.notef("RSS passed the bound + 512 MiB %.1f s into the run: probe stopped early", abortedAt.Seconds())
+	}
+	peakMu.Unlock()
+
+	if p.Memory {
+		d, ok := pr.resumeTime(10 * time.Second)
+		r.Resume = d
+		if !ok {
+			r.failf("the pair did not resume within 10 s after the flood stopped")
+		} else if d > s.ResumeBound {
+			r.failf("the pair resumed %v after the flood stopped (bound %v)", d.Round(time.Millisecond), s.ResumeBound)
+		}
+	}
+	time.Sleep(time.Second) // the pair runs on a little after the probe
+	rep, perr := pr.finish()
+	if perr != nil {
+		r.PairErr = perr.Error()
+		r.failf("the pair failed: %v", perr)
+	}
+	if rep != nil {
+		r.Published, r.Confirmed, r.Consumed = rep.Published, rep.Confirmed, rep.Consumed
+		r.Lost, r.Duplicates = rep.Lost, rep.Duplicates
+		r.P99 = time.Duration(rep.ConfirmLat.P99 * float64(time.Millisecond))
+		if rep.Lost > 0 {
+			r.failf("the pair lost %d confirmed messages", rep.Lost)
+		}
+		if rep.Duplicates > 0 {
+			r.failf("the pair received %d duplicates", rep.Duplicates)
+		}
+		if r.P99Bound > 0 && r.P99 > r.P99Bound {
+			r.failf("the pair's confirm p99 was %v (bound %v)", r.P99.Round(100*time.Microsecond), r.P99Bound)
+		}
+	}
+	if !p.Memory && r.MaxGap > s.MaxGap {
+		r.failf("the pair went %v without a delivery (bound %v)", r.MaxGap.Round(time.Millisecond), s.MaxGap)
+	}
+
+	if err := b.Answers(ctx, 10*time.Second); err != nil {
+		r.BrokerErr = err.Error()
+		r.failf("the broker did not answer after the probe: %v", err)
+	} else {
+		r.BrokerUp = true
+	}
+	if m, err := b.ReadMemory(); err == nil {
+		peakMu.Lock()
+		peak = max(peak, m.RSS, m.HWM)
+		peakMu.Unlock()
+	}
+	peakMu.Lock()
+	r.RSSPeak = peak
+	peakMu.Unlock()
+	if r.RSSPeak > r.RSSBound {
+		r.failf("RSS peaked at %s, over its bound %s (baseline %s)", mb(r.RSSPeak), mb(r.RSSBound), mb(r.RSSBaseline))
+	}
+	if done, err := b.Exited(); done {
+		r.failf("the broker exited: %v; log: %s", err, b.Log())
+	}
+	return r
+}
+
+func mb(n int64) string { return fmt.Sprintf("%.0f MiB", float64(n)/MiB) }
+
+// Print writes r as a few lines.
+func (r *Result) Print(w io.Writer) {
+	verdict := "HELD"
+	if !r.OK() {
+		verdict = "FAILED"
+	}
+	fmt.Fprintf(w, "%s: %s (%.1f s)\n  tried: %s\n", r.Probe, verdict, r.Elapsed.Seconds(), r.Tried)
+	p99 := fmt.Sprintf("%.1f ms", float64(r.P99)/float64(time.Millisecond))
+	if r.P99Bound > 0 {
+		p99 += fmt.Sprintf(" (bound %v)", r.P99Bound)
+	}
+	fmt.Fprintf(w, "  pair: published %d confirmed %d consumed %d lost %d dup %d; confirm p99 %s; longest delivery gap %v",
+		r.Published, r.Confirmed, r.Consumed, r.Lost, r.Duplicates, p99, r.MaxGap.Round(time.Millisecond))
+	if r.Resume > 0 {
+		fmt.Fprintf(w, "; resumed %v after the flood", r.Resume.Round(time.Millisecond))
+	}
+	fmt.Fprintln(w)
+	fmt.Fprintf(w, "  broker: RSS baseline %s peak %s bound %s; CPU %.1f s; up %v\n",
+		mb(r.RSSBaseline), mb(r.RSSPeak), mb(r.RSSBound), r.CPUSeconds, r.BrokerUp)
+	for _, f := range r.Findings {
+		fmt.Fprintf(w, "  - %s\n", f)
+	}
+	for _, f := range r.Failures {
+		fmt.Fprintf(w, "  FAIL %s\n", f)
+	}
+}
+
+// Summary is a one-line-per-probe table (Markdown).
+func Summary(rs []*Result) string {
+	var b strings.Builder
+	b.WriteString("| probe | held | pair lost/dup | confirm p99 | longest delivery gap | RSS baseline → peak (bound) | broker up |\n|---|---|---|---|---|---|---|\n")
+	for _, r := range rs {
+		held := "yes"
+		if !r.OK() {
+			held = "**no**"
+		}
+		p99 := fmt.Sprintf("%.1f ms", float64(r.P99)/float64(time.Millisecond))
+		if r.P99Bound > 0 {
+			p99 += fmt.Sprintf(" (< %v)", r.P99Bound)
+		}
+		fmt.Fprintf(&b, "| %s | %s | %d/%d | %s | %v | %s → %s (%s) | %v |\n", r.Probe, held, r.Lost, r.Duplicates, p99,
+			r.MaxGap.Round(time.Millisecond), mb(r.RSSBaseline), mb(r.RSSPeak), mb(r.RSSBound), r.BrokerUp)
+	}
+	return b.String()
+}
