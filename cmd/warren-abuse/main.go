@@ -74,7 +74,9 @@ func run(args []string, stdout, stderr io.Writer) int {
 	defer stop()
 	start := time.Now()
 	rs, err := abuse.Run(ctx, abuse.Options{Bin: *bin, Sizes: s, Only: only, Log: stdout})
-	fmt.Fprintf(stdout, "\n%s\n%d probes in %.0f s\n", abuse.Summary(rs), len(rs), time.Since(start).Seconds())
+	if len(rs) > 0 {
+		fmt.Fprintf(stdout, "\n%s\n%d probes in %.0f s\n", abuse.Summary(rs), len(rs), time.Since(start).Seconds())
+	}
 	if *jsonPath != "" {
 		b, _ := json.MarshalIndent(rs, "", "  ")
 		if werr := os.WriteFile(*jsonPath, append(b, '\n'), 0o644); werr != nil {

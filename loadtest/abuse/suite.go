@@ -156,12 +156,20 @@ func Run(ctx context.Context, o Options) ([]*Result, error) {
 	for _, n := range o.Only {
 		sel[n] = true
 	}
+	known := map[string]bool{}
+	for _, p := range Probes() {
+		known[p.Name] = true
+	}
+	for n := range sel {
+		if !known[n] {
+			return nil, fmt.Errorf("abuse: no probe %q", n)
+		}
+	}
 	var out []*Result
 	for _, p := range Probes() {
 		if len(sel) > 0 && !sel[p.Name] {
 			continue
 		}
-		delete(sel, p.Name)
 		if o.Log != nil {
 			fmt.Fprintf(o.Log, "== %s\n", p.Name)
 		}
@@ -173,9 +181,6 @@ func Run(ctx context.Context, o Options) ([]*Result, error) {
 		if ctx.Err() != nil {
 			return out, ctx.Err()
 		}
-	}
-	for n := range sel {
-		return out, fmt.Errorf("abuse: no probe %q", n)
 	}
 	return out, nil
 }
