@@ -179,6 +179,7 @@ var (
 	errTableDepth     = &Error{FrameError, "table nesting too deep"}
 	errPropOrder      = &Error{FrameError, "property ids not strictly ascending"}
 	errPropertySize   = &Error{FrameError, "property value has the wrong size"}
+	errPropertyEmpty  = &Error{FrameError, "property present with an empty value (leave an empty property out)"}
 	errCount          = &Error{FrameError, "count does not match the entries"}
 	errEmptyBatch     = &Error{FrameError, "batch with no entries"}
 	errSettleOp       = &Error{FrameError, "unknown settlement op"}

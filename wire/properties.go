@@ -81,10 +81,13 @@ func (p *Properties) bytesField(id PropID) *[]byte {
 }
 
 // ParseProperties decodes a property block (the bytes after its u16 length)
-// into the view p, whose slices alias block, without allocating. Each entry is id u8, length u16, value; ids are
-// strictly ascending (so each appears once and the unknown ones, all above
-// the known range, form the tail); a known id's value must have the size its
-// type fixes.
+// into the view p, whose slices alias block, without allocating. Each entry
+// is id u8, length u16, value; ids are strictly ascending (so each appears
+// once and the unknown ones, all above the known range, form the tail); a
+// known id's value must have the size its type fixes, and a known
+// variable-size value must not be empty (a table with no fields, a death
+// history with no entries): a property is absent or has a value, so every
+// block has one meaning and one encoding.
 func ParseProperties(block []byte, p *Properties) error {
 	*p = Properties{}
 	r := reader{b: block}
@@ -106,6 +109,9 @@ func ParseProperties(block []byte, p *Properties) error {
 			return validateUnknownProps(p.Unknown, id)
 		}
 		p.Present |= 1 << id
+		if len(v) == 0 && id != PropExpiration && id != PropTimestamp {
+			return errPropertyEmpty
+		}
 		switch id {
 		case PropExpiration:
 			if len(v) != 4 {
@@ -123,6 +129,9 @@ func ParseProperties(block []byte, p *Properties) error {
 			}
 			p.Headers = v
 		case PropDeaths:
+			if v[0] == 0 {
+				return errPropertyEmpty
+			}
 			if err := validateDeaths(v); err != nil {
 				return err
 			}
@@ -156,7 +165,10 @@ func ValidateProperties(block []byte) error {
 }
 
 // AppendProperties appends the u16-length-prefixed property block for the
-// present fields of p, in id order, followed by p.Unknown verbatim.
+// present fields of p, in id order, followed by p.Unknown verbatim. A
+// present variable-size field with an empty value (or a death history with
+// no entries) is written as absent, the one encoding ParseProperties
+// accepts.
 func AppendProperties(dst []byte, p *Properties) []byte {
 	start := len(dst)
 	dst = append(dst, 0, 0)
@@ -173,7 +185,11 @@ func AppendProperties(dst []byte, p *Properties) []byte {
 				dst = append(dst, uint8(id), 8, 0)
 				dst = appendU64(dst, uint64(p.TimestampMs))
 			default:
-				dst = appendStr16(append(dst, uint8(id)), *p.bytesField(id))
+				v := *p.bytesField(id)
+				if len(v) == 0 || (id == PropDeaths && v[0] == 0) {
+					continue
+				}
+				dst = appendStr16(append(dst, uint8(id)), v)
 			}
 		}
 		dst = append(dst, p.Unknown...)
