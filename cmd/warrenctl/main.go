@@ -278,9 +278,9 @@ func (c *cli) call(method, path string, body any, out any) error {
 			}
 		}
 		if json.Unmarshal(b, &eb) == nil && eb.Error.Name != "" {
-			return fmt.Errorf("%s (%d): %s", eb.Error.Name, eb.Error.Code, eb.Error.Message)
+			return fmt.Errorf("%s: %s%s", eb.Error.Name, eb.Error.Message, hint(method, path, eb.Error.Name))
 		}
-		return fmt.Errorf("admin API: %s", resp.Status)
+		return fmt.Errorf("admin API: %s %s: HTTP %s", method, path, resp.Status)
 	}
 	if out != nil && len(b) > 0 {
 		if raw, ok := out.(*json.RawMessage); ok {
@@ -290,6 +290,32 @@ func (c *cli) call(method, path string, body any, out any) error {
 		return json.Unmarshal(b, out)
 	}
 	return nil
+}
+
+// hint says what to do about an admin API error, from the request that
+// got it.
+func hint(method, path, code string) string {
+	kind, name, _ := strings.Cut(strings.TrimPrefix(path, "/api/"), "/")
+	name, _, _ = strings.Cut(name, "/")
+	if n, err := url.PathUnescape(name); err == nil {
+		name = n
+	}
+	singular := strings.TrimSuffix(kind, "s")
+	switch {
+	case code == "not_found" && (kind == "queues" || kind == "exchanges") && name != "":
+		decl := "warrenctl queue declare " + name
+		if kind == "exchanges" {
+			decl = "warrenctl exchange declare " + name + " --type TYPE"
+		}
+		return fmt.Sprintf(" (list them with: warrenctl %s list; declare it with: %s)", singular, decl)
+	case code == "not_found" && kind == "bindings":
+		return " (declare the exchange and the queue first; see warrenctl exchange list, warrenctl queue list)"
+	case code == "precondition_failed" && method == "PUT" && kind == "queues" && name != "":
+		return " (a declare must repeat the existing settings: see warrenctl queue show " + name + ", or delete it first)"
+	case code == "precondition_failed" && method == "PUT" && kind == "exchanges" && name != "":
+		return " (a declare must repeat the existing settings: see warrenctl exchange list, or delete it first)"
+	}
+	return ""
 }
 
 // show prints v as JSON, or as a table via render.
