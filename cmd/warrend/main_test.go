@@ -3,6 +3,7 @@ package main
 import (
 	"bytes"
 	"context"
+	"encoding/json"
 	"io"
 	"net"
 	"net/http"
@@ -142,5 +143,26 @@ func TestHelpExitsZero(t *testing.T) {
 	err = run(context.Background(), []string{"--bogus"}, func(string) string { return "" }, strings.NewReader(""), io.Discard, io.Discard, nil)
 	if exitCode(err) != 2 {
 		t.Fatalf("warrend --bogus: %v, exit %d; want exit 2", err, exitCode(err))
+	}
+}
+
+// Every ```json block in the README is a config file warrend accepts.
+func TestReadmeConfigParses(t *testing.T) {
+	b, err := os.ReadFile("../../README.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	parts := strings.Split(string(b), "```json\n")[1:]
+	if len(parts) == 0 {
+		t.Fatal("README has no ```json config block")
+	}
+	for _, p := range parts {
+		block, _, _ := strings.Cut(p, "```")
+		dec := json.NewDecoder(strings.NewReader(block))
+		dec.DisallowUnknownFields()
+		var fc fileConfig
+		if err := dec.Decode(&fc); err != nil {
+			t.Errorf("README config block: %v\n%s", err, block)
+		}
 	}
 }
