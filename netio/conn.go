@@ -40,6 +40,8 @@ type conn struct {
 	internal    bool // the broker's own client (admin replay): may publish a death history
 	lastRecv    atomic.Int64
 	lastSend    atomic.Int64
+	// blocked: the loop has stopped reading the socket (memory alarm).
+	blocked atomic.Bool
 
 	// loop-owned
 	dec      wire.Decompressor

@@ -124,6 +124,7 @@ type serverMetrics struct {
 	protocolErrors, authFailures                     *metrics.Counter
 	confirmLatency                                   *metrics.PrometheusHistogram
 	channels                                         atomic.Int64
+	blocked                                          atomic.Int64 // connections not being read (memory alarm)
 	busyNanos                                        atomic.Int64
 	lastBusy, lastBusyAt                             atomic.Int64
 }
@@ -408,6 +409,7 @@ func (s *Server) initMetrics() {
 		}
 		return 0
 	})
+	m.set.NewGauge("warren_connections_blocked", func() float64 { return float64(m.blocked.Load()) })
 	m.set.NewGauge("warren_eventloop_busy_ratio", func() float64 {
 		now := time.Now().UnixNano()
 		busy := m.busyNanos.Load()
@@ -476,6 +478,9 @@ type ConnInfo struct {
 	Remote   string `json:"remote"`
 	User     string `json:"user"`
 	Channels int    `json:"channels"`
+	// Blocked: the broker has stopped reading this connection because it
+	// published while the memory alarm was on (see the package doc).
+	Blocked bool `json:"blocked"`
 }
 
 // Connections lists the open connections.
@@ -491,7 +496,7 @@ func (s *Server) Connections() []ConnInfo {
 		c.mu.Lock()
 		n := len(c.channels)
 		c.mu.Unlock()
-		info := ConnInfo{ID: c.id, Channels: n}
+		info := ConnInfo{ID: c.id, Channels: n, Blocked: c.blocked.Load()}
 		if c.state.Load() == stOpen {
 			info.User = c.user
 		}

@@ -1,0 +1,219 @@
+package netio_test
+
+import (
+	"context"
+	"errors"
+	"net"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/warren-mq/warren/client"
+	"github.com/warren-mq/warren/netio"
+	"github.com/warren-mq/warren/netio/warrentest"
+	"github.com/warren-mq/warren/wire"
+)
+
+// rawWatch reads everything the broker sends a raw connection in the
+// background and records what the memory tests look at.
+type rawWatch struct {
+	heartbeats   atomic.Int64
+	flowOff      atomic.Int64 // FLOW(active=false) frames seen
+	flowOn       atomic.Int64 // FLOW(active=true) frames seen
+	maxConfirmed atomic.Uint64
+	confirmed    chan uint64 // every confirm's last sequence (buffered; dropped when full)
+	closed       chan struct{}
+}
+
+func watchRaw(r *rawConn) *rawWatch {
+	w := &rawWatch{confirmed: make(chan uint64, 1024), closed: make(chan struct{})}
+	buf := append([]byte(nil), r.buf...)
+	go func() {
+		defer close(w.closed)
+		tmp := make([]byte, 64<<10)
+		for {
+			f, n, err := wire.Split(buf, wire.HardMaxFrame)
+			if err != nil {
+				return
+			}
+			if n > 0 {
+				b, err := wire.Decode(f, wire.HardMaxFrame, nil)
+				buf = buf[n:]
+				if err != nil {
+					return
+				}
+				switch b := b.(type) {
+				case *wire.Heartbeat:
+					w.heartbeats.Add(1)
+				case *wire.Flow:
+					if b.Active {
+						w.flowOn.Add(1)
+					} else {
+						w.flowOff.Add(1)
+					}
+				case *wire.Confirm:
+					last := b.Ranges[len(b.Ranges)-1].Last
+					if last > w.maxConfirmed.Load() {
+						w.maxConfirmed.Store(last)
+					}
+					select {
+					case w.confirmed <- last:
+					default:
+					}
+				case *wire.Close:
+					return
+				}
+				continue
+			}
+			_ = r.nc.SetReadDeadline(time.Time{})
+			m, err := r.nc.Read(tmp)
+			if err != nil {
+				return
+			}
+			buf = append(buf, tmp[:m]...)
+		}
+	}()
+	return w
+}
+
+func connInfo(s *netio.Server, id uint64) (netio.ConnInfo, bool) {
+	for _, ci := range s.Connections() {
+		if ci.ID == id {
+			return ci, true
+		}
+	}
+	return netio.ConnInfo{}, false
+}
+
+// TestFlowIgnoringPublisherIsBlocked: a publisher that keeps writing after
+// FLOW(active=false) stops being read (its socket is no longer drained, so
+// TCP pushes back on it): what the broker holds stays near the watermark
+// whatever the client does, and the connection is not closed for the
+// heartbeats it could not send; once the queue is purged the connection
+// is read again and its publishes are confirmed.
+func TestFlowIgnoringPublisherIsBlocked(t *testing.T) {
+	const watermark = 8 << 20
+	s := warrentest.StartServer(t, &netio.Config{MemoryHighWater: watermark, TickInterval: 10 * time.Millisecond})
+	ctx := ctxT(t)
+	good := channel(t, dial(t, s))
+	if _, err := good.DeclareQueue(ctx, "flood", client.QueueOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	before := map[uint64]bool{}
+	for _, ci := range s.Connections() {
+		before[ci.ID] = true
+	}
+	r := rawDial(t, s, 200) // 200 ms heartbeats; it never sends one
+	var id uint64
+	for _, ci := range s.Connections() {
+		if !before[ci.ID] {
+			id = ci.ID
+		}
+	}
+	r.write(wire.AppendFrame(nil, 1, &wire.ChannelOpen{Req: 1}))
+	if _, ok := r.read().(*wire.OKReply); !ok {
+		t.Fatal("no CHANNEL_OPEN reply")
+	}
+	w := watchRaw(r)
+
+	// The writer ignores FLOW and writes 32-message batches of 1 KiB
+	// messages until a write makes no progress for 300 ms, or it has
+	// written 64 MiB (8 × the watermark) without being held back.
+	const limit = 64 << 20
+	type stall struct {
+		written int
+		lastSeq uint64
+		rest    []byte // the unwritten part of the frame in flight
+	}
+	stalled := make(chan stall, 1)
+	resume := make(chan struct{})
+	writerDone := make(chan error, 1)
+	go func() {
+		body := make([]byte, 1024)
+		seq, written := uint64(1), 0
+		var frame []byte
+		for written < limit {
+			var mark wire.BatchMark
+			frame, mark = wire.BeginPublish(frame[:0], 1, seq, nil)
+			for i := 0; i < 32; i++ {
+				frame = wire.AppendMessage(frame, &wire.Message{RoutingKey: []byte("flood"), Body: body})
+			}
+			frame = mark.End(frame, 32)
+			seq += 32
+			_ = r.nc.SetWriteDeadline(time.Now().Add(300 * time.Millisecond))
+			n, err := r.nc.Write(frame)
+			written += n
+			var ne net.Error
+			if errors.As(err, &ne) && ne.Timeout() {
+				stalled <- stall{written: written, lastSeq: seq - 1, rest: frame[n:]}
+				<-resume
+				_ = r.nc.SetWriteDeadline(time.Time{})
+				_, err = r.nc.Write(frame[n:])
+				writerDone <- err
+				return
+			}
+			if err != nil {
+				writerDone <- err
+				return
+			}
+		}
+		writerDone <- errors.New("wrote 64 MiB against an 8 MiB watermark without being held back")
+	}()
+
+	var st stall
+	select {
+	case st = <-stalled:
+	case err := <-writerDone:
+		t.Fatalf("publisher ignoring FLOW never blocked: %v (FLOW(false) frames seen: %d, stored bytes %.0f)", err, w.flowOff.Load(), metricValue(s, "warren_stored_message_bytes"))
+	case <-time.After(60 * time.Second):
+		t.Fatal("writer neither stalled nor finished")
+	}
+	stored := metricValue(s, "warren_stored_message_bytes")
+	t.Logf("stalled after %d bytes written; stored %.0f bytes; FLOW(false) seen %d", st.written, stored, w.flowOff.Load())
+	if w.flowOff.Load() == 0 {
+		t.Fatal("the publisher was never sent FLOW(active=false)")
+	}
+	if stored > 2*watermark {
+		t.Fatalf("stored %.0f bytes with a watermark of %d", stored, watermark)
+	}
+	ci, ok := connInfo(s, id)
+	if !ok || !ci.Blocked {
+		t.Fatalf("the publisher's connection is not reported blocked: %+v (found %v)", ci, ok)
+	}
+	if v := metricValue(s, "warren_connections_blocked"); v < 1 {
+		t.Fatalf("warren_connections_blocked = %v", v)
+	}
+	// Blocked for longer than two heartbeat intervals: it is not closed
+	// for the heartbeats the broker did not read.
+	hb := w.heartbeats.Load()
+	waitFor(t, func() bool { return w.heartbeats.Load() >= hb+3 })
+	if _, ok := connInfo(s, id); !ok {
+		t.Fatal("the blocked connection was closed")
+	}
+
+	// Purge: the alarm clears, the connection is read again and everything
+	// it wrote is confirmed.
+	close(resume)
+	deadline := time.After(20 * time.Second)
+	for w.maxConfirmed.Load() < st.lastSeq {
+		if _, err := good.PurgeQueue(ctx, "flood"); err != nil {
+			t.Fatal(err)
+		}
+		select {
+		case <-w.confirmed:
+		case <-w.closed:
+			t.Fatal("the blocked publisher's connection was closed")
+		case <-deadline:
+			t.Fatalf("confirmed up to %d of %d after the purge", w.maxConfirmed.Load(), st.lastSeq)
+		}
+	}
+	if err := <-writerDone; err != nil {
+		t.Fatal(err)
+	}
+	if w.flowOn.Load() == 0 {
+		t.Fatal("no FLOW(active=true) after the purge")
+	}
+	aliveCheck(t, s, good)
+}
+
+var _ = context.Background
