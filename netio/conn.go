@@ -14,6 +14,7 @@ import (
 	"github.com/panjf2000/gnet/v2"
 	"github.com/warren-mq/warren/queue"
 	"github.com/warren-mq/warren/wire"
+	"golang.org/x/sys/unix"
 )
 
 const (
@@ -31,6 +32,7 @@ type conn struct {
 	gc       gnet.Conn
 	id       uint64
 	loopback bool
+	remote   string // the peer's address, read once on the loop (gnet clears it on close)
 	state    atomic.Uint32
 
 	maxFrame    uint32
@@ -44,6 +46,7 @@ type conn struct {
 	blocked atomic.Bool
 
 	// loop-owned
+	epfd     int // the loop's epoll fd (0: not looked up yet, -1: unavailable)
 	dec      wire.Decompressor
 	routeBuf []string
 	parts    [][]enqItem
@@ -134,6 +137,7 @@ func (s *Server) newConn(gc gnet.Conn) *conn {
 	c := &conn{srv: s, gc: gc, id: s.connSeq.Add(1), channels: map[uint16]*channel{}, parts: make([][]enqItem, len(s.shards))}
 	if a, ok := gc.RemoteAddr().(*net.TCPAddr); ok {
 		c.loopback = a.IP.IsLoopback()
+		c.remote = a.String()
 	}
 	c.flushedCB = c.flushed
 	c.lastRecv.Store(s.nowMs())
@@ -185,6 +189,9 @@ func (c *conn) finishLocked() {
 
 // onTraffic decodes every complete frame buffered for the connection.
 func (c *conn) onTraffic() gnet.Action {
+	if c.blocked.Load() && !c.unblock() {
+		return gnet.None
+	}
 	c.lastRecv.Store(c.srv.nowMs())
 	for {
 		switch c.state.Load() {
@@ -237,6 +244,12 @@ func (c *conn) onTraffic() gnet.Action {
 		if err != nil {
 			return c.protoError(err)
 		}
+		if f.Type == wire.TypePublish && c.srv.memoryAlarm() {
+			// Publishing while the alarm is on: stop reading until it
+			// clears. The frame stays in the inbound buffer.
+			c.block()
+			return gnet.None
+		}
 		if !f.Type.Ignorable() {
 			if err := c.handle(f); err != nil {
 				if a := c.fail(f.Channel, err); a != gnet.None {
@@ -249,6 +262,61 @@ func (c *conn) onTraffic() gnet.Action {
 			return gnet.None
 		}
 	}
+}
+
+// block stops reading the connection: it published while the memory alarm
+// was on, whether or not it had seen FLOW(active=false) yet (as RabbitMQ
+// blocks publishing connections). Its socket leaves the loop's read
+// interest, so the kernel's buffers fill and TCP holds the client back;
+// what gnet had already read waits in its inbound buffer. Loop goroutine.
+func (c *conn) block() {
+	if !c.blocked.Load() {
+		c.blocked.Store(true)
+		c.srv.metrics.blocked.Add(1)
+		c.srv.log.Debug("publisher blocked by the memory alarm", "conn", c.id)
+	}
+	c.pauseRead()
+}
+
+// blockedInboundCap bounds what a blocked connection's inbound buffer may
+// hold: a frame being read when it was blocked, plus the reads gnet makes
+// when it re-arms the socket after a write drains (256 KiB each, taken
+// back at once). Only a client that also keeps the broker writing to it,
+// fast, can get there; it is closed rather than buffered without bound.
+func (c *conn) blockedInboundCap() int { return int(c.maxFrame) + 4<<20 }
+
+// pauseRead (re)takes the socket out of the loop's read interest. gnet
+// re-arms reading when a pending write drains or has to wait, so this runs
+// again from OnTraffic and from the write callback while blocked.
+func (c *conn) pauseRead() {
+	if err := c.setReadInterest(false); err != nil && !errors.Is(err, unix.ENOENT) && !errors.Is(err, unix.EBADF) {
+		c.srv.log.Debug("cannot pause reading; the inbound buffer holds the frames", "conn", c.id, "err", err)
+	}
+	if c.gc.InboundBuffered() > c.blockedInboundCap() {
+		c.srv.log.Warn("closing a blocked publisher that kept sending", "conn", c.id, "buffered", c.gc.InboundBuffered())
+		c.closeWith(wire.ResourceLimit, "kept publishing while blocked by the memory alarm")
+	}
+}
+
+// unblock reads the connection again once the alarm is off, and reports
+// whether it may be read now. Loop goroutine (OnTraffic, woken by the tick).
+func (c *conn) unblock() bool {
+	if c.state.Load() == stClosing {
+		return true // onTraffic discards
+	}
+	if c.srv.memoryAlarm() {
+		c.pauseRead()
+		return false
+	}
+	if err := c.setReadInterest(true); err != nil && !errors.Is(err, unix.ENOENT) && !errors.Is(err, unix.EBADF) {
+		c.srv.log.Debug("cannot resume reading", "conn", c.id, "err", err)
+	}
+	// Its heartbeats were not read while blocked: the clock restarts.
+	c.lastRecv.Store(c.srv.nowMs())
+	c.blocked.Store(false)
+	c.srv.metrics.blocked.Add(-1)
+	c.srv.log.Debug("publisher unblocked", "conn", c.id)
+	return true
 }
 
 // fail answers an error by its scope.
@@ -431,6 +499,9 @@ func (c *conn) forgetConsumer(cr *consumerRef) {
 // back to its queues.
 func (c *conn) onClose() {
 	c.state.Store(stClosing)
+	if c.blocked.Swap(false) {
+		c.srv.metrics.blocked.Add(-1)
+	}
 	c.mu.Lock()
 	c.closed = true
 	n := 0

@@ -43,4 +43,17 @@
 //   - Publishers, broker-wide: when the bodies held in memory pass the
 //     high-watermark the broker sends FLOW(active=false) on channel 0 to
 //     every connection, and FLOW(active=true) once it is below 80% of it.
+//   - Publishers that do not stop: a connection that sends a PUBLISH while
+//     the alarm is on (or the stored bytes are over the watermark) is
+//     blocked, as RabbitMQ blocks publishing connections: the loop leaves
+//     that frame unread and takes the socket out of its epoll read interest
+//     (pause.go), so the kernel's receive buffer fills and TCP stops the
+//     client, whatever it does. Everything it sends after that frame waits,
+//     acks included (publish and consume on separate connections, as with
+//     RabbitMQ). The tick wakes it once the alarm is off and it is read
+//     again from where it stopped. While blocked its heartbeats are not
+//     read, so it is not closed for missing them; the heartbeat clock
+//     restarts when it is unblocked (a peer that dies meanwhile is noticed
+//     by a reset, or two intervals after the alarm clears). ConnInfo.Blocked
+//     and warren_connections_blocked show it.
 package netio

@@ -1,7 +1,6 @@
 package netio_test
 
 import (
-	"context"
 	"errors"
 	"net"
 	"sync/atomic"
@@ -117,22 +116,21 @@ func TestFlowIgnoringPublisherIsBlocked(t *testing.T) {
 	w := watchRaw(r)
 
 	// The writer ignores FLOW and writes 32-message batches of 1 KiB
-	// messages until a write makes no progress for 300 ms, or it has
-	// written 64 MiB (8 × the watermark) without being held back.
+	// messages, up to 64 MiB (8 × the watermark). A write that makes no
+	// progress for 300 ms is reported, and retried.
 	const limit = 64 << 20
-	type stall struct {
-		written int
+	stalls := make(chan int, 1) // bytes written when a write timed out
+	var stop atomic.Bool
+	type result struct {
 		lastSeq uint64
-		rest    []byte // the unwritten part of the frame in flight
+		err     error
 	}
-	stalled := make(chan stall, 1)
-	resume := make(chan struct{})
-	writerDone := make(chan error, 1)
+	writerDone := make(chan result, 1)
 	go func() {
 		body := make([]byte, 1024)
 		seq, written := uint64(1), 0
 		var frame []byte
-		for written < limit {
+		for written < limit && !stop.Load() {
 			var mark wire.BatchMark
 			frame, mark = wire.BeginPublish(frame[:0], 1, seq, nil)
 			for i := 0; i < 32; i++ {
@@ -140,36 +138,60 @@ func TestFlowIgnoringPublisherIsBlocked(t *testing.T) {
 			}
 			frame = mark.End(frame, 32)
 			seq += 32
-			_ = r.nc.SetWriteDeadline(time.Now().Add(300 * time.Millisecond))
-			n, err := r.nc.Write(frame)
-			written += n
-			var ne net.Error
-			if errors.As(err, &ne) && ne.Timeout() {
-				stalled <- stall{written: written, lastSeq: seq - 1, rest: frame[n:]}
-				<-resume
-				_ = r.nc.SetWriteDeadline(time.Time{})
-				_, err = r.nc.Write(frame[n:])
-				writerDone <- err
-				return
-			}
-			if err != nil {
-				writerDone <- err
-				return
+			for rest := frame; len(rest) > 0; {
+				_ = r.nc.SetWriteDeadline(time.Now().Add(300 * time.Millisecond))
+				n, err := r.nc.Write(rest)
+				written += n
+				rest = rest[n:]
+				var ne net.Error
+				if errors.As(err, &ne) && ne.Timeout() {
+					select {
+					case stalls <- written:
+					default:
+					}
+					continue
+				}
+				if err != nil {
+					writerDone <- result{err: err}
+					return
+				}
 			}
 		}
-		writerDone <- errors.New("wrote 64 MiB against an 8 MiB watermark without being held back")
+		if !stop.Load() {
+			writerDone <- result{err: errors.New("wrote 64 MiB against an 8 MiB watermark without being held back")}
+			return
+		}
+		writerDone <- result{lastSeq: seq - 1}
 	}()
 
-	var st stall
-	select {
-	case st = <-stalled:
-	case err := <-writerDone:
-		t.Fatalf("publisher ignoring FLOW never blocked: %v (FLOW(false) frames seen: %d, stored bytes %.0f)", err, w.flowOff.Load(), metricValue(s, "warren_stored_message_bytes"))
-	case <-time.After(60 * time.Second):
-		t.Fatal("writer neither stalled nor finished")
+	// Blocked, and then held back by TCP: two timed-out writes in a row
+	// without progress.
+	blockedDeadline := time.After(60 * time.Second)
+	for {
+		if ci, ok := connInfo(s, id); ok && ci.Blocked {
+			break
+		}
+		select {
+		case res := <-writerDone:
+			t.Fatalf("publisher ignoring FLOW never blocked: %v (FLOW(false) frames seen: %d, stored bytes %.0f)", res.err, w.flowOff.Load(), metricValue(s, "warren_stored_message_bytes"))
+		case <-blockedDeadline:
+			t.Fatal("the publisher's connection was never reported blocked")
+		case <-time.After(10 * time.Millisecond):
+		}
+	}
+	written, prev := 0, -1
+	for written != prev {
+		prev = written
+		select {
+		case written = <-stalls:
+		case res := <-writerDone:
+			t.Fatalf("writer finished while blocked: %v", res.err)
+		case <-time.After(60 * time.Second):
+			t.Fatal("writes never stalled while blocked")
+		}
 	}
 	stored := metricValue(s, "warren_stored_message_bytes")
-	t.Logf("stalled after %d bytes written; stored %.0f bytes; FLOW(false) seen %d", st.written, stored, w.flowOff.Load())
+	t.Logf("writes stalled after %d bytes; stored %.0f bytes; FLOW(false) seen %d", written, stored, w.flowOff.Load())
 	if w.flowOff.Load() == 0 {
 		t.Fatal("the publisher was never sent FLOW(active=false)")
 	}
@@ -179,6 +201,9 @@ func TestFlowIgnoringPublisherIsBlocked(t *testing.T) {
 	ci, ok := connInfo(s, id)
 	if !ok || !ci.Blocked {
 		t.Fatalf("the publisher's connection is not reported blocked: %+v (found %v)", ci, ok)
+	}
+	if written > 4*watermark {
+		t.Fatalf("the client wrote %d bytes before being held back", written)
 	}
 	if v := metricValue(s, "warren_connections_blocked"); v < 1 {
 		t.Fatalf("warren_connections_blocked = %v", v)
@@ -193,27 +218,27 @@ func TestFlowIgnoringPublisherIsBlocked(t *testing.T) {
 
 	// Purge: the alarm clears, the connection is read again and everything
 	// it wrote is confirmed.
-	close(resume)
+	stop.Store(true)
+	var res result
 	deadline := time.After(20 * time.Second)
-	for w.maxConfirmed.Load() < st.lastSeq {
+	for res.lastSeq == 0 || w.maxConfirmed.Load() < res.lastSeq {
 		if _, err := good.PurgeQueue(ctx, "flood"); err != nil {
 			t.Fatal(err)
 		}
 		select {
+		case res = <-writerDone:
+			if res.err != nil {
+				t.Fatal(res.err)
+			}
 		case <-w.confirmed:
 		case <-w.closed:
 			t.Fatal("the blocked publisher's connection was closed")
 		case <-deadline:
-			t.Fatalf("confirmed up to %d of %d after the purge", w.maxConfirmed.Load(), st.lastSeq)
+			t.Fatalf("confirmed up to %d of %d after the purge", w.maxConfirmed.Load(), res.lastSeq)
 		}
-	}
-	if err := <-writerDone; err != nil {
-		t.Fatal(err)
 	}
 	if w.flowOn.Load() == 0 {
 		t.Fatal("no FLOW(active=true) after the purge")
 	}
 	aliveCheck(t, s, good)
 }
-
-var _ = context.Background

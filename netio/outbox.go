@@ -104,6 +104,9 @@ func (c *conn) flushLocked() {
 // gnet's buffer). It recycles the buffer, settles the auto-ack deliveries
 // that went out, and starts the next write.
 func (c *conn) flushed(gc gnet.Conn, err error) error {
+	if c.blocked.Load() {
+		c.pauseRead() // gnet re-arms reading when a write has to wait
+	}
 	// gnet takes what the socket cannot (its buffer has no bound): a peer
 	// that stops reading shows up here. Past the cap it is cut off, rather
 	// than let it grow the broker's memory.

@@ -265,11 +265,18 @@ func (s *Server) OnTick() (time.Duration, gnet.Action) {
 		if c.state.Load() != stOpen {
 			continue
 		}
+		blocked := c.blocked.Load()
+		if blocked && !s.memoryAlarm() {
+			_ = c.gc.Wake(nil) // OnTraffic reads it again
+		}
 		hb := int64(c.heartbeatMs.Load())
 		if hb == 0 {
 			continue
 		}
-		if now-c.lastRecv.Load() > 2*hb {
+		// A blocked connection is not read: its heartbeats wait in the
+		// socket, so it is not judged by them (the clock restarts when it
+		// is read again).
+		if !blocked && now-c.lastRecv.Load() > 2*hb {
 			s.log.Info("peer missed heartbeats", "conn", c.id)
 			c.closeWith(wire.HeartbeatTimeout, "no traffic for two heartbeat intervals")
 			continue
@@ -280,6 +287,12 @@ func (s *Server) OnTick() (time.Duration, gnet.Action) {
 	}
 	s.checkFlow(conns)
 	return s.cfg.TickInterval, gnet.None
+}
+
+// memoryAlarm reports whether publishes must wait: the alarm is on, or the
+// stored bytes have passed the watermark since the last tick.
+func (s *Server) memoryAlarm() bool {
+	return s.flowOff.Load() || s.storedBytes.Load() > s.cfg.MemoryHighWater
 }
 
 // checkFlow pauses publishers above the memory high-watermark and resumes
@@ -496,12 +509,9 @@ func (s *Server) Connections() []ConnInfo {
 		c.mu.Lock()
 		n := len(c.channels)
 		c.mu.Unlock()
-		info := ConnInfo{ID: c.id, Channels: n, Blocked: c.blocked.Load()}
+		info := ConnInfo{ID: c.id, Remote: c.remote, Channels: n, Blocked: c.blocked.Load()}
 		if c.state.Load() == stOpen {
 			info.User = c.user
-		}
-		if a := c.gc.RemoteAddr(); a != nil {
-			info.Remote = a.String()
 		}
 		out = append(out, info)
 	}

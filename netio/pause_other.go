@@ -1,0 +1,12 @@
+//go:build !linux || poll_opt
+
+package netio
+
+import "errors"
+
+// Without gnet's default Linux poller the broker cannot take a socket out
+// of its loop's read interest: a blocked connection's frames then wait in
+// gnet's inbound buffer, which is capped (conn.blockedInboundCap).
+func (c *conn) setReadInterest(bool) error {
+	return errors.New("netio: pausing reads needs gnet's default Linux poller")
+}
