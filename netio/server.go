@@ -386,6 +386,9 @@ type QueueStats struct {
 	Acked        uint64 `json:"acked_total"`
 	Redelivered  uint64 `json:"redelivered_total"`
 	DeadLettered uint64 `json:"dead_lettered_total"`
+	// DeadLetterDropped counts dead letters that went nowhere (no such
+	// exchange, routed to no queue, too large to carry their history…).
+	DeadLetterDropped uint64 `json:"dead_letter_dropped_total"`
 }
 
 // Queues returns the current queues' counts.
