@@ -220,6 +220,7 @@ func statsOf(q *queueRef) QueueStats {
 		Name: q.name, Ready: q.ready.Load(), Unacked: q.unacked.Load(), Consumers: q.consumers.Load(),
 		Published: q.published.Load(), Delivered: q.delivered.Load(), Acked: q.acked.Load(),
 		Redelivered: q.redelivered.Load(), DeadLettered: q.deadLettered.Load(),
+		DeadLetterDropped: q.deadLetterDropped.Load(),
 	}
 }
 

@@ -112,6 +112,8 @@ type Server struct {
 	connsMu sync.Mutex
 	conns   map[uint64]*conn
 
+	dlDropLog [numDLDrops]logLimiter // "dead letter dropped" lines, per reason
+
 	storedBytes atomic.Int64
 	flowOff     atomic.Bool
 
@@ -123,6 +125,7 @@ type serverMetrics struct {
 	published, delivered, acked, confirmed, returned *metrics.Counter
 	protocolErrors, authFailures                     *metrics.Counter
 	confirmLatency                                   *metrics.PrometheusHistogram
+	dlDropped                                        [numDLDrops]*metrics.Counter
 	channels                                         atomic.Int64
 	blocked                                          atomic.Int64 // connections not being read (memory alarm)
 	busyNanos                                        atomic.Int64
@@ -136,6 +139,9 @@ func (s *Server) nowMs() int64 { return time.Now().UnixMilli() }
 func Start(cfg Config) (*Server, error) {
 	cfg.fill()
 	s := &Server{cfg: cfg, log: cfg.Logger, booted: make(chan error, 1), stopped: make(chan struct{}), conns: map[uint64]*conn{}}
+	for i := range s.dlDropLog {
+		s.dlDropLog[i].every = 10 * time.Second
+	}
 	s.auth = newAuthenticator(cfg.Users, !cfg.DisableGuest)
 	for i := 0; i < cfg.Shards; i++ {
 		s.shards = append(s.shards, newShard(s))
@@ -415,6 +421,9 @@ func (s *Server) initMetrics() {
 	// VictoriaMetrics' vmrange buckets), from 100 µs: a confirm in memory
 	// takes well under a millisecond.
 	m.confirmLatency = m.set.NewPrometheusHistogramExt("warren_publish_confirm_seconds", confirmBuckets)
+	for r := range m.dlDropped {
+		m.dlDropped[r] = m.set.NewCounter(`warren_dead_letter_dropped_total{reason="` + dlDrop(r).String() + `"}`)
+	}
 	m.set.NewGauge("warren_connections", func() float64 { return float64(s.ConnectionCount()) })
 	m.set.NewGauge("warren_channels", func() float64 { return float64(m.channels.Load()) })
 	m.set.NewGauge("warren_stored_message_bytes", func() float64 { return float64(s.storedBytes.Load()) })
@@ -446,6 +455,7 @@ func (s *Server) initMetrics() {
 			fmt.Fprintf(w, "warren_queue_acked_total%s %d\n", l, q.Acked)
 			fmt.Fprintf(w, "warren_queue_redelivered_total%s %d\n", l, q.Redelivered)
 			fmt.Fprintf(w, "warren_queue_dead_lettered_total%s %d\n", l, q.DeadLettered)
+			fmt.Fprintf(w, "warren_queue_dead_letter_dropped_total%s %d\n", l, q.DeadLetterDropped)
 		}
 	})
 }

@@ -169,6 +169,8 @@ func (s *shard) enqueue(items []enqItem, batch *pubBatch) {
 				for _, it := range items[start:end] {
 					batch.nack(it.idx, wire.InternalNack)
 				}
+			} else {
+				s.dropDeadLetter(nil, q.name, dlTargetRefused)
 			}
 			start = end
 			continue
@@ -184,8 +186,12 @@ func (s *shard) enqueue(items []enqItem, batch *pubBatch) {
 		}
 		effs := q.m.Enqueue(s.now, msgs)
 		for _, e := range effs {
-			if e.Kind == queue.RejectPublish && batch != nil {
-				batch.nack(items[start+int(e.Msg-firstID)].idx, wire.QueueFull)
+			if e.Kind == queue.RejectPublish {
+				if batch != nil {
+					batch.nack(items[start+int(e.Msg-firstID)].idx, wire.QueueFull)
+				} else {
+					s.dropDeadLetter(nil, q.name, dlTargetRefused)
+				}
 			}
 		}
 		s.handle(q, effs)
@@ -275,7 +281,6 @@ func (q *queueRef) storeStats() {
 	q.delivered.Store(st.Delivered)
 	q.acked.Store(st.Acked)
 	q.redelivered.Store(st.Redelivered)
-	q.deadLettered.Store(st.DeadLettered)
 }
 
 func (s *shard) free(q *queueRef, id uint64) {
@@ -305,49 +310,111 @@ func (s *shard) deleteQueue(q *queueRef, reason string) int64 {
 	return n
 }
 
+// dlDrop says why a dead letter went nowhere.
+type dlDrop uint8
+
+const (
+	dlNoExchange    dlDrop = iota // the dead-letter exchange does not exist
+	dlBadProperties               // its stored properties do not parse (a bug if it happens)
+	dlTooLarge                    // its death history would not fit the property block (65,535 bytes, 255 records)
+	dlUnroutable                  // the exchange routed it to no queue
+	dlCycle                       // every target would close a dead-letter cycle (queue.DeadLetterCycle)
+	dlTargetRefused               // the target queue was deleted meanwhile or refused it (reject-publish)
+	numDLDrops
+)
+
+var dlDropNames = [numDLDrops]string{"no_exchange", "bad_properties", "too_large", "unroutable", "cycle", "target_refused"}
+
+func (r dlDrop) String() string { return dlDropNames[r] }
+
+// dropDeadLetter counts a dead letter that went nowhere, per source queue
+// (if known) and broker-wide by reason, and logs it (at most one line per
+// reason per 10 s, with the count of those left out).
+func (s *shard) dropDeadLetter(q *queueRef, target string, r dlDrop) {
+	s.srv.metrics.dlDropped[r].Inc()
+	name := ""
+	if q != nil {
+		q.deadLetterDropped.Add(1)
+		name = q.name
+	}
+	if ok, n := s.srv.dlDropLog[r].allow(time.Now()); ok {
+		s.srv.log.Warn("dead letter dropped", "queue", name, "target", target, "reason", r.String(), "suppressed_since_last", n)
+	}
+}
+
 // deadLetter republishes msg to the queue's dead-letter exchange with its
 // death history extended. Messages that would loop without a rejection
-// in the cycle are dropped (queue.DeadLetterCycle).
+// in the cycle are dropped (queue.DeadLetterCycle). A dead letter that
+// goes nowhere is counted and logged as dropped, never as dead-lettered.
 func (s *shard) deadLetter(q *queueRef, msg *storedMsg, reason wire.DeathReason) {
 	dlx := q.args.DeadLetterExchange
 	view := s.srv.topo.view.Load()
 	if !view.table.HasExchange(dlx) {
+		s.dropDeadLetter(q, dlx, dlNoExchange)
 		return
 	}
 	var props wire.Properties
 	if err := wire.ParseProperties(msg.props, &props); err != nil {
+		s.dropDeadLetter(q, dlx, dlBadProperties)
 		return
 	}
 	var deaths []wire.Death
+	oldDeathsLen := 0
 	if props.Has(wire.PropDeaths) {
 		deaths, _ = wire.DecodeDeaths(props.Deaths)
+		oldDeathsLen = 3 + len(props.Deaths)
 	}
 	old := deaths
 	deaths = queue.RecordDeath(append([]wire.Death(nil), deaths...), q.name, reason, time.Now().UnixMilli(), string(msg.exchange), []string{string(msg.routingKey)})
+	if len(deaths) > 255 {
+		s.dropDeadLetter(q, dlx, dlTooLarge)
+		return
+	}
 	rk := msg.routingKey
 	if q.args.DeadLetterRoutingKey != "" {
 		rk = []byte(q.args.DeadLetterRoutingKey)
 	}
 	props.Deaths = wire.AppendDeaths(nil, deaths)
+	// The block is canonical (ParseProperties checked it), so its new size
+	// is exact: the old deaths and expiration entries out, the new deaths in.
+	newLen := len(msg.props) - oldDeathsLen + 3 + len(props.Deaths)
+	if props.Has(wire.PropExpiration) {
+		newLen -= 3 + 4
+	}
+	if newLen > wire.MaxPropertiesLen {
+		s.dropDeadLetter(q, dlx, dlTooLarge)
+		return
+	}
 	props.Set(wire.PropDeaths)
 	// A dead letter never expires again by its old per-message TTL.
 	props.Present &^= 1 << wire.PropExpiration
 	newProps := wire.AppendProperties(nil, &props)[2:]
 	dm := &storedMsg{exchange: []byte(dlx), routingKey: append([]byte(nil), rk...), props: newProps, body: msg.body, flags: msg.flags, priority: msg.priority}
 	targets, _ := view.table.Route(nil, dlx, dm.routingKey, props.Headers)
+	sent, cycles := 0, 0
 	for _, name := range targets {
 		if queue.DeadLetterCycle(old, name) {
+			cycles++
 			continue
 		}
 		tq := view.queues[name]
 		if tq == nil {
 			continue
 		}
+		sent++
 		meta := queue.Message{Size: uint32(len(dm.body)), Priority: dm.priority}
 		item := []enqItem{{q: tq, msg: dm, meta: meta}}
 		// Always through the inbox, even to this shard: we are inside
 		// handle() for q, and q itself may be the target.
 		tq.shard.submit(func(o *shard) { o.enqueue(item, nil) })
+	}
+	switch {
+	case sent > 0:
+		q.deadLettered.Add(1)
+	case cycles > 0:
+		s.dropDeadLetter(q, dlx, dlCycle)
+	default:
+		s.dropDeadLetter(q, dlx, dlUnroutable)
 	}
 }
 

@@ -33,7 +33,8 @@ type queueRef struct {
 	ready, unacked, consumers atomic.Int64
 	published, delivered      atomic.Uint64
 	acked, redelivered        atomic.Uint64
-	deadLettered              atomic.Uint64
+	deadLettered              atomic.Uint64 // sent on to at least one queue
+	deadLetterDropped         atomic.Uint64 // went nowhere (shard.dropDeadLetter)
 	deleted                   atomic.Bool
 
 	// shard-owned
