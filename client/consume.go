@@ -3,6 +3,7 @@ package client
 import (
 	"context"
 	"errors"
+	"fmt"
 	"sync"
 	"time"
 
@@ -19,6 +20,11 @@ type ConsumeOptions struct {
 	AutoAck       bool // at-most-once: no acks, nothing redelivered
 	Exclusive     bool
 	Priority      int16
+	// ConsumerTimeout overrides the queue's consumer-timeout-ms for this
+	// consumer (SUBSCRIBE argument consumer-timeout-ms; whole milliseconds,
+	// at least 1): a delivery not settled or extended within it is taken
+	// back and redelivered, and OnLeaseExpired is told. 0: the queue's.
+	ConsumerTimeout time.Duration
 }
 
 // Delivery is one delivered message. Settle it with exactly one of Ack,
@@ -92,10 +98,18 @@ func (ch *Channel) Consume(ctx context.Context, queue string, o ConsumeOptions) 
 	if buf == 0 || buf > 4096 {
 		buf = 4096
 	}
+	var args wire.Table
+	if o.ConsumerTimeout != 0 {
+		ms := o.ConsumerTimeout.Milliseconds()
+		if ms < 1 {
+			return nil, fmt.Errorf("client: ConsumeOptions.ConsumerTimeout %v: want at least 1ms, or 0 for the queue's", o.ConsumerTimeout)
+		}
+		args = wire.Table{{Key: "consumer-timeout-ms", Value: wire.Int(ms)}}
+	}
 	cs := &Consumer{ch: ch, Queue: queue, autoAck: o.AutoAck, feed: make(chan *Delivery, buf), done: make(chan struct{})}
 	_, err := ch.request(ctx, func(req uint32) wire.Body {
 		return &wire.Subscribe{Req: req, Queue: queue, ConsumerTag: o.Tag, AutoAck: o.AutoAck, Exclusive: o.Exclusive,
-			Priority: o.Priority, PrefetchCount: o.Prefetch, PrefetchBytes: o.PrefetchBytes}
+			Priority: o.Priority, PrefetchCount: o.Prefetch, PrefetchBytes: o.PrefetchBytes, Args: args}
 	}, func(b wire.Body) {
 		// On the reader goroutine, before any delivery for it is read.
 		if ok, isOK := b.(*wire.SubscribeOK); isOK {
@@ -140,7 +154,7 @@ func (cs *Consumer) Err() error {
 }
 
 // OnLeaseExpired registers fn for deliveries the broker took back after
-// the queue's ack timeout.
+// the ack timeout (the queue's, or ConsumeOptions.ConsumerTimeout).
 func (cs *Consumer) OnLeaseExpired(fn func(tags []uint64)) {
 	cs.mu.Lock()
 	cs.expired = fn

@@ -94,8 +94,9 @@ func (c *conn) onRequest(ch *channel, body wire.Body) error {
 
 func (c *conn) onSubscribe(ch *channel, r *wire.Subscribe) error {
 	fail := func(err error) error { return &requestErr{req: r.Req, err: err} }
-	if len(r.Args) > 0 {
-		return fail(reqErr(wire.InvalidArgument, "subscribe arguments are not supported"))
+	args, err := wire.ParseSubscribeArgs(r.Args)
+	if err != nil {
+		return fail(err)
 	}
 	q := c.srv.topo.lookupQueue(r.Queue)
 	if q == nil {
@@ -122,13 +123,14 @@ func (c *conn) onSubscribe(ch *channel, r *wire.Subscribe) error {
 		id: queue.ConsumerID(c.srv.consumerSeq.Add(1)), tag: tag, tagBytes: []byte(tag),
 		conn: c, ch: ch, q: q, autoAck: r.AutoAck,
 	}
-	if q.args.ConsumerTimeout > 0 {
+	if q.args.ConsumerTimeout > 0 || args.ConsumerTimeout > 0 {
 		cr.chTags = map[uint64]uint64{}
 	}
 	ch.consumers[tag] = cr
 	ch.all = append(ch.all, cr)
 	c.mu.Unlock()
-	spec := queue.ConsumerSpec{ID: cr.id, Owner: queue.OwnerID(c.id), Prefetch: prefetch, PrefetchBytes: r.PrefetchBytes, Priority: r.Priority, Exclusive: r.Exclusive}
+	spec := queue.ConsumerSpec{ID: cr.id, Owner: queue.OwnerID(c.id), Prefetch: prefetch, PrefetchBytes: r.PrefetchBytes, Priority: r.Priority, Exclusive: r.Exclusive,
+		TimeoutMs: args.ConsumerTimeout.Milliseconds()}
 	req := r.Req
 	q.shard.submit(func(s *shard) { s.subscribe(q, cr, spec, req) })
 	return nil

@@ -178,7 +178,7 @@ func (m *Machine) Settle(now int64, id ConsumerID, op wire.SettleOp, first, last
 		case wire.SettleExtend:
 			lease := int64(argMs)
 			if lease == 0 {
-				lease = m.cfg.ConsumerTimeout
+				lease = m.leaseMs(c)
 			}
 			if lease > 0 && now+lease > o.deadline {
 				o.deadline = now + lease

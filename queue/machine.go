@@ -91,6 +91,9 @@ type ConsumerSpec struct {
 	Priority      int16
 	AutoAck       bool
 	Exclusive     bool
+	// TimeoutMs is this consumer's ack timeout (SUBSCRIBE argument
+	// consumer-timeout-ms); 0: the queue's ConsumerTimeout.
+	TimeoutMs int64
 }
 
 type outstanding struct {
@@ -235,7 +238,10 @@ type Machine struct {
 	arrivals  uint64
 	// cancelledAny: some consumer is cancelled but may still be listed.
 	cancelledAny bool
-	nextTag      uint64
+	// ownTimeouts: some listed consumer has its own ack timeout (derived
+	// from consumers by regroup; not part of the snapshot).
+	ownTimeouts bool
+	nextTag     uint64
 
 	parked   timeHeap            // retry backoff: ready at .at
 	ttlWatch timeHeap            // ready messages with an expiry
@@ -375,7 +381,9 @@ func (m *Machine) reap() {
 // the list changes (rare), so dispatch finds a group's bounds in O(1).
 func (m *Machine) regroup() {
 	m.groupEnds = m.groupEnds[:0]
+	m.ownTimeouts = false
 	for i, c := range m.consumers {
+		m.ownTimeouts = m.ownTimeouts || c.TimeoutMs > 0
 		if i+1 == len(m.consumers) || m.consumers[i+1].Priority != c.Priority {
 			m.groupEnds = append(m.groupEnds, i+1)
 		}
@@ -651,14 +659,26 @@ func (m *Machine) deliver(now int64, c *consumer, e entry) {
 		return
 	}
 	o := outstanding{tag: m.nextTag, e: e}
-	if m.cfg.ConsumerTimeout > 0 {
-		o.deadline = now + m.cfg.ConsumerTimeout
+	if t := m.leaseMs(c); t > 0 {
+		o.deadline = now + t
 		o.floor = o.deadline
 	}
 	c.out = append(c.out, o)
 	c.live++
 	c.liveBytes += uint64(e.size)
 }
+
+// leaseMs is c's ack timeout: its own, else the queue's (0: none).
+func (m *Machine) leaseMs(c *consumer) int64 {
+	if c.TimeoutMs > 0 {
+		return c.TimeoutMs
+	}
+	return m.cfg.ConsumerTimeout
+}
+
+// leases reports whether any delivery can have a deadline, so Tick and
+// nextWake look at consumers' leases only then.
+func (m *Machine) leases() bool { return m.cfg.ConsumerTimeout > 0 || m.ownTimeouts }
 
 // kill dead-letters e (or drops it when the queue has no dead-letter
 // exchange).

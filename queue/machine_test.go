@@ -1,6 +1,7 @@
 package queue
 
 import (
+	"slices"
 	"testing"
 
 	"github.com/warren-mq/warren/wire"
@@ -73,5 +74,87 @@ func TestDeliveryLimitCountsDeliveries(t *testing.T) {
 				t.Errorf("limit %d, failing by %s: delivered %d times before dead-lettering, want %d", limit, how, deliveries, limit+1)
 			}
 		}
+	}
+}
+
+// TestPerConsumerTimeout: a consumer's own ack timeout (SUBSCRIBE
+// consumer-timeout-ms) overrides the queue's for its deliveries only, also
+// on a queue with none; extend without a lease renews by the consumer's
+// own; a snapshot keeps it. Time is the fake clock passed in.
+func TestPerConsumerTimeout(t *testing.T) {
+	expired := func(effs []Effect) (out []ConsumerID) {
+		for _, e := range effs {
+			if e.Kind == LeaseExpired {
+				out = append(out, e.Consumer)
+			}
+		}
+		return out
+	}
+	timer := func(effs []Effect) int64 {
+		if n := len(effs); n > 0 && effs[n-1].Kind == Timer {
+			return effs[n-1].At
+		}
+		return -1
+	}
+
+	// The queue's timeout is 1000 ms; consumer 1 overrides it with 100.
+	m := New(Config{ConsumerTimeout: 1000}, 0)
+	m.Enqueue(0, []Message{{ID: 1}, {ID: 2}})
+	if _, err := m.Subscribe(0, ConsumerSpec{ID: 1, Owner: 1, Prefetch: 1, TimeoutMs: 100}); err != nil {
+		t.Fatal(err)
+	}
+	effs, err := m.Subscribe(0, ConsumerSpec{ID: 2, Owner: 1, Prefetch: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if at := timer(effs); at != 100 {
+		t.Fatalf("next wake-up at %d, want 100 (consumer 1's lease)", at)
+	}
+	if got := expired(m.Tick(99)); len(got) != 0 {
+		t.Fatalf("at 99 ms: leases of %v expired", got)
+	}
+	restored, err := Restore(m.Snapshot())
+	if err != nil {
+		t.Fatal(err)
+	}
+	for name, q := range map[string]*Machine{"original": m, "restored": restored} {
+		effs := q.Tick(100)
+		if got := expired(effs); len(got) != 1 || got[0] != 1 {
+			t.Fatalf("%s at 100 ms: leases of %v expired, want consumer 1's only", name, got)
+		}
+		// Consumer 1 got message 1 back at 100 (deadline 200), and so on.
+		if got := expired(q.Tick(999)); slices.Contains(got, 2) {
+			t.Fatalf("%s at 999 ms: consumer 2's lease expired", name)
+		}
+		if got := expired(q.Tick(1000)); !slices.Contains(got, 2) {
+			t.Fatalf("%s at 1000 ms: leases of %v expired, want consumer 2's (the queue's timeout)", name, got)
+		}
+	}
+
+	// A queue without a timeout: only the consumer's applies; extend with
+	// no lease renews by the consumer's timeout.
+	m = New(Config{}, 0)
+	m.Enqueue(0, []Message{{ID: 1}})
+	effs, err = m.Subscribe(0, ConsumerSpec{ID: 1, Owner: 1, Prefetch: 1, TimeoutMs: 50})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if at := timer(effs); at != 50 {
+		t.Fatalf("next wake-up at %d, want 50", at)
+	}
+	if _, err := m.Settle(40, 1, wire.SettleExtend, 1, 1, 0); err != nil {
+		t.Fatal(err)
+	}
+	if got := expired(m.Tick(50)); len(got) != 0 {
+		t.Fatal("extended lease expired at its old deadline")
+	}
+	if got := expired(m.Tick(90)); len(got) != 1 {
+		t.Fatal("extended lease (40 + 50 ms) did not expire at 90 ms")
+	}
+	if _, err := m.Subscribe(90, ConsumerSpec{ID: 2, Owner: 1, Prefetch: 1}); err != nil {
+		t.Fatal(err)
+	}
+	if got := expired(m.Tick(1 << 40)); len(got) != 1 || got[0] != 1 {
+		t.Fatalf("leases of %v expired; consumer 2 has no timeout", got)
 	}
 }

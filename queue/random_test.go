@@ -106,7 +106,7 @@ func randomStep(r *rand.Rand, env *traceEnv) []Effect {
 		}
 		record(env.m.Enqueue(env.now, msgs))
 	case op == 3:
-		effs, err := env.m.Subscribe(env.now, ConsumerSpec{ID: c, Owner: OwnerID(c % 2), Prefetch: uint32(r.IntN(4)), PrefetchBytes: uint32(r.IntN(3) * 60), Priority: int16(r.IntN(2)), AutoAck: r.IntN(6) == 0})
+		effs, err := env.m.Subscribe(env.now, ConsumerSpec{ID: c, Owner: OwnerID(c % 2), Prefetch: uint32(r.IntN(4)), PrefetchBytes: uint32(r.IntN(3) * 60), Priority: int16(r.IntN(2)), AutoAck: r.IntN(6) == 0, TimeoutMs: int64(r.IntN(3) * r.IntN(200))})
 		if err == nil {
 			record(effs)
 		}

@@ -14,7 +14,7 @@ import (
 // in ascending key order. It is an exact image: Restore(Snapshot()) behaves
 // identically to the original under any later commands, and snapshots of
 // equal machines are equal bytes. Replicas and recovery depend on that.
-const snapshotVersion = 3
+const snapshotVersion = 4
 
 // ErrBadSnapshot is returned by Restore for input it cannot read.
 var ErrBadSnapshot = errors.New("queue: malformed snapshot")
@@ -150,6 +150,7 @@ func (m *Machine) Snapshot() []byte {
 		w.i(int64(cs.Priority))
 		w.bool(cs.AutoAck)
 		w.bool(cs.Exclusive)
+		w.i(cs.TimeoutMs)
 		w.u(cs.seq)
 		w.bool(cs.cancelled)
 		live := cs.out[cs.head:]
@@ -235,7 +236,7 @@ func Restore(b []byte) (*Machine, error) {
 	m.readyCount = r.i()
 	m.readyBytes = r.i()
 
-	nc := r.n(10)
+	nc := r.n(11)
 	for k := 0; k < nc; k++ {
 		cs := &consumer{}
 		cs.ID = ConsumerID(r.u())
@@ -245,6 +246,7 @@ func Restore(b []byte) (*Machine, error) {
 		cs.Priority = int16(r.i())
 		cs.AutoAck = r.bool()
 		cs.Exclusive = r.bool()
+		cs.TimeoutMs = r.i()
 		cs.seq = r.u()
 		cs.cancelled = r.bool()
 		no := r.n(10)

@@ -37,7 +37,7 @@ func (m *Machine) Tick(now int64) []Effect {
 		}
 		m.pushReady(m.parked.pop().e, true)
 	}
-	if m.cfg.ConsumerTimeout > 0 {
+	if m.leases() {
 		for _, c := range m.consumers {
 			m.expireLeases(now, c)
 		}
@@ -86,7 +86,7 @@ func (m *Machine) nextWake(now int64) (int64, bool) {
 	if t, has := m.parked.peek(); has {
 		consider(t)
 	}
-	if m.cfg.ConsumerTimeout > 0 {
+	if m.leases() {
 		for _, c := range m.consumers {
 			if c.head >= len(c.out) {
 				continue

@@ -2,6 +2,7 @@ package wire
 
 import (
 	"math"
+	"strconv"
 	"time"
 )
 
@@ -154,6 +155,41 @@ func ParseQueueArgs(t Table) (QueueArgs, error) {
 	}
 	if a.Overflow == OverflowDeadLetter && a.DeadLetterExchange == "" {
 		return a, argErr("overflow", "dead-letter needs a dead-letter-exchange: set one, or use drop-head to drop the oldest message")
+	}
+	return a, nil
+}
+
+// SubscribeArgs are a consumer's settings, carried in Subscribe.Args under
+// the keys below. Zero values mean "not set".
+type SubscribeArgs struct {
+	// ConsumerTimeout overrides the queue's consumer-timeout-ms for this
+	// consumer's deliveries ("consumer-timeout-ms" int ms ≥ 1).
+	ConsumerTimeout time.Duration
+}
+
+// ParseSubscribeArgs reads and range-checks SUBSCRIBE arguments. An
+// unknown key is an error, as for queue arguments.
+func ParseSubscribeArgs(t Table) (SubscribeArgs, error) {
+	var a SubscribeArgs
+	fail := func(key, want string) error {
+		return &Error{InvalidArgument, "subscribe argument " + key + ": " + want}
+	}
+	for i, f := range t {
+		for _, g := range t[:i] {
+			if g.Key == f.Key {
+				return a, fail(f.Key, "given twice")
+			}
+		}
+		switch f.Key {
+		case "consumer-timeout-ms":
+			const most = math.MaxInt64 / int64(time.Millisecond)
+			if f.Value.Kind != KindInt || f.Value.Int < 1 || f.Value.Int > most {
+				return a, fail(f.Key, "want an int in [1, "+strconv.FormatInt(most, 10)+"] (milliseconds)")
+			}
+			a.ConsumerTimeout = time.Duration(f.Value.Int) * time.Millisecond
+		default:
+			return a, fail(f.Key, "unknown key (the only one is consumer-timeout-ms)")
+		}
 	}
 	return a, nil
 }

@@ -24,3 +24,28 @@ func TestOverflowDeadLetter(t *testing.T) {
 		t.Fatalf("error %#v, want invalid_argument", err)
 	}
 }
+
+// TestParseSubscribeArgs: consumer-timeout-ms (issue 11 item 5) is an int
+// ≥ 1; anything else is invalid_argument naming the argument.
+func TestParseSubscribeArgs(t *testing.T) {
+	a, err := ParseSubscribeArgs(Table{{Key: "consumer-timeout-ms", Value: Int(1500)}})
+	if err != nil || a.ConsumerTimeout.Milliseconds() != 1500 {
+		t.Fatalf("got %+v, %v", a, err)
+	}
+	if a, err := ParseSubscribeArgs(nil); err != nil || a.ConsumerTimeout != 0 {
+		t.Fatalf("no args: %+v, %v", a, err)
+	}
+	for _, bad := range []Table{
+		{{Key: "consumer-timeout-ms", Value: Int(0)}},
+		{{Key: "consumer-timeout-ms", Value: Int(-5)}},
+		{{Key: "consumer-timeout-ms", Value: String("30000")}},
+		{{Key: "consumer-timeout-ms", Value: Float(10)}},
+		{{Key: "consumer-timeout-ms", Value: Int(1)}, {Key: "consumer-timeout-ms", Value: Int(2)}},
+		{{Key: "x-priority", Value: Int(1)}},
+	} {
+		_, err := ParseSubscribeArgs(bad)
+		if e, ok := err.(*Error); !ok || e.Code != InvalidArgument || !strings.Contains(e.Reason, bad[len(bad)-1].Key) {
+			t.Errorf("%v: got %v, want invalid_argument naming the key", bad, err)
+		}
+	}
+}

@@ -129,6 +129,8 @@ func validCases() []validCase {
 		{name: "subscribe", ch: 1, body: &Subscribe{Req: 15, Queue: "orders", ConsumerTag: "worker-1", Exclusive: true,
 			Priority: -2, PrefetchCount: 100, PrefetchBytes: 1 << 20, Args: Table{}}},
 		{name: "subscribe_auto_ack", ch: 2, body: &Subscribe{Req: 16, Queue: "logs", AutoAck: true, Args: Table{}}},
+		{name: "subscribe_consumer_timeout", ch: 1, body: &Subscribe{Req: 18, Queue: "orders", PrefetchCount: 10,
+			Args: Table{{"consumer-timeout-ms", Int(30000)}}}},
 		{name: "subscribe_ok", ch: 1, body: &SubscribeOK{Req: 15, ConsumerTag: "worker-1"}},
 		{name: "cancel", ch: 1, body: &Cancel{Req: 17, ConsumerTag: "worker-1"}},
 		{name: "cancelled", ch: 1, body: &Cancelled{ConsumerTag: "worker-1", Code: NotFound, Reason: "queue deleted"}},
