@@ -364,8 +364,7 @@ func (s *shard) deadLetter(q *queueRef, msg *storedMsg, reason wire.DeathReason)
 		deaths, _ = wire.DecodeDeaths(props.Deaths)
 		oldDeathsLen = 3 + len(props.Deaths)
 	}
-	old := deaths
-	deaths = queue.RecordDeath(append([]wire.Death(nil), deaths...), q.name, reason, time.Now().UnixMilli(), string(msg.exchange), []string{string(msg.routingKey)})
+	deaths = queue.RecordDeath(deaths, q.name, reason, time.Now().UnixMilli(), string(msg.exchange), []string{string(msg.routingKey)})
 	if len(deaths) > 255 {
 		s.dropDeadLetter(q, dlx, dlTooLarge)
 		return
@@ -393,7 +392,9 @@ func (s *shard) deadLetter(q *queueRef, msg *storedMsg, reason wire.DeathReason)
 	targets, _ := view.table.Route(nil, dlx, dm.routingKey, props.Headers)
 	sent, cycles := 0, 0
 	for _, name := range targets {
-		if queue.DeadLetterCycle(old, name) {
+		// The history includes this death: a rejection just now means a
+		// client decided, so the loop is not a cycle.
+		if queue.DeadLetterCycle(deaths, name) {
 			cycles++
 			continue
 		}
