@@ -3,6 +3,8 @@ package netio_test
 import (
 	"errors"
 	"net"
+	"runtime"
+	"runtime/metrics"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -241,4 +243,78 @@ func TestFlowIgnoringPublisherIsBlocked(t *testing.T) {
 		t.Fatal("no FLOW(active=true) after the purge")
 	}
 	aliveCheck(t, s, good)
+}
+
+// heapGrowth runs fn and returns how much the Go heap's live bytes grew.
+func heapGrowth(fn func()) int64 {
+	before := liveHeap()
+	fn()
+	return liveHeap() - before
+}
+
+// TestStoredBytesCountPerMessageOverhead: the gauge the watermark is
+// compared with counts what stored messages cost the heap, not only their
+// bytes: empty messages are not free.
+func TestStoredBytesCountPerMessageOverhead(t *testing.T) {
+	s := warrentest.StartServer(t, &netio.Config{QueueSoftLimit: -1})
+	ctx := ctxT(t)
+	ch := channel(t, dial(t, s))
+	ch.DeclareQueue(ctx, "empty", client.QueueOptions{})
+	msgs := make([]client.Message, 100)
+	for i := range msgs {
+		msgs[i] = client.Message{RoutingKey: "empty"}
+	}
+	must(t, ch.PublishBatch(ctx, "", msgs))
+	base := metricValue(s, "warren_stored_message_bytes")
+	const n = 50_000
+	grew := heapGrowth(func() {
+		for i := 0; i < n/len(msgs); i++ {
+			must(t, ch.PublishBatch(ctx, "", msgs))
+		}
+	})
+	counted := metricValue(s, "warren_stored_message_bytes") - base
+	t.Logf("%d empty messages: heap +%d bytes, counted +%.0f", n, grew, counted)
+	if counted < 0.75*float64(grew) || counted > 2*float64(grew) {
+		t.Fatalf("counted %.0f bytes for %d empty messages that took %d bytes of heap", counted, n, grew)
+	}
+}
+
+// TestSurvivorArenaCounted: a message keeps its publish batch's arena
+// alive, and the gauge says so: one surviving message per batch counts
+// what the heap really holds.
+func TestSurvivorArenaCounted(t *testing.T) {
+	s := warrentest.StartServer(t, &netio.Config{QueueSoftLimit: -1})
+	ctx := ctxT(t)
+	ch := channel(t, dial(t, s))
+	ch.DeclareQueue(ctx, "keep", client.QueueOptions{})
+	ch.DeclareQueue(ctx, "drop", client.QueueOptions{})
+	body := make([]byte, 1024)
+	batch := make([]client.Message, 256)
+	for i := range batch {
+		batch[i] = client.Message{RoutingKey: "drop", Body: body}
+	}
+	batch[0].RoutingKey = "keep"
+	const batches = 20
+	grew := heapGrowth(func() {
+		for i := 0; i < batches; i++ {
+			must(t, ch.PublishBatch(ctx, "", batch))
+		}
+		if _, err := ch.PurgeQueue(ctx, "drop"); err != nil {
+			t.Fatal(err)
+		}
+	})
+	counted := metricValue(s, "warren_stored_message_bytes")
+	t.Logf("%d survivors of %d-message batches: heap +%d bytes, counted %.0f", batches, len(batch), grew, counted)
+	if counted < 0.75*float64(grew) {
+		t.Fatalf("counted %.0f bytes for %d survivors pinning %d bytes of heap", counted, batches, grew)
+	}
+}
+
+// liveHeap is the Go heap's live bytes after a full collection.
+func liveHeap() int64 {
+	runtime.GC()
+	runtime.GC()
+	s := []metrics.Sample{{Name: "/gc/heap/live:bytes"}}
+	metrics.Read(s)
+	return int64(s[0].Value.Uint64())
 }
