@@ -567,6 +567,7 @@ func (c *conn) onPublish(ch *channel, f wire.Frame) error {
 	}
 	arena := make([]byte, 0, size)
 	msgs := make([]storedMsg, b.Count)
+	ar := new(msgArena)
 	arena = append(arena, b.Exchange...)
 	exchange := arena[:len(b.Exchange):len(b.Exchange)]
 	keep := func(p []byte) []byte {
@@ -581,7 +582,7 @@ func (c *conn) onPublish(ch *channel, f wire.Frame) error {
 	it = b.Messages()
 	for i := 0; it.Next(&m); i++ {
 		sm := &msgs[i]
-		*sm = storedMsg{exchange: exchange, routingKey: keep(m.RoutingKey), props: keep(m.Properties), body: keep(m.Body), flags: m.Flags, priority: m.Priority}
+		*sm = storedMsg{exchange: exchange, routingKey: keep(m.RoutingKey), props: keep(m.Properties), body: keep(m.Body), a: ar, flags: m.Flags, priority: m.Priority}
 		_ = wire.ParseProperties(sm.props, &props) // validated by DecodePublish
 		if props.Has(wire.PropDeaths) && !c.internal {
 			// The broker owns the death history (dlq replay trusts it): a
@@ -619,11 +620,19 @@ func (c *conn) onPublish(ch *channel, f wire.Frame) error {
 		c.mu.Unlock()
 		c.srv.metrics.returned.Add(nret)
 	}
-	parts := 1
+	parts, placed := 1, 0
 	for _, p := range c.parts {
 		if len(p) > 0 {
 			parts++
+			placed += len(p)
 		}
+	}
+	if placed > 0 {
+		// Counted now, before any shard has it: the loop's next check of
+		// the watermark sees this batch.
+		ar.cost = int64(cap(arena)) + int64(b.Count)*storedMsgOverhead + int64(placed)*placementOverhead
+		ar.refs.Store(int64(placed))
+		c.srv.storedBytes.Add(ar.cost)
 	}
 	batch.pending.Store(int32(parts))
 	for si, p := range c.parts {

@@ -40,8 +40,10 @@
 //     queue still takes what is published but holds back the confirms
 //     until it has drained below half the limit, so publishers' confirm
 //     windows fill and they slow to the consumers' pace.
-//   - Publishers, broker-wide: when the bodies held in memory pass the
-//     high-watermark the broker sends FLOW(active=false) on channel 0 to
+//   - Publishers, broker-wide: when the stored messages' memory passes the
+//     high-watermark (their bytes plus a measured per-message overhead,
+//     each publish batch's arena counted whole while any of its messages
+//     is held: see msgArena) the broker sends FLOW(active=false) on channel 0 to
 //     every connection, and FLOW(active=true) once it is below 80% of it.
 //   - Publishers that do not stop: a connection that sends a PUBLISH while
 //     the alarm is on (or the stored bytes are over the watermark) is

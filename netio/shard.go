@@ -165,12 +165,13 @@ func (s *shard) enqueue(items []enqItem, batch *pubBatch) {
 			end++
 		}
 		if q.gone || q.m == nil {
-			if batch != nil {
-				for _, it := range items[start:end] {
+			for _, it := range items[start:end] {
+				s.release(it.msg)
+				if batch != nil {
 					batch.nack(it.idx, wire.InternalNack)
+				} else {
+					s.dropDeadLetter(nil, q.name, dlTargetRefused)
 				}
-			} else {
-				s.dropDeadLetter(nil, q.name, dlTargetRefused)
 			}
 			start = end
 			continue
@@ -181,7 +182,6 @@ func (s *shard) enqueue(items []enqItem, batch *pubBatch) {
 			q.nextID++
 			it.meta.ID = q.nextID
 			q.bodies.put(q.nextID, it.msg)
-			s.bytesDelta += it.msg.size()
 			msgs = append(msgs, it.meta)
 		}
 		effs := q.m.Enqueue(s.now, msgs)
@@ -285,7 +285,15 @@ func (q *queueRef) storeStats() {
 
 func (s *shard) free(q *queueRef, id uint64) {
 	if msg := q.bodies.del(id); msg != nil {
-		s.bytesDelta -= msg.size()
+		s.release(msg)
+	}
+}
+
+// release lets go of one placement of msg; the last one uncounts its
+// arena (see msgArena).
+func (s *shard) release(msg *storedMsg) {
+	if msg.a.refs.Add(-1) == 0 {
+		s.bytesDelta -= msg.a.cost
 	}
 }
 
@@ -299,7 +307,7 @@ func (s *shard) deleteQueue(q *queueRef, reason string) int64 {
 	for _, c := range q.cons {
 		c.conn.sendCancelled(c, wire.NotFound, reason)
 	}
-	q.bodies.each(func(_ uint64, m *storedMsg) { s.bytesDelta -= m.size() })
+	q.bodies.each(func(_ uint64, m *storedMsg) { s.release(m) })
 	q.bodies = bodyStore{}
 	q.cons = nil
 	s.releaseHeld(q)
@@ -388,9 +396,15 @@ func (s *shard) deadLetter(q *queueRef, msg *storedMsg, reason wire.DeathReason)
 	// A dead letter never expires again by its old per-message TTL.
 	props.Present &^= 1 << wire.PropExpiration
 	newProps := wire.AppendProperties(nil, &props)[2:]
-	dm := &storedMsg{exchange: []byte(dlx), routingKey: append([]byte(nil), rk...), props: newProps, body: msg.body, flags: msg.flags, priority: msg.priority}
+	// A dead letter gets an arena of its own (dead-letter queues keep
+	// messages for long; sharing the body would pin the batch it came in).
+	buf := make([]byte, 0, len(dlx)+len(rk)+len(newProps)+len(msg.body))
+	buf = append(append(append(append(buf, dlx...), rk...), newProps...), msg.body...)
+	i, j, k := len(dlx), len(dlx)+len(rk), len(dlx)+len(rk)+len(newProps)
+	dm := &storedMsg{exchange: buf[:i:i], routingKey: buf[i:j:j], props: buf[j:k:k], body: buf[k:], a: &msgArena{}, flags: msg.flags, priority: msg.priority}
 	targets, _ := view.table.Route(nil, dlx, dm.routingKey, props.Headers)
 	sent, cycles := 0, 0
+	var tqs []*queueRef
 	for _, name := range targets {
 		// The history includes this death: a rejection just now means a
 		// client decided, so the loop is not a cycle.
@@ -398,10 +412,16 @@ func (s *shard) deadLetter(q *queueRef, msg *storedMsg, reason wire.DeathReason)
 			cycles++
 			continue
 		}
-		tq := view.queues[name]
-		if tq == nil {
-			continue
+		if tq := view.queues[name]; tq != nil {
+			tqs = append(tqs, tq)
 		}
+	}
+	if len(tqs) > 0 {
+		dm.a.cost = int64(cap(buf)) + storedMsgOverhead + int64(len(tqs))*placementOverhead
+		dm.a.refs.Store(int64(len(tqs)))
+		s.bytesDelta += dm.a.cost
+	}
+	for _, tq := range tqs {
 		sent++
 		meta := queue.Message{Size: uint32(len(dm.body)), Priority: dm.priority}
 		item := []enqItem{{q: tq, msg: dm, meta: meta}}
