@@ -73,6 +73,19 @@ func validCases() []validCase {
 		LastMs: 1700000005000, Exchange: "events", RoutingKeys: []string{"order.created"},
 	}}}
 	body128 := bytes.Repeat([]byte("warren "), 19)[:128]
+	// 3000 bytes that do not compress, twice: the s2 section then holds a
+	// literal with a 2-byte length and copies with 2-byte offsets (§11).
+	noise3000 := make([]byte, 3000)
+	for i, x := 0, uint32(1); i < len(noise3000); i++ {
+		x = x*1664525 + 1013904223
+		noise3000[i] = byte(x >> 24)
+	}
+	// The deepest args table allowed (§10.2): the outer table is level 1,
+	// six nested tables are levels 2–7, an array is level 8.
+	depth8 := Table{{"a", ArrayValue([]Value{Int(1)})}}
+	for i := 0; i < 6; i++ {
+		depth8 = Table{{"t", TableValue(depth8)}}
+	}
 	return []validCase{
 		{name: "hello", body: &Hello{Product: "warren", Version: "0.1.0", Mechanisms: []string{"PLAIN"},
 			Capabilities: []string{"compression.s2", "compression.zstd"}, MaxFrame: DefaultMaxFrame, MaxChannels: 2047, HeartbeatMs: 30000}},
@@ -141,6 +154,9 @@ func validCases() []validCase {
 		}}},
 		{name: "deliver_s2", ch: 1, decodeOnly: true, body: &Deliver{ConsumerTag: "w", Codec: CodecS2, Deliveries: []DeliveredMessage{
 			{Tag: 10, DeliveryCount: 1, Exchange: "events", RoutingKey: "a.b", Body: body128}}}},
+		{name: "publish_s2_long", ch: 1, decodeOnly: true, body: &Publish{FirstSeq: 9, Exchange: "events", Codec: CodecS2,
+			Messages: []PublishMessage{{RoutingKey: "a.b", Body: noise3000}, {RoutingKey: "a.b", Body: noise3000}}}},
+		{name: "bind_table_depth_8", ch: 1, body: &Bind{Req: 18, Destination: "deep", Source: "by-region", Args: depth8}},
 		{name: "settle", ch: 1, body: &Settle{Entries: []Settlement{
 			{Op: SettleAck, First: 1, Last: 1}, {Op: SettleAck, First: 0, Last: 10}, {Op: SettleRequeue, First: 11, Last: 12},
 			{Op: SettleReject, First: 13, Last: 13}, {Op: SettleExtend, First: 14, Last: 20, Arg: 30000},
@@ -206,8 +222,19 @@ func invalidCases() []invalidVector {
 			u64b(0), u8s(0, 0), u32b(1), u32b(0), s8(""), s8("q"), u16b(0), u32b(0))), Code: FrameError},
 		{Name: "exchange_declare_bad_kind", Hex: hex.EncodeToString(frame(TypeExchangeDeclare, 0, 1, u32b(1), s8("x"), u8s(9, 0), s8(""), u32b(0))), Code: FrameError},
 		{Name: "table_too_deep", Hex: hex.EncodeToString(frame(TypeQueueDeclare, 0, 1, u32b(1), s8("q"), u8s(0), deepTable(MaxTableDepth+1))), Code: FrameError},
+		{Name: "table_too_deep_array", Hex: hex.EncodeToString(frame(TypeBind, 0, 1, u32b(1), u8s(0), s8("q"), s8("x"), s8(""), deepArrayTable())), Code: FrameError},
 		{Name: "lease_expired_count", Hex: hex.EncodeToString(frame(TypeLeaseExpired, 0, 1, s8("c"), u16b(2), u64b(1))), Code: FrameError},
 	}
+}
+
+// deepArrayTable is nine levels whose last two are arrays: the outer table,
+// six tables, an array, and an array inside it.
+func deepArrayTable() []byte {
+	t := Table{{"a", ArrayValue([]Value{ArrayValue([]Value{Int(1)})})}}
+	for i := 0; i < 6; i++ {
+		t = Table{{"t", TableValue(t)}}
+	}
+	return AppendTable(nil, t)
 }
 
 func deepTable(depth int) []byte {
