@@ -31,9 +31,13 @@ func randomName(r *rand.Rand) string {
 
 // randomKey fills buf with a random routing key (4..32 bytes).
 func randomKey(r *rand.Rand, buf []byte) []byte {
-	buf = buf[:4+r.IntN(29)]
+	x := r.Uint64()
+	buf = buf[:4+x%29]
 	for i := range buf {
-		buf[i] = byte(r.Uint32())
+		if i%8 == 0 {
+			x = r.Uint64()
+		}
+		buf[i] = byte(x >> (i % 8 * 8))
 	}
 	return buf
 }
@@ -41,13 +45,16 @@ func randomKey(r *rand.Rand, buf []byte) []byte {
 // TestConsistentHashWeightShares: weights are honoured precisely whatever
 // the queue names (issue 11 item 4: 1/1/2 gave 22/31/47 %, and 22 of 92
 // random name sets were more than 4 points off). 20 random name sets ×
-// 100,000 random keys, weights 1/1/2 and 1/2/3/4: every share within ±2
-// points of weight/total.
+// 100,000 random keys, weights 1/1/2 (and 20,000 keys for 1/2/3/4 and
+// 1/1/1, and for all under -race): every share within ±2 points of
+// weight/total.
 func TestConsistentHashWeightShares(t *testing.T) {
 	r := rand.New(rand.NewPCG(4, 4))
 	buf := make([]byte, 32)
 	dst := make([]string, 0, 4)
-	for _, weights := range [][]string{{"1", "1", "2"}, {"1", "2", "3", "4"}} {
+	worst := 0.0
+	defer func() { t.Logf("largest deviation from weight/total: %.2f points", worst) }()
+	for _, weights := range [][]string{{"1", "1", "2"}, {"1", "2", "3", "4"}, {"1", "1", "1"}} {
 		total := 0
 		for _, w := range weights {
 			var n int
@@ -61,7 +68,10 @@ func TestConsistentHashWeightShares(t *testing.T) {
 			}
 			tab := hashNames(names, weights)
 			counts := map[string]int{}
-			const keys = 100_000
+			keys := 100_000
+			if raceEnabled || len(weights) != 3 || weights[2] != "2" {
+				keys = 20_000 // ±2 points is still > 5σ
+			}
 			for k := 0; k < keys; k++ {
 				out, _ := tab.Route(dst[:0], "h", randomKey(r, buf), nil)
 				if len(out) != 1 {
@@ -73,7 +83,8 @@ func TestConsistentHashWeightShares(t *testing.T) {
 				var w int
 				fmt.Sscan(weights[i], &w)
 				want := 100 * float64(w) / float64(total)
-				got := 100 * float64(counts[q]) / keys
+				got := 100 * float64(counts[q]) / float64(keys)
+				worst = max(worst, got-want, want-got)
 				if got < want-2 || got > want+2 {
 					t.Errorf("weights %v, names %q: %s (weight %d) got %.1f%% of keys, want %.1f%% ± 2", weights, names, q, w, got, want)
 				}
@@ -93,7 +104,7 @@ func TestConsistentHashMovement(t *testing.T) {
 		weights := []string{"1", "1", "2", "1"}
 		before := hashNames(names[:3], weights[:3])
 		after := hashNames(names, weights)
-		const keys = 50_000
+		keys := 20_000 // σ of a 20% share: 0.28 points
 		moved := 0
 		for k := 0; k < keys; k++ {
 			key := randomKey(r, buf)
@@ -106,7 +117,7 @@ func TestConsistentHashMovement(t *testing.T) {
 				moved++
 			}
 		}
-		if got := 100 * float64(moved) / keys; got < 20-2 || got > 20+2 { // 1 of 5
+		if got := 100 * float64(moved) / float64(keys); got < 20-2 || got > 20+2 { // 1 of 5
 			t.Errorf("names %q: adding a queue of weight 1 to 1/1/2 moved %.1f%% of keys, want 20%% ± 2", names, got)
 		}
 	}

@@ -68,9 +68,13 @@ type headerBinding struct {
 	match wire.Table // required header values (x- keys removed)
 }
 
-type hashPoint struct {
-	h uint64
-	d dest
+// hashDest is one destination of a consistent-hash exchange: its summed
+// binding weight and a hash of its name, the per-destination half of the
+// rendezvous score.
+type hashDest struct {
+	d      dest
+	seed   uint64
+	weight float64
 }
 
 type compiled struct {
@@ -81,8 +85,11 @@ type compiled struct {
 	fanout  []dest
 	topic   *topicNode
 	headers []headerBinding
-	ring    []hashPoint
-	hashHdr string
+	hashed  []hashDest // sorted by name (then queue before exchange)
+	// hashEqual: every destination has the same weight, so the largest
+	// u wins and no logarithm is needed.
+	hashEqual bool
+	hashHdr   string
 }
 
 // Table is an immutable, compiled routing table.
@@ -156,27 +163,81 @@ func (t *Topology) Compile() *Table {
 			if err != nil || w < 1 {
 				continue
 			}
-			w = min(w, 1000)
-			for i := 0; i < w*pointsPerWeight; i++ {
-				h := xxhash.Sum64String(b.Destination + "\x00" + strconv.Itoa(i))
-				src.ring = append(src.ring, hashPoint{h: h, d: d})
-			}
+			src.addHashed(d, w)
 		}
 	}
 	for _, c := range tab.exchanges {
-		slices.SortFunc(c.ring, func(a, b hashPoint) int {
-			if a.h != b.h {
-				return cmp.Compare(a.h, b.h)
+		slices.SortFunc(c.hashed, func(a, b hashDest) int {
+			if a.d.name != b.d.name {
+				return cmp.Compare(a.d.name, b.d.name)
 			}
-			return cmp.Compare(a.d.name, b.d.name)
+			return cmp.Compare(a.seed, b.seed)
 		})
+		c.hashEqual = true
+		for _, h := range c.hashed {
+			c.hashEqual = c.hashEqual && h.weight == c.hashed[0].weight
+		}
 	}
 	return tab
 }
 
-// pointsPerWeight virtual nodes per unit of weight keep the split even
-// (within a few percent at 100 points) while the ring stays small.
-const pointsPerWeight = 100
+// addHashed adds weight w for d to a consistent-hash exchange; bindings of
+// the same destination add up.
+func (c *compiled) addHashed(d dest, w int) {
+	for i := range c.hashed {
+		if c.hashed[i].d == d {
+			c.hashed[i].weight += float64(w)
+			return
+		}
+	}
+	seed := xxhash.Sum64String(d.name)
+	if d.ex != nil {
+		seed = xxhash.Sum64String("exchange\x00" + d.name)
+	}
+	c.hashed = append(c.hashed, hashDest{d: d, seed: seed, weight: float64(w)})
+}
+
+// pickHashed chooses the destination for key hash h by weighted rendezvous
+// hashing: each destination i scores w_i / -ln(u_i), u_i uniform in (0, 1)
+// drawn from h and the destination's name, and the highest score wins. So
+// destination i wins with probability exactly w_i / Σw, whatever the names,
+// and a destination joining takes only the keys it now wins (w_new/Σw of
+// them); no key moves between the others. O(destinations), no allocation.
+// The score is floating point: this is a pure function of the table and
+// the key (no queue state holds a float), computed with math.Log; two
+// scores closer than its rounding error are vanishingly rare.
+func (c *compiled) pickHashed(h uint64) dest {
+	if c.hashEqual { // equal weights: the largest u (so the largest x) wins
+		best, bestX := 0, fmix64(h^c.hashed[0].seed)
+		for i := 1; i < len(c.hashed); i++ {
+			if x := fmix64(h ^ c.hashed[i].seed); x > bestX { // ties: the first by name
+				best, bestX = i, x
+			}
+		}
+		return c.hashed[best].d
+	}
+	best, bestScore := 0, -1.0
+	for i := range c.hashed {
+		x := fmix64(h ^ c.hashed[i].seed)
+		u := (float64(x>>11) + 0.5) / (1 << 53) // in (0, 1)
+		if s := c.hashed[i].weight / -math.Log(u); s > bestScore {
+			best, bestScore = i, s
+		}
+	}
+	return c.hashed[best].d
+}
+
+// fmix64 is MurmurHash3's 64-bit finaliser: a bijection whose every output
+// bit depends on every input bit, so u for different destinations of the
+// same key look independent.
+func fmix64(x uint64) uint64 {
+	x ^= x >> 33
+	x *= 0xff51afd7ed558ccd
+	x ^= x >> 33
+	x *= 0xc4ceb9fe1a85ec53
+	x ^= x >> 33
+	return x
+}
 
 func appendDest(ds []dest, d dest) []dest {
 	for _, x := range ds {
@@ -264,17 +325,12 @@ func (c *compiled) route(dst []string, start int, key, headers []byte, visited [
 			}
 		}
 	case wire.ExchangeConsistentHash:
-		if len(c.ring) > 0 {
+		if len(c.hashed) > 0 {
 			hk := key
 			if c.hashHdr != "" {
 				hk = headerBytes(headers, c.hashHdr)
 			}
-			h := xxhash.Sum64(hk)
-			i, _ := slices.BinarySearchFunc(c.ring, h, func(p hashPoint, h uint64) int { return cmp.Compare(p.h, h) })
-			if i == len(c.ring) {
-				i = 0
-			}
-			add(c.ring[i].d)
+			add(c.pickHashed(xxhash.Sum64(hk)))
 		}
 	}
 	if len(dst) == before && c.alt != nil {
