@@ -9,7 +9,8 @@ import (
 
 // FuzzDecode feeds arbitrary bytes to the receive path (Split, then Decode
 // of every complete frame). It must never panic; every failure must carry a
-// catalogued code; and whatever decodes must re-encode to a frame that
+// catalogued code; whatever decodes must own its bytes (overwriting the
+// input afterwards changes nothing); and it must re-encode to a frame that
 // decodes to the same meaning. The seed corpus is every vector plus the
 // checked-in inputs under testdata/fuzz/FuzzDecode.
 func FuzzDecode(f *testing.F) {
@@ -21,6 +22,7 @@ func FuzzDecode(f *testing.F) {
 		f.Add(b)
 	}
 	f.Fuzz(func(t *testing.T, data []byte) {
+		data = append([]byte(nil), data...) // ours to overwrite
 		var d Decompressor
 		for len(data) > 0 {
 			fr, n, err := Split(data, MinMaxFrame)
@@ -45,6 +47,11 @@ func FuzzDecode(f *testing.F) {
 				continue
 			}
 			first, _ := json.Marshal(body)
+			scribble(fr.Payload)
+			scribble(d.buf[:cap(d.buf)])
+			if again, _ := json.Marshal(body); !bytes.Equal(first, again) {
+				t.Fatalf("decoded %v aliases its input:\n%s\n%s", fr.Type, first, again)
+			}
 			re := AppendFrame(nil, fr.Channel, body)
 			fr2, n2, err := Split(re, HardMaxFrame)
 			if err != nil || n2 != len(re) {
