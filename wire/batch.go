@@ -101,8 +101,9 @@ func BeginPublish(dst []byte, ch uint16, firstSeq uint64, exchange []byte) ([]by
 	return dst, BatchMark{start: start, countAt: countAt, section: len(dst)}
 }
 
-// PublishBatch is a decoded PUBLISH frame. Every message in it has been
-// validated, so iterating it cannot fail.
+// PublishBatch is a view of a decoded PUBLISH frame (it aliases the frame,
+// or the Decompressor's buffer). Every message in it has been validated, so
+// iterating it cannot fail.
 type PublishBatch struct {
 	FirstSeq uint64
 	Count    uint32
@@ -282,7 +283,8 @@ func (r *reader) delivery(d *Delivery) {
 	d.Body = r.bytes32()
 }
 
-// DeliverBatch is a decoded, validated DELIVER frame.
+// DeliverBatch is a view of a decoded, validated DELIVER frame (it aliases
+// the frame, or the Decompressor's buffer).
 type DeliverBatch struct {
 	ConsumerTag []byte
 	Count       uint32
@@ -378,7 +380,7 @@ func (r *reader) returned(rm *Returned) {
 	r.message(&rm.Message)
 }
 
-// ReturnBatch is a decoded, validated RETURN frame.
+// ReturnBatch is a view of a decoded, validated RETURN frame.
 type ReturnBatch struct {
 	Count   uint32
 	section []byte

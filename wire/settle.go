@@ -67,7 +67,7 @@ func AppendSettle(dst []byte, ch uint16, entries []Settlement) []byte {
 	return endFrame(dst, start)
 }
 
-// SettleBatch is a decoded, validated SETTLE frame.
+// SettleBatch is a view of a decoded, validated SETTLE frame.
 type SettleBatch struct {
 	Count   int
 	entries []byte
@@ -142,7 +142,7 @@ func AppendConfirm(dst []byte, ch uint16, ranges []ConfirmRange) []byte {
 	return endFrame(dst, start)
 }
 
-// ConfirmBatch is a decoded, validated CONFIRM frame.
+// ConfirmBatch is a view of a decoded, validated CONFIRM frame.
 type ConfirmBatch struct {
 	Count   int
 	entries []byte
