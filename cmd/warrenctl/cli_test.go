@@ -66,3 +66,12 @@ func TestCommandLine(t *testing.T) {
 		t.Errorf("orders has %v ready messages, want 0", ready)
 	}
 }
+
+// A publish to a missing exchange names it and says to declare it, once.
+func TestPublishToMissingExchange(t *testing.T) {
+	c := newCtl(t, nil)
+	_, errs, code := c.run("", "publish", "--exchange", "events", "--routing-key", "k", "x")
+	if code != 1 || !strings.Contains(errs, `exchange "events"`) || strings.Contains(errs, "nack: exchange_not_found") || !strings.Contains(errs, "warrenctl exchange declare events") {
+		t.Fatalf("publish to a missing exchange: exit %d %q", code, errs)
+	}
+}

@@ -166,3 +166,27 @@ func TestReadmeConfigParses(t *testing.T) {
 		}
 	}
 }
+
+// Config errors give the file, line and column; a bad log level lists the
+// valid ones.
+func TestConfigErrorsSayWhere(t *testing.T) {
+	dir := t.TempDir()
+	for _, c := range []struct{ body, want string }{
+		{"{\n  \"listen\": \"127.0.0.1:5680\",\n  \"max_connections\": \"many\"\n}\n", "warren.json:3:"},
+		{"{\n  \"listen\": \"127.0.0.1:5680\"\n  \"http\": \"x\"\n}\n", "warren.json:3:"},
+		{"{\n  \"listen_addr\": \"x\"\n}\n", "warren.json:2:"},
+	} {
+		cfg := filepath.Join(dir, "warren.json")
+		if err := os.WriteFile(cfg, []byte(c.body), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		err := run(context.Background(), []string{"--config", cfg}, func(string) string { return "" }, strings.NewReader(""), io.Discard, io.Discard, nil)
+		if err == nil || !strings.Contains(err.Error(), c.want) {
+			t.Errorf("config %q: %v; want %q", c.body, err, c.want)
+		}
+	}
+	err := run(context.Background(), []string{"--log-level", "verbose"}, func(string) string { return "" }, strings.NewReader(""), io.Discard, io.Discard, nil)
+	if err == nil || !strings.Contains(err.Error(), "debug, info, warn or error") {
+		t.Errorf("unknown log level: %v", err)
+	}
+}
