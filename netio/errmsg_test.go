@@ -1,10 +1,12 @@
 package netio_test
 
 import (
+	"net"
 	"strings"
 	"testing"
 
 	"github.com/warren-mq/warren/client"
+	"github.com/warren-mq/warren/netio"
 	"github.com/warren-mq/warren/netio/warrentest"
 	"github.com/warren-mq/warren/wire"
 )
@@ -86,4 +88,25 @@ func mentions(err error, code wire.Code, words []string) bool {
 		}
 	}
 	return true
+}
+
+// guest/guest from a remote address is refused with the reason: guest is
+// loopback-only. (Needs a non-loopback address on this host.)
+func TestGuestFromRemoteSaysLoopbackOnly(t *testing.T) {
+	var remote net.IP
+	addrs, _ := net.InterfaceAddrs()
+	for _, a := range addrs {
+		if n, ok := a.(*net.IPNet); ok && n.IP.To4() != nil && !n.IP.IsLoopback() {
+			remote = n.IP
+			break
+		}
+	}
+	if remote == nil {
+		t.Skip("no non-loopback IPv4 address on this host")
+	}
+	s := warrentest.StartServer(t, &netio.Config{Addr: net.JoinHostPort(remote.String(), "0")})
+	_, err := client.Dial(ctxT(t), warrentest.URL(s))
+	if wire.CodeOf(err) != wire.AuthFailed || !strings.Contains(err.Error(), "loopback addresses only") {
+		t.Fatalf("guest from %s: %v", remote, err)
+	}
 }
