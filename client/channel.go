@@ -3,6 +3,7 @@ package client
 import (
 	"context"
 	"errors"
+	"strconv"
 	"sync"
 
 	"github.com/warren-mq/warren/wire"
@@ -275,6 +276,38 @@ func (ch *Channel) PublishAsync(ctx context.Context, exchange string, m Message)
 	return ch.publish(ctx, exchange, &m, nil)
 }
 
+// nackReason says what a nack means and what to do about it. A CONFIRM
+// carries only the code; Publish and PublishBatch, which know the
+// exchange, name it (namedNack).
+func nackReason(code wire.Code) string {
+	switch code {
+	case wire.ExchangeNotFound:
+		return "the exchange does not exist: declare it before publishing to it"
+	case wire.ExchangeInternal:
+		return "the exchange is internal: it takes messages only from exchanges bound to it"
+	case wire.QueueFull:
+		return "a queue that takes this message is full (overflow reject-publish): retry once it has drained"
+	case wire.InternalNack:
+		return "the broker could not take the message: retry it"
+	}
+	return "nacked by the broker"
+}
+
+// namedNack puts the exchange's name into a nack that is about it.
+func namedNack(err error, exchange string) error {
+	var we *wire.Error
+	if !errors.As(err, &we) {
+		return err
+	}
+	switch we.Code {
+	case wire.ExchangeNotFound:
+		return &wire.Error{Code: we.Code, Reason: "exchange " + strconv.Quote(exchange) + " does not exist: declare it before publishing to it"}
+	case wire.ExchangeInternal:
+		return &wire.Error{Code: we.Code, Reason: "exchange " + strconv.Quote(exchange) + " is internal: it takes messages only from exchanges bound to it"}
+	}
+	return err
+}
+
 // Publish sends a message and waits for the broker's confirm. A nack comes
 // back as a *Error with the reason code.
 func (ch *Channel) Publish(ctx context.Context, exchange string, m Message) error {
@@ -284,7 +317,7 @@ func (ch *Channel) Publish(ctx context.Context, exchange string, m Message) erro
 	}
 	select {
 	case err := <-wait:
-		return err
+		return namedNack(err, exchange)
 	case <-ctx.Done():
 		return ctx.Err()
 	}
@@ -305,7 +338,7 @@ func (ch *Channel) PublishBatch(ctx context.Context, exchange string, ms []Messa
 		select {
 		case err := <-w:
 			if err != nil && first == nil {
-				first = err
+				first = namedNack(err, exchange)
 			}
 		case <-ctx.Done():
 			return ctx.Err()
@@ -474,7 +507,7 @@ func (ch *Channel) WaitConfirms(ctx context.Context) error {
 func (ch *Channel) onConfirm(r wire.ConfirmRange) {
 	var err error
 	if r.Code != wire.OK {
-		err = &wire.Error{Code: r.Code, Reason: "nack: " + r.Code.String()}
+		err = &wire.Error{Code: r.Code, Reason: nackReason(r.Code)}
 	}
 	ch.mu.Lock()
 	for s := r.First; s <= r.Last; s++ {

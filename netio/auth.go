@@ -56,3 +56,13 @@ func HashPassword(pass string) (string, error) {
 	h, err := bcrypt.GenerateFromPassword([]byte(pass), bcrypt.DefaultCost)
 	return string(h), err
 }
+
+// refusal is the reason given for a failed login. It never says whether
+// the user or the password was wrong, except for the built-in guest, whose
+// rule is public: accepted from loopback addresses only.
+func (a *authenticator) refusal(user string, loopback bool) string {
+	if _, configured := a.users[user]; user == "guest" && !configured && a.guestLoopback && !loopback {
+		return "authentication failed: the built-in guest user is accepted from loopback addresses only; connect from the broker's host, or configure a user (warrend hash-password)"
+	}
+	return "authentication failed"
+}

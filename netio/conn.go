@@ -147,13 +147,13 @@ func (s *Server) newConn(gc gnet.Conn) *conn {
 
 // protoError closes the connection with a CLOSE frame carrying err's code.
 func (c *conn) protoError(err error) gnet.Action {
-	code := wire.CodeOf(err)
+	code, reason := wire.CodeOf(err), reasonOf(err)
 	if code.Scope() != wire.ScopeConnection {
-		code = wire.InternalError
+		code, reason = wire.InternalError, err.Error()
 	}
 	c.srv.metrics.protocolErrors.Inc()
 	c.srv.log.Debug("protocol error", "conn", c.id, "err", err)
-	c.closeWith(code, err.Error())
+	c.closeWith(code, reason)
 	return gnet.None
 }
 
@@ -428,7 +428,7 @@ func (c *conn) handle(f wire.Frame) error {
 	if err := c.onRequest(ch, body); err != nil {
 		var re *requestErr
 		if errors.As(err, &re) {
-			c.sendError(ch.id, re.req, wire.CodeOf(re.err), re.err.Error())
+			c.sendError(ch.id, re.req, wire.CodeOf(re.err), reasonOf(re.err))
 			return nil
 		}
 		return err

@@ -277,6 +277,12 @@ func (s *Server) Authenticate(user, pass string, loopback bool) (tags []string, 
 	return []string{"administrator"}, true // guest (loopback) or the internal user
 }
 
+// AuthRefusal is the reason to give a client whose credentials
+// Authenticate refused.
+func (s *Server) AuthRefusal(user string, loopback bool) string {
+	return s.auth.refusal(user, loopback)
+}
+
 // InternalURL is a warren:// URL with credentials that only this process
 // knows, for broker-side clients such as the admin API's replay.
 func (s *Server) InternalURL() string {

@@ -1,6 +1,7 @@
 package netio
 
 import (
+	"errors"
 	"sync/atomic"
 	"time"
 
@@ -62,6 +63,17 @@ func (c *conn) send(ch uint16, body wire.Body) {
 		c.flushLocked()
 	}
 	c.mu.Unlock()
+}
+
+// reasonOf is the text for an ERROR or CLOSE frame: a protocol error's
+// reason alone, since its code travels in the frame's own field (err.Error()
+// would say "wire: not_found: …", which the client wraps again).
+func reasonOf(err error) string {
+	var we *wire.Error
+	if errors.As(err, &we) {
+		return we.Reason
+	}
+	return err.Error()
 }
 
 func (c *conn) sendError(ch uint16, req uint32, code wire.Code, msg string) {

@@ -157,7 +157,7 @@ func (c *conn) onAuth(f wire.Frame) error {
 	go func() {
 		if !ok || !c.srv.auth.check(user, pass, c.loopback) {
 			c.srv.metrics.authFailures.Inc()
-			c.closeWith(wire.AuthFailed, "authentication failed")
+			c.closeWith(wire.AuthFailed, c.srv.auth.refusal(user, c.loopback))
 			return
 		}
 		c.user = user

@@ -447,7 +447,7 @@ func (s *shard) subscribe(q *queueRef, c *consumerRef, spec queue.ConsumerSpec, 
 	}
 	effs, err := q.m.Subscribe(s.now, spec)
 	if err != nil {
-		c.conn.sendError(c.ch.id, req, wire.CodeOf(err), err.Error())
+		c.conn.sendError(c.ch.id, req, wire.CodeOf(err), reasonOf(err))
 		c.conn.forgetConsumer(c)
 		return
 	}

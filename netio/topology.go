@@ -215,7 +215,7 @@ func (t *topology) declareExchange(d *wire.ExchangeDeclare) error {
 		o.Req, n.Req = 0, 0
 		if !reflect.DeepEqual(normArgs(o.Args), normArgs(n.Args)) || o.Kind != n.Kind || o.Durable != n.Durable ||
 			o.AutoDelete != n.AutoDelete || o.Internal != n.Internal || o.Alternate != n.Alternate {
-			return reqErr(wire.PreconditionFailed, "exchange %q exists with other settings", d.Name)
+			return reqErr(wire.PreconditionFailed, "exchange %q exists with other settings: %s (declare it with the same settings, or delete it first)", d.Name, exchangeDiff(&old, d))
 		}
 		return nil
 	}
@@ -321,7 +321,7 @@ func (t *topology) declareQueue(d *wire.QueueDeclare, owner uint64) (*queueRef, 
 		o, n := q.decl, *d
 		o.Req, n.Req, o.Name, n.Name = 0, 0, "", ""
 		if !reflect.DeepEqual(normArgs(o.Args), normArgs(n.Args)) || o.Durable != n.Durable || o.Exclusive != n.Exclusive || o.AutoDelete != n.AutoDelete {
-			return nil, reqErr(wire.PreconditionFailed, "queue %q exists with other settings", name)
+			return nil, reqErr(wire.PreconditionFailed, "queue %q exists with other settings: %s (declare it with the same settings, or delete it first)", name, queueDiff(&q.decl, d))
 		}
 		return q, nil
 	}

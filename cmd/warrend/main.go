@@ -11,6 +11,7 @@ package main
 
 import (
 	"bufio"
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -145,7 +146,7 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdin i
 		dec := json.NewDecoder(strings.NewReader(string(b)))
 		dec.DisallowUnknownFields()
 		if err := dec.Decode(&fc); err != nil {
-			return fmt.Errorf("config %s: %w", path, err)
+			return configErr(path, b, dec.InputOffset(), err)
 		}
 	}
 	pick(*listen, "WARREN_LISTEN", &fc.Listen)
@@ -162,7 +163,7 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdin i
 
 	var level slog.Level
 	if err := level.UnmarshalText([]byte(fc.LogLevel)); err != nil {
-		return fmt.Errorf("log level: %w", err)
+		return fmt.Errorf("log level %q: want debug, info, warn or error", fc.LogLevel)
 	}
 	var h slog.Handler = slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: level})
 	if fc.LogFormat == "json" {
@@ -220,4 +221,38 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdin i
 	_ = hs.Shutdown(sctx)
 	log.Info("stopped")
 	return err
+}
+
+// configErr says where in the config file a decode error is, as
+// FILE:LINE:COLUMN, and what was wrong there.
+func configErr(path string, b []byte, off int64, err error) error {
+	msg := strings.TrimPrefix(err.Error(), "json: ")
+	var se *json.SyntaxError
+	var te *json.UnmarshalTypeError
+	switch {
+	case errors.As(err, &se):
+		off = se.Offset
+	case errors.As(err, &te):
+		off = te.Offset
+		msg = fmt.Sprintf("%s wants %s, not a JSON %s", te.Field, te.Type, te.Value)
+	case errors.Is(err, io.ErrUnexpectedEOF), errors.Is(err, io.EOF):
+		off, msg = int64(len(b)), "the file ends before the JSON object does"
+	case strings.HasPrefix(msg, "unknown field "):
+		// The decoder reports the end of the object: find the key.
+		if name, uerr := strconv.Unquote(strings.TrimPrefix(msg, "unknown field ")); uerr == nil {
+			if i := bytes.Index(b, []byte(strconv.Quote(name))); i >= 0 {
+				off = int64(i) + 1
+			}
+		}
+		msg += " (see the README for the settings a config file takes)"
+	}
+	line, col := 1, 1
+	for _, c := range b[:max(0, min(off, int64(len(b)))-1)] {
+		if c == '\n' {
+			line, col = line+1, 1
+		} else {
+			col++
+		}
+	}
+	return fmt.Errorf("config %s:%d:%d: %s", path, line, col, msg)
 }

@@ -15,6 +15,7 @@ import (
 	"net/http"
 	"slices"
 	"strconv"
+	"strings"
 	"sync"
 	"time"
 
@@ -112,7 +113,7 @@ func (a *API) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	tags, ok := a.srv.Authenticate(user, pass, ip != nil && ip.IsLoopback())
 	if !ok {
 		w.Header().Set("WWW-Authenticate", `Basic realm="warren"`)
-		writeErr(w, &wire.Error{Code: wire.AuthFailed, Reason: "authentication failed"})
+		writeErr(w, &wire.Error{Code: wire.AuthFailed, Reason: a.srv.AuthRefusal(user, ip != nil && ip.IsLoopback())})
 		return
 	}
 	if r.Method != http.MethodGet && r.Method != http.MethodHead && !slices.Contains(tags, "administrator") {
@@ -208,9 +209,38 @@ func (a *API) routes() {
 		w.WriteHeader(http.StatusNoContent)
 	})
 	m.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
+		if allow := a.allowed(r); len(allow) > 0 {
+			w.Header().Set("Allow", strings.Join(allow, ", "))
+			writeErr(w, &statusErr{http.StatusMethodNotAllowed, &wire.Error{Code: wire.NotAllowed,
+				Reason: r.Method + " is not allowed on " + r.URL.Path + "; allowed: " + strings.Join(allow, ", ")}})
+			return
+		}
 		writeErr(w, &wire.Error{Code: wire.NotFound, Reason: "no such endpoint: " + r.Method + " " + r.URL.Path})
 	})
 }
+
+// allowed lists the methods that r's path takes (none: no such path).
+func (a *API) allowed(r *http.Request) []string {
+	var allow []string
+	for _, m := range []string{http.MethodGet, http.MethodPut, http.MethodPost, http.MethodDelete} {
+		r2 := r.Clone(r.Context())
+		r2.Method = m
+		if _, pattern := a.mux.Handler(r2); pattern != "/" {
+			allow = append(allow, m)
+		}
+	}
+	return allow
+}
+
+// statusErr is a protocol error answered with an HTTP status of its own
+// (413, 405) instead of the one its code maps to.
+type statusErr struct {
+	status int
+	err    *wire.Error
+}
+
+func (e *statusErr) Error() string { return e.err.Error() }
+func (e *statusErr) Unwrap() error { return e.err }
 
 func nonNil[T any](s []T) []T {
 	if s == nil {
@@ -254,6 +284,10 @@ func writeErr(w http.ResponseWriter, err error) {
 	}
 	var b ErrorBody
 	b.Error.Code, b.Error.Name, b.Error.Message = int(we.Code), we.Code.String(), we.Reason
+	if se := (*statusErr)(nil); errors.As(err, &se) {
+		writeJSON(w, se.status, b)
+		return
+	}
 	if we.Code == wire.AccessRefused && we.Reason == "authentication required" {
 		writeJSON(w, http.StatusUnauthorized, b)
 		return
@@ -269,12 +303,20 @@ func writeJSON(w http.ResponseWriter, code int, v any) {
 	_ = enc.Encode(v)
 }
 
+// maxBody is the largest request body the API reads (1 MiB): a declare or
+// a settings document is far smaller.
+const maxBody = 1 << 20
+
 // decode reads a JSON body strictly: unknown fields and trailing data are
-// refused.
+// refused, and a body over maxBody is 413.
 func decode(r *http.Request, v any) error {
-	dec := json.NewDecoder(io.LimitReader(r.Body, 1<<20))
+	dec := json.NewDecoder(http.MaxBytesReader(nil, r.Body, maxBody))
 	dec.DisallowUnknownFields()
 	if err := dec.Decode(v); err != nil {
+		if mb := (*http.MaxBytesError)(nil); errors.As(err, &mb) {
+			return &statusErr{http.StatusRequestEntityTooLarge, &wire.Error{Code: wire.InvalidArgument,
+				Reason: "request body larger than the limit of 1 MiB (1048576 bytes)"}}
+		}
 		if errors.Is(err, io.EOF) {
 			return &wire.Error{Code: wire.InvalidArgument, Reason: "request body required"}
 		}
