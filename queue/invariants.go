@@ -6,6 +6,11 @@ import "fmt"
 // it after every command and Restore on what it read; it is O(state), so
 // never on the hot path.
 func (m *Machine) checkInvariants() error {
+	if n := len(m.levels); m.runFloor < 0 || m.runFloor > n || m.runCount < 0 || m.runCount > m.cfg.StarvationLimit ||
+		m.lastLevel < -1 || m.lastLevel >= n || m.cursor < 0 || m.cursor >= n {
+		return fmt.Errorf("priority valve state out of range: floor %d count %d last %d cursor %d (%d levels, K %d)",
+			m.runFloor, m.runCount, m.lastLevel, m.cursor, n, m.cfg.StarvationLimit)
+	}
 	var ready, bytes int64
 	for l := range m.levels {
 		r := &m.levels[l]

@@ -1,6 +1,7 @@
 package queue
 
 import (
+	"fmt"
 	"math/rand/v2"
 	"slices"
 	"testing"
@@ -19,6 +20,8 @@ type model struct {
 	runCount  int
 	lastLevel int
 	cursor    int
+	waited    []int        // dispatches since each level was last served (checkBound)
+	boundErr  string       // the first breach of the valve's bound
 	consumers []*mConsumer // priority desc, arrival asc
 	rr        int
 	arrivals  uint64
@@ -42,7 +45,8 @@ func newModel(cfg Config) *model {
 	if cfg.StarvationLimit <= 0 {
 		cfg.StarvationLimit = DefaultStarvationLimit
 	}
-	return &model{cfg: cfg, ready: make([][]entry, int(cfg.MaxPriority)+1), runFloor: int(cfg.MaxPriority) + 1, lastLevel: -1}
+	return &model{cfg: cfg, ready: make([][]entry, int(cfg.MaxPriority)+1), runFloor: int(cfg.MaxPriority) + 1, lastLevel: -1,
+		waited: make([]int, int(cfg.MaxPriority)+1)}
 }
 
 func (m *model) count() (n int64, bytes int64) {
@@ -89,6 +93,9 @@ func (m *model) enqueue(msgs []Message) []Effect {
 					if len(m.ready[l]) > 0 {
 						m.kill(m.ready[l][0], wire.ReasonMaxLen)
 						m.ready[l] = m.ready[l][1:]
+						if len(m.ready[l]) == 0 {
+							m.waited[l] = 0
+						}
 						break
 					}
 				}
@@ -188,6 +195,23 @@ func (m *model) pickConsumer() *mConsumer {
 	return nil
 }
 
+// checkBound counts, for every level that holds messages, the dispatches
+// since it was last dispatched from, and records a breach of the
+// documented bound (valveBound) in m.boundErr.
+func (m *model) checkBound(served int) {
+	for l := range m.ready {
+		switch {
+		case l == served || len(m.ready[l]) == 0:
+			m.waited[l] = 0
+		default:
+			m.waited[l]++
+			if b := valveBound(m.cfg.StarvationLimit, len(m.ready)-1, l); !m.cfg.StrictPriority && m.waited[l] > b && m.boundErr == "" {
+				m.boundErr = fmt.Sprintf("level %d passed over %d times, bound %d", l, m.waited[l], b)
+			}
+		}
+	}
+}
+
 func (m *model) dispatch() {
 	for {
 		n, _ := m.count()
@@ -201,6 +225,7 @@ func (m *model) dispatch() {
 		l := m.pickLevel()
 		e := m.ready[l][0]
 		m.ready[l] = m.ready[l][1:]
+		m.checkBound(l)
 		e.deliveries++
 		m.nextTag++
 		m.effects = append(m.effects, Effect{Kind: Deliver, Consumer: c.spec.ID, Tag: m.nextTag, Msg: e.id, DeliveryCount: e.deliveries, FailedCount: e.failed})
@@ -421,6 +446,9 @@ func TestAgainstModel(t *testing.T) {
 				t.Fatalf("seed %d step %d: accepted=%v, model says %v", seed, step, gotOK, wantOK)
 			}
 			got = slices.DeleteFunc(slices.Clone(got), func(e Effect) bool { return e.Kind == Timer })
+			if ref.boundErr != "" {
+				t.Fatalf("seed %d step %d: %s", seed, step, ref.boundErr)
+			}
 			if !slices.Equal(got, want) {
 				t.Fatalf("seed %d step %d: effects differ\n got %+v\nwant %+v", seed, step, got, want)
 			}

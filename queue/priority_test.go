@@ -143,3 +143,18 @@ func TestPriorityValveBound(t *testing.T) {
 	}
 	t.Logf("longest wait seen: %d dispatches", worstSeen)
 }
+
+// TestRestoreRefusesBadValveState: a snapshot whose valve state names a
+// level the queue does not have is refused, not trusted (the rotation
+// indexes the level bitmap with it).
+func TestRestoreRefusesBadValveState(t *testing.T) {
+	m := New(Config{MaxPriority: 3}, 0)
+	m.Enqueue(0, []Message{{ID: 1, Priority: 3}, {ID: 2}})
+	if _, err := Restore(m.Snapshot()); err != nil {
+		t.Fatal(err)
+	}
+	m.lastLevel = 1000
+	if _, err := Restore(m.Snapshot()); err == nil {
+		t.Fatal("restored a valve state naming level 1000 of 4")
+	}
+}
