@@ -294,7 +294,7 @@ func TestSurvivorArenaCounted(t *testing.T) {
 		batch[i] = client.Message{RoutingKey: "drop", Body: body}
 	}
 	batch[0].RoutingKey = "keep"
-	const batches = 20
+	const batches = 40
 	grew := heapGrowth(func() {
 		for i := 0; i < batches; i++ {
 			must(t, ch.PublishBatch(ctx, "", batch))
@@ -325,15 +325,18 @@ func liveHeap() int64 {
 // resume once it is gone.
 func TestGoHeapRaisesTheAlarm(t *testing.T) {
 	s := warrentest.StartServer(t, &netio.Config{MemoryHighWater: 1 << 20, TickInterval: 10 * time.Millisecond})
-	ballast := make([]byte, 128<<20)
-	for i := range ballast {
+	ballast := make([]byte, 64<<20) // past the watermark and the broker's 32 MiB allowance
+	for i := 0; i < len(ballast); i += 4096 {
 		ballast[i] = 1
 	}
 	runtime.GC()
+	t0 := time.Now()
 	waitFor(t, func() bool { return metricValue(s, "warren_flow_blocked") == 1 })
+	t.Logf("alarm after %v", time.Since(t0))
 	runtime.KeepAlive(ballast)
 	ballast = nil
 	// Nothing the broker counted changes: it notices the heap shrink by
 	// itself (it collects while the alarm is on and its own count is low).
 	waitFor(t, func() bool { return metricValue(s, "warren_flow_blocked") == 0 })
+	t.Logf("cleared after %v", time.Since(t0))
 }

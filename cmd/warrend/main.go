@@ -23,6 +23,8 @@ import (
 	"net/http"
 	"os"
 	"os/signal"
+	"runtime/debug"
+	rtmetrics "runtime/metrics"
 	"strconv"
 	"strings"
 	"sync/atomic"
@@ -174,6 +176,17 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdin i
 	if err := os.MkdirAll(fc.Data, 0o750); err != nil {
 		return fmt.Errorf("data directory: %w", err)
 	}
+	if fc.MemoryHighWater == 0 {
+		fc.MemoryHighWater = netio.DefaultMemoryHighWater() // 40% of the cgroup's limit or the host's RAM
+	}
+	if getenv("GOMEMLIMIT") == "" {
+		// The alarm keeps the live heap near the watermark; this keeps the
+		// garbage from doubling it (GOGC's default lets the heap grow to
+		// twice the live data before collecting).
+		lim := goMemoryLimit(fc.MemoryHighWater)
+		debug.SetMemoryLimit(lim)
+		log.Info("memory", "high_watermark_bytes", fc.MemoryHighWater, "go_memory_limit_bytes", lim)
+	}
 	srv, err := netio.Start(netio.Config{
 		Addr: fc.Listen, Users: fc.Users, DisableGuest: fc.DisableGuest, MaxConnections: fc.MaxConnections,
 		MaxChannels: fc.MaxChannels, MaxFrame: fc.MaxFrame, HeartbeatMs: fc.HeartbeatMs, MaxPrefetch: fc.MaxPrefetch,
@@ -255,4 +268,17 @@ func configErr(path string, b []byte, off int64, err error) error {
 		}
 	}
 	return fmt.Errorf("config %s:%d:%d: %s", path, line, col, msg)
+}
+
+// goMemoryLimit is the soft memory limit warrend gives the Go runtime for a
+// watermark: what the runtime holds at start, the watermark, and an eighth
+// of it (at least 32 MiB, the broker's own working memory) for the rest.
+func goMemoryLimit(watermark int64) int64 {
+	s := []rtmetrics.Sample{{Name: "/memory/classes/total:bytes"}, {Name: "/memory/classes/heap/released:bytes"}}
+	rtmetrics.Read(s)
+	base := int64(0)
+	if s[0].Value.Kind() == rtmetrics.KindUint64 && s[1].Value.Kind() == rtmetrics.KindUint64 {
+		base = int64(s[0].Value.Uint64() - s[1].Value.Uint64())
+	}
+	return base + watermark + max(watermark/8, 32<<20)
 }
