@@ -45,6 +45,20 @@ type Config struct {
 	EventLoops        int           // gnet loops; GOMAXPROCS
 	TickInterval      time.Duration // heartbeat and flow checks; 100ms
 	Logger            *slog.Logger  // discard if nil
+
+	// Connections before they authenticate (see connlimits.go).
+
+	// HandshakeTimeout bounds the time from accept to OPEN_OK; 10s.
+	HandshakeTimeout time.Duration
+	// MaxUnauthenticated caps the connections that have not yet
+	// authenticated, a cap of their own below MaxConnections; 1000.
+	MaxUnauthenticated int
+	// MaxConnectionsPerSource caps the connections from one source IP
+	// address; 0: no cap.
+	MaxConnectionsPerSource int
+	// ProxyTrusted lists the peers (CIDRs) whose PROXY protocol (v1 or v2)
+	// header is accepted; empty: the PROXY protocol is off.
+	ProxyTrusted []netip.Prefix
 }
 
 func (c *Config) fill() {

@@ -190,3 +190,72 @@ func TestConfigErrorsSayWhere(t *testing.T) {
 		t.Errorf("unknown log level: %v", err)
 	}
 }
+
+// startWarrend runs warrend with args until the test ends and returns the
+// native protocol address.
+func startWarrend(t *testing.T, args []string, env map[string]string) net.Addr {
+	t.Helper()
+	if env == nil {
+		env = map[string]string{}
+	}
+	env["WARREN_DATA"] = filepath.Join(t.TempDir(), "data")
+	ctx, cancel := context.WithCancel(context.Background())
+	addrs := make(chan net.Addr, 1)
+	done := make(chan error, 1)
+	var stderr bytes.Buffer
+	go func() {
+		done <- run(ctx, append([]string{"--listen", "127.0.0.1:0", "--http", "127.0.0.1:0"}, args...),
+			func(k string) string { return env[k] }, strings.NewReader(""), io.Discard, &stderr,
+			func(b, _ net.Addr) { addrs <- b })
+	}()
+	t.Cleanup(func() {
+		cancel()
+		select {
+		case <-done:
+		case <-time.After(20 * time.Second):
+			t.Error("warrend did not shut down")
+		}
+	})
+	select {
+	case a := <-addrs:
+		return a
+	case err := <-done:
+		done <- err // for the cleanup
+		t.Fatalf("warrend exited: %v\n%s", err, stderr.String())
+	case <-time.After(10 * time.Second):
+		t.Fatal("warrend did not start")
+	}
+	return nil
+}
+
+// Item 8: the handshake deadline is configurable from the command line.
+func TestHandshakeTimeoutFlag(t *testing.T) {
+	a := startWarrend(t, []string{"--handshake-timeout-ms", "200"}, nil)
+	nc, err := net.Dial("tcp", a.String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer nc.Close()
+	nc.Write(wire.Preamble[:])
+	_ = nc.SetReadDeadline(time.Now().Add(10 * time.Second)) // a safety net, not the wait
+	b, err := io.ReadAll(nc)
+	if err != nil {
+		t.Fatalf("not closed by the 200ms handshake deadline: %v", err)
+	}
+	var codes []wire.Code
+	for len(b) > 0 {
+		f, n, err := wire.Split(b, wire.HandshakeMaxFrame)
+		if err != nil || n == 0 {
+			t.Fatalf("bad frames from the broker: %v", err)
+		}
+		if body, err := wire.Decode(f, wire.HandshakeMaxFrame, nil); err == nil {
+			if c, ok := body.(*wire.Close); ok {
+				codes = append(codes, c.Code)
+			}
+		}
+		b = b[n:]
+	}
+	if len(codes) != 1 || codes[0] != wire.ResourceLimit {
+		t.Fatalf("CLOSE codes %v, want one resource_limit", codes)
+	}
+}
