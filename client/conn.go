@@ -198,6 +198,10 @@ func (c *Conn) handshake(user, pass string) error {
 		return err
 	}
 	hello, ok := body.(*wire.Hello)
+	if cl, isClose := body.(*wire.Close); isClose {
+		// Refused in place of HELLO (a connection limit, say).
+		return &wire.Error{Code: cl.Code, Reason: cl.Reason}
+	}
 	if !ok {
 		return fmt.Errorf("client: expected HELLO, got %v", f.Type)
 	}

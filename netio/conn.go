@@ -3,7 +3,6 @@ package netio
 import (
 	"cmp"
 	"errors"
-	"net"
 	"slices"
 	"strconv"
 	"sync"
@@ -31,9 +30,9 @@ type conn struct {
 	srv      *Server
 	gc       gnet.Conn
 	id       uint64
-	loopback bool
-	remote   string // the peer's address, read once on the loop (gnet clears it on close)
+	loopback bool // the client's address (remote) is a loopback one
 	state    atomic.Uint32
+	connAdmission
 
 	maxFrame    uint32
 	maxChannels uint16
@@ -135,10 +134,7 @@ type consumerRef struct {
 
 func (s *Server) newConn(gc gnet.Conn) *conn {
 	c := &conn{srv: s, gc: gc, id: s.connSeq.Add(1), channels: map[uint16]*channel{}, parts: make([][]enqItem, len(s.shards))}
-	if a, ok := gc.RemoteAddr().(*net.TCPAddr); ok {
-		c.loopback = a.IP.IsLoopback()
-		c.remote = a.String()
-	}
+	s.initAdmission(c)
 	c.flushedCB = c.flushed
 	c.lastRecv.Store(s.nowMs())
 	c.lastSend.Store(s.nowMs())
@@ -201,6 +197,9 @@ func (c *conn) onTraffic() gnet.Action {
 		case stAuthPending:
 			return gnet.None // read on once the credentials are checked
 		case stPreamble:
+			if len(c.srv.cfg.ProxyTrusted) > 0 && !c.proxyDone && !c.proxyStep() {
+				return gnet.None
+			}
 			buf, err := c.gc.Peek(len(wire.Preamble))
 			if err != nil {
 				return gnet.None

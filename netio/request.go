@@ -170,7 +170,10 @@ func (c *conn) onAuth(f wire.Frame) error {
 		}
 		c.heartbeatMs.Store(hb)
 		c.send(0, &wire.OpenOK{ConnectionID: c.id, MaxFrame: c.maxFrame, MaxChannels: c.maxChannels, HeartbeatMs: hb})
-		c.state.Store(stOpen)
+		if !c.state.CompareAndSwap(stAuthPending, stOpen) {
+			return // closed meanwhile (handshake deadline, shutdown)
+		}
+		c.srv.authenticated(c)
 		if c.srv.flowOff.Load() {
 			c.send(0, &wire.Flow{Active: false})
 		}

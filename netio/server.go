@@ -77,6 +77,12 @@ func (c *Config) fill() {
 	if c.MaxConnections == 0 {
 		c.MaxConnections = 10000
 	}
+	if c.HandshakeTimeout <= 0 {
+		c.HandshakeTimeout = handshakeTimeoutDefault
+	}
+	if c.MaxUnauthenticated <= 0 {
+		c.MaxUnauthenticated = 1000
+	}
 	if c.MaxPrefetch == 0 {
 		c.MaxPrefetch = 1000
 	}
@@ -122,6 +128,7 @@ type Server struct {
 
 	connsMu sync.Mutex
 	conns   map[uint64]*conn
+	adm     admission // (connsMu) connections before they authenticate
 
 	dlDropLog [numDLDrops]logLimiter // "dead letter dropped" lines, per reason
 
@@ -242,14 +249,19 @@ func (s *Server) OnOpen(gc gnet.Conn) ([]byte, gnet.Action) {
 	}
 	c := s.newConn(gc)
 	s.connsMu.Lock()
-	if len(s.conns) >= s.cfg.MaxConnections {
+	victim, refused := s.admitLocked(c)
+	if refused != "" {
 		s.connsMu.Unlock()
-		s.log.Warn("connection limit reached", "max", s.cfg.MaxConnections)
-		return nil, gnet.Close
+		s.log.Warn("connection refused", "remote", c.remote.String(), "reason", refused)
+		return refusal(refused), gnet.Close
 	}
 	s.conns[c.id] = c
 	s.connsMu.Unlock()
 	gc.SetContext(c)
+	if victim != nil {
+		s.log.Info("unauthenticated connection closed to admit a new one", "conn", victim.id, "remote", victim.remoteAddr().String())
+		victim.closeWith(wire.ResourceLimit, s.unauthReason())
+	}
 	return nil, gnet.None
 }
 
@@ -260,6 +272,7 @@ func (s *Server) OnClose(gc gnet.Conn, err error) gnet.Action {
 	}
 	s.connsMu.Lock()
 	delete(s.conns, c.id)
+	s.forgetLocked(c)
 	s.connsMu.Unlock()
 	c.onClose()
 	return gnet.None
@@ -286,7 +299,8 @@ func (s *Server) OnTick() (time.Duration, gnet.Action) {
 	}
 	s.connsMu.Unlock()
 	for _, c := range conns {
-		if c.state.Load() != stOpen {
+		if st := c.state.Load(); st != stOpen {
+			s.checkHandshake(c, st, now)
 			continue
 		}
 		blocked := c.blocked.Load()
@@ -462,6 +476,7 @@ func (s *Server) Queues() []QueueStats {
 func (s *Server) initMetrics() {
 	m := &s.metrics
 	m.set = metrics.NewSet()
+	s.adm.init(m.set, s.unauthenticatedCount)
 	m.published = m.set.NewCounter("warren_published_total")
 	m.delivered = m.set.NewCounter("warren_delivered_total")
 	m.acked = m.set.NewCounter("warren_acked_total")
@@ -574,7 +589,10 @@ func (s *Server) Connections() []ConnInfo {
 		c.mu.Lock()
 		n := len(c.channels)
 		c.mu.Unlock()
-		info := ConnInfo{ID: c.id, Remote: c.remote, Channels: n, Blocked: c.blocked.Load()}
+		info := ConnInfo{ID: c.id, Channels: n, Blocked: c.blocked.Load()}
+		if remote := c.remoteAddr(); remote.IsValid() {
+			info.Remote = remote.String()
+		}
 		if c.state.Load() == stOpen {
 			info.User = c.user
 		}

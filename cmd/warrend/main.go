@@ -88,6 +88,11 @@ type fileConfig struct {
 	MaxOutboundBytes int          `json:"max_outbound_bytes"`
 	MemoryHighWater  int64        `json:"memory_high_watermark_bytes"`
 	QueueSoftLimit   int64        `json:"queue_soft_limit"`
+
+	HandshakeTimeoutMs      int64    `json:"handshake_timeout_ms"`            // accept to OPEN_OK; 10000
+	MaxUnauthenticated      int      `json:"max_unauthenticated_connections"` // 1000
+	MaxConnectionsPerSource int      `json:"max_connections_per_source"`      // 0: no cap
+	ProxyProtocolTrusted    []string `json:"proxy_protocol_trusted"`          // CIDRs or addresses; empty: PROXY off
 }
 
 // ready is told the bound addresses once serving (for tests).
@@ -114,6 +119,7 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdin i
 	data := fs.String("data", "", "data directory (default ./warren-data; env WARREN_DATA)")
 	cfgPath := fs.String("config", "", "JSON config file (env WARREN_CONFIG)")
 	logLevel := fs.String("log-level", "", "debug, info, warn or error (env WARREN_LOG_LEVEL)")
+	hsTimeout := fs.String("handshake-timeout-ms", "", "close connections not authenticated this long after connecting (default 10000; env WARREN_HANDSHAKE_TIMEOUT_MS)")
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
 			fmt.Fprint(stdout, usageHead)
@@ -155,6 +161,22 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdin i
 	pick(*httpAddr, "WARREN_HTTP", &fc.HTTP)
 	pick(*data, "WARREN_DATA", &fc.Data)
 	pick(*logLevel, "WARREN_LOG_LEVEL", &fc.LogLevel)
+	hsMs := ""
+	pick(*hsTimeout, "WARREN_HANDSHAKE_TIMEOUT_MS", &hsMs)
+	if hsMs != "" {
+		n, err := strconv.ParseInt(hsMs, 10, 64)
+		if err != nil {
+			return fmt.Errorf("handshake timeout %q: want a number of milliseconds", hsMs)
+		}
+		fc.HandshakeTimeoutMs = n
+	}
+	if fc.HandshakeTimeoutMs < 0 {
+		return fmt.Errorf("handshake timeout %dms: want a positive number of milliseconds (0: the default, 10000)", fc.HandshakeTimeoutMs)
+	}
+	proxyTrusted, err := parsePrefixes(fc.ProxyProtocolTrusted)
+	if err != nil {
+		return fmt.Errorf("proxy_protocol_trusted: %w", err)
+	}
 	if v := getenv("WARREN_MEMORY_HIGH_WATERMARK_BYTES"); v != "" {
 		n, err := strconv.ParseInt(v, 10, 64)
 		if err != nil {
@@ -191,6 +213,8 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdin i
 		Addr: fc.Listen, Users: fc.Users, DisableGuest: fc.DisableGuest, MaxConnections: fc.MaxConnections,
 		MaxChannels: fc.MaxChannels, MaxFrame: fc.MaxFrame, HeartbeatMs: fc.HeartbeatMs, MaxPrefetch: fc.MaxPrefetch,
 		MaxOutboundBytes: fc.MaxOutboundBytes, MemoryHighWater: fc.MemoryHighWater, QueueSoftLimit: fc.QueueSoftLimit, Logger: log,
+		HandshakeTimeout: time.Duration(fc.HandshakeTimeoutMs) * time.Millisecond, MaxUnauthenticated: fc.MaxUnauthenticated,
+		MaxConnectionsPerSource: fc.MaxConnectionsPerSource, ProxyTrusted: proxyTrusted,
 	})
 	if err != nil {
 		return err
