@@ -67,7 +67,11 @@ func valveBound(k, maxPriority, l int) int {
 // over never exceed valveBound.
 func TestPriorityValveBound(t *testing.T) {
 	worstSeen := 0
-	for seed := uint64(0); seed < 300; seed++ {
+	seeds := uint64(300)
+	if raceEnabled {
+		seeds = 60
+	}
+	for seed := uint64(0); seed < seeds; seed++ {
 		r := rand.New(rand.NewPCG(seed, 11))
 		maxP := 1 + r.IntN(9)
 		k := 1 + r.IntN(8)
