@@ -8,6 +8,7 @@ import (
 
 // Command-line handling as a new user meets it.
 func TestCommandLine(t *testing.T) {
+	t.Parallel()
 	c := newCtl(t, nil)
 	c.ok("", "queue", "declare", "orders", "--max-length", "10")
 
@@ -69,6 +70,7 @@ func TestCommandLine(t *testing.T) {
 
 // A publish to a missing exchange names it and says to declare it, once.
 func TestPublishToMissingExchange(t *testing.T) {
+	t.Parallel()
 	c := newCtl(t, nil)
 	_, errs, code := c.run("", "publish", "--exchange", "events", "--routing-key", "k", "x")
 	if code != 1 || !strings.Contains(errs, `exchange "events"`) || strings.Contains(errs, "nack: exchange_not_found") || !strings.Contains(errs, "warrenctl exchange declare events") {

@@ -31,6 +31,7 @@ func (c *ctl) peekCounts(name string) (bodies []string, counts []int) {
 // it, so nothing comes back as a failed delivery (which a delivery-limit 1
 // queue would dead-letter).
 func TestConsumeTakesExactlyN(t *testing.T) {
+	t.Parallel()
 	c := newCtl(t, nil)
 	c.ok("", "exchange", "declare", "dlx", "--type", "fanout")
 	c.ok("", "queue", "declare", "dead")
@@ -77,6 +78,7 @@ func TestConsumeTakesExactlyN(t *testing.T) {
 // A count above the broker's prefetch cap (1,000) is taken in windows,
 // still exactly N.
 func TestConsumeMoreThanThePrefetchCap(t *testing.T) {
+	t.Parallel()
 	c := newCtl(t, nil)
 	c.ok("", "queue", "declare", "big")
 	var in strings.Builder

@@ -2,6 +2,7 @@ package main
 
 import (
 	"bytes"
+	"context"
 	"encoding/json"
 	"net/http/httptest"
 	"os"
@@ -36,22 +37,14 @@ type ctl struct {
 	url, api string
 }
 
-// run executes the built binary and returns stdout, stderr and the exit
-// code.
+// run runs warrenctl in process (its run function, as main calls it,
+// with no WARREN_* environment) and returns stdout, stderr and the exit
+// code. The README walk-through runs the built binary instead.
 func (c *ctl) run(stdin string, args ...string) (string, string, int) {
 	c.t.Helper()
-	cmd := exec.Command(binary, append([]string{"--url", c.url, "--api", c.api}, args...)...)
-	cmd.Env = append(os.Environ(), "WARREN_URL=", "WARREN_API=")
-	cmd.Stdin = strings.NewReader(stdin)
 	var out, errb bytes.Buffer
-	cmd.Stdout, cmd.Stderr = &out, &errb
-	err := cmd.Run()
-	code := 0
-	if ee, ok := err.(*exec.ExitError); ok {
-		code = ee.ExitCode()
-	} else if err != nil {
-		c.t.Fatal(err)
-	}
+	code := run(context.Background(), append([]string{"--url", c.url, "--api", c.api}, args...),
+		func(string) string { return "" }, strings.NewReader(stdin), &out, &errb)
 	return out.String(), errb.String(), code
 }
 

@@ -8,6 +8,7 @@ import (
 
 // `make build` writes the three binaries the README uses to bin/.
 func TestMakeBuildWritesEveryBinary(t *testing.T) {
+	t.Parallel()
 	if _, err := exec.LookPath("make"); err != nil {
 		t.Skip("no make")
 	}

@@ -11,6 +11,7 @@ import (
 // Every ```go block in the README compiles as pasted: a complete program
 // in a module of its own that requires Warren (replaced by this checkout).
 func TestReadmeGoCompiles(t *testing.T) {
+	t.Parallel()
 	blocks := readmeBlocks(t, "go")
 	if len(blocks) == 0 {
 		t.Fatal("README has no ```go block")

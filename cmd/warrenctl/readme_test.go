@@ -32,6 +32,7 @@ func readmeBlocks(t *testing.T, lang string) []string {
 // bash, with the built warrenctl on PATH) against a fresh broker: every
 // line succeeds, and what it says it does happens.
 func TestReadmeWalkthrough(t *testing.T) {
+	t.Parallel()
 	if _, err := exec.LookPath("bash"); err != nil {
 		t.Skip("no bash")
 	}
@@ -84,6 +85,7 @@ func TestReadmeWalkthrough(t *testing.T) {
 // A missing queue is named, with what to do, and without a code that
 // reads like an HTTP status.
 func TestMissingQueueSaysWhatToDo(t *testing.T) {
+	t.Parallel()
 	c := newCtl(t, nil)
 	_, errs, code := c.run("", "dlq", "peek", "orders.dlq")
 	if code != 1 || !strings.Contains(errs, `no queue "orders.dlq"`) || !strings.Contains(errs, "warrenctl queue declare orders.dlq") || strings.Contains(errs, "(200)") {
