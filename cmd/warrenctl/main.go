@@ -59,7 +59,7 @@ Commands:
       Takes exactly N messages (default 1) and acks them; --reject dead-letters them instead.
       --requeue hands them back to the head of the queue, which counts as a failed delivery: their
       delivery and failed counts grow, and a queue with --delivery-limit dead-letters a message handed
-      back too often. To look without touching anything, use queue get (at most 1000 with --requeue).
+      back too often; it takes at most 1000. To look without touching anything, use queue get.
       --timeout: give up when no message has come for this long (default 5s).
   dlq peek QUEUE [--count N] | dlq replay QUEUE [--count N] [--rate R]
       peek is queue get (nothing is delivered or counted); replay sends each message back to the
@@ -310,10 +310,6 @@ func hint(method, path, code string) string {
 		return fmt.Sprintf(" (list them with: warrenctl %s list; declare it with: %s)", singular, decl)
 	case code == "not_found" && kind == "bindings":
 		return " (declare the exchange and the queue first; see warrenctl exchange list, warrenctl queue list)"
-	case code == "precondition_failed" && method == "PUT" && kind == "queues" && name != "":
-		return " (a declare must repeat the existing settings: see warrenctl queue show " + name + ", or delete it first)"
-	case code == "precondition_failed" && method == "PUT" && kind == "exchanges" && name != "":
-		return " (a declare must repeat the existing settings: see warrenctl exchange list, or delete it first)"
 	}
 	return ""
 }
@@ -805,7 +801,7 @@ func (c *cli) dial() (*client.Conn, *client.Channel, error) {
 	defer cancel()
 	conn, err := client.Dial(ctx, c.url, client.Options{Name: "warrenctl"})
 	if err != nil {
-		return nil, nil, fmt.Errorf("connect %s: %w", redact(c.url), err)
+		return nil, nil, fmt.Errorf("connect %s: %s", redact(c.url), protoErr(err))
 	}
 	ch, err := conn.Channel(ctx)
 	if err != nil {
