@@ -4,6 +4,7 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/hex"
+	"net"
 	"sort"
 
 	"github.com/warren-mq/warren/wire"
@@ -266,22 +267,33 @@ func (s *Server) Overview() Overview {
 }
 
 // Authenticate checks a user's password as the protocol does and returns
-// the user's tags. guest from loopback is an administrator.
-func (s *Server) Authenticate(user, pass string, loopback bool) (tags []string, ok bool) {
-	if !s.auth.check(user, pass, loopback) {
+// the user's tags. remote is the client's address (host:port); guest from
+// loopback is an administrator.
+func (s *Server) Authenticate(user, pass, remote string) (tags []string, ok bool) {
+	loopback := false
+	if ip := net.ParseIP(sourceHost(remote)); ip != nil {
+		loopback = ip.IsLoopback()
+	}
+	if !s.auth.check(user, pass, remote, loopback) {
 		return nil, false
 	}
-	if u, found := s.auth.users[user]; found {
+	if u, found := s.auth.user(user); found {
 		return u.Tags, true
 	}
 	return []string{"administrator"}, true // guest (loopback) or the internal user
 }
 
 // AuthRefusal is the reason to give a client whose credentials
-// Authenticate refused.
-func (s *Server) AuthRefusal(user string, loopback bool) string {
-	return s.auth.refusal(user, loopback)
+// Authenticate refused; remote is its address (host:port).
+func (s *Server) AuthRefusal(user, remote string) string {
+	ip := net.ParseIP(sourceHost(remote))
+	return s.auth.refusal(user, ip != nil && ip.IsLoopback())
 }
+
+// SetUsers replaces the configured users (guest and the internal user are
+// not among them). Credentials verified for a user before the change are
+// checked again.
+func (s *Server) SetUsers(users []User) { s.auth.setUsers(users) }
 
 // InternalURL is a warren:// URL with credentials that only this process
 // knows, for broker-side clients such as the admin API's replay.

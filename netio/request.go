@@ -155,7 +155,7 @@ func (c *conn) onAuth(f wire.Frame) error {
 	user, pass, ok := wire.ParsePlain(a.Response)
 	c.state.Store(stAuthPending)
 	go func() {
-		if !ok || !c.srv.auth.check(user, pass, c.loopback) {
+		if !ok || !c.srv.auth.check(user, pass, c.remote.String(), c.loopback) {
 			c.srv.metrics.authFailures.Inc()
 			c.closeWith(wire.AuthFailed, c.srv.auth.refusal(user, c.loopback))
 			return

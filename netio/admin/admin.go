@@ -11,7 +11,6 @@ import (
 	"io"
 	"log/slog"
 	"math"
-	"net"
 	"net/http"
 	"slices"
 	"strconv"
@@ -103,17 +102,15 @@ func rate(cur, prev uint64, dt float64) float64 {
 // ServeHTTP authenticates and dispatches.
 func (a *API) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	user, pass, ok := r.BasicAuth()
-	host, _, _ := net.SplitHostPort(r.RemoteAddr)
-	ip := net.ParseIP(host)
 	if !ok {
 		w.Header().Set("WWW-Authenticate", `Basic realm="warren"`)
 		writeErr(w, &wire.Error{Code: wire.AccessRefused, Reason: "authentication required"})
 		return
 	}
-	tags, ok := a.srv.Authenticate(user, pass, ip != nil && ip.IsLoopback())
+	tags, ok := a.srv.Authenticate(user, pass, r.RemoteAddr)
 	if !ok {
 		w.Header().Set("WWW-Authenticate", `Basic realm="warren"`)
-		writeErr(w, &wire.Error{Code: wire.AuthFailed, Reason: a.srv.AuthRefusal(user, ip != nil && ip.IsLoopback())})
+		writeErr(w, &wire.Error{Code: wire.AuthFailed, Reason: a.srv.AuthRefusal(user, r.RemoteAddr)})
 		return
 	}
 	if r.Method != http.MethodGet && r.Method != http.MethodHead && !slices.Contains(tags, "administrator") {
