@@ -168,6 +168,7 @@ func Start(cfg Config) (*Server, error) {
 	s.heapSample = []rtmetrics.Sample{{Name: "/gc/heap/live:bytes"}}
 	s.heapBase = s.heapLive()
 	s.auth = newAuthenticator(cfg.Users, !cfg.DisableGuest)
+	s.auth.log = s.log
 	for i := 0; i < cfg.Shards; i++ {
 		s.shards = append(s.shards, newShard(s))
 	}
