@@ -4,6 +4,7 @@ import (
 	"context"
 	"net"
 	"net/netip"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
@@ -326,12 +327,18 @@ func remoteOf(s *netio.Server) []string {
 
 // Item 15: behind a trusted proxy, the PROXY header's source address is the
 // connection's: guest is loopback-only by the real client's address.
-func TestProxyProtocolV1(t *testing.T) {
-	s := proxyServer(t, "127.0.0.0/8", nil)
+func TestProxyProtocol(t *testing.T) {
+	s := proxyServer(t, "127.0.0.0/8", nil) // one broker for the three (each start and stop costs 0.5s)
+	t.Run("v1", func(t *testing.T) { testProxyProtocolV1(t, s) })
+	t.Run("v2", func(t *testing.T) { testProxyProtocolV2(t, s) })
+	t.Run("malformed header", func(t *testing.T) { testProxyProtocolMalformedHeader(t, s) })
+}
+
+func testProxyProtocolV1(t *testing.T, s *netio.Server) {
 	r := rawOpen(t, s.Addr().String())
 	r.write([]byte("PROXY TCP4 203.0.113.7 127.0.0.1 40001 5680\r\n"))
 	r.hello()
-	if got := remoteOf(s); len(got) != 1 || got[0] != "203.0.113.7:40001" {
+	if got := remoteOf(s); !slices.Contains(got, "203.0.113.7:40001") {
 		t.Fatalf("connections %v, want the proxied source 203.0.113.7:40001", got)
 	}
 	r.write(guestAuth())
@@ -347,13 +354,12 @@ func TestProxyProtocolV1(t *testing.T) {
 	}
 }
 
-func TestProxyProtocolV2(t *testing.T) {
-	s := proxyServer(t, "127.0.0.0/8", nil)
+func testProxyProtocolV2(t *testing.T, s *netio.Server) {
 	dst := netip.MustParseAddrPort("127.0.0.1:5680")
 	r := rawOpen(t, s.Addr().String())
 	r.write(proxyV2(netip.MustParseAddrPort("198.51.100.9:41000"), dst))
 	r.hello()
-	if got := remoteOf(s); len(got) != 1 || got[0] != "198.51.100.9:41000" {
+	if got := remoteOf(s); !slices.Contains(got, "198.51.100.9:41000") {
 		t.Fatalf("connections %v, want the proxied source 198.51.100.9:41000", got)
 	}
 	r.write(guestAuth())
@@ -392,8 +398,7 @@ func TestProxyProtocolUntrustedSourceRefused(t *testing.T) {
 	dial(t, s) // a direct client from an untrusted address is served as before
 }
 
-func TestProxyProtocolMalformedHeader(t *testing.T) {
-	s := proxyServer(t, "127.0.0.0/8", nil)
+func testProxyProtocolMalformedHeader(t *testing.T, s *netio.Server) {
 	for _, h := range []string{
 		"PROXY TCP4 999.0.113.7 127.0.0.1 40001 5680\r\n",
 		"PROXY TCP4 203.0.113.7 127.0.0.1 70000 5680\r\n",
