@@ -335,10 +335,11 @@ func TestSlowReaderIsCutOff(t *testing.T) {
 	r.read()
 	r.write(wire.AppendFrame(nil, 1, &wire.Subscribe{Req: 2, Queue: "flood", AutoAck: true}))
 	r.read() // SUBSCRIBE_OK; from now on it reads nothing
-	// Small messages: each delivery batch stays under the outbox cap, so
-	// only gnet's own buffer (the socket is full) grows past it.
-	body := make([]byte, 512)
-	for i := 0; i < 200_000 && s.ConnectionCount() > 1; i++ { // 100 MB at most
+	// Each delivery batch stays under the outbox cap, so only gnet's own
+	// buffer (the socket is full) grows past it; the auto-ack window (1,000
+	// deliveries of 4 KiB) is larger than the cap.
+	body := make([]byte, 4096)
+	for i := 0; i < 25_000 && s.ConnectionCount() > 1; i++ { // 100 MB at most
 		if _, err := good.PublishAsync(ctx, "", client.Message{RoutingKey: "flood", Body: body}); err != nil {
 			t.Fatal(err)
 		}

@@ -43,6 +43,9 @@ type conn struct {
 	lastSend    atomic.Int64
 	// blocked: the loop has stopped reading the socket (memory alarm).
 	blocked atomic.Bool
+	// gnetBuffered: bytes in gnet's outbound buffer (the socket took
+	// none of them yet) after the last write, for ConnInfo.
+	gnetBuffered atomic.Int64
 
 	// loop-owned
 	epfd     int // the loop's epoll fd (0: not looked up yet, -1: unavailable)
@@ -61,6 +64,7 @@ type conn struct {
 	// final frames behind it are out.
 	closeAfterFlush bool
 	autoAcks        []settleItem
+	heldAcks        []settleItem // written, not settled: the output is over autoAckBufferedMax
 	inflightAcks    []settleItem
 	ackSpare        []settleItem
 	flushedCB       gnet.AsyncCallback

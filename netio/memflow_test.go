@@ -340,3 +340,78 @@ func TestGoHeapRaisesTheAlarm(t *testing.T) {
 	waitFor(t, func() bool { return metricValue(s, "warren_flow_blocked") == 0 })
 	t.Logf("cleared after %v", time.Since(t0))
 }
+
+// TestStalledAutoAckConsumerHoldsItsWindow: an auto-ack consumer that
+// stops reading holds at most its window of deliveries in the broker (the
+// rest stay in the queue), and when it dies nothing it was not given is
+// lost: what it was not settled for goes to the next consumer.
+func TestStalledAutoAckConsumerHoldsItsWindow(t *testing.T) {
+	const window, n, size = 100, 40_000, 1024
+	s := warrentest.StartServer(t, &netio.Config{MaxPrefetch: window, QueueSoftLimit: -1})
+	ctx := ctxT(t)
+	good := channel(t, dial(t, s))
+	good.DeclareQueue(ctx, "stall", client.QueueOptions{})
+	body := make([]byte, size)
+	for i := 0; i < n; i++ {
+		if _, err := good.PublishAsync(ctx, "", client.Message{RoutingKey: "stall", Body: body}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	must(t, good.WaitConfirms(ctx))
+
+	before := map[uint64]bool{}
+	for _, ci := range s.Connections() {
+		before[ci.ID] = true
+	}
+	r := rawDial(t, s, 0)
+	_ = r.nc.(*net.TCPConn).SetReadBuffer(64 << 10)
+	var id uint64
+	for _, ci := range s.Connections() {
+		if !before[ci.ID] {
+			id = ci.ID
+		}
+	}
+	r.write(wire.AppendFrame(nil, 1, &wire.ChannelOpen{Req: 1}))
+	r.read()
+	r.write(wire.AppendFrame(nil, 1, &wire.Subscribe{Req: 2, Queue: "stall", AutoAck: true}))
+	r.read() // SUBSCRIBE_OK; from now on it reads nothing
+
+	// Stalled: the socket takes nothing more, and the whole window is
+	// written but held unsettled.
+	var ci netio.ConnInfo
+	waitFor(t, func() bool {
+		ci, _ = connInfo(s, id)
+		return ci.AutoAcksHeld == window || queueStats(s, "stall").Ready == 0
+	})
+	q := queueStats(s, "stall")
+	t.Logf("stalled: ready %d, unacked %d, settled %d, outbound %d bytes", q.Ready, q.Unacked, q.Acked, ci.OutboundBytes)
+	if q.Unacked != window {
+		t.Fatalf("%d unacked for a window of %d", q.Unacked, window)
+	}
+	if q.Ready < n/2 {
+		t.Fatalf("the broker took %d of %d messages off the queue for a consumer that reads nothing", n-q.Ready, n)
+	}
+	if limit := int64(window*(size+64) + 512<<10); ci.OutboundBytes > limit {
+		t.Fatalf("%d bytes held for a stalled consumer with a window of %d", ci.OutboundBytes, window)
+	}
+
+	// It dies: everything it was not settled for is delivered to another
+	// consumer.
+	_ = r.nc.(*net.TCPConn).SetLinger(0)
+	r.nc.Close()
+	waitFor(t, func() bool { q := queueStats(s, "stall"); return q.Consumers == 0 && q.Unacked == 0 })
+	q = queueStats(s, "stall")
+	if q.Ready+int64(q.Acked) != n {
+		t.Fatalf("ready %d + settled %d != %d published", q.Ready, q.Acked, n)
+	}
+	cs, err := channel(t, dial(t, s)).Consume(ctx, "stall", client.ConsumeOptions{AutoAck: true})
+	must(t, err)
+	deadline := time.After(20 * time.Second)
+	for i := int64(0); i < q.Ready; i++ {
+		select {
+		case <-cs.Deliveries():
+		case <-deadline:
+			t.Fatalf("%d of %d delivered to the next consumer", i, q.Ready)
+		}
+	}
+}

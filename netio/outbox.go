@@ -119,6 +119,7 @@ func (c *conn) flushed(gc gnet.Conn, err error) error {
 	if c.blocked.Load() {
 		c.pauseRead() // gnet re-arms reading when a write has to wait
 	}
+	c.gnetBuffered.Store(int64(gc.OutboundBuffered()))
 	// gnet takes what the socket cannot (its buffer has no bound): a peer
 	// that stops reading shows up here. Past the cap it is cut off, rather
 	// than let it grow the broker's memory.

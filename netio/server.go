@@ -575,6 +575,14 @@ type ConnInfo struct {
 	// Blocked: the broker has stopped reading this connection because it
 	// published while the memory alarm was on (see the package doc).
 	Blocked bool `json:"blocked"`
+	// OutboundBytes: what the broker holds for the connection that the
+	// socket has not taken: its outbox and gnet's buffer (as of the last
+	// write; a write in flight is not counted).
+	OutboundBytes int64 `json:"outbound_bytes"`
+	// AutoAcksHeld: auto-ack deliveries written but not yet settled, because
+	// the connection's buffered output is over its bound (a slow or stalled
+	// reader); they go back to their queues if it closes.
+	AutoAcksHeld int `json:"auto_acks_held"`
 }
 
 // Connections lists the open connections.
@@ -589,8 +597,10 @@ func (s *Server) Connections() []ConnInfo {
 	for _, c := range conns {
 		c.mu.Lock()
 		n := len(c.channels)
+		ob := int64(len(c.out)) + c.gnetBuffered.Load()
+		held := len(c.heldAcks)
 		c.mu.Unlock()
-		info := ConnInfo{ID: c.id, Channels: n, Blocked: c.blocked.Load()}
+		info := ConnInfo{ID: c.id, Channels: n, Blocked: c.blocked.Load(), OutboundBytes: ob, AutoAcksHeld: held}
 		if remote := c.remoteAddr(); remote.IsValid() {
 			info.Remote = remote.String()
 		}
