@@ -46,6 +46,7 @@ type conn struct {
 	// gnetBuffered: bytes in gnet's outbound buffer (the socket took
 	// none of them yet) after the last write, for ConnInfo.
 	gnetBuffered atomic.Int64
+	acksHeld     atomic.Bool // heldAcks is not empty: the tick checks it
 
 	// loop-owned
 	epfd     int // the loop's epoll fd (0: not looked up yet, -1: unavailable)

@@ -34,8 +34,12 @@
 //   - Consumers: prefetch bounds the unacked deliveries a consumer holds
 //     (an unlimited prefetch is capped by Config.MaxPrefetch). Auto-ack
 //     consumers get a window of MaxPrefetch deliveries that is settled when
-//     the bytes have been written to the socket, so a slow reader holds the
-//     queue back instead of the broker's memory.
+//     the bytes have been written to the socket: while gnet holds more than
+//     autoAckBufferedMax bytes the socket did not take, the deliveries
+//     written stay unsettled (ConnInfo.AutoAcksHeld), so a slow or stalled
+//     reader holds at most its window and the queue keeps the rest; if it
+//     dies, what was not settled is delivered again (what was settled was
+//     in the kernel's buffers: auto-ack is at-most-once for those).
 //   - Publishers, per queue: past Config.QueueSoftLimit ready messages a
 //     queue still takes what is published but holds back the confirms
 //     until it has drained below half the limit, so publishers' confirm

@@ -346,7 +346,7 @@ func TestGoHeapRaisesTheAlarm(t *testing.T) {
 // rest stay in the queue), and when it dies nothing it was not given is
 // lost: what it was not settled for goes to the next consumer.
 func TestStalledAutoAckConsumerHoldsItsWindow(t *testing.T) {
-	const window, n, size = 100, 40_000, 1024
+	const window, n, size = 100, 20_000, 1024
 	s := warrentest.StartServer(t, &netio.Config{MaxPrefetch: window, QueueSoftLimit: -1})
 	ctx := ctxT(t)
 	good := channel(t, dial(t, s))

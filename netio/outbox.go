@@ -1,6 +1,7 @@
 package netio
 
 import (
+	"context"
 	"errors"
 	"sync/atomic"
 	"time"
@@ -144,7 +145,28 @@ func (c *conn) flushed(gc gnet.Conn, err error) error {
 		c.closeAfterFlush = false
 		_ = c.gc.CloseWithCallback(nil) // after the final write just queued
 	}
+	// Auto-ack deliveries are settled once their bytes are (nearly) in the
+	// socket, not when gnet has buffered them: while the output is over
+	// autoAckBufferedMax they are held, so a reader that stalls holds at
+	// most its window and the queue keeps the rest. A failed write settles
+	// nothing: the connection is closing and Down returns them.
+	var held []settleItem
+	if err == nil && len(c.heldAcks)+len(acks) > 0 {
+		if gc.OutboundBuffered() > autoAckBufferedMax {
+			c.heldAcks = append(c.heldAcks, acks...)
+			acks = acks[:0]
+			c.scheduleAckCheckLocked()
+		} else if len(c.heldAcks) > 0 {
+			held, c.heldAcks = c.heldAcks, nil
+			c.acksHeld.Store(false)
+		}
+	} else if err != nil {
+		acks = acks[:0]
+	}
 	c.mu.Unlock()
+	if len(held) > 0 {
+		c.srv.settleAcross(held) // the older ones first
+	}
 	if len(acks) > 0 {
 		c.srv.settleAcross(acks) // copies what it keeps
 	}
@@ -153,6 +175,37 @@ func (c *conn) flushed(gc gnet.Conn, err error) error {
 		c.ackSpare = acks[:0]
 	}
 	c.mu.Unlock()
+	return nil
+}
+
+// autoAckBufferedMax bounds the output gnet may hold for a connection
+// (bytes the socket has not taken) while its auto-ack deliveries are still
+// settled as written. Past it they wait: a consumer that reads slowly gets
+// its window and no more, and the queue keeps the rest.
+const autoAckBufferedMax = 256 << 10
+
+// scheduleAckCheckLocked makes sure held auto-acks are looked at again:
+// the next write's callback does it, and when nothing is being written
+// (the window is full) the tick asks the loop to (ackCheck). c.mu held.
+func (c *conn) scheduleAckCheckLocked() { c.acksHeld.Store(true) }
+
+// ackCheck settles held auto-acks once gnet's buffer for the connection is
+// back under autoAckBufferedMax. Runs on the connection's loop.
+type ackCheck struct{ c *conn }
+
+func (a ackCheck) Run(context.Context) error {
+	c := a.c
+	c.mu.Lock()
+	if c.closed || len(c.heldAcks) == 0 || c.gc.OutboundBuffered() > autoAckBufferedMax {
+		c.mu.Unlock()
+		return nil
+	}
+	held := c.heldAcks
+	c.heldAcks = nil
+	c.acksHeld.Store(false)
+	c.gnetBuffered.Store(int64(c.gc.OutboundBuffered()))
+	c.mu.Unlock()
+	c.srv.settleAcross(held)
 	return nil
 }
 

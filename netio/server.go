@@ -308,6 +308,9 @@ func (s *Server) OnTick() (time.Duration, gnet.Action) {
 		if blocked && !s.memoryAlarm() {
 			_ = c.gc.Wake(nil) // OnTraffic reads it again
 		}
+		if c.acksHeld.Load() {
+			_ = c.gc.EventLoop().Execute(context.Background(), ackCheck{c})
+		}
 		hb := int64(c.heartbeatMs.Load())
 		if hb == 0 {
 			continue
