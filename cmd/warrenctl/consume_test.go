@@ -1,10 +1,13 @@
 package main
 
 import (
+	"context"
 	"encoding/json"
 	"fmt"
+	"io"
 	"strings"
 	"testing"
+	"time"
 )
 
 // peekCounts returns the bodies and delivery counts of the ready messages
@@ -96,5 +99,54 @@ func TestConsumeMoreThanThePrefetchCap(t *testing.T) {
 	}
 	if _, errs, code := c.run("", "consume", "big", "--count", "1001", "--requeue"); code != 2 || !strings.Contains(errs, "queue get") {
 		t.Fatalf("--requeue over the window: exit %d %q", code, errs)
+	}
+}
+
+// lineCounter calls fn once it has seen n lines.
+type lineCounter struct {
+	n  int
+	fn func()
+}
+
+func (w *lineCounter) Write(p []byte) (int, error) {
+	for _, b := range p {
+		if b == '\n' {
+			if w.n--; w.n == 0 {
+				w.fn()
+			}
+		}
+	}
+	return len(p), nil
+}
+
+// An interrupt (SIGINT) while consume waits for more: it returns at once,
+// and the messages it printed are acked, not handed back.
+func TestConsumeInterrupted(t *testing.T) {
+	t.Parallel()
+	c := newCtl(t, nil)
+	c.ok("", "queue", "declare", "q")
+	c.ok("1\n2\n", "publish", "--routing-key", "q", "--lines")
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	done := make(chan int, 1)
+	go func() {
+		done <- run(ctx, []string{"--url", c.url, "--api", c.api, "consume", "q", "--count", "5", "--timeout", "1h"},
+			func(string) string { return "" }, strings.NewReader(""), &lineCounter{n: 2, fn: cancel}, io.Discard)
+	}()
+	select {
+	case code := <-done:
+		if code != 1 {
+			t.Fatalf("interrupted consume: exit %d, want 1", code)
+		}
+	case <-time.After(20 * time.Second):
+		t.Fatal("consume did not return after the interrupt")
+	}
+	// The peek goes through the queue's shard after the acks: then the
+	// counters are settled too.
+	if bodies, _ := c.peekCounts("q"); len(bodies) != 0 {
+		t.Fatalf("after the interrupt the queue holds %v", bodies)
+	}
+	if q := c.queueJSON("q"); q["acked_total"] != 2.0 || q["ready"] != 0.0 {
+		t.Fatalf("after the interrupt: acked_total %v ready %v, want 2 0", q["acked_total"], q["ready"])
 	}
 }
