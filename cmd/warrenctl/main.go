@@ -1024,12 +1024,13 @@ func (c *cli) consumeWindow(ch *client.Channel, queue string, want int, timeout 
 	idle := time.NewTimer(timeout)
 	defer idle.Stop()
 	var stopped error
+	gone := false // the broker cancelled the consumer (its feed is closed)
 wait:
 	for len(got) < want {
 		select {
 		case d, ok := <-cs.Deliveries():
 			if !ok {
-				stopped = fmt.Errorf("consumer stopped: %v", cs.Err())
+				gone, stopped = true, fmt.Errorf("consumer stopped: %v", cs.Err())
 				break wait
 			}
 			take(d)
@@ -1041,12 +1042,13 @@ wait:
 			break wait
 		}
 	}
-	if stopped == nil {
+	if !gone {
+		// Also on an interrupt: Cancel closes the feed whatever the reply.
 		cctx, ccancel := context.WithTimeout(context.Background(), 10*time.Second)
 		err := cs.Cancel(cctx)
 		ccancel()
-		if err != nil {
-			stopped = fmt.Errorf("cancel consumer: %w", err)
+		if err != nil && stopped == nil {
+			stopped = fmt.Errorf("cancel consumer: %s", protoErr(err))
 		}
 	}
 	// Deliveries the broker sent before it took the cancel are in the
