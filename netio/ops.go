@@ -60,11 +60,11 @@ func (s *Server) Bindings() []BindingInfo {
 }
 
 // DeclareExchange declares an exchange as EXCHANGE_DECLARE does.
-func (s *Server) DeclareExchange(d wire.ExchangeDeclare) error { return s.topo.declareExchange(&d) }
+func (s *Server) DeclareExchange(d wire.ExchangeDeclare) error { return s.topo.declareExchange(&d, "") }
 
 // DeleteExchange deletes an exchange as EXCHANGE_DELETE does.
 func (s *Server) DeleteExchange(name string, ifUnused bool) error {
-	return s.topo.deleteExchange(&wire.ExchangeDelete{Name: name, IfUnused: ifUnused})
+	return s.topo.deleteExchange(&wire.ExchangeDelete{Name: name, IfUnused: ifUnused}, nil)
 }
 
 // DeclareQueue declares a queue as QUEUE_DECLARE does (exclusive queues
@@ -73,7 +73,7 @@ func (s *Server) DeclareQueue(d wire.QueueDeclare) (string, error) {
 	if d.Exclusive {
 		return "", reqErr(wire.InvalidArgument, "exclusive queues belong to a connection")
 	}
-	q, err := s.topo.declareQueue(&d, 0)
+	q, err := s.topo.declareQueue(&d, 0, "")
 	if err != nil {
 		return "", err
 	}
@@ -81,7 +81,7 @@ func (s *Server) DeclareQueue(d wire.QueueDeclare) (string, error) {
 }
 
 // Bind adds (or, with Unbind set, removes) a binding as BIND does.
-func (s *Server) Bind(b wire.Bind) error { return s.topo.bind(&b) }
+func (s *Server) Bind(b wire.Bind) error { return s.topo.bind(&b, "", nil) }
 
 // onShard runs fn on q's shard and waits for it.
 func onShard[T any](ctx context.Context, q *queueRef, fn func(s *shard) T) (T, error) {

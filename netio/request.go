@@ -14,17 +14,17 @@ func (c *conn) onRequest(ch *channel, body wire.Body) error {
 	topo := c.srv.topo
 	switch r := body.(type) {
 	case *wire.ExchangeDeclare:
-		if err := topo.declareExchange(r); err != nil {
+		if err := topo.declareExchange(r, c.user); err != nil {
 			return fail(r.Req, err)
 		}
 		c.send(ch.id, &wire.OKReply{Req: r.Req})
 	case *wire.ExchangeDelete:
-		if err := topo.deleteExchange(r); err != nil {
+		if err := topo.deleteExchange(r, c.allow(ActDelete)); err != nil {
 			return fail(r.Req, err)
 		}
 		c.send(ch.id, &wire.OKReply{Req: r.Req})
 	case *wire.QueueDeclare:
-		q, err := topo.declareQueue(r, c.id)
+		q, err := topo.declareQueue(r, c.id, c.user)
 		if err != nil {
 			return fail(r.Req, err)
 		}
@@ -36,6 +36,9 @@ func (c *conn) onRequest(ch *channel, body wire.Body) error {
 		}
 		if q.exclusive != 0 && q.exclusive != c.id {
 			return fail(r.Req, reqErr(wire.ResourceLocked, "queue %q is exclusive to another connection", r.Name))
+		}
+		if err := c.srv.Authorize(c.user, ActDelete, q.declaredBy, "queue "+strconv.Quote(q.name)); err != nil {
+			return fail(r.Req, err)
 		}
 		req, ifUnused, ifEmpty := r.Req, r.IfUnused, r.IfEmpty
 		q.shard.submit(func(s *shard) {
@@ -59,6 +62,9 @@ func (c *conn) onRequest(ch *channel, body wire.Body) error {
 		if q == nil {
 			return fail(r.Req, reqErr(wire.NotFound, "no queue %q", r.Name))
 		}
+		if err := c.srv.Authorize(c.user, ActPurge, q.declaredBy, "queue "+strconv.Quote(q.name)); err != nil {
+			return fail(r.Req, err)
+		}
 		req := r.Req
 		q.shard.submit(func(s *shard) {
 			if q.gone {
@@ -70,7 +76,7 @@ func (c *conn) onRequest(ch *channel, body wire.Body) error {
 			c.send(ch.id, &wire.OKReply{Req: req, Count: uint64(n)})
 		})
 	case *wire.Bind:
-		if err := topo.bind(r); err != nil {
+		if err := topo.bind(r, c.user, c.allow(ActUnbind)); err != nil {
 			return fail(r.Req, err)
 		}
 		c.send(ch.id, &wire.OKReply{Req: r.Req})
@@ -90,6 +96,12 @@ func (c *conn) onRequest(ch *channel, body wire.Body) error {
 		return errUnexpected(body.FrameType())
 	}
 	return nil
+}
+
+// allow is Authorize for this connection's user and act, in the form the
+// topology asks it.
+func (c *conn) allow(act Action) func(declaredBy, what string) error {
+	return func(declaredBy, what string) error { return c.srv.Authorize(c.user, act, declaredBy, what) }
 }
 
 func (c *conn) onSubscribe(ch *channel, r *wire.Subscribe) error {

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"log/slog"
 	"reflect"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -28,6 +29,7 @@ type queueRef struct {
 	decl       wire.QueueDeclare // as declared, for equivalence checks
 	args       wire.QueueArgs
 	exclusive  uint64 // owning connection id, 0 if not exclusive
+	declaredBy string // the declaring user, "" for the admin API (Authorize)
 	autoDelete bool
 
 	ready, unacked, consumers atomic.Int64
@@ -106,6 +108,10 @@ type topology struct {
 	mu     sync.Mutex
 	top    *queue.Topology
 	exDecl map[string]wire.ExchangeDeclare
+	// exBy and bindBy record who declared each exchange and binding (for
+	// Authorize): the user, "" for the broker's and the admin API's.
+	exBy   map[string]string
+	bindBy map[string]string
 	queues map[string]*queueRef
 	view   atomic.Pointer[routeView]
 	shards []*shard
@@ -124,6 +130,7 @@ type queueTotals struct {
 
 func newTopology(shards []*shard) *topology {
 	t := &topology{top: queue.NewTopology(), exDecl: map[string]wire.ExchangeDeclare{}, queues: map[string]*queueRef{}, shards: shards,
+		exBy: map[string]string{}, bindBy: map[string]string{},
 		log: slog.New(slog.DiscardHandler), durableWarn: logLimiter{every: time.Minute}}
 	// The standard exchanges every AMQP user expects.
 	for _, e := range []struct {
@@ -185,7 +192,9 @@ func generatedQueueName() string {
 	return reservedPrefix + "gen-" + base64.RawURLEncoding.EncodeToString(b[:])
 }
 
-func (t *topology) declareExchange(d *wire.ExchangeDeclare) error {
+// declareExchange creates an exchange or checks an existing one; user is
+// the declaring user ("" for the admin API).
+func (t *topology) declareExchange(d *wire.ExchangeDeclare, user string) error {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	if d.Name == "" {
@@ -225,6 +234,7 @@ func (t *topology) declareExchange(d *wire.ExchangeDeclare) error {
 		}
 	}
 	t.exDecl[d.Name] = *d
+	t.exBy[d.Name] = user
 	t.top.Exchanges[d.Name] = queue.Exchange{Name: d.Name, Kind: d.Kind, Alternate: d.Alternate, Internal: d.Internal, Args: d.Args}
 	t.publishLocked()
 	return nil
@@ -246,7 +256,9 @@ func normArgs(t wire.Table) wire.Table {
 	return t
 }
 
-func (t *topology) deleteExchange(d *wire.ExchangeDelete) error {
+// deleteExchange deletes an exchange if allow (nil: always) lets the
+// deletion of one declared by the given user.
+func (t *topology) deleteExchange(d *wire.ExchangeDelete, allow func(declaredBy, what string) error) error {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	if d.Name == "" || (len(d.Name) > 4 && d.Name[:4] == "amq.") {
@@ -254,6 +266,11 @@ func (t *topology) deleteExchange(d *wire.ExchangeDelete) error {
 	}
 	if _, ok := t.exDecl[d.Name]; !ok {
 		return reqErr(wire.NotFound, "no exchange %q", d.Name)
+	}
+	if allow != nil {
+		if err := allow(t.exBy[d.Name], "exchange "+strconv.Quote(d.Name)); err != nil {
+			return err
+		}
 	}
 	used := false
 	for _, b := range t.top.Bindings {
@@ -265,6 +282,7 @@ func (t *topology) deleteExchange(d *wire.ExchangeDelete) error {
 		return reqErr(wire.PreconditionFailed, "exchange %q has bindings", d.Name)
 	}
 	delete(t.exDecl, d.Name)
+	delete(t.exBy, d.Name)
 	delete(t.top.Exchanges, d.Name)
 	t.removeBindingsLocked(func(b queue.Binding) bool {
 		return b.Source == d.Name || (b.ToExchange && b.Destination == d.Name)
@@ -278,14 +296,17 @@ func (t *topology) removeBindingsLocked(drop func(queue.Binding) bool) {
 	for _, b := range t.top.Bindings {
 		if !drop(b) {
 			kept = append(kept, b)
+		} else {
+			delete(t.bindBy, bindKey(b))
 		}
 	}
 	t.top.Bindings = kept
 }
 
 // declareQueue creates a queue (on the shard its name hashes to) or checks
-// an existing one. owner is the declaring connection.
-func (t *topology) declareQueue(d *wire.QueueDeclare, owner uint64) (*queueRef, error) {
+// an existing one. owner is the declaring connection, user its user (""
+// for the admin API).
+func (t *topology) declareQueue(d *wire.QueueDeclare, owner uint64, user string) (*queueRef, error) {
 	args, err := wire.ParseQueueArgs(d.Args)
 	if err != nil {
 		return nil, err
@@ -330,7 +351,7 @@ func (t *topology) declareQueue(d *wire.QueueDeclare, owner uint64) (*queueRef, 
 	}
 	// A dead-letter exchange that does not exist yet is allowed, as in
 	// AMQP: it may be declared later; dead letters are dropped until then.
-	q := &queueRef{name: name, decl: *d, args: args, autoDelete: d.AutoDelete}
+	q := &queueRef{name: name, decl: *d, args: args, autoDelete: d.AutoDelete, declaredBy: user}
 	q.decl.Name = name
 	if d.Exclusive {
 		q.exclusive = owner
@@ -366,7 +387,10 @@ func (t *topology) lookupQueue(name string) *queueRef {
 	return t.view.Load().queues[name]
 }
 
-func (t *topology) bind(b *wire.Bind) error {
+// bind adds or removes a binding; user is the binding user ("" for the
+// admin API) and allow (nil: always) decides whether they may remove one
+// declared by another.
+func (t *topology) bind(b *wire.Bind, user string, allow func(declaredBy, what string) error) error {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	if _, ok := t.exDecl[b.Source]; !ok {
@@ -393,12 +417,30 @@ func (t *topology) bind(b *wire.Bind) error {
 		if idx < 0 {
 			return reqErr(wire.NotFound, "no such binding")
 		}
+		key := bindKey(nb)
+		if allow != nil {
+			if err := allow(t.bindBy[key], "the binding from "+strconv.Quote(nb.Source)+" to "+strconv.Quote(nb.Destination)); err != nil {
+				return err
+			}
+		}
+		delete(t.bindBy, key)
 		t.top.Bindings = append(t.top.Bindings[:idx], t.top.Bindings[idx+1:]...)
 	} else if idx < 0 {
 		t.top.Bindings = append(t.top.Bindings, nb)
+		t.bindBy[bindKey(nb)] = user
 	}
 	t.publishLocked()
 	return nil
+}
+
+// bindKey identifies a binding as UNBIND does: source, destination, key
+// and arguments.
+func bindKey(b queue.Binding) string {
+	k := b.Source + "\x00" + b.Destination + "\x00" + b.Key + "\x00"
+	if b.ToExchange {
+		k = "x" + k
+	}
+	return k + string(wire.AppendTable(nil, b.Args))
 }
 
 // snapshotWithRetired lists the declared queues and the totals of the
