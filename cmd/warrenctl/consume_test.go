@@ -8,6 +8,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/warren-mq/warren/netio"
 )
 
 // peekCounts returns the bodies and delivery counts of the ready messages
@@ -150,5 +152,21 @@ func TestConsumeInterrupted(t *testing.T) {
 	}
 	if q := c.queueJSON("q"); q["acked_total"] != 2.0 || q["ready"] != 0.0 {
 		t.Fatalf("after the interrupt: acked_total %v ready %v, want 2 0", q["acked_total"], q["ready"])
+	}
+}
+
+// On a broker whose prefetch cap is below the window, --window takes all
+// N; without it, consume stops at the timeout and says why it may have.
+func TestConsumeWindowBelowABrokersCap(t *testing.T) {
+	t.Parallel()
+	c := newCtl(t, &netio.Config{MaxPrefetch: 5})
+	c.ok("", "queue", "declare", "q")
+	c.ok("1\n2\n3\n4\n5\n6\n7\n8\n9\n10\n11\n12\n", "publish", "--routing-key", "q", "--lines")
+	if out := c.ok("", "consume", "q", "--count", "7", "--window", "5"); out != "1\n2\n3\n4\n5\n6\n7\n" {
+		t.Fatalf("consume --count 7 --window 5 printed %q", out)
+	}
+	out, errs, code := c.run("", "consume", "q", "--count", "6", "--timeout", "300ms")
+	if code != 1 || out != "8\n9\n10\n11\n12\n" || !strings.Contains(errs, "got 5 of 6") || !strings.Contains(errs, "--window") {
+		t.Fatalf("consume over a lower cap: exit %d, printed %q, %q", code, out, errs)
 	}
 }
