@@ -55,12 +55,14 @@ Commands:
           [--message-id ID] [--header k=v]... [--lines] [--file F] [BODY]   (body from stdin when absent)
       The default exchange ("") delivers to the queue named by the routing key. A message that no queue
       takes fails the command (exit 1); --mandatory=false lets it be dropped silently instead.
-  consume QUEUE [--count N] [--requeue | --reject] [--timeout D]   (prints each body on its own line)
+  consume QUEUE [--count N] [--requeue | --reject] [--timeout D] [--window W]   (prints each body on its own line)
       Takes exactly N messages (default 1) and acks them; --reject dead-letters them instead.
       --requeue hands them back to the head of the queue, which counts as a failed delivery: their
       delivery and failed counts grow, and a queue with --delivery-limit dead-letters a message handed
-      back too often; it takes at most 1000. To look without touching anything, use queue get.
+      back too often; it takes at most W. To look without touching anything, use queue get.
       --timeout: give up when no message has come for this long (default 5s).
+      --window: messages asked for at once (default 1000, the broker's default max_prefetch; set it
+      to the broker's max_prefetch if that is lower).
   dlq peek QUEUE [--count N] | dlq replay QUEUE [--count N] [--rate R]
       peek is queue get (nothing is delivered or counted); replay sends each message back to the
       exchange and routing key it died from.
@@ -940,10 +942,11 @@ func protoErr(err error) string {
 	return err.Error()
 }
 
-// consumeWindow is the most deliveries consume asks for at once: the
-// broker's default cap on a consumer's prefetch (Config.MaxPrefetch). A
-// broker configured with a lower cap delivers fewer per window, and a
-// count above that cap then stops at the --timeout.
+// consumeWindow is the most deliveries consume asks for at once by
+// default (--window): the broker's default cap on a consumer's prefetch
+// (Config.MaxPrefetch). A broker configured with a lower cap delivers
+// fewer per window, and a count above that cap then stops at the
+// --timeout unless --window is set to the cap.
 const consumeWindow = 1000
 
 // consume takes exactly count messages. It never lets the broker push a
@@ -959,6 +962,7 @@ func (c *cli) consume(args []string) error {
 	requeue := fs.Bool("requeue", false, "")
 	reject := fs.Bool("reject", false, "")
 	timeout := fs.Duration("timeout", 5*time.Second, "")
+	window := fs.Int("window", consumeWindow, "")
 	pos, err := parse(fs, args)
 	if err != nil {
 		return err
@@ -972,10 +976,12 @@ func (c *cli) consume(args []string) error {
 		return usageErr{"consume: --requeue and --reject exclude each other"}
 	case *count < 1:
 		return usageErr{"consume: --count must be at least 1"}
-	case *requeue && *count > consumeWindow:
+	case *window < 1:
+		return usageErr{"consume: --window must be at least 1"}
+	case *requeue && *count > *window:
 		// Requeued messages go back to the head of the queue: a second
 		// window would take the same ones again.
-		return usageErr{fmt.Sprintf("consume: --requeue takes at most %d messages; to look at more without taking them, use queue get", consumeWindow)}
+		return usageErr{fmt.Sprintf("consume: --requeue takes at most --window (%d) messages; to look at more without taking them, use queue get", *window)}
 	case *timeout <= 0:
 		return usageErr{"consume: --timeout must be positive"}
 	}
@@ -986,14 +992,18 @@ func (c *cli) consume(args []string) error {
 	defer conn.Close()
 	got := 0
 	for got < *count {
-		want := min(*count-got, consumeWindow)
+		want := min(*count-got, *window)
 		n, err := c.consumeWindow(ch, name, want, *timeout, *requeue, *reject)
 		got += n
 		if err != nil {
 			return err
 		}
 		if n < want {
-			return fmt.Errorf("got %d of %d messages: none came for %v (--timeout)", got, *count, *timeout)
+			why := ""
+			if n > 0 {
+				why = fmt.Sprintf("; if the queue still has messages, the broker's max_prefetch may be below %d: set --window to it", want)
+			}
+			return fmt.Errorf("got %d of %d messages: none came for %v (--timeout)%s", got, *count, *timeout, why)
 		}
 	}
 	return nil
