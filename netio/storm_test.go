@@ -1,0 +1,96 @@
+package netio_test
+
+import (
+	"net"
+	"strconv"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"golang.org/x/crypto/bcrypt"
+
+	"github.com/warren-mq/warren/client"
+	"github.com/warren-mq/warren/netio"
+	"github.com/warren-mq/warren/netio/warrentest"
+	"github.com/warren-mq/warren/wire"
+)
+
+// TestDeclareStormDoesNotStarveOthers: thousands of pipelined declares and
+// binds on one connection do not hold up another client on the same event
+// loop: its publish is confirmed while the storm is still being answered.
+// The storm is pipelined behind a (deliberately slow, bcrypt) AUTH, so the
+// broker has all of it buffered when it starts on it.
+func TestDeclareStormDoesNotStarveOthers(t *testing.T) {
+	const storm = 2000 // declares, then as many binds
+	hash, err := bcrypt.GenerateFromPassword([]byte("storm"), bcrypt.DefaultCost)
+	must(t, err)
+	s := warrentest.StartServer(t, &netio.Config{EventLoops: 1, Users: []netio.User{{Name: "storm", PasswordHash: string(hash)}}})
+	ctx := ctxT(t)
+	good := channel(t, dial(t, s))
+	good.DeclareQueue(ctx, "pair", client.QueueOptions{})
+
+	nc, err := net.Dial("tcp", s.Addr().String())
+	must(t, err)
+	t.Cleanup(func() { nc.Close() })
+	var b []byte
+	b = append(b, wire.Preamble[:]...)
+	b = wire.AppendFrame(b, 0, &wire.Auth{Mechanism: "PLAIN", Response: wire.PlainResponse("storm", "storm"), MaxFrame: wire.MinMaxFrame})
+	b = wire.AppendFrame(b, 1, &wire.ChannelOpen{Req: 1})
+	for i := 0; i < storm; i++ {
+		b = wire.AppendFrame(b, 1, &wire.QueueDeclare{Req: uint32(2 + i), Name: "storm-" + strconv.Itoa(i)})
+	}
+	for i := 0; i < storm; i++ {
+		b = wire.AppendFrame(b, 1, &wire.Bind{Req: uint32(2 + storm + i), Source: "amq.direct", Destination: "storm-" + strconv.Itoa(i), RoutingKey: "k" + strconv.Itoa(i)})
+	}
+	opened := make(chan struct{})
+	var answered atomic.Int64
+	stormDone := make(chan struct{})
+	go func() {
+		defer close(stormDone)
+		r := &rawConn{t: t, nc: nc}
+		_ = nc.SetReadDeadline(time.Now().Add(60 * time.Second))
+		for answered.Load() < 2*storm+1 {
+			f, n, err := wire.Split(r.buf, wire.HardMaxFrame)
+			if err != nil {
+				return
+			}
+			if n == 0 {
+				tmp := make([]byte, 64<<10)
+				m, err := nc.Read(tmp)
+				if err != nil {
+					return
+				}
+				r.buf = append(r.buf, tmp[:m]...)
+				continue
+			}
+			r.buf = r.buf[n:]
+			switch f.Type {
+			case wire.TypeOpenOK:
+				close(opened)
+			case wire.TypeOK, wire.TypeQueueDeclareOK:
+				answered.Add(1)
+			case wire.TypeError, wire.TypeClose:
+				return
+			}
+		}
+	}()
+	go func() { _, _ = nc.Write(b) }()
+	select {
+	case <-opened:
+	case <-stormDone:
+		t.Fatal("the storm connection was not opened")
+	}
+	// The broker is now working through the storm.
+	start := time.Now()
+	must(t, good.Publish(ctx, "", client.Message{RoutingKey: "pair", Body: []byte("x")}))
+	waited, n := time.Since(start), answered.Load()
+	<-stormDone
+	total := time.Since(start)
+	t.Logf("confirmed after %v with %d of %d storm requests answered; the storm took %v", waited, n, 2*storm+1, total)
+	if answered.Load() != 2*storm+1 {
+		t.Fatalf("only %d of %d storm requests answered", answered.Load(), 2*storm+1)
+	}
+	if n == 2*storm+1 {
+		t.Fatalf("the other client's publish waited for the whole storm (%v)", waited)
+	}
+}
