@@ -48,11 +48,16 @@ type conn struct {
 	gnetBuffered atomic.Int64
 	acksHeld     atomic.Bool // heldAcks is not empty: the tick checks it
 
+	// ctlBusy: a run of its control requests is being handled off the
+	// loop (runControl); the loop reads none of its frames meanwhile.
+	ctlBusy atomic.Bool
+
 	// loop-owned
-	epfd     int // the loop's epoll fd (0: not looked up yet, -1: unavailable)
-	dec      wire.Decompressor
-	routeBuf []string
-	parts    [][]enqItem
+	ctlPaused bool // reading paused until the control run is done
+	epfd      int  // the loop's epoll fd (0: not looked up yet, -1: unavailable)
+	dec       wire.Decompressor
+	routeBuf  []string
+	parts     [][]enqItem
 
 	mu       sync.Mutex
 	channels map[uint16]*channel
@@ -194,6 +199,24 @@ func (c *conn) onTraffic() gnet.Action {
 		return gnet.None
 	}
 	c.lastRecv.Store(c.srv.nowMs())
+	if c.ctlBusy.Load() {
+		// Its control requests are being worked through off the loop;
+		// what follows them waits, and past ctlPauseBytes it waits in the
+		// kernel (the socket leaves the read interest until they are done).
+		if !c.ctlPaused && c.gc.InboundBuffered() > ctlPauseBytes {
+			c.ctlPaused = true
+			c.pauseRead()
+		}
+		return gnet.None
+	}
+	if c.ctlPaused {
+		c.ctlPaused = false
+		if !c.blocked.Load() {
+			if err := c.setReadInterest(true); err != nil && !errors.Is(err, unix.ENOENT) && !errors.Is(err, unix.EBADF) {
+				c.srv.log.Debug("cannot resume reading", "conn", c.id, "err", err)
+			}
+		}
+	}
 	for {
 		switch c.state.Load() {
 		case stClosing:
@@ -254,6 +277,10 @@ func (c *conn) onTraffic() gnet.Action {
 			c.block()
 			return gnet.None
 		}
+		if isControl(f.Type) && c.state.Load() == stOpen {
+			c.startControl(limit)
+			return gnet.None
+		}
 		if !f.Type.Ignorable() {
 			if err := c.handle(f); err != nil {
 				if a := c.fail(f.Channel, err); a != gnet.None {
@@ -266,6 +293,75 @@ func (c *conn) onTraffic() gnet.Action {
 			return gnet.None
 		}
 	}
+}
+
+// Control-plane requests (declares, deletes, purges, binds, subscribes,
+// cancels) can cost time proportional to the topology (each declare or
+// bind rebuilds the routing view), so they are not worked through on the
+// event loop, where a storm of them would hold up every other connection
+// of that loop: deliveries, confirms and heartbeats. The loop hands a run
+// of up to ctlBatchMax of them to a goroutine and reads nothing more from
+// the connection until it is done (so the connection's frames keep their
+// order); the goroutine wakes the loop to go on.
+const (
+	ctlBatchMax   = 256
+	ctlPauseBytes = 1 << 20 // buffered behind a running batch before the socket is paused
+)
+
+func isControl(t wire.Type) bool {
+	switch t {
+	case wire.TypeExchangeDeclare, wire.TypeExchangeDelete, wire.TypeQueueDeclare, wire.TypeQueueDelete,
+		wire.TypeQueuePurge, wire.TypeBind, wire.TypeUnbind, wire.TypeSubscribe, wire.TypeCancel:
+		return true
+	}
+	return false
+}
+
+// startControl copies the run of complete control frames at the head of
+// the inbound buffer (at least one) and works through them off the loop.
+// Loop goroutine.
+func (c *conn) startControl(limit uint32) {
+	var run []byte
+	for n := 0; n < ctlBatchMax; n++ {
+		hdr, err := c.gc.Peek(wire.HeaderSize)
+		if err != nil {
+			break
+		}
+		size := wire.FrameSize(hdr)
+		if uint64(size) > uint64(limit) || c.gc.InboundBuffered() < size {
+			break
+		}
+		buf, err := c.gc.Peek(size)
+		if err != nil {
+			break
+		}
+		f, m, err := wire.Split(buf, limit)
+		if err != nil || !isControl(f.Type) {
+			break // the loop deals with it when it goes on
+		}
+		run = append(run, buf[:m]...)
+		_, _ = c.gc.Discard(m)
+	}
+	c.ctlBusy.Store(true)
+	go c.runControl(run, limit)
+}
+
+// runControl handles a run of control frames, as the loop would have, and
+// wakes the loop to read on. The loop does not touch the connection's
+// frames (nor c.dec) meanwhile.
+func (c *conn) runControl(run []byte, limit uint32) {
+	for len(run) > 0 && c.state.Load() != stClosing {
+		f, n, err := wire.Split(run, limit)
+		if err != nil || n == 0 {
+			break // checked by startControl
+		}
+		if err := c.handle(f); err != nil {
+			c.fail(f.Channel, err)
+		}
+		run = run[n:]
+	}
+	c.ctlBusy.Store(false)
+	_ = c.gc.Wake(nil)
 }
 
 // block stops reading the connection: it published while the memory alarm

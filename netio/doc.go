@@ -22,6 +22,13 @@
 //     in flight go out with the next one. A connection whose outbox grows
 //     past the configured cap is closed (resource_limit).
 //
+//   - Control goroutines: a connection's control-plane requests (declares,
+//     deletes, purges, binds, subscribes, cancels) are handled off its
+//     loop, a run of up to 256 at a time, while the loop reads nothing more
+//     of that connection (its frames keep their order, and past 1 MiB
+//     buffered behind the run its socket is paused); a storm of them costs
+//     its own connection time, not the loop's other connections.
+//
 // Commands cross threads in batches: a lock and a wake-up per batch, never
 // per message. The boundary between loops and shards is where raft will sit
 // for durable queues (commands in, effects out). DESIGN.md asks for MPSC

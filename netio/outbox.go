@@ -117,7 +117,7 @@ func (c *conn) flushLocked() {
 // gnet's buffer). It recycles the buffer, settles the auto-ack deliveries
 // that went out, and starts the next write.
 func (c *conn) flushed(gc gnet.Conn, err error) error {
-	if c.blocked.Load() {
+	if c.blocked.Load() || c.ctlPaused {
 		c.pauseRead() // gnet re-arms reading when a write has to wait
 	}
 	c.gnetBuffered.Store(int64(gc.OutboundBuffered()))

@@ -318,7 +318,7 @@ func (s *Server) OnTick() (time.Duration, gnet.Action) {
 		// A blocked connection is not read: its heartbeats wait in the
 		// socket, so it is not judged by them (the clock restarts when it
 		// is read again).
-		if !blocked && now-c.lastRecv.Load() > 2*hb {
+		if !blocked && !c.ctlBusy.Load() && now-c.lastRecv.Load() > 2*hb {
 			s.log.Info("peer missed heartbeats", "conn", c.id)
 			c.closeWith(wire.HeartbeatTimeout, "no traffic for two heartbeat intervals")
 			continue
