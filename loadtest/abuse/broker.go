@@ -295,6 +295,23 @@ func (b *Broker) Answers(ctx context.Context, timeout time.Duration) error {
 	return nil
 }
 
+// QueueDepth is the number of messages in queue (a passive declare).
+func (b *Broker) QueueDepth(ctx context.Context, queue string) (uint64, error) {
+	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	c, err := client.Dial(ctx, b.URL())
+	if err != nil {
+		return 0, err
+	}
+	defer c.Close()
+	ch, err := c.Channel(ctx)
+	if err != nil {
+		return 0, err
+	}
+	info, err := ch.DeclareQueue(ctx, queue, client.QueueOptions{Passive: true})
+	return info.Messages, err
+}
+
 // Stop ends the broker (SIGTERM, then SIGKILL after a grace period) and
 // removes its directory.
 func (b *Broker) Stop() {

@@ -29,13 +29,15 @@ type pair struct {
 		lastCount   int64
 		maxGap      time.Duration
 	}
-	quit chan struct{}
+	quit   chan struct{}
+	cancel context.CancelFunc
 }
 
 // startPair starts the pair and returns once its first message has been
 // consumed (or fails after 10 s).
 func startPair(ctx context.Context, url string) (*pair, error) {
 	p := &pair{stop: make(chan struct{}), done: make(chan struct{}), quit: make(chan struct{})}
+	ctx, p.cancel = context.WithCancel(ctx)
 	cfg := loadtest.Config{
 		URL: url, Producers: 1, Consumers: 1, Queues: 1, Size: "128", Persistent: true, Rate: PairRate,
 		Duration: 24 * time.Hour, DrainTimeout: 15 * time.Second, Stop: p.stop, Live: &p.live,
@@ -52,11 +54,13 @@ func startPair(ctx context.Context, url string) (*pair, error) {
 		}
 		select {
 		case <-p.done:
+			p.cancel()
 			return nil, fmt.Errorf("abuse: the pair ended at start: %v", p.err)
 		case <-time.After(10 * time.Millisecond):
 		}
 		if time.Now().After(deadline) {
 			close(p.stop)
+			p.cancel()
 			<-p.done
 			return nil, fmt.Errorf("abuse: the pair consumed nothing in 10 s (%v)", p.err)
 		}
@@ -123,10 +127,24 @@ func (p *pair) resumeTime(limit time.Duration) (time.Duration, bool) {
 	return limit, false
 }
 
+// finishLimit is how long the pair may take to wind down once stopped: its
+// drain timeout and some. A pair still running then is stuck (a publish
+// waiting for confirms that never come) and is cancelled.
+const finishLimit = 45 * time.Second
+
 // finish stops publishing, waits for the drain and returns the report.
 func (p *pair) finish() (*loadtest.Report, error) {
 	close(p.stop)
+	defer close(p.quit)
+	defer p.cancel()
+	select {
+	case <-p.done:
+		return p.rep, p.err
+	case <-time.After(finishLimit):
+	}
+	pub, conf, cons := p.live.Totals()
+	p.cancel()
 	<-p.done
-	close(p.quit)
-	return p.rep, p.err
+	return p.rep, fmt.Errorf("abuse: the pair was stuck %v after it was told to stop (published %d, confirmed %d, consumed %d): the broker stopped confirming or delivering to it",
+		finishLimit, pub, conf, cons)
 }

@@ -222,8 +222,8 @@ func idleFlood() Probe {
 			if e.s.IdleMaxConnections > 0 {
 				mc = fmt.Sprintf("max_connections %d", e.s.IdleMaxConnections)
 			}
-			r.Tried = fmt.Sprintf("%d idle sockets (half send nothing, half only the preamble) held %v with %s; a new client logs in every second and must succeed",
-				n, e.s.Duration, mc)
+			r.Tried = fmt.Sprintf("%d idle sockets (half send nothing, half only the preamble) held %v with %s; a new client tries to log in every second: it may be refused with a reason, never reset, and must get in within %v",
+				n, max(e.s.Duration, e.s.HandshakeWait+2*time.Second), mc, e.s.HandshakeWait)
 			start := time.Now()
 			socks := make([]net.Conn, n)
 			states := make([]*sockState, n)
@@ -261,26 +261,43 @@ func idleFlood() Probe {
 					}
 				}
 			}()
-			var ok, failed int
+			// A new client tries to log in every second. While the flood
+			// holds the unauthenticated slots it may be refused, with a
+			// CLOSE that says why; once the handshake deadline has closed
+			// the flood's sockets it must get in.
+			var ok, refused, broken int
 			var worst time.Duration
-			var firstErr string
+			var lastFailAt time.Duration
+			var firstBroken, firstRefusal string
 			t := time.NewTicker(time.Second)
 			defer t.Stop()
-			end := time.Now().Add(e.s.Duration)
+			hold := max(e.s.Duration, e.s.HandshakeWait+2*time.Second)
+			end := start.Add(hold)
 			for time.Now().Before(end) && ctx.Err() == nil {
 				t0 := time.Now()
-				cctx, cancel := context.WithTimeout(ctx, 3*time.Second)
-				c, err := client.Dial(cctx, e.b.URL())
-				cancel()
-				if err != nil {
-					failed++
-					if firstErr == "" {
-						firstErr = fmt.Sprintf("%.1f s in: %v", time.Since(start).Seconds(), err)
-					}
-				} else {
+				nc, err := dialRaw(ctx, e.b.Addr, 0)
+				if err == nil {
+					_ = nc.SetDeadline(time.Now().Add(3 * time.Second))
+					err = rawLogin(nc, "guest", "guest", 0)
+					nc.Close()
+				}
+				at := time.Since(start)
+				switch {
+				case err == nil:
 					ok++
 					worst = max(worst, time.Since(t0))
-					c.Close()
+				case errors.Is(err, errRefused):
+					refused++
+					lastFailAt = at
+					if firstRefusal == "" {
+						firstRefusal = fmt.Sprintf("%.1f s in: %v", at.Seconds(), err)
+					}
+				default:
+					broken++
+					lastFailAt = at
+					if firstBroken == "" {
+						firstBroken = fmt.Sprintf("%.1f s in: %v", at.Seconds(), err)
+					}
 				}
 				select {
 				case <-ctx.Done():
@@ -304,9 +321,14 @@ func idleFlood() Probe {
 			}
 			r.notef("opened %d of %d in %.1f s (%d connects failed); %d closed by the broker during the hold (%s); how: %v",
 				int64(n)-dialFail.Load(), n, opened.Seconds(), dialFail.Load(), closedBy, durStats(closeTimes), reasons)
-			r.notef("new client logins during the flood: %d ok (slowest %v), %d failed", ok, worst.Round(time.Millisecond), failed)
-			if failed > 0 {
-				r.failf("%d of %d new client logins failed during the flood (first: %s)", failed, ok+failed, firstErr)
+			r.notef("new client logins, one a second for %v: %d ok (slowest %v), %d refused with a reason (first: %s), %d failed without one (first: %s)",
+				hold, ok, worst.Round(time.Millisecond), refused, firstRefusal, broken, firstBroken)
+			if broken > 0 {
+				r.failf("%d new client logins failed without a CLOSE saying why (first: %s)", broken, firstBroken)
+			}
+			if lastFailAt > e.s.HandshakeWait {
+				r.failf("new clients were still locked out %.1f s into the flood (bound %v: the handshake deadline and slack)",
+					lastFailAt.Seconds(), e.s.HandshakeWait)
 			}
 		},
 	}
@@ -840,7 +862,8 @@ func declareStorm() Probe {
 			select {
 			case err := <-readDone:
 				if err != nil {
-					r.failf("the storm's connection ended: %v", err)
+					r.failf("the storm's connection ended after %.1f s, %d of %d replies: %v", time.Since(start).Seconds(), repliesSeen.Load(), 2*n, err)
+					return
 				}
 			case <-time.After(limit):
 				r.failf("the storm was not answered within %v (%d of %d replies)", limit, repliesSeen.Load(), 2*n)
@@ -857,4 +880,3 @@ func declareStorm() Probe {
 		},
 	}
 }
-

@@ -303,6 +303,11 @@ func RunProbe(ctx context.Context, bin string, s Sizes, p Probe) *Result {
 		r.P99 = time.Duration(rep.ConfirmLat.P99 * float64(time.Millisecond))
 		if rep.Lost > 0 {
 			r.failf("the pair lost %d confirmed messages", rep.Lost)
+			// Lost means confirmed but never consumed: say whether they
+			// are still in the pair's queue (its consumer cut off) or gone.
+			if n, err := b.QueueDepth(ctx, "loadtest-0"); err == nil {
+				r.notef("the pair's queue still holds %d messages after the run", n)
+			}
 		}
 		if rep.Duplicates > 0 {
 			r.failf("the pair received %d duplicates", rep.Duplicates)
