@@ -80,7 +80,7 @@ ABUSE_FLAGS ?=
 abuse:
 	$(GO) build -o bin/warrend ./cmd/warrend
 	$(GO) build -o bin/warren-abuse ./cmd/warren-abuse
-	ulimit -n $$(ulimit -Hn) && bin/warren-abuse --bin bin/warrend --json abuse.json $(ABUSE_FLAGS)
+	ulimit -n $$(ulimit -Hn) && bin/warren-abuse --bin bin/warrend --json abuse.json --md abuse.md $(ABUSE_FLAGS)
 
 # The 1,000,000 msg/s validation against a running broker (WARREN_URL).
 WARREN_URL ?= warren://guest:guest@127.0.0.1:5680

@@ -5,7 +5,7 @@
 // nothing and, for the probes that stay under the memory watermark, the
 // pair's confirm p99 stays under 50 ms. `make abuse` runs it at full size.
 //
-//	warren-abuse [--bin bin/warrend] [--small] [--probe NAME,...] [--duration 15s] [--json FILE]
+//	warren-abuse [--bin bin/warrend] [--small] [--probe NAME,...] [--duration 15s] [--json FILE] [--md FILE]
 //
 // Exit codes: 0 every probe held, 1 a probe failed, 2 usage error.
 package main
@@ -37,6 +37,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 	probes := fs.String("probe", "", "comma-separated probe names (default: all): "+names())
 	dur := fs.Duration("duration", 0, "how long each timed probe runs (default 15s; --small 3s)")
 	jsonPath := fs.String("json", "", "write the results as JSON to this file")
+	mdPath := fs.String("md", "", "write the results as Markdown tables (RELIABILITY.md's form) to this file")
 	if err := fs.Parse(args); err != nil {
 		return 2
 	}
@@ -80,6 +81,11 @@ func run(args []string, stdout, stderr io.Writer) int {
 	if *jsonPath != "" {
 		b, _ := json.MarshalIndent(rs, "", "  ")
 		if werr := os.WriteFile(*jsonPath, append(b, '\n'), 0o644); werr != nil {
+			fmt.Fprintf(stderr, "warren-abuse: %v\n", werr)
+		}
+	}
+	if *mdPath != "" {
+		if werr := os.WriteFile(*mdPath, []byte(abuse.Summary(rs)+"\n"+abuse.Markdown(rs)), 0o644); werr != nil {
 			fmt.Fprintf(stderr, "warren-abuse: %v\n", werr)
 		}
 	}

@@ -390,3 +390,36 @@ func Summary(rs []*Result) string {
 	}
 	return b.String()
 }
+
+// Markdown writes one table per probe (RELIABILITY.md's form).
+func Markdown(rs []*Result) string {
+	var b strings.Builder
+	esc := func(s string) string { return strings.ReplaceAll(s, "|", "\\|") }
+	for _, r := range rs {
+		held := "yes"
+		if !r.OK() {
+			held = "**no**: " + esc(strings.Join(r.Failures, "; "))
+		}
+		p99 := fmt.Sprintf("%.1f ms", float64(r.P99)/float64(time.Millisecond))
+		if r.P99Bound > 0 {
+			p99 += fmt.Sprintf(" (bound %v)", r.P99Bound)
+		} else {
+			p99 += " (not bounded: FLOW pauses the pair too)"
+		}
+		fmt.Fprintf(&b, "#### %s\n\n| | |\n|---|---|\n", r.Probe)
+		fmt.Fprintf(&b, "| tried | %s |\n| held | %s |\n", esc(r.Tried), held)
+		fmt.Fprintf(&b, "| pair | published %d, confirmed %d, consumed %d; **lost %d, duplicates %d** |\n",
+			r.Published, r.Confirmed, r.Consumed, r.Lost, r.Duplicates)
+		fmt.Fprintf(&b, "| pair confirm p99 | %s |\n| pair's longest delivery gap | %v |\n", p99, r.MaxGap.Round(time.Millisecond))
+		if r.Resume > 0 {
+			fmt.Fprintf(&b, "| pair moving again after the flood | %v |\n", r.Resume.Round(time.Millisecond))
+		}
+		fmt.Fprintf(&b, "| broker RSS | baseline %s, peak %s, bound %s |\n", mb(r.RSSBaseline), mb(r.RSSPeak), mb(r.RSSBound))
+		fmt.Fprintf(&b, "| broker up after | %v |\n| broker CPU during the probe | %.1f s |\n", r.BrokerUp, r.CPUSeconds)
+		if len(r.Findings) > 0 {
+			fmt.Fprintf(&b, "| measured | %s |\n", esc(strings.Join(r.Findings, "<br>")))
+		}
+		b.WriteString("\n")
+	}
+	return b.String()
+}
