@@ -14,10 +14,6 @@ import (
 // issue 11 item that fixes each: the scaled-down run skips them (they fail
 // today; `make abuse` runs them and RELIABILITY.md has their numbers).
 var pending = map[string]string{
-	"partial-handshakes":      "item 8 (handshake deadline)",
-	"idle-sockets":            "item 9 (unauthenticated-connection cap)",
-	"slowloris":               "item 8 (handshake deadline)",
-	"auth-storm":              "item 14 (bounded concurrent password checks)",
 	"flow-ignoring-publisher": "item 10 (stop reading a publisher that ignores FLOW)",
 	"empty-body-flood":        "item 10 (per-message overhead in the watermark)",
 	"stalled-auto-ack":        "item 11 (auto-ack window bound)",

@@ -8,6 +8,7 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -310,6 +311,47 @@ func (b *Broker) QueueDepth(ctx context.Context, queue string) (uint64, error) {
 	}
 	info, err := ch.DeclareQueue(ctx, queue, client.QueueOptions{Passive: true})
 	return info.Messages, err
+}
+
+// Gauges are a few of the broker's own figures from /metrics.
+type Gauges struct {
+	StoredBytes int64 // warren_stored_message_bytes: what the watermark counts
+	HeapInuse   int64 // go_memstats_heap_inuse_bytes
+}
+
+// ReadGauges scrapes /metrics.
+func (b *Broker) ReadGauges(ctx context.Context) (Gauges, error) {
+	ctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+	defer cancel()
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+b.HTTPAddr+"/metrics", nil)
+	if err != nil {
+		return Gauges{}, err
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		return Gauges{}, err
+	}
+	defer resp.Body.Close()
+	var g Gauges
+	sc := bufio.NewScanner(resp.Body)
+	for sc.Scan() {
+		name, val, ok := strings.Cut(sc.Text(), " ")
+		if !ok {
+			continue
+		}
+		var dst *int64
+		switch name {
+		case "warren_stored_message_bytes":
+			dst = &g.StoredBytes
+		case "go_memstats_heap_inuse_bytes":
+			dst = &g.HeapInuse
+		default:
+			continue
+		}
+		f, _ := strconv.ParseFloat(val, 64)
+		*dst = int64(f)
+	}
+	return g, sc.Err()
 }
 
 // Stop ends the broker (SIGTERM, then SIGKILL after a grace period) and

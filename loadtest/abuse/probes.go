@@ -25,9 +25,14 @@ type sockState struct {
 
 func (s *sockState) ended() time.Duration { return time.Duration(s.endedNs.Load()) }
 
+// closeReason is the reason of the CLOSE the broker sent, or says there
+// was none (a socket closed before the preamble gets no frame).
 func (s *sockState) closeReason() string {
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	if s.reason == "" {
+		return "(no CLOSE: reset or EOF)"
+	}
 	return s.reason
 }
 
@@ -313,11 +318,7 @@ func idleFlood() Probe {
 				}
 				closedBy++
 				closeTimes = append(closeTimes, st.ended())
-				if rs := st.closeReason(); rs != "" {
-					reasons[rs]++
-				} else {
-					reasons["(no CLOSE: reset or EOF)"]++
-				}
+				reasons[st.closeReason()]++
 			}
 			r.notef("opened %d of %d in %.1f s (%d connects failed); %d closed by the broker during the hold (%s); how: %v",
 				int64(n)-dialFail.Load(), n, opened.Seconds(), dialFail.Load(), closedBy, durStats(closeTimes), reasons)
