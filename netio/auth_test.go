@@ -86,30 +86,38 @@ func TestUnknownUserComparesAtUsersCost(t *testing.T) {
 	}
 }
 
-// TestRefusalTimesEqualForKnownAndUnknownUsers (item 14, by timing): the
-// median refusal time of an unknown user is within a generous margin of a
-// known user's with a wrong password (real bcrypt at cost 6; before the
-// fix the unknown user's decoy was cost 4, 4× faster).
+// TestRefusalTimesEqualForKnownAndUnknownUsers (item 14, by timing): an
+// unknown user is refused in about the time a known user with a wrong
+// password is (real bcrypt at cost 6; before the fix the unknown user's
+// decoy was cost 4, 4× faster). The fastest of 15 interleaved tries of
+// each is compared: load on the machine only adds time, so the minimum is
+// the steadiest estimate of the work done, and the margin is generous
+// (0.5..2) but far from the 0.25 the fault gives.
 func TestRefusalTimesEqualForKnownAndUnknownUsers(t *testing.T) {
 	if raceEnabled {
 		t.Skip("timing is meaningless under the race detector; TestUnknownUserComparesAtUsersCost checks the cause")
 	}
 	a, _ := testAuth(t, 6)
-	const tries = 11
-	var known, unknown []time.Duration
+	a.check("nobody", "warm-up", "192.0.2.1:1", false) // makes the decoy hash
+	const tries = 15
+	known, unknown := time.Duration(1<<62), time.Duration(1<<62)
+	try := func(user, src string) time.Duration {
+		start := time.Now()
+		a.check(user, "wrong", src, false)
+		return time.Since(start)
+	}
 	for i := 0; i < tries; i++ {
 		src := fmt.Sprintf("198.51.100.%d:1", i)
-		start := time.Now()
-		a.check("app", "wrong", src, false)
-		known = append(known, time.Since(start))
-		start = time.Now()
-		a.check("nobody", "wrong", src, false)
-		unknown = append(unknown, time.Since(start))
+		if i%2 == 0 {
+			known = min(known, try("app", src))
+			unknown = min(unknown, try("nobody", src))
+		} else {
+			unknown = min(unknown, try("nobody", src))
+			known = min(known, try("app", src))
+		}
 	}
-	median := func(d []time.Duration) time.Duration { slices.Sort(d); return d[len(d)/2] }
-	k, u := median(known), median(unknown)
-	if r := float64(u) / float64(k); r < 0.6 || r > 1.67 {
-		t.Fatalf("median refusal: unknown user %v, known user %v (ratio %.2f, want 0.6..1.67)", u, k, r)
+	if r := float64(unknown) / float64(known); r < 0.5 || r > 2 {
+		t.Fatalf("fastest refusal: unknown user %v, known user %v (ratio %.2f, want 0.5..2)", unknown, known, r)
 	}
 }
 

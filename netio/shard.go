@@ -339,14 +339,17 @@ func (r dlDrop) String() string { return dlDropNames[r] }
 // (if known) and broker-wide by reason, and logs it (at most one line per
 // reason per 10 s, with the count of those left out).
 func (s *shard) dropDeadLetter(q *queueRef, target string, r dlDrop) {
-	s.srv.metrics.dlDropped[r].Inc()
 	name := ""
 	if q != nil {
-		q.deadLetterDropped.Add(1)
 		name = q.name
 	}
+	// Logged before counted: whoever sees the count finds the line.
 	if ok, n := s.srv.dlDropLog[r].allow(time.Now()); ok {
 		s.srv.log.Warn("dead letter dropped", "queue", name, "target", target, "reason", r.String(), "suppressed_since_last", n)
+	}
+	s.srv.metrics.dlDropped[r].Inc()
+	if q != nil {
+		q.deadLetterDropped.Add(1)
 	}
 }
 
