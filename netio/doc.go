@@ -10,12 +10,14 @@
 //     against the current routing view (an atomic pointer; no lock), its
 //     bodies are copied once into one arena, and it is handed to the shards
 //     that own its destination queues as one command per shard.
+//
 //   - Shards (a fixed number of goroutines) own queues: each queue's
 //     queue.Machine, its message bodies and its consumers. A shard drains
 //     its inbox in batches, applies commands to machines, and turns the
 //     effects into frames (deliveries, confirms, cancels) in connection
 //     outboxes. Time comes from the shard's clock and is passed into the
 //     machines, which never read one.
+//
 //   - Outboxes: each connection has one, guarded by a mutex taken once per
 //     batch of frames. When it goes from empty to non-empty one AsyncWrite
 //     is scheduled on the connection's loop; bytes appended while a write is
