@@ -45,7 +45,7 @@ const (
 //   - remembers verified credentials for credCacheTTL, keyed by an HMAC of
 //     user and password under a per-process key (never the password), so
 //     an admin client does not pay a bcrypt check per request;
-//   - logs failed logins (user, source, reason), rate-limited.
+//   - logs failed logins (user, source, reason), rate-limited (refused).
 type authenticator struct {
 	users         atomic.Pointer[userTable]
 	guestLoopback bool
@@ -103,7 +103,7 @@ func newAuthenticator(users []User, guestLoopback bool) *authenticator {
 		log:    slog.New(slog.DiscardHandler),
 		checks: make(chan struct{}, maxChecks()), cacheKey: []byte(randomSecret()),
 		cache: map[[sha256.Size]byte]credEntry{}, fails: map[string]failState{},
-		failLog: logLimiter{every: time.Second},
+		failLog: logLimiter{every: time.Second, burst: 5},
 		compare: bcrypt.CompareHashAndPassword, now: time.Now, sleep: time.Sleep}
 	a.setUsers(users)
 	return a
@@ -269,7 +269,7 @@ func (a *authenticator) recordFailure(src string) {
 	a.fails[src] = f
 }
 
-// refused logs a failed login, at most one line a second with the count
+// refused logs a failed login, at most 5 lines a second with the count
 // of those left out.
 func (a *authenticator) refused(user, remote, reason string) {
 	if ok, n := a.failLog.allow(a.now()); ok {

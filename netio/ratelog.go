@@ -5,16 +5,18 @@ import (
 	"time"
 )
 
-// logLimiter rate-limits one kind of log line: at most one line per
-// interval is let through; the others are counted and the count goes out
-// with the next line let through, so a flood (failed logins, dropped dead
-// letters) cannot fill the disk nor hide that it happened. Time is an
-// input, so tests drive it with a fake clock.
+// logLimiter rate-limits one kind of log line: at most burst lines (1 if
+// zero) per interval are let through; the others are counted and the count
+// goes out with the next line let through, so a flood (failed logins,
+// dropped dead letters) can neither fill the disk nor hide that it
+// happened. Time is an input, so tests drive it with a fake clock.
 type logLimiter struct {
 	every time.Duration
+	burst int
 
 	mu         sync.Mutex
-	next       time.Time
+	windowEnd  time.Time
+	n          int // lines let through in the current window
 	suppressed int
 }
 
@@ -23,11 +25,14 @@ type logLimiter struct {
 func (l *logLimiter) allow(now time.Time) (ok bool, suppressed int) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	if now.Before(l.next) {
+	if !now.Before(l.windowEnd) {
+		l.windowEnd, l.n = now.Add(l.every), 0
+	}
+	if l.n >= max(l.burst, 1) {
 		l.suppressed++
 		return false, 0
 	}
-	l.next = now.Add(l.every)
+	l.n++
 	suppressed, l.suppressed = l.suppressed, 0
 	return true, suppressed
 }

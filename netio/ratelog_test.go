@@ -20,3 +20,20 @@ func TestLogLimiterLetsOneLinePerInterval(t *testing.T) {
 		t.Fatalf("after the interval: ok=%v suppressed=%d, want true 5", ok, n)
 	}
 }
+
+func TestLogLimiterBurst(t *testing.T) {
+	l := logLimiter{every: time.Second, burst: 3}
+	t0 := time.Unix(1000, 0)
+	passed := 0
+	for i := 0; i < 10; i++ {
+		if ok, _ := l.allow(t0.Add(time.Duration(i) * time.Millisecond)); ok {
+			passed++
+		}
+	}
+	if passed != 3 {
+		t.Fatalf("%d of 10 lines in one interval let through, want the burst of 3", passed)
+	}
+	if ok, n := l.allow(t0.Add(time.Second)); !ok || n != 7 {
+		t.Fatalf("next interval: ok=%v suppressed=%d, want true 7", ok, n)
+	}
+}

@@ -161,10 +161,14 @@ func (c *conn) onAuth(f wire.Frame) error {
 		return &wire.Error{Code: wire.FrameError, Reason: "max_frame out of range"}
 	}
 	if a.Mechanism != "PLAIN" {
+		c.srv.auth.refused("", c.remote.String(), "unsupported_mechanism")
 		c.closeWith(wire.AuthFailed, "unsupported mechanism "+a.Mechanism)
 		return nil
 	}
 	user, pass, ok := wire.ParsePlain(a.Response)
+	if !ok {
+		c.srv.auth.refused(user, c.remote.String(), "malformed_plain_response")
+	}
 	c.state.Store(stAuthPending)
 	go func() {
 		if !ok || !c.srv.auth.check(user, pass, c.remote.String(), c.loopback) {
