@@ -38,3 +38,21 @@ func TestMalformedLoginsAreLogged(t *testing.T) {
 		}
 	}
 }
+
+// TestAuthMetrics: refused logins through the operator API count in
+// warren_auth_failures_total as the protocol's do, and the password-check
+// limits are visible in /metrics.
+func TestAuthMetrics(t *testing.T) {
+	s := warrentest.StartServer(t, nil)
+	if _, ok := s.Authenticate("nobody", "x", "127.0.0.1:1"); ok {
+		t.Fatal("unknown user accepted")
+	}
+	if v := metricValue(s, "warren_auth_failures_total"); v != 1 {
+		t.Errorf("warren_auth_failures_total = %v after one refused admin login, want 1", v)
+	}
+	for _, name := range []string{"warren_auth_checks_running", "warren_auth_checks_max", "warren_auth_delayed_total"} {
+		if v := metricValue(s, name); v < 0 {
+			t.Errorf("%s missing from /metrics", name)
+		}
+	}
+}
