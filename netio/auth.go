@@ -59,6 +59,7 @@ type authenticator struct {
 	failMu   sync.Mutex
 	fails    map[string]failState
 	failLog  logLimiter
+	delayed  atomic.Uint64 // attempts slowed down (warren_auth_delayed_total)
 
 	// Seams for tests: the password comparison, the clock and waiting.
 	compare func(hash, pass []byte) error
@@ -161,6 +162,7 @@ func (a *authenticator) check(user, pass, remote string, loopback bool) bool {
 	}
 	src := sourceHost(remote)
 	if d := a.failDelay(src); d > 0 {
+		a.delayed.Add(1)
 		a.sleep(d)
 	}
 	hash := t.decoyHash()

@@ -275,6 +275,7 @@ func (s *Server) Authenticate(user, pass, remote string) (tags []string, ok bool
 		loopback = ip.IsLoopback()
 	}
 	if !s.auth.check(user, pass, remote, loopback) {
+		s.metrics.authFailures.Inc()
 		return nil, false
 	}
 	if u, found := s.auth.user(user); found {

@@ -495,6 +495,9 @@ func (s *Server) initMetrics() {
 	for r := range m.dlDropped {
 		m.dlDropped[r] = m.set.NewCounter(`warren_dead_letter_dropped_total{reason="` + dlDrop(r).String() + `"}`)
 	}
+	m.set.NewGauge("warren_auth_checks_running", func() float64 { return float64(len(s.auth.checks)) })
+	m.set.NewGauge("warren_auth_checks_max", func() float64 { return float64(cap(s.auth.checks)) })
+	m.set.NewGauge("warren_auth_delayed_total", func() float64 { return float64(s.auth.delayed.Load()) })
 	m.set.NewGauge("warren_connections", func() float64 { return float64(s.ConnectionCount()) })
 	m.set.NewGauge("warren_channels", func() float64 { return float64(m.channels.Load()) })
 	m.set.NewGauge("warren_stored_message_bytes", func() float64 { return float64(s.storedBytes.Load()) })
