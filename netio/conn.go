@@ -271,7 +271,7 @@ func (c *conn) onTraffic() gnet.Action {
 		if err != nil {
 			return c.protoError(err)
 		}
-		if f.Type == wire.TypePublish && c.srv.memoryAlarm() {
+		if f.Type == wire.TypePublish && c.srv.publishMustWait(publishCost(f)) {
 			// Publishing while the alarm is on: stop reading until it
 			// clears. The frame stays in the inbound buffer.
 			c.block()
@@ -742,10 +742,29 @@ func (c *conn) onPublish(ch *channel, f wire.Frame) error {
 		items := slices.Clone(p) // handed to the shard
 		slices.SortStableFunc(items, func(a, b enqItem) int { return cmp.Compare(a.q.name, b.q.name) })
 		c.parts[si] = p[:0]
+		if cap(p) > partsKeepMax {
+			c.parts[si] = nil // a huge batch's scratch is not kept per connection
+		}
 		c.srv.shards[si].submit(func(s *shard) { s.enqueue(items, batch) })
 	}
 	batch.partDone()
 	return nil
+}
+
+// partsKeepMax: a connection keeps its routing scratch (c.parts) between
+// batches up to this many items per shard.
+const partsKeepMax = 4096
+
+// publishCost estimates what a PUBLISH frame will add to the stored-bytes
+// gauge once routed to one queue: its payload and the per-message overhead
+// of its count (read from the frame; 0 if it is malformed, which decoding
+// refuses anyway).
+func publishCost(f wire.Frame) int64 {
+	if len(f.Payload) < 12 {
+		return int64(len(f.Payload))
+	}
+	count := int64(f.Payload[8]) | int64(f.Payload[9])<<8 | int64(f.Payload[10])<<16 | int64(f.Payload[11])<<24
+	return int64(len(f.Payload)) + count*(storedMsgOverhead+placementOverhead)
 }
 
 // onSettle translates channel tags into queue tags and hands each shard its

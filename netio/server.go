@@ -134,6 +134,7 @@ type Server struct {
 
 	storedBytes atomic.Int64
 	flowOff     atomic.Bool
+	flowWanted  atomic.Bool // a publish was held back for crossing the watermark
 	// The Go heap's live bytes when the broker started, and what the tick
 	// (its only user) needs to read them again.
 	heapBase   int64
@@ -337,6 +338,22 @@ func (s *Server) memoryAlarm() bool {
 	return s.flowOff.Load() || s.storedBytes.Load() > s.cfg.MemoryHighWater
 }
 
+// publishMustWait reports whether a PUBLISH that would add cost to the
+// stored bytes must wait: the alarm is on, or it would take what is stored
+// past the watermark (unless nothing is stored: a frame that alone costs
+// more than the watermark is let through then, or it would wait forever).
+func (s *Server) publishMustWait(cost int64) bool {
+	if s.flowOff.Load() {
+		return true
+	}
+	stored := s.storedBytes.Load()
+	if stored > 0 && stored+cost > s.cfg.MemoryHighWater {
+		s.flowWanted.Store(true) // the tick raises the alarm (FLOW to everyone)
+		return true
+	}
+	return false
+}
+
 // heapAllowance is the Go heap the broker may grow by, beyond the
 // watermark, before the heap alone raises the alarm: its own working
 // memory (the loops' read buffers, connections' buffers, shards'
@@ -366,7 +383,7 @@ func (s *Server) checkFlow(conns []*conn) {
 	heap := s.heapLive() - s.heapBase
 	off := s.flowOff.Load()
 	switch {
-	case !off && (used > hw || heap > hw+heapAllowance):
+	case !off && (used > hw || heap > hw+heapAllowance || s.flowWanted.Swap(false)):
 		s.flowOff.Store(true)
 		s.log.Warn("memory high-watermark passed: pausing publishers", "stored_bytes", used, "heap_growth_bytes", heap, "high_water", hw)
 	case off && used < hw*8/10:
