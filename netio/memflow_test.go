@@ -327,7 +327,7 @@ func liveHeap() int64 {
 // resume once it is gone.
 func TestGoHeapRaisesTheAlarm(t *testing.T) {
 	s := warrentest.StartServer(t, &netio.Config{MemoryHighWater: 1 << 20, TickInterval: 10 * time.Millisecond})
-	ballast := make([]byte, 64<<20) // past the watermark and the broker's 32 MiB allowance
+	ballast := make([]byte, 48<<20) // past the watermark and the broker's 32 MiB allowance
 	for i := 0; i < len(ballast); i += 4096 {
 		ballast[i] = 1
 	}
