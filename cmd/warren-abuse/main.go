@@ -37,6 +37,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 	probes := fs.String("probe", "", "comma-separated probe names (default: all): "+names())
 	dur := fs.Duration("duration", 0, "how long each timed probe runs (default 15s; --small 3s)")
 	jsonPath := fs.String("json", "", "write the results as JSON to this file")
+	brokerCfg := fs.String("broker-config", "", `JSON object of warrend config keys for every broker, replacing the sizes' own (e.g. '{}' to run --small against a warrend without handshake_timeout_ms)`)
 	mdPath := fs.String("md", "", "write the results as Markdown tables (RELIABILITY.md's form) to this file")
 	if err := fs.Parse(args); err != nil {
 		return 2
@@ -55,6 +56,13 @@ func run(args []string, stdout, stderr io.Writer) int {
 	}
 	if *dur > 0 {
 		s.Duration = *dur
+	}
+	if *brokerCfg != "" {
+		s.BrokerConfig = nil
+		if err := json.Unmarshal([]byte(*brokerCfg), &s.BrokerConfig); err != nil {
+			fmt.Fprintf(stderr, "warren-abuse: --broker-config: %v\n", err)
+			return 2
+		}
 	}
 	// The idle-socket flood holds 10,005 sockets in this process.
 	var lim syscall.Rlimit

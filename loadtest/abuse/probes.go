@@ -538,7 +538,7 @@ func flood(ctx context.Context, e *env, r *Result, q string, n, bodySize int) {
 		r.failf("flooder login: %v", err)
 		return
 	}
-	if err := rawDeclareQueue(nc, q, 2); err != nil {
+	if err := rawDeclareQueue(nc, q, 2, nil); err != nil {
 		r.failf("flooder declare: %v", err)
 		nc.Close()
 		return
@@ -640,6 +640,10 @@ func emptyBodyFlood() Probe {
 // feederWindow is the stalled consumers' feeder's confirm window.
 const feederWindow = 1000
 
+// stalledMaxLength bounds the stalled consumers' queue, so what the broker
+// holds beyond it is what it has taken out of the queue for them.
+const stalledMaxLength = 1000
+
 // stalledAutoAck: consumers that subscribe with auto-ack and never read
 // their socket (kernel receive buffer 4 KiB), while a well-behaved feeder
 // publishes to their queue (issue 11 item 11; deadconsumer.py).
@@ -647,21 +651,11 @@ func stalledAutoAck() Probe {
 	return Probe{
 		Name:         "stalled-auto-ack",
 		RSSAllowance: func(s Sizes) int64 { return s.StalledAllowance },
-		Config: func(s Sizes) map[string]any {
-			if s.StalledSoftLimit > 0 {
-				return map[string]any{"queue_soft_limit": s.StalledSoftLimit}
-			}
-			return nil
-		},
 		run: func(ctx context.Context, e *env, r *Result) {
 			const q = "abuse.stall"
 			n := e.s.StalledConsumers
-			soft := "the default queue soft limit (20,000)"
-			if e.s.StalledSoftLimit > 0 {
-				soft = fmt.Sprintf("queue soft limit %d", e.s.StalledSoftLimit)
-			}
-			r.Tried = fmt.Sprintf("%d auto-ack consumers (prefetch 0, SO_RCVBUF 4 KiB) that never read, on one queue fed %d × 1 KiB msg/s for %v by a publisher with confirms (window %d, %s); what the broker holds for them must stay within %s",
-				n, e.s.FeederRate, e.s.Duration, feederWindow, soft, mb(e.s.StalledAllowance))
+			r.Tried = fmt.Sprintf("%d auto-ack consumers (prefetch 0, SO_RCVBUF 4 KiB) that never read, on one queue (max-length %d, drop-head: no backlog of its own) fed %d × 1 KiB msg/s for %v by a publisher with confirms; what the broker holds for them must stay within %s",
+				n, stalledMaxLength, e.s.FeederRate, e.s.Duration, mb(e.s.StalledAllowance))
 			var socks []net.Conn
 			defer func() {
 				for _, nc := range socks {
@@ -675,7 +669,8 @@ func stalledAutoAck() Probe {
 					return
 				}
 				socks = append(socks, nc)
-				if err := rawDeclareQueue(nc, q, 2); err != nil {
+				args := wire.Table{{Key: "max-length", Value: wire.Int(stalledMaxLength)}}
+				if err := rawDeclareQueue(nc, q, 2, args); err != nil {
 					r.failf("stalled consumer %d declare: %v", i, err)
 					return
 				}
@@ -718,7 +713,7 @@ func stalledAutoAck() Probe {
 			wctx, wcancel := context.WithTimeout(context.Background(), 5*time.Second)
 			_ = ch.WaitConfirms(wctx)
 			wcancel()
-			info, derr := ch.DeclareQueue(ctx, q, client.QueueOptions{Passive: true})
+			info, derr := ch.DeclareQueue(ctx, q, client.QueueOptions{Passive: true, Args: wire.Table{{Key: "max-length", Value: wire.Int(stalledMaxLength)}}})
 			// Which stalled sockets did the broker close?
 			cut := 0
 			for _, nc := range socks {

@@ -177,8 +177,8 @@ func expectReply(nc net.Conn, req uint32) (wire.Body, error) {
 }
 
 // rawDeclareQueue declares name on channel 1 and waits for the answer.
-func rawDeclareQueue(nc net.Conn, name string, req uint32) error {
-	if _, err := nc.Write(wire.AppendFrame(nil, 1, &wire.QueueDeclare{Req: req, Name: name})); err != nil {
+func rawDeclareQueue(nc net.Conn, name string, req uint32, args wire.Table) error {
+	if _, err := nc.Write(wire.AppendFrame(nil, 1, &wire.QueueDeclare{Req: req, Name: name, Args: args})); err != nil {
 		return err
 	}
 	_, err := expectReply(nc, req)

@@ -36,11 +36,11 @@ type Sizes struct {
 	// publishes FeederRate 1 KiB messages per second to their queue.
 	StalledConsumers, FeederRate int
 	// StalledAllowance is what the broker may hold for the stalled
-	// consumers (RSS over the baseline); StalledSoftLimit, when set, is
-	// the broker's queue_soft_limit during that probe, so the feeder's
-	// backlog in the queue stays small next to it.
+	// consumers (RSS over the baseline): their windows and the feeder's
+	// 1,000-message queue are a few MiB; the rest is Go heap headroom at
+	// the feeder's rate. Full: the watermark. Small: 56 MiB (4 consumers;
+	// 75 MiB before the auto-ack bound, 34 MiB after it).
 	StalledAllowance int64
-	StalledSoftLimit int
 	// Declares queue declares, then as many binds, pipelined on one
 	// connection.
 	Declares int
@@ -62,7 +62,7 @@ func Full() Sizes {
 	return Sizes{
 		Duration: 15 * time.Second, WatermarkBytes: 256 * MiB, HandshakeWait: 20 * time.Second,
 		PartialSockets: 200, IdleSockets: 10005, SlowlorisSockets: 100, SlowlorisByte: time.Second,
-		AuthLoops: 16, StalledConsumers: 20, FeederRate: 20000, StalledAllowance: 128 * MiB, Declares: 10000,
+		AuthLoops: 16, StalledConsumers: 20, FeederRate: 20000, StalledAllowance: 256 * MiB, Declares: 10000,
 		P99Bound: 50 * time.Millisecond, MaxGap: time.Second, ResumeBound: time.Second,
 	}
 }
@@ -72,10 +72,10 @@ func Full() Sizes {
 // machine yet well below what a broker without the fixes reaches.
 func Small() Sizes {
 	return Sizes{
-		Duration: 3 * time.Second, WatermarkBytes: 64 * MiB, HandshakeWait: 3 * time.Second,
+		Duration: 3 * time.Second, WatermarkBytes: 128 * MiB, HandshakeWait: 3 * time.Second,
 		PartialSockets: 10, IdleSockets: 1100, IdleMaxConnections: 1050, SlowlorisSockets: 10,
 		SlowlorisByte: 50 * time.Millisecond, AuthLoops: 8, StalledConsumers: 4, FeederRate: 20000,
-		StalledAllowance: 32 * MiB, StalledSoftLimit: 500, Declares: 2500,
+		StalledAllowance: 56 * MiB, Declares: 2500,
 		P99Bound: 250 * time.Millisecond, MaxGap: 2 * time.Second, ResumeBound: 3 * time.Second,
 		// A 1 s handshake deadline, so the handshake probes take seconds.
 		BrokerConfig: map[string]any{"handshake_timeout_ms": 1000},
