@@ -74,7 +74,7 @@ func Small() Sizes {
 	return Sizes{
 		Duration: 3 * time.Second, WatermarkBytes: 128 * MiB, HandshakeWait: 3 * time.Second,
 		PartialSockets: 10, IdleSockets: 1100, IdleMaxConnections: 1050, SlowlorisSockets: 10,
-		SlowlorisByte: 50 * time.Millisecond, AuthLoops: 8, StalledConsumers: 4, FeederRate: 20000,
+		SlowlorisByte: 50 * time.Millisecond, AuthLoops: 16, StalledConsumers: 4, FeederRate: 20000,
 		StalledAllowance: 56 * MiB, Declares: 2500,
 		P99Bound: 250 * time.Millisecond, MaxGap: 2 * time.Second, ResumeBound: 3 * time.Second,
 		// A 1 s handshake deadline, so the handshake probes take seconds.
