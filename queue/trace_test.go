@@ -238,3 +238,24 @@ func TestPeekChangesNothing(t *testing.T) {
 		t.Fatal("peek changed the state")
 	}
 }
+
+// TestTraceRejectsUnknownKeys: a misspelt key in a trace is an error, not
+// a default silently taken (a trace that says prio=3 where the command
+// reads p= would test priority 0 and still pass).
+func TestTraceRejectsUnknownKeys(t *testing.T) {
+	for _, line := range []*datadriven.TestData{
+		{Cmd: "new", CmdArgs: []datadriven.CmdArg{{Key: "max-prio", Vals: []string{"3"}}}},
+		{Cmd: "enqueue", CmdArgs: []datadriven.CmdArg{{Key: "prio", Vals: []string{"3"}}}},
+		{Cmd: "ack", CmdArgs: []datadriven.CmdArg{{Key: "c", Vals: []string{"1"}}, {Key: "last", Vals: []string{"5"}}}},
+		{Cmd: "tick", CmdArgs: []datadriven.CmdArg{{Key: "now", Vals: []string{"5"}}}},
+	} {
+		env := &traceEnv{}
+		if _, err := env.run(&datadriven.TestData{Cmd: "new"}); err != nil {
+			t.Fatal(err)
+		}
+		line.Pos = "test"
+		if _, err := env.run(line); err == nil || !strings.Contains(err.Error(), "unknown key") {
+			t.Errorf("%s %v: err %v, want an unknown key error", line.Cmd, line.CmdArgs, err)
+		}
+	}
+}
