@@ -1,7 +1,9 @@
 package queue
 
 import (
+	"errors"
 	"fmt"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
@@ -27,6 +29,10 @@ func TestTraces(t *testing.T) {
 		env := &traceEnv{}
 		datadriven.RunTest(t, path, func(t *testing.T, d *datadriven.TestData) string {
 			out, err := env.run(d)
+			if errors.Is(err, errBadTrace) {
+				// Never written into the expected output by -rewrite.
+				t.Fatalf("%s: %v", d.Pos, err)
+			}
 			if err != nil {
 				return "error: " + err.Error() + "\n"
 			}
@@ -68,7 +74,45 @@ func argStr(d *datadriven.TestData, key, def string) string {
 	return def
 }
 
+// errBadTrace marks a trace line the runner cannot read (unknown command
+// or key): the trace is wrong, not the machine.
+var errBadTrace = errors.New("bad trace line")
+
+// traceKeys are the keys each command reads; any other key is an error,
+// so a misspelt one never passes as its default. Every command takes at=.
+var traceKeys = map[string][]string{
+	"new": {"max-priority", "strict", "starvation", "max-length", "max-bytes", "ttl", "dlx", "delivery-limit",
+		"retry-initial", "retry-mult", "retry-max", "consumer-timeout", "single-active", "auto-delete", "expires",
+		"dedup", "overflow"},
+	"enqueue": {"n", "size", "p", "key", "ttl"},
+	"sub":     {"c", "owner", "prefetch", "prefetch-bytes", "prio", "auto-ack", "exclusive"},
+	"cancel":  {"c", "requeue"},
+	"down":    {"owner"},
+	"ack":     {"c", "tag", "upto", "from"},
+	"requeue": {"c", "tag", "upto", "from"},
+	"reject":  {"c", "tag", "upto", "from"},
+	"extend":  {"c", "tag", "upto", "from", "lease"},
+	"tick":    {},
+	"purge":   {},
+}
+
+func checkTraceKeys(d *datadriven.TestData) error {
+	keys, ok := traceKeys[d.Cmd]
+	if !ok {
+		return fmt.Errorf("%w: unknown command %q", errBadTrace, d.Cmd)
+	}
+	for _, a := range d.CmdArgs {
+		if a.Key != "at" && !slices.Contains(keys, a.Key) {
+			return fmt.Errorf("%w: %s: unknown key %q (this command takes at, %s)", errBadTrace, d.Cmd, a.Key, strings.Join(keys, ", "))
+		}
+	}
+	return nil
+}
+
 func (env *traceEnv) run(d *datadriven.TestData) (string, error) {
+	if err := checkTraceKeys(d); err != nil {
+		return "", err
+	}
 	if at := argInt(d, "at", -1); at >= 0 {
 		env.now = at
 	}
@@ -149,7 +193,7 @@ func (env *traceEnv) run(d *datadriven.TestData) (string, error) {
 		defer func() {}()
 		_ = n
 	default:
-		return "", fmt.Errorf("unknown command %q", d.Cmd)
+		panic("queue: BUG: traceKeys lists a command run does not handle: " + d.Cmd)
 	}
 	if err != nil {
 		return "", err
