@@ -4,6 +4,8 @@ import (
 	"context"
 	"fmt"
 	"io"
+	"os"
+	"strconv"
 	"strings"
 	"sync"
 	"time"
@@ -100,9 +102,12 @@ type Result struct {
 	// The broker's own figures, their highest during the probe (sampled
 	// once a second from /metrics).
 	MaxStoredBytes, MaxHeapInuse int64
-	Elapsed                      time.Duration
-	Findings                     []string // what the probe measured
-	Failures                     []string // each assertion that did not hold
+	// LoadAvg is the machine's 1-minute load average at the probe's end:
+	// how busy the shared machine was (the suite's own load included).
+	LoadAvg  float64
+	Elapsed  time.Duration
+	Findings []string // what the probe measured
+	Failures []string // each assertion that did not hold
 }
 
 // OK reports whether every assertion held.
@@ -353,7 +358,22 @@ func RunProbe(ctx context.Context, bin string, s Sizes, p Probe) *Result {
 	if done, err := b.Exited(); done {
 		r.failf("the broker exited: %v; log: %s", err, b.Log())
 	}
+	r.LoadAvg = loadAvg()
 	return r
+}
+
+// loadAvg is the 1-minute load average (0 if unreadable).
+func loadAvg() float64 {
+	raw, err := os.ReadFile("/proc/loadavg")
+	if err != nil {
+		return 0
+	}
+	f := strings.Fields(string(raw))
+	if len(f) == 0 {
+		return 0
+	}
+	v, _ := strconv.ParseFloat(f[0], 64)
+	return v
 }
 
 func mb(n int64) string { return fmt.Sprintf("%.0f MiB", float64(n)/MiB) }
@@ -364,7 +384,7 @@ func (r *Result) Print(w io.Writer) {
 	if !r.OK() {
 		verdict = "FAILED"
 	}
-	fmt.Fprintf(w, "%s: %s (%.1f s)\n  tried: %s\n", r.Probe, verdict, r.Elapsed.Seconds(), r.Tried)
+	fmt.Fprintf(w, "%s: %s (%.1f s, load average %.1f)\n  tried: %s\n", r.Probe, verdict, r.Elapsed.Seconds(), r.LoadAvg, r.Tried)
 	p99 := fmt.Sprintf("%.1f ms", float64(r.P99)/float64(time.Millisecond))
 	if r.P99Bound > 0 {
 		p99 += fmt.Sprintf(" (bound %v)", r.P99Bound)
@@ -429,7 +449,8 @@ func Markdown(rs []*Result) string {
 		}
 		fmt.Fprintf(&b, "| broker RSS | baseline %s, peak %s, bound %s |\n", mb(r.RSSBaseline), mb(r.RSSPeak), mb(r.RSSBound))
 		fmt.Fprintf(&b, "| broker's own figures (max, /metrics each second) | stored message bytes %s, Go heap in use %s |\n", mb(r.MaxStoredBytes), mb(r.MaxHeapInuse))
-		fmt.Fprintf(&b, "| broker up after | %v |\n| broker CPU during the probe | %.1f s |\n", r.BrokerUp, r.CPUSeconds)
+		fmt.Fprintf(&b, "| broker up after | %v |\n| broker CPU during the probe | %.1f s in %.1f s |\n", r.BrokerUp, r.CPUSeconds, r.Elapsed.Seconds())
+		fmt.Fprintf(&b, "| machine load average at the end | %.1f (2 vCPU) |\n", r.LoadAvg)
 		if len(r.Findings) > 0 {
 			fmt.Fprintf(&b, "| measured | %s |\n", esc(strings.Join(r.Findings, "<br>")))
 		}
