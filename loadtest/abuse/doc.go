@@ -32,4 +32,7 @@
 // ignores FLOW, an empty-body flood, stalled auto-ack consumers and a
 // declare storm. Full is the issue's sizes (`make abuse`,
 // cmd/warren-abuse); Small is the scaled-down run of `make test`.
+//
+// WARREN_ABUSE_PAIR_LOG=1 prints the pair's per-second progress lines
+// (rates, confirm p50/p99) to stderr, to see when in a probe it suffered.
 package abuse

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"io"
+	"os"
 	"sync"
 	"time"
 
@@ -43,9 +44,13 @@ func startPair(ctx context.Context, url string) (*pair, error) {
 		Duration: 24 * time.Hour, DrainTimeout: 15 * time.Second, Stop: p.stop, Live: &p.live,
 		Scenario: "abuse-pair",
 	}
+	var progress io.Writer = io.Discard
+	if os.Getenv("WARREN_ABUSE_PAIR_LOG") != "" { // the pair's per-second lines, for a look at when it suffered
+		progress = os.Stderr
+	}
 	go func() {
 		defer close(p.done)
-		p.rep, p.err = loadtest.Run(ctx, cfg, io.Discard)
+		p.rep, p.err = loadtest.Run(ctx, cfg, progress)
 	}()
 	deadline := time.Now().Add(10 * time.Second)
 	for {
