@@ -3,6 +3,7 @@ package queue
 import (
 	"cmp"
 	"math"
+	"math/bits"
 	"slices"
 
 	"github.com/warren-mq/warren/wire"
@@ -128,19 +129,48 @@ func (m *Machine) requeue(now int64, es []entry) {
 	}
 }
 
-// backoff is min(initial × multiplier^(n−1), max) for the n-th failure.
+// maxRetryMs is the longest retry wait: the largest retry-max-ms a
+// declare accepts (the longest time.Duration in ms, about 292 years), and
+// the cap when none is set.
+const maxRetryMs = math.MaxInt64 / 1_000_000
+
+// maxMultiplierMilli is the largest retry multiplier, ×1000, in thousandths.
+const maxMultiplierMilli = 1_000_000
+
+// backoff is the wait (ms) before the n-th failure's message is ready
+// again: about min(initial × multiplier^(n−1), max), computed in integers
+// as spec §7.2 states it, so every replica gets the same: in nanoseconds,
+// w₁ = initial × 10⁶ and w(k+1) = ⌊w(k) × M / 1000⌋ (M the multiplier in
+// thousandths), and the wait is min(⌊w(n) / 10⁶⌋, max), max being
+// maxRetryMs when none is set. Since M ≥ 1000 the steps never decrease,
+// so they stop once w reaches the cap: the loop runs at most
+// min(n, steps to the cap) times (at most about 30,000, for a multiplier
+// of 1.001 and no cap, and only for a message that has already waited out
+// that many growing waits). No allocation.
 func (m *Machine) backoff(n uint32) int64 {
-	if m.cfg.RetryInitialMs <= 0 {
+	initial := m.cfg.RetryInitialMs
+	if initial <= 0 {
 		return 0
 	}
-	d := float64(m.cfg.RetryInitialMs) * math.Pow(m.cfg.RetryMultiplier, float64(n-1))
-	if m.cfg.RetryMaxMs > 0 && d > float64(m.cfg.RetryMaxMs) {
-		return m.cfg.RetryMaxMs
+	capMs := m.cfg.RetryMaxMs
+	if capMs <= 0 || capMs > maxRetryMs {
+		capMs = maxRetryMs
 	}
-	if d > math.MaxInt64/2 {
-		return math.MaxInt64 / 2
+	if initial >= capMs {
+		return capMs
 	}
-	return int64(d)
+	// capNs ≤ maxRetryMs × 10⁶ < 2⁶³: w fits, and a product whose
+	// quotient would not fit 64 bits (hi ≥ 1000) is past the cap.
+	w, capNs := uint64(initial)*1_000_000, uint64(capMs)*1_000_000
+	mult := uint64(m.cfg.RetryMultiplierMilli)
+	for k := uint32(1); k < n && w < capNs && mult > 1000; k++ {
+		hi, lo := bits.Mul64(w, mult)
+		if hi >= 1000 {
+			return capMs
+		}
+		w, _ = bits.Div64(hi, lo, 1000)
+	}
+	return min(int64(w/1_000_000), capMs)
 }
 
 // ---- settlement ----

@@ -2,6 +2,7 @@ package queue
 
 import (
 	"errors"
+	"math"
 	"math/bits"
 	"slices"
 
@@ -25,13 +26,17 @@ type Config struct {
 	DeadLetter      bool  // a dead-letter exchange is set (else dead messages are dropped)
 	DeliveryLimit   uint32
 	RetryInitialMs  int64
-	RetryMultiplier float64
-	RetryMaxMs      int64
-	ConsumerTimeout int64 // ms; 0: none
-	SingleActive    bool
-	AutoDelete      bool  // delete when the last consumer leaves
-	ExpiresMs       int64 // delete when unused this long; 0: never
-	DedupWindowMs   int64 // drop a message whose DedupKey was seen this recently; 0: off
+	// RetryMultiplierMilli is the retry multiplier in thousandths: 1000
+	// (×1, a constant wait) to 1_000_000 (×1000); New raises a smaller
+	// value to 1000 and lowers a larger one to 1_000_000. Integer, so the
+	// wait is the same on every replica (see Machine.backoff).
+	RetryMultiplierMilli uint32
+	RetryMaxMs           int64
+	ConsumerTimeout      int64 // ms; 0: none
+	SingleActive         bool
+	AutoDelete           bool  // delete when the last consumer leaves
+	ExpiresMs            int64 // delete when unused this long; 0: never
+	DedupWindowMs        int64 // drop a message whose DedupKey was seen this recently; 0: off
 }
 
 // ConfigFromArgs maps declared queue arguments to a Config.
@@ -41,11 +46,28 @@ func ConfigFromArgs(a wire.QueueArgs, autoDelete bool) Config {
 		MaxLength: a.MaxLength, MaxLengthBytes: a.MaxLengthBytes, Overflow: a.Overflow,
 		MessageTTLMs: a.MessageTTL.Milliseconds(), DeadLetter: a.DeadLetterExchange != "",
 		DeliveryLimit: a.DeliveryLimit, RetryInitialMs: a.RetryInitial.Milliseconds(),
-		RetryMultiplier: a.RetryMultiplier, RetryMaxMs: a.RetryMax.Milliseconds(),
+		RetryMultiplierMilli: MultiplierMilli(a.RetryMultiplier), RetryMaxMs: a.RetryMax.Milliseconds(),
 		ConsumerTimeout: a.ConsumerTimeout.Milliseconds(), SingleActive: a.SingleActiveConsumer,
 		AutoDelete: autoDelete, ExpiresMs: a.Expires.Milliseconds(),
 		DedupWindowMs: a.DedupWindow.Milliseconds(),
 	}
+}
+
+// MultiplierMilli converts a retry-multiplier as declared (a number from 1
+// to 1000) to the thousandths the machine computes with: the nearest
+// thousandth, halves away from zero (math.Round(x × 1000) on the binary64
+// value: 1.0004 → 1000, 1.0006 → 1001, 2.3 → 2300). The one conversion
+// from floating point, done once when the queue is declared; a value out
+// of range (or NaN) is clamped to it, as the argument check already
+// refused it.
+func MultiplierMilli(x float64) uint32 {
+	switch {
+	case !(x >= 1): // NaN too
+		return 1000
+	case x >= 1000:
+		return maxMultiplierMilli
+	}
+	return uint32(math.Round(x * 1000))
 }
 
 // Message is what Enqueue needs to know of a message: never its body,
@@ -298,9 +320,7 @@ func New(cfg Config, now int64) *Machine {
 	if cfg.StarvationLimit <= 0 {
 		cfg.StarvationLimit = DefaultStarvationLimit
 	}
-	if cfg.RetryMultiplier < 1 {
-		cfg.RetryMultiplier = 1
-	}
+	cfg.RetryMultiplierMilli = min(max(cfg.RetryMultiplierMilli, 1000), maxMultiplierMilli)
 	return &Machine{
 		cfg:       cfg,
 		levels:    make([]ring, int(cfg.MaxPriority)+1),

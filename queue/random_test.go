@@ -64,7 +64,7 @@ func randomMachine(r *rand.Rand) *traceEnv {
 		cfg.DeliveryLimit = uint32(1 + r.IntN(4))
 	}
 	if r.IntN(3) == 0 {
-		cfg.RetryInitialMs, cfg.RetryMultiplier, cfg.RetryMaxMs = int64(1+r.IntN(50)), 2, 200
+		cfg.RetryInitialMs, cfg.RetryMultiplierMilli, cfg.RetryMaxMs = int64(1+r.IntN(50)), uint32(1000+r.IntN(2000)), 200
 	}
 	if r.IntN(3) == 0 {
 		cfg.ConsumerTimeout = int64(1 + r.IntN(300))

@@ -3,7 +3,7 @@ package queue
 import (
 	"encoding/binary"
 	"errors"
-	"math"
+	"fmt"
 	"slices"
 
 	"github.com/warren-mq/warren/wire"
@@ -14,7 +14,13 @@ import (
 // in ascending key order. It is an exact image: Restore(Snapshot()) behaves
 // identically to the original under any later commands, and snapshots of
 // equal machines are equal bytes. Replicas and recovery depend on that.
-const snapshotVersion = 4
+//
+// Version 5 holds the retry multiplier as an integer (thousandths); version
+// 4 held it as float64 bits. Restore reads only the current version: no
+// snapshot has been persisted yet (queues are not durable), so there is
+// nothing older to read, and an old one is refused with an error that says
+// so rather than read with a guess.
+const snapshotVersion = 5
 
 // ErrBadSnapshot is returned by Restore for input it cannot read.
 var ErrBadSnapshot = errors.New("queue: malformed snapshot")
@@ -119,7 +125,7 @@ func (m *Machine) Snapshot() []byte {
 	w.bool(c.DeadLetter)
 	w.u(uint64(c.DeliveryLimit))
 	w.i(c.RetryInitialMs)
-	w.u(math.Float64bits(c.RetryMultiplier))
+	w.u(uint64(c.RetryMultiplierMilli))
 	w.i(c.RetryMaxMs)
 	w.i(c.ConsumerTimeout)
 	w.bool(c.SingleActive)
@@ -192,8 +198,11 @@ func (m *Machine) Snapshot() []byte {
 
 // Restore rebuilds a machine from a Snapshot.
 func Restore(b []byte) (*Machine, error) {
-	if len(b) == 0 || b[0] != snapshotVersion {
+	if len(b) == 0 {
 		return nil, ErrBadSnapshot
+	}
+	if b[0] != snapshotVersion {
+		return nil, fmt.Errorf("%w: version %d; this build reads version %d only (none older was ever written to disk)", ErrBadSnapshot, b[0], snapshotVersion)
 	}
 	r := &snapR{b: b[1:]}
 	var c Config
@@ -207,7 +216,11 @@ func Restore(b []byte) (*Machine, error) {
 	c.DeadLetter = r.bool()
 	c.DeliveryLimit = uint32(r.u())
 	c.RetryInitialMs = r.i()
-	c.RetryMultiplier = math.Float64frombits(r.u())
+	mult := r.u()
+	if mult < 1000 || mult > maxMultiplierMilli {
+		return nil, ErrBadSnapshot
+	}
+	c.RetryMultiplierMilli = uint32(mult)
 	c.RetryMaxMs = r.i()
 	c.ConsumerTimeout = r.i()
 	c.SingleActive = r.bool()

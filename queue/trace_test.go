@@ -121,22 +121,22 @@ func (env *traceEnv) run(d *datadriven.TestData) (string, error) {
 	switch d.Cmd {
 	case "new":
 		cfg := Config{
-			MaxPriority:     uint8(argInt(d, "max-priority", 0)),
-			StrictPriority:  d.HasArg("strict"),
-			StarvationLimit: int(argInt(d, "starvation", 0)),
-			MaxLength:       argInt(d, "max-length", 0),
-			MaxLengthBytes:  argInt(d, "max-bytes", 0),
-			MessageTTLMs:    argInt(d, "ttl", 0),
-			DeadLetter:      d.HasArg("dlx"),
-			DeliveryLimit:   uint32(argInt(d, "delivery-limit", 0)),
-			RetryInitialMs:  argInt(d, "retry-initial", 0),
-			RetryMultiplier: float64(argInt(d, "retry-mult", 1)),
-			RetryMaxMs:      argInt(d, "retry-max", 0),
-			ConsumerTimeout: argInt(d, "consumer-timeout", 0),
-			SingleActive:    d.HasArg("single-active"),
-			AutoDelete:      d.HasArg("auto-delete"),
-			ExpiresMs:       argInt(d, "expires", 0),
-			DedupWindowMs:   argInt(d, "dedup", 0),
+			MaxPriority:          uint8(argInt(d, "max-priority", 0)),
+			StrictPriority:       d.HasArg("strict"),
+			StarvationLimit:      int(argInt(d, "starvation", 0)),
+			MaxLength:            argInt(d, "max-length", 0),
+			MaxLengthBytes:       argInt(d, "max-bytes", 0),
+			MessageTTLMs:         argInt(d, "ttl", 0),
+			DeadLetter:           d.HasArg("dlx"),
+			DeliveryLimit:        uint32(argInt(d, "delivery-limit", 0)),
+			RetryInitialMs:       argInt(d, "retry-initial", 0),
+			RetryMultiplierMilli: uint32(argInt(d, "retry-mult", 1) * 1000),
+			RetryMaxMs:           argInt(d, "retry-max", 0),
+			ConsumerTimeout:      argInt(d, "consumer-timeout", 0),
+			SingleActive:         d.HasArg("single-active"),
+			AutoDelete:           d.HasArg("auto-delete"),
+			ExpiresMs:            argInt(d, "expires", 0),
+			DedupWindowMs:        argInt(d, "dedup", 0),
 		}
 		switch argStr(d, "overflow", "drop-head") {
 		case "reject-publish":
