@@ -1,0 +1,55 @@
+package netio
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/warren-mq/warren/wire"
+)
+
+// TestDeadLetterTimeIsTheCommandTime: the death record's time is the time
+// the shard stamped on the work it is doing (the now every queue machine
+// sees), not a second reading of the wall clock: a replica applying the
+// same commands must write the same history. The shard's time is set to
+// a fake one (1970) that no clock would read.
+func TestDeadLetterTimeIsTheCommandTime(t *testing.T) {
+	s, err := Start(Config{Addr: "127.0.0.1:0"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = s.Close(context.Background()) })
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	must := func(err error) {
+		t.Helper()
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	must(s.DeclareExchange(wire.ExchangeDeclare{Name: "dlx", Kind: wire.ExchangeFanout}))
+	_, err = s.DeclareQueue(wire.QueueDeclare{Name: "dead"})
+	must(err)
+	must(s.Bind(wire.Bind{Source: "dlx", Destination: "dead"}))
+	_, err = s.DeclareQueue(wire.QueueDeclare{Name: "src", Args: wire.Table{{Key: "dead-letter-exchange", Value: wire.String("dlx")}}})
+	must(err)
+	q := s.topo.lookupQueue("src")
+	msg := &storedMsg{routingKey: []byte("src"), props: wire.AppendProperties(nil, &wire.Properties{})[2:], body: []byte("m"), a: &msgArena{}}
+
+	const fakeNowMs = 1_000
+	_, err = onShard(ctx, q, func(sh *shard) struct{} {
+		sh.now = fakeNowMs // as drain stamps it before running a batch
+		sh.deadLetter(q, msg, wire.ReasonRejected)
+		return struct{}{}
+	})
+	must(err)
+	// The dead letter was submitted to dead's shard before this peek.
+	got, err := s.PeekQueue(ctx, "dead", 1)
+	must(err)
+	if len(got) != 1 || got[0].Properties == nil || len(got[0].Properties.Deaths) != 1 {
+		t.Fatalf("dead-letter queue holds %+v, want one message with one death", got)
+	}
+	if d := got[0].Properties.Deaths[0]; d.FirstMs != fakeNowMs || d.LastMs != fakeNowMs {
+		t.Fatalf("death recorded at first_ms %d last_ms %d, want the shard's time %d", d.FirstMs, d.LastMs, fakeNowMs)
+	}
+}
