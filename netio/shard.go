@@ -357,6 +357,9 @@ func (s *shard) dropDeadLetter(q *queueRef, target string, r dlDrop) {
 // death history extended. Messages that would loop without a rejection
 // in the cycle are dropped (queue.DeadLetterCycle). A dead letter that
 // goes nowhere is counted and logged as dropped, never as dead-lettered.
+// The death's time is s.now, the time stamped on the work being applied,
+// never a clock reading: a replica applying the same commands must record
+// the same history.
 func (s *shard) deadLetter(q *queueRef, msg *storedMsg, reason wire.DeathReason) {
 	dlx := q.args.DeadLetterExchange
 	view := s.srv.topo.view.Load()
@@ -375,7 +378,7 @@ func (s *shard) deadLetter(q *queueRef, msg *storedMsg, reason wire.DeathReason)
 		deaths, _ = wire.DecodeDeaths(props.Deaths)
 		oldDeathsLen = 3 + len(props.Deaths)
 	}
-	deaths = queue.RecordDeath(deaths, q.name, reason, time.Now().UnixMilli(), string(msg.exchange), []string{string(msg.routingKey)})
+	deaths = queue.RecordDeath(deaths, q.name, reason, s.now, string(msg.exchange), []string{string(msg.routingKey)})
 	if len(deaths) > 255 {
 		s.dropDeadLetter(q, dlx, dlTooLarge)
 		return
