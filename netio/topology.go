@@ -115,7 +115,9 @@ type topology struct {
 	queues map[string]*queueRef
 	view   atomic.Pointer[routeView]
 	shards []*shard
-	log    *slog.Logger
+	// rebuilds counts routing-view rebuilds (publishLocked), for tests.
+	rebuilds atomic.Int64
+	log      *slog.Logger
 	// durableWarn rate-limits the "durable is not yet honoured" warning.
 	durableWarn logLimiter
 	// retired sums the counters of deleted queues, so the broker-wide
@@ -146,6 +148,7 @@ func newTopology(shards []*shard) *topology {
 }
 
 func (t *topology) publishLocked() {
+	t.rebuilds.Add(1)
 	qs := make(map[string]*queueRef, len(t.queues))
 	for k, v := range t.queues {
 		qs[k] = v
