@@ -65,6 +65,7 @@ type conn struct {
 	spare    []byte
 	inflight []byte
 	flushing bool
+	holdOut  bool // a control run is in progress: no write starts (runControl)
 	closed   bool // no more frames are accepted (the outbox still drains)
 	// closeAfterFlush: close the socket when the in-flight write and the
 	// final frames behind it are out.
@@ -350,6 +351,24 @@ func (c *conn) startControl(limit uint32) {
 // wakes the loop to read on. The loop does not touch the connection's
 // frames (nor c.dec) meanwhile.
 func (c *conn) runControl(run []byte, limit uint32) {
+	// The run's topology changes reach the routing view once, at its end
+	// (topology.changedLocked); its replies (and anything else for this
+	// connection) wait in the outbox until then.
+	topo := c.srv.topo
+	topo.batching.Add(1)
+	c.mu.Lock()
+	c.holdOut = true
+	c.mu.Unlock()
+	defer func() {
+		topo.batching.Add(-1)
+		topo.publishIfDirty()
+		c.mu.Lock()
+		c.holdOut = false
+		c.flushLocked()
+		c.mu.Unlock()
+		c.ctlBusy.Store(false)
+		_ = c.gc.Wake(nil)
+	}()
 	for len(run) > 0 && c.state.Load() != stClosing {
 		f, n, err := wire.Split(run, limit)
 		if err != nil || n == 0 {
@@ -360,8 +379,6 @@ func (c *conn) runControl(run []byte, limit uint32) {
 		}
 		run = run[n:]
 	}
-	c.ctlBusy.Store(false)
-	_ = c.gc.Wake(nil)
 }
 
 // block stops reading the connection: it published while the memory alarm

@@ -60,7 +60,10 @@ func (s *Server) Bindings() []BindingInfo {
 }
 
 // DeclareExchange declares an exchange as EXCHANGE_DECLARE does.
-func (s *Server) DeclareExchange(d wire.ExchangeDeclare) error { return s.topo.declareExchange(&d, "") }
+func (s *Server) DeclareExchange(d wire.ExchangeDeclare) error {
+	defer s.topo.publishIfDirty()
+	return s.topo.declareExchange(&d, "")
+}
 
 // DeleteExchange deletes an exchange as EXCHANGE_DELETE does.
 func (s *Server) DeleteExchange(name string, ifUnused bool) error {
@@ -74,6 +77,7 @@ func (s *Server) DeclareQueue(d wire.QueueDeclare) (string, error) {
 		return "", reqErr(wire.InvalidArgument, "exclusive queues belong to a connection")
 	}
 	q, err := s.topo.declareQueue(&d, 0, "")
+	s.topo.publishIfDirty()
 	if err != nil {
 		return "", err
 	}
@@ -81,7 +85,10 @@ func (s *Server) DeclareQueue(d wire.QueueDeclare) (string, error) {
 }
 
 // Bind adds (or, with Unbind set, removes) a binding as BIND does.
-func (s *Server) Bind(b wire.Bind) error { return s.topo.bind(&b, "", nil) }
+func (s *Server) Bind(b wire.Bind) error {
+	defer s.topo.publishIfDirty()
+	return s.topo.bind(&b, "", nil)
+}
 
 // onShard runs fn on q's shard and waits for it.
 func onShard[T any](ctx context.Context, q *queueRef, fn func(s *shard) T) (T, error) {

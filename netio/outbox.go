@@ -99,7 +99,7 @@ func (c *conn) flushLocked() {
 		go c.gc.Close()
 		return
 	}
-	if c.flushing || len(c.out) == 0 {
+	if c.flushing || len(c.out) == 0 || (c.holdOut && !c.closed) {
 		return
 	}
 	c.flushing = true

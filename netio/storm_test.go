@@ -21,7 +21,7 @@ import (
 // The storm is pipelined behind a (deliberately slow, bcrypt cost 8) AUTH, so the
 // broker has all of it buffered when it starts on it.
 func TestDeclareStormDoesNotStarveOthers(t *testing.T) {
-	const storm = 1000 // declares, then as many binds
+	const storm = 5000 // declares, then as many binds
 	hash, err := bcrypt.GenerateFromPassword([]byte("storm"), 8)
 	must(t, err)
 	s := warrentest.StartServer(t, &netio.Config{EventLoops: 1, Users: []netio.User{{Name: "storm", PasswordHash: string(hash)}}})

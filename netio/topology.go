@@ -117,6 +117,8 @@ type topology struct {
 	shards []*shard
 	// rebuilds counts routing-view rebuilds (publishLocked), for tests.
 	rebuilds atomic.Int64
+	batching atomic.Int32 // control runs in progress (runControl)
+	dirty    atomic.Bool  // a change is not in the view yet (mu to set)
 	log      *slog.Logger
 	// durableWarn rate-limits the "durable is not yet honoured" warning.
 	durableWarn logLimiter
@@ -147,7 +149,34 @@ func newTopology(shards []*shard) *topology {
 	return t
 }
 
+// changedLocked publishes the new routing view, or, while control runs are
+// being handled off the loops (batching > 0), only marks it stale: a run
+// publishes it once, before any of its replies leave (runControl), and any
+// other caller publishes it before it answers (publishIfDirty), so nobody
+// is told of a change the view does not have. Rebuilding the view costs
+// O(topology); per request, a storm of declares would be quadratic.
+func (t *topology) changedLocked() {
+	if t.batching.Load() > 0 {
+		t.dirty.Store(true)
+		return
+	}
+	t.publishLocked()
+}
+
+// publishIfDirty publishes the routing view if a change is pending.
+func (t *topology) publishIfDirty() {
+	if !t.dirty.Load() {
+		return
+	}
+	t.mu.Lock()
+	if t.dirty.Load() {
+		t.publishLocked()
+	}
+	t.mu.Unlock()
+}
+
 func (t *topology) publishLocked() {
+	t.dirty.Store(false)
 	t.rebuilds.Add(1)
 	qs := make(map[string]*queueRef, len(t.queues))
 	for k, v := range t.queues {
@@ -239,7 +268,7 @@ func (t *topology) declareExchange(d *wire.ExchangeDeclare, user string) error {
 	t.exDecl[d.Name] = *d
 	t.exBy[d.Name] = user
 	t.top.Exchanges[d.Name] = queue.Exchange{Name: d.Name, Kind: d.Kind, Alternate: d.Alternate, Internal: d.Internal, Args: d.Args}
-	t.publishLocked()
+	t.changedLocked()
 	return nil
 }
 
@@ -363,7 +392,7 @@ func (t *topology) declareQueue(d *wire.QueueDeclare, owner uint64, user string)
 	q.shard = t.shards[q.shardIdx]
 	t.queues[name] = q
 	t.top.Queues[name] = struct{}{}
-	t.publishLocked()
+	t.changedLocked()
 	q.shard.submit(func(s *shard) { s.createQueue(q) })
 	return q, nil
 }
@@ -387,6 +416,12 @@ func (t *topology) removeQueue(q *queueRef) bool {
 }
 
 func (t *topology) lookupQueue(name string) *queueRef {
+	if t.dirty.Load() {
+		// A control run declared it and has not published the view yet.
+		t.mu.Lock()
+		defer t.mu.Unlock()
+		return t.queues[name]
+	}
 	return t.view.Load().queues[name]
 }
 
@@ -432,7 +467,7 @@ func (t *topology) bind(b *wire.Bind, user string, allow func(declaredBy, what s
 		t.top.Bindings = append(t.top.Bindings, nb)
 		t.bindBy[bindKey(nb)] = user
 	}
-	t.publishLocked()
+	t.changedLocked()
 	return nil
 }
 
