@@ -49,10 +49,12 @@ soak-segment:
 bench-segment:
 	$(GO) test -run '^$$' -bench . -benchmem -benchtime 2s ./segment
 
-# Fuzz the frame decoder; FUZZTIME=10m make fuzz for a longer run.
+# Fuzz the frame decoder and the queue command decoder; FUZZTIME=10m make fuzz
+# for a longer run.
 FUZZTIME ?= 60s
 fuzz:
 	$(GO) test -run '^$$' -fuzz=FuzzDecode -fuzztime=$(FUZZTIME) ./wire
+	$(GO) test -run '^$$' -fuzz=FuzzDecodeCommand -fuzztime=$(FUZZTIME) ./queue
 
 # Regenerate spec/vectors from the Go cases (review the diff!).
 vectors:

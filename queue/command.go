@@ -23,6 +23,10 @@ package queue
 // The Machine never reads a clock; a replica applying a command uses the
 // time in it, so it computes what the leader computed.
 //
+// Commands are passed by pointer. Apply and AppendCommand keep no
+// reference to one, so a command built on the caller's stack costs no
+// allocation (TestCommandCodecAllocatesNothing).
+//
 // # The encoding
 //
 // One binary encoding per command, the same in every log and every
@@ -67,7 +71,9 @@ package queue
 // under it). A durable queue's log entry is the only copy of a body, so its
 // Enqueue carries them: Bodies[i] belongs to Msgs[i], in whatever form the
 // caller stores a message (the Machine never reads them; Size is what
-// length limits count).
+// length limits count). A message's ID is carried as given: a log that
+// numbers messages by its own index (index<<16 | slot) may write 0 and set
+// the IDs after decoding, before Apply.
 //
 // The version byte is CommandVersion. The numbers of the kinds, the flag
 // bits, the field order and widths are part of the format and never change
