@@ -19,6 +19,7 @@ import (
 	"time"
 
 	"github.com/warren-mq/warren/netio"
+	"github.com/warren-mq/warren/netio/admin/api"
 	"github.com/warren-mq/warren/wire"
 )
 
@@ -36,11 +37,11 @@ type API struct {
 }
 
 // Rates are per-second rates over the last sampling interval.
-type Rates struct {
-	Publish float64 `json:"publish"`
-	Deliver float64 `json:"deliver"`
-	Ack     float64 `json:"ack"`
-}
+type Rates = api.Rates
+
+// ErrorBody is every error reply: the protocol's error code and name, and
+// a message.
+type ErrorBody = api.ErrorBody
 
 // New returns the API for srv; sampleEvery sets how often per-queue rates
 // are recomputed (5s if 0). Close stops the sampler.
@@ -140,11 +141,11 @@ func (a *API) routes() {
 	})
 
 	m.HandleFunc("GET /api/queues", func(w http.ResponseWriter, r *http.Request) {
-		var out []queueJSON
+		var out []api.Queue
 		for _, q := range a.srv.Queues() {
 			info, ok := a.srv.Queue(q.Name)
 			if ok {
-				out = append(out, a.queueJSON(info))
+				out = append(out, a.queue(info))
 			}
 		}
 		writeJSON(w, 200, nonNil(out))
@@ -155,7 +156,7 @@ func (a *API) routes() {
 			writeErr(w, &wire.Error{Code: wire.NotFound, Reason: "no queue " + strconv.Quote(r.PathValue("name"))})
 			return
 		}
-		writeJSON(w, 200, a.queueJSON(info))
+		writeJSON(w, 200, a.queue(info))
 	})
 	m.HandleFunc("PUT /api/queues/{name}", a.putQueue)
 	m.HandleFunc("DELETE /api/queues/{name}", func(w http.ResponseWriter, r *http.Request) {
@@ -165,7 +166,7 @@ func (a *API) routes() {
 			writeErr(w, err)
 			return
 		}
-		writeJSON(w, 200, map[string]int64{"deleted_messages": n})
+		writeJSON(w, 200, api.Deleted{Messages: n})
 	})
 	m.HandleFunc("POST /api/queues/{name}/purge", func(w http.ResponseWriter, r *http.Request) {
 		n, err := a.srv.PurgeQueue(r.Context(), r.PathValue("name"))
@@ -173,15 +174,15 @@ func (a *API) routes() {
 			writeErr(w, err)
 			return
 		}
-		writeJSON(w, 200, map[string]int64{"purged": n})
+		writeJSON(w, 200, api.Purged{Messages: n})
 	})
 	m.HandleFunc("POST /api/queues/{name}/get", a.getMessages)
 	m.HandleFunc("POST /api/queues/{name}/replay", a.replay)
 
 	m.HandleFunc("GET /api/bindings", func(w http.ResponseWriter, r *http.Request) {
-		var out []bindingJSON
+		var out []api.Binding
 		for _, b := range a.srv.Bindings() {
-			bj := bindingJSON{Exchange: b.Source, RoutingKey: b.RoutingKey, Arguments: tableToJSON(b.Args)}
+			bj := api.Binding{Exchange: b.Source, RoutingKey: b.RoutingKey, Arguments: tableToJSON(b.Args)}
 			if b.ToExchange {
 				bj.DestinationExchange = b.Destination
 			} else {
@@ -251,16 +252,6 @@ func nonNil[T any](s []T) []T {
 }
 
 // ---- JSON helpers ----
-
-// ErrorBody is every error reply: the protocol's error code and name, and
-// a message.
-type ErrorBody struct {
-	Error struct {
-		Code    int    `json:"code"`
-		Name    string `json:"name"`
-		Message string `json:"message"`
-	} `json:"error"`
-}
 
 func status(code wire.Code) int {
 	switch code {
@@ -393,20 +384,11 @@ func tableToJSON(t wire.Table) map[string]any {
 
 // ---- exchanges ----
 
-type exchangeJSON struct {
-	Type       string         `json:"type"`
-	Durable    bool           `json:"durable"`
-	AutoDelete bool           `json:"auto_delete"`
-	Internal   bool           `json:"internal"`
-	Alternate  string         `json:"alternate_exchange"`
-	Arguments  map[string]any `json:"arguments"`
-}
-
 func (a *API) getExchange(w http.ResponseWriter, r *http.Request) {
 	name := r.PathValue("name")
 	for _, e := range a.srv.Exchanges() {
 		if e.Name == name {
-			writeJSON(w, 200, e)
+			writeJSON(w, 200, api.Exchange(e))
 			return
 		}
 	}
@@ -414,7 +396,7 @@ func (a *API) getExchange(w http.ResponseWriter, r *http.Request) {
 }
 
 func (a *API) putExchange(w http.ResponseWriter, r *http.Request) {
-	var body exchangeJSON
+	var body api.ExchangeSettings
 	if err := decode(r, &body); err != nil {
 		writeErr(w, err)
 		return
@@ -440,16 +422,8 @@ func (a *API) putExchange(w http.ResponseWriter, r *http.Request) {
 
 // ---- bindings ----
 
-type bindingJSON struct {
-	Exchange            string         `json:"exchange"`
-	Queue               string         `json:"queue,omitempty"`
-	DestinationExchange string         `json:"destination_exchange,omitempty"`
-	RoutingKey          string         `json:"routing_key"`
-	Arguments           map[string]any `json:"arguments,omitempty"`
-}
-
 func (a *API) binding(w http.ResponseWriter, r *http.Request, unbind bool) {
-	var b bindingJSON
+	var b api.Binding
 	if err := decode(r, &b); err != nil {
 		writeErr(w, err)
 		return
@@ -480,156 +454,35 @@ func (a *API) binding(w http.ResponseWriter, r *http.Request, unbind bool) {
 
 // ---- queues ----
 
-// queueSettings are the queue arguments under their JSON names; each maps
-// to one protocol argument (spec/PROTOCOL.md §7.2).
-type queueSettings struct {
-	Durable              bool     `json:"durable"`
-	AutoDelete           bool     `json:"auto_delete"`
-	MaxPriority          *int64   `json:"max_priority,omitempty"`
-	StrictPriority       *bool    `json:"strict_priority,omitempty"`
-	MaxLength            *int64   `json:"max_length,omitempty"`
-	MaxLengthBytes       *int64   `json:"max_length_bytes,omitempty"`
-	Overflow             *string  `json:"overflow,omitempty"`
-	MessageTTLMs         *int64   `json:"message_ttl_ms,omitempty"`
-	ExpiresMs            *int64   `json:"expires_ms,omitempty"`
-	DeadLetterExchange   *string  `json:"dead_letter_exchange,omitempty"`
-	DeadLetterRoutingKey *string  `json:"dead_letter_routing_key,omitempty"`
-	DeliveryLimit        *int64   `json:"delivery_limit,omitempty"`
-	RetryInitialMs       *int64   `json:"retry_initial_ms,omitempty"`
-	RetryMultiplier      *float64 `json:"retry_multiplier,omitempty"`
-	RetryMaxMs           *int64   `json:"retry_max_ms,omitempty"`
-	ConsumerTimeoutMs    *int64   `json:"consumer_timeout_ms,omitempty"`
-	Replicas             *int64   `json:"replicas,omitempty"`
-	SingleActiveConsumer *bool    `json:"single_active_consumer,omitempty"`
-	DedupWindowMs        *int64   `json:"dedup_window_ms,omitempty"`
-}
-
-func (q *queueSettings) table() wire.Table {
-	var t wire.Table
-	i := func(k string, v *int64) {
-		if v != nil {
-			t = append(t, wire.Field{Key: k, Value: wire.Int(*v)})
-		}
-	}
-	b := func(k string, v *bool) {
-		if v != nil {
-			t = append(t, wire.Field{Key: k, Value: wire.Bool(*v)})
-		}
-	}
-	s := func(k string, v *string) {
-		if v != nil {
-			t = append(t, wire.Field{Key: k, Value: wire.String(*v)})
-		}
-	}
-	i("max-priority", q.MaxPriority)
-	b("strict-priority", q.StrictPriority)
-	i("max-length", q.MaxLength)
-	i("max-length-bytes", q.MaxLengthBytes)
-	s("overflow", q.Overflow)
-	i("message-ttl", q.MessageTTLMs)
-	i("expires", q.ExpiresMs)
-	s("dead-letter-exchange", q.DeadLetterExchange)
-	s("dead-letter-routing-key", q.DeadLetterRoutingKey)
-	i("delivery-limit", q.DeliveryLimit)
-	i("retry-initial-ms", q.RetryInitialMs)
-	if q.RetryMultiplier != nil {
-		t = append(t, wire.Field{Key: "retry-multiplier", Value: wire.Float(*q.RetryMultiplier)})
-	}
-	i("retry-max-ms", q.RetryMaxMs)
-	i("consumer-timeout-ms", q.ConsumerTimeoutMs)
-	i("replicas", q.Replicas)
-	b("single-active-consumer", q.SingleActiveConsumer)
-	i("dedup-window-ms", q.DedupWindowMs)
-	return t
-}
-
-// settingsOf reads declared protocol arguments back into JSON settings.
-func settingsOf(info netio.QueueInfo) queueSettings {
-	qs := queueSettings{Durable: info.Durable, AutoDelete: info.AutoDelete}
-	for _, f := range info.Declared {
-		v := f.Value
-		iv, bv, sv, fv := v.Int, v.Int != 0, string(v.Bytes), v.Float
-		switch f.Key {
-		case "max-priority":
-			qs.MaxPriority = &iv
-		case "strict-priority":
-			qs.StrictPriority = &bv
-		case "max-length":
-			qs.MaxLength = &iv
-		case "max-length-bytes":
-			qs.MaxLengthBytes = &iv
-		case "overflow":
-			qs.Overflow = &sv
-		case "message-ttl":
-			qs.MessageTTLMs = &iv
-		case "expires":
-			qs.ExpiresMs = &iv
-		case "dead-letter-exchange":
-			qs.DeadLetterExchange = &sv
-		case "dead-letter-routing-key":
-			qs.DeadLetterRoutingKey = &sv
-		case "delivery-limit":
-			qs.DeliveryLimit = &iv
-		case "retry-initial-ms":
-			qs.RetryInitialMs = &iv
-		case "retry-multiplier":
-			if v.Kind == wire.KindInt {
-				fv = float64(v.Int)
-			}
-			qs.RetryMultiplier = &fv
-		case "retry-max-ms":
-			qs.RetryMaxMs = &iv
-		case "consumer-timeout-ms":
-			qs.ConsumerTimeoutMs = &iv
-		case "replicas":
-			qs.Replicas = &iv
-		case "single-active-consumer":
-			qs.SingleActiveConsumer = &bv
-		case "dedup-window-ms":
-			qs.DedupWindowMs = &iv
-		}
-	}
-	return qs
-}
-
-type queueJSON struct {
-	netio.QueueStats
-	Exclusive bool `json:"exclusive"`
-	queueSettings
-	Rates Rates `json:"rates"`
-}
-
-func (a *API) queueJSON(info netio.QueueInfo) queueJSON {
+// queue is one queue's JSON: its settings are its declared arguments, read
+// back by their descriptors.
+func (a *API) queue(info netio.QueueInfo) api.Queue {
 	a.mu.Lock()
 	r := a.rates[info.Name]
 	a.mu.Unlock()
-	return queueJSON{QueueStats: info.QueueStats, Exclusive: info.Exclusive, queueSettings: settingsOf(info), Rates: r}
+	return api.Queue{QueueStats: api.QueueStats(info.QueueStats), Exclusive: info.Exclusive,
+		QueueSettings: api.QueueSettings{Durable: info.Durable, AutoDelete: info.AutoDelete, QueueArgs: api.QueueArgsOf(info.Declared)}, Rates: r}
 }
 
 func (a *API) putQueue(w http.ResponseWriter, r *http.Request) {
-	var qs queueSettings
+	var qs api.QueueSettings
 	if err := decode(r, &qs); err != nil {
 		writeErr(w, err)
 		return
 	}
 	name := r.PathValue("name")
-	if _, err := a.srv.DeclareQueue(wire.QueueDeclare{Name: name, Durable: qs.Durable, AutoDelete: qs.AutoDelete, Args: qs.table()}); err != nil {
+	if _, err := a.srv.DeclareQueue(wire.QueueDeclare{Name: name, Durable: qs.Durable, AutoDelete: qs.AutoDelete, Args: qs.Table()}); err != nil {
 		writeErr(w, err)
 		return
 	}
 	info, _ := a.srv.Queue(name)
-	writeJSON(w, 200, a.queueJSON(info))
+	writeJSON(w, 200, a.queue(info))
 }
 
 // ---- inspection and replay ----
 
-type countBody struct {
-	Count int     `json:"count"`
-	Rate  float64 `json:"rate,omitempty"` // replay only: msgs/s, 0 = unlimited
-}
-
 func (a *API) getMessages(w http.ResponseWriter, r *http.Request) {
-	body := countBody{Count: 10}
+	body := api.CountRequest{Count: 10}
 	if r.ContentLength != 0 {
 		if err := decode(r, &body); err != nil {
 			writeErr(w, err)
@@ -645,11 +498,15 @@ func (a *API) getMessages(w http.ResponseWriter, r *http.Request) {
 		writeErr(w, err)
 		return
 	}
-	writeJSON(w, 200, map[string]any{"messages": nonNil(msgs)})
+	out := api.Messages{Messages: make([]api.Message, len(msgs))}
+	for i, m := range msgs {
+		out.Messages[i] = api.Message(m)
+	}
+	writeJSON(w, 200, out)
 }
 
 func (a *API) replay(w http.ResponseWriter, r *http.Request) {
-	var body countBody
+	var body api.CountRequest
 	if r.ContentLength != 0 {
 		if err := decode(r, &body); err != nil {
 			writeErr(w, err)

@@ -8,15 +8,12 @@ import (
 
 	"github.com/warren-mq/warren/client"
 	"github.com/warren-mq/warren/netio"
+	"github.com/warren-mq/warren/netio/admin/api"
 	"github.com/warren-mq/warren/wire"
 )
 
 // ReplayResult says what a replay did.
-type ReplayResult struct {
-	Moved   int    `json:"moved"`
-	Skipped int    `json:"skipped"` // messages with no death history, left in the queue
-	Error   string `json:"error,omitempty"`
-}
+type ReplayResult = api.ReplayResult
 
 // ErrUnroutable stops a replay whose target no longer routes anywhere.
 var ErrUnroutable = errors.New("admin: replayed message was unroutable; left in the dead-letter queue")

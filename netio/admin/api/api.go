@@ -1,0 +1,133 @@
+// Package api holds the admin HTTP API's request and response bodies as
+// plain Go types: the server (netio/admin) writes them and warrenctl reads
+// them, so the two cannot disagree on a JSON name. spec/admin-api.yaml
+// describes the same bodies for other clients.
+//
+// A queue's arguments (QueueArgs) are not written here by hand: each field
+// is one of wire.QueueArgDescs, found by its JSON name, and a test checks
+// that the struct, the descriptors and spec/admin-api.yaml agree.
+package api
+
+import "github.com/warren-mq/warren/wire"
+
+// ErrorBody is every error reply: the protocol's error code and name, and
+// a message.
+type ErrorBody struct {
+	Error struct {
+		Code    int    `json:"code"`
+		Name    string `json:"name"`
+		Message string `json:"message"`
+	} `json:"error"`
+}
+
+// QueueSettings is the body of PUT /api/queues/{name}, and the settings
+// part of a Queue: the flags and the protocol arguments, absent meaning
+// unset.
+type QueueSettings struct {
+	Durable    bool `json:"durable"`
+	AutoDelete bool `json:"auto_delete"`
+	QueueArgs
+}
+
+// QueueStats are a queue's counts.
+type QueueStats struct {
+	Name              string `json:"name"`
+	Ready             int64  `json:"ready"`
+	Unacked           int64  `json:"unacked"`
+	Consumers         int64  `json:"consumers"`
+	Published         uint64 `json:"published_total"`
+	Delivered         uint64 `json:"delivered_total"`
+	Acked             uint64 `json:"acked_total"`
+	Redelivered       uint64 `json:"redelivered_total"`
+	DeadLettered      uint64 `json:"dead_lettered_total"`
+	DeadLetterDropped uint64 `json:"dead_letter_dropped_total"`
+}
+
+// Rates are per-second rates over the last sampling interval.
+type Rates struct {
+	Publish float64 `json:"publish"`
+	Deliver float64 `json:"deliver"`
+	Ack     float64 `json:"ack"`
+}
+
+// Queue is one queue as GET /api/queues and GET /api/queues/{name} show
+// it (and PUT /api/queues/{name} answers): counts, settings and rates.
+type Queue struct {
+	QueueStats
+	Exclusive bool `json:"exclusive"`
+	QueueSettings
+	Rates Rates `json:"rates"`
+}
+
+// ExchangeSettings is the body of PUT /api/exchanges/{name}.
+type ExchangeSettings struct {
+	Type       string         `json:"type"`
+	Durable    bool           `json:"durable"`
+	AutoDelete bool           `json:"auto_delete"`
+	Internal   bool           `json:"internal"`
+	Alternate  string         `json:"alternate_exchange"`
+	Arguments  map[string]any `json:"arguments"`
+}
+
+// Exchange is one exchange as GET /api/exchanges and GET
+// /api/exchanges/{name} show it.
+type Exchange struct {
+	Name       string     `json:"name"`
+	Type       string     `json:"type"`
+	Durable    bool       `json:"durable"`
+	AutoDelete bool       `json:"auto_delete"`
+	Internal   bool       `json:"internal"`
+	Alternate  string     `json:"alternate_exchange,omitempty"`
+	Args       wire.Table `json:"arguments,omitempty"`
+}
+
+// Binding is the body of PUT and DELETE /api/bindings and one binding of
+// GET /api/bindings: exactly one of Queue and DestinationExchange is set.
+type Binding struct {
+	Exchange            string         `json:"exchange"`
+	Queue               string         `json:"queue,omitempty"`
+	DestinationExchange string         `json:"destination_exchange,omitempty"`
+	RoutingKey          string         `json:"routing_key"`
+	Arguments           map[string]any `json:"arguments,omitempty"`
+}
+
+// CountRequest is the body of POST /api/queues/{name}/get (Count only)
+// and /replay.
+type CountRequest struct {
+	Count int     `json:"count"`
+	Rate  float64 `json:"rate,omitempty"` // replay only: msgs/s, 0 = unlimited
+}
+
+// Deleted answers DELETE /api/queues/{name}.
+type Deleted struct {
+	Messages int64 `json:"deleted_messages"`
+}
+
+// Purged answers POST /api/queues/{name}/purge.
+type Purged struct {
+	Messages int64 `json:"purged"`
+}
+
+// ReplayResult says what a replay did.
+type ReplayResult struct {
+	Moved   int    `json:"moved"`
+	Skipped int    `json:"skipped"` // messages with no death history, left in the queue
+	Error   string `json:"error,omitempty"`
+}
+
+// Message is one message as POST /api/queues/{name}/get shows it.
+type Message struct {
+	Exchange      string      `json:"exchange"`
+	RoutingKey    string      `json:"routing_key"`
+	Priority      uint8       `json:"priority"`
+	Persistent    bool        `json:"persistent"`
+	DeliveryCount uint32      `json:"delivery_count"`
+	FailedCount   uint32      `json:"failed_count"`
+	Properties    *wire.Props `json:"properties,omitempty"`
+	Body          []byte      `json:"body"`
+}
+
+// Messages answers POST /api/queues/{name}/get.
+type Messages struct {
+	Messages []Message `json:"messages"`
+}
