@@ -82,3 +82,27 @@ func TestReadyMessageFootprint(t *testing.T) {
 	}
 	runtime.KeepAlive(m)
 }
+
+// BenchmarkCounts: Unacked and Consumers, which the broker reads after
+// every command, on a queue with 1,000 consumers.
+func BenchmarkCounts(b *testing.B) {
+	m := New(Config{}, 0)
+	for c := 1; c <= 1000; c++ {
+		if _, err := m.Subscribe(0, ConsumerSpec{ID: ConsumerID(c), Prefetch: 10}); err != nil {
+			b.Fatal(err)
+		}
+	}
+	msgs := make([]Message, 5000)
+	for i := range msgs {
+		msgs[i] = Message{ID: uint64(i + 1), Size: 1}
+	}
+	m.Enqueue(0, msgs)
+	b.ReportAllocs()
+	n := 0
+	for b.Loop() {
+		n += m.Unacked() + m.Consumers()
+	}
+	if m.Unacked() != 5000 || m.Consumers() != 1000 {
+		b.Fatalf("unacked %d consumers %d", m.Unacked(), m.Consumers())
+	}
+}
