@@ -35,6 +35,7 @@ func (m *Machine) Subscribe(now int64, spec ConsumerSpec) ([]Effect, error) {
 	})
 	m.consumers = slices.Insert(m.consumers, i, c)
 	m.byID[c.ID] = c
+	m.active++
 	m.regroup()
 	m.lastUsed = now
 	return m.finish(now), nil
@@ -51,7 +52,7 @@ func (m *Machine) Cancel(now int64, id ConsumerID, requeue bool) ([]Effect, erro
 	if c == nil || (c.cancelled && !requeue) {
 		return nil, ErrUnknownConsumer
 	}
-	c.cancelled = true
+	m.cancel(c)
 	m.cancelledAny = true
 	if requeue {
 		m.returnAll(now, c)
@@ -75,7 +76,7 @@ func (m *Machine) Down(now int64, owner OwnerID) []Effect {
 			continue
 		}
 		had = true
-		c.cancelled = true
+		m.cancel(c)
 		m.returnAll(now, c)
 		m.consumers = slices.Delete(m.consumers, i, i+1)
 		delete(m.byID, c.ID)
@@ -104,6 +105,7 @@ func (m *Machine) returnAll(now int64, c *consumer) {
 			m.scratch = append(m.scratch, c.out[i].e)
 		}
 	}
+	m.unacked -= c.live
 	c.out, c.head, c.live, c.liveBytes = c.out[:0], 0, 0, 0
 	m.requeue(now, m.scratch)
 }
@@ -225,6 +227,7 @@ func (m *Machine) Settle(now int64, id ConsumerID, op wire.SettleOp, first, last
 		}
 		o.settled = true
 		c.live--
+		m.unacked--
 		c.liveBytes -= uint64(o.e.size)
 	}
 	if matched == 0 {

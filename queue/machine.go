@@ -255,6 +255,11 @@ type Machine struct {
 
 	consumers []*consumer // sorted by priority desc, then arrival
 	byID      map[ConsumerID]*consumer
+	// unacked is Σ live over consumers, active the consumers not
+	// cancelled: counters kept on every change (checkInvariants recounts
+	// them), since the caller reads both after every command.
+	unacked   int
+	active    int
 	groupEnds []int // end index in consumers of each equal-priority run
 	rr        int
 	arrivals  uint64
@@ -344,24 +349,18 @@ func (m *Machine) ReadyBytes() int64 { return m.readyBytes }
 // Parked is the number of messages waiting out a retry backoff.
 func (m *Machine) Parked() int { return len(m.parked) }
 
-// Unacked is the number of deliveries out with consumers.
-func (m *Machine) Unacked() int {
-	n := 0
-	for _, c := range m.consumers {
-		n += c.live
-	}
-	return n
-}
+// Unacked is the number of deliveries out with consumers. O(1).
+func (m *Machine) Unacked() int { return m.unacked }
 
-// Consumers is the number of active (not cancelled) consumers.
-func (m *Machine) Consumers() int {
-	n := 0
-	for _, c := range m.consumers {
-		if !c.cancelled {
-			n++
-		}
+// Consumers is the number of active (not cancelled) consumers. O(1).
+func (m *Machine) Consumers() int { return m.active }
+
+// cancel marks c cancelled (once).
+func (m *Machine) cancel(c *consumer) {
+	if !c.cancelled {
+		c.cancelled = true
+		m.active--
 	}
-	return n
 }
 
 func (m *Machine) begin(now int64) { m.effects = m.effects[:0]; _ = now }
@@ -685,6 +684,7 @@ func (m *Machine) deliver(now int64, c *consumer, e entry) {
 	}
 	c.out = append(c.out, o)
 	c.live++
+	m.unacked++
 	c.liveBytes += uint64(e.size)
 }
 

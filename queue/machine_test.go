@@ -2,6 +2,7 @@ package queue
 
 import (
 	"slices"
+	"strings"
 	"testing"
 
 	"github.com/warren-mq/warren/wire"
@@ -156,5 +157,42 @@ func TestPerConsumerTimeout(t *testing.T) {
 	}
 	if got := expired(m.Tick(1 << 40)); len(got) != 1 || got[0] != 1 {
 		t.Fatalf("leases of %v expired; consumer 2 has no timeout", got)
+	}
+}
+
+// TestCountersCheckedByInvariants: the unacked and consumer counters are
+// kept, not recounted, so checkInvariants (which the random, model and
+// trace tests run after every command) compares them with a recount and
+// catches one that drifts.
+func TestCountersCheckedByInvariants(t *testing.T) {
+	m := New(Config{}, 0)
+	for c := 1; c <= 3; c++ {
+		if _, err := m.Subscribe(0, ConsumerSpec{ID: ConsumerID(c), Owner: OwnerID(c), Prefetch: 2}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	m.Enqueue(0, []Message{{ID: 1}, {ID: 2}, {ID: 3}, {ID: 4}, {ID: 5}})
+	if _, err := m.Cancel(0, 2, false); err != nil {
+		t.Fatal(err)
+	}
+	if m.Unacked() != 5 || m.Consumers() != 2 {
+		t.Fatalf("unacked %d consumers %d, want 5 and 2", m.Unacked(), m.Consumers())
+	}
+	// c1's two come back; c3 (prefetch 2, holding 1) takes one of them.
+	m.Down(0, 1)
+	if m.Unacked() != 4 || m.Ready() != 1 || m.Consumers() != 1 {
+		t.Fatalf("after down: unacked %d ready %d consumers %d, want 4, 1 and 1", m.Unacked(), m.Ready(), m.Consumers())
+	}
+	if err := m.checkInvariants(); err != nil {
+		t.Fatal(err)
+	}
+	m.unacked++
+	if err := m.checkInvariants(); err == nil || !strings.Contains(err.Error(), "unacked") {
+		t.Fatalf("a drifted unacked counter passes the check: %v", err)
+	}
+	m.unacked--
+	m.active--
+	if err := m.checkInvariants(); err == nil || !strings.Contains(err.Error(), "active consumers") {
+		t.Fatalf("a drifted consumer counter passes the check: %v", err)
 	}
 }

@@ -276,6 +276,10 @@ func Restore(b []byte) (*Machine, error) {
 		}
 		m.consumers = append(m.consumers, cs)
 		m.byID[cs.ID] = cs
+		m.unacked += cs.live
+		if !cs.cancelled {
+			m.active++
+		}
 	}
 	m.regroup()
 	m.rr = int(r.i())

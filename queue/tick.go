@@ -59,6 +59,7 @@ func (m *Machine) expireLeases(now int64, c *consumer) {
 		m.scratch = append(m.scratch, o.e)
 		o.settled = true
 		c.live--
+		m.unacked--
 		c.liveBytes -= uint64(o.e.size)
 	}
 	if len(m.scratch) > 0 {
