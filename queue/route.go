@@ -6,7 +6,6 @@ import (
 	"math"
 	"slices"
 	"strconv"
-	"sync/atomic"
 
 	"github.com/cespare/xxhash/v2"
 	"github.com/warren-mq/warren/wire"
@@ -35,7 +34,8 @@ type Binding struct {
 
 // Topology is the mutable description the routing table is compiled from.
 // It is owned by one writer (the metadata state machine); readers use the
-// immutable Table it compiles, through a Router.
+// immutable Table it compiles, which the caller publishes (netio through
+// an atomic pointer: routing takes no lock, a change swaps in a new table).
 type Topology struct {
 	Exchanges map[string]Exchange
 	Queues    map[string]struct{}
@@ -46,16 +46,6 @@ type Topology struct {
 func NewTopology() *Topology {
 	return &Topology{Exchanges: map[string]Exchange{}, Queues: map[string]struct{}{}}
 }
-
-// Router publishes the current routing Table through an atomic pointer:
-// routing never takes a lock, and a topology change swaps in a new table.
-type Router struct{ p atomic.Pointer[Table] }
-
-// Load returns the current table (never nil after the first Store).
-func (r *Router) Load() *Table { return r.p.Load() }
-
-// Store installs a newly compiled table.
-func (r *Router) Store(t *Table) { r.p.Store(t) }
 
 type dest struct {
 	name string

@@ -230,16 +230,24 @@ func TestConsistentHash(t *testing.T) {
 	}
 }
 
-func TestRouterSwap(t *testing.T) {
-	var r Router
-	r.Store(topicTable("a.*"))
-	old := r.Load()
-	r.Store(topicTable("b.*"))
-	if got := routeOf(t, old, "t", "a.x", nil); len(got) != 1 {
-		t.Fatal("a reader's table must not change under it")
+// TestTableImmutable: a compiled table does not change when the topology
+// it came from does, so a reader holding it routes consistently while the
+// writer compiles the next one.
+func TestTableImmutable(t *testing.T) {
+	top := NewTopology()
+	top.Exchanges["t"] = Exchange{Name: "t", Kind: wire.ExchangeTopic}
+	top.Queues["qa"] = struct{}{}
+	top.Bindings = append(top.Bindings, Binding{Source: "t", Destination: "qa", Key: "a.*"})
+	old := top.Compile()
+	top.Queues["qb"] = struct{}{}
+	top.Bindings[0].Key = "zzz"
+	top.Bindings = append(top.Bindings, Binding{Source: "t", Destination: "qb", Key: "a.#"})
+	delete(top.Exchanges, "t")
+	if got := routeOf(t, old, "t", "a.x", nil); !slices.Equal(got, []string{"qa"}) {
+		t.Fatalf("the old table routes a.x to %v after the topology changed, want [qa]", got)
 	}
-	if got := routeOf(t, r.Load(), "t", "b.x", nil); len(got) != 1 {
-		t.Fatal("new table not installed")
+	if got := routeOf(t, top.Compile(), "t", "a.x", nil); !slices.Equal(got, []string{"<no exchange>"}) {
+		t.Fatalf("the new table routes a.x to %v, want no exchange", got)
 	}
 }
 
