@@ -32,10 +32,15 @@ import (
 	"time"
 
 	"github.com/warren-mq/warren/client"
+	"github.com/warren-mq/warren/netio/admin/api"
 	"github.com/warren-mq/warren/wire"
 )
 
-const usage = `warrenctl — operate a Warren broker
+// usage is the help text; its queue settings line is written from wire's
+// queue-argument descriptors (queueSettingsUsage).
+var usage = strings.Replace(usageText, "{{queue settings}}", queueSettingsUsage(), 1)
+
+const usageText = `warrenctl — operate a Warren broker
 
 Global flags (before or after the command):
   --url URL    native protocol URL (env WARREN_URL; default warren://guest:guest@127.0.0.1:5680)
@@ -46,10 +51,7 @@ Commands:
   status
   exchange list | declare NAME --type TYPE [--durable] [--auto-delete] [--internal] [--alternate EX] | delete NAME
   queue list | show NAME | declare NAME [settings] | delete NAME | purge NAME | get NAME [--count N]
-      settings: --durable --auto-delete --max-priority N --max-length N --max-length-bytes N --overflow MODE
-                --ttl MS --expires MS --dlx EX --dlrk KEY --delivery-limit N --consumer-timeout MS
-                --retry-initial MS --retry-multiplier X --retry-max MS --single-active --dedup-window MS
-  binding list | add --exchange EX (--queue Q | --to-exchange EX) --routing-key KEY | delete (same flags)
+{{queue settings}}  binding list | add --exchange EX (--queue Q | --to-exchange EX) --routing-key KEY | delete (same flags)
   connection list | close ID
   publish [--exchange EX] --routing-key KEY [--persistent] [--mandatory=false] [--priority N] [--content-type T]
           [--message-id ID] [--header k=v]... [--lines] [--file F] [BODY]   (body from stdin when absent)
@@ -272,13 +274,7 @@ func (c *cli) call(method, path string, body any, out any) error {
 	defer resp.Body.Close()
 	b, _ := io.ReadAll(resp.Body)
 	if resp.StatusCode >= 300 {
-		var eb struct {
-			Error struct {
-				Code    int
-				Name    string
-				Message string
-			}
-		}
+		var eb api.ErrorBody
 		if json.Unmarshal(b, &eb) == nil && eb.Error.Name != "" {
 			return fmt.Errorf("%s: %s%s", eb.Error.Name, eb.Error.Message, hint(method, path, eb.Error.Name))
 		}
@@ -464,12 +460,12 @@ func (c *cli) exchange(verb string, args []string) error {
 		if err := c.call("GET", "/api/exchanges", nil, &raw); err != nil {
 			return err
 		}
-		var xs []map[string]any
+		var xs []api.Exchange
 		_ = json.Unmarshal(raw, &xs)
 		return c.show(raw, func(w *tabwriter.Writer) error {
 			fmt.Fprintln(w, "NAME\tTYPE\tDURABLE\tALTERNATE")
 			for _, x := range xs {
-				fmt.Fprintf(w, "%v\t%v\t%v\t%v\n", x["name"], x["type"], x["durable"], orDash(x["alternate_exchange"]))
+				fmt.Fprintf(w, "%v\t%v\t%v\t%v\n", x.Name, x.Type, x.Durable, orDash(x.Alternate))
 			}
 			return nil
 		})
@@ -491,7 +487,7 @@ func (c *cli) exchange(verb string, args []string) error {
 		if *typ == "" {
 			return usageErr{"exchange declare: --type is required"}
 		}
-		body := map[string]any{"type": *typ, "durable": *durable, "auto_delete": *autoDel, "internal": *internal, "alternate_exchange": *alt}
+		body := api.ExchangeSettings{Type: *typ, Durable: *durable, AutoDelete: *autoDel, Internal: *internal, Alternate: *alt}
 		if err := c.call("PUT", "/api/exchanges/"+url.PathEscape(name), body, nil); err != nil {
 			return err
 		}
@@ -528,14 +524,13 @@ func (c *cli) queue(verb string, args []string) error {
 		if err := c.call("GET", "/api/queues", nil, &raw); err != nil {
 			return err
 		}
-		var qs []map[string]any
+		var qs []api.Queue
 		_ = json.Unmarshal(raw, &qs)
 		return c.show(raw, func(w *tabwriter.Writer) error {
 			fmt.Fprintln(w, "NAME\tREADY\tUNACKED\tCONSUMERS\tPUBLISH/S\tDELIVER/S\tACK/S")
 			for _, q := range qs {
-				r, _ := q["rates"].(map[string]any)
-				fmt.Fprintf(w, "%v\t%s\t%s\t%s\t%v\t%v\t%v\n", q["name"], fmtVal(q["ready"]), fmtVal(q["unacked"]), fmtVal(q["consumers"]),
-					fmtVal(r["publish"]), fmtVal(r["deliver"]), fmtVal(r["ack"]))
+				fmt.Fprintf(w, "%s\t%d\t%d\t%d\t%s\t%s\t%s\n", q.Name, q.Ready, q.Unacked, q.Consumers,
+					fmtVal(q.Rates.Publish), fmtVal(q.Rates.Deliver), fmtVal(q.Rates.Ack))
 			}
 			return nil
 		})
@@ -551,37 +546,10 @@ func (c *cli) queue(verb string, args []string) error {
 		return c.showFields(raw)
 	case "declare":
 		fs := flags("queue declare")
-		body := map[string]any{}
 		durable := fs.Bool("durable", false, "")
 		autoDel := fs.Bool("auto-delete", false, "")
-		single := fs.Bool("single-active", false, "")
-		ints := map[string]string{"max-priority": "max_priority", "max-length": "max_length", "max-length-bytes": "max_length_bytes",
-			"ttl": "message_ttl_ms", "expires": "expires_ms", "delivery-limit": "delivery_limit", "consumer-timeout": "consumer_timeout_ms",
-			"retry-initial": "retry_initial_ms", "retry-max": "retry_max_ms", "dedup-window": "dedup_window_ms"}
-		for f, key := range ints {
-			key := key
-			fs.Func(f, "", func(s string) error {
-				n, err := strconv.ParseInt(s, 10, 64)
-				if err != nil {
-					return fmt.Errorf("want an integer")
-				}
-				body[key] = n
-				return nil
-			})
-		}
-		strs := map[string]string{"overflow": "overflow", "dlx": "dead_letter_exchange", "dlrk": "dead_letter_routing_key"}
-		for f, key := range strs {
-			key := key
-			fs.Func(f, "", func(s string) error { body[key] = s; return nil })
-		}
-		fs.Func("retry-multiplier", "", func(s string) error {
-			x, err := strconv.ParseFloat(s, 64)
-			if err != nil {
-				return fmt.Errorf("want a number")
-			}
-			body["retry_multiplier"] = x
-			return nil
-		})
+		var set wire.Table // the queue arguments given, in flag order
+		queueArgFlags(fs, &set)
 		pos, err := parse(fs, args)
 		if err != nil {
 			return err
@@ -590,10 +558,7 @@ func (c *cli) queue(verb string, args []string) error {
 		if err != nil {
 			return err
 		}
-		body["durable"], body["auto_delete"] = *durable, *autoDel
-		if *single {
-			body["single_active_consumer"] = true
-		}
+		body := api.QueueSettings{Durable: *durable, AutoDelete: *autoDel, QueueArgs: api.QueueArgsOf(set)}
 		if err := c.call("PUT", "/api/queues/"+url.PathEscape(name), body, nil); err != nil {
 			return err
 		}
@@ -604,24 +569,22 @@ func (c *cli) queue(verb string, args []string) error {
 		if err != nil {
 			return err
 		}
-		var r struct {
-			Deleted int64 `json:"deleted_messages"`
-		}
+		var r api.Deleted
 		if err := c.call("DELETE", "/api/queues/"+url.PathEscape(name), nil, &r); err != nil {
 			return err
 		}
-		fmt.Fprintf(c.errw, "queue %s deleted (%d messages)\n", name, r.Deleted)
+		fmt.Fprintf(c.errw, "queue %s deleted (%d messages)\n", name, r.Messages)
 		return nil
 	case "purge":
 		name, err := one("purge", args)
 		if err != nil {
 			return err
 		}
-		var r struct{ Purged int64 }
+		var r api.Purged
 		if err := c.call("POST", "/api/queues/"+url.PathEscape(name)+"/purge", nil, &r); err != nil {
 			return err
 		}
-		fmt.Fprintf(c.out, "%d\n", r.Purged)
+		fmt.Fprintf(c.out, "%d\n", r.Messages)
 		return nil
 	case "get":
 		fs := flags("queue get")
@@ -635,18 +598,10 @@ func (c *cli) queue(verb string, args []string) error {
 			return err
 		}
 		var raw json.RawMessage
-		if err := c.call("POST", "/api/queues/"+url.PathEscape(name)+"/get", map[string]int{"count": *count}, &raw); err != nil {
+		if err := c.call("POST", "/api/queues/"+url.PathEscape(name)+"/get", api.CountRequest{Count: *count}, &raw); err != nil {
 			return err
 		}
-		var r struct {
-			Messages []struct {
-				RoutingKey    string `json:"routing_key"`
-				Exchange      string
-				DeliveryCount int `json:"delivery_count"`
-				Properties    *wire.Props
-				Body          []byte
-			}
-		}
+		var r api.Messages
 		_ = json.Unmarshal(raw, &r)
 		return c.show(raw, func(w *tabwriter.Writer) error {
 			fmt.Fprintln(w, "#\tEXCHANGE\tROUTING KEY\tDELIVERIES\tDIED\tBODY")
@@ -681,16 +636,16 @@ func (c *cli) binding(verb string, args []string) error {
 		if err := c.call("GET", "/api/bindings", nil, &raw); err != nil {
 			return err
 		}
-		var bs []map[string]any
+		var bs []api.Binding
 		_ = json.Unmarshal(raw, &bs)
 		return c.show(raw, func(w *tabwriter.Writer) error {
 			fmt.Fprintln(w, "EXCHANGE\tDESTINATION\tROUTING KEY")
 			for _, b := range bs {
-				dest := b["queue"]
-				if dest == nil {
-					dest = "exchange " + fmt.Sprint(b["destination_exchange"])
+				dest := b.Queue
+				if dest == "" {
+					dest = "exchange " + b.DestinationExchange
 				}
-				fmt.Fprintf(w, "%v\t%v\t%v\n", b["exchange"], dest, b["routing_key"])
+				fmt.Fprintf(w, "%s\t%s\t%s\n", b.Exchange, dest, b.RoutingKey)
 			}
 			return nil
 		})
@@ -709,12 +664,7 @@ func (c *cli) binding(verb string, args []string) error {
 	if *ex == "" || (*q == "") == (*toEx == "") {
 		return usageErr{"binding " + verb + ": want --exchange and one of --queue, --to-exchange"}
 	}
-	body := map[string]any{"exchange": *ex, "routing_key": *key}
-	if *q != "" {
-		body["queue"] = *q
-	} else {
-		body["destination_exchange"] = *toEx
-	}
+	body := api.Binding{Exchange: *ex, Queue: *q, DestinationExchange: *toEx, RoutingKey: *key}
 	method, did := "PUT", "added"
 	if verb == "delete" {
 		method, did = "DELETE", "deleted"
@@ -776,13 +726,10 @@ func (c *cli) replay(args []string) error {
 		return err
 	}
 	var raw json.RawMessage
-	if err := c.call("POST", "/api/queues/"+url.PathEscape(name)+"/replay", map[string]any{"count": *count, "rate": *rate}, &raw); err != nil {
+	if err := c.call("POST", "/api/queues/"+url.PathEscape(name)+"/replay", api.CountRequest{Count: *count, Rate: *rate}, &raw); err != nil {
 		return err
 	}
-	var r struct {
-		Moved, Skipped int
-		Error          string
-	}
+	var r api.ReplayResult
 	_ = json.Unmarshal(raw, &r)
 	if err := c.show(raw, func(w *tabwriter.Writer) error {
 		fmt.Fprintf(w, "moved\t%d\nskipped\t%d\n", r.Moved, r.Skipped)
