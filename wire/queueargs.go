@@ -159,6 +159,13 @@ func orList(s []string) string {
 	return strings.Join(s[:len(s)-1], ", ") + " or " + s[len(s)-1]
 }
 
+// Accepts reports whether v is a valid value of d's argument on its own
+// (ParseQueueArgs also checks arguments against each other).
+func (d *QueueArgDesc) Accepts(v Value) bool {
+	_, err := d.check(v)
+	return err == nil
+}
+
 // check reads v as d's value, or fails naming the key and what it wants.
 func (d *QueueArgDesc) check(v Value) (argValue, error) {
 	bad := func() (argValue, error) { return argValue{}, argErr(d.Key, "want "+d.Want()) }

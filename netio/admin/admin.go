@@ -12,6 +12,7 @@ import (
 	"log/slog"
 	"math"
 	"net/http"
+	"reflect"
 	"slices"
 	"strconv"
 	"strings"
@@ -312,12 +313,40 @@ func decode(r *http.Request, v any) error {
 		if errors.Is(err, io.EOF) {
 			return &wire.Error{Code: wire.InvalidArgument, Reason: "request body required"}
 		}
+		if te := (*json.UnmarshalTypeError)(nil); errors.As(err, &te) {
+			return typeErr(te)
+		}
 		return &wire.Error{Code: wire.InvalidArgument, Reason: "bad request body: " + err.Error()}
 	}
 	if dec.More() {
 		return &wire.Error{Code: wire.InvalidArgument, Reason: "bad request body: trailing data"}
 	}
 	return nil
+}
+
+// typeErr says which field of a request body has the wrong JSON type and
+// what it takes, without Go's names for either: a queue setting by its
+// descriptor ("queue setting max_priority: want an int in [1, 255]").
+func typeErr(te *json.UnmarshalTypeError) error {
+	field := te.Field[strings.LastIndexByte(te.Field, '.')+1:]
+	if d, ok := api.DescOfJSON(field); ok {
+		return api.SettingError(d)
+	}
+	want := "a value of another type"
+	switch te.Type.Kind() {
+	case reflect.Bool:
+		want = "true or false"
+	case reflect.String:
+		want = "a string"
+	case reflect.Int, reflect.Int8, reflect.Int16, reflect.Int32, reflect.Int64,
+		reflect.Uint, reflect.Uint8, reflect.Uint16, reflect.Uint32, reflect.Uint64:
+		want = "an integer"
+	case reflect.Float32, reflect.Float64:
+		want = "a number"
+	case reflect.Map, reflect.Struct:
+		want = "an object"
+	}
+	return &wire.Error{Code: wire.InvalidArgument, Reason: "bad request body: " + field + ": want " + want + ", not " + te.Value}
 }
 
 // jsonToTable converts JSON arguments to a protocol table: strings,
@@ -467,6 +496,10 @@ func (a *API) queue(info netio.QueueInfo) api.Queue {
 func (a *API) putQueue(w http.ResponseWriter, r *http.Request) {
 	var qs api.QueueSettings
 	if err := decode(r, &qs); err != nil {
+		writeErr(w, err)
+		return
+	}
+	if err := qs.Check(); err != nil {
 		writeErr(w, err)
 		return
 	}

@@ -21,6 +21,7 @@ func TestQueueSettingErrors(t *testing.T) {
 		{`{"retry_multiplier":"2"}`, "queue setting retry_multiplier: want a number in [1, 1000]"},
 		{`{"single_active_consumer":1}`, "queue setting single_active_consumer: want a bool"},
 		{`{"replicas":2}`, "queue setting replicas: want 1, 3 or 5"},
+		{`{"durable":"yes"}`, "bad request body: durable: want true or false, not string"},
 	} {
 		var eb struct {
 			Error struct{ Name, Message string }

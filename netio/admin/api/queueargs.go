@@ -80,6 +80,38 @@ func field(v reflect.Value, i int) reflect.Value {
 	return v.Field(fieldOf[i])
 }
 
+// DescOfJSON returns the descriptor of the queue argument whose admin API
+// JSON name is name.
+func DescOfJSON(name string) (*wire.QueueArgDesc, bool) {
+	descs := wire.QueueArgDescs()
+	for i := range descs {
+		if descs[i].JSON == name {
+			return &descs[i], true
+		}
+	}
+	return nil, false
+}
+
+// Check checks each argument that is set on its own, and names the first
+// bad one by its JSON name: "queue setting max_priority: want an int in
+// [1, 255]" (invalid_argument). The broker checks them all again, and
+// against each other, when it takes the declare.
+func (a *QueueArgs) Check() error {
+	for _, f := range a.Table() {
+		d, _ := wire.LookupQueueArg(f.Key)
+		if !d.Accepts(f.Value) {
+			return SettingError(d)
+		}
+	}
+	return nil
+}
+
+// SettingError is the invalid_argument error for a bad value of d's
+// setting, in the admin API's terms.
+func SettingError(d *wire.QueueArgDesc) error {
+	return &wire.Error{Code: wire.InvalidArgument, Reason: "queue setting " + d.JSON + ": want " + d.Want()}
+}
+
 // Table returns the arguments that are set as a protocol table, in the
 // descriptors' order, for a QUEUE_DECLARE. The values are not checked
 // here: the broker checks them as it checks any declare's.
