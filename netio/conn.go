@@ -61,6 +61,7 @@ type conn struct {
 
 	mu       sync.Mutex
 	channels map[uint16]*channel
+	byID     map[queue.ConsumerID]*consumerRef // every consumer its queue still has
 	out      []byte
 	spare    []byte
 	inflight []byte
@@ -131,7 +132,8 @@ func (ch *channel) compact() {
 	}
 }
 
-// consumerRef is one consumer. chTags is owned by the queue's shard.
+// consumerRef is one consumer, as its connection knows it. chTags is
+// guarded by the connection's mu.
 type consumerRef struct {
 	id       queue.ConsumerID
 	tag      string
@@ -144,7 +146,7 @@ type consumerRef struct {
 }
 
 func (s *Server) newConn(gc gnet.Conn) *conn {
-	c := &conn{srv: s, gc: gc, id: s.connSeq.Add(1), channels: map[uint16]*channel{}, parts: make([][]enqItem, len(s.shards))}
+	c := &conn{srv: s, gc: gc, id: s.connSeq.Add(1), channels: map[uint16]*channel{}, byID: map[queue.ConsumerID]*consumerRef{}, parts: make([][]enqItem, len(s.shards))}
 	s.initAdmission(c)
 	c.flushedCB = c.flushed
 	c.lastRecv.Store(s.nowMs())
@@ -600,16 +602,8 @@ func (c *conn) closeChannelNow(ch *channel) {
 	c.srv.metrics.channels.Add(-1)
 	for _, cr := range all {
 		cr := cr
-		cr.q.shard.submit(func(s *shard) { s.cancel(cr, true) })
+		cr.q.shard.submit(func(s *shard) { s.cancel(cr.q, cr.id, true) })
 	}
-}
-
-func (c *conn) forgetConsumer(cr *consumerRef) {
-	c.mu.Lock()
-	if cr.ch.consumers[cr.tag] == cr {
-		delete(cr.ch.consumers, cr.tag)
-	}
-	c.mu.Unlock()
 }
 
 // onClose runs when the socket is gone: everything the connection held goes
@@ -660,7 +654,7 @@ func (c *conn) onPublish(ch *channel, f wire.Frame) error {
 	}
 	ch.nextSeq += uint64(b.Count)
 	c.srv.metrics.published.Add(int(b.Count))
-	batch := &pubBatch{c: c, ch: ch.id, firstSeq: b.FirstSeq, codes: make([]uint32, b.Count), start: time.Now()}
+	batch := &pubBatch{sink: c, ch: ch.id, firstSeq: b.FirstSeq, codes: make([]uint32, b.Count), start: time.Now()}
 	view := c.srv.topo.view.Load()
 	exName := string(b.Exchange)
 	if !view.table.HasExchange(exName) || view.table.IsInternal(exName) {
@@ -813,9 +807,12 @@ func (c *conn) onSettle(ch *channel, f wire.Frame) error {
 			switch e.state {
 			case tagLive:
 				matched++
-				items = append(items, settleItem{c: e.c, op: s.Op, qtag: e.qtag, arg: s.Arg})
+				items = append(items, settleItem{q: e.c.q, c: e.c.id, op: s.Op, qtag: e.qtag, arg: s.Arg})
 				if s.Op != wire.SettleExtend {
 					e.state = tagSettled
+					if e.c.chTags != nil {
+						delete(e.c.chTags, e.qtag)
+					}
 				}
 			case tagExpired:
 				matched++ // a late settlement of a taken-back delivery is ignored
@@ -850,7 +847,7 @@ func (s *Server) settleAcross(items []settleItem) {
 	for _, sh := range s.shards {
 		var part []settleItem
 		for _, it := range items {
-			if it.c.q.shard == sh {
+			if it.q.shard == sh {
 				part = append(part, it)
 			}
 		}

@@ -7,13 +7,14 @@ import (
 	"time"
 
 	"github.com/panjf2000/gnet/v2"
+	"github.com/warren-mq/warren/queue"
 	"github.com/warren-mq/warren/wire"
 )
 
 // pubBatch tracks one PUBLISH frame until every shard it was split across
 // has taken its part; the last one confirms the whole range.
 type pubBatch struct {
-	c        *conn
+	sink     Sink // told when every part is done
 	ch       uint16
 	firstSeq uint64
 	codes    []uint32 // per message: 0 ack, else the nack code (written atomically)
@@ -26,13 +27,13 @@ func (b *pubBatch) nack(i int, code wire.Code) { atomic.StoreUint32(&b.codes[i],
 // partDone is called once per shard part (and once by the loop itself).
 func (b *pubBatch) partDone() {
 	if b.pending.Add(-1) == 0 {
-		b.c.confirm(b)
+		b.sink.Confirm(b)
 	}
 }
 
-// confirm writes a CONFIRM frame for the batch: one range per run of equal
-// codes.
-func (c *conn) confirm(b *pubBatch) {
+// Confirm writes a CONFIRM frame for the batch: one range per run of equal
+// codes (Sink).
+func (c *conn) Confirm(b *pubBatch) {
 	var ranges [16]wire.ConfirmRange
 	rs := ranges[:0]
 	start := 0
@@ -84,8 +85,46 @@ func (c *conn) sendError(ch uint16, req uint32, code wire.Code, msg string) {
 	c.send(ch, &wire.ErrorReply{Req: req, Code: code, Message: msg})
 }
 
-func (c *conn) sendCancelled(cr *consumerRef, code wire.Code, reason string) {
-	c.send(cr.ch.id, &wire.Cancelled{ConsumerTag: cr.tag, Code: code, Reason: reason})
+// Subscribed answers a SUBSCRIBE once its queue has the consumer, or
+// forgets the consumer it refused (Sink).
+func (c *conn) Subscribed(id queue.ConsumerID, req uint32, code wire.Code, reason string) {
+	c.mu.Lock()
+	cr := c.byID[id]
+	if cr != nil && code != wire.OK {
+		delete(c.byID, id)
+		if cr.ch.consumers[cr.tag] == cr {
+			delete(cr.ch.consumers, cr.tag)
+		}
+	}
+	c.mu.Unlock()
+	switch {
+	case cr == nil:
+	case code == wire.OK:
+		c.send(cr.ch.id, &wire.SubscribeOK{Req: req, ConsumerTag: cr.tag})
+	default:
+		c.sendError(cr.ch.id, req, code, reason)
+	}
+}
+
+// Cancelled tells a consumer the broker cancelled it (Sink).
+func (c *conn) Cancelled(id queue.ConsumerID, code wire.Code, reason string) {
+	c.mu.Lock()
+	cr := c.byID[id]
+	c.mu.Unlock()
+	if cr != nil {
+		c.send(cr.ch.id, &wire.Cancelled{ConsumerTag: cr.tag, Code: code, Reason: reason})
+	}
+}
+
+// ConsumerGone drops what the connection kept for a consumer its queue
+// forgot (Sink).
+func (c *conn) ConsumerGone(id queue.ConsumerID) {
+	c.mu.Lock()
+	if cr := c.byID[id]; cr != nil {
+		delete(c.byID, id)
+		clear(cr.chTags)
+	}
+	c.mu.Unlock()
 }
 
 // flushLocked starts a write of the outbox if none is in flight. One write
@@ -209,48 +248,50 @@ func (a ackCheck) Run(context.Context) error {
 	return nil
 }
 
-// writeDeliveries encodes one shard's deliveries for this connection: one
-// DELIVER frame per run of deliveries to the same consumer, channel tags
-// assigned in order, all under one lock. Called on the shard goroutine.
-func (c *conn) writeDeliveries(ds []pendingDelivery) {
+// Deliver encodes one shard's deliveries for this connection: one DELIVER
+// frame per run of deliveries to the same consumer, channel tags assigned in
+// order, all under one lock (Sink). Called on the shard goroutine.
+func (c *conn) Deliver(ds []Delivery) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if c.closed {
 		return // the connection's Down returns them
 	}
 	for start := 0; start < len(ds); {
-		cr := ds[start].c
+		id := ds[start].Consumer
 		end := start + 1
-		for end < len(ds) && ds[end].c == cr {
+		for end < len(ds) && ds[end].Consumer == id {
 			end++
 		}
-		ch := cr.ch
-		if ch.closed {
+		cr := c.byID[id]
+		if cr == nil || cr.ch.closed {
 			start = end
 			continue // the channel's cancel returns them
 		}
+		ch := cr.ch
 		out, mark := wire.BeginDeliver(c.out, ch.id, cr.tagBytes)
 		for _, d := range ds[start:end] {
 			ch.nextTag++
 			tag := ch.nextTag
 			var fl wire.DeliveryFlags
-			if d.dc > 1 {
+			if d.DeliveryCount > 1 {
 				fl |= wire.Redelivered
 			}
-			if d.msg.flags&wire.Persistent != 0 {
+			msg := d.Msg
+			if msg.flags&wire.Persistent != 0 {
 				fl |= wire.DeliveredPersistent
 			}
 			out = wire.AppendDelivery(out, &wire.Delivery{
-				Tag: tag, Flags: fl, Priority: d.msg.priority, DeliveryCount: d.dc, FailedCount: d.fc,
-				Exchange: d.msg.exchange, RoutingKey: d.msg.routingKey, Properties: d.msg.props, Body: d.msg.body,
+				Tag: tag, Flags: fl, Priority: msg.priority, DeliveryCount: d.DeliveryCount, FailedCount: d.FailedCount,
+				Exchange: msg.exchange, RoutingKey: msg.routingKey, Properties: msg.props, Body: msg.body,
 			})
 			if cr.autoAck {
 				ch.pushTag(tagEntry{state: tagAuto})
-				c.autoAcks = append(c.autoAcks, settleItem{c: cr, op: wire.SettleAck, qtag: d.qtag})
+				c.autoAcks = append(c.autoAcks, settleItem{q: cr.q, c: cr.id, op: wire.SettleAck, qtag: d.QTag})
 			} else {
-				ch.pushTag(tagEntry{c: cr, qtag: d.qtag})
+				ch.pushTag(tagEntry{c: cr, qtag: d.QTag})
 				if cr.chTags != nil {
-					cr.chTags[d.qtag] = tag // kept only where leases can expire
+					cr.chTags[d.QTag] = tag // kept only where leases can expire
 				}
 			}
 		}
@@ -261,10 +302,19 @@ func (c *conn) writeDeliveries(ds []pendingDelivery) {
 	c.flushLocked()
 }
 
-// leaseExpired tells a consumer a delivery was taken back.
-func (c *conn) leaseExpired(cr *consumerRef, chTag uint64) {
+// LeaseExpired tells a consumer a delivery was taken back (Sink).
+func (c *conn) LeaseExpired(id queue.ConsumerID, qtag uint64) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
+	cr := c.byID[id]
+	if cr == nil {
+		return
+	}
+	chTag, ok := cr.chTags[qtag]
+	if !ok {
+		return
+	}
+	delete(cr.chTags, qtag)
 	if c.closed || cr.ch.closed {
 		return
 	}

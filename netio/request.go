@@ -90,7 +90,7 @@ func (c *conn) onRequest(ch *channel, body wire.Body) error {
 		if cr == nil {
 			return fail(r.Req, reqErr(wire.NotFound, "no consumer %q on this channel", r.ConsumerTag))
 		}
-		cr.q.shard.submit(func(s *shard) { s.cancel(cr, false) })
+		cr.q.shard.submit(func(s *shard) { s.cancel(cr.q, cr.id, false) })
 		c.send(ch.id, &wire.OKReply{Req: r.Req})
 	default:
 		return errUnexpected(body.FrameType())
@@ -140,11 +140,12 @@ func (c *conn) onSubscribe(ch *channel, r *wire.Subscribe) error {
 	}
 	ch.consumers[tag] = cr
 	ch.all = append(ch.all, cr)
+	c.byID[cr.id] = cr
 	c.mu.Unlock()
 	spec := queue.ConsumerSpec{ID: cr.id, Owner: queue.OwnerID(c.id), Prefetch: prefetch, PrefetchBytes: r.PrefetchBytes, Priority: r.Priority, Exclusive: r.Exclusive,
 		TimeoutMs: args.ConsumerTimeout.Milliseconds()}
 	req := r.Req
-	q.shard.submit(func(s *shard) { s.subscribe(q, cr, spec, req) })
+	q.shard.submit(func(s *shard) { s.subscribe(q, c, spec, req) })
 	return nil
 }
 

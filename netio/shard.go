@@ -30,23 +30,15 @@ type shard struct {
 	// counter once per batch rather than once per message.
 	bytesDelta int64
 
-	// deliveries gathered during a batch, written per connection at its end
-	pending map[*conn][]pendingDelivery
-	touched []*conn
-}
-
-type pendingDelivery struct {
-	c    *consumerRef
-	qtag uint64
-	msg  *storedMsg
-	dc   uint32
-	fc   uint32
+	// deliveries gathered during a batch, handed per sink at its end
+	pending map[Sink][]Delivery
+	touched []Sink
 }
 
 func newShard(srv *Server) *shard {
 	s := &shard{
 		srv: srv, wake: make(chan struct{}, 1), stop: make(chan struct{}), done: make(chan struct{}),
-		queues: map[*queueRef]struct{}{}, pending: map[*conn][]pendingDelivery{},
+		queues: map[*queueRef]struct{}{}, pending: map[Sink][]Delivery{},
 		timer: time.NewTimer(time.Hour),
 	}
 	s.timer.Stop()
@@ -102,16 +94,16 @@ func (s *shard) drain() {
 	}
 }
 
-// finishBatch writes the deliveries gathered in this batch, one outbox
-// lock per connection, and re-arms the timer.
+// finishBatch hands the deliveries gathered in this batch to their sinks,
+// one call per sink, and re-arms the timer.
 func (s *shard) finishBatch() {
 	if s.bytesDelta != 0 {
 		s.srv.storedBytes.Add(s.bytesDelta)
 		s.bytesDelta = 0
 	}
-	for _, c := range s.touched {
-		c.writeDeliveries(s.pending[c])
-		s.pending[c] = s.pending[c][:0]
+	for _, k := range s.touched {
+		k.Deliver(s.pending[k])
+		s.pending[k] = s.pending[k][:0]
 	}
 	s.touched = s.touched[:0]
 	if s.nextWake > 0 {
@@ -139,7 +131,7 @@ func (s *shard) tick() {
 
 func (s *shard) createQueue(q *queueRef) {
 	q.m = queue.New(queue.ConfigFromArgs(q.args, q.autoDelete), s.now)
-	q.cons = map[queue.ConsumerID]*consumerRef{}
+	q.cons = map[queue.ConsumerID]consumer{}
 	s.queues[q] = struct{}{}
 	s.handle(q, q.m.Tick(s.now)) // arms the expiry timer, if any
 }
@@ -232,15 +224,15 @@ func (s *shard) handle(q *queueRef, effs []queue.Effect) {
 	for _, e := range effs {
 		switch e.Kind {
 		case queue.Deliver:
-			c := q.cons[e.Consumer]
+			c, ok := q.cons[e.Consumer]
 			msg := q.bodies.get(e.Msg)
-			if c == nil || msg == nil {
+			if !ok || msg == nil {
 				panic("netio: BUG: delivery to an unknown consumer or of an unknown message")
 			}
-			if _, ok := s.pending[c.conn]; !ok || len(s.pending[c.conn]) == 0 {
-				s.touched = append(s.touched, c.conn)
+			if len(s.pending[c.sink]) == 0 {
+				s.touched = append(s.touched, c.sink)
 			}
-			s.pending[c.conn] = append(s.pending[c.conn], pendingDelivery{c: c, qtag: e.Tag, msg: msg, dc: e.DeliveryCount, fc: e.FailedCount})
+			s.pending[c.sink] = append(s.pending[c.sink], Delivery{Consumer: e.Consumer, QTag: e.Tag, Msg: msg, DeliveryCount: e.DeliveryCount, FailedCount: e.FailedCount})
 		case queue.Remove, queue.Drop, queue.Duplicate, queue.RejectPublish:
 			s.free(q, e.Msg)
 		case queue.DeadLetter:
@@ -249,11 +241,8 @@ func (s *shard) handle(q *queueRef, effs []queue.Effect) {
 			}
 			s.free(q, e.Msg)
 		case queue.LeaseExpired:
-			if c := q.cons[e.Consumer]; c != nil {
-				if chTag, ok := c.chTags[e.Tag]; ok {
-					delete(c.chTags, e.Tag)
-					c.conn.leaseExpired(c, chTag)
-				}
+			if c, ok := q.cons[e.Consumer]; ok {
+				c.sink.LeaseExpired(e.Consumer, e.Tag)
 			}
 		case queue.Timer:
 			q.wakeAt = e.At
@@ -304,8 +293,9 @@ func (s *shard) deleteQueue(q *queueRef, reason string) int64 {
 	}
 	q.gone = true
 	n := int64(q.m.Ready())
-	for _, c := range q.cons {
-		c.conn.sendCancelled(c, wire.NotFound, reason)
+	for id, c := range q.cons {
+		c.sink.Cancelled(id, wire.NotFound, reason)
+		c.sink.ConsumerGone(id)
 	}
 	q.bodies.each(func(_ uint64, m *storedMsg) { s.release(m) })
 	q.bodies = bodyStore{}
@@ -445,49 +435,48 @@ func (s *shard) deadLetter(q *queueRef, msg *storedMsg, reason wire.DeathReason)
 	}
 }
 
-// subscribe adds a consumer and replies on its channel.
-func (s *shard) subscribe(q *queueRef, c *consumerRef, spec queue.ConsumerSpec, req uint32) {
+// subscribe adds a consumer and answers through its sink.
+func (s *shard) subscribe(q *queueRef, k Sink, spec queue.ConsumerSpec, req uint32) {
 	if q.gone || q.m == nil {
-		c.conn.sendError(c.ch.id, req, wire.NotFound, "no queue "+q.name)
+		k.Subscribed(spec.ID, req, wire.NotFound, "no queue "+q.name)
 		return
 	}
 	effs, err := q.m.Subscribe(s.now, spec)
 	if err != nil {
-		c.conn.sendError(c.ch.id, req, wire.CodeOf(err), reasonOf(err))
-		c.conn.forgetConsumer(c)
+		k.Subscribed(spec.ID, req, wire.CodeOf(err), reasonOf(err))
 		return
 	}
-	q.cons[c.id] = c
-	c.conn.send(c.ch.id, &wire.SubscribeOK{Req: req, ConsumerTag: c.tag})
+	q.cons[spec.ID] = consumer{sink: k, owner: uint64(spec.Owner)}
+	k.Subscribed(spec.ID, req, wire.OK, "")
 	s.handle(q, effs)
 }
 
 // cancel stops a consumer. With requeue its unacked deliveries go back.
-func (s *shard) cancel(c *consumerRef, requeue bool) {
-	q := c.q
+func (s *shard) cancel(q *queueRef, id queue.ConsumerID, requeue bool) {
 	if q.gone || q.m == nil {
 		return
 	}
-	effs, err := q.m.Cancel(s.now, c.id, requeue)
+	effs, err := q.m.Cancel(s.now, id, requeue)
 	if err != nil {
 		return
 	}
 	s.handle(q, effs)
-	s.forgetIfGone(q, c)
+	s.forgetIfGone(q, id)
 }
 
 // forgetIfGone drops a consumer the machine no longer tracks (cancelled
 // and drained).
-func (s *shard) forgetIfGone(q *queueRef, c *consumerRef) {
-	if !q.m.HasConsumer(c.id) {
-		clear(c.chTags)
-		delete(q.cons, c.id)
+func (s *shard) forgetIfGone(q *queueRef, id queue.ConsumerID) {
+	if c, ok := q.cons[id]; ok && !q.m.HasConsumer(id) {
+		delete(q.cons, id)
+		c.sink.ConsumerGone(id)
 	}
 }
 
 // settleItem is one settled delivery, translated from a channel tag.
 type settleItem struct {
-	c    *consumerRef
+	q    *queueRef
+	c    queue.ConsumerID
 	op   wire.SettleOp
 	qtag uint64
 	arg  uint32
@@ -499,17 +488,12 @@ func (s *shard) settle(items []settleItem) {
 	for start := 0; start < len(items); {
 		it := items[start]
 		end := start + 1
-		for end < len(items) && items[end].c == it.c && items[end].op == it.op && items[end].arg == it.arg && items[end].qtag == items[end-1].qtag+1 {
+		for end < len(items) && items[end].q == it.q && items[end].c == it.c && items[end].op == it.op && items[end].arg == it.arg && items[end].qtag == items[end-1].qtag+1 {
 			end++
 		}
-		q := it.c.q
+		q := it.q
 		if !q.gone && q.m != nil {
-			if it.op != wire.SettleExtend {
-				for _, x := range items[start:end] {
-					delete(it.c.chTags, x.qtag)
-				}
-			}
-			effs, err := q.m.Settle(s.now, it.c.id, it.op, it.qtag, items[end-1].qtag, it.arg)
+			effs, err := q.m.Settle(s.now, it.c, it.op, it.qtag, items[end-1].qtag, it.arg)
 			if err == nil {
 				s.handle(q, effs)
 				s.forgetIfGone(q, it.c)
@@ -531,7 +515,7 @@ func (s *shard) down(connID uint64) {
 		}
 		owned := false
 		for id, c := range q.cons {
-			if c.conn.id == connID {
+			if c.owner == connID {
 				owned = true
 				delete(q.cons, id)
 			}

@@ -43,7 +43,7 @@ type queueRef struct {
 	m      *queue.Machine
 	bodies bodyStore
 	nextID uint64
-	cons   map[queue.ConsumerID]*consumerRef
+	cons   map[queue.ConsumerID]consumer
 	wakeAt int64       // next Timer, 0 for none
 	held   []*pubBatch // confirms held back while the queue is over its soft limit
 	gone   bool        // deleted: commands for it are dropped
