@@ -5,6 +5,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/warren-mq/warren/queue"
 	"github.com/warren-mq/warren/wire"
 )
 
@@ -14,7 +15,8 @@ import (
 // same commands must write the same history. The shard's time is set to
 // a fake one (1970) that no clock would read.
 func TestDeadLetterTimeIsTheCommandTime(t *testing.T) {
-	s, err := Start(Config{Addr: "127.0.0.1:0"})
+	const fakeNowMs = 1_000
+	s, err := Start(Config{Addr: "127.0.0.1:0", clock: func() int64 { return fakeNowMs }})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -35,13 +37,25 @@ func TestDeadLetterTimeIsTheCommandTime(t *testing.T) {
 	must(err)
 	q := s.topo.lookupQueue("src")
 	msg := &storedMsg{routingKey: []byte("src"), props: wire.AppendProperties(nil, &wire.Properties{})[2:], body: []byte("m"), a: &msgArena{}}
+	msg.a.refs.Store(1)
 
-	const fakeNowMs = 1_000
-	_, err = onShard(ctx, q, func(sh *shard) struct{} {
-		sh.now = fakeNowMs // as drain stamps it before running a batch
-		sh.deadLetter(q, msg, wire.ReasonRejected)
-		return struct{}{}
-	})
+	// Publish one message to src, take it and reject it: it dies at the
+	// time the shard stamped on the reject (the fake clock's).
+	k := &recSink{}
+	const id = queue.ConsumerID(1 << 40)
+	q.shard.submit(Command{Kind: CmdPublish, Items: []enqItem{{q: q, msg: msg, meta: queue.Message{Size: 1}}}})
+	q.shard.submit(Command{Kind: CmdSubscribe, Queue: q, Sink: k, Spec: queue.ConsumerSpec{ID: id, Owner: 1, Prefetch: 1}})
+	_, err = ask(ctx, q.shard, Command{Kind: CmdBarrier})
+	must(err)
+	k.mu.Lock()
+	if len(k.delivers) != 1 || len(k.delivers[0]) != 1 {
+		k.mu.Unlock()
+		t.Fatalf("deliveries %v, want one", sizes(k.delivers))
+	}
+	qtag := k.delivers[0][0].QTag
+	k.mu.Unlock()
+	q.shard.submit(Command{Kind: CmdSettle, Settles: []settleItem{{q: q, c: id, op: wire.SettleReject, qtag: qtag}}})
+	_, err = ask(ctx, q.shard, Command{Kind: CmdBarrier})
 	must(err)
 	// The dead letter was submitted to dead's shard before this peek.
 	got, err := s.PeekQueue(ctx, "dead", 1)

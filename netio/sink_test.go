@@ -1,6 +1,7 @@
 package netio
 
 import (
+	"context"
 	"sync"
 	"testing"
 	"time"
@@ -18,6 +19,7 @@ type recSink struct {
 	cancels  []queue.ConsumerID
 	gone     []queue.ConsumerID
 	leases   []uint64
+	answers  []Result
 }
 
 func (r *recSink) Deliver(ds []Delivery) {
@@ -25,7 +27,11 @@ func (r *recSink) Deliver(ds []Delivery) {
 	r.delivers = append(r.delivers, append([]Delivery(nil), ds...))
 	r.mu.Unlock()
 }
-func (r *recSink) Confirm(b *pubBatch) { r.mu.Lock(); r.confirms = append(r.confirms, b); r.mu.Unlock() }
+func (r *recSink) Confirm(b *pubBatch) {
+	r.mu.Lock()
+	r.confirms = append(r.confirms, b)
+	r.mu.Unlock()
+}
 func (r *recSink) Subscribed(_ queue.ConsumerID, _ uint32, code wire.Code, _ string) {
 	r.mu.Lock()
 	r.subs = append(r.subs, code)
@@ -41,18 +47,25 @@ func (r *recSink) LeaseExpired(_ queue.ConsumerID, qtag uint64) {
 	r.leases = append(r.leases, qtag)
 	r.mu.Unlock()
 }
-func (r *recSink) ConsumerGone(id queue.ConsumerID) { r.mu.Lock(); r.gone = append(r.gone, id); r.mu.Unlock() }
+func (r *recSink) ConsumerGone(id queue.ConsumerID) {
+	r.mu.Lock()
+	r.gone = append(r.gone, id)
+	r.mu.Unlock()
+}
+func (r *recSink) Answer(_ uint64, res Result) {
+	r.mu.Lock()
+	r.answers = append(r.answers, res)
+	r.mu.Unlock()
+}
 
 // barrier waits until the shard has worked through everything submitted
 // before it (and handed that work's effects to their sinks).
 func barrier(t *testing.T, sh *shard) {
 	t.Helper()
-	done := make(chan struct{})
-	sh.submit(func(*shard) { close(done) })
-	select {
-	case <-done:
-	case <-time.After(10 * time.Second):
-		t.Fatal("shard did not drain")
+	ctx, cancel := context.WithTimeout(t.Context(), 10*time.Second)
+	defer cancel()
+	if _, err := ask(ctx, sh, Command{Kind: CmdBarrier}); err != nil {
+		t.Fatal("shard did not drain: ", err)
 	}
 }
 
@@ -72,9 +85,7 @@ func TestShardHandsEffectsToASink(t *testing.T) {
 	sh := q.shard
 	k := &recSink{}
 	const id = queue.ConsumerID(1 << 40)
-	sh.submit(func(s *shard) {
-		s.subscribe(q, k, queue.ConsumerSpec{ID: id, Owner: 7, Prefetch: 100}, 1)
-	})
+	sh.submit(Command{Kind: CmdSubscribe, Queue: q, Sink: k, Spec: queue.ConsumerSpec{ID: id, Owner: 7, Prefetch: 100}, Req: 1})
 	const n = 10
 	ar := &msgArena{}
 	ar.refs.Store(n)
@@ -86,7 +97,7 @@ func TestShardHandsEffectsToASink(t *testing.T) {
 	}
 	batch := &pubBatch{sink: k, codes: make([]uint32, n)}
 	batch.pending.Store(1)
-	sh.submit(func(s *shard) { s.enqueue(items, batch) })
+	sh.submit(Command{Kind: CmdPublish, Items: items, Batch: batch})
 	barrier(t, sh)
 
 	k.mu.Lock()
@@ -107,7 +118,7 @@ func TestShardHandsEffectsToASink(t *testing.T) {
 	k.mu.Unlock()
 
 	// Cancel with requeue: the queue forgets the consumer, and says so.
-	sh.submit(func(s *shard) { s.cancel(q, id, true) })
+	sh.submit(Command{Kind: CmdCancel, Queue: q, Consumer: id, Requeue: true})
 	barrier(t, sh)
 	k.mu.Lock()
 	if len(k.gone) != 1 || k.gone[0] != id {
@@ -117,9 +128,7 @@ func TestShardHandsEffectsToASink(t *testing.T) {
 
 	// A second consumer is cancelled by the queue's deletion.
 	k2 := &recSink{}
-	sh.submit(func(s *shard) {
-		s.subscribe(q, k2, queue.ConsumerSpec{ID: id + 1, Owner: 7, Prefetch: 1}, 2)
-	})
+	sh.submit(Command{Kind: CmdSubscribe, Queue: q, Sink: k2, Spec: queue.ConsumerSpec{ID: id + 1, Owner: 7, Prefetch: 1}, Req: 2})
 	barrier(t, sh)
 	if _, err := s.DeleteQueue(t.Context(), "q", false, false); err != nil {
 		t.Fatal(err)
@@ -138,4 +147,59 @@ func sizes(ds [][]Delivery) []int {
 		out = append(out, len(d))
 	}
 	return out
+}
+
+// TestRequestCommandsAnswerTheSink: purge, peek and a conditional delete
+// are command values, answered to the submitting sink under its reference.
+func TestRequestCommandsAnswerTheSink(t *testing.T) {
+	s, err := Start(Config{Addr: "127.0.0.1:0", Shards: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = s.Close(t.Context()) })
+	if _, err := s.DeclareQueue(wire.QueueDeclare{Name: "q"}); err != nil {
+		t.Fatal(err)
+	}
+	q := s.topo.lookupQueue("q")
+	sh := q.shard
+	const n = 3
+	ar := &msgArena{}
+	ar.refs.Store(n)
+	msgs := make([]storedMsg, n)
+	items := make([]enqItem, n)
+	for i := range items {
+		msgs[i] = storedMsg{body: []byte{byte('a' + i)}, a: ar}
+		items[i] = enqItem{q: q, msg: &msgs[i], meta: queue.Message{Size: 1}}
+	}
+	k := &recSink{}
+	sh.submit(Command{Kind: CmdPublish, Items: items})
+	sh.submit(Command{Kind: CmdPeek, Queue: q, N: 2, Sink: k, Req: 10})
+	sh.submit(Command{Kind: CmdDelete, Queue: q, IfEmpty: true, Sink: k, Req: 11})
+	sh.submit(Command{Kind: CmdPurge, Queue: q, Sink: k, Req: 12})
+	sh.submit(Command{Kind: CmdDelete, Queue: q, IfEmpty: true, Sink: k, Req: 13, Reason: "gone"})
+	sh.submit(Command{Kind: CmdPurge, Queue: q, Sink: k, Req: 14})
+	barrier(t, sh)
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	if len(k.answers) != 5 {
+		t.Fatalf("answers = %+v, want 5", k.answers)
+	}
+	if a := k.answers[0]; a.Code != wire.OK || len(a.Msgs) != 2 || string(a.Msgs[0].Body) != "a" || string(a.Msgs[1].Body) != "b" {
+		t.Errorf("peek answered %+v, want messages a, b", a)
+	}
+	if a := k.answers[1]; a.Code != wire.PreconditionFailed {
+		t.Errorf("delete if-empty of a full queue answered %+v, want precondition_failed", a)
+	}
+	if a := k.answers[2]; a.Code != wire.OK || a.N != n {
+		t.Errorf("purge answered %+v, want %d removed", a, n)
+	}
+	if a := k.answers[3]; a.Code != wire.OK || a.N != 0 {
+		t.Errorf("delete if-empty of an empty queue answered %+v, want ok", a)
+	}
+	if a := k.answers[4]; a.Code != wire.NotFound {
+		t.Errorf("purge of a deleted queue answered %+v, want not_found", a)
+	}
+	if _, ok := s.Queue("q"); ok {
+		t.Error("the queue is still listed after its delete")
+	}
 }
