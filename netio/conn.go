@@ -602,7 +602,7 @@ func (c *conn) closeChannelNow(ch *channel) {
 	c.srv.metrics.channels.Add(-1)
 	for _, cr := range all {
 		cr := cr
-		cr.q.shard.submit(func(s *shard) { s.cancel(cr.q, cr.id, true) })
+		cr.q.shard.submit(Command{Kind: CmdCancel, Queue: cr.q, Consumer: cr.id, Requeue: true})
 	}
 }
 
@@ -625,7 +625,7 @@ func (c *conn) onClose() {
 	c.mu.Unlock()
 	c.srv.metrics.channels.Add(int64(-n))
 	for _, s := range c.srv.shards {
-		s.submit(func(s *shard) { s.down(c.id) })
+		s.submit(Command{Kind: CmdDown, Owner: c.id})
 	}
 }
 
@@ -756,7 +756,7 @@ func (c *conn) onPublish(ch *channel, f wire.Frame) error {
 		if cap(p) > partsKeepMax {
 			c.parts[si] = nil // a huge batch's scratch is not kept per connection
 		}
-		c.srv.shards[si].submit(func(s *shard) { s.enqueue(items, batch) })
+		c.srv.shards[si].submit(Command{Kind: CmdPublish, Items: items, Batch: batch})
 	}
 	batch.partDone()
 	return nil
@@ -852,7 +852,7 @@ func (s *Server) settleAcross(items []settleItem) {
 			}
 		}
 		if len(part) > 0 {
-			sh.submit(func(s *shard) { s.settle(part) })
+			sh.submit(Command{Kind: CmdSettle, Settles: part})
 		}
 	}
 }

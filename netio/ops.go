@@ -90,22 +90,17 @@ func (s *Server) Bind(b wire.Bind) error {
 	return s.topo.bind(&b, "", nil)
 }
 
-// onShard runs fn on q's shard and waits for it.
-func onShard[T any](ctx context.Context, q *queueRef, fn func(s *shard) T) (T, error) {
-	res := make(chan T, 1)
-	q.shard.submit(func(s *shard) { res <- fn(s) })
+// ask submits a request command to a shard and waits for its answer.
+func ask(ctx context.Context, sh *shard, c Command) (Result, error) {
+	w := make(waitSink, 1)
+	c.Sink = w
+	sh.submit(c)
 	select {
-	case v := <-res:
-		return v, nil
+	case r := <-w:
+		return r, nil
 	case <-ctx.Done():
-		var zero T
-		return zero, ctx.Err()
+		return Result{}, ctx.Err()
 	}
-}
-
-type countResult struct {
-	n   int64
-	err error
 }
 
 // DeleteQueue deletes a queue as QUEUE_DELETE does and returns the
@@ -115,25 +110,11 @@ func (s *Server) DeleteQueue(ctx context.Context, name string, ifUnused, ifEmpty
 	if q == nil {
 		return 0, reqErr(wire.NotFound, "no queue %q", name)
 	}
-	r, err := onShard(ctx, q, func(sh *shard) countResult {
-		switch {
-		case q.gone:
-			return countResult{err: reqErr(wire.NotFound, "no queue %q", name)}
-		case ifUnused && q.m.Consumers() > 0:
-			return countResult{err: reqErr(wire.PreconditionFailed, "queue %q has consumers", name)}
-		case ifEmpty && q.m.Ready()+int64(q.m.Unacked())+int64(q.m.Parked()) > 0:
-			return countResult{err: reqErr(wire.PreconditionFailed, "queue %q is not empty", name)}
-		}
-		n := int64(0)
-		if sh.srv.topo.removeQueue(q) {
-			n = sh.deleteQueue(q, "queue deleted by an operator")
-		}
-		return countResult{n: n}
-	})
+	r, err := ask(ctx, q.shard, Command{Kind: CmdDelete, Queue: q, IfUnused: ifUnused, IfEmpty: ifEmpty, Reason: "queue deleted by an operator"})
 	if err != nil {
 		return 0, err
 	}
-	return r.n, r.err
+	return r.N, r.Err()
 }
 
 // PurgeQueue removes a queue's ready messages and returns how many.
@@ -142,18 +123,11 @@ func (s *Server) PurgeQueue(ctx context.Context, name string) (int64, error) {
 	if q == nil {
 		return 0, reqErr(wire.NotFound, "no queue %q", name)
 	}
-	r, err := onShard(ctx, q, func(sh *shard) countResult {
-		if q.gone {
-			return countResult{err: reqErr(wire.NotFound, "no queue %q", name)}
-		}
-		n, effs := q.m.Purge(sh.now)
-		sh.handle(q, effs)
-		return countResult{n: n}
-	})
+	r, err := ask(ctx, q.shard, Command{Kind: CmdPurge, Queue: q})
 	if err != nil {
 		return 0, err
 	}
-	return r.n, r.err
+	return r.N, r.Err()
 }
 
 // Message is a copy of a stored message, for inspection.
@@ -168,11 +142,6 @@ type Message struct {
 	Body          []byte      `json:"body"`
 }
 
-type peekResult struct {
-	msgs []Message
-	err  error
-}
-
 // PeekQueue copies up to n ready messages in dispatch order without
 // taking them: nothing is delivered or counted.
 func (s *Server) PeekQueue(ctx context.Context, name string, n int) ([]Message, error) {
@@ -180,27 +149,11 @@ func (s *Server) PeekQueue(ctx context.Context, name string, n int) ([]Message, 
 	if q == nil {
 		return nil, reqErr(wire.NotFound, "no queue %q", name)
 	}
-	r, err := onShard(ctx, q, func(sh *shard) peekResult {
-		if q.gone {
-			return peekResult{err: reqErr(wire.NotFound, "no queue %q", name)}
-		}
-		var out []Message
-		for _, p := range q.m.Peek(n) {
-			m := q.bodies.get(p.ID)
-			if m == nil {
-				continue
-			}
-			props, _ := wire.DecodeProps(m.props)
-			out = append(out, Message{Exchange: string(m.exchange), RoutingKey: string(m.routingKey), Priority: m.priority,
-				Persistent: m.flags&wire.Persistent != 0, DeliveryCount: p.DeliveryCount, FailedCount: p.FailedCount,
-				Properties: props, Body: append([]byte(nil), m.body...)})
-		}
-		return peekResult{msgs: out}
-	})
+	r, err := ask(ctx, q.shard, Command{Kind: CmdPeek, Queue: q, N: n})
 	if err != nil {
 		return nil, err
 	}
-	return r.msgs, r.err
+	return r.Msgs, r.Err()
 }
 
 // QueueInfo is a queue's settings and counts.

@@ -40,23 +40,8 @@ func (c *conn) onRequest(ch *channel, body wire.Body) error {
 		if err := c.srv.Authorize(c.user, ActDelete, q.declaredBy, "queue "+strconv.Quote(q.name)); err != nil {
 			return fail(r.Req, err)
 		}
-		req, ifUnused, ifEmpty := r.Req, r.IfUnused, r.IfEmpty
-		q.shard.submit(func(s *shard) {
-			switch {
-			case q.gone:
-				c.sendError(ch.id, req, wire.NotFound, "no queue "+q.name)
-			case ifUnused && q.m.Consumers() > 0:
-				c.sendError(ch.id, req, wire.PreconditionFailed, "queue "+q.name+" has consumers")
-			case ifEmpty && q.m.Ready()+int64(q.m.Unacked())+int64(q.m.Parked()) > 0:
-				c.sendError(ch.id, req, wire.PreconditionFailed, "queue "+q.name+" is not empty")
-			default:
-				n := int64(0)
-				if s.srv.topo.removeQueue(q) {
-					n = s.deleteQueue(q, "queue deleted")
-				}
-				c.send(ch.id, &wire.OKReply{Req: req, Count: uint64(n)})
-			}
-		})
+		q.shard.submit(Command{Kind: CmdDelete, Queue: q, Sink: c, Req: reqRef(ch.id, r.Req),
+			IfUnused: r.IfUnused, IfEmpty: r.IfEmpty, Reason: "queue deleted"})
 	case *wire.QueuePurge:
 		q := topo.lookupQueue(r.Name)
 		if q == nil {
@@ -65,16 +50,7 @@ func (c *conn) onRequest(ch *channel, body wire.Body) error {
 		if err := c.srv.Authorize(c.user, ActPurge, q.declaredBy, "queue "+strconv.Quote(q.name)); err != nil {
 			return fail(r.Req, err)
 		}
-		req := r.Req
-		q.shard.submit(func(s *shard) {
-			if q.gone {
-				c.sendError(ch.id, req, wire.NotFound, "no queue "+q.name)
-				return
-			}
-			n, effs := q.m.Purge(s.now)
-			s.handle(q, effs)
-			c.send(ch.id, &wire.OKReply{Req: req, Count: uint64(n)})
-		})
+		q.shard.submit(Command{Kind: CmdPurge, Queue: q, Sink: c, Req: reqRef(ch.id, r.Req)})
 	case *wire.Bind:
 		if err := topo.bind(r, c.user, c.allow(ActUnbind)); err != nil {
 			return fail(r.Req, err)
@@ -90,12 +66,26 @@ func (c *conn) onRequest(ch *channel, body wire.Body) error {
 		if cr == nil {
 			return fail(r.Req, reqErr(wire.NotFound, "no consumer %q on this channel", r.ConsumerTag))
 		}
-		cr.q.shard.submit(func(s *shard) { s.cancel(cr.q, cr.id, false) })
+		cr.q.shard.submit(Command{Kind: CmdCancel, Queue: cr.q, Consumer: cr.id})
 		c.send(ch.id, &wire.OKReply{Req: r.Req})
 	default:
 		return errUnexpected(body.FrameType())
 	}
 	return nil
+}
+
+// reqRef is a connection's reference for a request it submits to a shard:
+// the channel and the request id (Sink.Answer).
+func reqRef(ch uint16, req uint32) uint64 { return uint64(ch)<<32 | uint64(req) }
+
+// Answer replies to a request the connection submitted to a shard (Sink).
+func (c *conn) Answer(ref uint64, r Result) {
+	ch, req := uint16(ref>>32), uint32(ref)
+	if r.Code != wire.OK {
+		c.sendError(ch, req, r.Code, r.Reason)
+		return
+	}
+	c.send(ch, &wire.OKReply{Req: req, Count: uint64(r.N)})
 }
 
 // allow is Authorize for this connection's user and act, in the form the
@@ -144,8 +134,7 @@ func (c *conn) onSubscribe(ch *channel, r *wire.Subscribe) error {
 	c.mu.Unlock()
 	spec := queue.ConsumerSpec{ID: cr.id, Owner: queue.OwnerID(c.id), Prefetch: prefetch, PrefetchBytes: r.PrefetchBytes, Priority: r.Priority, Exclusive: r.Exclusive,
 		TimeoutMs: args.ConsumerTimeout.Milliseconds()}
-	req := r.Req
-	q.shard.submit(func(s *shard) { s.subscribe(q, c, spec, req) })
+	q.shard.submit(Command{Kind: CmdSubscribe, Queue: q, Sink: c, Spec: spec, Req: uint64(r.Req)})
 	return nil
 }
 

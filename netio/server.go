@@ -59,6 +59,10 @@ type Config struct {
 	// ProxyTrusted lists the peers (CIDRs) whose PROXY protocol (v1 or v2)
 	// header is accepted; empty: the PROXY protocol is off.
 	ProxyTrusted []netip.Prefix
+
+	// clock is the broker's one clock source (ms), which stamps the
+	// shards' commands; nil: the wall clock. Tests set a fake one.
+	clock func() int64
 }
 
 func (c *Config) fill() {
@@ -156,7 +160,12 @@ type serverMetrics struct {
 	lastBusy, lastBusyAt                             atomic.Int64
 }
 
-func (s *Server) nowMs() int64 { return time.Now().UnixMilli() }
+func (s *Server) nowMs() int64 {
+	if s.cfg.clock != nil {
+		return s.cfg.clock()
+	}
+	return time.Now().UnixMilli()
+}
 
 // Start listens and runs the broker in the background. It returns once the
 // listener is bound.
@@ -425,12 +434,7 @@ func (s *Server) Close(ctx context.Context) error {
 	s.connsMu.Unlock()
 	// Let the shards finish what is queued so confirms go out first.
 	for _, sh := range s.shards {
-		done := make(chan struct{})
-		sh.submit(func(*shard) { close(done) })
-		select {
-		case <-done:
-		case <-ctx.Done():
-		}
+		_, _ = ask(ctx, sh, Command{Kind: CmdBarrier})
 	}
 	for _, c := range conns {
 		c.closeWith(wire.ConnectionForced, "broker shutting down")

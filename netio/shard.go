@@ -9,13 +9,13 @@ import (
 )
 
 // shard owns a set of queues and runs their commands on one goroutine.
-// Loops submit closures (one per batch of work); the shard drains them in
-// batches and writes the resulting frames to connection outboxes.
+// Loops submit commands (values, one per batch of work); the shard drains
+// them in batches and hands the effects to their sinks.
 type shard struct {
 	srv   *Server
 	mu    sync.Mutex
-	inbox []func(*shard)
-	spare []func(*shard)
+	inbox []Command
+	spare []Command
 	wake  chan struct{}
 	stop  chan struct{}
 	done  chan struct{}
@@ -45,10 +45,10 @@ func newShard(srv *Server) *shard {
 	return s
 }
 
-// submit queues fn to run on the shard. Safe from any goroutine.
-func (s *shard) submit(fn func(*shard)) {
+// submit queues a command for the shard. Safe from any goroutine.
+func (s *shard) submit(c Command) {
 	s.mu.Lock()
-	s.inbox = append(s.inbox, fn)
+	s.inbox = append(s.inbox, c)
 	s.mu.Unlock()
 	select {
 	case s.wake <- struct{}{}:
@@ -85,9 +85,9 @@ func (s *shard) drain() {
 			return
 		}
 		s.now = s.srv.nowMs()
-		for i, fn := range batch {
-			fn(s)
-			batch[i] = nil
+		for i := range batch {
+			s.apply(&batch[i])
+			batch[i] = Command{}
 		}
 		s.spare = batch[:0]
 		s.finishBatch()
@@ -120,7 +120,8 @@ func (s *shard) tick() {
 	for q := range s.queues {
 		if q.wakeAt != 0 && q.wakeAt <= s.now {
 			q.wakeAt = 0
-			s.handle(q, q.m.Tick(s.now))
+			effs, _ := q.m.Apply(&queue.Tick{NowMs: s.now})
+			s.handle(q, effs)
 		}
 		if q.wakeAt != 0 && (next == 0 || q.wakeAt < next) {
 			next = q.wakeAt
@@ -133,7 +134,8 @@ func (s *shard) createQueue(q *queueRef) {
 	q.m = queue.New(queue.ConfigFromArgs(q.args, q.autoDelete), s.now)
 	q.cons = map[queue.ConsumerID]consumer{}
 	s.queues[q] = struct{}{}
-	s.handle(q, q.m.Tick(s.now)) // arms the expiry timer, if any
+	effs, _ := q.m.Apply(&queue.Tick{NowMs: s.now}) // arms the expiry timer, if any
+	s.handle(q, effs)
 }
 
 // enqItem is one message bound for one queue.
@@ -176,7 +178,7 @@ func (s *shard) enqueue(items []enqItem, batch *pubBatch) {
 			q.bodies.put(q.nextID, it.msg)
 			msgs = append(msgs, it.meta)
 		}
-		effs := q.m.Enqueue(s.now, msgs)
+		effs, _ := q.m.Apply(&queue.Enqueue{NowMs: s.now, Msgs: msgs})
 		for _, e := range effs {
 			if e.Kind == queue.RejectPublish {
 				if batch != nil {
@@ -423,7 +425,7 @@ func (s *shard) deadLetter(q *queueRef, msg *storedMsg, reason wire.DeathReason)
 		item := []enqItem{{q: tq, msg: dm, meta: meta}}
 		// Always through the inbox, even to this shard: we are inside
 		// handle() for q, and q itself may be the target.
-		tq.shard.submit(func(o *shard) { o.enqueue(item, nil) })
+		tq.shard.submit(Command{Kind: CmdPublish, Items: item})
 	}
 	switch {
 	case sent > 0:
@@ -441,7 +443,7 @@ func (s *shard) subscribe(q *queueRef, k Sink, spec queue.ConsumerSpec, req uint
 		k.Subscribed(spec.ID, req, wire.NotFound, "no queue "+q.name)
 		return
 	}
-	effs, err := q.m.Subscribe(s.now, spec)
+	effs, err := q.m.Apply(&queue.Subscribe{NowMs: s.now, Spec: spec})
 	if err != nil {
 		k.Subscribed(spec.ID, req, wire.CodeOf(err), reasonOf(err))
 		return
@@ -456,7 +458,7 @@ func (s *shard) cancel(q *queueRef, id queue.ConsumerID, requeue bool) {
 	if q.gone || q.m == nil {
 		return
 	}
-	effs, err := q.m.Cancel(s.now, id, requeue)
+	effs, err := q.m.Apply(&queue.Cancel{NowMs: s.now, Consumer: id, Requeue: requeue})
 	if err != nil {
 		return
 	}
@@ -493,7 +495,7 @@ func (s *shard) settle(items []settleItem) {
 		}
 		q := it.q
 		if !q.gone && q.m != nil {
-			effs, err := q.m.Settle(s.now, it.c, it.op, it.qtag, items[end-1].qtag, it.arg)
+			effs, err := q.m.Apply(&queue.Settle{NowMs: s.now, Consumer: it.c, Op: it.op, First: it.qtag, Last: items[end-1].qtag, ArgMs: it.arg})
 			if err == nil {
 				s.handle(q, effs)
 				s.forgetIfGone(q, it.c)
@@ -521,7 +523,8 @@ func (s *shard) down(connID uint64) {
 			}
 		}
 		if owned || q.m.Unacked() > 0 {
-			s.handle(q, q.m.Down(s.now, queue.OwnerID(connID)))
+			effs, _ := q.m.Apply(&queue.Down{NowMs: s.now, Owner: queue.OwnerID(connID)})
+			s.handle(q, effs)
 		}
 	}
 }

@@ -33,6 +33,8 @@ type Sink interface {
 	// ConsumerGone says the shard forgot a consumer (cancelled and drained,
 	// its queue deleted): the sink may drop what it keeps for it.
 	ConsumerGone(id queue.ConsumerID)
+	// Answer answers the request command the sink submitted under req.
+	Answer(req uint64, r Result)
 }
 
 // Delivery is one message handed to a consumer: a value, copied into the

@@ -393,7 +393,7 @@ func (t *topology) declareQueue(d *wire.QueueDeclare, owner uint64, user string)
 	t.queues[name] = q
 	t.top.Queues[name] = struct{}{}
 	t.changedLocked()
-	q.shard.submit(func(s *shard) { s.createQueue(q) })
+	q.shard.submit(Command{Kind: CmdCreate, Queue: q})
 	return q, nil
 }
 

@@ -1,0 +1,173 @@
+package netio
+
+import (
+	"strconv"
+
+	"github.com/warren-mq/warren/queue"
+	"github.com/warren-mq/warren/wire"
+)
+
+// CmdKind names a shard command.
+type CmdKind uint8
+
+const (
+	CmdPublish   CmdKind = iota + 1 // Items (grouped by queue), Batch (nil: a dead letter)
+	CmdSettle                       // Settles
+	CmdSubscribe                    // Queue, Sink, Spec, Req
+	CmdCancel                       // Queue, Consumer, Requeue
+	CmdDown                         // Owner: a connection closed
+	CmdCreate                       // Queue: a declared queue gets its machine
+	CmdDelete                       // Queue, IfUnused, IfEmpty, Reason; answered to Sink under Req
+	CmdPurge                        // Queue; answered to Sink under Req
+	CmdPeek                         // Queue, N; answered to Sink under Req
+	CmdBarrier                      // answered to Sink under Req once everything before it is done
+)
+
+// Command is one unit of work for a shard, as a value: no closure, nothing
+// of a connection but the Sink its answers and effects go to. Loops build
+// one per batch per shard (a publish part, a run of settlements); Submit
+// copies it into the shard's inbox, so submitting allocates nothing.
+//
+// Each command of a queue is applied as the queue command of the same name
+// (queue.Enqueue, Settle, Subscribe, Cancel, Down, Purge, and Tick on the
+// shard's timer) through queue.Machine.Apply, stamped with the shard's time
+// when it is applied.
+type Command struct {
+	Kind  CmdKind
+	Queue *queueRef
+	// Sink receives the answer to a request (Answer, Subscribed), under
+	// Req, the sink's own reference for it.
+	Sink Sink
+	Req  uint64
+
+	Items   []enqItem    // CmdPublish: one message bound for one queue each
+	Batch   *pubBatch    // CmdPublish: the publish batch the items belong to
+	Settles []settleItem // CmdSettle
+
+	Spec     queue.ConsumerSpec // CmdSubscribe
+	Consumer queue.ConsumerID   // CmdCancel
+	Requeue  bool               // CmdCancel
+	Owner    uint64             // CmdDown: the connection's id
+
+	IfUnused, IfEmpty bool   // CmdDelete
+	Reason            string // CmdDelete: what its consumers are told
+	N                 int    // CmdPeek: at most this many messages
+}
+
+// Result is a shard's answer to a request command.
+type Result struct {
+	Code   wire.Code // wire.OK, or why it failed (Reason)
+	Reason string
+	N      int64     // CmdDelete, CmdPurge: the messages removed
+	Msgs   []Message // CmdPeek: copies of the ready messages
+}
+
+// Err is the result as an error (nil for wire.OK).
+func (r Result) Err() error {
+	if r.Code == wire.OK {
+		return nil
+	}
+	return &wire.Error{Code: r.Code, Reason: r.Reason}
+}
+
+// apply runs one command on the shard.
+func (s *shard) apply(c *Command) {
+	switch c.Kind {
+	case CmdPublish:
+		s.enqueue(c.Items, c.Batch)
+	case CmdSettle:
+		s.settle(c.Settles)
+	case CmdSubscribe:
+		s.subscribe(c.Queue, c.Sink, c.Spec, uint32(c.Req))
+	case CmdCancel:
+		s.cancel(c.Queue, c.Consumer, c.Requeue)
+	case CmdDown:
+		s.down(c.Owner)
+	case CmdCreate:
+		s.createQueue(c.Queue)
+	case CmdDelete:
+		c.Sink.Answer(c.Req, s.deleteIf(c.Queue, c.IfUnused, c.IfEmpty, c.Reason))
+	case CmdPurge:
+		c.Sink.Answer(c.Req, s.purge(c.Queue))
+	case CmdPeek:
+		c.Sink.Answer(c.Req, s.peek(c.Queue, c.N))
+	case CmdBarrier:
+		c.Sink.Answer(c.Req, Result{})
+	default:
+		panic("netio: BUG: unknown shard command")
+	}
+}
+
+func noQueue(q *queueRef) Result {
+	return Result{Code: wire.NotFound, Reason: "no queue " + strconv.Quote(q.name)}
+}
+
+// deleteIf deletes a queue unless a condition refuses it.
+func (s *shard) deleteIf(q *queueRef, ifUnused, ifEmpty bool, reason string) Result {
+	switch {
+	case q.gone || q.m == nil:
+		return noQueue(q)
+	case ifUnused && q.m.Consumers() > 0:
+		return Result{Code: wire.PreconditionFailed, Reason: "queue " + strconv.Quote(q.name) + " has consumers"}
+	case ifEmpty && q.m.Ready()+int64(q.m.Unacked())+int64(q.m.Parked()) > 0:
+		return Result{Code: wire.PreconditionFailed, Reason: "queue " + strconv.Quote(q.name) + " is not empty"}
+	}
+	n := int64(0)
+	if s.srv.topo.removeQueue(q) {
+		n = s.deleteQueue(q, reason)
+	}
+	return Result{N: n}
+}
+
+// purge removes a queue's ready messages (queue.Purge: one Remove effect
+// per message removed).
+func (s *shard) purge(q *queueRef) Result {
+	if q.gone || q.m == nil {
+		return noQueue(q)
+	}
+	effs, _ := q.m.Apply(&queue.Purge{NowMs: s.now})
+	n := int64(0)
+	for _, e := range effs {
+		if e.Kind == queue.Remove {
+			n++
+		}
+	}
+	s.handle(q, effs)
+	return Result{N: n}
+}
+
+// peek copies up to n ready messages in dispatch order without taking them.
+func (s *shard) peek(q *queueRef, n int) Result {
+	if q.gone || q.m == nil {
+		return noQueue(q)
+	}
+	var out []Message
+	for _, p := range q.m.Peek(n) {
+		m := q.bodies.get(p.ID)
+		if m == nil {
+			continue
+		}
+		props, _ := wire.DecodeProps(m.props)
+		out = append(out, Message{Exchange: string(m.exchange), RoutingKey: string(m.routingKey), Priority: m.priority,
+			Persistent: m.flags&wire.Persistent != 0, DeliveryCount: p.DeliveryCount, FailedCount: p.FailedCount,
+			Properties: props, Body: append([]byte(nil), m.body...)})
+	}
+	return Result{Msgs: out}
+}
+
+// waitSink takes the answer to one request for a caller that waits for it
+// (the operator API, shutdown); it ignores every other effect.
+type waitSink chan Result
+
+func (w waitSink) Answer(_ uint64, r Result) {
+	select {
+	case w <- r:
+	default:
+	}
+}
+func (waitSink) Deliver([]Delivery)                                     {}
+func (waitSink) Confirm(*pubBatch)                                      {}
+func (waitSink) Subscribed(queue.ConsumerID, uint32, wire.Code, string) {}
+func (waitSink) Cancelled(queue.ConsumerID, wire.Code, string)          {}
+func (waitSink) LeaseExpired(queue.ConsumerID, uint64)                  {}
+func (waitSink) ConsumerGone(queue.ConsumerID)                          {}
