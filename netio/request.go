@@ -28,6 +28,15 @@ func (c *conn) onRequest(ch *channel, body wire.Body) error {
 		if err != nil {
 			return fail(r.Req, err)
 		}
+		if r.Passive {
+			// Answered by the queue's owner, after everything submitted
+			// to it before: the counts are exact, and the settlements this
+			// connection sent before it have taken effect (their dead
+			// letters are in their targets' inboxes). Clients use it to
+			// wait for that (warrenctl consume).
+			q.shard.submit(Command{Kind: CmdBarrier, Sink: passiveDeclare{c, q}, Req: reqRef(ch.id, r.Req)})
+			return nil
+		}
 		c.send(ch.id, &wire.QueueDeclareOK{Req: r.Req, Name: q.name, Messages: uint64(q.ready.Load()), Consumers: uint32(q.consumers.Load())})
 	case *wire.QueueDelete:
 		q := topo.lookupQueue(r.Name)
@@ -86,6 +95,24 @@ func (c *conn) Answer(ref uint64, r Result) {
 		return
 	}
 	c.send(ch, &wire.OKReply{Req: req, Count: uint64(r.N)})
+}
+
+// passiveDeclare answers a passive QUEUE_DECLARE from the queue's shard
+// (a Sink for one CmdBarrier): the shard has worked through everything
+// submitted before it, and the queue's counts are the ones it stored after.
+type passiveDeclare struct {
+	*conn
+	q *queueRef
+}
+
+// Answer runs on the queue's shard.
+func (p passiveDeclare) Answer(ref uint64, _ Result) {
+	ch, req := uint16(ref>>32), uint32(ref)
+	if p.q.gone {
+		p.sendError(ch, req, wire.NotFound, "no queue "+strconv.Quote(p.q.name))
+		return
+	}
+	p.send(ch, &wire.QueueDeclareOK{Req: req, Name: p.q.name, Messages: uint64(p.q.ready.Load()), Consumers: uint32(p.q.consumers.Load())})
 }
 
 // allow is Authorize for this connection's user and act, in the form the
