@@ -352,6 +352,9 @@ func (c *Conn) sendFrame(ch uint16, b wire.Body) error {
 		return c.closedErr()
 	}
 	c.sealLocked()
+	// Settlements queued before this frame go before it: the broker
+	// applies frames in the order it reads them.
+	c.flushSettlesLocked()
 	c.wbuf = wire.AppendFrame(c.wbuf, ch, b)
 	c.wcond.Signal()
 	return nil
