@@ -1016,6 +1016,21 @@ wait:
 		}
 	}
 	c.settle(got, requeue, reject)
+	if len(got) > 0 && !gone {
+		// SETTLE has no reply, and the broker's queue owner applies it
+		// after the connection has read it: without waiting, warrenctl
+		// could exit (and a following warrenctl dlq peek find nothing)
+		// before the rejects were dead-lettered. A passive declare is
+		// answered by the queue's owner after what was submitted to it
+		// before (spec/PROTOCOL.md §7.2), so once it is answered the
+		// settlements have taken effect.
+		sctx, scancel := context.WithTimeout(context.Background(), 10*time.Second)
+		_, err := ch.DeclareQueue(sctx, queue, client.QueueOptions{Passive: true})
+		scancel()
+		if err != nil && stopped == nil {
+			stopped = fmt.Errorf("settle: %s", protoErr(err))
+		}
+	}
 	return len(got), stopped
 }
 
