@@ -8,12 +8,12 @@ package netio
 // a small map: memory stays proportional to the messages held.
 type bodyStore struct {
 	base uint64       // id of s[0]
-	s    []*storedMsg // nil: gone
+	s    []*StoredMsg // nil: gone
 	live int
-	far  map[uint64]*storedMsg
+	far  map[uint64]*StoredMsg
 }
 
-func (b *bodyStore) put(id uint64, m *storedMsg) {
+func (b *bodyStore) put(id uint64, m *StoredMsg) {
 	if len(b.s) == 0 && b.live == len(b.far) {
 		b.base = id
 	}
@@ -24,7 +24,7 @@ func (b *bodyStore) put(id uint64, m *storedMsg) {
 	b.live++
 }
 
-func (b *bodyStore) get(id uint64) *storedMsg {
+func (b *bodyStore) get(id uint64) *StoredMsg {
 	if id < b.base {
 		return b.far[id]
 	}
@@ -34,8 +34,8 @@ func (b *bodyStore) get(id uint64) *storedMsg {
 	return nil
 }
 
-func (b *bodyStore) del(id uint64) *storedMsg {
-	var m *storedMsg
+func (b *bodyStore) del(id uint64) *StoredMsg {
+	var m *StoredMsg
 	if id < b.base {
 		m = b.far[id]
 		if m != nil {
@@ -59,7 +59,7 @@ func (b *bodyStore) trim() {
 		case b.s[0] == nil:
 		case len(b.s) > 2*b.live+1024:
 			if b.far == nil {
-				b.far = map[uint64]*storedMsg{}
+				b.far = map[uint64]*StoredMsg{}
 			}
 			b.far[b.base] = b.s[0]
 		default:
@@ -71,7 +71,7 @@ func (b *bodyStore) trim() {
 	}
 }
 
-func (b *bodyStore) each(fn func(id uint64, m *storedMsg)) {
+func (b *bodyStore) each(fn func(id uint64, m *StoredMsg)) {
 	for id, m := range b.far {
 		fn(id, m)
 	}

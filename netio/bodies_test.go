@@ -10,12 +10,12 @@ import (
 func TestBodyStoreAgainstMap(t *testing.T) {
 	r := rand.New(rand.NewPCG(1, 2))
 	var b bodyStore
-	ref := map[uint64]*storedMsg{}
+	ref := map[uint64]*StoredMsg{}
 	next := uint64(1)
 	pinned := uint64(0)
 	for step := 0; step < 200000; step++ {
 		if r.IntN(3) > 0 || len(ref) == 0 {
-			m := &storedMsg{}
+			m := &StoredMsg{}
 			b.put(next, m)
 			ref[next] = m
 			if pinned == 0 {
@@ -46,7 +46,7 @@ func TestBodyStoreAgainstMap(t *testing.T) {
 		t.Fatalf("slice spans %d for %d live: the pinned head was not moved out", len(b.s), b.live)
 	}
 	n := 0
-	b.each(func(id uint64, m *storedMsg) {
+	b.each(func(id uint64, m *StoredMsg) {
 		if ref[id] != m {
 			t.Fatalf("each gave a wrong entry %d", id)
 		}

@@ -34,15 +34,15 @@ const (
 // when it is applied.
 type Command struct {
 	Kind  CmdKind
-	Queue *queueRef
+	Queue *Queue
 	// Sink receives the answer to a request (Answer, Subscribed), under
 	// Req, the sink's own reference for it.
 	Sink Sink
 	Req  uint64
 
-	Items   []enqItem    // CmdPublish: one message bound for one queue each
-	Batch   *pubBatch    // CmdPublish: the publish batch the items belong to
-	Settles []settleItem // CmdSettle
+	Items   []EnqItem     // CmdPublish: one message bound for one queue each
+	Batch   *PublishBatch // CmdPublish: the publish batch the items belong to
+	Settles []SettleItem  // CmdSettle
 
 	Spec     queue.ConsumerSpec // CmdSubscribe
 	Consumer queue.ConsumerID   // CmdCancel
@@ -98,12 +98,12 @@ func (s *shard) apply(c *Command) {
 	}
 }
 
-func noQueue(q *queueRef) Result {
+func noQueue(q *Queue) Result {
 	return Result{Code: wire.NotFound, Reason: "no queue " + strconv.Quote(q.name)}
 }
 
 // deleteIf deletes a queue unless a condition refuses it.
-func (s *shard) deleteIf(q *queueRef, ifUnused, ifEmpty bool, reason string) Result {
+func (s *shard) deleteIf(q *Queue, ifUnused, ifEmpty bool, reason string) Result {
 	switch {
 	case q.gone || q.m == nil:
 		return noQueue(q)
@@ -121,7 +121,7 @@ func (s *shard) deleteIf(q *queueRef, ifUnused, ifEmpty bool, reason string) Res
 
 // purge removes a queue's ready messages (queue.Purge: one Remove effect
 // per message removed).
-func (s *shard) purge(q *queueRef) Result {
+func (s *shard) purge(q *Queue) Result {
 	if q.gone || q.m == nil {
 		return noQueue(q)
 	}
@@ -137,7 +137,7 @@ func (s *shard) purge(q *queueRef) Result {
 }
 
 // peek copies up to n ready messages in dispatch order without taking them.
-func (s *shard) peek(q *queueRef, n int) Result {
+func (s *shard) peek(q *Queue, n int) Result {
 	if q.gone || q.m == nil {
 		return noQueue(q)
 	}
@@ -147,10 +147,10 @@ func (s *shard) peek(q *queueRef, n int) Result {
 		if m == nil {
 			continue
 		}
-		props, _ := wire.DecodeProps(m.props)
-		out = append(out, Message{Exchange: string(m.exchange), RoutingKey: string(m.routingKey), Priority: m.priority,
-			Persistent: m.flags&wire.Persistent != 0, DeliveryCount: p.DeliveryCount, FailedCount: p.FailedCount,
-			Properties: props, Body: append([]byte(nil), m.body...)})
+		props, _ := wire.DecodeProps(m.Props)
+		out = append(out, Message{Exchange: string(m.Exchange), RoutingKey: string(m.RoutingKey), Priority: m.Priority,
+			Persistent: m.Flags&wire.Persistent != 0, DeliveryCount: p.DeliveryCount, FailedCount: p.FailedCount,
+			Properties: props, Body: append([]byte(nil), m.Body...)})
 	}
 	return Result{Msgs: out}
 }
@@ -166,7 +166,7 @@ func (w waitSink) Answer(_ uint64, r Result) {
 	}
 }
 func (waitSink) Deliver([]Delivery)                                     {}
-func (waitSink) Confirm(*pubBatch)                                      {}
+func (waitSink) Confirm(*PublishBatch)                                  {}
 func (waitSink) Subscribed(queue.ConsumerID, uint32, wire.Code, string) {}
 func (waitSink) Cancelled(queue.ConsumerID, wire.Code, string)          {}
 func (waitSink) LeaseExpired(queue.ConsumerID, uint64)                  {}

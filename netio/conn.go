@@ -57,7 +57,7 @@ type conn struct {
 	epfd      int  // the loop's epoll fd (0: not looked up yet, -1: unavailable)
 	dec       wire.Decompressor
 	routeBuf  []string
-	parts     [][]enqItem
+	parts     [][]EnqItem
 
 	mu       sync.Mutex
 	channels map[uint16]*channel
@@ -71,10 +71,10 @@ type conn struct {
 	// closeAfterFlush: close the socket when the in-flight write and the
 	// final frames behind it are out.
 	closeAfterFlush bool
-	autoAcks        []settleItem
-	heldAcks        []settleItem // written, not settled: the output is over autoAckBufferedMax
-	inflightAcks    []settleItem
-	ackSpare        []settleItem
+	autoAcks        []SettleItem
+	heldAcks        []SettleItem // written, not settled: the output is over autoAckBufferedMax
+	inflightAcks    []SettleItem
+	ackSpare        []SettleItem
 	flushedCB       gnet.AsyncCallback
 }
 
@@ -140,13 +140,13 @@ type consumerRef struct {
 	tagBytes []byte
 	conn     *conn
 	ch       *channel
-	q        *queueRef
+	q        *Queue
 	autoAck  bool
 	chTags   map[uint64]uint64 // queue tag → channel tag, for lease expiry
 }
 
 func (s *Server) newConn(gc gnet.Conn) *conn {
-	c := &conn{srv: s, gc: gc, id: s.connSeq.Add(1), channels: map[uint16]*channel{}, byID: map[queue.ConsumerID]*consumerRef{}, parts: make([][]enqItem, len(s.shards))}
+	c := &conn{srv: s, gc: gc, id: s.connSeq.Add(1), channels: map[uint16]*channel{}, byID: map[queue.ConsumerID]*consumerRef{}, parts: make([][]EnqItem, len(s.shards))}
 	s.initAdmission(c)
 	c.flushedCB = c.flushed
 	c.lastRecv.Store(s.nowMs())
@@ -654,19 +654,19 @@ func (c *conn) onPublish(ch *channel, f wire.Frame) error {
 	}
 	ch.nextSeq += uint64(b.Count)
 	c.srv.metrics.published.Add(int(b.Count))
-	batch := &pubBatch{sink: c, ch: ch.id, firstSeq: b.FirstSeq, codes: make([]uint32, b.Count), start: time.Now()}
+	batch := &PublishBatch{Sink: c, Ch: ch.id, FirstSeq: b.FirstSeq, Codes: make([]uint32, b.Count), Start: time.Now()}
 	view := c.srv.topo.view.Load()
 	exName := string(b.Exchange)
-	if !view.table.HasExchange(exName) || view.table.IsInternal(exName) {
+	if !view.Table.HasExchange(exName) || view.Table.IsInternal(exName) {
 		code := wire.ExchangeNotFound
-		if view.table.HasExchange(exName) {
+		if view.Table.HasExchange(exName) {
 			code = wire.ExchangeInternal
 		}
-		for i := range batch.codes {
-			batch.codes[i] = uint32(code)
+		for i := range batch.Codes {
+			batch.Codes[i] = uint32(code)
 		}
-		batch.pending.Store(1)
-		batch.partDone()
+		batch.Pending.Store(1)
+		batch.PartDone()
 		return nil
 	}
 	// One arena for every byte the queues keep, one slice of messages.
@@ -677,8 +677,8 @@ func (c *conn) onPublish(ch *channel, f wire.Frame) error {
 		size += len(m.RoutingKey) + len(m.Properties) + len(m.Body)
 	}
 	arena := make([]byte, 0, size)
-	msgs := make([]storedMsg, b.Count)
-	ar := new(msgArena)
+	msgs := make([]StoredMsg, b.Count)
+	ar := new(Arena)
 	arena = append(arena, b.Exchange...)
 	exchange := arena[:len(b.Exchange):len(b.Exchange)]
 	keep := func(p []byte) []byte {
@@ -693,19 +693,19 @@ func (c *conn) onPublish(ch *channel, f wire.Frame) error {
 	it = b.Messages()
 	for i := 0; it.Next(&m); i++ {
 		sm := &msgs[i]
-		*sm = storedMsg{exchange: exchange, routingKey: keep(m.RoutingKey), props: keep(m.Properties), body: keep(m.Body), a: ar, flags: m.Flags, priority: m.Priority}
-		_ = wire.ParseProperties(sm.props, &props) // validated by DecodePublish
+		*sm = StoredMsg{Exchange: exchange, RoutingKey: keep(m.RoutingKey), Props: keep(m.Properties), Body: keep(m.Body), Arena: ar, Flags: m.Flags, Priority: m.Priority}
+		_ = wire.ParseProperties(sm.Props, &props) // validated by DecodePublish
 		if props.Has(wire.PropDeaths) && !c.internal {
 			// The broker owns the death history (dlq replay trusts it): a
 			// publisher's own is dropped. Rare, so the re-parse is cheap.
-			sm.props = stripProperty(sm.props, wire.PropDeaths)
-			_ = wire.ParseProperties(sm.props, &props)
+			sm.Props = stripProperty(sm.Props, wire.PropDeaths)
+			_ = wire.ParseProperties(sm.Props, &props)
 		}
-		meta := queue.Message{Size: uint32(len(sm.body)), Priority: m.Priority, DedupKey: dedupKey(props.MessageID)}
+		meta := queue.Message{Size: uint32(len(sm.Body)), Priority: m.Priority, DedupKey: dedupKey(props.MessageID)}
 		if props.Has(wire.PropExpiration) {
 			meta.ExpirationMs, meta.HasExpiration = props.ExpirationMs, true
 		}
-		c.routeBuf, _ = view.table.Route(c.routeBuf[:0], exName, sm.routingKey, props.Headers)
+		c.routeBuf, _ = view.Table.Route(c.routeBuf[:0], exName, sm.RoutingKey, props.Headers)
 		if len(c.routeBuf) == 0 && m.Flags&wire.Mandatory != 0 {
 			if nret == 0 {
 				ret, retMark = wire.BeginReturn(nil, ch.id)
@@ -714,12 +714,12 @@ func (c *conn) onPublish(ch *channel, f wire.Frame) error {
 			ret = wire.AppendReturned(ret, &wire.Returned{Seq: b.FirstSeq + uint64(i), Code: wire.NoRoute, Exchange: b.Exchange, Message: m})
 		}
 		for _, name := range c.routeBuf {
-			q := view.queues[name]
+			q := view.Queues[name]
 			if q == nil {
 				continue
 			}
 			si := q.shardIdx
-			c.parts[si] = append(c.parts[si], enqItem{q: q, msg: sm, meta: meta, idx: i})
+			c.parts[si] = append(c.parts[si], EnqItem{Q: q, Msg: sm, Meta: meta, Idx: i})
 		}
 	}
 	if nret > 0 {
@@ -741,24 +741,24 @@ func (c *conn) onPublish(ch *channel, f wire.Frame) error {
 	if placed > 0 {
 		// Counted now, before any shard has it: the loop's next check of
 		// the watermark sees this batch.
-		ar.cost = int64(cap(arena)) + int64(b.Count)*storedMsgOverhead + int64(placed)*placementOverhead
-		ar.refs.Store(int64(placed))
-		c.srv.storedBytes.Add(ar.cost)
+		ar.Cost = int64(cap(arena)) + int64(b.Count)*StoredMsgOverhead + int64(placed)*PlacementOverhead
+		ar.Refs.Store(int64(placed))
+		c.srv.storedBytes.Add(ar.Cost)
 	}
-	batch.pending.Store(int32(parts))
+	batch.Pending.Store(int32(parts))
 	for si, p := range c.parts {
 		if len(p) == 0 {
 			continue
 		}
 		items := slices.Clone(p) // handed to the shard
-		slices.SortStableFunc(items, func(a, b enqItem) int { return cmp.Compare(a.q.name, b.q.name) })
+		slices.SortStableFunc(items, func(a, b EnqItem) int { return cmp.Compare(a.Q.name, b.Q.name) })
 		c.parts[si] = p[:0]
 		if cap(p) > partsKeepMax {
 			c.parts[si] = nil // a huge batch's scratch is not kept per connection
 		}
 		c.srv.shards[si].submit(Command{Kind: CmdPublish, Items: items, Batch: batch})
 	}
-	batch.partDone()
+	batch.PartDone()
 	return nil
 }
 
@@ -775,7 +775,7 @@ func publishCost(f wire.Frame) int64 {
 		return int64(len(f.Payload))
 	}
 	count := int64(f.Payload[8]) | int64(f.Payload[9])<<8 | int64(f.Payload[10])<<16 | int64(f.Payload[11])<<24
-	return int64(len(f.Payload)) + count*(storedMsgOverhead+placementOverhead)
+	return int64(len(f.Payload)) + count*(StoredMsgOverhead+PlacementOverhead)
 }
 
 // onSettle translates channel tags into queue tags and hands each shard its
@@ -785,7 +785,7 @@ func (c *conn) onSettle(ch *channel, f wire.Frame) error {
 	if err := wire.DecodeSettle(f, &b); err != nil {
 		return err
 	}
-	var items []settleItem
+	var items []SettleItem
 	c.mu.Lock()
 	for i := 0; i < b.Count; i++ {
 		var s wire.Settlement
@@ -807,7 +807,7 @@ func (c *conn) onSettle(ch *channel, f wire.Frame) error {
 			switch e.state {
 			case tagLive:
 				matched++
-				items = append(items, settleItem{q: e.c.q, c: e.c.id, op: s.Op, qtag: e.qtag, arg: s.Arg})
+				items = append(items, SettleItem{Q: e.c.q, Consumer: e.c.id, Op: s.Op, QTag: e.qtag, Arg: s.Arg})
 				if s.Op != wire.SettleExtend {
 					e.state = tagSettled
 					if e.c.chTags != nil {
@@ -833,21 +833,21 @@ func (c *conn) onSettle(ch *channel, f wire.Frame) error {
 }
 
 // settleAcross groups settlements by shard and submits them.
-func (s *Server) settleAcross(items []settleItem) {
+func (s *Server) settleAcross(items []SettleItem) {
 	if len(items) == 0 {
 		return
 	}
 	var acks int
 	for _, it := range items {
-		if it.op == wire.SettleAck {
+		if it.Op == wire.SettleAck {
 			acks++
 		}
 	}
 	s.metrics.acked.Add(acks)
 	for _, sh := range s.shards {
-		var part []settleItem
+		var part []SettleItem
 		for _, it := range items {
-			if it.q.shard == sh {
+			if it.Q.shard == sh {
 				part = append(part, it)
 			}
 		}

@@ -17,7 +17,7 @@ func TestPublishCost(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if got, want := publishCost(f), int64(len(f.Payload))+300*(storedMsgOverhead+placementOverhead); got != want {
+	if got, want := publishCost(f), int64(len(f.Payload))+300*(StoredMsgOverhead+PlacementOverhead); got != want {
 		t.Fatalf("cost %d, want %d", got, want)
 	}
 }

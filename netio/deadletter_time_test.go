@@ -36,14 +36,14 @@ func TestDeadLetterTimeIsTheCommandTime(t *testing.T) {
 	_, err = s.DeclareQueue(wire.QueueDeclare{Name: "src", Args: wire.Table{{Key: "dead-letter-exchange", Value: wire.String("dlx")}}})
 	must(err)
 	q := s.topo.lookupQueue("src")
-	msg := &storedMsg{routingKey: []byte("src"), props: wire.AppendProperties(nil, &wire.Properties{})[2:], body: []byte("m"), a: &msgArena{}}
-	msg.a.refs.Store(1)
+	msg := &StoredMsg{RoutingKey: []byte("src"), Props: wire.AppendProperties(nil, &wire.Properties{})[2:], Body: []byte("m"), Arena: &Arena{}}
+	msg.Arena.Refs.Store(1)
 
 	// Publish one message to src, take it and reject it: it dies at the
 	// time the shard stamped on the reject (the fake clock's).
 	k := &recSink{}
 	const id = queue.ConsumerID(1 << 40)
-	q.shard.submit(Command{Kind: CmdPublish, Items: []enqItem{{q: q, msg: msg, meta: queue.Message{Size: 1}}}})
+	q.shard.submit(Command{Kind: CmdPublish, Items: []EnqItem{{Q: q, Msg: msg, Meta: queue.Message{Size: 1}}}})
 	q.shard.submit(Command{Kind: CmdSubscribe, Queue: q, Sink: k, Spec: queue.ConsumerSpec{ID: id, Owner: 1, Prefetch: 1}})
 	_, err = ask(ctx, q.shard, Command{Kind: CmdBarrier})
 	must(err)
@@ -54,7 +54,7 @@ func TestDeadLetterTimeIsTheCommandTime(t *testing.T) {
 	}
 	qtag := k.delivers[0][0].QTag
 	k.mu.Unlock()
-	q.shard.submit(Command{Kind: CmdSettle, Settles: []settleItem{{q: q, c: id, op: wire.SettleReject, qtag: qtag}}})
+	q.shard.submit(Command{Kind: CmdSettle, Settles: []SettleItem{{Q: q, Consumer: id, Op: wire.SettleReject, QTag: qtag}}})
 	_, err = ask(ctx, q.shard, Command{Kind: CmdBarrier})
 	must(err)
 	// The dead letter was submitted to dead's shard before this peek.

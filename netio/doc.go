@@ -56,7 +56,7 @@
 //   - Publishers, broker-wide: when the stored messages' memory passes the
 //     high-watermark (their bytes plus a measured per-message overhead,
 //     each publish batch's arena counted whole while any of its messages
-//     is held: see msgArena) the broker sends FLOW(active=false) on channel 0 to
+//     is held: see Arena) the broker sends FLOW(active=false) on channel 0 to
 //     every connection, and FLOW(active=true) once it is below 80% of it.
 //   - Publishers that do not stop: a connection that sends a PUBLISH while
 //     the alarm is on (or the stored bytes are over the watermark) is

@@ -10,7 +10,7 @@ import (
 )
 
 // TestMeasureMessageOverhead measures the Go heap a stored message costs
-// beyond its bytes (WARREN_MEASURE=1; see storedMsgOverhead).
+// beyond its bytes (WARREN_MEASURE=1; see StoredMsgOverhead).
 func TestMeasureMessageOverhead(t *testing.T) {
 	if os.Getenv("WARREN_MEASURE") == "" {
 		t.Skip("WARREN_MEASURE=1 measures the per-message heap cost")

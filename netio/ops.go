@@ -176,7 +176,7 @@ func (s *Server) Queue(name string) (QueueInfo, bool) {
 		AutoDelete: q.decl.AutoDelete, Args: q.args, Declared: q.decl.Args}, true
 }
 
-func statsOf(q *queueRef) QueueStats {
+func statsOf(q *Queue) QueueStats {
 	return QueueStats{
 		Name: q.name, Ready: q.ready.Load(), Unacked: q.unacked.Load(), Consumers: q.consumers.Load(),
 		Published: q.published.Load(), Delivered: q.delivered.Load(), Acked: q.acked.Load(),

@@ -11,47 +11,47 @@ import (
 	"github.com/warren-mq/warren/wire"
 )
 
-// pubBatch tracks one PUBLISH frame until every shard it was split across
+// PublishBatch tracks one PUBLISH frame until every shard it was split across
 // has taken its part; the last one confirms the whole range.
-type pubBatch struct {
-	sink     Sink // told when every part is done
-	ch       uint16
-	firstSeq uint64
-	codes    []uint32 // per message: 0 ack, else the nack code (written atomically)
-	pending  atomic.Int32
-	start    time.Time // when the loop read the frame, for the confirm latency
+type PublishBatch struct {
+	Sink     Sink // told when every part is done
+	Ch       uint16
+	FirstSeq uint64
+	Codes    []uint32 // per message: 0 ack, else the nack code (written atomically)
+	Pending  atomic.Int32
+	Start    time.Time // when the loop read the frame, for the confirm latency
 }
 
-func (b *pubBatch) nack(i int, code wire.Code) { atomic.StoreUint32(&b.codes[i], uint32(code)) }
+func (b *PublishBatch) Nack(i int, code wire.Code) { atomic.StoreUint32(&b.Codes[i], uint32(code)) }
 
-// partDone is called once per shard part (and once by the loop itself).
-func (b *pubBatch) partDone() {
-	if b.pending.Add(-1) == 0 {
-		b.sink.Confirm(b)
+// PartDone is called once per shard part (and once by the loop itself).
+func (b *PublishBatch) PartDone() {
+	if b.Pending.Add(-1) == 0 {
+		b.Sink.Confirm(b)
 	}
 }
 
 // Confirm writes a CONFIRM frame for the batch: one range per run of equal
 // codes (Sink).
-func (c *conn) Confirm(b *pubBatch) {
+func (c *conn) Confirm(b *PublishBatch) {
 	var ranges [16]wire.ConfirmRange
 	rs := ranges[:0]
 	start := 0
-	for i := 1; i <= len(b.codes); i++ {
-		if i == len(b.codes) || atomic.LoadUint32(&b.codes[i]) != atomic.LoadUint32(&b.codes[start]) {
-			rs = append(rs, wire.ConfirmRange{First: b.firstSeq + uint64(start), Last: b.firstSeq + uint64(i-1), Code: wire.Code(atomic.LoadUint32(&b.codes[start]))})
+	for i := 1; i <= len(b.Codes); i++ {
+		if i == len(b.Codes) || atomic.LoadUint32(&b.Codes[i]) != atomic.LoadUint32(&b.Codes[start]) {
+			rs = append(rs, wire.ConfirmRange{First: b.FirstSeq + uint64(start), Last: b.FirstSeq + uint64(i-1), Code: wire.Code(atomic.LoadUint32(&b.Codes[start]))})
 			start = i
 		}
 	}
 	// Counted before the frame is queued: a client that has its confirm
 	// must find it in the metrics.
-	if !b.start.IsZero() {
-		c.srv.metrics.confirmLatency.UpdateDuration(b.start)
+	if !b.Start.IsZero() {
+		c.srv.metrics.confirmLatency.UpdateDuration(b.Start)
 	}
 	c.mu.Lock()
 	if !c.closed {
-		c.out = wire.AppendConfirm(c.out, b.ch, rs)
-		c.srv.metrics.confirmed.Add(len(b.codes))
+		c.out = wire.AppendConfirm(c.out, b.Ch, rs)
+		c.srv.metrics.confirmed.Add(len(b.Codes))
 		c.flushLocked()
 	}
 	c.mu.Unlock()
@@ -189,7 +189,7 @@ func (c *conn) flushed(gc gnet.Conn, err error) error {
 	// autoAckBufferedMax they are held, so a reader that stalls holds at
 	// most its window and the queue keeps the rest. A failed write settles
 	// nothing: the connection is closing and Down returns them.
-	var held []settleItem
+	var held []SettleItem
 	if err == nil && len(c.heldAcks)+len(acks) > 0 {
 		if gc.OutboundBuffered() > autoAckBufferedMax {
 			c.heldAcks = append(c.heldAcks, acks...)
@@ -278,16 +278,16 @@ func (c *conn) Deliver(ds []Delivery) {
 				fl |= wire.Redelivered
 			}
 			msg := d.Msg
-			if msg.flags&wire.Persistent != 0 {
+			if msg.Flags&wire.Persistent != 0 {
 				fl |= wire.DeliveredPersistent
 			}
 			out = wire.AppendDelivery(out, &wire.Delivery{
-				Tag: tag, Flags: fl, Priority: msg.priority, DeliveryCount: d.DeliveryCount, FailedCount: d.FailedCount,
-				Exchange: msg.exchange, RoutingKey: msg.routingKey, Properties: msg.props, Body: msg.body,
+				Tag: tag, Flags: fl, Priority: msg.Priority, DeliveryCount: d.DeliveryCount, FailedCount: d.FailedCount,
+				Exchange: msg.Exchange, RoutingKey: msg.RoutingKey, Properties: msg.Props, Body: msg.Body,
 			})
 			if cr.autoAck {
 				ch.pushTag(tagEntry{state: tagAuto})
-				c.autoAcks = append(c.autoAcks, settleItem{q: cr.q, c: cr.id, op: wire.SettleAck, qtag: d.QTag})
+				c.autoAcks = append(c.autoAcks, SettleItem{Q: cr.q, Consumer: cr.id, Op: wire.SettleAck, QTag: d.QTag})
 			} else {
 				ch.pushTag(tagEntry{c: cr, qtag: d.QTag})
 				if cr.chTags != nil {

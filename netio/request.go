@@ -102,7 +102,7 @@ func (c *conn) Answer(ref uint64, r Result) {
 // submitted before it, and the queue's counts are the ones it stored after.
 type passiveDeclare struct {
 	*conn
-	q *queueRef
+	q *Queue
 }
 
 // Answer runs on the queue's shard.

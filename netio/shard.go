@@ -21,7 +21,7 @@ type shard struct {
 	done  chan struct{}
 
 	// shard-owned
-	queues     map[*queueRef]struct{}
+	queues     map[*Queue]struct{}
 	now        int64 // ms, stamped once per drained batch
 	nextWake   int64
 	timer      *time.Timer
@@ -38,7 +38,7 @@ type shard struct {
 func newShard(srv *Server) *shard {
 	s := &shard{
 		srv: srv, wake: make(chan struct{}, 1), stop: make(chan struct{}), done: make(chan struct{}),
-		queues: map[*queueRef]struct{}{}, pending: map[Sink][]Delivery{},
+		queues: map[*Queue]struct{}{}, pending: map[Sink][]Delivery{},
 		timer: time.NewTimer(time.Hour),
 	}
 	s.timer.Stop()
@@ -130,7 +130,7 @@ func (s *shard) tick() {
 	s.nextWake = next
 }
 
-func (s *shard) createQueue(q *queueRef) {
+func (s *shard) createQueue(q *Queue) {
 	q.m = queue.New(queue.ConfigFromArgs(q.args, q.autoDelete), s.now)
 	q.cons = map[queue.ConsumerID]consumer{}
 	s.queues[q] = struct{}{}
@@ -138,31 +138,31 @@ func (s *shard) createQueue(q *queueRef) {
 	s.handle(q, effs)
 }
 
-// enqItem is one message bound for one queue.
-type enqItem struct {
-	q    *queueRef
-	msg  *storedMsg
-	meta queue.Message // ID filled in by the shard
-	idx  int           // index in the publish batch, for confirms
+// EnqItem is one message bound for one queue.
+type EnqItem struct {
+	Q    *Queue
+	Msg  *StoredMsg
+	Meta queue.Message // ID filled in by the shard
+	Idx  int           // index in the publish batch, for confirms
 }
 
 // enqueue applies a group of messages (already grouped by queue, in
 // publish order) and reports nacks into batch.
-func (s *shard) enqueue(items []enqItem, batch *pubBatch) {
+func (s *shard) enqueue(items []EnqItem, batch *PublishBatch) {
 	msgs := s.msgScratch[:0]
 	defer func() { s.msgScratch = msgs[:0] }()
-	var full *queueRef
+	var full *Queue
 	for start := 0; start < len(items); {
-		q := items[start].q
+		q := items[start].Q
 		end := start + 1
-		for end < len(items) && items[end].q == q {
+		for end < len(items) && items[end].Q == q {
 			end++
 		}
 		if q.gone || q.m == nil {
 			for _, it := range items[start:end] {
-				s.release(it.msg)
+				s.release(it.Msg)
 				if batch != nil {
-					batch.nack(it.idx, wire.InternalNack)
+					batch.Nack(it.Idx, wire.InternalNack)
 				} else {
 					s.dropDeadLetter(nil, q.name, dlTargetRefused)
 				}
@@ -174,15 +174,15 @@ func (s *shard) enqueue(items []enqItem, batch *pubBatch) {
 		msgs = msgs[:0]
 		for _, it := range items[start:end] {
 			q.nextID++
-			it.meta.ID = q.nextID
-			q.bodies.put(q.nextID, it.msg)
-			msgs = append(msgs, it.meta)
+			it.Meta.ID = q.nextID
+			q.bodies.put(q.nextID, it.Msg)
+			msgs = append(msgs, it.Meta)
 		}
 		effs, _ := q.m.Apply(&queue.Enqueue{NowMs: s.now, Msgs: msgs})
 		for _, e := range effs {
 			if e.Kind == queue.RejectPublish {
 				if batch != nil {
-					batch.nack(items[start+int(e.Msg-firstID)].idx, wire.QueueFull)
+					batch.Nack(items[start+int(e.Msg-firstID)].Idx, wire.QueueFull)
 				} else {
 					s.dropDeadLetter(nil, q.name, dlTargetRefused)
 				}
@@ -205,24 +205,24 @@ func (s *shard) enqueue(items []enqItem, batch *pubBatch) {
 		full.held = append(full.held, batch)
 		return
 	}
-	batch.partDone()
+	batch.PartDone()
 }
 
 // releaseHeld confirms the batches held back by a queue's backlog once it
 // has drained (or is gone).
-func (s *shard) releaseHeld(q *queueRef) {
+func (s *shard) releaseHeld(q *Queue) {
 	if len(q.held) == 0 || (!q.gone && q.m.Ready() > s.srv.cfg.QueueSoftLimit/2) {
 		return
 	}
 	held := q.held
 	q.held = nil
 	for _, b := range held {
-		b.partDone()
+		b.PartDone()
 	}
 }
 
 // handle carries out a machine's effects.
-func (s *shard) handle(q *queueRef, effs []queue.Effect) {
+func (s *shard) handle(q *Queue, effs []queue.Effect) {
 	for _, e := range effs {
 		switch e.Kind {
 		case queue.Deliver:
@@ -263,7 +263,7 @@ func (s *shard) handle(q *queueRef, effs []queue.Effect) {
 }
 
 // storeStats publishes the machine's counts for replies and metrics.
-func (q *queueRef) storeStats() {
+func (q *Queue) storeStats() {
 	st := &q.m.Stats
 	q.ready.Store(q.m.Ready())
 	q.unacked.Store(int64(q.m.Unacked()))
@@ -274,22 +274,22 @@ func (q *queueRef) storeStats() {
 	q.redelivered.Store(st.Redelivered)
 }
 
-func (s *shard) free(q *queueRef, id uint64) {
+func (s *shard) free(q *Queue, id uint64) {
 	if msg := q.bodies.del(id); msg != nil {
 		s.release(msg)
 	}
 }
 
 // release lets go of one placement of msg; the last one uncounts its
-// arena (see msgArena).
-func (s *shard) release(msg *storedMsg) {
-	if msg.a.refs.Add(-1) == 0 {
-		s.bytesDelta -= msg.a.cost
+// arena (see Arena).
+func (s *shard) release(msg *StoredMsg) {
+	if msg.Arena.Refs.Add(-1) == 0 {
+		s.bytesDelta -= msg.Arena.Cost
 	}
 }
 
 // deleteQueue drops a queue's state and tells its consumers.
-func (s *shard) deleteQueue(q *queueRef, reason string) int64 {
+func (s *shard) deleteQueue(q *Queue, reason string) int64 {
 	if q.gone {
 		return 0
 	}
@@ -299,7 +299,7 @@ func (s *shard) deleteQueue(q *queueRef, reason string) int64 {
 		c.sink.Cancelled(id, wire.NotFound, reason)
 		c.sink.ConsumerGone(id)
 	}
-	q.bodies.each(func(_ uint64, m *storedMsg) { s.release(m) })
+	q.bodies.each(func(_ uint64, m *StoredMsg) { s.release(m) })
 	q.bodies = bodyStore{}
 	q.cons = nil
 	s.releaseHeld(q)
@@ -330,7 +330,7 @@ func (r dlDrop) String() string { return dlDropNames[r] }
 // dropDeadLetter counts a dead letter that went nowhere, per source queue
 // (if known) and broker-wide by reason, and logs it (at most one line per
 // reason per 10 s, with the count of those left out).
-func (s *shard) dropDeadLetter(q *queueRef, target string, r dlDrop) {
+func (s *shard) dropDeadLetter(q *Queue, target string, r dlDrop) {
 	name := ""
 	if q != nil {
 		name = q.name
@@ -352,15 +352,15 @@ func (s *shard) dropDeadLetter(q *queueRef, target string, r dlDrop) {
 // The death's time is s.now, the time stamped on the work being applied,
 // never a clock reading: a replica applying the same commands must record
 // the same history.
-func (s *shard) deadLetter(q *queueRef, msg *storedMsg, reason wire.DeathReason) {
+func (s *shard) deadLetter(q *Queue, msg *StoredMsg, reason wire.DeathReason) {
 	dlx := q.args.DeadLetterExchange
 	view := s.srv.topo.view.Load()
-	if !view.table.HasExchange(dlx) {
+	if !view.Table.HasExchange(dlx) {
 		s.dropDeadLetter(q, dlx, dlNoExchange)
 		return
 	}
 	var props wire.Properties
-	if err := wire.ParseProperties(msg.props, &props); err != nil {
+	if err := wire.ParseProperties(msg.Props, &props); err != nil {
 		s.dropDeadLetter(q, dlx, dlBadProperties)
 		return
 	}
@@ -370,19 +370,19 @@ func (s *shard) deadLetter(q *queueRef, msg *storedMsg, reason wire.DeathReason)
 		deaths, _ = wire.DecodeDeaths(props.Deaths)
 		oldDeathsLen = 3 + len(props.Deaths)
 	}
-	deaths = queue.RecordDeath(deaths, q.name, reason, s.now, string(msg.exchange), []string{string(msg.routingKey)})
+	deaths = queue.RecordDeath(deaths, q.name, reason, s.now, string(msg.Exchange), []string{string(msg.RoutingKey)})
 	if len(deaths) > 255 {
 		s.dropDeadLetter(q, dlx, dlTooLarge)
 		return
 	}
-	rk := msg.routingKey
+	rk := msg.RoutingKey
 	if q.args.DeadLetterRoutingKey != "" {
 		rk = []byte(q.args.DeadLetterRoutingKey)
 	}
 	props.Deaths = wire.AppendDeaths(nil, deaths)
 	// The block is canonical (ParseProperties checked it), so its new size
 	// is exact: the old deaths and expiration entries out, the new deaths in.
-	newLen := len(msg.props) - oldDeathsLen + 3 + len(props.Deaths)
+	newLen := len(msg.Props) - oldDeathsLen + 3 + len(props.Deaths)
 	if props.Has(wire.PropExpiration) {
 		newLen -= 3 + 4
 	}
@@ -396,13 +396,13 @@ func (s *shard) deadLetter(q *queueRef, msg *storedMsg, reason wire.DeathReason)
 	newProps := wire.AppendProperties(nil, &props)[2:]
 	// A dead letter gets an arena of its own (dead-letter queues keep
 	// messages for long; sharing the body would pin the batch it came in).
-	buf := make([]byte, 0, len(dlx)+len(rk)+len(newProps)+len(msg.body))
-	buf = append(append(append(append(buf, dlx...), rk...), newProps...), msg.body...)
+	buf := make([]byte, 0, len(dlx)+len(rk)+len(newProps)+len(msg.Body))
+	buf = append(append(append(append(buf, dlx...), rk...), newProps...), msg.Body...)
 	i, j, k := len(dlx), len(dlx)+len(rk), len(dlx)+len(rk)+len(newProps)
-	dm := &storedMsg{exchange: buf[:i:i], routingKey: buf[i:j:j], props: buf[j:k:k], body: buf[k:], a: &msgArena{}, flags: msg.flags, priority: msg.priority}
-	targets, _ := view.table.Route(nil, dlx, dm.routingKey, props.Headers)
+	dm := &StoredMsg{Exchange: buf[:i:i], RoutingKey: buf[i:j:j], Props: buf[j:k:k], Body: buf[k:], Arena: &Arena{}, Flags: msg.Flags, Priority: msg.Priority}
+	targets, _ := view.Table.Route(nil, dlx, dm.RoutingKey, props.Headers)
 	sent, cycles := 0, 0
-	var tqs []*queueRef
+	var tqs []*Queue
 	for _, name := range targets {
 		// The history includes this death: a rejection just now means a
 		// client decided, so the loop is not a cycle.
@@ -410,19 +410,19 @@ func (s *shard) deadLetter(q *queueRef, msg *storedMsg, reason wire.DeathReason)
 			cycles++
 			continue
 		}
-		if tq := view.queues[name]; tq != nil {
+		if tq := view.Queues[name]; tq != nil {
 			tqs = append(tqs, tq)
 		}
 	}
 	if len(tqs) > 0 {
-		dm.a.cost = int64(cap(buf)) + storedMsgOverhead + int64(len(tqs))*placementOverhead
-		dm.a.refs.Store(int64(len(tqs)))
-		s.bytesDelta += dm.a.cost
+		dm.Arena.Cost = int64(cap(buf)) + StoredMsgOverhead + int64(len(tqs))*PlacementOverhead
+		dm.Arena.Refs.Store(int64(len(tqs)))
+		s.bytesDelta += dm.Arena.Cost
 	}
 	for _, tq := range tqs {
 		sent++
-		meta := queue.Message{Size: uint32(len(dm.body)), Priority: dm.priority}
-		item := []enqItem{{q: tq, msg: dm, meta: meta}}
+		meta := queue.Message{Size: uint32(len(dm.Body)), Priority: dm.Priority}
+		item := []EnqItem{{Q: tq, Msg: dm, Meta: meta}}
 		// Always through the inbox, even to this shard: we are inside
 		// handle() for q, and q itself may be the target.
 		tq.shard.submit(Command{Kind: CmdPublish, Items: item})
@@ -438,7 +438,7 @@ func (s *shard) deadLetter(q *queueRef, msg *storedMsg, reason wire.DeathReason)
 }
 
 // subscribe adds a consumer and answers through its sink.
-func (s *shard) subscribe(q *queueRef, k Sink, spec queue.ConsumerSpec, req uint32) {
+func (s *shard) subscribe(q *Queue, k Sink, spec queue.ConsumerSpec, req uint32) {
 	if q.gone || q.m == nil {
 		k.Subscribed(spec.ID, req, wire.NotFound, "no queue "+q.name)
 		return
@@ -454,7 +454,7 @@ func (s *shard) subscribe(q *queueRef, k Sink, spec queue.ConsumerSpec, req uint
 }
 
 // cancel stops a consumer. With requeue its unacked deliveries go back.
-func (s *shard) cancel(q *queueRef, id queue.ConsumerID, requeue bool) {
+func (s *shard) cancel(q *Queue, id queue.ConsumerID, requeue bool) {
 	if q.gone || q.m == nil {
 		return
 	}
@@ -468,37 +468,37 @@ func (s *shard) cancel(q *queueRef, id queue.ConsumerID, requeue bool) {
 
 // forgetIfGone drops a consumer the machine no longer tracks (cancelled
 // and drained).
-func (s *shard) forgetIfGone(q *queueRef, id queue.ConsumerID) {
+func (s *shard) forgetIfGone(q *Queue, id queue.ConsumerID) {
 	if c, ok := q.cons[id]; ok && !q.m.HasConsumer(id) {
 		delete(q.cons, id)
 		c.sink.ConsumerGone(id)
 	}
 }
 
-// settleItem is one settled delivery, translated from a channel tag.
-type settleItem struct {
-	q    *queueRef
-	c    queue.ConsumerID
-	op   wire.SettleOp
-	qtag uint64
-	arg  uint32
+// SettleItem is one settled delivery, translated from a channel tag.
+type SettleItem struct {
+	Q        *Queue
+	Consumer queue.ConsumerID
+	Op       wire.SettleOp
+	QTag     uint64
+	Arg      uint32
 }
 
 // settle applies settlements, coalescing runs of consecutive queue tags of
 // one consumer and op into one machine command.
-func (s *shard) settle(items []settleItem) {
+func (s *shard) settle(items []SettleItem) {
 	for start := 0; start < len(items); {
 		it := items[start]
 		end := start + 1
-		for end < len(items) && items[end].q == it.q && items[end].c == it.c && items[end].op == it.op && items[end].arg == it.arg && items[end].qtag == items[end-1].qtag+1 {
+		for end < len(items) && items[end].Q == it.Q && items[end].Consumer == it.Consumer && items[end].Op == it.Op && items[end].Arg == it.Arg && items[end].QTag == items[end-1].QTag+1 {
 			end++
 		}
-		q := it.q
+		q := it.Q
 		if !q.gone && q.m != nil {
-			effs, err := q.m.Apply(&queue.Settle{NowMs: s.now, Consumer: it.c, Op: it.op, First: it.qtag, Last: items[end-1].qtag, ArgMs: it.arg})
+			effs, err := q.m.Apply(&queue.Settle{NowMs: s.now, Consumer: it.Consumer, Op: it.Op, First: it.QTag, Last: items[end-1].QTag, ArgMs: it.Arg})
 			if err == nil {
 				s.handle(q, effs)
-				s.forgetIfGone(q, it.c)
+				s.forgetIfGone(q, it.Consumer)
 			}
 		}
 		start = end

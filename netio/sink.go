@@ -20,7 +20,7 @@ type Sink interface {
 	Deliver(ds []Delivery)
 	// Confirm says every part of a publish batch has been taken (or
 	// refused, its codes say which) by the queues it was routed to.
-	Confirm(b *pubBatch)
+	Confirm(b *PublishBatch)
 	// Subscribed answers a subscribe: code wire.OK, or why it failed (the
 	// consumer is then gone, and no ConsumerGone follows).
 	Subscribed(id queue.ConsumerID, req uint32, code wire.Code, reason string)
@@ -42,7 +42,7 @@ type Sink interface {
 type Delivery struct {
 	Consumer      queue.ConsumerID
 	QTag          uint64 // the queue's delivery tag (settle by it)
-	Msg           *storedMsg
+	Msg           *StoredMsg
 	DeliveryCount uint32
 	FailedCount   uint32
 }

@@ -14,7 +14,7 @@ import (
 type recSink struct {
 	mu       sync.Mutex
 	delivers [][]Delivery // one entry per Deliver call
-	confirms []*pubBatch
+	confirms []*PublishBatch
 	subs     []wire.Code
 	cancels  []queue.ConsumerID
 	gone     []queue.ConsumerID
@@ -27,7 +27,7 @@ func (r *recSink) Deliver(ds []Delivery) {
 	r.delivers = append(r.delivers, append([]Delivery(nil), ds...))
 	r.mu.Unlock()
 }
-func (r *recSink) Confirm(b *pubBatch) {
+func (r *recSink) Confirm(b *PublishBatch) {
 	r.mu.Lock()
 	r.confirms = append(r.confirms, b)
 	r.mu.Unlock()
@@ -87,16 +87,16 @@ func TestShardHandsEffectsToASink(t *testing.T) {
 	const id = queue.ConsumerID(1 << 40)
 	sh.submit(Command{Kind: CmdSubscribe, Queue: q, Sink: k, Spec: queue.ConsumerSpec{ID: id, Owner: 7, Prefetch: 100}, Req: 1})
 	const n = 10
-	ar := &msgArena{}
-	ar.refs.Store(n)
-	msgs := make([]storedMsg, n)
-	items := make([]enqItem, n)
+	ar := &Arena{}
+	ar.Refs.Store(n)
+	msgs := make([]StoredMsg, n)
+	items := make([]EnqItem, n)
 	for i := range items {
-		msgs[i] = storedMsg{body: []byte{byte(i)}, a: ar}
-		items[i] = enqItem{q: q, msg: &msgs[i], meta: queue.Message{Size: 1}, idx: i}
+		msgs[i] = StoredMsg{Body: []byte{byte(i)}, Arena: ar}
+		items[i] = EnqItem{Q: q, Msg: &msgs[i], Meta: queue.Message{Size: 1}, Idx: i}
 	}
-	batch := &pubBatch{sink: k, codes: make([]uint32, n)}
-	batch.pending.Store(1)
+	batch := &PublishBatch{Sink: k, Codes: make([]uint32, n)}
+	batch.Pending.Store(1)
 	sh.submit(Command{Kind: CmdPublish, Items: items, Batch: batch})
 	barrier(t, sh)
 
@@ -163,13 +163,13 @@ func TestRequestCommandsAnswerTheSink(t *testing.T) {
 	q := s.topo.lookupQueue("q")
 	sh := q.shard
 	const n = 3
-	ar := &msgArena{}
-	ar.refs.Store(n)
-	msgs := make([]storedMsg, n)
-	items := make([]enqItem, n)
+	ar := &Arena{}
+	ar.Refs.Store(n)
+	msgs := make([]StoredMsg, n)
+	items := make([]EnqItem, n)
 	for i := range items {
-		msgs[i] = storedMsg{body: []byte{byte('a' + i)}, a: ar}
-		items[i] = enqItem{q: q, msg: &msgs[i], meta: queue.Message{Size: 1}}
+		msgs[i] = StoredMsg{Body: []byte{byte('a' + i)}, Arena: ar}
+		items[i] = EnqItem{Q: q, Msg: &msgs[i], Meta: queue.Message{Size: 1}}
 	}
 	k := &recSink{}
 	sh.submit(Command{Kind: CmdPublish, Items: items})

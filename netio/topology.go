@@ -19,10 +19,10 @@ import (
 	"github.com/warren-mq/warren/wire"
 )
 
-// queueRef is a declared queue. The fields above the line are fixed at
+// Queue is a declared queue. The fields above the line are fixed at
 // declare time; the atomics are published by the owning shard for replies
 // and metrics; the rest belongs to the shard goroutine.
-type queueRef struct {
+type Queue struct {
 	name       string
 	shard      *shard
 	shardIdx   int               // index of shard in Server.shards
@@ -44,26 +44,26 @@ type queueRef struct {
 	bodies bodyStore
 	nextID uint64
 	cons   map[queue.ConsumerID]consumer
-	wakeAt int64       // next Timer, 0 for none
-	held   []*pubBatch // confirms held back while the queue is over its soft limit
-	gone   bool        // deleted: commands for it are dropped
+	wakeAt int64           // next Timer, 0 for none
+	held   []*PublishBatch // confirms held back while the queue is over its soft limit
+	gone   bool            // deleted: commands for it are dropped
 }
 
-// storedMsg is one message held by a queue. Its slices point into the arena
+// StoredMsg is one message held by a queue. Its slices point into the arena
 // of the publish batch it came in (one allocation per batch), shared by every
 // queue the message was routed to.
-type storedMsg struct {
-	exchange   []byte
-	routingKey []byte
-	props      []byte
-	body       []byte
-	a          *msgArena
-	flags      wire.MessageFlags
-	priority   uint8
+type StoredMsg struct {
+	Exchange   []byte
+	RoutingKey []byte
+	Props      []byte
+	Body       []byte
+	Arena      *Arena
+	Flags      wire.MessageFlags
+	Priority   uint8
 }
 
-// msgArena is what one publish batch allocated for the messages queues keep:
-// the bytes of every message and the slice of storedMsg. Any message of
+// Arena is what one publish batch allocated for the messages queues keep:
+// the bytes of every message and the slice of StoredMsg. Any message of
 // the batch that a queue still holds keeps all of it alive, so the
 // stored-bytes gauge (what the memory watermark is compared with) counts
 // an arena by reference: its whole cost from the moment the loop routes
@@ -72,9 +72,9 @@ type storedMsg struct {
 // needs a pass over every queue's messages to find them and a second copy
 // of each; counting by reference keeps the gauge equal to what the heap
 // holds at the price of one atomic decrement per message a queue frees.
-type msgArena struct {
-	refs atomic.Int64 // placements (message × queue) still held
-	cost int64        // counted in Server.storedBytes while refs > 0
+type Arena struct {
+	Refs atomic.Int64 // placements (message × queue) still held
+	Cost int64        // counted in Server.storedBytes while refs > 0
 }
 
 // The heap a stored message costs beyond its bytes, counted with them.
@@ -85,25 +85,25 @@ type msgArena struct {
 // (fanout), in batches of 100; 168 in batches of 1. The constants add up
 // to 176 and 232.
 const (
-	// storedMsgOverhead: a message's storedMsg in its batch's slice
+	// StoredMsgOverhead: a message's StoredMsg in its batch's slice
 	// (4 slice headers, its arena, flags: 112 bytes) and its share of the
 	// batch's arena and slice headers.
-	storedMsgOverhead = 120
-	// placementOverhead: each queue holding a message: its slot in the
+	StoredMsgOverhead = 120
+	// PlacementOverhead: each queue holding a message: its slot in the
 	// queue's bodyStore and its entry in the machine's ready ring and
 	// index (the second queue in the measurement cost 51 bytes).
-	placementOverhead = 56
+	PlacementOverhead = 56
 )
 
-// routeView is what the event loops route against: swapped atomically on
+// RouteView is what the event loops route against: swapped atomically on
 // every topology change, never mutated.
-type routeView struct {
-	table  *queue.Table
-	queues map[string]*queueRef
+type RouteView struct {
+	Table  *queue.Table
+	Queues map[string]*Queue
 }
 
 // topology holds exchanges, queues and bindings. Writes (declare, delete,
-// bind) take mu and publish a new routeView; routing reads the view only.
+// bind) take mu and publish a new RouteView; routing reads the view only.
 type topology struct {
 	mu     sync.Mutex
 	top    *queue.Topology
@@ -112,8 +112,8 @@ type topology struct {
 	// Authorize): the user, "" for the broker's and the admin API's.
 	exBy   map[string]string
 	bindBy map[string]string
-	queues map[string]*queueRef
-	view   atomic.Pointer[routeView]
+	queues map[string]*Queue
+	view   atomic.Pointer[RouteView]
 	shards []*shard
 	// rebuilds counts routing-view rebuilds (publishLocked), for tests.
 	rebuilds atomic.Int64
@@ -133,7 +133,7 @@ type queueTotals struct {
 }
 
 func newTopology(shards []*shard) *topology {
-	t := &topology{top: queue.NewTopology(), exDecl: map[string]wire.ExchangeDeclare{}, queues: map[string]*queueRef{}, shards: shards,
+	t := &topology{top: queue.NewTopology(), exDecl: map[string]wire.ExchangeDeclare{}, queues: map[string]*Queue{}, shards: shards,
 		exBy: map[string]string{}, bindBy: map[string]string{},
 		log: slog.New(slog.DiscardHandler), durableWarn: logLimiter{every: time.Minute}}
 	// The standard exchanges every AMQP user expects.
@@ -178,11 +178,11 @@ func (t *topology) publishIfDirty() {
 func (t *topology) publishLocked() {
 	t.dirty.Store(false)
 	t.rebuilds.Add(1)
-	qs := make(map[string]*queueRef, len(t.queues))
+	qs := make(map[string]*Queue, len(t.queues))
 	for k, v := range t.queues {
 		qs[k] = v
 	}
-	t.view.Store(&routeView{table: t.top.Compile(), queues: qs})
+	t.view.Store(&RouteView{Table: t.top.Compile(), Queues: qs})
 }
 
 func reqErr(code wire.Code, format string, args ...any) error {
@@ -338,7 +338,7 @@ func (t *topology) removeBindingsLocked(drop func(queue.Binding) bool) {
 // declareQueue creates a queue (on the shard its name hashes to) or checks
 // an existing one. owner is the declaring connection, user its user (""
 // for the admin API).
-func (t *topology) declareQueue(d *wire.QueueDeclare, owner uint64, user string) (*queueRef, error) {
+func (t *topology) declareQueue(d *wire.QueueDeclare, owner uint64, user string) (*Queue, error) {
 	args, err := wire.ParseQueueArgs(d.Args)
 	if err != nil {
 		return nil, err
@@ -383,7 +383,7 @@ func (t *topology) declareQueue(d *wire.QueueDeclare, owner uint64, user string)
 	}
 	// A dead-letter exchange that does not exist yet is allowed, as in
 	// AMQP: it may be declared later; dead letters are dropped until then.
-	q := &queueRef{name: name, decl: *d, args: args, autoDelete: d.AutoDelete, declaredBy: user}
+	q := &Queue{name: name, decl: *d, args: args, autoDelete: d.AutoDelete, declaredBy: user}
 	q.decl.Name = name
 	if d.Exclusive {
 		q.exclusive = owner
@@ -398,7 +398,7 @@ func (t *topology) declareQueue(d *wire.QueueDeclare, owner uint64, user string)
 }
 
 // removeQueue unlists a queue and its bindings; the caller tells the shard.
-func (t *topology) removeQueue(q *queueRef) bool {
+func (t *topology) removeQueue(q *Queue) bool {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	if t.queues[q.name] != q {
@@ -415,14 +415,14 @@ func (t *topology) removeQueue(q *queueRef) bool {
 	return true
 }
 
-func (t *topology) lookupQueue(name string) *queueRef {
+func (t *topology) lookupQueue(name string) *Queue {
 	if t.dirty.Load() {
 		// A control run declared it and has not published the view yet.
 		t.mu.Lock()
 		defer t.mu.Unlock()
 		return t.queues[name]
 	}
-	return t.view.Load().queues[name]
+	return t.view.Load().Queues[name]
 }
 
 // bind adds or removes a binding; user is the binding user ("" for the
@@ -483,10 +483,10 @@ func bindKey(b queue.Binding) string {
 
 // snapshotWithRetired lists the declared queues and the totals of the
 // deleted ones, consistently: a queue is in one or the other.
-func (t *topology) snapshotWithRetired() ([]*queueRef, queueTotals) {
+func (t *topology) snapshotWithRetired() ([]*Queue, queueTotals) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	out := make([]*queueRef, 0, len(t.queues))
+	out := make([]*Queue, 0, len(t.queues))
 	for _, q := range t.queues {
 		out = append(out, q)
 	}
@@ -494,10 +494,10 @@ func (t *topology) snapshotWithRetired() ([]*queueRef, queueTotals) {
 }
 
 // snapshotQueues lists the declared queues.
-func (t *topology) snapshotQueues() []*queueRef {
+func (t *topology) snapshotQueues() []*Queue {
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	out := make([]*queueRef, 0, len(t.queues))
+	out := make([]*Queue, 0, len(t.queues))
 	for _, q := range t.queues {
 		out = append(out, q)
 	}
