@@ -1,6 +1,7 @@
 package netio_test
 
 import (
+	"fmt"
 	"net"
 	"strconv"
 	"sync/atomic"
@@ -45,6 +46,8 @@ func TestDeclareStormDoesNotStarveOthers(t *testing.T) {
 	opened := make(chan struct{})
 	var answered atomic.Int64
 	stormDone := make(chan struct{})
+	var stopped string // why the reader stopped early; read after stormDone
+	sent := time.Now()
 	go func() {
 		defer close(stormDone)
 		r := &rawConn{t: t, nc: nc}
@@ -52,12 +55,14 @@ func TestDeclareStormDoesNotStarveOthers(t *testing.T) {
 		for answered.Load() < 2*storm+1 {
 			f, n, err := wire.Split(r.buf, wire.HardMaxFrame)
 			if err != nil {
+				stopped = "bad frame: " + err.Error()
 				return
 			}
 			if n == 0 {
 				tmp := make([]byte, 64<<10)
 				m, err := nc.Read(tmp)
 				if err != nil {
+					stopped = "read: " + err.Error()
 					return
 				}
 				r.buf = append(r.buf, tmp[:m]...)
@@ -70,6 +75,8 @@ func TestDeclareStormDoesNotStarveOthers(t *testing.T) {
 			case wire.TypeOK, wire.TypeQueueDeclareOK:
 				answered.Add(1)
 			case wire.TypeError, wire.TypeClose:
+				b, err := wire.Decode(f, wire.HardMaxFrame, nil)
+				stopped = fmt.Sprintf("%v %+v (decode error %v)", f.Type, b, err)
 				return
 			}
 		}
@@ -78,7 +85,7 @@ func TestDeclareStormDoesNotStarveOthers(t *testing.T) {
 	select {
 	case <-opened:
 	case <-stormDone:
-		t.Fatal("the storm connection was not opened")
+		t.Fatalf("the storm connection was not opened: %s, %v after it sent its AUTH", stopped, time.Since(sent))
 	}
 	// The broker is now working through the storm.
 	start := time.Now()
