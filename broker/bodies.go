@@ -1,4 +1,4 @@
-package netio
+package broker
 
 // bodyStore maps a queue's message ids (dense, increasing) to bodies.
 // Recent ids live in a slice indexed by id-base: put, get and del are

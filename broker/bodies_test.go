@@ -1,4 +1,4 @@
-package netio
+package broker
 
 import (
 	"math/rand/v2"

@@ -1,6 +1,7 @@
-package netio
+package broker
 
 import (
+	"errors"
 	"strconv"
 
 	"github.com/warren-mq/warren/queue"
@@ -98,6 +99,16 @@ func (s *shard) apply(c *Command) {
 	}
 }
 
+// reasonOf is the text of an error for a reply: a protocol error's reason
+// alone, since its code travels in the reply's own field.
+func reasonOf(err error) string {
+	var we *wire.Error
+	if errors.As(err, &we) {
+		return we.Reason
+	}
+	return err.Error()
+}
+
 func noQueue(q *Queue) Result {
 	return Result{Code: wire.NotFound, Reason: "no queue " + strconv.Quote(q.name)}
 }
@@ -113,7 +124,7 @@ func (s *shard) deleteIf(q *Queue, ifUnused, ifEmpty bool, reason string) Result
 		return Result{Code: wire.PreconditionFailed, Reason: "queue " + strconv.Quote(q.name) + " is not empty"}
 	}
 	n := int64(0)
-	if s.srv.topo.removeQueue(q) {
+	if s.b.topo.removeQueue(q) {
 		n = s.deleteQueue(q, reason)
 	}
 	return Result{N: n}

@@ -1,4 +1,4 @@
-package netio
+package broker
 
 import (
 	"context"
@@ -16,11 +16,8 @@ import (
 // a fake one (1970) that no clock would read.
 func TestDeadLetterTimeIsTheCommandTime(t *testing.T) {
 	const fakeNowMs = 1_000
-	s, err := Start(Config{Addr: "127.0.0.1:0", clock: func() int64 { return fakeNowMs }})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = s.Close(context.Background()) })
+	s := startBroker(t, Config{Clock: func() int64 { return fakeNowMs }})
+	var err error
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	must := func(err error) {

@@ -1,10 +1,7 @@
-package netio
+package broker
 
 import (
 	"context"
-	"crypto/rand"
-	"encoding/hex"
-	"net"
 	"sort"
 
 	"github.com/warren-mq/warren/wire"
@@ -34,8 +31,8 @@ type BindingInfo struct {
 }
 
 // Exchanges lists the exchanges, by name.
-func (s *Server) Exchanges() []ExchangeInfo {
-	t := s.topo
+func (b *Broker) Exchanges() []ExchangeInfo {
+	t := b.topo
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	out := make([]ExchangeInfo, 0, len(t.exDecl))
@@ -48,8 +45,8 @@ func (s *Server) Exchanges() []ExchangeInfo {
 }
 
 // Bindings lists the bindings.
-func (s *Server) Bindings() []BindingInfo {
-	t := s.topo
+func (b *Broker) Bindings() []BindingInfo {
+	t := b.topo
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	out := make([]BindingInfo, 0, len(t.top.Bindings))
@@ -60,24 +57,24 @@ func (s *Server) Bindings() []BindingInfo {
 }
 
 // DeclareExchange declares an exchange as EXCHANGE_DECLARE does.
-func (s *Server) DeclareExchange(d wire.ExchangeDeclare) error {
-	defer s.topo.publishIfDirty()
-	return s.topo.declareExchange(&d, "")
+func (b *Broker) DeclareExchange(d wire.ExchangeDeclare) error {
+	defer b.topo.publishIfDirty()
+	return b.topo.declareExchange(&d, "")
 }
 
 // DeleteExchange deletes an exchange as EXCHANGE_DELETE does.
-func (s *Server) DeleteExchange(name string, ifUnused bool) error {
-	return s.topo.deleteExchange(&wire.ExchangeDelete{Name: name, IfUnused: ifUnused}, nil)
+func (b *Broker) DeleteExchange(name string, ifUnused bool) error {
+	return b.topo.deleteExchange(&wire.ExchangeDelete{Name: name, IfUnused: ifUnused}, nil)
 }
 
 // DeclareQueue declares a queue as QUEUE_DECLARE does (exclusive queues
 // need a connection, so Exclusive is refused here).
-func (s *Server) DeclareQueue(d wire.QueueDeclare) (string, error) {
+func (b *Broker) DeclareQueue(d wire.QueueDeclare) (string, error) {
 	if d.Exclusive {
 		return "", reqErr(wire.InvalidArgument, "exclusive queues belong to a connection")
 	}
-	q, err := s.topo.declareQueue(&d, 0, "")
-	s.topo.publishIfDirty()
+	q, err := b.topo.declareQueue(&d, 0, "")
+	b.topo.publishIfDirty()
 	if err != nil {
 		return "", err
 	}
@@ -85,9 +82,9 @@ func (s *Server) DeclareQueue(d wire.QueueDeclare) (string, error) {
 }
 
 // Bind adds (or, with Unbind set, removes) a binding as BIND does.
-func (s *Server) Bind(b wire.Bind) error {
-	defer s.topo.publishIfDirty()
-	return s.topo.bind(&b, "", nil)
+func (b *Broker) Bind(d wire.Bind) error {
+	defer b.topo.publishIfDirty()
+	return b.topo.bind(&d, "", nil)
 }
 
 // ask submits a request command to a shard and waits for its answer.
@@ -105,8 +102,8 @@ func ask(ctx context.Context, sh *shard, c Command) (Result, error) {
 
 // DeleteQueue deletes a queue as QUEUE_DELETE does and returns the
 // messages it held.
-func (s *Server) DeleteQueue(ctx context.Context, name string, ifUnused, ifEmpty bool) (int64, error) {
-	q := s.topo.lookupQueue(name)
+func (b *Broker) DeleteQueue(ctx context.Context, name string, ifUnused, ifEmpty bool) (int64, error) {
+	q := b.topo.lookupQueue(name)
 	if q == nil {
 		return 0, reqErr(wire.NotFound, "no queue %q", name)
 	}
@@ -118,8 +115,8 @@ func (s *Server) DeleteQueue(ctx context.Context, name string, ifUnused, ifEmpty
 }
 
 // PurgeQueue removes a queue's ready messages and returns how many.
-func (s *Server) PurgeQueue(ctx context.Context, name string) (int64, error) {
-	q := s.topo.lookupQueue(name)
+func (b *Broker) PurgeQueue(ctx context.Context, name string) (int64, error) {
+	q := b.topo.lookupQueue(name)
 	if q == nil {
 		return 0, reqErr(wire.NotFound, "no queue %q", name)
 	}
@@ -144,8 +141,8 @@ type Message struct {
 
 // PeekQueue copies up to n ready messages in dispatch order without
 // taking them: nothing is delivered or counted.
-func (s *Server) PeekQueue(ctx context.Context, name string, n int) ([]Message, error) {
-	q := s.topo.lookupQueue(name)
+func (b *Broker) PeekQueue(ctx context.Context, name string, n int) ([]Message, error) {
+	q := b.topo.lookupQueue(name)
 	if q == nil {
 		return nil, reqErr(wire.NotFound, "no queue %q", name)
 	}
@@ -167,8 +164,8 @@ type QueueInfo struct {
 }
 
 // Queue returns one queue's settings and counts.
-func (s *Server) Queue(name string) (QueueInfo, bool) {
-	q := s.topo.lookupQueue(name)
+func (b *Broker) Queue(name string) (QueueInfo, bool) {
+	q := b.topo.lookupQueue(name)
 	if q == nil {
 		return QueueInfo{}, false
 	}
@@ -185,89 +182,56 @@ func statsOf(q *Queue) QueueStats {
 	}
 }
 
-// Overview sums the broker's state.
-type Overview struct {
-	Version             string `json:"version"`
-	Connections         int    `json:"connections"`
-	Channels            int64  `json:"channels"`
-	Exchanges           int    `json:"exchanges"`
-	Queues              int    `json:"queues"`
-	Ready               int64  `json:"ready"`
-	Unacked             int64  `json:"unacked"`
-	Consumers           int64  `json:"consumers"`
-	StoredMessageBytes  int64  `json:"stored_message_bytes"`
-	MemoryHighWatermark int64  `json:"memory_high_watermark_bytes"`
-	FlowBlocked         bool   `json:"flow_blocked"`
-	Published           uint64 `json:"published_total"`
-	Delivered           uint64 `json:"delivered_total"`
-	Acked               uint64 `json:"acked_total"`
+// QueueStats is a point-in-time view of one queue.
+type QueueStats struct {
+	Name         string `json:"name"`
+	Ready        int64  `json:"ready"`
+	Unacked      int64  `json:"unacked"`
+	Consumers    int64  `json:"consumers"`
+	Published    uint64 `json:"published_total"`
+	Delivered    uint64 `json:"delivered_total"`
+	Acked        uint64 `json:"acked_total"`
+	Redelivered  uint64 `json:"redelivered_total"`
+	DeadLettered uint64 `json:"dead_lettered_total"`
+	// DeadLetterDropped counts dead letters that went nowhere (no such
+	// exchange, routed to no queue, too large to carry their history…).
+	DeadLetterDropped uint64 `json:"dead_letter_dropped_total"`
 }
 
-// Overview returns the broker's totals.
-func (s *Server) Overview() Overview {
-	o := Overview{Version: Version, Connections: s.ConnectionCount(), Channels: s.metrics.channels.Load(),
-		Exchanges: len(s.Exchanges()), StoredMessageBytes: s.storedBytes.Load(),
-		MemoryHighWatermark: s.cfg.MemoryHighWater, FlowBlocked: s.flowOff.Load()}
-	// Deleted queues' counts stay in the totals, which only grow: a live
-	// queue's counters, read after the snapshot, are at least what they were
-	// in it, and a queue deleted since is counted once, here.
-	qs, retired := s.topo.snapshotWithRetired()
-	o.Published, o.Delivered, o.Acked = retired.published, retired.delivered, retired.acked
+// Queues returns the current queues' counts.
+func (b *Broker) Queues() []QueueStats {
+	var out []QueueStats
+	for _, q := range b.topo.snapshotQueues() {
+		out = append(out, statsOf(q))
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].Name < out[j].Name })
+	return out
+}
+
+// Totals sums the queues' counts; the queues deleted so far stay in the
+// message totals, which only grow.
+type Totals struct {
+	Exchanges, Queues           int
+	Ready, Unacked, Consumers   int64
+	Published, Delivered, Acked uint64
+}
+
+// Totals returns the broker-wide counts.
+func (b *Broker) Totals() Totals {
+	t := Totals{Exchanges: len(b.Exchanges())}
+	// A live queue's counters, read after the snapshot, are at least what
+	// they were in it, and a queue deleted since is counted once, here.
+	qs, retired := b.topo.snapshotWithRetired()
+	t.Published, t.Delivered, t.Acked = retired.published, retired.delivered, retired.acked
 	for _, ref := range qs {
 		q := statsOf(ref)
-		o.Queues++
-		o.Ready += q.Ready
-		o.Unacked += q.Unacked
-		o.Consumers += q.Consumers
-		o.Published += q.Published
-		o.Delivered += q.Delivered
-		o.Acked += q.Acked
+		t.Queues++
+		t.Ready += q.Ready
+		t.Unacked += q.Unacked
+		t.Consumers += q.Consumers
+		t.Published += q.Published
+		t.Delivered += q.Delivered
+		t.Acked += q.Acked
 	}
-	return o
-}
-
-// Authenticate checks a user's password as the protocol does and returns
-// the user's tags. remote is the client's address (host:port); guest from
-// loopback is an administrator.
-func (s *Server) Authenticate(user, pass, remote string) (tags []string, ok bool) {
-	loopback := false
-	if ip := net.ParseIP(sourceHost(remote)); ip != nil {
-		loopback = ip.IsLoopback()
-	}
-	if !s.auth.check(user, pass, remote, loopback) {
-		s.metrics.authFailures.Inc()
-		return nil, false
-	}
-	if u, found := s.auth.user(user); found {
-		return u.Tags, true
-	}
-	return []string{"administrator"}, true // guest (loopback) or the internal user
-}
-
-// AuthRefusal is the reason to give a client whose credentials
-// Authenticate refused; remote is its address (host:port).
-func (s *Server) AuthRefusal(user, remote string) string {
-	ip := net.ParseIP(sourceHost(remote))
-	return s.auth.refusal(user, ip != nil && ip.IsLoopback())
-}
-
-// SetUsers replaces the configured users (guest and the internal user are
-// not among them). Credentials verified for a user before the change are
-// checked again.
-func (s *Server) SetUsers(users []User) { s.auth.setUsers(users) }
-
-// InternalURL is a warren:// URL with credentials that only this process
-// knows, for broker-side clients such as the admin API's replay.
-func (s *Server) InternalURL() string {
-	return "warren://" + internalUser + ":" + s.auth.internalPass + "@" + s.addr.String()
-}
-
-const internalUser = "warren-internal"
-
-func randomSecret() string {
-	b := make([]byte, 24)
-	if _, err := rand.Read(b); err != nil {
-		panic("netio: no randomness for the internal secret: " + err.Error())
-	}
-	return hex.EncodeToString(b)
+	return t
 }

@@ -1,4 +1,4 @@
-package netio
+package broker
 
 import (
 	"sync"
@@ -12,7 +12,7 @@ import (
 // Loops submit commands (values, one per batch of work); the shard drains
 // them in batches and hands the effects to their sinks.
 type shard struct {
-	srv   *Server
+	b     *Broker
 	mu    sync.Mutex
 	inbox []Command
 	spare []Command
@@ -35,9 +35,9 @@ type shard struct {
 	touched []Sink
 }
 
-func newShard(srv *Server) *shard {
+func newShard(b *Broker) *shard {
 	s := &shard{
-		srv: srv, wake: make(chan struct{}, 1), stop: make(chan struct{}), done: make(chan struct{}),
+		b: b, wake: make(chan struct{}, 1), stop: make(chan struct{}), done: make(chan struct{}),
 		queues: map[*Queue]struct{}{}, pending: map[Sink][]Delivery{},
 		timer: time.NewTimer(time.Hour),
 	}
@@ -66,7 +66,7 @@ func (s *shard) run() {
 		case <-s.wake:
 			s.drain()
 		case <-s.timer.C:
-			s.now = s.srv.nowMs()
+			s.now = s.b.NowMs()
 			s.tick()
 			s.finishBatch()
 		}
@@ -84,7 +84,7 @@ func (s *shard) drain() {
 			s.spare = batch
 			return
 		}
-		s.now = s.srv.nowMs()
+		s.now = s.b.NowMs()
 		for i := range batch {
 			s.apply(&batch[i])
 			batch[i] = Command{}
@@ -98,7 +98,7 @@ func (s *shard) drain() {
 // one call per sink, and re-arms the timer.
 func (s *shard) finishBatch() {
 	if s.bytesDelta != 0 {
-		s.srv.storedBytes.Add(s.bytesDelta)
+		s.b.storedBytes.Add(s.bytesDelta)
 		s.bytesDelta = 0
 	}
 	for _, k := range s.touched {
@@ -189,7 +189,7 @@ func (s *shard) enqueue(items []EnqItem, batch *PublishBatch) {
 			}
 		}
 		s.handle(q, effs)
-		if full == nil && s.srv.cfg.QueueSoftLimit > 0 && q.m.Ready() > s.srv.cfg.QueueSoftLimit {
+		if full == nil && s.b.cfg.QueueSoftLimit > 0 && q.m.Ready() > s.b.cfg.QueueSoftLimit {
 			full = q
 		}
 		start = end
@@ -211,7 +211,7 @@ func (s *shard) enqueue(items []EnqItem, batch *PublishBatch) {
 // releaseHeld confirms the batches held back by a queue's backlog once it
 // has drained (or is gone).
 func (s *shard) releaseHeld(q *Queue) {
-	if len(q.held) == 0 || (!q.gone && q.m.Ready() > s.srv.cfg.QueueSoftLimit/2) {
+	if len(q.held) == 0 || (!q.gone && q.m.Ready() > s.b.cfg.QueueSoftLimit/2) {
 		return
 	}
 	held := q.held
@@ -253,7 +253,7 @@ func (s *shard) handle(q *Queue, effs []queue.Effect) {
 			}
 		case queue.DeleteQueue:
 			q.storeStats() // final counts, for the broker-wide totals
-			if s.srv.topo.removeQueue(q) {
+			if s.b.topo.removeQueue(q) {
 				s.deleteQueue(q, "queue deleted (auto-delete or expiry)")
 			}
 		}
@@ -310,36 +310,38 @@ func (s *shard) deleteQueue(q *Queue, reason string) int64 {
 	return n
 }
 
-// dlDrop says why a dead letter went nowhere.
-type dlDrop uint8
+// DLDrop says why a dead letter went nowhere.
+type DLDrop uint8
 
 const (
-	dlNoExchange    dlDrop = iota // the dead-letter exchange does not exist
+	dlNoExchange    DLDrop = iota // the dead-letter exchange does not exist
 	dlBadProperties               // its stored properties do not parse (a bug if it happens)
 	dlTooLarge                    // its death history would not fit the property block (65,535 bytes, 255 records)
 	dlUnroutable                  // the exchange routed it to no queue
 	dlCycle                       // every target would close a dead-letter cycle (queue.DeadLetterCycle)
 	dlTargetRefused               // the target queue was deleted meanwhile or refused it (reject-publish)
-	numDLDrops
+	NumDLDrops
 )
 
-var dlDropNames = [numDLDrops]string{"no_exchange", "bad_properties", "too_large", "unroutable", "cycle", "target_refused"}
+var dlDropNames = [NumDLDrops]string{"no_exchange", "bad_properties", "too_large", "unroutable", "cycle", "target_refused"}
 
-func (r dlDrop) String() string { return dlDropNames[r] }
+func (r DLDrop) String() string { return dlDropNames[r] }
 
 // dropDeadLetter counts a dead letter that went nowhere, per source queue
 // (if known) and broker-wide by reason, and logs it (at most one line per
 // reason per 10 s, with the count of those left out).
-func (s *shard) dropDeadLetter(q *Queue, target string, r dlDrop) {
+func (s *shard) dropDeadLetter(q *Queue, target string, r DLDrop) {
 	name := ""
 	if q != nil {
 		name = q.name
 	}
 	// Logged before counted: whoever sees the count finds the line.
-	if ok, n := s.srv.dlDropLog[r].allow(time.Now()); ok {
-		s.srv.log.Warn("dead letter dropped", "queue", name, "target", target, "reason", r.String(), "suppressed_since_last", n)
+	if ok, n := s.b.dlDropLog[r].Allow(time.Now()); ok {
+		s.b.log.Warn("dead letter dropped", "queue", name, "target", target, "reason", r.String(), "suppressed_since_last", n)
 	}
-	s.srv.metrics.dlDropped[r].Inc()
+	if f := s.b.cfg.DeadLetterDropped; f != nil {
+		f(r)
+	}
 	if q != nil {
 		q.deadLetterDropped.Add(1)
 	}
@@ -354,7 +356,7 @@ func (s *shard) dropDeadLetter(q *Queue, target string, r dlDrop) {
 // the same history.
 func (s *shard) deadLetter(q *Queue, msg *StoredMsg, reason wire.DeathReason) {
 	dlx := q.args.DeadLetterExchange
-	view := s.srv.topo.view.Load()
+	view := s.b.topo.view.Load()
 	if !view.Table.HasExchange(dlx) {
 		s.dropDeadLetter(q, dlx, dlNoExchange)
 		return
@@ -510,7 +512,7 @@ func (s *shard) settle(items []SettleItem) {
 func (s *shard) down(connID uint64) {
 	for q := range s.queues {
 		if q.exclusive == connID {
-			if s.srv.topo.removeQueue(q) {
+			if s.b.topo.removeQueue(q) {
 				s.deleteQueue(q, "exclusive owner closed")
 			}
 			continue

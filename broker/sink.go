@@ -1,4 +1,4 @@
-package netio
+package broker
 
 import (
 	"github.com/warren-mq/warren/queue"

@@ -1,4 +1,4 @@
-package netio
+package broker
 
 import (
 	"context"
@@ -73,11 +73,7 @@ func barrier(t *testing.T, sh *shard) {
 // of its work reaches the Sink as a value, and a batch's deliveries to one
 // sink arrive in one Deliver call, not one per message.
 func TestShardHandsEffectsToASink(t *testing.T) {
-	s, err := Start(Config{Addr: "127.0.0.1:0", Shards: 1})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = s.Close(t.Context()) })
+	s := startBroker(t, Config{Shards: 1})
 	if _, err := s.DeclareQueue(wire.QueueDeclare{Name: "q"}); err != nil {
 		t.Fatal(err)
 	}
@@ -152,11 +148,7 @@ func sizes(ds [][]Delivery) []int {
 // TestRequestCommandsAnswerTheSink: purge, peek and a conditional delete
 // are command values, answered to the submitting sink under its reference.
 func TestRequestCommandsAnswerTheSink(t *testing.T) {
-	s, err := Start(Config{Addr: "127.0.0.1:0", Shards: 1})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = s.Close(t.Context()) })
+	s := startBroker(t, Config{Shards: 1})
 	if _, err := s.DeclareQueue(wire.QueueDeclare{Name: "q"}); err != nil {
 		t.Fatal(err)
 	}
@@ -202,4 +194,13 @@ func TestRequestCommandsAnswerTheSink(t *testing.T) {
 	if _, ok := s.Queue("q"); ok {
 		t.Error("the queue is still listed after its delete")
 	}
+}
+
+// startBroker runs a broker for one test.
+func startBroker(t *testing.T, cfg Config) *Broker {
+	t.Helper()
+	b := New(cfg)
+	b.Start()
+	t.Cleanup(func() { _ = b.Stop(context.Background()) })
+	return b
 }

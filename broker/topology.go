@@ -1,9 +1,10 @@
-package netio
+package broker
 
 import (
 	"crypto/rand"
 	"encoding/base64"
 	"fmt"
+	"github.com/warren-mq/warren/internal/ratelog"
 	"log/slog"
 	"reflect"
 	"strconv"
@@ -121,7 +122,7 @@ type topology struct {
 	dirty    atomic.Bool  // a change is not in the view yet (mu to set)
 	log      *slog.Logger
 	// durableWarn rate-limits the "durable is not yet honoured" warning.
-	durableWarn logLimiter
+	durableWarn ratelog.Limiter
 	// retired sums the counters of deleted queues, so the broker-wide
 	// totals never go down (mu).
 	retired queueTotals
@@ -135,7 +136,7 @@ type queueTotals struct {
 func newTopology(shards []*shard) *topology {
 	t := &topology{top: queue.NewTopology(), exDecl: map[string]wire.ExchangeDeclare{}, queues: map[string]*Queue{}, shards: shards,
 		exBy: map[string]string{}, bindBy: map[string]string{},
-		log: slog.New(slog.DiscardHandler), durableWarn: logLimiter{every: time.Minute}}
+		log: slog.New(slog.DiscardHandler), durableWarn: ratelog.Limiter{Every: time.Minute}}
 	// The standard exchanges every AMQP user expects.
 	for _, e := range []struct {
 		name string
@@ -275,7 +276,7 @@ func (t *topology) declareExchange(d *wire.ExchangeDeclare, user string) error {
 // warnDurable says, at most once a minute, that durability is not built
 // yet: a durable declare is accepted and kept in memory only.
 func (t *topology) warnDurable(kind, name string) {
-	if ok, n := t.durableWarn.allow(time.Now()); ok {
+	if ok, n := t.durableWarn.Allow(time.Now()); ok {
 		t.log.Warn("durable is accepted but not yet honoured: every exchange, queue and message is in memory and a restart loses it",
 			"declared", kind, "name", name, "suppressed_since_last", n)
 	}

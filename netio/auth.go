@@ -4,6 +4,7 @@ import (
 	"crypto/hmac"
 	"crypto/sha256"
 	"crypto/subtle"
+	"github.com/warren-mq/warren/internal/ratelog"
 	"log/slog"
 	"net"
 	"runtime"
@@ -58,7 +59,7 @@ type authenticator struct {
 	cache    map[[sha256.Size]byte]credEntry
 	failMu   sync.Mutex
 	fails    map[string]failState
-	failLog  logLimiter
+	failLog  ratelog.Limiter
 	delayed  atomic.Uint64 // attempts slowed down (warren_auth_delayed_total)
 
 	// Seams for tests: the password comparison, the clock and waiting.
@@ -104,7 +105,7 @@ func newAuthenticator(users []User, guestLoopback bool) *authenticator {
 		log:    slog.New(slog.DiscardHandler),
 		checks: make(chan struct{}, maxChecks()), cacheKey: []byte(randomSecret()),
 		cache: map[[sha256.Size]byte]credEntry{}, fails: map[string]failState{},
-		failLog: logLimiter{every: time.Second, burst: 5},
+		failLog: ratelog.Limiter{Every: time.Second, Burst: 5},
 		compare: bcrypt.CompareHashAndPassword, now: time.Now, sleep: time.Sleep}
 	a.setUsers(users)
 	return a
@@ -274,7 +275,7 @@ func (a *authenticator) recordFailure(src string) {
 // refused logs a failed login, at most 5 lines a second with the count
 // of those left out.
 func (a *authenticator) refused(user, remote, reason string) {
-	if ok, n := a.failLog.allow(a.now()); ok {
+	if ok, n := a.failLog.Allow(a.now()); ok {
 		if len(user) > 64 {
 			user = user[:64] + "…"
 		}

@@ -1,6 +1,7 @@
 package netio
 
 import (
+	"fmt"
 	"slices"
 
 	"github.com/warren-mq/warren/wire"
@@ -54,4 +55,9 @@ func (s *Server) isAdmin(user string) bool {
 		return slices.Contains(u.Tags, "administrator")
 	}
 	return user == "guest"
+}
+
+// reqErr is a request-scoped protocol error.
+func reqErr(code wire.Code, format string, args ...any) error {
+	return &wire.Error{Code: code, Reason: fmt.Sprintf(format, args...)}
 }

@@ -11,6 +11,7 @@ import (
 
 	"github.com/cespare/xxhash/v2"
 	"github.com/panjf2000/gnet/v2"
+	"github.com/warren-mq/warren/broker"
 	"github.com/warren-mq/warren/queue"
 	"github.com/warren-mq/warren/wire"
 	"golang.org/x/sys/unix"
@@ -57,7 +58,7 @@ type conn struct {
 	epfd      int  // the loop's epoll fd (0: not looked up yet, -1: unavailable)
 	dec       wire.Decompressor
 	routeBuf  []string
-	parts     [][]EnqItem
+	parts     [][]broker.EnqItem
 
 	mu       sync.Mutex
 	channels map[uint16]*channel
@@ -71,10 +72,10 @@ type conn struct {
 	// closeAfterFlush: close the socket when the in-flight write and the
 	// final frames behind it are out.
 	closeAfterFlush bool
-	autoAcks        []SettleItem
-	heldAcks        []SettleItem // written, not settled: the output is over autoAckBufferedMax
-	inflightAcks    []SettleItem
-	ackSpare        []SettleItem
+	autoAcks        []broker.SettleItem
+	heldAcks        []broker.SettleItem // written, not settled: the output is over autoAckBufferedMax
+	inflightAcks    []broker.SettleItem
+	ackSpare        []broker.SettleItem
 	flushedCB       gnet.AsyncCallback
 }
 
@@ -140,13 +141,13 @@ type consumerRef struct {
 	tagBytes []byte
 	conn     *conn
 	ch       *channel
-	q        *Queue
+	q        *broker.Queue
 	autoAck  bool
 	chTags   map[uint64]uint64 // queue tag → channel tag, for lease expiry
 }
 
 func (s *Server) newConn(gc gnet.Conn) *conn {
-	c := &conn{srv: s, gc: gc, id: s.connSeq.Add(1), channels: map[uint16]*channel{}, byID: map[queue.ConsumerID]*consumerRef{}, parts: make([][]EnqItem, len(s.shards))}
+	c := &conn{srv: s, gc: gc, id: s.connSeq.Add(1), channels: map[uint16]*channel{}, byID: map[queue.ConsumerID]*consumerRef{}, parts: make([][]broker.EnqItem, s.Shards())}
 	s.initAdmission(c)
 	c.flushedCB = c.flushed
 	c.lastRecv.Store(s.nowMs())
@@ -356,14 +357,12 @@ func (c *conn) runControl(run []byte, limit uint32) {
 	// The run's topology changes reach the routing view once, at its end
 	// (topology.changedLocked); its replies (and anything else for this
 	// connection) wait in the outbox until then.
-	topo := c.srv.topo
-	topo.batching.Add(1)
+	c.srv.BeginControlRun()
 	c.mu.Lock()
 	c.holdOut = true
 	c.mu.Unlock()
 	defer func() {
-		topo.batching.Add(-1)
-		topo.publishIfDirty()
+		c.srv.EndControlRun()
 		c.mu.Lock()
 		c.holdOut = false
 		c.flushLocked()
@@ -602,7 +601,7 @@ func (c *conn) closeChannelNow(ch *channel) {
 	c.srv.metrics.channels.Add(-1)
 	for _, cr := range all {
 		cr := cr
-		cr.q.shard.submit(Command{Kind: CmdCancel, Queue: cr.q, Consumer: cr.id, Requeue: true})
+		c.srv.Submit(broker.Command{Kind: broker.CmdCancel, Queue: cr.q, Consumer: cr.id, Requeue: true})
 	}
 }
 
@@ -624,9 +623,7 @@ func (c *conn) onClose() {
 	}
 	c.mu.Unlock()
 	c.srv.metrics.channels.Add(int64(-n))
-	for _, s := range c.srv.shards {
-		s.submit(Command{Kind: CmdDown, Owner: c.id})
-	}
+	c.srv.Submit(broker.Command{Kind: broker.CmdDown, Owner: c.id}) // to every shard
 }
 
 // dedupKey hashes a message id for the queue's dedup window.
@@ -654,8 +651,8 @@ func (c *conn) onPublish(ch *channel, f wire.Frame) error {
 	}
 	ch.nextSeq += uint64(b.Count)
 	c.srv.metrics.published.Add(int(b.Count))
-	batch := &PublishBatch{Sink: c, Ch: ch.id, FirstSeq: b.FirstSeq, Codes: make([]uint32, b.Count), Start: time.Now()}
-	view := c.srv.topo.view.Load()
+	batch := &broker.PublishBatch{Sink: c, Ch: ch.id, FirstSeq: b.FirstSeq, Codes: make([]uint32, b.Count), Start: time.Now()}
+	view := c.srv.View()
 	exName := string(b.Exchange)
 	if !view.Table.HasExchange(exName) || view.Table.IsInternal(exName) {
 		code := wire.ExchangeNotFound
@@ -677,8 +674,8 @@ func (c *conn) onPublish(ch *channel, f wire.Frame) error {
 		size += len(m.RoutingKey) + len(m.Properties) + len(m.Body)
 	}
 	arena := make([]byte, 0, size)
-	msgs := make([]StoredMsg, b.Count)
-	ar := new(Arena)
+	msgs := make([]broker.StoredMsg, b.Count)
+	ar := new(broker.Arena)
 	arena = append(arena, b.Exchange...)
 	exchange := arena[:len(b.Exchange):len(b.Exchange)]
 	keep := func(p []byte) []byte {
@@ -693,7 +690,7 @@ func (c *conn) onPublish(ch *channel, f wire.Frame) error {
 	it = b.Messages()
 	for i := 0; it.Next(&m); i++ {
 		sm := &msgs[i]
-		*sm = StoredMsg{Exchange: exchange, RoutingKey: keep(m.RoutingKey), Props: keep(m.Properties), Body: keep(m.Body), Arena: ar, Flags: m.Flags, Priority: m.Priority}
+		*sm = broker.StoredMsg{Exchange: exchange, RoutingKey: keep(m.RoutingKey), Props: keep(m.Properties), Body: keep(m.Body), Arena: ar, Flags: m.Flags, Priority: m.Priority}
 		_ = wire.ParseProperties(sm.Props, &props) // validated by DecodePublish
 		if props.Has(wire.PropDeaths) && !c.internal {
 			// The broker owns the death history (dlq replay trusts it): a
@@ -718,8 +715,8 @@ func (c *conn) onPublish(ch *channel, f wire.Frame) error {
 			if q == nil {
 				continue
 			}
-			si := q.shardIdx
-			c.parts[si] = append(c.parts[si], EnqItem{Q: q, Msg: sm, Meta: meta, Idx: i})
+			si := q.ShardIndex()
+			c.parts[si] = append(c.parts[si], broker.EnqItem{Q: q, Msg: sm, Meta: meta, Idx: i})
 		}
 	}
 	if nret > 0 {
@@ -741,9 +738,9 @@ func (c *conn) onPublish(ch *channel, f wire.Frame) error {
 	if placed > 0 {
 		// Counted now, before any shard has it: the loop's next check of
 		// the watermark sees this batch.
-		ar.Cost = int64(cap(arena)) + int64(b.Count)*StoredMsgOverhead + int64(placed)*PlacementOverhead
+		ar.Cost = int64(cap(arena)) + int64(b.Count)*broker.StoredMsgOverhead + int64(placed)*broker.PlacementOverhead
 		ar.Refs.Store(int64(placed))
-		c.srv.storedBytes.Add(ar.Cost)
+		c.srv.AddStoredBytes(ar.Cost)
 	}
 	batch.Pending.Store(int32(parts))
 	for si, p := range c.parts {
@@ -751,12 +748,12 @@ func (c *conn) onPublish(ch *channel, f wire.Frame) error {
 			continue
 		}
 		items := slices.Clone(p) // handed to the shard
-		slices.SortStableFunc(items, func(a, b EnqItem) int { return cmp.Compare(a.Q.name, b.Q.name) })
+		slices.SortStableFunc(items, func(a, b broker.EnqItem) int { return cmp.Compare(a.Q.Name(), b.Q.Name()) })
 		c.parts[si] = p[:0]
 		if cap(p) > partsKeepMax {
 			c.parts[si] = nil // a huge batch's scratch is not kept per connection
 		}
-		c.srv.shards[si].submit(Command{Kind: CmdPublish, Items: items, Batch: batch})
+		c.srv.Submit(broker.Command{Kind: broker.CmdPublish, Items: items, Batch: batch})
 	}
 	batch.PartDone()
 	return nil
@@ -775,7 +772,7 @@ func publishCost(f wire.Frame) int64 {
 		return int64(len(f.Payload))
 	}
 	count := int64(f.Payload[8]) | int64(f.Payload[9])<<8 | int64(f.Payload[10])<<16 | int64(f.Payload[11])<<24
-	return int64(len(f.Payload)) + count*(StoredMsgOverhead+PlacementOverhead)
+	return int64(len(f.Payload)) + count*(broker.StoredMsgOverhead+broker.PlacementOverhead)
 }
 
 // onSettle translates channel tags into queue tags and hands each shard its
@@ -785,7 +782,7 @@ func (c *conn) onSettle(ch *channel, f wire.Frame) error {
 	if err := wire.DecodeSettle(f, &b); err != nil {
 		return err
 	}
-	var items []SettleItem
+	var items []broker.SettleItem
 	c.mu.Lock()
 	for i := 0; i < b.Count; i++ {
 		var s wire.Settlement
@@ -807,7 +804,7 @@ func (c *conn) onSettle(ch *channel, f wire.Frame) error {
 			switch e.state {
 			case tagLive:
 				matched++
-				items = append(items, SettleItem{Q: e.c.q, Consumer: e.c.id, Op: s.Op, QTag: e.qtag, Arg: s.Arg})
+				items = append(items, broker.SettleItem{Q: e.c.q, Consumer: e.c.id, Op: s.Op, QTag: e.qtag, Arg: s.Arg})
 				if s.Op != wire.SettleExtend {
 					e.state = tagSettled
 					if e.c.chTags != nil {
@@ -832,8 +829,9 @@ func (c *conn) onSettle(ch *channel, f wire.Frame) error {
 	return nil
 }
 
-// settleAcross groups settlements by shard and submits them.
-func (s *Server) settleAcross(items []SettleItem) {
+// settleAcross counts settlements and submits them (the broker splits
+// them by shard and copies what it keeps).
+func (s *Server) settleAcross(items []broker.SettleItem) {
 	if len(items) == 0 {
 		return
 	}
@@ -844,17 +842,7 @@ func (s *Server) settleAcross(items []SettleItem) {
 		}
 	}
 	s.metrics.acked.Add(acks)
-	for _, sh := range s.shards {
-		var part []SettleItem
-		for _, it := range items {
-			if it.Q.shard == sh {
-				part = append(part, it)
-			}
-		}
-		if len(part) > 0 {
-			sh.submit(Command{Kind: CmdSettle, Settles: part})
-		}
-	}
+	s.Submit(broker.Command{Kind: broker.CmdSettle, Settles: items}) // split by shard, copied
 }
 
 func (e *requestErr) Error() string { return e.err.Error() }

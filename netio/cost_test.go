@@ -3,6 +3,7 @@ package netio
 import (
 	"testing"
 
+	"github.com/warren-mq/warren/broker"
 	"github.com/warren-mq/warren/wire"
 )
 
@@ -17,7 +18,7 @@ func TestPublishCost(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if got, want := publishCost(f), int64(len(f.Payload))+300*(StoredMsgOverhead+PlacementOverhead); got != want {
+	if got, want := publishCost(f), int64(len(f.Payload))+300*(broker.StoredMsgOverhead+broker.PlacementOverhead); got != want {
 		t.Fatalf("cost %d, want %d", got, want)
 	}
 }

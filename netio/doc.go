@@ -1,6 +1,9 @@
-// Package netio is Warren's broker runtime: gnet event loops that speak the
-// wire protocol, the topology (exchanges, queues, bindings), and the queue
-// shards that own queue state machines.
+// Package netio is Warren's connection layer: gnet event loops that speak
+// the wire protocol, sessions and channels, handshake and auth, flow
+// control and outboxes. It turns frames into commands for the broker core
+// (package broker: the topology and the queue shards) and implements the
+// broker's Sink, turning its effects into frames. broker never imports
+// netio.
 //
 // # Threads and ownership
 //

@@ -4,36 +4,16 @@ import (
 	"context"
 	"errors"
 	"sync/atomic"
-	"time"
 
 	"github.com/panjf2000/gnet/v2"
+	"github.com/warren-mq/warren/broker"
 	"github.com/warren-mq/warren/queue"
 	"github.com/warren-mq/warren/wire"
 )
 
-// PublishBatch tracks one PUBLISH frame until every shard it was split across
-// has taken its part; the last one confirms the whole range.
-type PublishBatch struct {
-	Sink     Sink // told when every part is done
-	Ch       uint16
-	FirstSeq uint64
-	Codes    []uint32 // per message: 0 ack, else the nack code (written atomically)
-	Pending  atomic.Int32
-	Start    time.Time // when the loop read the frame, for the confirm latency
-}
-
-func (b *PublishBatch) Nack(i int, code wire.Code) { atomic.StoreUint32(&b.Codes[i], uint32(code)) }
-
-// PartDone is called once per shard part (and once by the loop itself).
-func (b *PublishBatch) PartDone() {
-	if b.Pending.Add(-1) == 0 {
-		b.Sink.Confirm(b)
-	}
-}
-
 // Confirm writes a CONFIRM frame for the batch: one range per run of equal
 // codes (Sink).
-func (c *conn) Confirm(b *PublishBatch) {
+func (c *conn) Confirm(b *broker.PublishBatch) {
 	var ranges [16]wire.ConfirmRange
 	rs := ranges[:0]
 	start := 0
@@ -189,7 +169,7 @@ func (c *conn) flushed(gc gnet.Conn, err error) error {
 	// autoAckBufferedMax they are held, so a reader that stalls holds at
 	// most its window and the queue keeps the rest. A failed write settles
 	// nothing: the connection is closing and Down returns them.
-	var held []SettleItem
+	var held []broker.SettleItem
 	if err == nil && len(c.heldAcks)+len(acks) > 0 {
 		if gc.OutboundBuffered() > autoAckBufferedMax {
 			c.heldAcks = append(c.heldAcks, acks...)
@@ -251,7 +231,7 @@ func (a ackCheck) Run(context.Context) error {
 // Deliver encodes one shard's deliveries for this connection: one DELIVER
 // frame per run of deliveries to the same consumer, channel tags assigned in
 // order, all under one lock (Sink). Called on the shard goroutine.
-func (c *conn) Deliver(ds []Delivery) {
+func (c *conn) Deliver(ds []broker.Delivery) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if c.closed {
@@ -287,7 +267,7 @@ func (c *conn) Deliver(ds []Delivery) {
 			})
 			if cr.autoAck {
 				ch.pushTag(tagEntry{state: tagAuto})
-				c.autoAcks = append(c.autoAcks, SettleItem{Q: cr.q, Consumer: cr.id, Op: wire.SettleAck, QTag: d.QTag})
+				c.autoAcks = append(c.autoAcks, broker.SettleItem{Q: cr.q, Consumer: cr.id, Op: wire.SettleAck, QTag: d.QTag})
 			} else {
 				ch.pushTag(tagEntry{c: cr, qtag: d.QTag})
 				if cr.chTags != nil {

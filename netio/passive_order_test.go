@@ -6,6 +6,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/warren-mq/warren/broker"
 	"github.com/warren-mq/warren/wire"
 )
 
@@ -80,12 +81,12 @@ func TestPassiveDeclareAnsweredByOwner(t *testing.T) {
 
 	// Hold the queue's owner busy until the connection has answered a
 	// request sent after the passive declare.
-	q := s.topo.lookupQueue("orders")
+	q := s.LookupQueue("orders")
 	held, release := make(chan struct{}), make(chan struct{})
 	var once sync.Once
 	free := func() { once.Do(func() { close(release) }) }
 	defer free()
-	q.shard.submit(Command{Kind: CmdBarrier, Sink: holdSink{held: held, release: release}})
+	s.Submit(broker.Command{Kind: broker.CmdBarrier, Queue: q, Sink: holdSink{held: held, release: release}})
 	<-held
 	b = wire.AppendFrame(nil, 1, &wire.QueueDeclare{Req: 3, Name: "orders", Passive: true})
 	b = wire.AppendFrame(b, 1, &wire.ExchangeDeclare{Req: 4, Name: "amq.direct", Kind: wire.ExchangeDirect, Passive: true})
@@ -108,8 +109,8 @@ func TestPassiveDeclareAnsweredByOwner(t *testing.T) {
 
 // holdSink holds the shard that answers it until release is closed.
 type holdSink struct {
-	Sink
+	broker.Sink
 	held, release chan struct{}
 }
 
-func (h holdSink) Answer(uint64, Result) { close(h.held); <-h.release }
+func (h holdSink) Answer(uint64, broker.Result) { close(h.held); <-h.release }

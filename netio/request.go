@@ -3,6 +3,7 @@ package netio
 import (
 	"strconv"
 
+	"github.com/warren-mq/warren/broker"
 	"github.com/warren-mq/warren/queue"
 	"github.com/warren-mq/warren/wire"
 )
@@ -11,20 +12,19 @@ import (
 // Request-scoped failures come back as *requestErr (an ERROR reply).
 func (c *conn) onRequest(ch *channel, body wire.Body) error {
 	fail := func(req uint32, err error) error { return &requestErr{req: req, err: err} }
-	topo := c.srv.topo
 	switch r := body.(type) {
 	case *wire.ExchangeDeclare:
-		if err := topo.declareExchange(r, c.user); err != nil {
+		if err := c.srv.DeclareExchangeAs(r, c.user); err != nil {
 			return fail(r.Req, err)
 		}
 		c.send(ch.id, &wire.OKReply{Req: r.Req})
 	case *wire.ExchangeDelete:
-		if err := topo.deleteExchange(r, c.allow(ActDelete)); err != nil {
+		if err := c.srv.DeleteExchangeAs(r, c.allow(ActDelete)); err != nil {
 			return fail(r.Req, err)
 		}
 		c.send(ch.id, &wire.OKReply{Req: r.Req})
 	case *wire.QueueDeclare:
-		q, err := topo.declareQueue(r, c.id, c.user)
+		q, err := c.srv.DeclareQueueAs(r, c.id, c.user)
 		if err != nil {
 			return fail(r.Req, err)
 		}
@@ -34,34 +34,34 @@ func (c *conn) onRequest(ch *channel, body wire.Body) error {
 			// connection sent before it have taken effect (their dead
 			// letters are in their targets' inboxes). Clients use it to
 			// wait for that (warrenctl consume).
-			q.shard.submit(Command{Kind: CmdBarrier, Sink: passiveDeclare{c, q}, Req: reqRef(ch.id, r.Req)})
+			c.srv.Submit(broker.Command{Kind: broker.CmdBarrier, Queue: q, Sink: passiveDeclare{c, q}, Req: reqRef(ch.id, r.Req)})
 			return nil
 		}
-		c.send(ch.id, &wire.QueueDeclareOK{Req: r.Req, Name: q.name, Messages: uint64(q.ready.Load()), Consumers: uint32(q.consumers.Load())})
+		c.send(ch.id, &wire.QueueDeclareOK{Req: r.Req, Name: q.Name(), Messages: uint64(q.ReadyCount()), Consumers: uint32(q.ConsumerCount())})
 	case *wire.QueueDelete:
-		q := topo.lookupQueue(r.Name)
+		q := c.srv.LookupQueue(r.Name)
 		if q == nil {
 			return fail(r.Req, reqErr(wire.NotFound, "no queue %q", r.Name))
 		}
-		if q.exclusive != 0 && q.exclusive != c.id {
+		if q.ExclusiveTo() != 0 && q.ExclusiveTo() != c.id {
 			return fail(r.Req, reqErr(wire.ResourceLocked, "queue %q is exclusive to another connection", r.Name))
 		}
-		if err := c.srv.Authorize(c.user, ActDelete, q.declaredBy, "queue "+strconv.Quote(q.name)); err != nil {
+		if err := c.srv.Authorize(c.user, ActDelete, q.DeclaredBy(), "queue "+strconv.Quote(q.Name())); err != nil {
 			return fail(r.Req, err)
 		}
-		q.shard.submit(Command{Kind: CmdDelete, Queue: q, Sink: c, Req: reqRef(ch.id, r.Req),
+		c.srv.Submit(broker.Command{Kind: broker.CmdDelete, Queue: q, Sink: c, Req: reqRef(ch.id, r.Req),
 			IfUnused: r.IfUnused, IfEmpty: r.IfEmpty, Reason: "queue deleted"})
 	case *wire.QueuePurge:
-		q := topo.lookupQueue(r.Name)
+		q := c.srv.LookupQueue(r.Name)
 		if q == nil {
 			return fail(r.Req, reqErr(wire.NotFound, "no queue %q", r.Name))
 		}
-		if err := c.srv.Authorize(c.user, ActPurge, q.declaredBy, "queue "+strconv.Quote(q.name)); err != nil {
+		if err := c.srv.Authorize(c.user, ActPurge, q.DeclaredBy(), "queue "+strconv.Quote(q.Name())); err != nil {
 			return fail(r.Req, err)
 		}
-		q.shard.submit(Command{Kind: CmdPurge, Queue: q, Sink: c, Req: reqRef(ch.id, r.Req)})
+		c.srv.Submit(broker.Command{Kind: broker.CmdPurge, Queue: q, Sink: c, Req: reqRef(ch.id, r.Req)})
 	case *wire.Bind:
-		if err := topo.bind(r, c.user, c.allow(ActUnbind)); err != nil {
+		if err := c.srv.BindAs(r, c.user, c.allow(ActUnbind)); err != nil {
 			return fail(r.Req, err)
 		}
 		c.send(ch.id, &wire.OKReply{Req: r.Req})
@@ -75,7 +75,7 @@ func (c *conn) onRequest(ch *channel, body wire.Body) error {
 		if cr == nil {
 			return fail(r.Req, reqErr(wire.NotFound, "no consumer %q on this channel", r.ConsumerTag))
 		}
-		cr.q.shard.submit(Command{Kind: CmdCancel, Queue: cr.q, Consumer: cr.id})
+		c.srv.Submit(broker.Command{Kind: broker.CmdCancel, Queue: cr.q, Consumer: cr.id})
 		c.send(ch.id, &wire.OKReply{Req: r.Req})
 	default:
 		return errUnexpected(body.FrameType())
@@ -88,7 +88,7 @@ func (c *conn) onRequest(ch *channel, body wire.Body) error {
 func reqRef(ch uint16, req uint32) uint64 { return uint64(ch)<<32 | uint64(req) }
 
 // Answer replies to a request the connection submitted to a shard (Sink).
-func (c *conn) Answer(ref uint64, r Result) {
+func (c *conn) Answer(ref uint64, r broker.Result) {
 	ch, req := uint16(ref>>32), uint32(ref)
 	if r.Code != wire.OK {
 		c.sendError(ch, req, r.Code, r.Reason)
@@ -102,17 +102,17 @@ func (c *conn) Answer(ref uint64, r Result) {
 // submitted before it, and the queue's counts are the ones it stored after.
 type passiveDeclare struct {
 	*conn
-	q *Queue
+	q *broker.Queue
 }
 
 // Answer runs on the queue's shard.
-func (p passiveDeclare) Answer(ref uint64, _ Result) {
+func (p passiveDeclare) Answer(ref uint64, _ broker.Result) {
 	ch, req := uint16(ref>>32), uint32(ref)
-	if p.q.gone {
-		p.sendError(ch, req, wire.NotFound, "no queue "+strconv.Quote(p.q.name))
+	if p.q.Gone() {
+		p.sendError(ch, req, wire.NotFound, "no queue "+strconv.Quote(p.q.Name()))
 		return
 	}
-	p.send(ch, &wire.QueueDeclareOK{Req: req, Name: p.q.name, Messages: uint64(p.q.ready.Load()), Consumers: uint32(p.q.consumers.Load())})
+	p.send(ch, &wire.QueueDeclareOK{Req: req, Name: p.q.Name(), Messages: uint64(p.q.ReadyCount()), Consumers: uint32(p.q.ConsumerCount())})
 }
 
 // allow is Authorize for this connection's user and act, in the form the
@@ -127,11 +127,11 @@ func (c *conn) onSubscribe(ch *channel, r *wire.Subscribe) error {
 	if err != nil {
 		return fail(err)
 	}
-	q := c.srv.topo.lookupQueue(r.Queue)
+	q := c.srv.LookupQueue(r.Queue)
 	if q == nil {
 		return fail(reqErr(wire.NotFound, "no queue %q", r.Queue))
 	}
-	if q.exclusive != 0 && q.exclusive != c.id {
+	if q.ExclusiveTo() != 0 && q.ExclusiveTo() != c.id {
 		return fail(reqErr(wire.ResourceLocked, "queue %q is exclusive to another connection", r.Queue))
 	}
 	c.mu.Lock()
@@ -152,7 +152,7 @@ func (c *conn) onSubscribe(ch *channel, r *wire.Subscribe) error {
 		id: queue.ConsumerID(c.srv.consumerSeq.Add(1)), tag: tag, tagBytes: []byte(tag),
 		conn: c, ch: ch, q: q, autoAck: r.AutoAck,
 	}
-	if q.args.ConsumerTimeout > 0 || args.ConsumerTimeout > 0 {
+	if q.Args().ConsumerTimeout > 0 || args.ConsumerTimeout > 0 {
 		cr.chTags = map[uint64]uint64{}
 	}
 	ch.consumers[tag] = cr
@@ -161,7 +161,7 @@ func (c *conn) onSubscribe(ch *channel, r *wire.Subscribe) error {
 	c.mu.Unlock()
 	spec := queue.ConsumerSpec{ID: cr.id, Owner: queue.OwnerID(c.id), Prefetch: prefetch, PrefetchBytes: r.PrefetchBytes, Priority: r.Priority, Exclusive: r.Exclusive,
 		TimeoutMs: args.ConsumerTimeout.Milliseconds()}
-	q.shard.submit(Command{Kind: CmdSubscribe, Queue: q, Sink: c, Spec: spec, Req: uint64(r.Req)})
+	c.srv.Submit(broker.Command{Kind: broker.CmdSubscribe, Queue: q, Sink: c, Spec: spec, Req: uint64(r.Req)})
 	return nil
 }
 

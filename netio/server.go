@@ -10,7 +10,6 @@ import (
 	"net/netip"
 	"runtime"
 	rtmetrics "runtime/metrics"
-	"sort"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -18,6 +17,7 @@ import (
 
 	"github.com/VictoriaMetrics/metrics"
 	"github.com/panjf2000/gnet/v2"
+	"github.com/warren-mq/warren/broker"
 	"golang.org/x/sys/unix"
 
 	"github.com/warren-mq/warren/wire"
@@ -116,11 +116,12 @@ func (c *Config) fill() {
 // Server is a running broker.
 type Server struct {
 	gnet.BuiltinEventEngine
-	cfg    Config
-	log    *slog.Logger
-	auth   *authenticator
-	topo   *topology
-	shards []*shard
+	cfg  Config
+	log  *slog.Logger
+	auth *authenticator
+	// The broker core: topology, shards, the operator API (promoted:
+	// DeclareQueue, PeekQueue…). netio holds it; it never calls netio.
+	*broker.Broker
 
 	eng         gnet.Engine
 	addr        net.Addr
@@ -134,11 +135,8 @@ type Server struct {
 	conns   map[uint64]*conn
 	adm     admission // (connsMu) connections before they authenticate
 
-	dlDropLog [numDLDrops]logLimiter // "dead letter dropped" lines, per reason
-
-	storedBytes atomic.Int64
-	flowOff     atomic.Bool
-	flowWanted  atomic.Bool // a publish was held back for crossing the watermark
+	flowOff    atomic.Bool
+	flowWanted atomic.Bool // a publish was held back for crossing the watermark
 	// The Go heap's live bytes when the broker started, and what the tick
 	// (its only user) needs to read them again.
 	heapBase   int64
@@ -153,41 +151,29 @@ type serverMetrics struct {
 	published, delivered, acked, confirmed, returned *metrics.Counter
 	protocolErrors, authFailures                     *metrics.Counter
 	confirmLatency                                   *metrics.PrometheusHistogram
-	dlDropped                                        [numDLDrops]*metrics.Counter
+	dlDropped                                        [broker.NumDLDrops]*metrics.Counter
 	channels                                         atomic.Int64
 	blocked                                          atomic.Int64 // connections not being read (memory alarm)
 	busyNanos                                        atomic.Int64
 	lastBusy, lastBusyAt                             atomic.Int64
 }
 
-func (s *Server) nowMs() int64 {
-	if s.cfg.clock != nil {
-		return s.cfg.clock()
-	}
-	return time.Now().UnixMilli()
-}
+// nowMs reads the broker's one clock source.
+func (s *Server) nowMs() int64 { return s.NowMs() }
 
 // Start listens and runs the broker in the background. It returns once the
 // listener is bound.
 func Start(cfg Config) (*Server, error) {
 	cfg.fill()
 	s := &Server{cfg: cfg, log: cfg.Logger, booted: make(chan error, 1), stopped: make(chan struct{}), conns: map[uint64]*conn{}}
-	for i := range s.dlDropLog {
-		s.dlDropLog[i].every = 10 * time.Second
-	}
 	s.heapSample = []rtmetrics.Sample{{Name: "/gc/heap/live:bytes"}}
 	s.heapBase = s.heapLive()
 	s.auth = newAuthenticator(cfg.Users, !cfg.DisableGuest)
 	s.auth.log = s.log
-	for i := 0; i < cfg.Shards; i++ {
-		s.shards = append(s.shards, newShard(s))
-	}
-	s.topo = newTopology(s.shards)
-	s.topo.log = s.log
+	s.Broker = broker.New(broker.Config{Shards: cfg.Shards, QueueSoftLimit: cfg.QueueSoftLimit, Logger: cfg.Logger, Clock: cfg.clock,
+		DeadLetterDropped: func(r broker.DLDrop) { s.metrics.dlDropped[r].Inc() }})
 	s.initMetrics()
-	for _, sh := range s.shards {
-		go sh.run()
-	}
+	s.Broker.Start()
 	go func() {
 		defer close(s.stopped)
 		// SO_REUSEADDR: after a graceful stop the broker's closed
@@ -206,7 +192,7 @@ func Start(cfg Config) (*Server, error) {
 		s.log.Debug("engine exited", "err", err)
 	}()
 	if err := <-s.booted; err != nil {
-		_ = s.stopShards(context.Background())
+		_ = s.Broker.Stop(context.Background())
 		return nil, fmt.Errorf("netio: listen on %s: %w", cfg.Addr, err)
 	}
 	return s, nil
@@ -344,7 +330,7 @@ func (s *Server) OnTick() (time.Duration, gnet.Action) {
 // memoryAlarm reports whether publishes must wait: the alarm is on, or the
 // stored bytes have passed the watermark since the last tick.
 func (s *Server) memoryAlarm() bool {
-	return s.flowOff.Load() || s.storedBytes.Load() > s.cfg.MemoryHighWater
+	return s.flowOff.Load() || s.StoredBytes() > s.cfg.MemoryHighWater
 }
 
 // publishMustWait reports whether a PUBLISH that would add cost to the
@@ -355,7 +341,7 @@ func (s *Server) publishMustWait(cost int64) bool {
 	if s.flowOff.Load() {
 		return true
 	}
-	stored := s.storedBytes.Load()
+	stored := s.StoredBytes()
 	if stored > 0 && stored+cost > s.cfg.MemoryHighWater {
 		s.flowWanted.Store(true) // the tick raises the alarm (FLOW to everyone)
 		return true
@@ -387,7 +373,7 @@ func (s *Server) heapLive() int64 {
 // after a purge while nothing allocates, the tick collects (at most once a
 // second) when only the heap holds the alarm on.
 func (s *Server) checkFlow(conns []*conn) {
-	used := s.storedBytes.Load()
+	used := s.StoredBytes()
 	hw := s.cfg.MemoryHighWater
 	heap := s.heapLive() - s.heapBase
 	off := s.flowOff.Load()
@@ -433,9 +419,7 @@ func (s *Server) Close(ctx context.Context) error {
 	}
 	s.connsMu.Unlock()
 	// Let the shards finish what is queued so confirms go out first.
-	for _, sh := range s.shards {
-		_, _ = ask(ctx, sh, Command{Kind: CmdBarrier})
-	}
+	_ = s.Barrier(ctx)
 	for _, c := range conns {
 		c.closeWith(wire.ConnectionForced, "broker shutting down")
 	}
@@ -445,24 +429,10 @@ func (s *Server) Close(ctx context.Context) error {
 	case <-ctx.Done():
 		err = ctx.Err()
 	}
-	if serr := s.stopShards(ctx); err == nil {
+	if serr := s.Broker.Stop(ctx); err == nil {
 		err = serr
 	}
 	return err
-}
-
-func (s *Server) stopShards(ctx context.Context) error {
-	for _, sh := range s.shards {
-		close(sh.stop)
-	}
-	for _, sh := range s.shards {
-		select {
-		case <-sh.done:
-		case <-ctx.Done():
-			return ctx.Err()
-		}
-	}
-	return nil
 }
 
 // ConnectionCount is the number of open connections.
@@ -470,32 +440,6 @@ func (s *Server) ConnectionCount() int {
 	s.connsMu.Lock()
 	defer s.connsMu.Unlock()
 	return len(s.conns)
-}
-
-// QueueStats is a point-in-time view of one queue.
-type QueueStats struct {
-	Name         string `json:"name"`
-	Ready        int64  `json:"ready"`
-	Unacked      int64  `json:"unacked"`
-	Consumers    int64  `json:"consumers"`
-	Published    uint64 `json:"published_total"`
-	Delivered    uint64 `json:"delivered_total"`
-	Acked        uint64 `json:"acked_total"`
-	Redelivered  uint64 `json:"redelivered_total"`
-	DeadLettered uint64 `json:"dead_lettered_total"`
-	// DeadLetterDropped counts dead letters that went nowhere (no such
-	// exchange, routed to no queue, too large to carry their history…).
-	DeadLetterDropped uint64 `json:"dead_letter_dropped_total"`
-}
-
-// Queues returns the current queues' counts.
-func (s *Server) Queues() []QueueStats {
-	var out []QueueStats
-	for _, q := range s.topo.snapshotQueues() {
-		out = append(out, statsOf(q))
-	}
-	sort.Slice(out, func(i, j int) bool { return out[i].Name < out[j].Name })
-	return out
 }
 
 func (s *Server) initMetrics() {
@@ -514,14 +458,14 @@ func (s *Server) initMetrics() {
 	// takes well under a millisecond.
 	m.confirmLatency = m.set.NewPrometheusHistogramExt("warren_publish_confirm_seconds", confirmBuckets)
 	for r := range m.dlDropped {
-		m.dlDropped[r] = m.set.NewCounter(`warren_dead_letter_dropped_total{reason="` + dlDrop(r).String() + `"}`)
+		m.dlDropped[r] = m.set.NewCounter(`warren_dead_letter_dropped_total{reason="` + broker.DLDrop(r).String() + `"}`)
 	}
 	m.set.NewGauge("warren_auth_checks_running", func() float64 { return float64(len(s.auth.checks)) })
 	m.set.NewGauge("warren_auth_checks_max", func() float64 { return float64(cap(s.auth.checks)) })
 	m.set.NewGauge("warren_auth_delayed_total", func() float64 { return float64(s.auth.delayed.Load()) })
 	m.set.NewGauge("warren_connections", func() float64 { return float64(s.ConnectionCount()) })
 	m.set.NewGauge("warren_channels", func() float64 { return float64(m.channels.Load()) })
-	m.set.NewGauge("warren_stored_message_bytes", func() float64 { return float64(s.storedBytes.Load()) })
+	m.set.NewGauge("warren_stored_message_bytes", func() float64 { return float64(s.StoredBytes()) })
 	m.set.NewGauge("warren_memory_high_watermark_bytes", func() float64 { return float64(s.cfg.MemoryHighWater) })
 	m.set.NewGauge("warren_flow_blocked", func() float64 {
 		if s.flowOff.Load() {

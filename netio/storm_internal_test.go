@@ -33,7 +33,7 @@ func TestStormRebuildsTheViewPerRun(t *testing.T) {
 		b = wire.AppendFrame(b, 1, &wire.QueueDeclare{Req: uint32(2 + i), Name: "q" + strconv.Itoa(i)})
 		b = wire.AppendFrame(b, 1, &wire.Bind{Req: uint32(2 + storm + i), Source: "amq.direct", Destination: "q" + strconv.Itoa(i), RoutingKey: "k"})
 	}
-	before := s.topo.rebuilds.Load()
+	before := s.ViewRebuilds()
 	go func() { _, _ = nc.Write(b) }()
 	var buf []byte
 	tmp := make([]byte, 64<<10)
@@ -59,7 +59,7 @@ func TestStormRebuildsTheViewPerRun(t *testing.T) {
 			t.Fatalf("storm refused: %v", f.Type)
 		}
 	}
-	got := s.topo.rebuilds.Load() - before
+	got := s.ViewRebuilds() - before
 	t.Logf("%d requests, %d view rebuilds", 2*storm, got)
 	if got > 2*storm/10 {
 		t.Fatalf("%d routing-view rebuilds for %d pipelined declares and binds", got, 2*storm)

@@ -1,18 +1,19 @@
-package netio
+// Package ratelog rate-limits log lines.
+package ratelog
 
 import (
 	"sync"
 	"time"
 )
 
-// logLimiter rate-limits one kind of log line: at most burst lines (1 if
+// Limiter rate-limits one kind of log line: at most Burst lines (1 if
 // zero) per interval are let through; the others are counted and the count
 // goes out with the next line let through, so a flood (failed logins,
 // dropped dead letters) can neither fill the disk nor hide that it
 // happened. Time is an input, so tests drive it with a fake clock.
-type logLimiter struct {
-	every time.Duration
-	burst int
+type Limiter struct {
+	Every time.Duration
+	Burst int
 
 	mu         sync.Mutex
 	windowEnd  time.Time
@@ -20,15 +21,15 @@ type logLimiter struct {
 	suppressed int
 }
 
-// allow reports whether a line may be logged at now and, if so, how many
+// Allow reports whether a line may be logged at now and, if so, how many
 // were suppressed since the last one.
-func (l *logLimiter) allow(now time.Time) (ok bool, suppressed int) {
+func (l *Limiter) Allow(now time.Time) (ok bool, suppressed int) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	if !now.Before(l.windowEnd) {
-		l.windowEnd, l.n = now.Add(l.every), 0
+		l.windowEnd, l.n = now.Add(l.Every), 0
 	}
-	if l.n >= max(l.burst, 1) {
+	if l.n >= max(l.Burst, 1) {
 		l.suppressed++
 		return false, 0
 	}

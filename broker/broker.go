@@ -1,0 +1,164 @@
+package broker
+
+import (
+	"context"
+	"github.com/warren-mq/warren/internal/ratelog"
+	"io"
+	"log/slog"
+	"sync/atomic"
+	"time"
+
+	"github.com/warren-mq/warren/wire"
+)
+
+// Config is what the broker core needs to know at start.
+type Config struct {
+	Shards         int          // queue shards (goroutines); at least 1
+	QueueSoftLimit int64        // ready messages above which a queue holds back its publishers' confirms (0 or less: never)
+	Logger         *slog.Logger // discard if nil
+	// Clock is the broker's one clock source (ms since the epoch), which
+	// stamps every command a shard applies; nil: the wall clock.
+	Clock func() int64
+	// DeadLetterDropped, if set, is told each dead letter that went
+	// nowhere, by reason (the broker's metrics count them).
+	DeadLetterDropped func(DLDrop)
+}
+
+// Broker is the broker core at run time: the topology (exchanges, queues,
+// bindings) and the shards that own the queues' machines and bodies. It
+// takes commands as values (Submit) and hands effects as values to the
+// Sink each command names; it never calls into a connection.
+type Broker struct {
+	cfg    Config
+	log    *slog.Logger
+	topo   *topology
+	shards []*shard
+
+	// storedBytes is what the stored messages cost (their arenas, counted
+	// by reference: see Arena), compared with the memory watermark.
+	storedBytes atomic.Int64
+	dlDropLog   [NumDLDrops]ratelog.Limiter // "dead letter dropped" lines, per reason
+}
+
+// New makes a broker; Start runs its shards.
+func New(cfg Config) *Broker {
+	if cfg.Shards < 1 {
+		cfg.Shards = 1
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = slog.New(slog.NewTextHandler(io.Discard, nil))
+	}
+	b := &Broker{cfg: cfg, log: cfg.Logger}
+	for i := range b.dlDropLog {
+		b.dlDropLog[i].Every = 10 * time.Second
+	}
+	for i := 0; i < cfg.Shards; i++ {
+		b.shards = append(b.shards, newShard(b))
+	}
+	b.topo = newTopology(b.shards)
+	b.topo.log = b.log
+	return b
+}
+
+// Start runs the shard goroutines.
+func (b *Broker) Start() {
+	for _, sh := range b.shards {
+		go sh.run()
+	}
+}
+
+// Stop stops the shards once they have worked through what was submitted.
+func (b *Broker) Stop(ctx context.Context) error {
+	for _, sh := range b.shards {
+		close(sh.stop)
+	}
+	for _, sh := range b.shards {
+		select {
+		case <-sh.done:
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+	}
+	return nil
+}
+
+// NowMs reads the broker's clock source (ms).
+func (b *Broker) NowMs() int64 {
+	if b.cfg.Clock != nil {
+		return b.cfg.Clock()
+	}
+	return time.Now().UnixMilli()
+}
+
+// Shards is the number of shards; a queue's ShardIndex is below it.
+func (b *Broker) Shards() int { return len(b.shards) }
+
+// StoredBytes is what the stored messages cost now.
+func (b *Broker) StoredBytes() int64 { return b.storedBytes.Load() }
+
+// AddStoredBytes counts an arena a loop has just routed (before any shard
+// has it), so the loop's next check of the watermark sees it.
+func (b *Broker) AddStoredBytes(n int64) { b.storedBytes.Add(n) }
+
+// Submit hands a command to the shard that owns its queue: the Queue's,
+// or for a publish part or a run of settlements that of its first item
+// (a publish part is one shard's; settlements are split by shard here).
+// A Down goes to every shard. Safe from any goroutine; it copies the
+// command and allocates nothing (but for splitting settlements).
+func (b *Broker) Submit(c Command) {
+	switch {
+	case c.Kind == CmdDown:
+		for _, sh := range b.shards {
+			sh.submit(c)
+		}
+	case c.Kind == CmdSettle:
+		b.settleAcross(c.Settles)
+	case c.Queue != nil:
+		c.Queue.shard.submit(c)
+	case c.Kind == CmdPublish && len(c.Items) > 0:
+		c.Items[0].Q.shard.submit(c)
+	default:
+		panic("broker: BUG: a command with no queue")
+	}
+}
+
+// settleAcross groups settlements by shard and submits them.
+func (b *Broker) settleAcross(items []SettleItem) {
+	if len(items) == 0 {
+		return
+	}
+	if len(b.shards) == 1 {
+		b.shards[0].submit(Command{Kind: CmdSettle, Settles: append([]SettleItem(nil), items...)})
+		return
+	}
+	for _, sh := range b.shards {
+		var part []SettleItem
+		for _, it := range items {
+			if it.Q.shard == sh {
+				part = append(part, it)
+			}
+		}
+		if len(part) > 0 {
+			sh.submit(Command{Kind: CmdSettle, Settles: part})
+		}
+	}
+}
+
+// Ask submits a request command and waits for its answer.
+func (b *Broker) Ask(ctx context.Context, c Command) (Result, error) {
+	if c.Queue == nil {
+		return Result{}, &wire.Error{Code: wire.InternalError, Reason: "broker: a request with no queue"}
+	}
+	return ask(ctx, c.Queue.shard, c)
+}
+
+// Barrier waits until every shard has worked through what was submitted
+// before it (and handed the effects to their sinks).
+func (b *Broker) Barrier(ctx context.Context) error {
+	for _, sh := range b.shards {
+		if _, err := ask(ctx, sh, Command{Kind: CmdBarrier}); err != nil {
+			return err
+		}
+	}
+	return nil
+}

@@ -1,0 +1,78 @@
+package broker
+
+import "github.com/warren-mq/warren/wire"
+
+// This file is what a connection layer (netio) uses of the broker besides
+// Submit: the topology requests in a user's name, the routing view, and a
+// queue's fixed settings and published counts.
+
+// DeclareExchangeAs declares an exchange as EXCHANGE_DECLARE does, for user.
+func (b *Broker) DeclareExchangeAs(d *wire.ExchangeDeclare, user string) error {
+	return b.topo.declareExchange(d, user)
+}
+
+// DeleteExchangeAs deletes an exchange as EXCHANGE_DELETE does; allow
+// checks the requester's permission on what it was declared by.
+func (b *Broker) DeleteExchangeAs(d *wire.ExchangeDelete, allow func(declaredBy, what string) error) error {
+	return b.topo.deleteExchange(d, allow)
+}
+
+// DeclareQueueAs declares a queue as QUEUE_DECLARE does, for user on
+// connection owner (the owner of an exclusive queue).
+func (b *Broker) DeclareQueueAs(d *wire.QueueDeclare, owner uint64, user string) (*Queue, error) {
+	return b.topo.declareQueue(d, owner, user)
+}
+
+// BindAs adds or removes a binding as BIND does.
+func (b *Broker) BindAs(d *wire.Bind, user string, allow func(declaredBy, what string) error) error {
+	return b.topo.bind(d, user, allow)
+}
+
+// LookupQueue is the queue named name, or nil.
+func (b *Broker) LookupQueue(name string) *Queue { return b.topo.lookupQueue(name) }
+
+// View is the current routing view: read it without a lock, route a
+// publish through its Table, find the queues by name in Queues.
+func (b *Broker) View() *RouteView { return b.topo.view.Load() }
+
+// BeginControlRun and EndControlRun bracket a run of topology requests
+// (declares, binds) from one connection: the routing view is rebuilt once,
+// at the end of the run, not once per request. Every Begin needs its End.
+func (b *Broker) BeginControlRun() { b.topo.batching.Add(1) }
+
+// EndControlRun ends a run begun with BeginControlRun and publishes the
+// routing view if the run changed it.
+func (b *Broker) EndControlRun() {
+	b.topo.batching.Add(-1)
+	b.topo.publishIfDirty()
+}
+
+// ViewRebuilds counts the routing view's rebuilds (for tests).
+func (b *Broker) ViewRebuilds() int64 { return b.topo.rebuilds.Load() }
+
+// Name is the queue's name.
+func (q *Queue) Name() string { return q.name }
+
+// ShardIndex is the index of the shard that owns the queue (below
+// Broker.Shards): a publish part groups its items by it.
+func (q *Queue) ShardIndex() int { return q.shardIdx }
+
+// ExclusiveTo is the id of the connection the queue is exclusive to, 0 if
+// it is not exclusive.
+func (q *Queue) ExclusiveTo() uint64 { return q.exclusive }
+
+// DeclaredBy is the user who declared the queue ("" for the operator).
+func (q *Queue) DeclaredBy() string { return q.declaredBy }
+
+// Args are the queue's parsed arguments.
+func (q *Queue) Args() wire.QueueArgs { return q.args }
+
+// ReadyCount and ConsumerCount are the counts its shard published last.
+func (q *Queue) ReadyCount() int64 { return q.ready.Load() }
+
+// ConsumerCount: see ReadyCount.
+func (q *Queue) ConsumerCount() int64 { return q.consumers.Load() }
+
+// Gone says the queue was deleted. Only its shard may ask (a Sink called
+// by it); anyone else reads a race.
+func (q *Queue) Gone() bool { return q.gone }
