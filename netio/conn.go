@@ -623,6 +623,7 @@ func (c *conn) onClose() {
 	}
 	c.mu.Unlock()
 	c.srv.metrics.channels.Add(int64(-n))
+	c.srv.downs.Add(1)
 	c.srv.Submit(broker.Command{Kind: broker.CmdDown, Owner: c.id}) // to every shard
 }
 

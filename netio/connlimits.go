@@ -38,6 +38,10 @@ type admission struct {
 	unauthN                int
 	unauthHead, unauthTail *conn // unauthenticated connections, oldest first
 	perSource              map[netip.Addr]int
+	// examined counts the connections looked at to choose the ones to
+	// close at the cap, evicted those closed (tests read them: choosing
+	// one must not depend on how many connections there are).
+	examined, evicted int
 
 	refusedMax, refusedPerSource, refusedUnauth, refusedProxy *metrics.Counter
 	handshakeTimeouts                                         *metrics.Counter
@@ -118,6 +122,7 @@ func (s *Server) admitLocked(c *conn) (victim *conn, refusal string) {
 	}
 	if a.unauthN >= s.cfg.MaxUnauthenticated {
 		for v := a.unauthHead; v != nil; v = v.unext {
+			a.examined++
 			if st := v.state.Load(); st == stPreamble || st == stAuth {
 				victim = v
 				break
@@ -131,6 +136,7 @@ func (s *Server) admitLocked(c *conn) (victim *conn, refusal string) {
 			return nil, s.unauthReason()
 		}
 		s.authenticatedLocked(victim)
+		a.evicted++
 		a.refusedUnauth.Inc()
 	}
 	c.unauth = true

@@ -129,6 +129,7 @@ type Server struct {
 	stopped     chan struct{}
 	closing     atomic.Bool
 	connSeq     atomic.Uint64
+	downs       atomic.Uint64 // Down commands sent to the shards (tests read it)
 	consumerSeq atomic.Uint64
 
 	connsMu sync.Mutex
