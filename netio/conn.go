@@ -33,6 +33,7 @@ type conn struct {
 	id       uint64
 	loopback bool // the client's address (remote) is a loopback one
 	state    atomic.Uint32
+	opened   atomic.Bool // it passed AUTH: it may own queues and consumers
 	connAdmission
 
 	maxFrame    uint32
@@ -623,6 +624,12 @@ func (c *conn) onClose() {
 	}
 	c.mu.Unlock()
 	c.srv.metrics.channels.Add(int64(-n))
+	if !c.opened.Load() {
+		// Never authenticated, so it owns no queue, consumer or delivery:
+		// a Down would be a pass over every queue of every shard for
+		// nothing, once per socket of an idle-socket flood.
+		return
+	}
 	c.srv.downs.Add(1)
 	c.srv.Submit(broker.Command{Kind: broker.CmdDown, Owner: c.id}) // to every shard
 }

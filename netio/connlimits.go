@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/VictoriaMetrics/metrics"
+	"github.com/warren-mq/warren/internal/ratelog"
 	"github.com/warren-mq/warren/wire"
 )
 
@@ -25,7 +26,13 @@ import (
 //     sockets cannot lock real clients out: a real client spends one round
 //     trip there, an idle socket its whole life. Only when every
 //     unauthenticated connection has sent its credentials (being checked)
-//     is the newcomer refused instead.
+//     is the newcomer refused instead. An eviction is constant work, as a
+//     flood makes one per accept: the connections still waiting for their
+//     preamble or AUTH are a list, oldest first, that a connection leaves
+//     when it sends AUTH (it stays counted until OPEN_OK or its close), so
+//     the head is the one to close; evictions are logged as a rate-limited
+//     summary and counted in warren_connections_refused_total
+//     {reason="unauthenticated"}.
 //   - Per-source cap (Config.MaxConnectionsPerSource, off by default): the
 //     connections from one IP address, by the PROXY header's source when
 //     there is one.
@@ -35,8 +42,8 @@ import (
 // bare reset. The bookkeeping is guarded by Server.connsMu and runs once
 // per accept, authentication and close, never per frame.
 type admission struct {
-	unauthN                int
-	unauthHead, unauthTail *conn // unauthenticated connections, oldest first
+	unauthN                int   // connections not yet at OPEN_OK
+	unauthHead, unauthTail *conn // those waiting for their preamble or AUTH, oldest first
 	perSource              map[netip.Addr]int
 	// examined counts the connections looked at to choose the ones to
 	// close at the cap, evicted those closed (tests read them: choosing
@@ -45,6 +52,7 @@ type admission struct {
 
 	refusedMax, refusedPerSource, refusedUnauth, refusedProxy *metrics.Counter
 	handshakeTimeouts                                         *metrics.Counter
+	evictLog                                                  ratelog.Limiter
 }
 
 // connAdmission is a connection's share of the admission bookkeeping.
@@ -62,13 +70,15 @@ type connAdmission struct {
 	proxyDone bool // loop-owned: the PROXY header (if any) has been read
 
 	// guarded by Server.connsMu
-	unauth       bool // counted in admission.unauthN, linked in the list
+	unauth       bool // counted in admission.unauthN
+	waiting      bool // linked in the list: waiting for its preamble or AUTH
 	srcCounted   bool // counted in admission.perSource
 	uprev, unext *conn
 }
 
 func (a *admission) init(set *metrics.Set, unauthN func() float64) {
 	a.perSource = map[netip.Addr]int{}
+	a.evictLog = ratelog.Limiter{Every: 10 * time.Second}
 	a.refusedMax = set.NewCounter(`warren_connections_refused_total{reason="max_connections"}`)
 	a.refusedPerSource = set.NewCounter(`warren_connections_refused_total{reason="per_source"}`)
 	a.refusedUnauth = set.NewCounter(`warren_connections_refused_total{reason="unauthenticated"}`)
@@ -121,25 +131,29 @@ func (s *Server) admitLocked(c *conn) (victim *conn, refusal string) {
 		}
 	}
 	if a.unauthN >= s.cfg.MaxUnauthenticated {
-		for v := a.unauthHead; v != nil; v = v.unext {
+		// The head is the oldest waiting for its preamble or AUTH, unless
+		// it is already closing (handshake deadline, bad preamble): such a
+		// one is let go of here, so each connection is examined at most
+		// once however many there are.
+		for a.unauthN >= s.cfg.MaxUnauthenticated && a.unauthHead != nil {
+			v := a.unauthHead
 			a.examined++
+			s.releaseUnauthLocked(v)
 			if st := v.state.Load(); st == stPreamble || st == stAuth {
 				victim = v
-				break
+				a.evicted++
+				a.refusedUnauth.Inc()
 			}
 		}
-		if victim == nil {
+		if a.unauthN >= s.cfg.MaxUnauthenticated {
 			if c.srcCounted {
 				s.releaseSourceLocked(c)
 			}
 			a.refusedUnauth.Inc()
 			return nil, s.unauthReason()
 		}
-		s.authenticatedLocked(victim)
-		a.evicted++
-		a.refusedUnauth.Inc()
 	}
-	c.unauth = true
+	c.unauth, c.waiting = true, true
 	c.uprev = a.unauthTail
 	if a.unauthTail != nil {
 		a.unauthTail.unext = c
@@ -149,6 +163,17 @@ func (s *Server) admitLocked(c *conn) (victim *conn, refusal string) {
 	a.unauthTail = c
 	a.unauthN++
 	return victim, ""
+}
+
+// evicted closes victim, the connection admitLocked chose to make room:
+// a CLOSE with the reason, and a log line at most every 10 s that says
+// how many.
+func (s *Server) evicted(victim *conn) {
+	victim.closeWith(wire.ResourceLimit, s.unauthReason())
+	if ok, n := s.adm.evictLog.Allow(time.UnixMilli(s.nowMs())); ok {
+		s.log.Info("unauthenticated connection closed to admit a new one (max_unauthenticated_connections)",
+			"max_unauthenticated_connections", s.cfg.MaxUnauthenticated, "more_since_last_line", n)
+	}
 }
 
 func (s *Server) unauthReason() string {
@@ -183,10 +208,10 @@ func (s *Server) releaseSourceLocked(c *conn) {
 	c.srcCounted = false
 }
 
-// authenticatedLocked takes c off the unauthenticated list. s.connsMu
-// must be held.
-func (s *Server) authenticatedLocked(c *conn) {
-	if !c.unauth {
+// unlinkLocked takes c off the list of connections waiting for their
+// preamble or AUTH. s.connsMu must be held.
+func (s *Server) unlinkLocked(c *conn) {
+	if !c.waiting {
 		return
 	}
 	a := &s.adm
@@ -200,20 +225,43 @@ func (s *Server) authenticatedLocked(c *conn) {
 	} else {
 		a.unauthTail = c.uprev
 	}
-	c.uprev, c.unext, c.unauth = nil, nil, false
-	a.unauthN--
+	c.uprev, c.unext, c.waiting = nil, nil, false
+}
+
+// releaseUnauthLocked stops counting c as unauthenticated. s.connsMu must
+// be held.
+func (s *Server) releaseUnauthLocked(c *conn) {
+	s.unlinkLocked(c)
+	if c.unauth {
+		c.unauth = false
+		s.adm.unauthN--
+	}
+}
+
+// credentialsSent runs on the loop when c's AUTH arrives: c is no longer
+// one to close at the cap (its check is bounded by the handshake deadline
+// and the password-check slots). False: c was closed to admit a newer
+// connection meanwhile, and the AUTH is to be ignored.
+func (s *Server) credentialsSent(c *conn) bool {
+	s.connsMu.Lock()
+	defer s.connsMu.Unlock()
+	if !c.unauth {
+		return false
+	}
+	s.unlinkLocked(c)
+	return true
 }
 
 // authenticated runs when c reaches OPEN_OK.
 func (s *Server) authenticated(c *conn) {
 	s.connsMu.Lock()
-	s.authenticatedLocked(c)
+	s.releaseUnauthLocked(c)
 	s.connsMu.Unlock()
 }
 
 // forgetLocked releases what c counted against. s.connsMu must be held.
 func (s *Server) forgetLocked(c *conn) {
-	s.authenticatedLocked(c)
+	s.releaseUnauthLocked(c)
 	if c.srcCounted {
 		s.releaseSourceLocked(c)
 	}

@@ -186,6 +186,12 @@ func (c *conn) onAuth(f wire.Frame) error {
 	if !ok {
 		c.srv.auth.refused(user, c.remote.String(), "malformed_plain_response")
 	}
+	if !c.srv.credentialsSent(c) {
+		// Closed meanwhile to admit a newer connection: its CLOSE is on
+		// the way; read nothing more.
+		c.state.Store(stClosing)
+		return nil
+	}
 	c.state.Store(stAuthPending)
 	go func() {
 		if !ok || !c.srv.auth.check(user, pass, c.remote.String(), c.loopback) {
@@ -203,6 +209,7 @@ func (c *conn) onAuth(f wire.Frame) error {
 		}
 		c.heartbeatMs.Store(hb)
 		c.send(0, &wire.OpenOK{ConnectionID: c.id, MaxFrame: c.maxFrame, MaxChannels: c.maxChannels, HeartbeatMs: hb})
+		c.opened.Store(true) // before it can own anything: its close must reach the shards
 		if !c.state.CompareAndSwap(stAuthPending, stOpen) {
 			return // closed meanwhile (handshake deadline, shutdown)
 		}

@@ -257,8 +257,7 @@ func (s *Server) OnOpen(gc gnet.Conn) ([]byte, gnet.Action) {
 	s.connsMu.Unlock()
 	gc.SetContext(c)
 	if victim != nil {
-		s.log.Info("unauthenticated connection closed to admit a new one", "conn", victim.id, "remote", victim.remoteAddr().String())
-		victim.closeWith(wire.ResourceLimit, s.unauthReason())
+		s.evicted(victim)
 	}
 	return nil, gnet.None
 }
