@@ -1,0 +1,128 @@
+package broker
+
+import (
+	"context"
+	"errors"
+	"testing"
+	"time"
+
+	"github.com/warren-mq/warren/queue"
+	"github.com/warren-mq/warren/wire"
+)
+
+// publishTo puts messages with the given bodies into q through the default
+// exchange, as a publish part would.
+func publishTo(b *Broker, q *Queue, bodies ...string) {
+	ar := &Arena{}
+	ar.Refs.Store(int64(len(bodies)))
+	props := wire.AppendProperties(nil, &wire.Properties{})[2:]
+	items := make([]EnqItem, len(bodies))
+	for i, body := range bodies {
+		m := &StoredMsg{Exchange: []byte{}, RoutingKey: []byte(q.Name()), Props: props, Body: []byte(body), Arena: ar}
+		items[i] = EnqItem{Q: q, Msg: m, Meta: queue.Message{Size: uint32(len(body))}}
+	}
+	b.Submit(Command{Kind: CmdPublish, Items: items})
+}
+
+// rejectAll takes n messages from q and rejects them (into its dead-letter
+// exchange).
+func rejectAll(t *testing.T, b *Broker, q *Queue, n int) {
+	t.Helper()
+	k := &recSink{}
+	id := b.NewConsumerID()
+	b.Submit(Command{Kind: CmdSubscribe, Queue: q, Sink: k, Spec: queue.ConsumerSpec{ID: id, Owner: 1, Prefetch: uint32(n)}})
+	barrier(t, q.shard)
+	k.mu.Lock()
+	var items []SettleItem
+	for _, ds := range k.delivers {
+		for _, d := range ds {
+			items = append(items, SettleItem{Q: q, Consumer: id, Op: wire.SettleReject, QTag: d.QTag})
+		}
+	}
+	k.mu.Unlock()
+	if len(items) != n {
+		t.Fatalf("took %d messages from %s, want %d", len(items), q.Name(), n)
+	}
+	b.Submit(Command{Kind: CmdSettle, Settles: items})
+	b.Submit(Command{Kind: CmdCancel, Queue: q, Consumer: id})
+	if err := b.Barrier(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	if err := b.Barrier(context.Background()); err != nil { // the dead letters' own commands
+		t.Fatal(err)
+	}
+}
+
+// TestReplayThroughTheBroker: a dead-letter replay runs in process on a
+// broker with no listener (no client, no internal user); the messages go
+// back where they died from, death history kept; a republish a target
+// refuses leaves its message in the dead-letter queue.
+func TestReplayThroughTheBroker(t *testing.T) {
+	b := startBroker(t, Config{Shards: 4})
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	must := func(err error) {
+		t.Helper()
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	must(b.DeclareExchange(wire.ExchangeDeclare{Name: "dlx", Kind: wire.ExchangeFanout}))
+	_, err := b.DeclareQueue(wire.QueueDeclare{Name: "dlq"})
+	must(err)
+	must(b.Bind(wire.Bind{Source: "dlx", Destination: "dlq"}))
+	_, err = b.DeclareQueue(wire.QueueDeclare{Name: "orders", Args: wire.Table{{Key: "dead-letter-exchange", Value: wire.String("dlx")}}})
+	must(err)
+	orders, dlq := b.LookupQueue("orders"), b.LookupQueue("dlq")
+	publishTo(b, orders, "a", "b", "c")
+	rejectAll(t, b, orders, 3)
+	if got := dlq.ReadyCount(); got != 3 {
+		t.Fatalf("dlq holds %d, want 3", got)
+	}
+
+	res, err := b.Replay(ctx, "dlq", 0, 0)
+	must(err)
+	must(b.Barrier(ctx))
+	if res.Moved != 3 || res.Skipped != 0 || dlq.ReadyCount() != 0 {
+		t.Fatalf("replay %+v, dlq ready %d; want 3 moved and an empty dlq", res, dlq.ReadyCount())
+	}
+	msgs, err := b.PeekQueue(ctx, "orders", 10)
+	must(err)
+	if len(msgs) != 3 || string(msgs[0].Body) != "a" || string(msgs[2].Body) != "c" ||
+		msgs[0].Properties == nil || len(msgs[0].Properties.Deaths) != 1 || msgs[0].Properties.Deaths[0].Queue != "orders" {
+		t.Fatalf("orders holds %+v, want a, b, c with their death", msgs)
+	}
+
+	// Back into the dlq, and the origin now refuses what it cannot hold:
+	// nothing leaves the dlq.
+	rejectAll(t, b, orders, 3)
+	_, err = b.DeleteQueue(ctx, "orders", false, false)
+	must(err)
+	_, err = b.DeclareQueue(wire.QueueDeclare{Name: "orders", Args: wire.Table{
+		{Key: "max-length", Value: wire.Int(1)}, {Key: "overflow", Value: wire.String("reject-publish")}}})
+	must(err)
+	publishTo(b, b.LookupQueue("orders"), "x")
+	must(b.Barrier(ctx))
+	_, err = b.Replay(ctx, "dlq", 0, 0)
+	var we *wire.Error
+	if !errors.As(err, &we) || we.Code != wire.QueueFull {
+		t.Fatalf("replay into a full queue: %v, want queue_full", err)
+	}
+	must(b.Barrier(ctx))
+	must(b.Barrier(ctx))
+	if got, un := dlq.ReadyCount(), dlq.unacked.Load(); got != 3 || un != 0 {
+		t.Fatalf("dlq: ready %d unacked %d after a refused replay, want 3 and 0", got, un)
+	}
+
+	// An origin that routes nowhere: ErrUnroutable, nothing moved.
+	_, err = b.DeleteQueue(ctx, "orders", false, false)
+	must(err)
+	_, err = b.Replay(ctx, "dlq", 0, 0)
+	if !errors.Is(err, ErrUnroutable) {
+		t.Fatalf("replay to a deleted origin: %v, want ErrUnroutable", err)
+	}
+	must(b.Barrier(ctx))
+	if got := dlq.ReadyCount(); got != 3 {
+		t.Fatalf("dlq holds %d after an unroutable replay, want 3", got)
+	}
+}
