@@ -37,6 +37,7 @@ type Broker struct {
 	// storedBytes is what the stored messages cost (their arenas, counted
 	// by reference: see Arena), compared with the memory watermark.
 	storedBytes atomic.Int64
+	consumerSeq atomic.Uint64
 	dlDropLog   [NumDLDrops]ratelog.Limiter // "dead letter dropped" lines, per reason
 }
 

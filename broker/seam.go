@@ -1,6 +1,10 @@
 package broker
 
-import "github.com/warren-mq/warren/wire"
+import (
+	"github.com/cespare/xxhash/v2"
+	"github.com/warren-mq/warren/queue"
+	"github.com/warren-mq/warren/wire"
+)
 
 // This file is what a connection layer (netio) uses of the broker besides
 // Submit: the topology requests in a user's name, the routing view, and a
@@ -76,3 +80,19 @@ func (q *Queue) ConsumerCount() int64 { return q.consumers.Load() }
 // Gone says the queue was deleted. Only its shard may ask (a Sink called
 // by it); anyone else reads a race.
 func (q *Queue) Gone() bool { return q.gone }
+
+// NewConsumerID gives out a consumer id, unique in this broker.
+func (b *Broker) NewConsumerID() queue.ConsumerID {
+	return queue.ConsumerID(b.consumerSeq.Add(1))
+}
+
+// DedupKey hashes a message id for a queue's dedup window (0: none).
+func DedupKey(id []byte) uint64 {
+	if len(id) == 0 {
+		return 0
+	}
+	if k := xxhash.Sum64(id); k != 0 {
+		return k
+	}
+	return 1
+}

@@ -50,7 +50,6 @@ const (
 type authenticator struct {
 	users         atomic.Pointer[userTable]
 	guestLoopback bool
-	internalPass  string // for clients inside this process (admin replay)
 	log           *slog.Logger
 
 	checks   chan struct{} // semaphore: bcrypt comparisons in progress
@@ -101,7 +100,7 @@ type failState struct {
 }
 
 func newAuthenticator(users []User, guestLoopback bool) *authenticator {
-	a := &authenticator{guestLoopback: guestLoopback, internalPass: randomSecret(),
+	a := &authenticator{guestLoopback: guestLoopback,
 		log:    slog.New(slog.DiscardHandler),
 		checks: make(chan struct{}, maxChecks()), cacheKey: []byte(randomSecret()),
 		cache: map[[sha256.Size]byte]credEntry{}, fails: map[string]failState{},
@@ -141,13 +140,6 @@ func (a *authenticator) user(name string) (User, bool) {
 // block (bounded concurrency, slowed failures): never call it on an event
 // loop.
 func (a *authenticator) check(user, pass, remote string, loopback bool) bool {
-	if user == internalUser {
-		if loopback && subtle.ConstantTimeCompare([]byte(pass), []byte(a.internalPass)) == 1 {
-			return true
-		}
-		a.refused(user, remote, "bad_password")
-		return false
-	}
 	t := a.users.Load()
 	u, known := t.m[user]
 	if !known && user == "guest" && a.guestLoopback && loopback {

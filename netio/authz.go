@@ -46,11 +46,8 @@ func (s *Server) Authorize(user string, act Action, declaredBy, what string) err
 }
 
 // isAdmin: a configured user with the administrator tag, the built-in
-// guest (accepted from loopback only) or the internal client.
+// guest (accepted from loopback only).
 func (s *Server) isAdmin(user string) bool {
-	if user == internalUser {
-		return true
-	}
 	if u, ok := s.auth.user(user); ok {
 		return slices.Contains(u.Tags, "administrator")
 	}

@@ -9,7 +9,6 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/cespare/xxhash/v2"
 	"github.com/panjf2000/gnet/v2"
 	"github.com/warren-mq/warren/broker"
 	"github.com/warren-mq/warren/queue"
@@ -40,7 +39,6 @@ type conn struct {
 	maxChannels uint16
 	heartbeatMs atomic.Uint32
 	user        string
-	internal    bool // the broker's own client (admin replay): may publish a death history
 	lastRecv    atomic.Int64
 	lastSend    atomic.Int64
 	// blocked: the loop has stopped reading the socket (memory alarm).
@@ -634,17 +632,6 @@ func (c *conn) onClose() {
 	c.srv.Submit(broker.Command{Kind: broker.CmdDown, Owner: c.id}) // to every shard
 }
 
-// dedupKey hashes a message id for the queue's dedup window.
-func dedupKey(id []byte) uint64 {
-	if len(id) == 0 {
-		return 0
-	}
-	if k := xxhash.Sum64(id); k != 0 {
-		return k
-	}
-	return 1
-}
-
 // onPublish routes a PUBLISH batch: decode and validate it whole, copy it
 // once into an arena, route each message, return unroutable mandatory ones,
 // and hand each shard its part. The batch is confirmed when every part is
@@ -700,13 +687,13 @@ func (c *conn) onPublish(ch *channel, f wire.Frame) error {
 		sm := &msgs[i]
 		*sm = broker.StoredMsg{Exchange: exchange, RoutingKey: keep(m.RoutingKey), Props: keep(m.Properties), Body: keep(m.Body), Arena: ar, Flags: m.Flags, Priority: m.Priority}
 		_ = wire.ParseProperties(sm.Props, &props) // validated by DecodePublish
-		if props.Has(wire.PropDeaths) && !c.internal {
+		if props.Has(wire.PropDeaths) {
 			// The broker owns the death history (dlq replay trusts it): a
 			// publisher's own is dropped. Rare, so the re-parse is cheap.
 			sm.Props = stripProperty(sm.Props, wire.PropDeaths)
 			_ = wire.ParseProperties(sm.Props, &props)
 		}
-		meta := queue.Message{Size: uint32(len(sm.Body)), Priority: m.Priority, DedupKey: dedupKey(props.MessageID)}
+		meta := queue.Message{Size: uint32(len(sm.Body)), Priority: m.Priority, DedupKey: broker.DedupKey(props.MessageID)}
 		if props.Has(wire.PropExpiration) {
 			meta.ExpirationMs, meta.HasExpiration = props.ExpirationMs, true
 		}

@@ -51,7 +51,7 @@ func (s *Server) Authenticate(user, pass, remote string) (tags []string, ok bool
 	if u, found := s.auth.user(user); found {
 		return u.Tags, true
 	}
-	return []string{"administrator"}, true // guest (loopback) or the internal user
+	return []string{"administrator"}, true // guest (loopback)
 }
 
 // AuthRefusal is the reason to give a client whose credentials
@@ -65,14 +65,6 @@ func (s *Server) AuthRefusal(user, remote string) string {
 // not among them). Credentials verified for a user before the change are
 // checked again.
 func (s *Server) SetUsers(users []User) { s.auth.setUsers(users) }
-
-// InternalURL is a warren:// URL with credentials that only this process
-// knows, for broker-side clients such as the admin API's replay.
-func (s *Server) InternalURL() string {
-	return "warren://" + internalUser + ":" + s.auth.internalPass + "@" + s.addr.String()
-}
-
-const internalUser = "warren-internal"
 
 func randomSecret() string {
 	b := make([]byte, 24)

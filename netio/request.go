@@ -149,7 +149,7 @@ func (c *conn) onSubscribe(ch *channel, r *wire.Subscribe) error {
 		prefetch = c.srv.cfg.MaxPrefetch
 	}
 	cr := &consumerRef{
-		id: queue.ConsumerID(c.srv.consumerSeq.Add(1)), tag: tag, tagBytes: []byte(tag),
+		id: c.srv.NewConsumerID(), tag: tag, tagBytes: []byte(tag),
 		conn: c, ch: ch, q: q, autoAck: r.AutoAck,
 	}
 	if q.Args().ConsumerTimeout > 0 || args.ConsumerTimeout > 0 {
@@ -200,7 +200,6 @@ func (c *conn) onAuth(f wire.Frame) error {
 			return
 		}
 		c.user = user
-		c.internal = user == internalUser
 		c.maxFrame = maxFrame
 		c.maxChannels = wire.Negotiate(c.srv.cfg.MaxChannels, a.MaxChannels)
 		hb := c.srv.cfg.HeartbeatMs

@@ -123,14 +123,13 @@ type Server struct {
 	// DeclareQueue, PeekQueue…). netio holds it; it never calls netio.
 	*broker.Broker
 
-	eng         gnet.Engine
-	addr        net.Addr
-	booted      chan error
-	stopped     chan struct{}
-	closing     atomic.Bool
-	connSeq     atomic.Uint64
-	downs       atomic.Uint64 // Down commands sent to the shards (tests read it)
-	consumerSeq atomic.Uint64
+	eng     gnet.Engine
+	addr    net.Addr
+	booted  chan error
+	stopped chan struct{}
+	closing atomic.Bool
+	connSeq atomic.Uint64
+	downs   atomic.Uint64 // Down commands sent to the shards (tests read it)
 
 	connsMu sync.Mutex
 	conns   map[uint64]*conn

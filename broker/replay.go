@@ -1,0 +1,213 @@
+package broker
+
+import (
+	"context"
+	"errors"
+	"sync"
+	"time"
+
+	"github.com/warren-mq/warren/queue"
+	"github.com/warren-mq/warren/wire"
+)
+
+// ErrUnroutable stops a replay whose target no longer routes anywhere.
+var ErrUnroutable = errors.New("broker: replayed message was unroutable; left in the dead-letter queue")
+
+// ReplayResult says what a replay did.
+type ReplayResult struct {
+	Moved   int // republished and taken out of the dead-letter queue
+	Skipped int // with no death history: left in the queue
+}
+
+// replayIdle is how long a replay waits for the next message before it
+// decides the queue holds fewer than it counted (others consumed them).
+const replayIdle = 2 * time.Second
+
+// Replay moves up to count messages (all ready ones if count is 0) from a
+// dead-letter queue back to the exchange and routing key they died from
+// (their newest death record), at most rate per second if rate > 0. It
+// runs in process: a consumer of the broker's own on the queue, and each
+// message republished through the broker with its death history intact.
+//
+// It is at-least-once: a message leaves the dead-letter queue (is acked
+// there) only once every queue its republish was routed to has taken it;
+// one that routes nowhere (ErrUnroutable) or is refused stops the replay,
+// and it and the rest stay where they were.
+func (b *Broker) Replay(ctx context.Context, name string, count int, rate float64) (ReplayResult, error) {
+	var res ReplayResult
+	q := b.LookupQueue(name)
+	if q == nil {
+		return res, reqErr(wire.NotFound, "no queue %q", name)
+	}
+	target := int(q.ReadyCount())
+	if count > 0 && count < target {
+		target = count
+	}
+	if target == 0 {
+		return res, nil
+	}
+	rs := &replaySink{wake: make(chan struct{}, 1), confirmed: make(chan *PublishBatch, 1), subscribed: make(chan Result, 1)}
+	id := b.NewConsumerID()
+	b.Submit(Command{Kind: CmdSubscribe, Queue: q, Sink: rs, Spec: queue.ConsumerSpec{ID: id, Prefetch: uint32(min(target, 256))}})
+	select {
+	case r := <-rs.subscribed:
+		if err := r.Err(); err != nil {
+			return res, err
+		}
+	case <-ctx.Done():
+		// It may still subscribe: cancel it all the same.
+		b.Submit(Command{Kind: CmdCancel, Queue: q, Consumer: id, Requeue: true})
+		return res, ctx.Err()
+	}
+	// Whatever it holds and did not ack (skipped, refused, not reached)
+	// goes back to the queue.
+	defer b.Submit(Command{Kind: CmdCancel, Queue: q, Consumer: id, Requeue: true})
+	start := time.Now()
+	for res.Moved+res.Skipped < target {
+		d, ok, err := rs.next(ctx)
+		if err != nil {
+			return res, err
+		}
+		if !ok {
+			return res, nil // fewer messages than counted (consumed by others meanwhile)
+		}
+		var props wire.Properties
+		var deaths []wire.Death
+		if wire.ParseProperties(d.Msg.Props, &props) == nil && props.Has(wire.PropDeaths) {
+			deaths, _ = wire.DecodeDeaths(props.Deaths)
+		}
+		if len(deaths) == 0 || len(deaths[0].RoutingKeys) == 0 {
+			res.Skipped++
+			continue
+		}
+		if rate > 0 {
+			if wait := time.Until(start.Add(time.Duration(float64(res.Moved) / rate * float64(time.Second)))); wait > 0 {
+				select {
+				case <-time.After(wait):
+				case <-ctx.Done():
+					return res, ctx.Err()
+				}
+			}
+		}
+		if err := b.republish(ctx, rs, d.Msg, &props, deaths[0]); err != nil {
+			return res, err
+		}
+		b.Submit(Command{Kind: CmdSettle, Settles: []SettleItem{{Q: q, Consumer: id, Op: wire.SettleAck, QTag: d.QTag}}})
+		res.Moved++
+	}
+	return res, nil
+}
+
+// republish publishes a copy of msg to the exchange and routing key of
+// death, as a mandatory publish would go, and waits until every queue it
+// was routed to has taken it.
+func (b *Broker) republish(ctx context.Context, rs *replaySink, msg *StoredMsg, props *wire.Properties, death wire.Death) error {
+	view := b.View()
+	if !view.Table.HasExchange(death.Exchange) {
+		return reqErr(wire.ExchangeNotFound, "no exchange %q to replay to", death.Exchange)
+	}
+	if view.Table.IsInternal(death.Exchange) {
+		return reqErr(wire.ExchangeInternal, "exchange %q is internal", death.Exchange)
+	}
+	rk := death.RoutingKeys[0]
+	names, _ := view.Table.Route(nil, death.Exchange, []byte(rk), props.Headers)
+	var tqs []*Queue
+	for _, n := range names {
+		if tq := view.Queues[n]; tq != nil {
+			tqs = append(tqs, tq)
+		}
+	}
+	if len(tqs) == 0 {
+		return ErrUnroutable
+	}
+	// An arena of its own, as a dead letter gets (see shard.deadLetter).
+	buf := make([]byte, 0, len(death.Exchange)+len(rk)+len(msg.Props)+len(msg.Body))
+	buf = append(append(append(append(buf, death.Exchange...), rk...), msg.Props...), msg.Body...)
+	i, j, k := len(death.Exchange), len(death.Exchange)+len(rk), len(death.Exchange)+len(rk)+len(msg.Props)
+	m := &StoredMsg{Exchange: buf[:i:i], RoutingKey: buf[i:j:j], Props: buf[j:k:k], Body: buf[k:], Arena: &Arena{}, Flags: msg.Flags &^ wire.Mandatory, Priority: msg.Priority}
+	m.Arena.Cost = int64(cap(buf)) + StoredMsgOverhead + int64(len(tqs))*PlacementOverhead
+	m.Arena.Refs.Store(int64(len(tqs)))
+	b.AddStoredBytes(m.Arena.Cost)
+	meta := queue.Message{Size: uint32(len(m.Body)), Priority: m.Priority, DedupKey: DedupKey(props.MessageID)}
+	if props.Has(wire.PropExpiration) {
+		meta.ExpirationMs, meta.HasExpiration = props.ExpirationMs, true
+	}
+	batch := &PublishBatch{Sink: rs, Codes: make([]uint32, 1)}
+	parts := make([][]EnqItem, len(b.shards))
+	for _, tq := range tqs {
+		parts[tq.shardIdx] = append(parts[tq.shardIdx], EnqItem{Q: tq, Msg: m, Meta: meta})
+	}
+	n := int32(1)
+	for _, p := range parts {
+		if len(p) > 0 {
+			n++
+		}
+	}
+	batch.Pending.Store(n)
+	for _, p := range parts {
+		if len(p) > 0 {
+			b.Submit(Command{Kind: CmdPublish, Items: p, Batch: batch})
+		}
+	}
+	batch.PartDone()
+	select {
+	case <-rs.confirmed:
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+	if code := wire.Code(batch.Codes[0]); code != wire.OK {
+		return reqErr(code, "a queue refused the replayed message")
+	}
+	return nil
+}
+
+// replaySink is the Sink of a replay's consumer and publishes.
+type replaySink struct {
+	mu         sync.Mutex
+	ds         []Delivery
+	wake       chan struct{}
+	confirmed  chan *PublishBatch
+	subscribed chan Result
+}
+
+func (r *replaySink) Deliver(ds []Delivery) {
+	r.mu.Lock()
+	r.ds = append(r.ds, ds...)
+	r.mu.Unlock()
+	select {
+	case r.wake <- struct{}{}:
+	default:
+	}
+}
+
+// next is the next delivery, or ok false when none came for replayIdle.
+func (r *replaySink) next(ctx context.Context) (d Delivery, ok bool, err error) {
+	idle := time.NewTimer(replayIdle)
+	defer idle.Stop()
+	for {
+		r.mu.Lock()
+		if len(r.ds) > 0 {
+			d = r.ds[0]
+			r.ds = r.ds[1:]
+			r.mu.Unlock()
+			return d, true, nil
+		}
+		r.mu.Unlock()
+		select {
+		case <-r.wake:
+		case <-idle.C:
+			return d, false, nil
+		case <-ctx.Done():
+			return d, false, ctx.Err()
+		}
+	}
+}
+
+func (r *replaySink) Confirm(b *PublishBatch) { r.confirmed <- b }
+func (r *replaySink) Subscribed(_ queue.ConsumerID, _ uint32, code wire.Code, reason string) {
+	r.subscribed <- Result{Code: code, Reason: reason}
+}
+func (r *replaySink) Cancelled(queue.ConsumerID, wire.Code, string) {}
+func (r *replaySink) LeaseExpired(queue.ConsumerID, uint64)         {}
+func (r *replaySink) ConsumerGone(queue.ConsumerID)                 {}
+func (r *replaySink) Answer(uint64, Result)                         {}
