@@ -93,6 +93,8 @@ func (s *shard) apply(c *Command) {
 	case CmdPeek:
 		c.Sink.Answer(c.Req, s.peek(c.Queue, c.N))
 	case CmdBarrier:
+		// The effects of everything before it reach their sinks first.
+		s.flushEffects()
 		c.Sink.Answer(c.Req, Result{})
 	default:
 		panic("netio: BUG: unknown shard command")

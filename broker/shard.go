@@ -97,6 +97,19 @@ func (s *shard) drain() {
 // finishBatch hands the deliveries gathered in this batch to their sinks,
 // one call per sink, and re-arms the timer.
 func (s *shard) finishBatch() {
+	s.flushEffects()
+	if s.nextWake > 0 {
+		d := time.Duration(s.nextWake-s.now) * time.Millisecond
+		if d < time.Millisecond {
+			d = time.Millisecond
+		}
+		s.timer.Reset(d)
+	}
+}
+
+// flushEffects hands the deliveries gathered so far to their sinks, one
+// call per sink, and folds the stored-byte changes into the gauge.
+func (s *shard) flushEffects() {
 	if s.bytesDelta != 0 {
 		s.b.storedBytes.Add(s.bytesDelta)
 		s.bytesDelta = 0
@@ -106,13 +119,6 @@ func (s *shard) finishBatch() {
 		s.pending[k] = s.pending[k][:0]
 	}
 	s.touched = s.touched[:0]
-	if s.nextWake > 0 {
-		d := time.Duration(s.nextWake-s.now) * time.Millisecond
-		if d < time.Millisecond {
-			d = time.Millisecond
-		}
-		s.timer.Reset(d)
-	}
 }
 
 func (s *shard) tick() {

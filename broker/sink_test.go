@@ -104,6 +104,7 @@ func TestShardHandsEffectsToASink(t *testing.T) {
 		t.Errorf("confirms = %d, want the batch once", len(k.confirms))
 	}
 	if len(k.delivers) != 1 || len(k.delivers[0]) != n {
+		k.mu.Unlock()
 		t.Fatalf("Deliver calls = %d (sizes %v), want 1 of %d deliveries", len(k.delivers), sizes(k.delivers), n)
 	}
 	for i, d := range k.delivers[0] {
@@ -201,6 +202,12 @@ func startBroker(t *testing.T, cfg Config) *Broker {
 	t.Helper()
 	b := New(cfg)
 	b.Start()
-	t.Cleanup(func() { _ = b.Stop(context.Background()) })
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		if err := b.Stop(ctx); err != nil {
+			t.Errorf("broker did not stop: %v", err)
+		}
+	})
 	return b
 }
