@@ -19,8 +19,9 @@ import (
 	"sync"
 	"time"
 
+	"github.com/warren-mq/warren/admin/api"
+	"github.com/warren-mq/warren/broker"
 	"github.com/warren-mq/warren/netio"
-	"github.com/warren-mq/warren/netio/admin/api"
 	"github.com/warren-mq/warren/wire"
 )
 
@@ -32,7 +33,7 @@ type API struct {
 	stop chan struct{}
 
 	mu    sync.Mutex
-	prev  map[string]netio.QueueStats
+	prev  map[string]broker.QueueStats
 	prevT time.Time
 	rates map[string]Rates
 }
@@ -76,7 +77,7 @@ func (a *API) Close() { close(a.stop) }
 
 func (a *API) sample() {
 	now := time.Now()
-	cur := map[string]netio.QueueStats{}
+	cur := map[string]broker.QueueStats{}
 	for _, q := range a.srv.Queues() {
 		cur[q.Name] = q
 	}
@@ -485,7 +486,7 @@ func (a *API) binding(w http.ResponseWriter, r *http.Request, unbind bool) {
 
 // queue is one queue's JSON: its settings are its declared arguments, read
 // back by their descriptors.
-func (a *API) queue(info netio.QueueInfo) api.Queue {
+func (a *API) queue(info broker.QueueInfo) api.Queue {
 	a.mu.Lock()
 	r := a.rates[info.Name]
 	a.mu.Unlock()

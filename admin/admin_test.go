@@ -11,9 +11,10 @@ import (
 	"testing"
 	"time"
 
+	"github.com/warren-mq/warren/admin"
+	"github.com/warren-mq/warren/broker"
 	"github.com/warren-mq/warren/client"
 	"github.com/warren-mq/warren/netio"
-	"github.com/warren-mq/warren/netio/admin"
 	"github.com/warren-mq/warren/netio/warrentest"
 	"github.com/warren-mq/warren/wire"
 )
@@ -222,7 +223,7 @@ func TestDeadLetterInspectAndReplay(t *testing.T) {
 	}
 	waitReady(t, e.srv, "orders.dlq", 5)
 
-	var got struct{ Messages []netio.Message }
+	var got struct{ Messages []broker.Message }
 	if st := e.do("POST", "/api/queues/orders.dlq/get", `{"count":3}`, &got); st != 200 || len(got.Messages) != 3 {
 		t.Fatalf("get: %d %+v", st, got)
 	}

@@ -5,8 +5,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/warren-mq/warren/broker"
 	"github.com/warren-mq/warren/client"
-	"github.com/warren-mq/warren/netio"
 	"github.com/warren-mq/warren/netio/warrentest"
 	"github.com/warren-mq/warren/wire"
 )
@@ -72,7 +72,7 @@ func TestDesignExampleVerbatim(t *testing.T) {
 	waitReady(t, e.srv, "orders", 3)
 	waitReady(t, e.srv, "orders.small", 2)
 	waitReady(t, e.srv, "orders.dlq", 1)
-	var got struct{ Messages []netio.Message }
+	var got struct{ Messages []broker.Message }
 	if st := e.do("POST", "/api/queues/orders.dlq/get", `{"count": 10}`, &got); st != 200 || len(got.Messages) != 1 {
 		t.Fatalf("get: %d %+v", st, got)
 	}

@@ -8,7 +8,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/warren-mq/warren/netio/admin"
+	"github.com/warren-mq/warren/admin"
 	"github.com/warren-mq/warren/netio/warrentest"
 )
 

@@ -3,9 +3,9 @@ package admin
 import (
 	"context"
 
+	"github.com/warren-mq/warren/admin/api"
 	"github.com/warren-mq/warren/broker"
 	"github.com/warren-mq/warren/netio"
-	"github.com/warren-mq/warren/netio/admin/api"
 )
 
 // ReplayResult says what a replay did.

@@ -4,6 +4,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/warren-mq/warren/broker"
 	"github.com/warren-mq/warren/client"
 	"github.com/warren-mq/warren/netio"
 	"github.com/warren-mq/warren/netio/warrentest"
@@ -57,7 +58,7 @@ func TestDeadLetterDropsAreCountedAndLogged(t *testing.T) {
 		{"to-nowhere", 0, 1, "unroutable", ""},
 		{"to-dlx", 1, 1, "too_large", ""},
 	} {
-		var st netio.QueueStats
+		var st broker.QueueStats
 		waitFor(t, func() bool {
 			st = queueStats(s, c.queue)
 			return st.DeadLettered+st.DeadLetterDropped == c.dlx+c.dropped

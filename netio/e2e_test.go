@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/warren-mq/warren/broker"
 	"github.com/warren-mq/warren/client"
 	"github.com/warren-mq/warren/netio"
 	"github.com/warren-mq/warren/netio/warrentest"
@@ -91,13 +92,13 @@ func TestPublishConsumeAck(t *testing.T) {
 	waitFor(t, func() bool { q := queueStats(s, "work"); return q.Acked == 10 && q.Unacked == 0 && q.Ready == 0 })
 }
 
-func queueStats(s *netio.Server, name string) netio.QueueStats {
+func queueStats(s *netio.Server, name string) broker.QueueStats {
 	for _, q := range s.Queues() {
 		if q.Name == name {
 			return q
 		}
 	}
-	return netio.QueueStats{}
+	return broker.QueueStats{}
 }
 
 // waitFor polls broker-side counters that have no event to wait on. It is

@@ -4,8 +4,6 @@ import (
 	"crypto/rand"
 	"encoding/hex"
 	"net"
-
-	"github.com/warren-mq/warren/broker"
 )
 
 // Overview sums the broker's state.
@@ -73,11 +71,3 @@ func randomSecret() string {
 	}
 	return hex.EncodeToString(b)
 }
-
-// The operator API's types are the broker's (the admin API reads them
-// through Server, which holds the broker).
-type (
-	QueueStats = broker.QueueStats
-	QueueInfo  = broker.QueueInfo
-	Message    = broker.Message
-)

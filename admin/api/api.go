@@ -1,5 +1,5 @@
 // Package api holds the admin HTTP API's request and response bodies as
-// plain Go types: the server (netio/admin) writes them and warrenctl reads
+// plain Go types: the server (admin) writes them and warrenctl reads
 // them, so the two cannot disagree on a JSON name. spec/admin-api.yaml
 // describes the same bodies for other clients.
 //

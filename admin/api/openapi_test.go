@@ -142,7 +142,7 @@ func show(v any) string {
 // exactly the queue arguments of the descriptor table, with the same
 // types, ranges, enums and defaults.
 func TestAdminAPISpecQueueArgs(t *testing.T) {
-	b, err := os.ReadFile("../../../spec/admin-api.yaml")
+	b, err := os.ReadFile("../../spec/admin-api.yaml")
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -31,8 +31,8 @@ import (
 	"text/tabwriter"
 	"time"
 
+	"github.com/warren-mq/warren/admin/api"
 	"github.com/warren-mq/warren/client"
-	"github.com/warren-mq/warren/netio/admin/api"
 	"github.com/warren-mq/warren/wire"
 )
 

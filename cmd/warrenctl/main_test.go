@@ -11,8 +11,8 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/warren-mq/warren/admin"
 	"github.com/warren-mq/warren/netio"
-	"github.com/warren-mq/warren/netio/admin"
 	"github.com/warren-mq/warren/netio/warrentest"
 )
 

@@ -33,8 +33,8 @@ import (
 
 	"github.com/VictoriaMetrics/metrics"
 
+	"github.com/warren-mq/warren/admin"
 	"github.com/warren-mq/warren/netio"
-	"github.com/warren-mq/warren/netio/admin"
 )
 
 func main() {
