@@ -1,0 +1,299 @@
+package broker
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"math/rand/v2"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/warren-mq/warren/queue"
+	"github.com/warren-mq/warren/wire"
+)
+
+// step is one command of a recorded workload, as data: queues by name,
+// consumers by id, the time the broker's clock read when it was applied.
+type step struct {
+	AtMs     int64
+	Kind     CmdKind
+	Queue    string
+	Bodies   []string           // CmdPublish
+	Spec     queue.ConsumerSpec // CmdSubscribe
+	Consumer queue.ConsumerID   // CmdCancel, CmdSettle
+	Requeue  bool               // CmdCancel
+	Owner    uint64             // CmdDown
+	Op       wire.SettleOp      // CmdSettle
+	QTag     uint64             // CmdSettle
+}
+
+// effectLog records what the broker hands its sinks, per queue.
+type effectLog struct {
+	mu      sync.Mutex
+	byQueue map[string][]string
+	owner   map[queue.ConsumerID]string // consumer → its queue
+	open    map[queue.ConsumerID][]uint64
+}
+
+func newEffectLog() *effectLog {
+	return &effectLog{byQueue: map[string][]string{}, owner: map[queue.ConsumerID]string{}, open: map[queue.ConsumerID][]uint64{}}
+}
+
+func (l *effectLog) add(q, s string) { l.byQueue[q] = append(l.byQueue[q], s) }
+
+func (l *effectLog) Deliver(ds []Delivery) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	for _, d := range ds {
+		l.add(l.owner[d.Consumer], fmt.Sprintf("deliver c%d t%d %q dc%d fc%d props %x", d.Consumer, d.QTag, d.Msg.Body, d.DeliveryCount, d.FailedCount, d.Msg.Props))
+		l.open[d.Consumer] = append(l.open[d.Consumer], d.QTag)
+	}
+}
+func (l *effectLog) Confirm(b *PublishBatch) {}
+func (l *effectLog) Subscribed(id queue.ConsumerID, _ uint32, code wire.Code, _ string) {
+	l.mu.Lock()
+	l.add(l.owner[id], fmt.Sprintf("subscribed c%d %v", id, code))
+	l.mu.Unlock()
+}
+func (l *effectLog) Cancelled(id queue.ConsumerID, code wire.Code, _ string) {}
+func (l *effectLog) LeaseExpired(id queue.ConsumerID, qtag uint64) {
+	l.mu.Lock()
+	l.add(l.owner[id], fmt.Sprintf("lease c%d t%d", id, qtag))
+	l.mu.Unlock()
+}
+func (l *effectLog) ConsumerGone(id queue.ConsumerID) {
+	l.mu.Lock()
+	l.add(l.owner[id], fmt.Sprintf("gone c%d", id))
+	l.mu.Unlock()
+}
+func (l *effectLog) Answer(req uint64, r Result) {}
+
+// confirmLog records a publish's codes under its queue.
+type confirmLog struct {
+	l *effectLog
+	q string
+}
+
+func (c confirmLog) Confirm(b *PublishBatch) {
+	c.l.mu.Lock()
+	c.l.add(c.q, fmt.Sprintf("confirm %v", b.Codes))
+	c.l.mu.Unlock()
+}
+func (c confirmLog) Deliver([]Delivery)                                     {}
+func (c confirmLog) Subscribed(queue.ConsumerID, uint32, wire.Code, string) {}
+func (c confirmLog) Cancelled(queue.ConsumerID, wire.Code, string)          {}
+func (c confirmLog) LeaseExpired(queue.ConsumerID, uint64)                  {}
+func (c confirmLog) ConsumerGone(queue.ConsumerID)                          {}
+func (c confirmLog) Answer(uint64, Result)                                  {}
+
+// answerLog records a purge's count under its queue.
+type answerLog struct {
+	confirmLog
+}
+
+func (a answerLog) Answer(_ uint64, r Result) {
+	a.l.mu.Lock()
+	a.l.add(a.q, fmt.Sprintf("answer %v n%d", r.Code, r.N))
+	a.l.mu.Unlock()
+}
+
+var detQueues = []string{"q0", "q1", "q2", "q3", "dlq"}
+
+// detBroker declares the workload's topology on a fresh broker whose clock
+// is *now.
+func detBroker(t *testing.T, shards int, now *atomic.Int64) *Broker {
+	t.Helper()
+	b := startBroker(t, Config{Shards: shards, Clock: now.Load})
+	must := func(err error) {
+		t.Helper()
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	must(b.DeclareExchange(wire.ExchangeDeclare{Name: "dlx", Kind: wire.ExchangeFanout}))
+	_, err := b.DeclareQueue(wire.QueueDeclare{Name: "dlq"})
+	must(err)
+	must(b.Bind(wire.Bind{Source: "dlx", Destination: "dlq"}))
+	dl := wire.Table{{Key: "dead-letter-exchange", Value: wire.String("dlx")}}
+	for i, args := range []wire.Table{
+		dl,
+		append(wire.Table{{Key: "delivery-limit", Value: wire.Int(2)}}, dl...),
+		{{Key: "max-length", Value: wire.Int(5)}, {Key: "overflow", Value: wire.String("reject-publish")}},
+		append(wire.Table{{Key: "max-priority", Value: wire.Int(3)}}, dl...),
+	} {
+		_, err := b.DeclareQueue(wire.QueueDeclare{Name: detQueues[i], Args: args})
+		must(err)
+	}
+	return b
+}
+
+// apply runs one recorded step on b and waits until it and the dead
+// letters it caused have been applied everywhere.
+func (st *step) apply(t *testing.T, b *Broker, now *atomic.Int64, l *effectLog) {
+	t.Helper()
+	now.Store(st.AtMs)
+	q := b.LookupQueue(st.Queue)
+	switch st.Kind {
+	case CmdPublish:
+		ar := &Arena{}
+		ar.Refs.Store(int64(len(st.Bodies)))
+		props := wire.AppendProperties(nil, &wire.Properties{})[2:]
+		items := make([]EnqItem, len(st.Bodies))
+		for i, body := range st.Bodies {
+			m := &StoredMsg{Exchange: []byte{}, RoutingKey: []byte(st.Queue), Props: props, Body: []byte(body), Arena: ar, Priority: uint8(i % 4)}
+			items[i] = EnqItem{Q: q, Msg: m, Meta: queue.Message{Size: uint32(len(body)), Priority: m.Priority}, Idx: i}
+		}
+		batch := &PublishBatch{Sink: confirmLog{l, st.Queue}, Codes: make([]uint32, len(items))}
+		batch.Pending.Store(2)
+		b.Submit(Command{Kind: CmdPublish, Items: items, Batch: batch})
+		batch.PartDone()
+	case CmdSubscribe:
+		l.mu.Lock()
+		l.owner[st.Spec.ID] = st.Queue
+		l.mu.Unlock()
+		b.Submit(Command{Kind: CmdSubscribe, Queue: q, Sink: l, Spec: st.Spec})
+	case CmdCancel:
+		b.Submit(Command{Kind: CmdCancel, Queue: q, Consumer: st.Consumer, Requeue: st.Requeue})
+	case CmdSettle:
+		b.Submit(Command{Kind: CmdSettle, Settles: []SettleItem{{Q: q, Consumer: st.Consumer, Op: st.Op, QTag: st.QTag}}})
+	case CmdPurge:
+		b.Submit(Command{Kind: CmdPurge, Queue: q, Sink: answerLog{confirmLog{l, st.Queue}}})
+	case CmdDown:
+		b.Submit(Command{Kind: CmdDown, Owner: st.Owner})
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	for i := 0; i < 2; i++ { // the second round applies the dead letters the first caused
+		if err := b.Barrier(ctx); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
+// snapshots reads every queue's machine snapshot on its own shard.
+func snapshots(t *testing.T, b *Broker) map[string][]byte {
+	t.Helper()
+	out := map[string][]byte{}
+	for _, name := range detQueues {
+		q := b.LookupQueue(name)
+		w := make(waitSink, 1)
+		var snap []byte
+		b.Submit(Command{Kind: CmdBarrier, Queue: q, Sink: snapSink{waitSink: w, q: q, out: &snap}})
+		select {
+		case <-w:
+		case <-time.After(10 * time.Second):
+			t.Fatal("no snapshot")
+		}
+		out[name] = snap
+	}
+	return out
+}
+
+// snapSink takes a queue's snapshot when the queue's shard answers it.
+type snapSink struct {
+	waitSink
+	q   *Queue
+	out *[]byte
+}
+
+func (s snapSink) Answer(req uint64, r Result) {
+	*s.out = s.q.m.Snapshot() // on the queue's shard
+	s.waitSink.Answer(req, r)
+}
+
+// TestDeterministicReplay: every command a random workload sends to the
+// broker is recorded with its time; replayed into a fresh broker, each
+// queue hands out the same effects in the same order and ends with the same
+// machine snapshot, bytes for bytes, with one shard and with four. This is
+// the property a replicated log of commands relies on.
+func TestDeterministicReplay(t *testing.T) {
+	for _, shards := range []int{1, 4} {
+		t.Run(fmt.Sprintf("shards=%d", shards), func(t *testing.T) {
+			rng := rand.New(rand.NewPCG(uint64(shards), 12)) // fixed: the test is deterministic
+			var now atomic.Int64
+			now.Store(1_000_000)
+			first := newEffectLog()
+			b := detBroker(t, shards, &now)
+			var rec []step
+			var consumers []step // subscribes done
+			nextID := queue.ConsumerID(100)
+			for i := 0; i < 400; i++ {
+				st := step{AtMs: now.Load() + int64(rng.IntN(50)), Queue: detQueues[rng.IntN(len(detQueues))]}
+				switch r := rng.IntN(100); {
+				case r < 35:
+					st.Kind = CmdPublish
+					for j := rng.IntN(4) + 1; j > 0; j-- {
+						st.Bodies = append(st.Bodies, fmt.Sprintf("m%d.%d", i, j))
+					}
+				case r < 45:
+					nextID++
+					st.Kind = CmdSubscribe
+					st.Spec = queue.ConsumerSpec{ID: nextID, Owner: queue.OwnerID(rng.IntN(3) + 1), Prefetch: uint32(rng.IntN(4) + 1)}
+					consumers = append(consumers, st)
+				case r < 85 && len(consumers) > 0:
+					c := consumers[rng.IntN(len(consumers))]
+					first.mu.Lock()
+					open := first.open[c.Spec.ID]
+					if len(open) == 0 {
+						first.mu.Unlock()
+						continue
+					}
+					k := rng.IntN(len(open))
+					st.QTag = open[k]
+					first.open[c.Spec.ID] = append(open[:k], open[k+1:]...)
+					first.mu.Unlock()
+					st.Kind, st.Queue, st.Consumer = CmdSettle, c.Queue, c.Spec.ID
+					st.Op = []wire.SettleOp{wire.SettleAck, wire.SettleAck, wire.SettleRequeue, wire.SettleReject}[rng.IntN(4)]
+				case r < 90 && len(consumers) > 0:
+					c := consumers[rng.IntN(len(consumers))]
+					st.Kind, st.Queue, st.Consumer, st.Requeue = CmdCancel, c.Queue, c.Spec.ID, rng.IntN(2) == 0
+				case r < 95:
+					st.Kind = CmdPurge
+				case r < 98:
+					st.Kind, st.Owner = CmdDown, uint64(rng.IntN(3)+1)
+				default:
+					continue
+				}
+				rec = append(rec, st)
+				st.apply(t, b, &now, first)
+			}
+			snapA := snapshots(t, b)
+
+			var now2 atomic.Int64
+			second := newEffectLog()
+			b2 := detBroker(t, shards, &now2)
+			for i := range rec {
+				rec[i].apply(t, b2, &now2, second)
+			}
+			snapB := snapshots(t, b2)
+
+			for _, name := range detQueues {
+				ea, eb := first.byQueue[name], second.byQueue[name]
+				if len(ea) == 0 && name != "dlq" {
+					t.Errorf("queue %s: the workload had no effect on it (a weak test)", name)
+				}
+				if fmt.Sprint(ea) != fmt.Sprint(eb) {
+					n := 0
+					for n < min(len(ea), len(eb)) && ea[n] == eb[n] {
+						n++
+					}
+					t.Errorf("queue %s: effects differ at %d of %d/%d: %q vs %q", name, n, len(ea), len(eb), at(ea, n), at(eb, n))
+				}
+				if !bytes.Equal(snapA[name], snapB[name]) {
+					t.Errorf("queue %s: snapshots differ (%d vs %d bytes)", name, len(snapA[name]), len(snapB[name]))
+				}
+			}
+			t.Logf("%d commands; effects per queue: q0 %d, q1 %d, q2 %d, q3 %d, dlq %d", len(rec),
+				len(first.byQueue["q0"]), len(first.byQueue["q1"]), len(first.byQueue["q2"]), len(first.byQueue["q3"]), len(first.byQueue["dlq"]))
+		})
+	}
+}
+
+func at(s []string, i int) string {
+	if i < len(s) {
+		return s[i]
+	}
+	return "(end)"
+}
