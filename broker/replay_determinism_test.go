@@ -147,8 +147,8 @@ func (st *step) apply(t *testing.T, b *Broker, now *atomic.Int64, l *effectLog) 
 		}
 		batch := &PublishBatch{Sink: confirmLog{l, st.Queue}, Codes: make([]uint32, len(items))}
 		batch.Pending.Store(2)
+		batch.PartDone() // the publisher's own part first: the shard's confirms, in its order
 		b.Submit(Command{Kind: CmdPublish, Items: items, Batch: batch})
-		batch.PartDone()
 	case CmdSubscribe:
 		l.mu.Lock()
 		l.owner[st.Spec.ID] = st.Queue
