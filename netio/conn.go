@@ -711,6 +711,11 @@ func (c *conn) onPublish(ch *channel, f wire.Frame) error {
 				continue
 			}
 			si := q.ShardIndex()
+			if c.parts[si] == nil {
+				// Sized for the whole batch at once (as msgs above), so a
+				// big batch does not regrow its scratch by doubling.
+				c.parts[si] = make([]broker.EnqItem, 0, b.Count)
+			}
 			c.parts[si] = append(c.parts[si], broker.EnqItem{Q: q, Msg: sm, Meta: meta, Idx: i})
 		}
 	}
@@ -742,12 +747,15 @@ func (c *conn) onPublish(ch *channel, f wire.Frame) error {
 		if len(p) == 0 {
 			continue
 		}
-		items := slices.Clone(p) // handed to the shard
-		slices.SortStableFunc(items, func(a, b broker.EnqItem) int { return cmp.Compare(a.Q.Name(), b.Q.Name()) })
-		c.parts[si] = p[:0]
+		var items []broker.EnqItem // handed to the shard
 		if cap(p) > partsKeepMax {
-			c.parts[si] = nil // a huge batch's scratch is not kept per connection
+			// A huge batch's scratch is not kept per connection: hand it
+			// over whole instead of copying it.
+			items, c.parts[si] = p, nil
+		} else {
+			items, c.parts[si] = slices.Clone(p), p[:0]
 		}
+		slices.SortStableFunc(items, func(a, b broker.EnqItem) int { return cmp.Compare(a.Q.Name(), b.Q.Name()) })
 		c.srv.Submit(broker.Command{Kind: broker.CmdPublish, Items: items, Batch: batch})
 	}
 	batch.PartDone()
