@@ -445,6 +445,11 @@ func (t *topology) bind(b *wire.Bind, user string, allow func(declaredBy, what s
 	} else if _, ok := t.queues[b.Destination]; !ok {
 		return reqErr(wire.NotFound, "no queue %q", b.Destination)
 	}
+	if !b.Unbind && t.exDecl[b.Source].Kind == wire.ExchangeHeaders {
+		if err := checkXMatch(b.Args); err != nil {
+			return err
+		}
+	}
 	nb := queue.Binding{Source: b.Source, Destination: b.Destination, ToExchange: b.ToExchange, Key: b.RoutingKey, Args: normArgs(b.Args)}
 	idx := -1
 	for i, x := range t.top.Bindings {
@@ -470,6 +475,28 @@ func (t *topology) bind(b *wire.Bind, user string, allow func(declaredBy, what s
 	}
 	t.changedLocked()
 	return nil
+}
+
+// checkXMatch refuses a headers binding whose x-match is not "all" or
+// "any" (spec §7.1): a misspelling would otherwise silently mean "all".
+func checkXMatch(args wire.Table) error {
+	for _, f := range args {
+		if f.Key != "x-match" {
+			continue
+		}
+		if v := string(f.Value.Bytes); f.Value.Kind != wire.KindString || (v != "all" && v != "any") {
+			return reqErr(wire.InvalidArgument, "binding argument x-match: want the string \"all\" or \"any\", got %s", describeValue(f.Value))
+		}
+	}
+	return nil
+}
+
+// describeValue prints a table value for an error message.
+func describeValue(v wire.Value) string {
+	if v.Kind == wire.KindString {
+		return strconv.Quote(string(v.Bytes))
+	}
+	return "a value of kind " + v.Kind.String()
 }
 
 // bindKey identifies a binding as UNBIND does: source, destination, key
