@@ -111,14 +111,20 @@ func (m *Machine) nextWake(now int64) (int64, bool) {
 	return at, ok
 }
 
-// Purge removes every ready message (not parked or outstanding ones) and
-// returns how many went.
+// Purge removes every message not out with a consumer (ready, and parked
+// for a retry backoff) and returns how many went.
 func (m *Machine) Purge(now int64) (int64, []Effect) {
 	m.begin(now)
 	n := int64(0)
 	for m.readyCount > 0 {
 		e := m.popLowest()
 		m.emit(Effect{Kind: Remove, Msg: e.id})
+		n++
+	}
+	// Messages waiting out a retry backoff await no ack either: they go
+	// too, in the order their waits would have ended.
+	for len(m.parked) > 0 {
+		m.emit(Effect{Kind: Remove, Msg: m.parked.pop().e.id})
 		n++
 	}
 	m.lastUsed = now
