@@ -106,16 +106,8 @@ var detQueues = []string{"q0", "q1", "q2", "q3", "dlq"}
 func detBroker(t *testing.T, shards int, now *atomic.Int64) *Broker {
 	t.Helper()
 	b := startBroker(t, Config{Shards: shards, Clock: now.Load})
-	must := func(err error) {
-		t.Helper()
-		if err != nil {
-			t.Fatal(err)
-		}
-	}
-	must(b.DeclareExchange(wire.ExchangeDeclare{Name: "dlx", Kind: wire.ExchangeFanout}))
-	_, err := b.DeclareQueue(wire.QueueDeclare{Name: "dlq"})
-	must(err)
-	must(b.Bind(wire.Bind{Source: "dlx", Destination: "dlq"}))
+	must := mustFunc(t)
+	declareDeadLetterQueue(t, b)
 	dl := wire.Table{{Key: "dead-letter-exchange", Value: wire.String("dlx")}}
 	for i, args := range []wire.Table{
 		dl,

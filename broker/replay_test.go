@@ -61,17 +61,9 @@ func TestReplayThroughTheBroker(t *testing.T) {
 	b := startBroker(t, Config{Shards: 4})
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	must := func(err error) {
-		t.Helper()
-		if err != nil {
-			t.Fatal(err)
-		}
-	}
-	must(b.DeclareExchange(wire.ExchangeDeclare{Name: "dlx", Kind: wire.ExchangeFanout}))
-	_, err := b.DeclareQueue(wire.QueueDeclare{Name: "dlq"})
-	must(err)
-	must(b.Bind(wire.Bind{Source: "dlx", Destination: "dlq"}))
-	_, err = b.DeclareQueue(wire.QueueDeclare{Name: "orders", Args: wire.Table{{Key: "dead-letter-exchange", Value: wire.String("dlx")}}})
+	must := mustFunc(t)
+	declareDeadLetterQueue(t, b)
+	_, err := b.DeclareQueue(wire.QueueDeclare{Name: "orders", Args: wire.Table{{Key: "dead-letter-exchange", Value: wire.String("dlx")}}})
 	must(err)
 	orders, dlq := b.LookupQueue("orders"), b.LookupQueue("dlq")
 	publishTo(b, orders, "a", "b", "c")
@@ -125,4 +117,25 @@ func TestReplayThroughTheBroker(t *testing.T) {
 	if got := dlq.ReadyCount(); got != 3 {
 		t.Fatalf("dlq holds %d after an unroutable replay, want 3", got)
 	}
+}
+
+// mustFunc returns a helper that fails t on a non-nil error.
+func mustFunc(t *testing.T) func(error) {
+	return func(err error) {
+		t.Helper()
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
+// declareDeadLetterQueue declares the fanout exchange "dlx" bound to the
+// queue "dlq", the dead-letter target the broker tests share.
+func declareDeadLetterQueue(t *testing.T, b *Broker) {
+	t.Helper()
+	must := mustFunc(t)
+	must(b.DeclareExchange(wire.ExchangeDeclare{Name: "dlx", Kind: wire.ExchangeFanout}))
+	_, err := b.DeclareQueue(wire.QueueDeclare{Name: "dlq"})
+	must(err)
+	must(b.Bind(wire.Bind{Source: "dlx", Destination: "dlq"}))
 }
