@@ -70,8 +70,8 @@ bench-compare:
 	@bin/warrend --listen 127.0.0.1:5690 --http 127.0.0.1:15690 --data $$(mktemp -d) --log-level warn & \
 	pid=$$!; trap "kill $$pid" EXIT; \
 	until (exec 3<>/dev/tcp/127.0.0.1/5690) 2>/dev/null; do sleep 0.1; done; \
-	bin/warren-loadtest compare --warren-url warren://guest:guest@127.0.0.1:5690 \
-		--duration $(COMPARE_DURATION) --out bench-compare.md
+	bin/warren-loadtest compare --warren-url warren://guest:guest@127.0.0.1:5690 --warren-pid $$pid \
+		--amqp-pid $$(pgrep -o beam.smp || echo 0) --duration $(COMPARE_DURATION) --out bench-compare.md
 	@cat bench-compare.md
 
 # The hostile clients of issue 11 at full size, each beside a 2,000 msg/s

@@ -16,6 +16,7 @@ type CompareTarget struct {
 	Driver    string
 	URL       string
 	QueueType string // amqp: classic or quorum
+	PID       int    // the broker's process id, for its CPU per message (0: not measured)
 }
 
 // Compare runs each scenario against each target in turn (same machine, same
@@ -30,8 +31,8 @@ func Compare(ctx context.Context, scenarios []string, targets []CompareTarget, d
 			fmt.Fprintf(out, "> %s (%s) is not reachable; skipped.\n\n", t.Label, t.URL)
 		}
 	}
-	fmt.Fprintln(out, "| scenario | broker | publish msg/s | consume msg/s | confirm p50 / p99 ms | publish→deliver p50 / p99 ms | lost | conditions |")
-	fmt.Fprintln(out, "|---|---|---|---|---|---|---|---|")
+	fmt.Fprintln(out, "| scenario | broker | publish msg/s | consume msg/s | confirm p50 / p99 ms | publish→deliver p50 / p99 ms | broker / load generator CPU µs per msg | lost | conditions |")
+	fmt.Fprintln(out, "|---|---|---|---|---|---|---|---|---|")
 	for _, name := range scenarios {
 		for _, t := range live {
 			cfg, err := LoadScenario(name)
@@ -39,25 +40,26 @@ func Compare(ctx context.Context, scenarios []string, targets []CompareTarget, d
 				return err
 			}
 			if t.QueueType == "quorum" && cfg.Queues > 100 {
-				fmt.Fprintf(out, "| %s | %s | not run: declaring %d quorum queues (one Raft group each) had not finished after minutes on this machine |  |  |  |  |  |\n", name, t.Label, cfg.Queues)
+				fmt.Fprintf(out, "| %s | %s | not run: declaring %d quorum queues (one Raft group each) had not finished after minutes on this machine |  |  |  |  |  |  |\n", name, t.Label, cfg.Queues)
 				continue
 			}
 			if t.QueueType == "quorum" && cfg.Priorities != "" {
-				fmt.Fprintf(out, "| %s | %s | not supported: RabbitMQ quorum queues have no x-max-priority |  |  |  |  |  |\n", name, t.Label)
+				fmt.Fprintf(out, "| %s | %s | not supported: RabbitMQ quorum queues have no x-max-priority |  |  |  |  |  |  |\n", name, t.Label)
 				continue
 			}
-			cfg.Driver, cfg.URL, cfg.QueueType = t.Driver, t.URL, t.QueueType
+			cfg.Driver, cfg.URL, cfg.QueueType, cfg.BrokerPID = t.Driver, t.URL, t.QueueType, t.PID
 			if duration > 0 {
 				cfg.Duration, cfg.DurationS = duration, 0
 			}
 			fmt.Fprintf(log, "\n### %s on %s\n", name, t.Label)
 			rep, err := Run(ctx, cfg, log)
 			if rep == nil {
-				fmt.Fprintf(out, "| %s | %s | failed: %v |  |  |  |  |  |\n", name, t.Label, err)
+				fmt.Fprintf(out, "| %s | %s | failed: %v |  |  |  |  |  |  |\n", name, t.Label, err)
 				continue
 			}
-			fmt.Fprintf(out, "| %s | %s | %.0f | %.0f | %.2f / %.2f | %.2f / %.2f | %d | %s |\n", name, t.Label,
-				rep.PublishRate, rep.ConsumeRate, rep.ConfirmLat.P50, rep.ConfirmLat.P99, rep.E2ELat.P50, rep.E2ELat.P99, rep.Lost, rep.Conditions)
+			fmt.Fprintf(out, "| %s | %s | %.0f | %.0f | %.2f / %.2f | %.2f / %.2f | %s / %s | %d | %s |\n", name, t.Label,
+				rep.PublishRate, rep.ConsumeRate, rep.ConfirmLat.P50, rep.ConfirmLat.P99, rep.E2ELat.P50, rep.E2ELat.P99,
+				cpuString(rep.BrokerCPU), cpuString(rep.ClientCPU), rep.Lost, rep.Conditions)
 		}
 	}
 	return nil

@@ -41,6 +41,10 @@ type Config struct {
 	WarmupS       float64       `json:"warmup_s,omitempty"`
 	MinRate       float64       `json:"min_rate,omitempty"` // the run fails if publish or consume rate is lower
 	JSONPath      string        `json:"-"`
+	// BrokerPID, when set, is the broker's process id on this machine: the
+	// report then gives the broker's CPU time per consumed message, read
+	// from /proc over the measured window.
+	BrokerPID int `json:"-"`
 	// Stop, when set, ends the publishing phase when it is closed (like the
 	// end of Duration); the drain and the report follow as usual.
 	Stop <-chan struct{} `json:"-"`

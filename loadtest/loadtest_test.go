@@ -26,6 +26,7 @@ func TestShortRunAccountsForEveryMessage(t *testing.T) {
 	var out bytes.Buffer
 	cfg := testConfig(warrentest.URL(s))
 	cfg.Priorities = "0-3"
+	cfg.BrokerPID = os.Getpid() // the broker runs in this process
 	rep, err := Run(ctx, cfg, &out)
 	if err != nil {
 		t.Fatalf("%v\n%s", err, out.String())
@@ -35,6 +36,14 @@ func TestShortRunAccountsForEveryMessage(t *testing.T) {
 	}
 	if rep.PublishRate <= 0 || rep.ConsumeRate <= 0 || rep.E2ELat.P50 <= 0 || rep.ConfirmLat.Max < rep.ConfirmLat.P50 {
 		t.Fatalf("rates/latency not measured: %+v", rep)
+	}
+	// Broker and load generator are one process here, so both figures
+	// measure the same CPU time: /proc's in 10 ms ticks, getrusage's finer.
+	if rep.BrokerCPU <= 0 || rep.ClientCPU <= 0 || rep.BrokerCPU > 2*rep.ClientCPU+0.02e6/20000 {
+		t.Fatalf("CPU per message not measured: broker %v µs, load generator %v µs", rep.BrokerCPU, rep.ClientCPU)
+	}
+	if !bytes.Contains(out.Bytes(), []byte("CPU per message: broker")) {
+		t.Errorf("the printed report lacks the CPU line:\n%s", out.String())
 	}
 	path := filepath.Join(t.TempDir(), "r.json")
 	if err := rep.WriteJSON(path); err != nil {
@@ -46,7 +55,7 @@ func TestShortRunAccountsForEveryMessage(t *testing.T) {
 		t.Fatal(err)
 	}
 	for _, k := range []string{"driver", "scenario", "duration_s", "published", "confirmed", "consumed", "lost", "duplicates",
-		"publish_rate", "consume_rate", "confirm_latency_ms", "e2e_latency_ms"} {
+		"publish_rate", "consume_rate", "confirm_latency_ms", "e2e_latency_ms", "broker_cpu_us_per_msg", "client_cpu_us_per_msg"} {
 		if _, ok := m[k]; !ok {
 			t.Errorf("JSON report lacks %q", k)
 		}

@@ -41,8 +41,13 @@ type Report struct {
 	ConfirmLat  Latency `json:"confirm_latency_ms"`
 	E2ELat      Latency `json:"e2e_latency_ms"`
 	Conditions  string  `json:"conditions"`
-	MinRate     float64 `json:"min_rate,omitempty"`
-	RateHeld    *bool   `json:"rate_held,omitempty"`
+	// CPU time per consumed message over the measured window, in µs: the
+	// broker's (BrokerPID; 0 when not known) and the load generator's
+	// whole process (producers, consumers and tracker).
+	BrokerCPU float64 `json:"broker_cpu_us_per_msg,omitempty"`
+	ClientCPU float64 `json:"client_cpu_us_per_msg,omitempty"`
+	MinRate   float64 `json:"min_rate,omitempty"`
+	RateHeld  *bool   `json:"rate_held,omitempty"`
 }
 
 func (t *tracker) report(cfg *Config, pubDur, consDur time.Duration, pubMeasured, consMeasured int64) *Report {
@@ -86,6 +91,7 @@ func (r *Report) print(w io.Writer) {
 	l := func(name string, x Latency) {
 		fmt.Fprintf(w, "%-16s p50 %.3f  p90 %.3f  p99 %.3f  p99.9 %.3f  max %.3f ms\n", name, x.P50, x.P90, x.P99, x.P999, x.Max)
 	}
+	fmt.Fprintf(w, "CPU per message: broker %s µs  load generator %s µs\n", cpuString(r.BrokerCPU), cpuString(r.ClientCPU))
 	l("publish→confirm", r.ConfirmLat)
 	l("publish→deliver", r.E2ELat)
 	if r.RateHeld != nil {

@@ -74,6 +74,8 @@ func run(ctx context.Context, cfg *Config, d driver, out io.Writer, dropNth int6
 	}
 
 	start := time.Now()
+	meter := cpuMeter{pid: cfg.BrokerPID}
+	startCPU := meter.sample()
 	measureFrom := start.Add(cfg.Warmup)
 	var stop atomic.Bool
 	var wg sync.WaitGroup
@@ -118,9 +120,11 @@ func run(ctx context.Context, cfg *Config, d driver, out io.Writer, dropNth int6
 	ticker := time.NewTicker(time.Second)
 	defer ticker.Stop()
 	var warmPub, warmCons int64
+	var warmCPU cpuTimes
 	warmed := cfg.Warmup == 0
 	if warmed {
 		tr.setActive(true)
+		warmCPU = meter.sample()
 	}
 	var lastPub, lastCons int64
 	lastAt := start
@@ -157,6 +161,7 @@ loop:
 			if !warmed && now.After(measureFrom) {
 				warmed = true
 				warmPub, warmCons = pub, cons
+				warmCPU = meter.sample()
 				tr.setActive(true)
 			}
 			dt := now.Sub(lastAt).Seconds()
@@ -175,6 +180,7 @@ loop:
 	if !warmed { // shorter than the warmup: measure everything
 		warmPub, warmCons = 0, 0
 		measureFrom = start
+		warmCPU = startCPU
 		tr.setActive(true)
 	}
 	wctx, cancel := context.WithTimeout(context.Background(), cfg.DrainTimeout)
@@ -196,7 +202,13 @@ loop:
 		}
 	}
 	consEnd := time.Now()
-	rep := tr.report(cfg, pubEnd.Sub(measureFrom), consEnd.Sub(measureFrom), pubAtEnd-warmPub, tr.consumed.Load()-warmCons)
+	endCPU := meter.sample()
+	consumed := tr.consumed.Load() - warmCons
+	rep := tr.report(cfg, pubEnd.Sub(measureFrom), consEnd.Sub(measureFrom), pubAtEnd-warmPub, consumed)
+	rep.ClientCPU = perMessage(warmCPU.client, endCPU.client, consumed)
+	if warmCPU.brokerOK && endCPU.brokerOK {
+		rep.BrokerCPU = perMessage(warmCPU.broker, endCPU.broker, consumed)
+	}
 	rep.print(out)
 	switch {
 	case runErr != nil:

@@ -54,6 +54,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	fs.Int64Var(&c.Count, "count", 0, "publish this many messages in all instead of running for a duration")
 	fs.DurationVar(&c.Warmup, "warmup", 0, "run this long before measuring")
 	fs.StringVar(&c.JSONPath, "json", "", "write the report as JSON to this file")
+	fs.IntVar(&c.BrokerPID, "broker-pid", 0, "the broker's process id on this machine: report its CPU time per message (from /proc)")
 	if err := fs.Parse(args); err != nil {
 		return 2
 	}
@@ -120,6 +121,9 @@ func overlay(s, f loadtest.Config) loadtest.Config {
 	if f.Warmup != 0 {
 		s.Warmup, s.WarmupS = f.Warmup, 0
 	}
+	if f.BrokerPID != 0 {
+		s.BrokerPID = f.BrokerPID
+	}
 	return s
 }
 
@@ -133,6 +137,8 @@ func compare(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	scen := fs.String("scenarios", "throughput,persistent-1k,priority-mix,queues-1000,latency", "comma-separated scenarios")
 	dur := fs.Duration("duration", 0, "override each scenario's duration")
 	outPath := fs.String("out", "", "write the markdown table here (default stdout)")
+	wpid := fs.Int("warren-pid", 0, "Warren's process id, for its CPU time per message")
+	apid := fs.Int("amqp-pid", 0, "RabbitMQ's process id (beam.smp), for its CPU time per message")
 	if err := fs.Parse(args); err != nil {
 		return 2
 	}
@@ -147,9 +153,9 @@ func compare(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		out = f
 	}
 	targets := []loadtest.CompareTarget{
-		{Label: "Warren", Driver: "warren", URL: *wurl},
-		{Label: "RabbitMQ classic", Driver: "amqp", URL: *aurl, QueueType: "classic"},
-		{Label: "RabbitMQ quorum", Driver: "amqp", URL: *aurl, QueueType: "quorum"},
+		{Label: "Warren", Driver: "warren", URL: *wurl, PID: *wpid},
+		{Label: "RabbitMQ classic", Driver: "amqp", URL: *aurl, QueueType: "classic", PID: *apid},
+		{Label: "RabbitMQ quorum", Driver: "amqp", URL: *aurl, QueueType: "quorum", PID: *apid},
 	}
 	if err := loadtest.Compare(ctx, strings.Split(*scen, ","), targets, *dur, stderr, out); err != nil {
 		fmt.Fprintln(stderr, err)

@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -19,7 +20,8 @@ func TestCommandLine(t *testing.T) {
 	defer cancel()
 	js := filepath.Join(t.TempDir(), "r.json")
 	var out, errb bytes.Buffer
-	code := run(ctx, []string{"--scenario", "throughput", "--url", warrentest.URL(s), "--count", "5000", "--warmup", "1ms", "--json", js}, &out, &errb)
+	code := run(ctx, []string{"--scenario", "throughput", "--url", warrentest.URL(s), "--count", "30000", "--warmup", "1ms", "--json", js,
+		"--broker-pid", strconv.Itoa(os.Getpid())}, &out, &errb)
 	if code != 0 {
 		t.Fatalf("exit %d\n%s\n%s", code, out.String(), errb.String())
 	}
@@ -30,6 +32,11 @@ func TestCommandLine(t *testing.T) {
 	b, _ := os.ReadFile(js)
 	if err := json.Unmarshal(b, &rep); err != nil || rep["scenario"] != "throughput" || rep["lost"].(float64) != 0 {
 		t.Fatalf("json %s %v", b, err)
+	}
+	// --broker-pid reaches the run over the scenario (the broker is this
+	// process): its CPU per message is reported.
+	if v, _ := rep["broker_cpu_us_per_msg"].(float64); v <= 0 {
+		t.Fatalf("--broker-pid: no broker CPU per message in %s", b)
 	}
 	if code := run(ctx, []string{"--size", "x"}, &out, &errb); code == 0 {
 		t.Fatal("bad flag accepted")
