@@ -3,6 +3,7 @@ package broker
 import (
 	"crypto/rand"
 	"encoding/base64"
+	"encoding/binary"
 	"fmt"
 	"github.com/warren-mq/warren/internal/ratelog"
 	"log/slog"
@@ -499,14 +500,24 @@ func describeValue(v wire.Value) string {
 	return "a value of kind " + v.Kind.String()
 }
 
-// bindKey identifies a binding as UNBIND does: source, destination, key
-// and arguments.
+// bindKey identifies a binding as UNBIND does: source, destination, kind,
+// routing key and encoded arguments, each length-prefixed (a routing key
+// may hold any byte, so no separator could keep two bindings apart).
 func bindKey(b queue.Binding) string {
-	k := b.Source + "\x00" + b.Destination + "\x00" + b.Key + "\x00"
+	k := make([]byte, 0, 16+len(b.Source)+len(b.Destination)+len(b.Key))
 	if b.ToExchange {
-		k = "x" + k
+		k = append(k, 'x')
+	} else {
+		k = append(k, 'q')
 	}
-	return k + string(wire.AppendTable(nil, b.Args))
+	for _, s := range [...]string{b.Source, b.Destination, b.Key} {
+		k = binary.AppendUvarint(k, uint64(len(s)))
+		k = append(k, s...)
+	}
+	if len(b.Args) > 0 {
+		k = wire.AppendTable(k, b.Args)
+	}
+	return string(k)
 }
 
 // snapshotWithRetired lists the declared queues and the totals of the

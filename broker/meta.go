@@ -1,0 +1,554 @@
+package broker
+
+import (
+	"bytes"
+	"math"
+	"slices"
+	"strconv"
+	"strings"
+
+	"github.com/cespare/xxhash/v2"
+	"github.com/warren-mq/warren/queue"
+	"github.com/warren-mq/warren/wire"
+)
+
+// Meta is the metadata state machine: exchanges, queues and bindings, and
+// who declared each. It is pure and deterministic: Apply reads nothing but
+// its state and the command (time, the requester, its rights and any
+// generated name are in the command), holds no lock, starts nothing and
+// points at no runtime object. The same commands from the same snapshot
+// give the same results, effects and snapshot bytes on every replica.
+//
+// Every operation costs what it touches: exchanges and queues are found by
+// name, bindings by their key (source, destination, kind, routing key,
+// encoded arguments), and the bindings of an exchange or a queue through
+// indexes by source and by destination.
+//
+// Meta is owned by one writer (the runtime's mutex; later the metadata
+// raft group's apply loop).
+type Meta struct {
+	shards    int // queues are placed on xxhash(name) % shards
+	nextID    uint64
+	exchanges map[string]*metaExchange
+	queues    map[string]*metaQueue
+	bindings  map[string]*metaBinding
+	bySource  map[string]map[string]*metaBinding // exchange → key → binding
+	byQueue   map[string]map[string]*metaBinding // destination queue → key → binding
+	byExDest  map[string]map[string]*metaBinding // destination exchange → key → binding
+}
+
+type metaExchange struct {
+	decl wire.ExchangeDeclare // Req 0, Passive false
+	by   string               // the declaring user, "" for the broker and the operator
+}
+
+type metaQueue struct {
+	id        uint64
+	decl      wire.QueueDeclare // Req 0, Passive false, Name set
+	args      wire.QueueArgs
+	exclusive uint64 // owning connection, 0 if not exclusive
+	by        string
+}
+
+type metaBinding struct {
+	key string
+	b   queue.Binding
+	by  string
+}
+
+// MetaOp is what a MetaCommand asks.
+type MetaOp uint8
+
+// The metadata operations. The numbers are part of the command encoding.
+const (
+	MetaDeclareExchange MetaOp = 1
+	MetaDeleteExchange  MetaOp = 2
+	MetaDeclareQueue    MetaOp = 3
+	MetaDeleteQueue     MetaOp = 4
+	MetaBind            MetaOp = 5 // Bind.Unbind removes the binding
+)
+
+// MetaCommand is one request to the metadata state machine, as data: it
+// could be written to a log and replayed. NowMs, the requester and its
+// rights, and every name the runtime generated are fixed before it is
+// applied.
+type MetaCommand struct {
+	Op    MetaOp
+	NowMs int64 // when the runtime stamped it (not read by today's rules; kept for the log)
+	// User is the requesting user ("" for the operator API); Admin says it
+	// may act on entities others declared (the administrator tag, or the
+	// operator API); Conn is its connection (the owner of an exclusive
+	// queue; 0 for the operator API).
+	User  string
+	Admin bool
+	Conn  uint64
+
+	Exchange wire.ExchangeDeclare // MetaDeclareExchange (Req ignored)
+	Delete   wire.ExchangeDelete  // MetaDeleteExchange (Req ignored)
+	Queue    wire.QueueDeclare    // MetaDeclareQueue (Req ignored)
+	// Generated: Queue.Name was chosen by the broker for a declare with an
+	// empty name (so it may carry the reserved prefix).
+	Generated bool
+	QueueID   uint64    // MetaDeleteQueue: the queue (Queue.Name its name)
+	Bind      wire.Bind // MetaBind (Req ignored)
+}
+
+// MetaResult is what a command answers: a refusal (Code not OK, with its
+// reason) or the queue it declared or deleted.
+type MetaResult struct {
+	Code    wire.Code
+	Reason  string
+	QueueID uint64 // MetaDeclareQueue: the queue (new or existing)
+	Name    string // MetaDeclareQueue: its name
+	Removed bool   // MetaDeleteQueue: the queue was there and is gone
+}
+
+// Err is the refusal as an error, nil if the command was applied.
+func (r MetaResult) Err() error {
+	if r.Code == wire.OK {
+		return nil
+	}
+	return &wire.Error{Code: r.Code, Reason: r.Reason}
+}
+
+func refuse(code wire.Code, reason string) MetaResult {
+	return MetaResult{Code: code, Reason: reason}
+}
+
+func refuseErr(err error) MetaResult {
+	if we, ok := err.(*wire.Error); ok {
+		return MetaResult{Code: we.Code, Reason: we.Reason}
+	}
+	return MetaResult{Code: wire.InvalidArgument, Reason: err.Error()}
+}
+
+// MetaEffectKind is what a MetaEffect tells the runtime.
+type MetaEffectKind uint8
+
+// The effects of metadata commands.
+const (
+	// EffExchangeCreated: Exchange is new.
+	EffExchangeCreated MetaEffectKind = iota + 1
+	// EffExchangeRemoved: the exchange Name is gone, and every binding
+	// from it or to it with it.
+	EffExchangeRemoved
+	// EffQueueCreated: Queue is new; put it on shard Shard.
+	EffQueueCreated
+	// EffQueueRemoved: the queue Queue.ID (Queue.Name) is gone, and every
+	// binding to it with it.
+	EffQueueRemoved
+	// EffBindingAdded, EffBindingRemoved: Binding.
+	EffBindingAdded
+	EffBindingRemoved
+	// EffDurableAccepted: a durable declare of Name (Queue.Name for a
+	// queue) was accepted, which is not yet honoured (the runtime warns).
+	EffDurableAccepted
+)
+
+// MetaEffect is one change the runtime applies (routing, shards) after a
+// command. Effects are values.
+type MetaEffect struct {
+	Kind     MetaEffectKind
+	Exchange queue.Exchange // EffExchangeCreated; Name for EffExchangeRemoved
+	Queue    MetaQueue      // EffQueueCreated, EffQueueRemoved (ID, Name)
+	Shard    int            // EffQueueCreated
+	Binding  queue.Binding  // EffBindingAdded, EffBindingRemoved
+	What     string         // EffDurableAccepted: "exchange" or "queue"
+	Name     string         // EffDurableAccepted
+}
+
+// MetaQueue is a queue as the metadata state machine knows it.
+type MetaQueue struct {
+	ID         uint64
+	Name       string
+	Decl       wire.QueueDeclare // as declared (Req 0), for equivalence and inspection
+	Args       wire.QueueArgs
+	Exclusive  uint64 // owning connection, 0 if not exclusive
+	DeclaredBy string
+}
+
+// NewMeta is an empty metadata state machine with the standard exchanges
+// every AMQP user expects, placing queues on shards shards.
+func NewMeta(shards int) *Meta {
+	if shards < 1 {
+		shards = 1
+	}
+	m := &Meta{shards: shards}
+	m.reset()
+	for _, e := range []struct {
+		name string
+		kind wire.ExchangeKind
+	}{{"amq.direct", wire.ExchangeDirect}, {"amq.topic", wire.ExchangeTopic}, {"amq.fanout", wire.ExchangeFanout}, {"amq.headers", wire.ExchangeHeaders}} {
+		m.exchanges[e.name] = &metaExchange{decl: wire.ExchangeDeclare{Name: e.name, Kind: e.kind, Durable: true}}
+	}
+	return m
+}
+
+func (m *Meta) reset() {
+	m.nextID = 1
+	m.exchanges = map[string]*metaExchange{}
+	m.queues = map[string]*metaQueue{}
+	m.bindings = map[string]*metaBinding{}
+	m.bySource = map[string]map[string]*metaBinding{}
+	m.byQueue = map[string]map[string]*metaBinding{}
+	m.byExDest = map[string]map[string]*metaBinding{}
+}
+
+// Apply applies one command: its result, and the effects the runtime must
+// apply (none when it is refused or changes nothing, but for a warning).
+func (m *Meta) Apply(c *MetaCommand) (MetaResult, []MetaEffect) {
+	switch c.Op {
+	case MetaDeclareExchange:
+		return m.declareExchange(c)
+	case MetaDeleteExchange:
+		return m.deleteExchange(c)
+	case MetaDeclareQueue:
+		return m.declareQueue(c)
+	case MetaDeleteQueue:
+		return m.deleteQueue(c)
+	case MetaBind:
+		return m.bind(c)
+	}
+	return refuse(wire.InvalidArgument, "unknown metadata operation "+strconv.Itoa(int(c.Op))), nil
+}
+
+// allowed is the permission rule for acting on what another user declared
+// (netio's Authorize for delete and unbind): the administrator may, and a
+// user on what it declared itself.
+func allowed(c *MetaCommand, declaredBy, act, what string) (MetaResult, bool) {
+	if c.Admin || (declaredBy != "" && declaredBy == c.User) {
+		return MetaResult{}, true
+	}
+	return refuse(wire.AccessRefused, "user "+strconv.Quote(c.User)+" may not "+act+" "+what+": it needs the administrator tag or being the user who declared it"), false
+}
+
+func (m *Meta) declareExchange(c *MetaCommand) (MetaResult, []MetaEffect) {
+	d := &c.Exchange
+	if d.Name == "" {
+		return refuse(wire.NotAllowed, "the default exchange cannot be declared"), nil
+	}
+	old, exists := m.exchanges[d.Name]
+	if d.Passive {
+		if !exists {
+			return refuse(wire.NotFound, "no exchange "+strconv.Quote(d.Name)), nil
+		}
+		return MetaResult{}, nil
+	}
+	if err := validName(d.Name); err != nil {
+		return refuseErr(err), nil
+	}
+	if err := validName(d.Alternate); err != nil {
+		return refuseErr(err), nil
+	}
+	if d.Kind < wire.ExchangeDirect || d.Kind > wire.ExchangeConsistentHash {
+		return refuse(wire.InvalidArgument, "unknown exchange type "+d.Kind.String()), nil
+	}
+	if !exists && strings.HasPrefix(d.Name, reservedPrefix) {
+		return refuse(wire.AccessRefused, "exchange name "+strconv.Quote(d.Name)+": the prefix amq. is reserved for the broker; choose another name"), nil
+	}
+	var effs []MetaEffect
+	if d.Durable {
+		effs = append(effs, MetaEffect{Kind: EffDurableAccepted, What: "exchange", Name: d.Name})
+	}
+	if exists {
+		o := &old.decl
+		if !sameArgs(o.Args, d.Args) || o.Kind != d.Kind || o.Durable != d.Durable ||
+			o.AutoDelete != d.AutoDelete || o.Internal != d.Internal || o.Alternate != d.Alternate {
+			return refuse(wire.PreconditionFailed, "exchange "+strconv.Quote(d.Name)+" exists with other settings: "+exchangeDiff(o, d)+" (declare it with the same settings, or delete it first)"), effs
+		}
+		return MetaResult{}, effs
+	}
+	for _, a := range d.Args {
+		if a.Key != "hash-header" || d.Kind != wire.ExchangeConsistentHash || a.Value.Kind != wire.KindString {
+			return refuse(wire.InvalidArgument, "exchange argument "+strconv.Quote(a.Key)+" not supported here"), effs
+		}
+	}
+	nd := *d
+	nd.Req, nd.Passive, nd.Args = 0, false, normArgs(d.Args)
+	m.exchanges[d.Name] = &metaExchange{decl: nd, by: c.User}
+	return MetaResult{}, append(effs, MetaEffect{Kind: EffExchangeCreated, Exchange: exchangeOf(&nd)})
+}
+
+func exchangeOf(d *wire.ExchangeDeclare) queue.Exchange {
+	return queue.Exchange{Name: d.Name, Kind: d.Kind, Alternate: d.Alternate, Internal: d.Internal, Args: d.Args}
+}
+
+// sameArgs compares two argument tables by their encoding (an absent
+// table and an empty one are the same).
+func sameArgs(a, b wire.Table) bool {
+	if len(a) == 0 || len(b) == 0 {
+		return len(a) == len(b)
+	}
+	return bytes.Equal(wire.AppendTable(nil, a), wire.AppendTable(nil, b))
+}
+
+func (m *Meta) deleteExchange(c *MetaCommand) (MetaResult, []MetaEffect) {
+	d := &c.Delete
+	if d.Name == "" || (len(d.Name) > 4 && d.Name[:4] == "amq.") {
+		return refuse(wire.NotAllowed, "exchange "+strconv.Quote(d.Name)+" cannot be deleted"), nil
+	}
+	ex, ok := m.exchanges[d.Name]
+	if !ok {
+		return refuse(wire.NotFound, "no exchange "+strconv.Quote(d.Name)), nil
+	}
+	if r, ok := allowed(c, ex.by, "delete", "exchange "+strconv.Quote(d.Name)); !ok {
+		return r, nil
+	}
+	if d.IfUnused && len(m.bySource[d.Name]) > 0 {
+		return refuse(wire.PreconditionFailed, "exchange "+strconv.Quote(d.Name)+" has bindings"), nil
+	}
+	delete(m.exchanges, d.Name)
+	for _, b := range m.bySource[d.Name] {
+		m.unlink(b)
+	}
+	for _, b := range m.byExDest[d.Name] {
+		m.unlink(b)
+	}
+	return MetaResult{}, []MetaEffect{{Kind: EffExchangeRemoved, Exchange: queue.Exchange{Name: d.Name}}}
+}
+
+func (m *Meta) declareQueue(c *MetaCommand) (MetaResult, []MetaEffect) {
+	d := &c.Queue
+	args, err := wire.ParseQueueArgs(d.Args)
+	if err != nil {
+		return refuseErr(err), nil
+	}
+	name := d.Name
+	switch {
+	case c.Generated:
+		if d.Passive || name == "" {
+			return refuse(wire.InvalidArgument, "a generated queue name needs a name and an active declare"), nil
+		}
+		if _, taken := m.queues[name]; taken {
+			return refuse(wire.InternalError, "generated queue name "+strconv.Quote(name)+" is in use; declare again"), nil
+		}
+	case name == "":
+		if d.Passive {
+			return refuse(wire.InvalidArgument, "passive declare needs a name"), nil
+		}
+		return refuse(wire.InvalidArgument, "queue declare without a name reached the metadata state machine: the broker picks a name first"), nil
+	default:
+		if err := validName(name); err != nil {
+			return refuseErr(err), nil
+		}
+		if !d.Passive && strings.HasPrefix(name, reservedPrefix) {
+			return refuse(wire.AccessRefused, "queue name "+strconv.Quote(name)+": the prefix amq. is reserved for the broker; declare with an empty name to get a generated one"), nil
+		}
+	}
+	if err := validName(args.DeadLetterExchange); err != nil {
+		return refuseErr(err), nil
+	}
+	var effs []MetaEffect
+	if d.Durable && !d.Passive {
+		effs = append(effs, MetaEffect{Kind: EffDurableAccepted, What: "queue", Name: name})
+	}
+	if q, ok := m.queues[name]; ok {
+		if q.exclusive != 0 && q.exclusive != c.Conn {
+			return refuse(wire.ResourceLocked, "queue "+strconv.Quote(name)+" is exclusive to another connection"), effs
+		}
+		r := MetaResult{QueueID: q.id, Name: name}
+		if d.Passive {
+			return r, effs
+		}
+		o := &q.decl
+		if !sameArgs(o.Args, d.Args) || o.Durable != d.Durable || o.Exclusive != d.Exclusive || o.AutoDelete != d.AutoDelete {
+			return refuse(wire.PreconditionFailed, "queue "+strconv.Quote(name)+" exists with other settings: "+queueDiff(o, d)+" (declare it with the same settings, or delete it first)"), effs
+		}
+		return r, effs
+	}
+	if d.Passive {
+		return refuse(wire.NotFound, "no queue "+strconv.Quote(name)), effs
+	}
+	if m.nextID > math.MaxUint32 {
+		return refuse(wire.ResourceLimit, "queue ids are exhausted (2^32 queues declared since the broker's metadata began)"), effs
+	}
+	// A dead-letter exchange that does not exist yet is allowed, as in
+	// AMQP: it may be declared later; dead letters are dropped until then.
+	q := &metaQueue{id: m.nextID, decl: *d, args: args, by: c.User}
+	m.nextID++
+	q.decl.Req, q.decl.Passive, q.decl.Name, q.decl.Args = 0, false, name, normArgs(d.Args)
+	if d.Exclusive {
+		q.exclusive = c.Conn
+	}
+	m.queues[name] = q
+	return MetaResult{QueueID: q.id, Name: name}, append(effs, MetaEffect{Kind: EffQueueCreated, Queue: q.public(), Shard: m.ShardOf(name)})
+}
+
+// ShardOf is the shard a queue of this name is placed on.
+func (m *Meta) ShardOf(name string) int { return int(xxhash.Sum64String(name) % uint64(m.shards)) }
+
+func (q *metaQueue) public() MetaQueue {
+	return MetaQueue{ID: q.id, Name: q.decl.Name, Decl: q.decl, Args: q.args, Exclusive: q.exclusive, DeclaredBy: q.by}
+}
+
+// deleteQueue removes a queue (its shard has checked if-unused and
+// if-empty, the runtime the requester's rights): applied only if the queue
+// of that name is still the one with that id.
+func (m *Meta) deleteQueue(c *MetaCommand) (MetaResult, []MetaEffect) {
+	q, ok := m.queues[c.Queue.Name]
+	if !ok || q.id != c.QueueID {
+		return refuse(wire.NotFound, "no queue "+strconv.Quote(c.Queue.Name)), nil
+	}
+	delete(m.queues, c.Queue.Name)
+	for _, b := range m.byQueue[c.Queue.Name] {
+		m.unlink(b)
+	}
+	return MetaResult{Removed: true, QueueID: q.id, Name: c.Queue.Name},
+		[]MetaEffect{{Kind: EffQueueRemoved, Queue: MetaQueue{ID: q.id, Name: c.Queue.Name}}}
+}
+
+func (m *Meta) bind(c *MetaCommand) (MetaResult, []MetaEffect) {
+	b := &c.Bind
+	src, ok := m.exchanges[b.Source]
+	if !ok {
+		if b.Source == "" {
+			return refuse(wire.NotAllowed, "the default exchange cannot be bound"), nil
+		}
+		return refuse(wire.NotFound, "no exchange "+strconv.Quote(b.Source)), nil
+	}
+	if b.ToExchange {
+		if _, ok := m.exchanges[b.Destination]; !ok {
+			return refuse(wire.NotFound, "no exchange "+strconv.Quote(b.Destination)), nil
+		}
+	} else if _, ok := m.queues[b.Destination]; !ok {
+		return refuse(wire.NotFound, "no queue "+strconv.Quote(b.Destination)), nil
+	}
+	if !b.Unbind && src.decl.Kind == wire.ExchangeHeaders {
+		if err := checkXMatch(b.Args); err != nil {
+			return refuseErr(err), nil
+		}
+	}
+	nb := queue.Binding{Source: b.Source, Destination: b.Destination, ToExchange: b.ToExchange, Key: b.RoutingKey, Args: normArgs(b.Args)}
+	key := bindKey(nb)
+	old := m.bindings[key]
+	if b.Unbind {
+		if old == nil {
+			return refuse(wire.NotFound, "no such binding"), nil
+		}
+		if r, ok := allowed(c, old.by, "unbind", "the binding from "+strconv.Quote(nb.Source)+" to "+strconv.Quote(nb.Destination)); !ok {
+			return r, nil
+		}
+		m.unlink(old)
+		return MetaResult{}, []MetaEffect{{Kind: EffBindingRemoved, Binding: old.b}}
+	}
+	if old != nil {
+		return MetaResult{}, nil
+	}
+	m.link(&metaBinding{key: key, b: nb, by: c.User})
+	return MetaResult{}, []MetaEffect{{Kind: EffBindingAdded, Binding: nb}}
+}
+
+func (m *Meta) destIndex(b *queue.Binding) map[string]map[string]*metaBinding {
+	if b.ToExchange {
+		return m.byExDest
+	}
+	return m.byQueue
+}
+
+func addIndex(ix map[string]map[string]*metaBinding, name string, b *metaBinding) {
+	s := ix[name]
+	if s == nil {
+		s = map[string]*metaBinding{}
+		ix[name] = s
+	}
+	s[b.key] = b
+}
+
+func dropIndex(ix map[string]map[string]*metaBinding, name, key string) {
+	if s := ix[name]; s != nil {
+		delete(s, key)
+		if len(s) == 0 {
+			delete(ix, name)
+		}
+	}
+}
+
+func (m *Meta) link(b *metaBinding) {
+	m.bindings[b.key] = b
+	addIndex(m.bySource, b.b.Source, b)
+	addIndex(m.destIndex(&b.b), b.b.Destination, b)
+}
+
+func (m *Meta) unlink(b *metaBinding) {
+	delete(m.bindings, b.key)
+	dropIndex(m.bySource, b.b.Source, b.key)
+	dropIndex(m.destIndex(&b.b), b.b.Destination, b.key)
+}
+
+// Queue is the queue of that name.
+func (m *Meta) Queue(name string) (MetaQueue, bool) {
+	q, ok := m.queues[name]
+	if !ok {
+		return MetaQueue{}, false
+	}
+	return q.public(), true
+}
+
+// HasQueue says whether a queue of that name exists.
+func (m *Meta) HasQueue(name string) bool { _, ok := m.queues[name]; return ok }
+
+// Exchange is the declaration of the exchange of that name.
+func (m *Meta) Exchange(name string) (wire.ExchangeDeclare, bool) {
+	e, ok := m.exchanges[name]
+	if !ok {
+		return wire.ExchangeDeclare{}, false
+	}
+	return e.decl, true
+}
+
+// NumQueues, NumExchanges and NumBindings count what is declared.
+func (m *Meta) NumQueues() int { return len(m.queues) }
+
+// NumExchanges: see NumQueues.
+func (m *Meta) NumExchanges() int { return len(m.exchanges) }
+
+// NumBindings: see NumQueues.
+func (m *Meta) NumBindings() int { return len(m.bindings) }
+
+// Exchanges lists the exchanges' declarations, by name.
+func (m *Meta) Exchanges() []wire.ExchangeDeclare {
+	out := make([]wire.ExchangeDeclare, 0, len(m.exchanges))
+	for _, e := range m.exchanges {
+		out = append(out, e.decl)
+	}
+	slices.SortFunc(out, func(a, b wire.ExchangeDeclare) int { return strings.Compare(a.Name, b.Name) })
+	return out
+}
+
+// Queues lists the queues, by name.
+func (m *Meta) Queues() []MetaQueue {
+	out := make([]MetaQueue, 0, len(m.queues))
+	for _, q := range m.queues {
+		out = append(out, q.public())
+	}
+	slices.SortFunc(out, func(a, b MetaQueue) int { return strings.Compare(a.Name, b.Name) })
+	return out
+}
+
+// Bindings lists the bindings in the order of their keys (source,
+// destination, routing key, arguments).
+func (m *Meta) Bindings() []queue.Binding {
+	bs := m.sortedBindings()
+	out := make([]queue.Binding, len(bs))
+	for i, b := range bs {
+		out[i] = b.b
+	}
+	return out
+}
+
+func (m *Meta) sortedBindings() []*metaBinding {
+	out := make([]*metaBinding, 0, len(m.bindings))
+	for _, b := range m.bindings {
+		out = append(out, b)
+	}
+	slices.SortFunc(out, func(a, b *metaBinding) int {
+		if c := strings.Compare(a.b.Source, b.b.Source); c != 0 {
+			return c
+		}
+		if c := strings.Compare(a.b.Destination, b.b.Destination); c != 0 {
+			return c
+		}
+		return strings.Compare(a.key, b.key)
+	})
+	return out
+}

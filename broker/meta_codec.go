@@ -1,0 +1,459 @@
+package broker
+
+import (
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"strconv"
+
+	"github.com/warren-mq/warren/queue"
+	"github.com/warren-mq/warren/wire"
+)
+
+// The one binary encoding of metadata commands and of the metadata
+// snapshot. Integers are little-endian and fixed-width, strings a u32
+// length and their bytes, tables as the wire encodes them (u32 length,
+// entries), booleans one byte 0 or 1. Every encoding starts with its
+// version; a decoder refuses a version it does not know, a length that
+// runs past the end, a flag it does not know and trailing bytes, and never
+// panics.
+
+// MetaCommandVersion is the version byte of an encoded MetaCommand.
+const MetaCommandVersion = 1
+
+// MetaSnapshotVersion is the version byte of a metadata snapshot.
+const MetaSnapshotVersion = 1
+
+// maxMetaString bounds a string in an encoded command or snapshot (names
+// are at most 255 bytes; users and routing keys are bounded by the frame
+// they came in).
+const maxMetaString = 1 << 20
+
+// AppendMetaCommand appends c's encoding to dst.
+func AppendMetaCommand(dst []byte, c *MetaCommand) []byte {
+	dst = append(dst, MetaCommandVersion, byte(c.Op))
+	dst = binary.LittleEndian.AppendUint64(dst, uint64(c.NowMs))
+	dst = appendMetaStr(dst, c.User)
+	dst = append(dst, flagByte(c.Admin))
+	dst = binary.LittleEndian.AppendUint64(dst, c.Conn)
+	switch c.Op {
+	case MetaDeclareExchange:
+		dst = appendExchangeDecl(dst, &c.Exchange, c.Exchange.Passive)
+	case MetaDeleteExchange:
+		dst = appendMetaStr(dst, c.Delete.Name)
+		dst = append(dst, flagByte(c.Delete.IfUnused))
+	case MetaDeclareQueue:
+		dst = appendQueueDecl(dst, &c.Queue, c.Queue.Passive, c.Generated)
+	case MetaDeleteQueue:
+		dst = appendMetaStr(dst, c.Queue.Name)
+		dst = binary.LittleEndian.AppendUint64(dst, c.QueueID)
+	case MetaBind:
+		dst = appendBinding(dst, queue.Binding{Source: c.Bind.Source, Destination: c.Bind.Destination,
+			ToExchange: c.Bind.ToExchange, Key: c.Bind.RoutingKey, Args: c.Bind.Args})
+		dst = append(dst, flagByte(c.Bind.Unbind))
+	}
+	return dst
+}
+
+// DecodeMetaCommand decodes one encoded MetaCommand (all of b).
+func DecodeMetaCommand(b []byte) (MetaCommand, error) {
+	r := metaReader{b: b}
+	var c MetaCommand
+	if v := r.u8(); r.err == nil && v != MetaCommandVersion {
+		return c, fmt.Errorf("metadata command version %d: this broker reads version %d (upgrade it)", v, MetaCommandVersion)
+	}
+	c.Op = MetaOp(r.u8())
+	c.NowMs = int64(r.u64())
+	c.User = r.str()
+	c.Admin = r.flag()
+	c.Conn = r.u64()
+	switch c.Op {
+	case MetaDeclareExchange:
+		c.Exchange = r.exchangeDecl()
+	case MetaDeleteExchange:
+		c.Delete.Name = r.str()
+		c.Delete.IfUnused = r.flag()
+	case MetaDeclareQueue:
+		c.Queue, c.Generated = r.queueDecl()
+	case MetaDeleteQueue:
+		c.Queue.Name = r.str()
+		c.QueueID = r.u64()
+	case MetaBind:
+		b := r.binding()
+		c.Bind = wire.Bind{Source: b.Source, Destination: b.Destination, ToExchange: b.ToExchange, RoutingKey: b.Key, Args: b.Args}
+		c.Bind.Unbind = r.flag()
+	default:
+		if r.err == nil {
+			r.fail("unknown metadata operation " + strconv.Itoa(int(c.Op)))
+		}
+	}
+	if err := r.end(); err != nil {
+		return MetaCommand{}, err
+	}
+	return c, nil
+}
+
+func flagByte(v bool) byte {
+	if v {
+		return 1
+	}
+	return 0
+}
+
+func flagBits(vs ...bool) byte {
+	var f byte
+	for i, v := range vs {
+		if v {
+			f |= 1 << i
+		}
+	}
+	return f
+}
+
+func appendMetaStr(dst []byte, s string) []byte {
+	dst = binary.LittleEndian.AppendUint32(dst, uint32(len(s)))
+	return append(dst, s...)
+}
+
+func appendExchangeDecl(dst []byte, d *wire.ExchangeDeclare, passive bool) []byte {
+	dst = appendMetaStr(dst, d.Name)
+	dst = append(dst, byte(d.Kind), flagBits(d.Durable, d.AutoDelete, d.Internal, passive))
+	dst = appendMetaStr(dst, d.Alternate)
+	return wire.AppendTable(dst, d.Args)
+}
+
+func appendQueueDecl(dst []byte, d *wire.QueueDeclare, passive, generated bool) []byte {
+	dst = appendMetaStr(dst, d.Name)
+	dst = append(dst, flagBits(d.Durable, d.Exclusive, d.AutoDelete, passive, generated))
+	return wire.AppendTable(dst, d.Args)
+}
+
+func appendBinding(dst []byte, b queue.Binding) []byte {
+	dst = appendMetaStr(dst, b.Source)
+	dst = appendMetaStr(dst, b.Destination)
+	dst = append(dst, flagByte(b.ToExchange))
+	dst = appendMetaStr(dst, b.Key)
+	return wire.AppendTable(dst, b.Args)
+}
+
+// metaReader reads the encoding; the first error sticks and every read
+// after it returns zero values.
+type metaReader struct {
+	b   []byte
+	err error
+}
+
+func (r *metaReader) fail(msg string) {
+	if r.err == nil {
+		r.err = errors.New("metadata encoding: " + msg)
+	}
+	r.b = nil
+}
+
+func (r *metaReader) take(n int, what string) []byte {
+	if r.err != nil {
+		return nil
+	}
+	if n < 0 || n > len(r.b) {
+		r.fail(what + " runs past the end")
+		return nil
+	}
+	p := r.b[:n]
+	r.b = r.b[n:]
+	return p
+}
+
+func (r *metaReader) u8() byte {
+	p := r.take(1, "a byte")
+	if p == nil {
+		return 0
+	}
+	return p[0]
+}
+
+func (r *metaReader) u32() uint32 {
+	p := r.take(4, "a u32")
+	if p == nil {
+		return 0
+	}
+	return binary.LittleEndian.Uint32(p)
+}
+
+func (r *metaReader) u64() uint64 {
+	p := r.take(8, "a u64")
+	if p == nil {
+		return 0
+	}
+	return binary.LittleEndian.Uint64(p)
+}
+
+func (r *metaReader) flag() bool {
+	v := r.u8()
+	if v > 1 {
+		r.fail("a boolean is " + strconv.Itoa(int(v)) + ", not 0 or 1")
+	}
+	return v == 1
+}
+
+// flags reads a flag byte with n defined bits.
+func (r *metaReader) flags(n uint) byte {
+	v := r.u8()
+	if v>>n != 0 {
+		r.fail("unknown flag bits " + strconv.Itoa(int(v)))
+	}
+	return v
+}
+
+func (r *metaReader) str() string {
+	n := r.u32()
+	if n > maxMetaString {
+		r.fail("a string of " + strconv.FormatUint(uint64(n), 10) + " bytes")
+		return ""
+	}
+	return string(r.take(int(n), "a string"))
+}
+
+func (r *metaReader) table() wire.Table {
+	n := r.u32()
+	raw := r.take(int(n), "a table")
+	if r.err != nil || len(raw) == 0 {
+		return nil
+	}
+	t, err := wire.DecodeTable(raw)
+	if err != nil {
+		r.fail("a table: " + err.Error())
+		return nil
+	}
+	return t
+}
+
+func (r *metaReader) exchangeDecl() wire.ExchangeDeclare {
+	var d wire.ExchangeDeclare
+	d.Name = r.str()
+	d.Kind = wire.ExchangeKind(r.u8())
+	if r.err == nil && (d.Kind < wire.ExchangeDirect || d.Kind > wire.ExchangeConsistentHash) {
+		r.fail("unknown exchange kind " + strconv.Itoa(int(d.Kind)))
+	}
+	f := r.flags(4)
+	d.Durable, d.AutoDelete, d.Internal, d.Passive = f&1 != 0, f&2 != 0, f&4 != 0, f&8 != 0
+	d.Alternate = r.str()
+	d.Args = r.table()
+	return d
+}
+
+func (r *metaReader) queueDecl() (wire.QueueDeclare, bool) {
+	var d wire.QueueDeclare
+	d.Name = r.str()
+	f := r.flags(5)
+	d.Durable, d.Exclusive, d.AutoDelete, d.Passive = f&1 != 0, f&2 != 0, f&4 != 0, f&8 != 0
+	d.Args = r.table()
+	return d, f&16 != 0
+}
+
+func (r *metaReader) binding() queue.Binding {
+	var b queue.Binding
+	b.Source = r.str()
+	b.Destination = r.str()
+	b.ToExchange = r.flag()
+	b.Key = r.str()
+	b.Args = r.table()
+	return b
+}
+
+func (r *metaReader) end() error {
+	if r.err == nil && len(r.b) > 0 {
+		r.fail(strconv.Itoa(len(r.b)) + " trailing bytes")
+	}
+	return r.err
+}
+
+// Snapshot encodes the whole state, deterministically: the same state
+// gives the same bytes (exchanges and queues by name, bindings by key).
+func (m *Meta) Snapshot() []byte {
+	dst := []byte{MetaSnapshotVersion}
+	dst = binary.LittleEndian.AppendUint64(dst, m.nextID)
+	exs := m.Exchanges()
+	dst = binary.LittleEndian.AppendUint32(dst, uint32(len(exs)))
+	for i := range exs {
+		dst = appendExchangeDecl(dst, &exs[i], false)
+		dst = appendMetaStr(dst, m.exchanges[exs[i].Name].by)
+	}
+	qs := m.Queues()
+	dst = binary.LittleEndian.AppendUint32(dst, uint32(len(qs)))
+	for i := range qs {
+		q := &qs[i]
+		dst = binary.LittleEndian.AppendUint64(dst, q.ID)
+		dst = appendQueueDecl(dst, &q.Decl, false, false)
+		dst = binary.LittleEndian.AppendUint64(dst, q.Exclusive)
+		dst = appendMetaStr(dst, q.DeclaredBy)
+	}
+	bs := m.sortedBindings()
+	dst = binary.LittleEndian.AppendUint32(dst, uint32(len(bs)))
+	for _, b := range bs {
+		dst = appendBinding(dst, b.b)
+		dst = appendMetaStr(dst, b.by)
+	}
+	return dst
+}
+
+// Restore replaces the state with a snapshot's. On an error the state is
+// unchanged.
+func (m *Meta) Restore(snap []byte) error {
+	n := &Meta{shards: m.shards}
+	n.reset()
+	r := metaReader{b: snap}
+	if v := r.u8(); r.err == nil && v != MetaSnapshotVersion {
+		return fmt.Errorf("metadata snapshot version %d: this broker reads version %d (upgrade it)", v, MetaSnapshotVersion)
+	}
+	n.nextID = r.u64()
+	for i, c := int(r.u32()), 0; c < i && r.err == nil; c++ {
+		d := r.exchangeDecl()
+		by := r.str()
+		if r.err != nil {
+			break
+		}
+		if _, dup := n.exchanges[d.Name]; dup || d.Passive {
+			r.fail("exchange " + strconv.Quote(d.Name) + " twice or passive")
+			break
+		}
+		n.exchanges[d.Name] = &metaExchange{decl: d, by: by}
+	}
+	ids := map[uint64]bool{}
+	for i, c := int(r.u32()), 0; c < i && r.err == nil; c++ {
+		id := r.u64()
+		d, gen := r.queueDecl()
+		excl := r.u64()
+		by := r.str()
+		if r.err != nil {
+			break
+		}
+		args, err := wire.ParseQueueArgs(d.Args)
+		if err != nil {
+			r.fail("queue " + strconv.Quote(d.Name) + ": " + err.Error())
+			break
+		}
+		if _, dup := n.queues[d.Name]; dup || d.Passive || gen || id == 0 || id >= n.nextID || ids[id] {
+			r.fail("queue " + strconv.Quote(d.Name) + " twice, passive, or with id " + strconv.FormatUint(id, 10) + " not below the next id")
+			break
+		}
+		ids[id] = true
+		n.queues[d.Name] = &metaQueue{id: id, decl: d, args: args, exclusive: excl, by: by}
+	}
+	for i, c := int(r.u32()), 0; c < i && r.err == nil; c++ {
+		b := r.binding()
+		by := r.str()
+		if r.err != nil {
+			break
+		}
+		_, srcOK := n.exchanges[b.Source]
+		dstOK := n.queues[b.Destination] != nil
+		if b.ToExchange {
+			_, dstOK = n.exchanges[b.Destination]
+		}
+		key := bindKey(b)
+		if !srcOK || !dstOK || n.bindings[key] != nil {
+			r.fail("binding from " + strconv.Quote(b.Source) + " to " + strconv.Quote(b.Destination) + ": an end is missing or it is listed twice")
+			break
+		}
+		n.link(&metaBinding{key: key, b: b, by: by})
+	}
+	if err := r.end(); err != nil {
+		return err
+	}
+	*m = *n
+	return nil
+}
+
+// MetaEffectSink is what applies the metadata state machine's effects at
+// run time (the broker's topology: routing, shards).
+type MetaEffectSink interface {
+	ApplyMetaEffects(effs []MetaEffect)
+}
+
+// MetaMachine applies encoded metadata commands to a Meta and hands their
+// effects to a sink: the replication.StateMachine of the metadata group.
+type MetaMachine struct {
+	Meta    *Meta
+	Sink    MetaEffectSink // nil: effects are dropped
+	Applied uint64         // index of the last command applied or restored
+}
+
+// Apply decodes one command, applies it and returns its MetaResult. An
+// error means the bytes are no command this version knows.
+func (mm *MetaMachine) Apply(index uint64, cmd []byte) (any, error) {
+	c, err := DecodeMetaCommand(cmd)
+	if err != nil {
+		return nil, err
+	}
+	res, effs := mm.Meta.Apply(&c)
+	mm.Applied = index
+	if mm.Sink != nil && len(effs) > 0 {
+		mm.Sink.ApplyMetaEffects(effs)
+	}
+	return res, nil
+}
+
+// Snapshot encodes the state after the last command applied.
+func (mm *MetaMachine) Snapshot() ([]byte, error) { return mm.Meta.Snapshot(), nil }
+
+// Restore replaces the state with a snapshot's and hands the sink the
+// effects that turn the old state into the new one.
+func (mm *MetaMachine) Restore(index uint64, snap []byte) error {
+	old := *mm.Meta
+	if err := mm.Meta.Restore(snap); err != nil {
+		return err
+	}
+	mm.Applied = index
+	if effs := diffMeta(&old, mm.Meta); mm.Sink != nil && len(effs) > 0 {
+		mm.Sink.ApplyMetaEffects(effs)
+	}
+	return nil
+}
+
+// diffMeta lists the effects that turn state a into state b: removals
+// first (an exchange's or a queue's removal takes its bindings along),
+// then creations, then the bindings b has that survived or new ends lack.
+func diffMeta(a, b *Meta) []MetaEffect {
+	var effs []MetaEffect
+	exGone := map[string]bool{}
+	for _, d := range a.Exchanges() {
+		if nd, ok := b.exchanges[d.Name]; !ok || !sameExchange(&d, &nd.decl) {
+			exGone[d.Name] = true
+			effs = append(effs, MetaEffect{Kind: EffExchangeRemoved, Exchange: queue.Exchange{Name: d.Name}})
+		}
+	}
+	qGone := map[string]bool{}
+	for _, q := range a.Queues() {
+		if nq, ok := b.queues[q.Name]; !ok || nq.id != q.ID {
+			qGone[q.Name] = true
+			effs = append(effs, MetaEffect{Kind: EffQueueRemoved, Queue: MetaQueue{ID: q.ID, Name: q.Name}})
+		}
+	}
+	for _, ob := range a.sortedBindings() {
+		if b.bindings[ob.key] == nil && !exGone[ob.b.Source] && !(ob.b.ToExchange && exGone[ob.b.Destination]) && !(!ob.b.ToExchange && qGone[ob.b.Destination]) {
+			effs = append(effs, MetaEffect{Kind: EffBindingRemoved, Binding: ob.b})
+		}
+	}
+	for _, d := range b.Exchanges() {
+		if _, ok := a.exchanges[d.Name]; !ok || exGone[d.Name] {
+			effs = append(effs, MetaEffect{Kind: EffExchangeCreated, Exchange: exchangeOf(&d)})
+		}
+	}
+	for _, q := range b.Queues() {
+		if _, ok := a.queues[q.Name]; !ok || qGone[q.Name] {
+			effs = append(effs, MetaEffect{Kind: EffQueueCreated, Queue: q, Shard: b.ShardOf(q.Name)})
+		}
+	}
+	for _, nb := range b.sortedBindings() {
+		x := &nb.b
+		if a.bindings[nb.key] == nil || exGone[x.Source] || (x.ToExchange && exGone[x.Destination]) || (!x.ToExchange && qGone[x.Destination]) {
+			effs = append(effs, MetaEffect{Kind: EffBindingAdded, Binding: nb.b})
+		}
+	}
+	return effs
+}
+
+func sameExchange(a, b *wire.ExchangeDeclare) bool {
+	return a.Kind == b.Kind && a.Durable == b.Durable && a.AutoDelete == b.AutoDelete && a.Internal == b.Internal &&
+		a.Alternate == b.Alternate && sameArgs(a.Args, b.Args)
+}
