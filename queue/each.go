@@ -1,0 +1,36 @@
+package queue
+
+// EachMessage calls fn for every message the queue holds, whatever its
+// state: ready (in priority-level ring order, skipping entries that expired
+// in place and were already dead-lettered or dropped), parked for a retry
+// backoff (in heap order), and out with a consumer (per consumer, in tag
+// order). Each message is reported once, with its size. It reads the
+// state and changes nothing; fn must not call back into the machine.
+//
+// A durable queue rebuilds its live-entry set from it after a restore
+// (design/replication.md §2.3), so it lists exactly the messages whose
+// bodies a caller must still keep: every message for which no Remove,
+// DeadLetter, Drop, RejectPublish or Duplicate effect has been emitted.
+// It costs O(held messages).
+func (m *Machine) EachMessage(fn func(id uint64, size uint32)) {
+	for l := range m.levels {
+		r := &m.levels[l]
+		for i := 0; i < r.len(); i++ {
+			e := r.at(i)
+			if _, gone := m.dead[e.id]; gone {
+				continue
+			}
+			fn(e.id, e.size)
+		}
+	}
+	for _, t := range m.parked {
+		fn(t.e.id, t.e.size)
+	}
+	for _, c := range m.consumers {
+		for i := c.head; i < len(c.out); i++ {
+			if o := &c.out[i]; !o.settled {
+				fn(o.e.id, o.e.size)
+			}
+		}
+	}
+}
