@@ -11,12 +11,15 @@ require (
 	github.com/panjf2000/gnet/v2 v2.9.7
 	github.com/prometheus/common v0.73.1
 	github.com/rabbitmq/amqp091-go v1.10.0
+	go.etcd.io/raft/v3 v3.6.0
 	golang.org/x/crypto v0.59.0
 	golang.org/x/sys v0.50.0
 	gopkg.in/yaml.v3 v3.0.1
 )
 
 require (
+	github.com/gogo/protobuf v1.3.2 // indirect
+	github.com/golang/protobuf v1.5.4 // indirect
 	github.com/munnerz/goautoneg v0.0.0-20191010083416-a7dc8b61c822 // indirect
 	github.com/pandatix/go-abnf v0.5.3 // indirect
 	github.com/panjf2000/ants/v2 v2.11.3 // indirect
