@@ -100,7 +100,7 @@ const (
 // RouteView is what the event loops route against: swapped atomically on
 // every topology change, never mutated.
 type RouteView struct {
-	Table  *queue.Table
+	Table  *queue.CompiledTable
 	Queues map[string]*Queue
 }
 

@@ -10,14 +10,14 @@ import (
 
 // hashNames makes a consistent-hash exchange "h" over queues with the given
 // names and weights (binding keys).
-func hashNames(names, weights []string) *Table {
+func hashNames(names, weights []string) namedTable {
 	top := NewTopology()
 	top.Exchanges["h"] = Exchange{Name: "h", Kind: wire.ExchangeConsistentHash}
 	for i, q := range names {
 		top.Queues[q] = struct{}{}
 		top.Bindings = append(top.Bindings, Binding{Source: "h", Destination: q, Key: weights[i]})
 	}
-	return top.Compile()
+	return routesFrom(top)
 }
 
 func randomName(r *rand.Rand) string {
@@ -73,7 +73,7 @@ func TestConsistentHashWeightShares(t *testing.T) {
 				keys = 20_000 // ±2 points is still > 5σ
 			}
 			for k := 0; k < keys; k++ {
-				out, _ := tab.Route(dst[:0], "h", randomKey(r, buf), nil)
+				out, _ := tab.routeNames(dst[:0], "h", randomKey(r, buf), nil)
 				if len(out) != 1 {
 					t.Fatalf("routed to %v", out)
 				}
@@ -108,8 +108,8 @@ func TestConsistentHashMovement(t *testing.T) {
 		moved := 0
 		for k := 0; k < keys; k++ {
 			key := randomKey(r, buf)
-			a, _ := before.Route(nil, "h", key, nil)
-			b, _ := after.Route(nil, "h", key, nil)
+			a, _ := before.routeNames(nil, "h", key, nil)
+			b, _ := after.routeNames(nil, "h", key, nil)
 			if a[0] != b[0] {
 				if b[0] != names[3] {
 					t.Fatalf("names %q: key moved between old queues %s → %s", names, a[0], b[0])
@@ -127,7 +127,7 @@ func TestConsistentHashMovement(t *testing.T) {
 // consistent-hash exchange allocates nothing once dst has room.
 func TestConsistentHashRouteAllocatesNothing(t *testing.T) {
 	tab := hashNames([]string{"a", "b", "c"}, []string{"1", "1", "2"})
-	dst := make([]string, 0, 4)
+	dst := make([]QueueRef, 0, 4)
 	key := []byte("user-42")
 	if n := testing.AllocsPerRun(1000, func() { dst, _ = tab.Route(dst[:0], "h", key, nil) }); n != 0 {
 		t.Fatalf("%v allocations per route", n)

@@ -82,16 +82,19 @@ type compiled struct {
 	hashHdr   string
 }
 
-// Table is an immutable, compiled routing table.
-type Table struct {
+// CompiledTable is an immutable routing table compiled whole from a
+// Topology: the reference model Routes is tested against (and what the
+// broker used before Routes; it goes to a _test.go file once nothing else
+// uses it).
+type CompiledTable struct {
 	exchanges map[string]*compiled
 	queues    map[string]struct{}
 }
 
 // Compile builds the routing table for t. Bindings to exchanges or queues
 // that do not exist are skipped.
-func (t *Topology) Compile() *Table {
-	tab := &Table{exchanges: map[string]*compiled{}, queues: map[string]struct{}{}}
+func (t *Topology) Compile() *CompiledTable {
+	tab := &CompiledTable{exchanges: map[string]*compiled{}, queues: map[string]struct{}{}}
 	for q := range t.Queues {
 		tab.queues[q] = struct{}{}
 	}
@@ -244,7 +247,7 @@ func appendDest(ds []dest, d dest) []dest {
 // not exist. An empty result means unroutable (the caller returns
 // mandatory messages). The default exchange "" routes to the queue named
 // by the key. Route allocates nothing once dst has room.
-func (t *Table) Route(dst []string, exchange string, routingKey []byte, headers []byte) (out []string, ok bool) {
+func (t *CompiledTable) Route(dst []string, exchange string, routingKey []byte, headers []byte) (out []string, ok bool) {
 	if exchange == "" {
 		if _, found := t.queues[string(routingKey)]; found {
 			dst = append(dst, string(routingKey))
@@ -265,20 +268,20 @@ func (t *Table) Route(dst []string, exchange string, routingKey []byte, headers 
 const maxExchangeHops = 16
 
 // HasExchange reports whether exchange exists (the default always does).
-func (t *Table) HasExchange(name string) bool {
+func (t *CompiledTable) HasExchange(name string) bool {
 	_, ok := t.exchanges[name]
 	return ok || name == ""
 }
 
 // IsInternal reports whether exchange is internal (fed only by
 // exchange-to-exchange bindings, not by publishers).
-func (t *Table) IsInternal(name string) bool {
+func (t *CompiledTable) IsInternal(name string) bool {
 	c := t.exchanges[name]
 	return c != nil && c.Internal
 }
 
 // HasQueue reports whether a queue exists.
-func (t *Table) HasQueue(name string) bool { _, ok := t.queues[name]; return ok }
+func (t *CompiledTable) HasQueue(name string) bool { _, ok := t.queues[name]; return ok }
 
 func (c *compiled) route(dst []string, start int, key, headers []byte, visited []*compiled) []string {
 	if slices.Contains(visited, c) || len(visited) == cap(visited) {

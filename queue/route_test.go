@@ -8,13 +8,13 @@ import (
 	"github.com/warren-mq/warren/wire"
 )
 
-func routeOf(t *testing.T, tab *Table, ex, key string, headers wire.Table) []string {
+func routeOf(t *testing.T, tab namedTable, ex, key string, headers wire.Table) []string {
 	t.Helper()
 	var raw []byte
 	if headers != nil {
 		raw = wire.AppendTable(nil, headers)[4:]
 	}
-	out, ok := tab.Route(nil, ex, []byte(key), raw)
+	out, ok := tab.routeNames(nil, ex, []byte(key), raw)
 	if !ok {
 		return []string{"<no exchange>"}
 	}
@@ -22,14 +22,14 @@ func routeOf(t *testing.T, tab *Table, ex, key string, headers wire.Table) []str
 	return out
 }
 
-func topicTable(patterns ...string) *Table {
+func topicTable(patterns ...string) namedTable {
 	top := NewTopology()
 	top.Exchanges["t"] = Exchange{Name: "t", Kind: wire.ExchangeTopic}
 	for _, p := range patterns {
 		top.Queues[p] = struct{}{}
 		top.Bindings = append(top.Bindings, Binding{Source: "t", Destination: p, Key: p})
 	}
-	return top.Compile()
+	return routesFrom(top)
 }
 
 func TestTopicMatching(t *testing.T) {
@@ -71,7 +71,7 @@ func TestTopicMatching(t *testing.T) {
 	for _, p := range []string{"#", "a.*", "a.b", "#.b"} {
 		top.Bindings = append(top.Bindings, Binding{Source: "t", Destination: "q", Key: p})
 	}
-	if got := routeOf(t, top.Compile(), "t", "a.b", nil); !slices.Equal(got, []string{"q"}) {
+	if got := routeOf(t, routesFrom(top), "t", "a.b", nil); !slices.Equal(got, []string{"q"}) {
 		t.Fatalf("got %v", got)
 	}
 }
@@ -93,7 +93,7 @@ func TestDirectFanoutDefaultAlternate(t *testing.T) {
 		{Source: "ae", Destination: "lost"},
 		{Source: "d", Destination: "missing-queue", Key: "k3"},
 	}
-	tab := top.Compile()
+	tab := routesFrom(top)
 	check := func(ex, key string, want ...string) {
 		t.Helper()
 		if got := routeOf(t, tab, ex, key, nil); !slices.Equal(got, want) {
@@ -124,7 +124,7 @@ func TestExchangeToExchangeAndCycles(t *testing.T) {
 		{Source: "c", Destination: "q"},
 		{Source: "b", Destination: "audit"},
 	}
-	tab := top.Compile()
+	tab := routesFrom(top)
 	if got := routeOf(t, tab, "a", "order.created", nil); !slices.Equal(got, []string{"audit", "q"}) {
 		t.Fatalf("got %v", got)
 	}
@@ -144,7 +144,7 @@ func TestHeadersExchange(t *testing.T) {
 		{Source: "h", Destination: "any", Args: wire.Table{{Key: "x-match", Value: wire.String("any")}, {Key: "region", Value: wire.String("eu")}, {Key: "tier", Value: wire.Int(1)}}},
 		{Source: "h", Destination: "present", Args: wire.Table{{Key: "trace", Value: wire.Null()}}},
 	}
-	tab := top.Compile()
+	tab := routesFrom(top)
 	cases := []struct {
 		h    wire.Table
 		want []string
@@ -163,7 +163,7 @@ func TestHeadersExchange(t *testing.T) {
 	}
 }
 
-func hashTable(queues int, weights map[string]string, header string) *Table {
+func hashTable(queues int, weights map[string]string, header string) namedTable {
 	top := NewTopology()
 	ex := Exchange{Name: "h", Kind: wire.ExchangeConsistentHash}
 	if header != "" {
@@ -175,7 +175,7 @@ func hashTable(queues int, weights map[string]string, header string) *Table {
 		top.Queues[q] = struct{}{}
 		top.Bindings = append(top.Bindings, Binding{Source: "h", Destination: q, Key: weights[q]})
 	}
-	return top.Compile()
+	return routesFrom(top)
 }
 
 // TestConsistentHash: one queue per key, stable; adding a queue moves about
@@ -187,8 +187,8 @@ func TestConsistentHash(t *testing.T) {
 	counts := map[string]int{}
 	for i := 0; i < keys; i++ {
 		k := []byte(fmt.Sprintf("user-%d", i))
-		a, _ := before.Route(nil, "h", k, nil)
-		b, _ := after.Route(nil, "h", k, nil)
+		a, _ := before.routeNames(nil, "h", k, nil)
+		b, _ := after.routeNames(nil, "h", k, nil)
 		if len(a) != 1 || len(b) != 1 {
 			t.Fatalf("key %s routed to %v / %v", k, a, b)
 		}
@@ -212,7 +212,7 @@ func TestConsistentHash(t *testing.T) {
 	w := hashTable(2, map[string]string{"q0": "3", "q1": "1"}, "")
 	n0 := 0
 	for i := 0; i < keys; i++ {
-		out, _ := w.Route(nil, "h", []byte(fmt.Sprintf("k%d", i)), nil)
+		out, _ := w.routeNames(nil, "h", []byte(fmt.Sprintf("k%d", i)), nil)
 		if out[0] == "q0" {
 			n0++
 		}
@@ -223,8 +223,8 @@ func TestConsistentHash(t *testing.T) {
 	// Hashing a header instead of the key.
 	hh := hashTable(4, nil, "user")
 	hdr := wire.AppendTable(nil, wire.Table{{Key: "user", Value: wire.String("alice")}})[4:]
-	a, _ := hh.Route(nil, "h", []byte("x"), hdr)
-	b, _ := hh.Route(nil, "h", []byte("y"), hdr)
+	a, _ := hh.routeNames(nil, "h", []byte("x"), hdr)
+	b, _ := hh.routeNames(nil, "h", []byte("y"), hdr)
 	if a[0] != b[0] {
 		t.Fatalf("same header value went to %v and %v", a, b)
 	}
@@ -238,7 +238,7 @@ func TestTableImmutable(t *testing.T) {
 	top.Exchanges["t"] = Exchange{Name: "t", Kind: wire.ExchangeTopic}
 	top.Queues["qa"] = struct{}{}
 	top.Bindings = append(top.Bindings, Binding{Source: "t", Destination: "qa", Key: "a.*"})
-	old := top.Compile()
+	old := routesFrom(top)
 	top.Queues["qb"] = struct{}{}
 	top.Bindings[0].Key = "zzz"
 	top.Bindings = append(top.Bindings, Binding{Source: "t", Destination: "qb", Key: "a.#"})
@@ -246,7 +246,7 @@ func TestTableImmutable(t *testing.T) {
 	if got := routeOf(t, old, "t", "a.x", nil); !slices.Equal(got, []string{"qa"}) {
 		t.Fatalf("the old table routes a.x to %v after the topology changed, want [qa]", got)
 	}
-	if got := routeOf(t, top.Compile(), "t", "a.x", nil); !slices.Equal(got, []string{"<no exchange>"}) {
+	if got := routeOf(t, routesFrom(top), "t", "a.x", nil); !slices.Equal(got, []string{"<no exchange>"}) {
 		t.Fatalf("the new table routes a.x to %v, want no exchange", got)
 	}
 }
@@ -271,9 +271,9 @@ func BenchmarkTopicRoute(b *testing.B) {
 		}
 		top.Bindings = append(top.Bindings, Binding{Source: "t", Destination: q, Key: p})
 	}
-	tab := top.Compile()
+	tab := routesFrom(top)
 	key := []byte("order.region4.created")
-	dst := make([]string, 0, 16)
+	dst := make([]QueueRef, 0, 16)
 	b.ReportAllocs()
 	for b.Loop() {
 		out, _ := tab.Route(dst[:0], "t", key, nil)
