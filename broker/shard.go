@@ -2,6 +2,7 @@ package broker
 
 import (
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/warren-mq/warren/queue"
@@ -33,6 +34,10 @@ type shard struct {
 	// deliveries gathered during a batch, handed per sink at its end
 	pending map[Sink][]Delivery
 	touched []Sink
+
+	// visited counts the queues a timer or a Down looked at (tests check
+	// that the work per event is the queues it concerns, not all of them).
+	visited atomic.Int64
 }
 
 func newShard(b *Broker) *shard {
@@ -124,6 +129,7 @@ func (s *shard) flushEffects() {
 func (s *shard) tick() {
 	next := int64(0)
 	for q := range s.queues {
+		s.visited.Add(1)
 		if q.wakeAt != 0 && q.wakeAt <= s.now {
 			q.wakeAt = 0
 			effs, _ := q.m.Apply(&queue.Tick{NowMs: s.now})
@@ -517,6 +523,7 @@ func (s *shard) settle(items []SettleItem) {
 // and deletes the queues it owned exclusively.
 func (s *shard) down(connID uint64) {
 	for q := range s.queues {
+		s.visited.Add(1)
 		if q.exclusive == connID {
 			if s.b.topo.removeQueue(q) {
 				s.deleteQueue(q, "exclusive owner closed")

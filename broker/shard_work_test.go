@@ -1,0 +1,132 @@
+package broker
+
+import (
+	"fmt"
+	"testing"
+	"time"
+
+	"github.com/warren-mq/warren/queue"
+	"github.com/warren-mq/warren/wire"
+)
+
+// idleQueues gives shard sh n queues that no connection uses and that
+// have no timer, created as the topology would (a CmdCreate each) but
+// without routing: they only make the shard big.
+func idleQueues(t *testing.T, sh *shard, n int) {
+	t.Helper()
+	for i := range n {
+		sh.submit(Command{Kind: CmdCreate, Queue: &Queue{name: fmt.Sprintf("idle-%d", i), shard: sh}})
+	}
+	barrier(t, sh)
+}
+
+// signalSink is a recSink that says when a delivery arrives.
+type signalSink struct {
+	recSink
+	got chan struct{}
+}
+
+func (s *signalSink) Deliver(ds []Delivery) {
+	s.recSink.Deliver(ds)
+	select {
+	case s.got <- struct{}{}:
+	default:
+	}
+}
+
+// TestTickVisitsOnlyDueQueues: a shard with many idle queues and one whose
+// message expires does the expiry when its timer fires, and looks at the
+// due queue only, not at every queue it owns.
+func TestTickVisitsOnlyDueQueues(t *testing.T) {
+	b := startBroker(t, Config{Shards: 1})
+	must := mustFunc(t)
+	declareDeadLetterQueue(t, b)
+	_, err := b.DeclareQueue(wire.QueueDeclare{Name: "ttl", Args: wire.Table{
+		{Key: "message-ttl", Value: wire.Int(5)}, {Key: "dead-letter-exchange", Value: wire.String("dlx")}}})
+	must(err)
+	sh := b.shards[0]
+	const idle = 2000
+	idleQueues(t, sh, idle)
+
+	k := &signalSink{got: make(chan struct{}, 1)}
+	dlq := b.LookupQueue("dlq")
+	b.Submit(Command{Kind: CmdSubscribe, Queue: dlq, Sink: k, Spec: queue.ConsumerSpec{ID: b.NewConsumerID(), Owner: 1, Prefetch: 10}})
+	barrier(t, sh)
+	before := sh.visited.Load()
+	publishTo(b, b.LookupQueue("ttl"), "expires")
+	select {
+	case <-k.got: // the message expired on the shard's timer and was dead-lettered
+	case <-time.After(10 * time.Second):
+		t.Fatal("the expired message never reached the dead-letter queue")
+	}
+	barrier(t, sh)
+	if n := sh.visited.Load() - before; n < 1 || n > 3 {
+		t.Errorf("the timer looked at %d queues to expire one message, want 1 (the due queue; %d idle queues)", n, idle)
+	}
+}
+
+// TestDownVisitsOnlyTheConnectionsQueues: a closed connection's Down looks
+// at the queues where it has consumers and the exclusive queues it owns,
+// and at no other; what it held still goes back, its exclusive queue is
+// still deleted, and a consumer it cancelled or lost to a deleted queue no
+// longer counts.
+func TestDownVisitsOnlyTheConnectionsQueues(t *testing.T) {
+	b := startBroker(t, Config{Shards: 1})
+	must := mustFunc(t)
+	sh := b.shards[0]
+	for _, name := range []string{"used", "cancelled", "deleted"} {
+		_, err := b.DeclareQueue(wire.QueueDeclare{Name: name})
+		must(err)
+	}
+	_, err := b.DeclareQueueAs(&wire.QueueDeclare{Name: "excl", Exclusive: true}, 8, "")
+	must(err)
+	const idle = 2000
+	idleQueues(t, sh, idle)
+
+	used, cancelled, deleted := b.LookupQueue("used"), b.LookupQueue("cancelled"), b.LookupQueue("deleted")
+	k := &recSink{}
+	sub := func(q *Queue) queue.ConsumerID {
+		id := b.NewConsumerID()
+		b.Submit(Command{Kind: CmdSubscribe, Queue: q, Sink: k, Spec: queue.ConsumerSpec{ID: id, Owner: 7, Prefetch: 10}})
+		return id
+	}
+	sub(used)
+	c2 := sub(cancelled)
+	sub(deleted)
+	publishTo(b, used, "held")
+	b.Submit(Command{Kind: CmdCancel, Queue: cancelled, Consumer: c2, Requeue: true})
+	barrier(t, sh)
+	if _, err := b.DeleteQueue(t.Context(), "deleted", false, false); err != nil {
+		t.Fatal(err)
+	}
+	barrier(t, sh)
+	if used.unacked.Load() != 1 {
+		t.Fatalf("queue used: %d unacked, want the 1 message out with connection 7", used.unacked.Load())
+	}
+
+	down := func(conn uint64) int64 {
+		t.Helper()
+		before := sh.visited.Load()
+		b.Submit(Command{Kind: CmdDown, Owner: conn})
+		barrier(t, sh)
+		return sh.visited.Load() - before
+	}
+	if n := down(9); n != 0 {
+		t.Errorf("Down of a connection that used no queue looked at %d queues, want 0", n)
+	}
+	if n := down(7); n != 1 {
+		t.Errorf("Down of connection 7 looked at %d queues, want 1 (its consumer's; not the cancelled or deleted ones, nor %d idle)", n, idle)
+	}
+	if used.ready.Load() != 1 || used.unacked.Load() != 0 || used.consumers.Load() != 0 {
+		t.Errorf("queue used after Down: ready %d unacked %d consumers %d, want the message back (1 0 0)", used.ready.Load(), used.unacked.Load(), used.consumers.Load())
+	}
+	if n := down(7); n != 0 {
+		t.Errorf("a second Down of connection 7 looked at %d queues, want 0", n)
+	}
+	if n := down(8); n != 1 {
+		t.Errorf("Down of connection 8 looked at %d queues, want 1 (its exclusive queue)", n)
+	}
+	if b.LookupQueue("excl") != nil {
+		t.Error("the exclusive queue outlived its owner")
+	}
+}
