@@ -22,9 +22,13 @@ type shard struct {
 	done  chan struct{}
 
 	// shard-owned
-	queues     map[*Queue]struct{}
-	now        int64 // ms, stamped once per drained batch
-	nextWake   int64
+	queues map[*Queue]struct{}
+	now    int64 // ms, stamped once per drained batch
+	// timers orders the queues waiting for a Tick by wake time; the timer
+	// is armed for armedAt (0: not armed), the earliest of them.
+	timers     timerHeap
+	armedAt    int64
+	due        []*Queue // scratch: the queues a firing of the timer ticks
 	timer      *time.Timer
 	msgScratch []queue.Message
 	// bytesDelta accumulates stored-byte changes, folded into the server's
@@ -71,6 +75,7 @@ func (s *shard) run() {
 		case <-s.wake:
 			s.drain()
 		case <-s.timer.C:
+			s.armedAt = 0
 			s.now = s.b.NowMs()
 			s.tick()
 			s.finishBatch()
@@ -103,11 +108,15 @@ func (s *shard) drain() {
 // one call per sink, and re-arms the timer.
 func (s *shard) finishBatch() {
 	s.flushEffects()
-	if s.nextWake > 0 {
-		d := time.Duration(s.nextWake-s.now) * time.Millisecond
+	// Re-armed only when a queue wants an earlier wake than the timer is
+	// set for; a firing with nothing due (the earliest queue was ticked or
+	// deleted meanwhile) just re-arms it.
+	if next := s.timers.next(); next > 0 && (s.armedAt == 0 || next < s.armedAt) {
+		d := time.Duration(next-s.now) * time.Millisecond
 		if d < time.Millisecond {
 			d = time.Millisecond
 		}
+		s.armedAt = next
 		s.timer.Reset(d)
 	}
 }
@@ -126,20 +135,19 @@ func (s *shard) flushEffects() {
 	s.touched = s.touched[:0]
 }
 
+// tick ticks the queues whose timers are due, earliest first; the others
+// are not looked at.
 func (s *shard) tick() {
-	next := int64(0)
-	for q := range s.queues {
+	s.due = s.timers.popDue(s.now, s.due[:0])
+	for i, q := range s.due {
+		s.due[i] = nil
 		s.visited.Add(1)
-		if q.wakeAt != 0 && q.wakeAt <= s.now {
-			q.wakeAt = 0
-			effs, _ := q.m.Apply(&queue.Tick{NowMs: s.now})
-			s.handle(q, effs)
+		if q.gone || q.m == nil {
+			continue
 		}
-		if q.wakeAt != 0 && (next == 0 || q.wakeAt < next) {
-			next = q.wakeAt
-		}
+		effs, _ := q.m.Apply(&queue.Tick{NowMs: s.now})
+		s.handle(q, effs)
 	}
-	s.nextWake = next
 }
 
 func (s *shard) createQueue(q *Queue) {
@@ -259,10 +267,7 @@ func (s *shard) handle(q *Queue, effs []queue.Effect) {
 				c.sink.LeaseExpired(e.Consumer, e.Tag)
 			}
 		case queue.Timer:
-			q.wakeAt = e.At
-			if s.nextWake == 0 || e.At < s.nextWake {
-				s.nextWake = e.At
-			}
+			s.timers.set(q, e.At)
 		case queue.DeleteQueue:
 			q.storeStats() // final counts, for the broker-wide totals
 			if s.b.topo.removeQueue(q) {
@@ -306,6 +311,7 @@ func (s *shard) deleteQueue(q *Queue, reason string) int64 {
 		return 0
 	}
 	q.gone = true
+	s.timers.remove(q)
 	n := int64(q.m.Ready())
 	for id, c := range q.cons {
 		c.sink.Cancelled(id, wire.NotFound, reason)

@@ -1,7 +1,11 @@
 package broker
 
 import (
+	"cmp"
 	"fmt"
+	"math/rand/v2"
+	"slices"
+	"strings"
 	"testing"
 	"time"
 
@@ -129,4 +133,74 @@ func TestDownVisitsOnlyTheConnectionsQueues(t *testing.T) {
 	if b.LookupQueue("excl") != nil {
 		t.Error("the exclusive queue outlived its owner")
 	}
+}
+
+// TestTimerHeapAgainstAModel: random sets, removals and pops agree with a
+// map of wake times; due queues come out earliest first, ties by name.
+func TestTimerHeapAgainstAModel(t *testing.T) {
+	rng := rand.New(rand.NewPCG(1, 2))
+	qs := make([]*Queue, 50)
+	for i := range qs {
+		qs[i] = &Queue{name: fmt.Sprintf("q%02d", i)}
+	}
+	var h timerHeap
+	model := map[*Queue]int64{}
+	now := int64(0)
+	for step := 0; step < 20000; step++ {
+		q := qs[rng.IntN(len(qs))]
+		switch r := rng.IntN(10); {
+		case r < 6:
+			at := now + int64(rng.IntN(100))
+			h.set(q, at)
+			model[q] = at
+		case r < 7:
+			h.remove(q)
+			delete(model, q)
+		default:
+			now += int64(rng.IntN(20))
+			got := h.popDue(now, nil)
+			var want []*Queue
+			for mq, at := range model {
+				if at <= now {
+					want = append(want, mq)
+				}
+			}
+			slices.SortFunc(want, func(a, b *Queue) int {
+				if c := cmp.Compare(model[a], model[b]); c != 0 {
+					return c
+				}
+				return strings.Compare(a.name, b.name)
+			})
+			for _, mq := range want {
+				delete(model, mq)
+			}
+			if !slices.Equal(got, want) {
+				t.Fatalf("step %d: popDue(%d) = %v, want %v", step, now, names(got), names(want))
+			}
+			for _, q := range got {
+				if q.timerIdx != 0 || q.wakeAt != 0 {
+					t.Fatalf("step %d: popped queue %s still marked (idx %d, wake %d)", step, q.name, q.timerIdx, q.wakeAt)
+				}
+			}
+		}
+		if len(h) != len(model) {
+			t.Fatalf("step %d: heap holds %d queues, model %d", step, len(h), len(model))
+		}
+		for i, q := range h {
+			if q.timerIdx != i+1 || model[q] != q.wakeAt {
+				t.Fatalf("step %d: queue %s at %d has index %d, wake %d (model %d)", step, q.name, i, q.timerIdx, q.wakeAt, model[q])
+			}
+			if i > 0 && h.less(i, (i-1)/2) {
+				t.Fatalf("step %d: heap order broken at %d", step, i)
+			}
+		}
+	}
+}
+
+func names(qs []*Queue) []string {
+	var out []string
+	for _, q := range qs {
+		out = append(out, q.name)
+	}
+	return out
 }

@@ -49,6 +49,9 @@ type Queue struct {
 	wakeAt int64           // next Timer, 0 for none
 	held   []*PublishBatch // confirms held back while the queue is over its soft limit
 	gone   bool            // deleted: commands for it are dropped
+
+	// shard-owned, the shard's indexes (timers.go, down.go)
+	timerIdx int // 1 + its index in its shard's timerHeap, 0 if not in it
 }
 
 // StoredMsg is one message held by a queue. Its slices point into the arena
