@@ -28,7 +28,8 @@ type shard struct {
 	// is armed for armedAt (0: not armed), the earliest of them.
 	timers     timerHeap
 	armedAt    int64
-	due        []*Queue // scratch: the queues a firing of the timer ticks
+	due        []*Queue // scratch: the queues a timer firing or a Down looks at
+	conns      connIndex
 	timer      *time.Timer
 	msgScratch []queue.Message
 	// bytesDelta accumulates stored-byte changes, folded into the server's
@@ -154,6 +155,9 @@ func (s *shard) createQueue(q *Queue) {
 	q.m = queue.New(queue.ConfigFromArgs(q.args, q.autoDelete), s.now)
 	q.cons = map[queue.ConsumerID]consumer{}
 	s.queues[q] = struct{}{}
+	if q.exclusive != 0 {
+		s.conns.addExclusive(q.exclusive, q)
+	}
 	effs, _ := q.m.Apply(&queue.Tick{NowMs: s.now}) // arms the expiry timer, if any
 	s.handle(q, effs)
 }
@@ -312,6 +316,7 @@ func (s *shard) deleteQueue(q *Queue, reason string) int64 {
 	}
 	q.gone = true
 	s.timers.remove(q)
+	s.conns.forget(q)
 	n := int64(q.m.Ready())
 	for id, c := range q.cons {
 		c.sink.Cancelled(id, wire.NotFound, reason)
@@ -469,6 +474,7 @@ func (s *shard) subscribe(q *Queue, k Sink, spec queue.ConsumerSpec, req uint32)
 		return
 	}
 	q.cons[spec.ID] = consumer{sink: k, owner: uint64(spec.Owner)}
+	s.conns.addConsumer(uint64(spec.Owner), q)
 	k.Subscribed(spec.ID, req, wire.OK, "")
 	s.handle(q, effs)
 }
@@ -491,6 +497,7 @@ func (s *shard) cancel(q *Queue, id queue.ConsumerID, requeue bool) {
 func (s *shard) forgetIfGone(q *Queue, id queue.ConsumerID) {
 	if c, ok := q.cons[id]; ok && !q.m.HasConsumer(id) {
 		delete(q.cons, id)
+		s.conns.dropConsumer(c.owner, q)
 		c.sink.ConsumerGone(id)
 	}
 }
@@ -522,30 +529,5 @@ func (s *shard) settle(items []SettleItem) {
 			}
 		}
 		start = end
-	}
-}
-
-// down returns everything a closed connection held, drops its consumers
-// and deletes the queues it owned exclusively.
-func (s *shard) down(connID uint64) {
-	for q := range s.queues {
-		s.visited.Add(1)
-		if q.exclusive == connID {
-			if s.b.topo.removeQueue(q) {
-				s.deleteQueue(q, "exclusive owner closed")
-			}
-			continue
-		}
-		owned := false
-		for id, c := range q.cons {
-			if c.owner == connID {
-				owned = true
-				delete(q.cons, id)
-			}
-		}
-		if owned || q.m.Unacked() > 0 {
-			effs, _ := q.m.Apply(&queue.Down{NowMs: s.now, Owner: queue.OwnerID(connID)})
-			s.handle(q, effs)
-		}
 	}
 }
