@@ -103,14 +103,16 @@ var detQueues = []string{"q0", "q1", "q2", "q3", "dlq"}
 
 // detBroker declares the workload's topology on a fresh broker whose clock
 // is *now.
-func detBroker(t *testing.T, shards int, now *atomic.Int64) *Broker {
+// Its timers are ticked by the workload (ManualTicks); onApply sees every
+// command a shard applies.
+func detBroker(t *testing.T, shards int, now *atomic.Int64, onApply func(int, int64, *Command)) *Broker {
 	t.Helper()
-	b := startBroker(t, Config{Shards: shards, Clock: now.Load})
+	b := startBroker(t, Config{Shards: shards, Clock: now.Load, ManualTicks: true, OnApply: onApply})
 	must := mustFunc(t)
 	declareDeadLetterQueue(t, b)
 	dl := wire.Table{{Key: "dead-letter-exchange", Value: wire.String("dlx")}}
 	for i, args := range []wire.Table{
-		dl,
+		append(wire.Table{{Key: "message-ttl", Value: wire.Int(100)}}, dl...),
 		append(wire.Table{{Key: "delivery-limit", Value: wire.Int(2)}}, dl...),
 		{{Key: "max-length", Value: wire.Int(5)}, {Key: "overflow", Value: wire.String("reject-publish")}},
 		append(wire.Table{{Key: "max-priority", Value: wire.Int(3)}}, dl...),
@@ -152,6 +154,8 @@ func (st *step) apply(t *testing.T, b *Broker, now *atomic.Int64, l *effectLog) 
 		b.Submit(Command{Kind: CmdSettle, Settles: []SettleItem{{Q: q, Consumer: st.Consumer, Op: st.Op, QTag: st.QTag}}})
 	case CmdPurge:
 		b.Submit(Command{Kind: CmdPurge, Queue: q, Sink: answerLog{confirmLog{l, st.Queue}}})
+	case CmdTick: // recorded from a timer firing
+		b.Submit(Command{Kind: CmdTick, Queue: q})
 	case CmdDown:
 		// Submit hands a Down to every shard at once, so a dead letter one
 		// shard makes of it can reach another shard's inbox before or after
@@ -223,8 +227,17 @@ func TestDeterministicReplay(t *testing.T) {
 			var now atomic.Int64
 			now.Store(1_000_000)
 			first := newEffectLog()
-			b := detBroker(t, shards, &now)
+			var ticksMu sync.Mutex
+			var ticks []step // the CmdTicks the timers made, as the shards applied them
+			b := detBroker(t, shards, &now, func(_ int, nowMs int64, c *Command) {
+				if c.Kind == CmdTick {
+					ticksMu.Lock()
+					ticks = append(ticks, step{AtMs: nowMs, Kind: CmdTick, Queue: c.Queue.Name()})
+					ticksMu.Unlock()
+				}
+			})
 			var rec []step
+			timerTicks := 0
 			var consumers []step // subscribes done
 			nextID := queue.ConsumerID(100)
 			for i := 0; i < 400; i++ {
@@ -262,16 +275,34 @@ func TestDeterministicReplay(t *testing.T) {
 				case r < 98:
 					st.Kind, st.Owner = CmdDown, uint64(rng.IntN(3)+1)
 				default:
+					// The shards' timers fire, one shard at a time (as a Down
+					// is applied): what they do is recorded as CmdTicks.
+					now.Store(st.AtMs)
+					for _, sh := range b.shards {
+						sh.submit(Command{Kind: cmdFire})
+						settle(t, b)
+						ticksMu.Lock()
+						rec, ticks = append(rec, ticks...), ticks[:0]
+						ticksMu.Unlock()
+					}
 					continue
 				}
 				rec = append(rec, st)
 				st.apply(t, b, &now, first)
 			}
 			snapA := snapshots(t, b)
+			for _, st := range rec {
+				if st.Kind == CmdTick {
+					timerTicks++
+				}
+			}
+			if timerTicks == 0 {
+				t.Error("the timers ticked no queue (a weak test)")
+			}
 
 			var now2 atomic.Int64
 			second := newEffectLog()
-			b2 := detBroker(t, shards, &now2)
+			b2 := detBroker(t, shards, &now2, nil)
 			for i := range rec {
 				rec[i].apply(t, b2, &now2, second)
 			}
@@ -293,8 +324,8 @@ func TestDeterministicReplay(t *testing.T) {
 					t.Errorf("queue %s: snapshots differ (%d vs %d bytes)", name, len(snapA[name]), len(snapB[name]))
 				}
 			}
-			t.Logf("%d commands; effects per queue: q0 %d, q1 %d, q2 %d, q3 %d, dlq %d", len(rec),
-				len(first.byQueue["q0"]), len(first.byQueue["q1"]), len(first.byQueue["q2"]), len(first.byQueue["q3"]), len(first.byQueue["dlq"]))
+			t.Logf("%d commands (%d timer ticks); effects per queue: q0 %d, q1 %d, q2 %d, q3 %d, dlq %d", len(rec),
+				timerTicks, len(first.byQueue["q0"]), len(first.byQueue["q1"]), len(first.byQueue["q2"]), len(first.byQueue["q3"]), len(first.byQueue["dlq"]))
 		})
 	}
 }
