@@ -22,6 +22,18 @@ type Config struct {
 	// DeadLetterDropped, if set, is told each dead letter that went
 	// nowhere, by reason (the broker's metrics count them).
 	DeadLetterDropped func(DLDrop)
+	// OnApply, if set, is called on a shard's goroutine with every command
+	// the shard applies, just before it applies it, with the shard's index
+	// and the time the command is stamped with: a recorder of commands
+	// sees the CmdTick commands the shard's timer makes as well as what
+	// was submitted. It must not keep c (copy what it needs) nor call into
+	// the broker.
+	OnApply func(shard int, nowMs int64, c *Command)
+	// ManualTicks: the shards arm no timer; whoever drives the broker ticks
+	// it, with FireTimers (what a shard's timer does when it fires) or by
+	// submitting the CmdTick commands a recording holds. For replays, and
+	// tests that drive time themselves.
+	ManualTicks bool
 }
 
 // Broker is the broker core at run time: the topology (exchanges, queues,
@@ -54,7 +66,7 @@ func New(cfg Config) *Broker {
 		b.dlDropLog[i].Every = 10 * time.Second
 	}
 	for i := 0; i < cfg.Shards; i++ {
-		b.shards = append(b.shards, newShard(b))
+		b.shards = append(b.shards, newShard(b, i))
 	}
 	b.topo = newTopology(b.shards)
 	b.topo.log = b.log
@@ -151,6 +163,15 @@ func (b *Broker) Ask(ctx context.Context, c Command) (Result, error) {
 		return Result{}, &wire.Error{Code: wire.InternalError, Reason: "broker: a request with no queue"}
 	}
 	return ask(ctx, c.Queue.shard, c)
+}
+
+// FireTimers makes every shard do what its timer does when it fires: it
+// ticks (a CmdTick each) the queues whose timers are due by the broker's
+// clock. For a broker with ManualTicks; harmless on any other.
+func (b *Broker) FireTimers() {
+	for _, sh := range b.shards {
+		sh.submit(Command{Kind: cmdFire})
+	}
 }
 
 // Barrier waits until every shard has worked through what was submitted

@@ -22,6 +22,12 @@ const (
 	CmdPurge                        // Queue; answered to Sink under Req
 	CmdPeek                         // Queue, N; answered to Sink under Req
 	CmdBarrier                      // answered to Sink under Req once everything before it is done
+	CmdTick                         // Queue: its time-driven work due by the command's time (TTL expiry, retries, leases, queue expiry)
+
+	// cmdFire is a shard's timer firing, for a broker with ManualTicks
+	// (FireTimers): the shard makes a CmdTick of each due queue. Not a
+	// command of the record: the CmdTicks it makes are.
+	cmdFire CmdKind = 255
 )
 
 // Command is one unit of work for a shard, as a value: no closure, nothing
@@ -30,9 +36,12 @@ const (
 // copies it into the shard's inbox, so submitting allocates nothing.
 //
 // Each command of a queue is applied as the queue command of the same name
-// (queue.Enqueue, Settle, Subscribe, Cancel, Down, Purge, and Tick on the
-// shard's timer) through queue.Machine.Apply, stamped with the shard's time
-// when it is applied.
+// (queue.Enqueue, Settle, Subscribe, Cancel, Down, Purge, Tick) through
+// queue.Machine.Apply, stamped with the shard's time when it is applied.
+// Timers are commands too: when a shard's timer fires, the shard applies a
+// CmdTick for each queue whose Timer effect is due, through the same path
+// (Config.OnApply sees them), so a replay of the recorded commands, at
+// their recorded times, reproduces what the timers did.
 type Command struct {
 	Kind  CmdKind
 	Queue *Queue
@@ -92,6 +101,10 @@ func (s *shard) apply(c *Command) {
 		c.Sink.Answer(c.Req, s.purge(c.Queue))
 	case CmdPeek:
 		c.Sink.Answer(c.Req, s.peek(c.Queue, c.N))
+	case CmdTick:
+		s.tickQueue(c.Queue)
+	case cmdFire:
+		s.tick()
 	case CmdBarrier:
 		// The effects of everything before it reach their sinks first.
 		s.flushEffects()

@@ -14,6 +14,7 @@ import (
 // them in batches and hands the effects to their sinks.
 type shard struct {
 	b     *Broker
+	idx   int // in Broker.shards
 	mu    sync.Mutex
 	inbox []Command
 	spare []Command
@@ -30,6 +31,7 @@ type shard struct {
 	armedAt    int64
 	due        []*Queue // scratch: the queues a timer firing or a Down looks at
 	conns      connIndex
+	tickCmd    Command // the CmdTick being applied for the timer
 	timer      *time.Timer
 	msgScratch []queue.Message
 	// bytesDelta accumulates stored-byte changes, folded into the server's
@@ -45,9 +47,9 @@ type shard struct {
 	visited atomic.Int64
 }
 
-func newShard(b *Broker) *shard {
+func newShard(b *Broker, idx int) *shard {
 	s := &shard{
-		b: b, wake: make(chan struct{}, 1), stop: make(chan struct{}), done: make(chan struct{}),
+		b: b, idx: idx, wake: make(chan struct{}, 1), stop: make(chan struct{}), done: make(chan struct{}),
 		queues: map[*Queue]struct{}{}, pending: map[Sink][]Delivery{},
 		timer: time.NewTimer(time.Hour),
 	}
@@ -97,12 +99,21 @@ func (s *shard) drain() {
 		}
 		s.now = s.b.NowMs()
 		for i := range batch {
-			s.apply(&batch[i])
+			s.exec(&batch[i])
 			batch[i] = Command{}
 		}
 		s.spare = batch[:0]
 		s.finishBatch()
 	}
+}
+
+// exec applies one command at the shard's time, shown first to the
+// recorder (Config.OnApply) if there is one.
+func (s *shard) exec(c *Command) {
+	if f := s.b.cfg.OnApply; f != nil && c.Kind != cmdFire {
+		f(s.idx, s.now, c)
+	}
+	s.apply(c)
 }
 
 // finishBatch hands the deliveries gathered in this batch to their sinks,
@@ -112,7 +123,7 @@ func (s *shard) finishBatch() {
 	// Re-armed only when a queue wants an earlier wake than the timer is
 	// set for; a firing with nothing due (the earliest queue was ticked or
 	// deleted meanwhile) just re-arms it.
-	if next := s.timers.next(); next > 0 && (s.armedAt == 0 || next < s.armedAt) {
+	if next := s.timers.next(); next > 0 && !s.b.cfg.ManualTicks && (s.armedAt == 0 || next < s.armedAt) {
 		d := time.Duration(next-s.now) * time.Millisecond
 		if d < time.Millisecond {
 			d = time.Millisecond
@@ -136,19 +147,29 @@ func (s *shard) flushEffects() {
 	s.touched = s.touched[:0]
 }
 
-// tick ticks the queues whose timers are due, earliest first; the others
-// are not looked at.
+// tick is the timer firing: a CmdTick for each queue whose timer is due,
+// earliest first, through the command path; the other queues are not
+// looked at.
 func (s *shard) tick() {
 	s.due = s.timers.popDue(s.now, s.due[:0])
 	for i, q := range s.due {
 		s.due[i] = nil
 		s.visited.Add(1)
-		if q.gone || q.m == nil {
-			continue
-		}
-		effs, _ := q.m.Apply(&queue.Tick{NowMs: s.now})
-		s.handle(q, effs)
+		s.tickCmd = Command{Kind: CmdTick, Queue: q}
+		s.exec(&s.tickCmd)
+		s.tickCmd = Command{}
 	}
+}
+
+// tickQueue applies a Tick to q at the shard's time. A Tick before the
+// queue's timer is due is harmless (queue.Tick).
+func (s *shard) tickQueue(q *Queue) {
+	if q.gone || q.m == nil {
+		return
+	}
+	s.timers.remove(q)
+	effs, _ := q.m.Apply(&queue.Tick{NowMs: s.now})
+	s.handle(q, effs)
 }
 
 func (s *shard) createQueue(q *Queue) {
