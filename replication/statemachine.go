@@ -1,8 +1,6 @@
-// Package replication puts a raft log between the broker's commands and
-// their application: one group per durable queue, one metadata group, over
-// segment/ (design: ../shared/design/replication.md). It never imports the
-// broker: what it applies, it applies through the interfaces in this file.
 package replication
+
+// The package documentation is in doc.go.
 
 // StateMachine is what a raft group applies its committed entries to: the
 // metadata state machine (broker) and the queue machines (queue) are

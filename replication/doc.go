@@ -1,0 +1,43 @@
+// Package replication puts a raft log between the broker's commands and
+// their application: one group per durable queue, one metadata group, over
+// segment/ (design: ../shared/design/replication.md). It never imports the
+// broker: what it applies, it applies through the StateMachine interface
+// (statemachine.go).
+//
+// # What is built
+//
+// Phase D1 of the design, the pure parts, all deterministic and without
+// I/O:
+//
+//   - entry.go: the versioned log entry (§1.2): a 32-byte header (the
+//     leader's now_ms, proposer, proposal seq) and the queue's own commands
+//     (queue.Command in queue.AppendCommand's encoding: one encoding per
+//     command), each framed and 8-byte aligned. EntryEncoder builds one in
+//     a reused buffer; EntryDecoder checks a whole entry, then hands out its
+//     commands as views, allocating nothing. Damage is an error naming it
+//     (FuzzDecodeEntry). raft's conf-change entries carry a one-byte marker
+//     in segment; empty entries are stored empty.
+//   - fsm.go: QueueFSM applies committed entries to a queue.Machine (§2.1)
+//     at the leader-stamped time made monotonic (max(now_ms, lastNow)),
+//     numbers messages index<<16 | slot, ignores a settle of a tag no
+//     longer outstanding, tracks the latest Timer, keeps the live entry
+//     set, and hands each command's effects to a Sink. It implements
+//     StateMachine; its snapshot is a 32-byte header and the machine's
+//     exact image (no bodies: they stay in the log's live entries).
+//     TestFSMEquivalence checks that applying through the log equals
+//     applying the commands directly, and that snapshot and restore change
+//     nothing.
+//   - live.go: the set of entries that still hold a message (§2.3), O(1)
+//     amortised per release, rebuilt from queue.Machine.EachMessage on
+//     restore; what segment.Log.Compact will be given after a snapshot.
+//
+// # Not built yet
+//
+// The broker does not use this package yet: durable queues are still
+// in memory only, and nothing is written to disk. Not built: raft.Storage
+// over segment (§2.5), the worker round and its appender (§3.2), snapshots
+// into the snapshot-store group and compaction (§2.4), the metadata group
+// (§4), confirms at apply (§3.4), recovery and the crash simulation (§7),
+// and everything of the cluster step (§6). The log commands DeleteIf,
+// EnqueuerDown and Recover (frame kinds 8–10) are reserved and refused.
+package replication
