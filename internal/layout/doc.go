@@ -10,7 +10,12 @@
 //     their own sub-packages).
 //  3. Nothing below netio (wire/, queue/, segment/, replication/, broker/)
 //     imports netio/, admin/ or client/.
-//  4. No import cycles among the module's packages.
+//  4. admin/ imports no package of this module but broker/ and wire/ (and
+//     its own sub-packages) in its non-test files: it serves the operator
+//     API in process, and what it needs of the connection layer is an
+//     interface it defines, which netio's Server meets where warrend
+//     composes them. Its tests may import netio and client.
+//  5. No import cycles among the module's packages.
 //
 // The checker parses import clauses with go/parser; it needs neither the
 // go command nor a build.

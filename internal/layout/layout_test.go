@@ -101,6 +101,8 @@ func violations(g graph) []string {
 				bad = "segment/ imports no package of the module but wire/"
 			case underAny(pkg, "wire", "queue", "segment", "replication", "broker") && underAny(dep, "netio", "admin", "client"):
 				bad = "nothing below netio imports netio/, admin/ or client/"
+			case under(pkg, "admin") && !e.testOnly && !underAny(dep, "admin", "broker", "wire"):
+				bad = "admin/ imports only broker/ and wire/ (its tests may import more)"
 			}
 			if bad != "" {
 				out = append(out, fmt.Sprintf("%s imports %s (%s): %s", pkg, dep, e.file, bad))
@@ -203,6 +205,9 @@ func TestImportRulesCatchForbiddenImports(t *testing.T) {
 		"segment/segment_x_test.go": `package segment_test; import ("example.com/m/segment"; "example.com/m/wire")`,
 		"client/client_test.go":     `package client_test; import ("example.com/m/client"; "example.com/m/netio")`,
 		"netio/netio_x_test.go":     `package netio_test; import "example.com/m/netio/admin"`,
+		"admin/admin.go":            `package admin; import ("example.com/m/broker"; "example.com/m/wire"; "example.com/m/admin/api"; "example.com/m/netio")`,
+		"admin/api/api.go":          `package api; import "example.com/m/client"`,
+		"admin/admin_x_test.go":     `package admin_test; import ("example.com/m/admin"; "example.com/m/netio"; "example.com/m/client")`,
 	}
 	root := t.TempDir()
 	for name, body := range files {
@@ -220,6 +225,8 @@ func TestImportRulesCatchForbiddenImports(t *testing.T) {
 	}
 	got := violations(g)
 	want := []string{
+		"admin imports netio (admin/admin.go): admin/ imports only broker/ and wire/ (its tests may import more)",
+		"admin/api imports client (admin/api/api.go): admin/ imports only broker/ and wire/ (its tests may import more)",
 		"broker imports client (broker/broker.go): nothing below netio imports netio/, admin/ or client/",
 		"import cycle: cycle/a → cycle/b → cycle/a",
 		"queue imports netio (queue/queue.go): queue/ imports no package of the module but wire/",
