@@ -21,16 +21,16 @@ import (
 
 	"github.com/warren-mq/warren/admin/api"
 	"github.com/warren-mq/warren/broker"
-	"github.com/warren-mq/warren/netio"
 	"github.com/warren-mq/warren/wire"
 )
 
 // API serves the admin endpoints for one broker.
 type API struct {
-	srv  *netio.Server
-	log  *slog.Logger
-	mux  *http.ServeMux
-	stop chan struct{}
+	b     *broker.Broker
+	conns Connections
+	log   *slog.Logger
+	mux   *http.ServeMux
+	stop  chan struct{}
 
 	mu    sync.Mutex
 	prev  map[string]broker.QueueStats
@@ -45,16 +45,17 @@ type Rates = api.Rates
 // a message.
 type ErrorBody = api.ErrorBody
 
-// New returns the API for srv; sampleEvery sets how often per-queue rates
-// are recomputed (5s if 0). Close stops the sampler.
-func New(srv *netio.Server, log *slog.Logger, sampleEvery time.Duration) *API {
+// New returns the API for broker b, whose connection layer is conns;
+// sampleEvery sets how often per-queue rates are recomputed (5s if 0).
+// Close stops the sampler.
+func New(b *broker.Broker, conns Connections, log *slog.Logger, sampleEvery time.Duration) *API {
 	if log == nil {
 		log = slog.New(slog.NewTextHandler(io.Discard, nil))
 	}
 	if sampleEvery <= 0 {
 		sampleEvery = 5 * time.Second
 	}
-	a := &API{srv: srv, log: log, mux: http.NewServeMux(), stop: make(chan struct{}), rates: map[string]Rates{}}
+	a := &API{b: b, conns: conns, log: log, mux: http.NewServeMux(), stop: make(chan struct{}), rates: map[string]Rates{}}
 	a.routes()
 	a.sample()
 	go func() {
@@ -78,7 +79,7 @@ func (a *API) Close() { close(a.stop) }
 func (a *API) sample() {
 	now := time.Now()
 	cur := map[string]broker.QueueStats{}
-	for _, q := range a.srv.Queues() {
+	for _, q := range a.b.Queues() {
 		cur[q.Name] = q
 	}
 	a.mu.Lock()
@@ -102,6 +103,16 @@ func rate(cur, prev uint64, dt float64) float64 {
 	return math.Round(float64(cur-prev)/dt*10) / 10
 }
 
+// overview sums the broker's state: the queues' from the broker, the
+// connections' from the connection layer.
+func (a *API) overview() api.Overview {
+	t, c := a.b.Totals(), a.conns.ConnectionStats()
+	return api.Overview{Version: c.Version, Connections: c.Connections, Channels: c.Channels,
+		Exchanges: t.Exchanges, Queues: t.Queues, Ready: t.Ready, Unacked: t.Unacked, Consumers: t.Consumers,
+		StoredMessageBytes: a.b.StoredBytes(), MemoryHighWatermark: c.MemoryHighWatermark, FlowBlocked: c.FlowBlocked,
+		Published: t.Published, Delivered: t.Delivered, Acked: t.Acked}
+}
+
 // ServeHTTP authenticates and dispatches.
 func (a *API) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	user, pass, ok := r.BasicAuth()
@@ -110,16 +121,16 @@ func (a *API) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		writeErr(w, &wire.Error{Code: wire.AccessRefused, Reason: "authentication required"})
 		return
 	}
-	_, ok = a.srv.Authenticate(user, pass, r.RemoteAddr)
+	_, ok = a.conns.Authenticate(user, pass, r.RemoteAddr)
 	if !ok {
 		w.Header().Set("WWW-Authenticate", `Basic realm="warren"`)
-		writeErr(w, &wire.Error{Code: wire.AuthFailed, Reason: a.srv.AuthRefusal(user, r.RemoteAddr)})
+		writeErr(w, &wire.Error{Code: wire.AuthFailed, Reason: a.conns.AuthRefusal(user, r.RemoteAddr)})
 		return
 	}
 	// The one authorization check the native protocol uses too: the admin
 	// API is an operator interface, so its writes need the administrator tag.
 	if r.Method != http.MethodGet && r.Method != http.MethodHead {
-		if err := a.srv.Authorize(user, netio.ActOperate, "", ""); err != nil {
+		if err := a.conns.AuthorizeOperator(user); err != nil {
 			writeErr(w, err)
 			return
 		}
@@ -129,13 +140,13 @@ func (a *API) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 
 func (a *API) routes() {
 	m := a.mux
-	m.HandleFunc("GET /api/overview", func(w http.ResponseWriter, r *http.Request) { writeJSON(w, 200, a.srv.Overview()) })
+	m.HandleFunc("GET /api/overview", func(w http.ResponseWriter, r *http.Request) { writeJSON(w, 200, a.overview()) })
 
-	m.HandleFunc("GET /api/exchanges", func(w http.ResponseWriter, r *http.Request) { writeJSON(w, 200, a.srv.Exchanges()) })
+	m.HandleFunc("GET /api/exchanges", func(w http.ResponseWriter, r *http.Request) { writeJSON(w, 200, a.b.Exchanges()) })
 	m.HandleFunc("GET /api/exchanges/{name}", a.getExchange)
 	m.HandleFunc("PUT /api/exchanges/{name}", a.putExchange)
 	m.HandleFunc("DELETE /api/exchanges/{name}", func(w http.ResponseWriter, r *http.Request) {
-		if err := a.srv.DeleteExchange(r.PathValue("name"), r.URL.Query().Get("if_unused") == "true"); err != nil {
+		if err := a.b.DeleteExchange(r.PathValue("name"), r.URL.Query().Get("if_unused") == "true"); err != nil {
 			writeErr(w, err)
 			return
 		}
@@ -144,8 +155,8 @@ func (a *API) routes() {
 
 	m.HandleFunc("GET /api/queues", func(w http.ResponseWriter, r *http.Request) {
 		var out []api.Queue
-		for _, q := range a.srv.Queues() {
-			info, ok := a.srv.Queue(q.Name)
+		for _, q := range a.b.Queues() {
+			info, ok := a.b.Queue(q.Name)
 			if ok {
 				out = append(out, a.queue(info))
 			}
@@ -153,7 +164,7 @@ func (a *API) routes() {
 		writeJSON(w, 200, nonNil(out))
 	})
 	m.HandleFunc("GET /api/queues/{name}", func(w http.ResponseWriter, r *http.Request) {
-		info, ok := a.srv.Queue(r.PathValue("name"))
+		info, ok := a.b.Queue(r.PathValue("name"))
 		if !ok {
 			writeErr(w, &wire.Error{Code: wire.NotFound, Reason: "no queue " + strconv.Quote(r.PathValue("name"))})
 			return
@@ -163,7 +174,7 @@ func (a *API) routes() {
 	m.HandleFunc("PUT /api/queues/{name}", a.putQueue)
 	m.HandleFunc("DELETE /api/queues/{name}", func(w http.ResponseWriter, r *http.Request) {
 		q := r.URL.Query()
-		n, err := a.srv.DeleteQueue(r.Context(), r.PathValue("name"), q.Get("if_unused") == "true", q.Get("if_empty") == "true")
+		n, err := a.b.DeleteQueue(r.Context(), r.PathValue("name"), q.Get("if_unused") == "true", q.Get("if_empty") == "true")
 		if err != nil {
 			writeErr(w, err)
 			return
@@ -171,7 +182,7 @@ func (a *API) routes() {
 		writeJSON(w, 200, api.Deleted{Messages: n})
 	})
 	m.HandleFunc("POST /api/queues/{name}/purge", func(w http.ResponseWriter, r *http.Request) {
-		n, err := a.srv.PurgeQueue(r.Context(), r.PathValue("name"))
+		n, err := a.b.PurgeQueue(r.Context(), r.PathValue("name"))
 		if err != nil {
 			writeErr(w, err)
 			return
@@ -183,7 +194,7 @@ func (a *API) routes() {
 
 	m.HandleFunc("GET /api/bindings", func(w http.ResponseWriter, r *http.Request) {
 		var out []api.Binding
-		for _, b := range a.srv.Bindings() {
+		for _, b := range a.b.Bindings() {
 			bj := api.Binding{Exchange: b.Source, RoutingKey: b.RoutingKey, Arguments: tableToJSON(b.Args)}
 			if b.ToExchange {
 				bj.DestinationExchange = b.Destination
@@ -198,7 +209,7 @@ func (a *API) routes() {
 	m.HandleFunc("DELETE /api/bindings", func(w http.ResponseWriter, r *http.Request) { a.binding(w, r, true) })
 
 	m.HandleFunc("GET /api/connections", func(w http.ResponseWriter, r *http.Request) {
-		writeJSON(w, 200, nonNil(a.srv.Connections()))
+		writeJSON(w, 200, nonNil(a.conns.ListConnections()))
 	})
 	m.HandleFunc("DELETE /api/connections/{id}", func(w http.ResponseWriter, r *http.Request) {
 		id, err := strconv.ParseUint(r.PathValue("id"), 10, 64)
@@ -206,7 +217,7 @@ func (a *API) routes() {
 			writeErr(w, &wire.Error{Code: wire.InvalidArgument, Reason: "connection id must be a number"})
 			return
 		}
-		if !a.srv.CloseConnection(id, "closed by an operator") {
+		if !a.conns.CloseConnection(id, "closed by an operator") {
 			writeErr(w, &wire.Error{Code: wire.NotFound, Reason: "no connection " + r.PathValue("id")})
 			return
 		}
@@ -416,7 +427,7 @@ func tableToJSON(t wire.Table) map[string]any {
 
 func (a *API) getExchange(w http.ResponseWriter, r *http.Request) {
 	name := r.PathValue("name")
-	for _, e := range a.srv.Exchanges() {
+	for _, e := range a.b.Exchanges() {
 		if e.Name == name {
 			writeJSON(w, 200, api.Exchange(e))
 			return
@@ -442,7 +453,7 @@ func (a *API) putExchange(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	name := r.PathValue("name")
-	if err := a.srv.DeclareExchange(wire.ExchangeDeclare{Name: name, Kind: kind, Durable: body.Durable, AutoDelete: body.AutoDelete,
+	if err := a.b.DeclareExchange(wire.ExchangeDeclare{Name: name, Kind: kind, Durable: body.Durable, AutoDelete: body.AutoDelete,
 		Internal: body.Internal, Alternate: body.Alternate, Args: args}); err != nil {
 		writeErr(w, err)
 		return
@@ -471,7 +482,7 @@ func (a *API) binding(w http.ResponseWriter, r *http.Request, unbind bool) {
 	if b.DestinationExchange != "" {
 		wb.Destination, wb.ToExchange = b.DestinationExchange, true
 	}
-	if err := a.srv.Bind(wb); err != nil {
+	if err := a.b.Bind(wb); err != nil {
 		writeErr(w, err)
 		return
 	}
@@ -505,11 +516,11 @@ func (a *API) putQueue(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	name := r.PathValue("name")
-	if _, err := a.srv.DeclareQueue(wire.QueueDeclare{Name: name, Durable: qs.Durable, AutoDelete: qs.AutoDelete, Args: qs.Table()}); err != nil {
+	if _, err := a.b.DeclareQueue(wire.QueueDeclare{Name: name, Durable: qs.Durable, AutoDelete: qs.AutoDelete, Args: qs.Table()}); err != nil {
 		writeErr(w, err)
 		return
 	}
-	info, _ := a.srv.Queue(name)
+	info, _ := a.b.Queue(name)
 	writeJSON(w, 200, a.queue(info))
 }
 
@@ -527,7 +538,7 @@ func (a *API) getMessages(w http.ResponseWriter, r *http.Request) {
 		writeErr(w, &wire.Error{Code: wire.InvalidArgument, Reason: "count must be in [1, 10000]"})
 		return
 	}
-	msgs, err := a.srv.PeekQueue(r.Context(), r.PathValue("name"), body.Count)
+	msgs, err := a.b.PeekQueue(r.Context(), r.PathValue("name"), body.Count)
 	if err != nil {
 		writeErr(w, err)
 		return
@@ -553,7 +564,7 @@ func (a *API) replay(w http.ResponseWriter, r *http.Request) {
 	}
 	ctx, cancel := context.WithTimeout(r.Context(), 10*time.Minute)
 	defer cancel()
-	res, err := Replay(ctx, a.srv, r.PathValue("name"), body.Count, body.Rate)
+	res, err := Replay(ctx, a.b, r.PathValue("name"), body.Count, body.Rate)
 	if err != nil && res.Moved == 0 {
 		writeErr(w, err)
 		return

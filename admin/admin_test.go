@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/warren-mq/warren/admin"
+	"github.com/warren-mq/warren/admin/api"
 	"github.com/warren-mq/warren/broker"
 	"github.com/warren-mq/warren/client"
 	"github.com/warren-mq/warren/netio"
@@ -28,7 +29,7 @@ type env struct {
 func setup(t *testing.T) *env {
 	pw, _ := netio.HashPassword("viewer-pw")
 	srv := warrentest.StartServer(t, &netio.Config{Users: []netio.User{{Name: "viewer", PasswordHash: pw}}})
-	a := admin.New(srv, nil, 50*time.Millisecond)
+	a := admin.New(srv.Broker, warrentest.AdminConnections(srv), nil, 50*time.Millisecond)
 	t.Cleanup(a.Close)
 	hs := httptest.NewServer(a)
 	t.Cleanup(hs.Close)
@@ -299,7 +300,7 @@ func TestConnectionsAndOverview(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	c, _ := client.Dial(ctx, warrentest.URL(e.srv))
-	var conns []netio.ConnInfo
+	var conns []admin.Connection
 	e.do("GET", "/api/connections", "", &conns)
 	if len(conns) != 1 || conns[0].User != "guest" {
 		t.Fatalf("connections %+v", conns)
@@ -312,7 +313,7 @@ func TestConnectionsAndOverview(t *testing.T) {
 	case <-time.After(10 * time.Second):
 		t.Fatal("connection not closed")
 	}
-	var o netio.Overview
+	var o api.Overview
 	e.do("GET", "/api/overview", "", &o)
 	if o.Version == "" || o.Exchanges < 4 {
 		t.Fatalf("overview %+v", o)

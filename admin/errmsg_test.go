@@ -42,7 +42,7 @@ func (z *letters) Read(p []byte) (int, error) {
 
 func TestErrorsSayWhatToDo(t *testing.T) {
 	srv := warrentest.StartServer(t, nil)
-	a := admin.New(srv, nil, 0)
+	a := admin.New(srv.Broker, warrentest.AdminConnections(srv), nil, 0)
 	defer a.Close()
 
 	// A body over the limit is 413 and says the limit, not "unexpected EOF".

@@ -5,7 +5,6 @@ import (
 
 	"github.com/warren-mq/warren/admin/api"
 	"github.com/warren-mq/warren/broker"
-	"github.com/warren-mq/warren/netio"
 )
 
 // ReplayResult says what a replay did.
@@ -23,7 +22,7 @@ var ErrUnroutable = broker.ErrUnroutable
 // message leaves the dead-letter queue only once every queue its republish
 // was routed to has taken it; a message that routes nowhere or is refused
 // stops the replay, leaving it (and the rest) where they were.
-func Replay(ctx context.Context, srv *netio.Server, queue string, count int, rate float64) (ReplayResult, error) {
-	r, err := srv.Replay(ctx, queue, count, rate)
+func Replay(ctx context.Context, b *broker.Broker, queue string, count int, rate float64) (ReplayResult, error) {
+	r, err := b.Replay(ctx, queue, count, rate)
 	return ReplayResult{Moved: r.Moved, Skipped: r.Skipped}, err
 }

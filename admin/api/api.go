@@ -131,3 +131,39 @@ type Message struct {
 type Messages struct {
 	Messages []Message `json:"messages"`
 }
+
+// Overview is GET /api/overview: the broker's totals, the queues' from the
+// broker and the connections' from the connection layer.
+type Overview struct {
+	Version             string `json:"version"`
+	Connections         int    `json:"connections"`
+	Channels            int64  `json:"channels"`
+	Exchanges           int    `json:"exchanges"`
+	Queues              int    `json:"queues"`
+	Ready               int64  `json:"ready"`
+	Unacked             int64  `json:"unacked"`
+	Consumers           int64  `json:"consumers"`
+	StoredMessageBytes  int64  `json:"stored_message_bytes"`
+	MemoryHighWatermark int64  `json:"memory_high_watermark_bytes"`
+	FlowBlocked         bool   `json:"flow_blocked"`
+	Published           uint64 `json:"published_total"`
+	Delivered           uint64 `json:"delivered_total"`
+	Acked               uint64 `json:"acked_total"`
+}
+
+// Connection is one open connection as GET /api/connections lists it.
+type Connection struct {
+	ID       uint64 `json:"id"`
+	Remote   string `json:"remote"`
+	User     string `json:"user"`
+	Channels int    `json:"channels"`
+	// Blocked: the broker has stopped reading this connection because it
+	// published while the memory alarm was on.
+	Blocked bool `json:"blocked"`
+	// OutboundBytes: what the broker holds for the connection that the
+	// socket has not taken.
+	OutboundBytes int64 `json:"outbound_bytes"`
+	// AutoAcksHeld: auto-ack deliveries written but not yet settled,
+	// because the connection's buffered output is over its bound.
+	AutoAcksHeld int `json:"auto_acks_held"`
+}

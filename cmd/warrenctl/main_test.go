@@ -65,7 +65,7 @@ func (c *ctl) ok(stdin string, args ...string) string {
 func newCtl(t *testing.T, cfg *netio.Config) *ctl {
 	t.Helper()
 	srv := warrentest.StartServer(t, cfg)
-	a := admin.New(srv, nil, 0)
+	a := admin.New(srv.Broker, warrentest.AdminConnections(srv), nil, 0)
 	hs := httptest.NewServer(a)
 	t.Cleanup(func() { hs.Close(); a.Close() })
 	return &ctl{t: t, url: warrentest.URL(srv), api: hs.URL}

@@ -239,7 +239,7 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdin i
 		}
 		io.WriteString(w, "ready\n")
 	})
-	api := admin.New(srv, log, 0)
+	api := admin.New(srv.Broker, adminConns{srv}, log, 0)
 	defer api.Close()
 	mux.Handle("/api/", api)
 	hs := &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}

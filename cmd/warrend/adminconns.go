@@ -1,0 +1,27 @@
+package main
+
+import (
+	"github.com/warren-mq/warren/admin"
+	"github.com/warren-mq/warren/netio"
+)
+
+// adminConns is netio's Server as the admin API's connection layer
+// (admin.Connections): admin imports no netio, so warrend composes them.
+type adminConns struct{ *netio.Server }
+
+var _ admin.Connections = adminConns{}
+
+func (c adminConns) ListConnections() []admin.Connection {
+	infos := c.Connections()
+	out := make([]admin.Connection, len(infos))
+	for i, ci := range infos {
+		out[i] = admin.Connection(ci)
+	}
+	return out
+}
+
+func (c adminConns) ConnectionStats() admin.ConnectionStats {
+	o := c.Overview()
+	return admin.ConnectionStats{Version: o.Version, Connections: o.Connections, Channels: o.Channels,
+		MemoryHighWatermark: o.MemoryHighWatermark, FlowBlocked: o.FlowBlocked}
+}
