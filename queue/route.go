@@ -47,13 +47,18 @@ func NewTopology() *Topology {
 	return &Topology{Exchanges: map[string]Exchange{}, Queues: map[string]struct{}{}}
 }
 
-type dest struct {
+type cdest struct {
 	name string
 	ex   *compiled // non-nil for an exchange-to-exchange binding
 }
 
 type headerBinding struct {
-	d     dest
+	d cdest
+	headerMatch
+}
+
+// headerMatch is a headers binding's condition.
+type headerMatch struct {
 	any   bool
 	match wire.Table // required header values (x- keys removed)
 }
@@ -62,7 +67,7 @@ type headerBinding struct {
 // binding weight and a hash of its name, the per-destination half of the
 // rendezvous score.
 type hashDest struct {
-	d      dest
+	d      cdest
 	seed   uint64
 	weight float64
 }
@@ -71,8 +76,8 @@ type compiled struct {
 	Exchange
 	alt *compiled
 
-	direct  map[string][]dest
-	fanout  []dest
+	direct  map[string][]cdest
+	fanout  []cdest
 	topic   *topicNode
 	headers []headerBinding
 	hashed  []hashDest // sorted by name (then queue before exchange)
@@ -102,7 +107,7 @@ func (t *Topology) Compile() *CompiledTable {
 		c := &compiled{Exchange: ex}
 		switch ex.Kind {
 		case wire.ExchangeDirect:
-			c.direct = map[string][]dest{}
+			c.direct = map[string][]cdest{}
 		case wire.ExchangeTopic:
 			c.topic = &topicNode{}
 		case wire.ExchangeConsistentHash:
@@ -120,7 +125,7 @@ func (t *Topology) Compile() *CompiledTable {
 		if src == nil {
 			continue
 		}
-		d := dest{name: b.Destination}
+		d := cdest{name: b.Destination}
 		if b.ToExchange {
 			if d.ex = tab.exchanges[b.Destination]; d.ex == nil {
 				continue
@@ -176,7 +181,7 @@ func (t *Topology) Compile() *CompiledTable {
 
 // addHashed adds weight w for d to a consistent-hash exchange; bindings of
 // the same destination add up.
-func (c *compiled) addHashed(d dest, w int) {
+func (c *compiled) addHashed(d cdest, w int) {
 	for i := range c.hashed {
 		if c.hashed[i].d == d {
 			c.hashed[i].weight += float64(w)
@@ -199,7 +204,7 @@ func (c *compiled) addHashed(d dest, w int) {
 // The score is floating point: this is a pure function of the table and
 // the key (no queue state holds a float), computed with math.Log; two
 // scores closer than its rounding error are vanishingly rare.
-func (c *compiled) pickHashed(h uint64) dest {
+func (c *compiled) pickHashed(h uint64) cdest {
 	if c.hashEqual { // equal weights: the largest u (so the largest x) wins
 		best, bestX := 0, fmix64(h^c.hashed[0].seed)
 		for i := 1; i < len(c.hashed); i++ {
@@ -232,7 +237,7 @@ func fmix64(x uint64) uint64 {
 	return x
 }
 
-func appendDest(ds []dest, d dest) []dest {
+func appendDest(ds []cdest, d cdest) []cdest {
 	for _, x := range ds {
 		if x == d {
 			return ds
@@ -289,7 +294,7 @@ func (c *compiled) route(dst []string, start int, key, headers []byte, visited [
 	}
 	visited = append(visited, c)
 	before := len(dst)
-	add := func(d dest) {
+	add := func(d cdest) {
 		if d.ex != nil {
 			dst = d.ex.route(dst, start, key, headers, visited)
 			return
@@ -310,7 +315,7 @@ func (c *compiled) route(dst []string, start int, key, headers []byte, visited [
 	case wire.ExchangeTopic:
 		var m topicMatcher
 		m.split(key)
-		m.match(c.topic, 0, func(d dest) { add(d) })
+		m.match(c.topic, 0, func(d cdest) { add(d) })
 	case wire.ExchangeHeaders:
 		for i := range c.headers {
 			if c.headers[i].matches(headers) {
@@ -347,7 +352,7 @@ func headerBytes(headers []byte, name string) []byte {
 	return nil
 }
 
-func (hb *headerBinding) matches(headers []byte) bool {
+func (hb *headerMatch) matches(headers []byte) bool {
 	if len(hb.match) == 0 {
 		return !hb.any // all-of-nothing matches; any-of-nothing does not
 	}

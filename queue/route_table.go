@@ -1,8 +1,12 @@
 package queue
 
 import (
-	"reflect"
+	"encoding/binary"
 	"slices"
+	"strconv"
+	"strings"
+
+	"github.com/warren-mq/warren/wire"
 )
 
 // QueueRef is the caller's id for a queue: Routes stores it and Route
@@ -12,140 +16,365 @@ type QueueRef uint32
 // Routes is the routing topology (exchanges, queues, bindings) kept by one
 // writer; the caller serialises its methods. Readers route against the
 // immutable snapshots Table returns, any number at once and without locks.
+//
+// Every change costs what it touches: the routing structures are
+// persistent maps (pmap) whose updates copy O(log n) nodes, and bindings
+// between exchanges and alternates are followed by name when routing, so
+// changing an exchange never touches the exchanges that lead to it.
+// Deleting a queue or an exchange costs O(log n) per binding it drops.
+// Table is O(1).
+//
+// A binding needs its source and its destination: Bind refuses one whose
+// source or destination does not exist, and deleting an exchange or a
+// queue drops the bindings from and to it. "" is the default exchange:
+// routing to it goes to the queue named by the routing key, and an
+// Alternate of "" means none.
 type Routes struct {
-	top  *Topology
-	refs map[string]QueueRef
-	cur  *Table // nil when a change is not in a snapshot yet
+	tab Table  // the current version
+	cur *Table // the last snapshot handed out; nil after a change
+	exs map[string]*exBook
+	qs  map[string]*qBook
+}
+
+// exBook is the writer's record of an exchange: its current routing
+// structure and its bindings, by identity (bindingID).
+type exBook struct {
+	rx  *rex
+	out map[string]*bindRec // bindings from this exchange
+	in  map[string]*bindRec // exchange-to-exchange bindings to it
+	// weights counts, for a consistent-hash exchange, the destinations
+	// with each summed weight (so hashEqual is len(weights) ≤ 1).
+	weights map[float64]int
+}
+
+type qBook struct {
+	ref QueueRef
+	in  map[string]*bindRec // bindings to this queue
+}
+
+type bindRec struct {
+	b  Binding
+	id string
 }
 
 // NewRoutes returns a topology with no exchanges and no queues.
 func NewRoutes() *Routes {
-	return &Routes{top: NewTopology(), refs: map[string]QueueRef{}}
+	return &Routes{exs: map[string]*exBook{}, qs: map[string]*qBook{}}
 }
 
-// AddExchange adds an exchange, or replaces the one of that name (its
-// bindings stay).
+func hashName(name string) uint64 { return strhash(name) }
+
+// AddExchange adds an exchange, or replaces the one of that name: its
+// bindings stay (re-read under the new kind if the kind changed, which
+// costs O(its bindings)).
 func (r *Routes) AddExchange(e Exchange) {
-	r.top.Exchanges[e.Name] = e
 	r.cur = nil
+	bk := r.exs[e.Name]
+	if bk == nil {
+		bk = &exBook{rx: newRex(e), out: map[string]*bindRec{}, in: map[string]*bindRec{}}
+		r.exs[e.Name] = bk
+		r.putEx(bk)
+		return
+	}
+	if bk.rx.Kind == e.Kind {
+		rx := *bk.rx
+		rx.Exchange, rx.hashHdr = e, hashHeader(e)
+		bk.rx = &rx
+		r.putEx(bk)
+		return
+	}
+	bk.rx, bk.weights = newRex(e), nil
+	for _, rec := range bk.out {
+		r.apply(bk, rec, r.destOf(&rec.b), true)
+	}
+	r.putEx(bk)
 }
 
 // DeleteExchange removes an exchange and the bindings from and to it.
 func (r *Routes) DeleteExchange(name string) {
-	if _, ok := r.top.Exchanges[name]; !ok {
+	bk := r.exs[name]
+	if bk == nil {
 		return
 	}
-	delete(r.top.Exchanges, name)
-	r.dropBindings(func(b *Binding) bool { return b.Source == name || (b.ToExchange && b.Destination == name) })
+	r.cur = nil
+	for id, rec := range bk.out {
+		if rec.b.ToExchange {
+			delete(r.exs[rec.b.Destination].in, id)
+		} else {
+			delete(r.qs[rec.b.Destination].in, id)
+		}
+	}
+	for id, rec := range bk.in {
+		if rec.b.Source == name {
+			continue // to itself: gone with the exchange
+		}
+		src := r.exs[rec.b.Source]
+		r.apply(src, rec, dest{name: name, ex: true}, false)
+		delete(src.out, id)
+		r.putEx(src)
+	}
+	delete(r.exs, name)
+	r.tab.exchanges = r.tab.exchanges.del(hashName(name), name)
 }
 
 // AddQueue adds a queue, or gives the one of that name a new ref (its
-// bindings stay).
+// bindings stay and lead to the new ref; O(its bindings)).
 func (r *Routes) AddQueue(name string, ref QueueRef) {
-	r.top.Queues[name] = struct{}{}
-	r.refs[name] = ref
+	qb := r.qs[name]
+	if qb == nil {
+		r.qs[name] = &qBook{ref: ref, in: map[string]*bindRec{}}
+	} else if qb.ref == ref {
+		return
+	} else {
+		qb.ref = ref
+		for _, rec := range qb.in {
+			src := r.exs[rec.b.Source]
+			r.apply(src, rec, dest{name: name}, false)
+			r.apply(src, rec, dest{name: name, ref: ref}, true)
+			r.putEx(src)
+		}
+	}
 	r.cur = nil
+	r.tab.queues = r.tab.queues.set(hashName(name), name, ref)
 }
 
 // DeleteQueue removes a queue and the bindings to it.
 func (r *Routes) DeleteQueue(name string) {
-	if _, ok := r.top.Queues[name]; !ok {
+	qb := r.qs[name]
+	if qb == nil {
 		return
 	}
-	delete(r.top.Queues, name)
-	delete(r.refs, name)
-	r.dropBindings(func(b *Binding) bool { return !b.ToExchange && b.Destination == name })
-}
-
-func (r *Routes) dropBindings(drop func(*Binding) bool) {
-	r.top.Bindings = slices.DeleteFunc(r.top.Bindings, func(b Binding) bool { return drop(&b) })
 	r.cur = nil
-}
-
-func (r *Routes) exists(b *Binding) bool {
-	if _, ok := r.top.Exchanges[b.Source]; !ok {
-		return false
+	for id, rec := range qb.in {
+		src := r.exs[rec.b.Source]
+		r.apply(src, rec, dest{name: name, ref: qb.ref}, false)
+		delete(src.out, id)
+		r.putEx(src)
 	}
-	if b.ToExchange {
-		_, ok := r.top.Exchanges[b.Destination]
-		return ok
-	}
-	_, ok := r.top.Queues[b.Destination]
-	return ok
-}
-
-func (r *Routes) find(b *Binding) int {
-	return slices.IndexFunc(r.top.Bindings, func(x Binding) bool {
-		return x.Source == b.Source && x.Destination == b.Destination && x.ToExchange == b.ToExchange && x.Key == b.Key && reflect.DeepEqual(x.Args, b.Args)
-	})
+	delete(r.qs, name)
+	r.tab.queues = r.tab.queues.del(hashName(name), name)
 }
 
 // Bind adds a binding. It returns false, changing nothing, when the same
 // binding (source, destination, kind, key, args) is there already, or when
-// its source or destination does not exist (the caller checks those first).
+// its source or destination does not exist (the caller checks those
+// first). Routes keeps its own copy of b.
 func (r *Routes) Bind(b Binding) bool {
-	if !r.exists(&b) || r.find(&b) >= 0 {
+	src := r.exs[b.Source]
+	if src == nil {
 		return false
 	}
-	r.top.Bindings = append(r.top.Bindings, b)
+	var in map[string]*bindRec
+	if b.ToExchange {
+		dx := r.exs[b.Destination]
+		if dx == nil {
+			return false
+		}
+		in = dx.in
+	} else {
+		q := r.qs[b.Destination]
+		if q == nil {
+			return false
+		}
+		in = q.in
+	}
+	id := bindingID(&b)
+	if _, dup := src.out[id]; dup {
+		return false
+	}
+	b.Args = cloneTable(b.Args)
+	rec := &bindRec{b: b, id: id}
+	src.out[id], in[id] = rec, rec
+	r.apply(src, rec, r.destOf(&rec.b), true)
+	r.putEx(src)
 	r.cur = nil
 	return true
 }
 
 // Unbind removes a binding; false: there is no such binding.
 func (r *Routes) Unbind(b Binding) bool {
-	i := r.find(&b)
-	if i < 0 {
+	src := r.exs[b.Source]
+	if src == nil {
 		return false
 	}
-	r.top.Bindings = slices.Delete(r.top.Bindings, i, i+1)
+	id := bindingID(&b)
+	rec := src.out[id]
+	if rec == nil {
+		return false
+	}
+	if b.ToExchange {
+		delete(r.exs[b.Destination].in, id)
+	} else {
+		delete(r.qs[b.Destination].in, id)
+	}
+	delete(src.out, id)
+	r.apply(src, rec, r.destOf(&rec.b), false)
+	r.putEx(src)
 	r.cur = nil
 	return true
 }
 
 // Table returns an immutable snapshot of the routing table, safe for any
-// number of concurrent readers; later changes make new snapshots.
+// number of concurrent readers; later changes make new snapshots and leave
+// this one as it is. O(1).
 func (r *Routes) Table() *Table {
 	if r.cur == nil {
-		refs := make(map[string]QueueRef, len(r.refs))
-		for k, v := range r.refs {
-			refs[k] = v
-		}
-		r.cur = &Table{c: r.top.Compile(), refs: refs}
+		t := r.tab
+		r.cur = &t
 	}
 	return r.cur
 }
 
-// Table is an immutable snapshot of Routes.
-type Table struct {
-	c    *CompiledTable
-	refs map[string]QueueRef
-}
-
-// Route appends to dst the queues a message published to exchange with
-// routingKey and headers (raw table entries, as in wire.Properties.Headers)
-// goes to, each once, and returns it. ok is false when the exchange does
-// not exist. An empty result means unroutable (the caller returns
-// mandatory messages). The default exchange "" routes to the queue named
-// by the key.
-func (t *Table) Route(dst []QueueRef, exchange string, routingKey, headers []byte) ([]QueueRef, bool) {
-	var buf [16]string
-	names, ok := t.c.Route(buf[:0], exchange, routingKey, headers)
-	for _, n := range names {
-		dst = append(dst, t.refs[n])
+// destOf returns where an existing binding leads.
+func (r *Routes) destOf(b *Binding) dest {
+	if b.ToExchange {
+		return dest{name: b.Destination, ex: true}
 	}
-	return dst, ok
+	return dest{name: b.Destination, ref: r.qs[b.Destination].ref}
 }
 
-// HasExchange reports whether exchange exists (the default always does).
-func (t *Table) HasExchange(name string) bool { return t.c.HasExchange(name) }
+func (r *Routes) putEx(bk *exBook) {
+	r.tab.exchanges = r.tab.exchanges.set(hashName(bk.rx.Name), bk.rx.Name, bk.rx)
+}
 
-// IsInternal reports whether exchange is internal (fed only by
-// exchange-to-exchange bindings, not by publishers).
-func (t *Table) IsInternal(name string) bool { return t.c.IsInternal(name) }
+// apply adds (or removes) one binding's route to (or from) its source's
+// routing structure: a new rex sharing all it did not change.
+func (r *Routes) apply(bk *exBook, rec *bindRec, d dest, add bool) {
+	rx := *bk.rx
+	b := &rec.b
+	switch rx.Kind {
+	case wire.ExchangeDirect:
+		h := hashName(b.Key)
+		s, _ := rx.direct.get(h, b.Key)
+		if s = s.change(d, add, 0); s.m.len() == 0 {
+			rx.direct = rx.direct.del(h, b.Key)
+		} else {
+			rx.direct = rx.direct.set(h, b.Key, s)
+		}
+	case wire.ExchangeFanout:
+		rx.dests = rx.dests.change(d, add, 0)
+	case wire.ExchangeTopic:
+		rx.topic = rx.topic.change(topicWords(b.Key), d, add)
+	case wire.ExchangeHeaders:
+		h := hashName(rec.id)
+		if add {
+			rx.headers = rx.headers.set(h, rec.id, newHeaderBinding(b, d))
+		} else {
+			rx.headers = rx.headers.del(h, rec.id)
+		}
+	case wire.ExchangeConsistentHash:
+		w, ok := bindingWeight(b.Key)
+		if !ok {
+			return // not a weight: the binding routes nothing
+		}
+		h, k := d.hash(), d.key()
+		before, _ := rx.dests.m.get(h, k)
+		rx.dests = rx.dests.change(d, add, w)
+		after, _ := rx.dests.m.get(h, k)
+		if bk.weights == nil {
+			bk.weights = map[float64]int{}
+		}
+		if before.n > 0 {
+			if bk.weights[before.weight]--; bk.weights[before.weight] == 0 {
+				delete(bk.weights, before.weight)
+			}
+		}
+		if after.n > 0 {
+			bk.weights[after.weight]++
+		}
+		rx.hashEqual = len(bk.weights) <= 1
+	default:
+		return // an unknown kind routes nothing
+	}
+	bk.rx = &rx
+}
 
-// Queue returns the ref of the queue called name.
-func (t *Table) Queue(name string) (QueueRef, bool) {
-	ref, ok := t.refs[name]
-	return ref, ok
+// bindingWeight parses a consistent-hash binding key: an integer ≥ 1,
+// empty meaning 1.
+func bindingWeight(key string) (float64, bool) {
+	if key == "" {
+		return 1, true
+	}
+	w, err := strconv.Atoi(key)
+	if err != nil || w < 1 {
+		return 0, false
+	}
+	return float64(w), true
+}
+
+// bindingID identifies a binding as Bind and Unbind compare them: source,
+// destination, kind, key and encoded args, each length-prefixed.
+func bindingID(b *Binding) string {
+	buf := make([]byte, 0, 16+len(b.Source)+len(b.Destination)+len(b.Key))
+	buf = binary.AppendUvarint(buf, uint64(len(b.Source)))
+	buf = append(buf, b.Source...)
+	buf = binary.AppendUvarint(buf, uint64(len(b.Destination)))
+	buf = append(buf, b.Destination...)
+	if b.ToExchange {
+		buf = append(buf, 1)
+	} else {
+		buf = append(buf, 0)
+	}
+	buf = binary.AppendUvarint(buf, uint64(len(b.Key)))
+	buf = append(buf, b.Key...)
+	buf = wire.AppendTable(buf, b.Args)
+	return string(buf)
+}
+
+// cloneTable copies a table deeply enough that the caller may reuse the
+// original's byte slices.
+func cloneTable(t wire.Table) wire.Table {
+	if t == nil {
+		return nil
+	}
+	c := slices.Clone(t)
+	for i := range c {
+		if c[i].Value.Bytes != nil {
+			c[i].Value.Bytes = slices.Clone(c[i].Value.Bytes)
+		}
+	}
+	return c
+}
+
+func hashHeader(e Exchange) string {
+	if e.Kind == wire.ExchangeConsistentHash {
+		if v, ok := e.Args.Get("hash-header"); ok && v.Kind == wire.KindString {
+			return string(v.Bytes)
+		}
+	}
+	return ""
+}
+
+func newRex(e Exchange) *rex {
+	return &rex{Exchange: e, hashHdr: hashHeader(e), hashEqual: true}
+}
+
+func newHeaderBinding(b *Binding, d dest) rheader {
+	hb := rheader{d: d}
+	for _, f := range b.Args {
+		if f.Key == "x-match" {
+			hb.any = f.Value.Kind == wire.KindString && string(f.Value.Bytes) == "any"
+			continue
+		}
+		if strings.HasPrefix(f.Key, "x-") {
+			continue
+		}
+		hb.match = append(hb.match, f)
+	}
+	return hb
+}
+
+// topicWords splits a binding pattern into words ('.'-separated; empty
+// words count), consecutive "#" words counting as one (they match the
+// same keys), as the compiled trie does.
+func topicWords(pattern string) []string {
+	words := strings.Split(pattern, ".")
+	out := words[:0]
+	for _, w := range words {
+		if w == "#" && len(out) > 0 && out[len(out)-1] == "#" {
+			continue
+		}
+		out = append(out, w)
+	}
+	return out
 }

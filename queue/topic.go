@@ -8,13 +8,13 @@ type topicNode struct {
 	words map[string]*topicNode
 	star  *topicNode // "*": exactly one word
 	hash  *topicNode // "#": zero or more words
-	dests []dest
+	dests []cdest
 }
 
 // insert adds a binding pattern. Words are split on '.', empty words count
 // ("a..b" has three words; "" is one empty word). Consecutive "#" words are
 // one "#" (they match the same keys), which also keeps matching polynomial.
-func (n *topicNode) insert(pattern string, d dest) {
+func (n *topicNode) insert(pattern string, d cdest) {
 	prev := ""
 	for _, w := range strings.Split(pattern, ".") {
 		if w == "#" && prev == "#" {
@@ -74,7 +74,7 @@ func (m *topicMatcher) word(i int) []byte { return m.key[m.starts[i]:m.ends[i]] 
 
 // match calls found for every binding whose pattern matches words i.. of
 // the key. Duplicates are possible (the caller dedups).
-func (m *topicMatcher) match(n *topicNode, i int, found func(dest)) {
+func (m *topicMatcher) match(n *topicNode, i int, found func(cdest)) {
 	if n.hash != nil {
 		// "#" swallows zero or more words.
 		for j := i; j <= m.n; j++ {

@@ -1,0 +1,391 @@
+package queue
+
+import (
+	"math"
+	"slices"
+
+	"github.com/cespare/xxhash/v2"
+	"github.com/warren-mq/warren/wire"
+)
+
+// Table is an immutable snapshot of Routes: any number of readers may
+// route against it at once, without locks, while the writer changes
+// Routes (which shares all it did not change with this snapshot).
+type Table struct {
+	exchanges pmap[string, *rex]
+	queues    pmap[string, QueueRef]
+}
+
+// rex is an exchange as routed: immutable, replaced whole (sharing its
+// unchanged maps) when the exchange or one of its bindings changes.
+type rex struct {
+	Exchange
+	hashHdr   string // consistent-hash: the header hashed instead of the key
+	hashEqual bool   // consistent-hash: all destinations weigh the same
+
+	direct  pmap[string, destSet] // direct: binding key → destinations
+	dests   destSet               // fanout and consistent-hash
+	topic   *tnode                // topic: the pattern trie
+	headers pmap[string, rheader] // headers: by binding identity
+}
+
+// dest is where a binding leads: a queue, by ref, or an exchange, by
+// name (looked up when routing, so that changing an exchange changes no
+// other exchange).
+type dest struct {
+	name string
+	ref  QueueRef
+	ex   bool
+}
+
+type destKey struct {
+	name string
+	ex   bool
+}
+
+// exchangeSalt tells apart the hashes of a queue and an exchange of the
+// same name in a destSet; an exchange destination's hash xor the salt is
+// the hash of its name, its key in Table.exchanges.
+const exchangeSalt = 0x9e3779b97f4a7c15
+
+func (d dest) key() destKey { return destKey{d.name, d.ex} }
+
+func (d dest) hash() uint64 {
+	if d.ex {
+		return hashName(d.name) ^ exchangeSalt
+	}
+	return hashName(d.name)
+}
+
+// rheader is a headers binding: its destination and its condition.
+type rheader struct {
+	d dest
+	headerMatch
+}
+
+// dentry is a destination in a set with the bindings that lead there.
+type dentry struct {
+	dest
+	n      int32   // bindings leading here (the entry goes at 0)
+	weight float64 // consistent-hash: their summed weight
+	seed   uint64  // consistent-hash: the destination's half of the score
+}
+
+// destSet is a set of destinations; nEx counts the exchanges among them
+// (none: routing appends its queues without looking for duplicates).
+type destSet struct {
+	m   pmap[destKey, dentry]
+	nEx int
+}
+
+// change returns the set with one binding to d added (or removed), of
+// weight w.
+func (s destSet) change(d dest, add bool, w float64) destSet {
+	h, k := d.hash(), d.key()
+	e, ok := s.m.get(h, k)
+	if add {
+		if !ok {
+			e = dentry{seed: hashSeed(d)}
+			if d.ex {
+				s.nEx++
+			}
+		}
+		e.dest = d // a queue re-added under a new ref takes it
+		e.n++
+		e.weight += w
+	} else {
+		if !ok {
+			panic("queue: BUG: removing a binding to " + d.name + " that is not in its set")
+		}
+		e.n--
+		e.weight -= w
+		if e.n == 0 {
+			if d.ex {
+				s.nEx--
+			}
+			s.m = s.m.del(h, k)
+			return s
+		}
+	}
+	s.m = s.m.set(h, k, e)
+	return s
+}
+
+// hashSeed is the per-destination half of the rendezvous score, as the
+// compiled table computes it.
+func hashSeed(d dest) uint64 {
+	if d.ex {
+		return xxhash.Sum64String("exchange\x00" + d.name)
+	}
+	return xxhash.Sum64String(d.name)
+}
+
+// tnode is a node of the persistent topic trie: a binding pattern's words
+// are a path from the root; "*" and "#" have their own edges. A change
+// copies the nodes on its pattern's path; empty nodes are pruned.
+type tnode struct {
+	words pmap[string, *tnode]
+	star  *tnode // "*": exactly one word
+	hash  *tnode // "#": zero or more words
+	dests destSet
+}
+
+// change returns the trie with one binding of pattern words to d added (or
+// removed); nil when it is empty.
+func (n *tnode) change(words []string, d dest, add bool) *tnode {
+	var c tnode
+	if n != nil {
+		c = *n
+	}
+	switch {
+	case len(words) == 0:
+		c.dests = c.dests.change(d, add, 0)
+	case words[0] == "*":
+		c.star = c.star.change(words[1:], d, add)
+	case words[0] == "#":
+		c.hash = c.hash.change(words[1:], d, add)
+	default:
+		h := hashName(words[0])
+		kid, _ := c.words.get(h, words[0])
+		if kid = kid.change(words[1:], d, add); kid == nil {
+			c.words = c.words.del(h, words[0])
+		} else {
+			c.words = c.words.set(h, words[0], kid)
+		}
+	}
+	if c.words.len() == 0 && c.star == nil && c.hash == nil && c.dests.m.len() == 0 {
+		return nil
+	}
+	return &c
+}
+
+// Route appends to dst the queues a message published to exchange with
+// routingKey and headers (raw table entries, as in wire.Properties.Headers)
+// goes to, each once, and returns it. ok is false when the exchange does
+// not exist. An empty result means unroutable (the caller returns
+// mandatory messages). The default exchange "" routes to the queue named
+// by the key. Bindings to exchanges are followed (cycles and chains longer
+// than maxExchangeHops stop), and an exchange that routes the message
+// nowhere hands it to its alternate. Route allocates nothing once dst has
+// room.
+func (t *Table) Route(dst []QueueRef, exchange string, routingKey, headers []byte) ([]QueueRef, bool) {
+	if exchange == "" {
+		if ref, ok := pmapGetBytes(t.queues, strhash(routingKey), routingKey); ok {
+			dst = append(dst, ref)
+		}
+		return dst, true
+	}
+	c, ok := t.exchanges.get(hashName(exchange), exchange)
+	if !ok {
+		return dst, false
+	}
+	rt := router{t: t, dst: dst, start: len(dst), key: routingKey, headers: headers}
+	rt.route(c, 0)
+	return rt.dst, true
+}
+
+// HasExchange reports whether exchange exists (the default always does).
+func (t *Table) HasExchange(name string) bool {
+	_, ok := t.exchanges.get(hashName(name), name)
+	return ok || name == ""
+}
+
+// IsInternal reports whether exchange is internal (fed only by
+// exchange-to-exchange bindings, not by publishers).
+func (t *Table) IsInternal(name string) bool {
+	c, ok := t.exchanges.get(hashName(name), name)
+	return ok && c.Internal
+}
+
+// Queue returns the ref of the queue called name.
+func (t *Table) Queue(name string) (QueueRef, bool) {
+	return t.queues.get(hashName(name), name)
+}
+
+// router is one Route call's state, on the caller's stack.
+type router struct {
+	t            *Table
+	dst          []QueueRef
+	start        int // dst[start:] is this call's result
+	key, headers []byte
+	// visited is the chain of exchanges from the published one to the one
+	// routing now (cycles stop; so does a chain maxExchangeHops long).
+	visited [maxExchangeHops]*rex
+}
+
+func (rt *router) route(c *rex, depth int) {
+	if depth == maxExchangeHops || slices.Contains(rt.visited[:depth], c) {
+		return
+	}
+	rt.visited[depth] = c
+	depth++
+	before := len(rt.dst)
+	switch c.Kind {
+	case wire.ExchangeDirect:
+		if s, ok := pmapGetBytes(c.direct, strhash(rt.key), rt.key); ok {
+			rt.addSet(&s, depth)
+		}
+	case wire.ExchangeFanout:
+		rt.addSet(&c.dests, depth)
+	case wire.ExchangeTopic:
+		if c.topic != nil {
+			var m topicMatcher
+			m.split(rt.key)
+			rt.matchTopic(&m, c.topic, 0, depth)
+		}
+	case wire.ExchangeHeaders:
+		rt.addHeaders(c.headers.root, depth)
+	case wire.ExchangeConsistentHash:
+		if c.dests.m.len() > 0 {
+			hk := rt.key
+			if c.hashHdr != "" {
+				hk = headerBytes(rt.headers, c.hashHdr)
+			}
+			p := hashPick{h: xxhash.Sum64(hk), weighted: !c.hashEqual, bestScore: -1}
+			p.pick(c.dests.m.root)
+			rt.add(&p.best.dest, depth)
+		}
+	}
+	if len(rt.dst) == before && c.Alternate != "" {
+		if alt, ok := rt.t.exchanges.get(hashName(c.Alternate), c.Alternate); ok {
+			rt.route(alt, depth)
+		}
+	}
+}
+
+// add routes to one destination: a queue not in the result yet, or
+// through an exchange.
+func (rt *router) add(d *dest, depth int) {
+	if d.ex {
+		if x, ok := rt.t.exchanges.get(hashName(d.name), d.name); ok {
+			rt.route(x, depth)
+		}
+		return
+	}
+	if !slices.Contains(rt.dst[rt.start:], d.ref) {
+		rt.dst = append(rt.dst, d.ref)
+	}
+}
+
+// addSet routes to every destination of a set. A set's queues are
+// distinct, so when the result is still empty and the set leads to no
+// exchange they are appended without looking for duplicates.
+func (rt *router) addSet(s *destSet, depth int) {
+	if s.nEx == 0 && len(rt.dst) == rt.start {
+		rt.dst = appendRefs(rt.dst, s.m.root)
+		return
+	}
+	rt.addNode(s.m.root, depth)
+}
+
+func appendRefs(dst []QueueRef, n *pnode[destKey, dentry]) []QueueRef {
+	if n == nil {
+		return dst
+	}
+	for i := range n.data {
+		dst = append(dst, n.data[i].val.ref)
+	}
+	for _, k := range n.kids {
+		dst = appendRefs(dst, k)
+	}
+	return dst
+}
+
+func (rt *router) addNode(n *pnode[destKey, dentry], depth int) {
+	if n == nil {
+		return
+	}
+	for i := range n.data {
+		e := &n.data[i]
+		if e.val.ex {
+			if x, ok := rt.t.exchanges.get(e.hash^exchangeSalt, e.val.name); ok {
+				rt.route(x, depth)
+			}
+		} else if !slices.Contains(rt.dst[rt.start:], e.val.ref) {
+			rt.dst = append(rt.dst, e.val.ref)
+		}
+	}
+	for _, k := range n.kids {
+		rt.addNode(k, depth)
+	}
+}
+
+func (rt *router) addHeaders(n *pnode[string, rheader], depth int) {
+	if n == nil {
+		return
+	}
+	for i := range n.data {
+		if hb := &n.data[i].val; hb.matches(rt.headers) {
+			rt.add(&hb.d, depth)
+		}
+	}
+	for _, k := range n.kids {
+		rt.addHeaders(k, depth)
+	}
+}
+
+// matchTopic routes to the destinations of every pattern in the trie
+// under n that matches words i.. of the key.
+func (rt *router) matchTopic(m *topicMatcher, n *tnode, i, depth int) {
+	if n.hash != nil {
+		// "#" swallows zero or more words.
+		for j := i; j <= m.n; j++ {
+			rt.matchTopic(m, n.hash, j, depth)
+		}
+	}
+	if i == m.n {
+		rt.addSet(&n.dests, depth)
+		return
+	}
+	if n.words.len() > 0 {
+		w := m.word(i)
+		if c, ok := pmapGetBytes(n.words, strhash(w), w); ok {
+			rt.matchTopic(m, c, i+1, depth)
+		}
+	}
+	if n.star != nil {
+		rt.matchTopic(m, n.star, i+1, depth)
+	}
+}
+
+// hashPick finds a consistent-hash exchange's destination for key hash h
+// by weighted rendezvous hashing, exactly as compiled.pickHashed does:
+// the highest score wins, ties going to the first destination by name
+// (then queue before exchange, by seed), whatever order the set is walked
+// in.
+type hashPick struct {
+	h         uint64
+	weighted  bool
+	best      *dentry
+	bestX     uint64
+	bestScore float64
+}
+
+func (p *hashPick) pick(n *pnode[destKey, dentry]) {
+	for i := range n.data {
+		e := &n.data[i].val
+		x := fmix64(p.h ^ e.seed)
+		if !p.weighted {
+			if p.best == nil || x > p.bestX || (x == p.bestX && hashBefore(e, p.best)) {
+				p.best, p.bestX = e, x
+			}
+			continue
+		}
+		u := (float64(x>>11) + 0.5) / (1 << 53) // in (0, 1)
+		if s := e.weight / -math.Log(u); p.best == nil || s > p.bestScore || (s == p.bestScore && hashBefore(e, p.best)) {
+			p.best, p.bestScore = e, s
+		}
+	}
+	for _, k := range n.kids {
+		p.pick(k)
+	}
+}
+
+// hashBefore is the compiled table's order of consistent-hash
+// destinations: by name, then by seed.
+func hashBefore(a, b *dentry) bool {
+	if a.name != b.name {
+		return a.name < b.name
+	}
+	return a.seed < b.seed
+}
