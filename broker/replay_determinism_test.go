@@ -5,6 +5,7 @@ import (
 	"context"
 	"fmt"
 	"math/rand/v2"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -27,6 +28,40 @@ type step struct {
 	Owner    uint64             // CmdDown
 	Op       wire.SettleOp      // CmdSettle
 	QTag     uint64             // CmdSettle
+	Exchange string             // CmdPublish: routed through this exchange (else straight to Queue)
+	Key      string             // CmdPublish through Exchange: the routing key
+	// Meta: the metadata commands a declare, bind or exchange delete of
+	// the workload applied, encoded (AppendMetaCommand), with their time:
+	// replayed as they are through Broker.ApplyMeta. A queue's deletion is
+	// a queue command (CmdDelete): its shard decides, and the metadata
+	// command it then applies is the replay's own, compared with the
+	// recording's (metaLog).
+	Meta [][]byte
+}
+
+// metaLog records every metadata command a broker applies, encoded, with
+// its result: the workload's and those its shards apply (a queue deleted,
+// auto-deleted or gone with its exclusive owner).
+type metaLog struct {
+	mu      sync.Mutex
+	all     []string
+	pending [][]byte // since the last take
+}
+
+func (m *metaLog) record(c *MetaCommand, r MetaResult) {
+	enc := AppendMetaCommand(nil, c)
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	m.all = append(m.all, fmt.Sprintf("%x -> %v %q %d %s %v", enc, r.Code, r.Reason, r.QueueID, r.Name, r.Removed))
+	m.pending = append(m.pending, enc)
+}
+
+func (m *metaLog) take() [][]byte {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	p := m.pending
+	m.pending = nil
+	return p
 }
 
 // effectLog records what the broker hands its sinks, per queue.
@@ -104,10 +139,13 @@ var detQueues = []string{"q0", "q1", "q2", "q3", "dlq"}
 // detBroker declares the workload's topology on a fresh broker whose clock
 // is *now.
 // Its timers are ticked by the workload (ManualTicks); onApply sees every
-// command a shard applies.
-func detBroker(t *testing.T, shards int, now *atomic.Int64, onApply func(int, int64, *Command)) *Broker {
+// command a shard applies; ml records its metadata commands.
+func detBroker(t *testing.T, shards int, now *atomic.Int64, onApply func(int, int64, *Command), ml *metaLog) *Broker {
 	t.Helper()
 	b := startBroker(t, Config{Shards: shards, Clock: now.Load, ManualTicks: true, OnApply: onApply})
+	b.topo.mu.Lock()
+	b.topo.record = ml.record
+	b.topo.mu.Unlock()
 	must := mustFunc(t)
 	declareDeadLetterQueue(t, b)
 	dl := wire.Table{{Key: "dead-letter-exchange", Value: wire.String("dlx")}}
@@ -128,9 +166,25 @@ func detBroker(t *testing.T, shards int, now *atomic.Int64, onApply func(int, in
 func (st *step) apply(t *testing.T, b *Broker, now *atomic.Int64, l *effectLog) {
 	t.Helper()
 	now.Store(st.AtMs)
+	if st.Meta != nil {
+		for _, enc := range st.Meta {
+			if _, err := b.ApplyMeta(enc); err != nil {
+				t.Fatal(err)
+			}
+		}
+		settle(t, b)
+		return
+	}
 	q := b.LookupQueue(st.Queue)
+	if q == nil && st.Exchange == "" {
+		t.Fatalf("step %+v: no queue %q", st, st.Queue)
+	}
 	switch st.Kind {
 	case CmdPublish:
+		if st.Exchange != "" {
+			st.publishRouted(b, l)
+			break
+		}
 		ar := &Arena{}
 		ar.Refs.Store(int64(len(st.Bodies)))
 		props := wire.AppendProperties(nil, &wire.Properties{})[2:]
@@ -156,6 +210,11 @@ func (st *step) apply(t *testing.T, b *Broker, now *atomic.Int64, l *effectLog) 
 		b.Submit(Command{Kind: CmdPurge, Queue: q, Sink: answerLog{confirmLog{l, st.Queue}}})
 	case CmdTick: // recorded from a timer firing
 		b.Submit(Command{Kind: CmdTick, Queue: q})
+	case CmdDelete:
+		n, err := b.DeleteQueue(context.Background(), st.Queue, false, false)
+		l.mu.Lock()
+		l.add(st.Queue, fmt.Sprintf("deleted n%d %v", n, err))
+		l.mu.Unlock()
 	case CmdDown:
 		// Submit hands a Down to every shard at once, so a dead letter one
 		// shard makes of it can reach another shard's inbox before or after
@@ -171,6 +230,31 @@ func (st *step) apply(t *testing.T, b *Broker, now *atomic.Int64, l *effectLog) 
 	settle(t, b)
 }
 
+// publishRouted publishes one message through the routing view, to every
+// queue its exchange and key route it to.
+func (st *step) publishRouted(b *Broker, l *effectLog) {
+	refs, _ := b.View().Table.Route(nil, st.Exchange, []byte(st.Key), nil)
+	var qs []*Queue
+	for _, ref := range refs {
+		if q := b.View().Queue(ref); q != nil {
+			qs = append(qs, q)
+		}
+	}
+	if len(qs) == 0 {
+		return
+	}
+	ar := &Arena{}
+	ar.Refs.Store(int64(len(qs)))
+	props := wire.AppendProperties(nil, &wire.Properties{})[2:]
+	m := &StoredMsg{Exchange: []byte(st.Exchange), RoutingKey: []byte(st.Key), Props: props, Body: []byte(st.Bodies[0]), Arena: ar}
+	for _, q := range qs {
+		batch := &PublishBatch{Sink: confirmLog{l, q.name}, Codes: make([]uint32, 1)}
+		batch.Pending.Store(2)
+		batch.PartDone()
+		b.Submit(Command{Kind: CmdPublish, Items: []EnqItem{{Q: q, Msg: m, Meta: queue.Message{Size: uint32(len(m.Body))}}}, Batch: batch})
+	}
+}
+
 // settle waits until what was submitted, and the dead letters it caused,
 // have been applied everywhere.
 func settle(t *testing.T, b *Broker) {
@@ -184,11 +268,20 @@ func settle(t *testing.T, b *Broker) {
 	}
 }
 
+// liveQueues names the queues that exist now, by name.
+func liveQueues(b *Broker) []string {
+	var out []string
+	for _, q := range b.Queues() {
+		out = append(out, q.Name)
+	}
+	return out
+}
+
 // snapshots reads every queue's machine snapshot on its own shard.
 func snapshots(t *testing.T, b *Broker) map[string][]byte {
 	t.Helper()
 	out := map[string][]byte{}
-	for _, name := range detQueues {
+	for _, name := range liveQueues(b) {
 		q := b.LookupQueue(name)
 		w := make(waitSink, 1)
 		var snap []byte
@@ -216,10 +309,14 @@ func (s snapSink) Answer(req uint64, r Result) {
 }
 
 // TestDeterministicReplay: every command a random workload sends to the
-// broker is recorded with its time; replayed into a fresh broker, each
-// queue hands out the same effects in the same order and ends with the same
-// machine snapshot, bytes for bytes, with one shard and with four. This is
-// the property a replicated log of commands relies on.
+// broker is recorded with its time: queue commands, and the metadata
+// commands of its declares, binds, unbinds and exchange deletes, encoded.
+// Replayed into a fresh broker, each queue hands out the same effects in
+// the same order and ends with the same machine snapshot, bytes for bytes;
+// the metadata state machine applies the same commands (the workload's
+// and those its shards apply on a queue's deletion) with the same results
+// and ends with the same snapshot bytes; with one shard and with four.
+// This is the property a replicated log of commands relies on.
 func TestDeterministicReplay(t *testing.T) {
 	for _, shards := range []int{1, 4} {
 		t.Run(fmt.Sprintf("shards=%d", shards), func(t *testing.T) {
@@ -227,6 +324,7 @@ func TestDeterministicReplay(t *testing.T) {
 			var now atomic.Int64
 			now.Store(1_000_000)
 			first := newEffectLog()
+			var metaA metaLog
 			var ticksMu sync.Mutex
 			var ticks []step // the CmdTicks the timers made, as the shards applied them
 			b := detBroker(t, shards, &now, func(_ int, nowMs int64, c *Command) {
@@ -235,19 +333,25 @@ func TestDeterministicReplay(t *testing.T) {
 					ticks = append(ticks, step{AtMs: nowMs, Kind: CmdTick, Queue: c.Queue.Name()})
 					ticksMu.Unlock()
 				}
-			})
+			}, &metaA)
+			metaA.take()
 			var rec []step
 			timerTicks := 0
 			var consumers []step // subscribes done
 			nextID := queue.ConsumerID(100)
-			for i := 0; i < 400; i++ {
-				st := step{AtMs: now.Load() + int64(rng.IntN(50)), Queue: detQueues[rng.IntN(len(detQueues))]}
-				switch r := rng.IntN(100); {
-				case r < 35:
+			metaOps := map[string]int{}
+			for i := 0; i < 500; i++ {
+				live := liveQueues(b)
+				st := step{AtMs: now.Load() + int64(rng.IntN(50)), Queue: live[rng.IntN(len(live))]}
+				switch r := rng.IntN(130); {
+				case r < 30:
 					st.Kind = CmdPublish
 					for j := rng.IntN(4) + 1; j > 0; j-- {
 						st.Bodies = append(st.Bodies, fmt.Sprintf("m%d.%d", i, j))
 					}
+				case r < 35:
+					st.Kind, st.Exchange, st.Key = CmdPublish, "work", []string{"a.b", "a.c", "b.c"}[rng.IntN(3)]
+					st.Bodies = []string{fmt.Sprintf("r%d", i)}
 				case r < 45:
 					nextID++
 					st.Kind = CmdSubscribe
@@ -257,7 +361,7 @@ func TestDeterministicReplay(t *testing.T) {
 					c := consumers[rng.IntN(len(consumers))]
 					first.mu.Lock()
 					open := first.open[c.Spec.ID]
-					if len(open) == 0 {
+					if len(open) == 0 || b.LookupQueue(c.Queue) == nil {
 						first.mu.Unlock()
 						continue
 					}
@@ -269,11 +373,31 @@ func TestDeterministicReplay(t *testing.T) {
 					st.Op = []wire.SettleOp{wire.SettleAck, wire.SettleAck, wire.SettleRequeue, wire.SettleReject}[rng.IntN(4)]
 				case r < 90 && len(consumers) > 0:
 					c := consumers[rng.IntN(len(consumers))]
+					if b.LookupQueue(c.Queue) == nil {
+						continue
+					}
 					st.Kind, st.Queue, st.Consumer, st.Requeue = CmdCancel, c.Queue, c.Spec.ID, rng.IntN(2) == 0
 				case r < 95:
 					st.Kind = CmdPurge
 				case r < 98:
 					st.Kind, st.Owner = CmdDown, uint64(rng.IntN(3)+1)
+				case r < 100:
+					if slices.Contains(detQueues, st.Queue) {
+						continue // the fixed queues stay
+					}
+					st.Kind = CmdDelete
+					metaOps["delete queue"]++
+				case r < 125:
+					now.Store(st.AtMs)
+					metaA.take() // what the shards applied before is theirs to redo
+					metaOps[metaStep(b, rng, live)]++
+					st.Meta = metaA.take()
+					if len(st.Meta) == 0 {
+						t.Fatal("a metadata step applied no command")
+					}
+					rec = append(rec, st)
+					settle(t, b)
+					continue
 				default:
 					// The shards' timers fire, one shard at a time (as a Down
 					// is applied): what they do is recorded as CmdTicks.
@@ -299,18 +423,25 @@ func TestDeterministicReplay(t *testing.T) {
 			if timerTicks == 0 {
 				t.Error("the timers ticked no queue (a weak test)")
 			}
+			liveA := liveQueues(b)
+			metaSnapA := b.MetaSnapshot()
 
 			var now2 atomic.Int64
+			now2.Store(1_000_000)
 			second := newEffectLog()
-			b2 := detBroker(t, shards, &now2, nil)
+			var metaB metaLog
+			b2 := detBroker(t, shards, &now2, nil, &metaB)
 			for i := range rec {
 				rec[i].apply(t, b2, &now2, second)
 			}
 			snapB := snapshots(t, b2)
 
-			for _, name := range detQueues {
+			if !slices.Equal(liveA, liveQueues(b2)) {
+				t.Fatalf("queues differ: %v vs %v", liveA, liveQueues(b2))
+			}
+			for _, name := range append(liveA, "m0", "m1", "m2") {
 				ea, eb := first.byQueue[name], second.byQueue[name]
-				if len(ea) == 0 && name != "dlq" {
+				if len(ea) == 0 && name != "dlq" && slices.Contains(detQueues, name) {
 					t.Errorf("queue %s: the workload had no effect on it (a weak test)", name)
 				}
 				if fmt.Sprint(ea) != fmt.Sprint(eb) {
@@ -324,9 +455,66 @@ func TestDeterministicReplay(t *testing.T) {
 					t.Errorf("queue %s: snapshots differ (%d vs %d bytes)", name, len(snapA[name]), len(snapB[name]))
 				}
 			}
-			t.Logf("%d commands (%d timer ticks); effects per queue: q0 %d, q1 %d, q2 %d, q3 %d, dlq %d", len(rec),
-				timerTicks, len(first.byQueue["q0"]), len(first.byQueue["q1"]), len(first.byQueue["q2"]), len(first.byQueue["q3"]), len(first.byQueue["dlq"]))
+			if fmt.Sprint(metaA.all) != fmt.Sprint(metaB.all) {
+				n := 0
+				for n < min(len(metaA.all), len(metaB.all)) && metaA.all[n] == metaB.all[n] {
+					n++
+				}
+				t.Errorf("metadata commands differ at %d of %d/%d: %q vs %q", n, len(metaA.all), len(metaB.all), at(metaA.all, n), at(metaB.all, n))
+			}
+			if !bytes.Equal(metaSnapA, b2.MetaSnapshot()) {
+				t.Errorf("metadata snapshots differ (%d vs %d bytes)", len(metaSnapA), len(b2.MetaSnapshot()))
+			}
+			for _, op := range []string{"declare exchange", "delete exchange", "declare queue", "declare generated", "bind", "unbind", "delete queue"} {
+				if metaOps[op] == 0 {
+					t.Errorf("the workload did no %s (a weak test)", op)
+				}
+			}
+			t.Logf("%d commands (%d timer ticks), %d metadata commands (%v); effects per queue: q0 %d, q1 %d, q2 %d, q3 %d, dlq %d; queues at the end %v", len(rec),
+				timerTicks, len(metaA.all), metaOps, len(first.byQueue["q0"]), len(first.byQueue["q1"]), len(first.byQueue["q2"]), len(first.byQueue["q3"]), len(first.byQueue["dlq"]), liveA)
 		})
+	}
+}
+
+// metaStep does one random topology request of the workload through the
+// broker's request API (as netio and admin do) and names it.
+func metaStep(b *Broker, rng *rand.Rand, live []string) string {
+	who := Requester{User: []string{"alice", "bob"}[rng.IntN(2)], Admin: rng.IntN(3) == 0, Conn: uint64(rng.IntN(3) + 1)}
+	switch r := rng.IntN(10); {
+	case r < 1:
+		_ = b.DeclareExchange(wire.ExchangeDeclare{Name: "work", Kind: wire.ExchangeTopic})
+		return "declare exchange"
+	case r < 2:
+		_ = b.DeleteExchange("work", rng.IntN(2) == 0)
+		return "delete exchange"
+	case r < 4:
+		d := wire.QueueDeclare{Name: fmt.Sprintf("m%d", rng.IntN(3)), AutoDelete: rng.IntN(3) == 0, Exclusive: rng.IntN(3) == 0}
+		if rng.IntN(2) == 0 {
+			d.Args = wire.Table{{Key: "dead-letter-exchange", Value: wire.String("dlx")}, {Key: "delivery-limit", Value: wire.Int(1)}}
+		}
+		_, _ = b.DeclareQueueAs(&d, who.Conn, who.User)
+		return "declare queue"
+	case r < 5:
+		_, _ = b.DeclareQueueAs(&wire.QueueDeclare{}, who.Conn, who.User)
+		return "declare generated"
+	case r < 8:
+		_ = b.BindAs(&wire.Bind{Source: "work", Destination: live[rng.IntN(len(live))], RoutingKey: []string{"a.*", "*.c", "#", "a.b"}[rng.IntN(4)]}, who)
+		return "bind"
+	default:
+		bs := b.Bindings()
+		var work []BindingInfo
+		for _, x := range bs {
+			if x.Source == "work" {
+				work = append(work, x)
+			}
+		}
+		if len(work) == 0 {
+			_ = b.BindAs(&wire.Bind{Unbind: true, Source: "work", Destination: live[0], RoutingKey: "none"}, who)
+			return "unbind none"
+		}
+		x := work[rng.IntN(len(work))]
+		_ = b.BindAs(&wire.Bind{Unbind: true, Source: x.Source, Destination: x.Destination, RoutingKey: x.RoutingKey}, who)
+		return "unbind"
 	}
 }
 
