@@ -70,6 +70,7 @@ func New(cfg Config) *Broker {
 	}
 	b.topo = newTopology(b.shards)
 	b.topo.log = b.log
+	b.topo.now = b.NowMs
 	return b
 }
 

@@ -1,7 +1,31 @@
-// Package broker is Warren's core at run time: the topology (exchanges,
-// queues, bindings; topology.go), the shards that own the queues' state
-// machines, message bodies and dead-lettering (shard.go), and the operator
-// API the admin API uses (ops.go).
+// Package broker is Warren's core at run time: the metadata state machine
+// (exchanges, queues, bindings; meta.go) and the runtime around it
+// (topology.go), the shards that own the queues' state machines, message
+// bodies and dead-lettering (shard.go), and the operator API the admin API
+// uses (ops.go).
+//
+// Metadata. Meta is pure and deterministic: Apply(MetaCommand) returns a
+// MetaResult and MetaEffects, values. A command carries everything the
+// rules read: its time, the requester's user, whether it may act on what
+// others declared (Requester: the administrator tag, or the operator
+// API; netio decides it, Meta applies it) and its connection, and any
+// name the runtime drew (a generated queue name is chosen before the
+// command, so a log replays it). Queue ids come from a counter in Meta's
+// snapshot. MetaCommand has one binary encoding (meta_codec.go, versioned)
+// and MetaMachine applies encoded commands as replication.StateMachine.
+// Meta indexes bindings by key, by source and by destination, so a
+// declare, bind or delete costs what it touches.
+//
+// The runtime (topology) turns each request into a MetaCommand, applies it
+// under its mutex and then its effects: a queue is created on the shard its
+// name hashes to, the routing (queue.Routes) is changed, and a new
+// RouteView (the Routes' Table, whose publication costs what changed) is
+// swapped in atomically, once per request or, in a connection's control
+// run, once per run. Routing reads the view without a lock: Route returns
+// queue refs (Meta's ids) and RouteView.Queue resolves one through an
+// append-only slot table, allocating nothing. A queue's deletion is
+// decided by its shard (if-unused, if-empty, auto-delete, an exclusive
+// owner gone), which then applies the metadata command that removes it.
 //
 // The seam with the connection layer (netio) is made of values. Work comes
 // in as Command values through one entry point, Broker.Submit, one per batch

@@ -552,3 +552,11 @@ func (m *Meta) sortedBindings() []*metaBinding {
 	})
 	return out
 }
+
+// QueueID is the id of the queue of that name.
+func (m *Meta) QueueID(name string) (uint64, bool) {
+	if q, ok := m.queues[name]; ok {
+		return q.id, true
+	}
+	return 0, false
+}

@@ -35,22 +35,23 @@ func (b *Broker) Exchanges() []ExchangeInfo {
 	t := b.topo
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	out := make([]ExchangeInfo, 0, len(t.exDecl))
-	for _, d := range t.exDecl {
+	exs := t.meta.Exchanges()
+	out := make([]ExchangeInfo, 0, len(exs))
+	for _, d := range exs {
 		out = append(out, ExchangeInfo{Name: d.Name, Type: d.Kind.String(), Durable: d.Durable, AutoDelete: d.AutoDelete,
 			Internal: d.Internal, Alternate: d.Alternate, Args: d.Args})
 	}
-	sort.Slice(out, func(i, j int) bool { return out[i].Name < out[j].Name })
 	return out
 }
 
-// Bindings lists the bindings.
+// Bindings lists the bindings, by source, then destination.
 func (b *Broker) Bindings() []BindingInfo {
 	t := b.topo
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	out := make([]BindingInfo, 0, len(t.top.Bindings))
-	for _, b := range t.top.Bindings {
+	bs := t.meta.Bindings()
+	out := make([]BindingInfo, 0, len(bs))
+	for _, b := range bs {
 		out = append(out, BindingInfo{Source: b.Source, Destination: b.Destination, ToExchange: b.ToExchange, RoutingKey: b.Key, Args: b.Args})
 	}
 	return out
@@ -64,7 +65,7 @@ func (b *Broker) DeclareExchange(d wire.ExchangeDeclare) error {
 
 // DeleteExchange deletes an exchange as EXCHANGE_DELETE does.
 func (b *Broker) DeleteExchange(name string, ifUnused bool) error {
-	return b.topo.deleteExchange(&wire.ExchangeDelete{Name: name, IfUnused: ifUnused}, nil)
+	return b.topo.deleteExchange(&wire.ExchangeDelete{Name: name, IfUnused: ifUnused}, Requester{Admin: true})
 }
 
 // DeclareQueue declares a queue as QUEUE_DECLARE does (exclusive queues
@@ -84,7 +85,7 @@ func (b *Broker) DeclareQueue(d wire.QueueDeclare) (string, error) {
 // Bind adds (or, with Unbind set, removes) a binding as BIND does.
 func (b *Broker) Bind(d wire.Bind) error {
 	defer b.topo.publishIfDirty()
-	return b.topo.bind(&d, "", nil)
+	return b.topo.bind(&d, Requester{Admin: true})
 }
 
 // ask submits a request command to a shard and waits for its answer.

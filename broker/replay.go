@@ -110,10 +110,10 @@ func (b *Broker) republish(ctx context.Context, rs *replaySink, msg *StoredMsg, 
 		return reqErr(wire.ExchangeInternal, "exchange %q is internal", death.Exchange)
 	}
 	rk := death.RoutingKeys[0]
-	names, _ := view.Table.Route(nil, death.Exchange, []byte(rk), props.Headers)
+	refs, _ := view.Table.Route(nil, death.Exchange, []byte(rk), props.Headers)
 	var tqs []*Queue
-	for _, n := range names {
-		if tq := view.Queues[n]; tq != nil {
+	for _, ref := range refs {
+		if tq := view.Queue(ref); tq != nil {
 			tqs = append(tqs, tq)
 		}
 	}

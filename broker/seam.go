@@ -15,10 +15,10 @@ func (b *Broker) DeclareExchangeAs(d *wire.ExchangeDeclare, user string) error {
 	return b.topo.declareExchange(d, user)
 }
 
-// DeleteExchangeAs deletes an exchange as EXCHANGE_DELETE does; allow
-// checks the requester's permission on what it was declared by.
-func (b *Broker) DeleteExchangeAs(d *wire.ExchangeDelete, allow func(declaredBy, what string) error) error {
-	return b.topo.deleteExchange(d, allow)
+// DeleteExchangeAs deletes an exchange as EXCHANGE_DELETE does, for who:
+// a user who is not an administrator may delete only what it declared.
+func (b *Broker) DeleteExchangeAs(d *wire.ExchangeDelete, who Requester) error {
+	return b.topo.deleteExchange(d, who)
 }
 
 // DeclareQueueAs declares a queue as QUEUE_DECLARE does, for user on
@@ -27,16 +27,17 @@ func (b *Broker) DeclareQueueAs(d *wire.QueueDeclare, owner uint64, user string)
 	return b.topo.declareQueue(d, owner, user)
 }
 
-// BindAs adds or removes a binding as BIND does.
-func (b *Broker) BindAs(d *wire.Bind, user string, allow func(declaredBy, what string) error) error {
-	return b.topo.bind(d, user, allow)
+// BindAs adds or removes a binding as BIND does, for who: a user who is
+// not an administrator may remove only a binding it made.
+func (b *Broker) BindAs(d *wire.Bind, who Requester) error {
+	return b.topo.bind(d, who)
 }
 
 // LookupQueue is the queue named name, or nil.
 func (b *Broker) LookupQueue(name string) *Queue { return b.topo.lookupQueue(name) }
 
 // View is the current routing view: read it without a lock, route a
-// publish through its Table, find the queues by name in Queues.
+// publish through its Table, resolve the refs it returns with Queue.
 func (b *Broker) View() *RouteView { return b.topo.view.Load() }
 
 // BeginControlRun and EndControlRun bracket a run of topology requests
@@ -95,4 +96,28 @@ func DedupKey(id []byte) uint64 {
 		return k
 	}
 	return 1
+}
+
+// ApplyMeta applies one encoded metadata command (AppendMetaCommand) as
+// the broker's own requests are applied: what a log of metadata commands
+// replays through. An error means the bytes are no command; a refusal is
+// in the result.
+func (b *Broker) ApplyMeta(cmd []byte) (MetaResult, error) {
+	c, err := DecodeMetaCommand(cmd)
+	if err != nil {
+		return MetaResult{}, err
+	}
+	t := b.topo
+	t.mu.Lock()
+	r := t.applyLocked(&c)
+	t.mu.Unlock()
+	t.publishIfDirty()
+	return r, nil
+}
+
+// MetaSnapshot is the metadata state machine's snapshot now.
+func (b *Broker) MetaSnapshot() []byte {
+	b.topo.mu.Lock()
+	defer b.topo.mu.Unlock()
+	return b.topo.meta.Snapshot()
 }

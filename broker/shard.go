@@ -449,16 +449,18 @@ func (s *shard) deadLetter(q *Queue, msg *StoredMsg, reason wire.DeathReason) {
 	targets, _ := view.Table.Route(nil, dlx, dm.RoutingKey, props.Headers)
 	sent, cycles := 0, 0
 	var tqs []*Queue
-	for _, name := range targets {
+	for _, ref := range targets {
+		tq := view.Queue(ref)
+		if tq == nil {
+			continue // deleted since the view was published
+		}
 		// The history includes this death: a rejection just now means a
 		// client decided, so the loop is not a cycle.
-		if queue.DeadLetterCycle(deaths, name) {
+		if queue.DeadLetterCycle(deaths, tq.name) {
 			cycles++
 			continue
 		}
-		if tq := view.Queues[name]; tq != nil {
-			tqs = append(tqs, tq)
-		}
+		tqs = append(tqs, tq)
 	}
 	if len(tqs) > 0 {
 		dm.Arena.Cost = int64(cap(buf)) + StoredMsgOverhead + int64(len(tqs))*PlacementOverhead

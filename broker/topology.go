@@ -7,7 +7,6 @@ import (
 	"fmt"
 	"github.com/warren-mq/warren/internal/ratelog"
 	"log/slog"
-	"reflect"
 	"strconv"
 	"strings"
 	"sync"
@@ -16,7 +15,6 @@ import (
 	"unicode"
 	"unicode/utf8"
 
-	"github.com/cespare/xxhash/v2"
 	"github.com/warren-mq/warren/queue"
 	"github.com/warren-mq/warren/wire"
 )
@@ -26,6 +24,7 @@ import (
 // and metrics; the rest belongs to the shard goroutine.
 type Queue struct {
 	name       string
+	id         queue.QueueRef // Meta's id: what routes name it by
 	shard      *shard
 	shardIdx   int               // index of shard in Server.shards
 	decl       wire.QueueDeclare // as declared, for equivalence checks
@@ -101,26 +100,87 @@ const (
 )
 
 // RouteView is what the event loops route against: swapped atomically on
-// every topology change, never mutated.
+// every topology change, never mutated. Route results are queue refs
+// (Meta's queue ids); Queue resolves one without a lock.
 type RouteView struct {
-	Table  *queue.CompiledTable
-	Queues map[string]*Queue
+	Table *queue.Table
+	slots *queueSlots
 }
 
-// topology holds exchanges, queues and bindings. Writes (declare, delete,
-// bind) take mu and publish a new RouteView; routing reads the view only.
+// Queue is the queue a route result names, nil if it has been deleted
+// since (its shard would drop the work anyway).
+func (v *RouteView) Queue(ref queue.QueueRef) *Queue { return v.slots.get(ref) }
+
+// queueSlots resolves a queue ref to its *Queue for readers without a
+// lock: fixed-size chunks behind an atomic pointer to their directory.
+// Only the topology (under its mutex) writes; a new queue fills a slot, a
+// deleted one empties it. Once per 1,024 ids a new chunk is added to a
+// copy of the directory (one pointer per chunk): nothing is copied per
+// queue. Ids are never reused (Meta's counter), so the table grows with
+// the queues ever declared: 8 bytes each.
+type queueSlots struct {
+	dir atomic.Pointer[[]*slotChunk]
+}
+
+const slotBits = 10
+
+type slotChunk [1 << slotBits]atomic.Pointer[Queue]
+
+func (s *queueSlots) get(ref queue.QueueRef) *Queue {
+	dir := s.dir.Load()
+	if dir == nil {
+		return nil
+	}
+	i := int(ref >> slotBits)
+	if i >= len(*dir) {
+		return nil
+	}
+	return (*dir)[i][ref&(1<<slotBits-1)].Load()
+}
+
+// set fills or (q nil) empties a slot; the writer's mutex held.
+func (s *queueSlots) set(ref queue.QueueRef, q *Queue) {
+	i := int(ref >> slotBits)
+	dir := s.dir.Load()
+	var d []*slotChunk
+	if dir != nil {
+		d = *dir
+	}
+	if i >= len(d) {
+		if q == nil {
+			return
+		}
+		// Readers hold the old directory: extend a copy (its chunks are
+		// shared).
+		nd := make([]*slotChunk, i+1)
+		copy(nd, d)
+		for j := len(d); j <= i; j++ {
+			nd[j] = new(slotChunk)
+		}
+		s.dir.Store(&nd)
+		d = nd
+	}
+	d[i][ref&(1<<slotBits-1)].Store(q)
+}
+
+// topology is the runtime around the metadata state machine: a request
+// becomes a MetaCommand, applied to meta under mu; its effects create and
+// remove queues on their shards and change the routing (queue.Routes),
+// whose new Table is published in a new RouteView. Each costs what it
+// touches. Routing reads the view only, without a lock.
 type topology struct {
 	mu     sync.Mutex
-	top    *queue.Topology
-	exDecl map[string]wire.ExchangeDeclare
-	// exBy and bindBy record who declared each exchange and binding (for
-	// Authorize): the user, "" for the broker's and the admin API's.
-	exBy   map[string]string
-	bindBy map[string]string
-	queues map[string]*Queue
+	meta   *Meta
+	routes *queue.Routes
+	slots  queueSlots
+	queues map[uint64]*Queue // by Meta's id (mu)
 	view   atomic.Pointer[RouteView]
 	shards []*shard
-	// rebuilds counts routing-view rebuilds (publishLocked), for tests.
+	now    func() int64 // the broker's clock, stamped on each command
+	// record, if set, sees each command as it is applied (mu held): the
+	// deterministic-replay test records them.
+	record func(c *MetaCommand, r MetaResult)
+	// rebuilds counts routing-view publications, for tests.
 	rebuilds atomic.Int64
 	batching atomic.Int32 // control runs in progress (runControl)
 	dirty    atomic.Bool  // a change is not in the view yet (mu to set)
@@ -138,28 +198,88 @@ type queueTotals struct {
 }
 
 func newTopology(shards []*shard) *topology {
-	t := &topology{top: queue.NewTopology(), exDecl: map[string]wire.ExchangeDeclare{}, queues: map[string]*Queue{}, shards: shards,
-		exBy: map[string]string{}, bindBy: map[string]string{},
+	t := &topology{meta: NewMeta(len(shards)), routes: queue.NewRoutes(), queues: map[uint64]*Queue{}, shards: shards, now: func() int64 { return time.Now().UnixMilli() },
 		log: slog.New(slog.DiscardHandler), durableWarn: ratelog.Limiter{Every: time.Minute}}
-	// The standard exchanges every AMQP user expects.
-	for _, e := range []struct {
-		name string
-		kind wire.ExchangeKind
-	}{{"amq.direct", wire.ExchangeDirect}, {"amq.topic", wire.ExchangeTopic}, {"amq.fanout", wire.ExchangeFanout}, {"amq.headers", wire.ExchangeHeaders}} {
-		d := wire.ExchangeDeclare{Name: e.name, Kind: e.kind, Durable: true}
-		t.exDecl[e.name] = d
-		t.top.Exchanges[e.name] = queue.Exchange{Name: e.name, Kind: e.kind}
+	for _, d := range t.meta.Exchanges() {
+		t.routes.AddExchange(exchangeOf(&d))
 	}
 	t.publishLocked()
 	return t
+}
+
+// applyLocked applies one command to the metadata state machine and its
+// effects to the runtime (mu held).
+func (t *topology) applyLocked(c *MetaCommand) MetaResult {
+	r, effs := t.meta.Apply(c)
+	if t.record != nil {
+		t.record(c, r)
+	}
+	t.ApplyMetaEffects(effs)
+	return r
+}
+
+// ApplyMetaEffects applies the metadata state machine's effects (mu held):
+// it is the MetaEffectSink of the broker.
+func (t *topology) ApplyMetaEffects(effs []MetaEffect) {
+	changed := false
+	for i := range effs {
+		e := &effs[i]
+		switch e.Kind {
+		case EffExchangeCreated:
+			t.routes.AddExchange(e.Exchange)
+		case EffExchangeRemoved:
+			t.routes.DeleteExchange(e.Exchange.Name)
+		case EffQueueCreated:
+			t.createQueueLocked(e)
+		case EffQueueRemoved:
+			t.dropQueueLocked(e.Queue.ID)
+		case EffBindingAdded:
+			t.routes.Bind(e.Binding)
+		case EffBindingRemoved:
+			t.routes.Unbind(e.Binding)
+		case EffDurableAccepted:
+			t.warnDurable(e.What, e.Name)
+			continue
+		}
+		changed = true
+	}
+	if changed {
+		t.changedLocked()
+	}
+}
+
+func (t *topology) createQueueLocked(e *MetaEffect) {
+	mq := &e.Queue
+	q := &Queue{name: mq.Name, id: queue.QueueRef(mq.ID), decl: mq.Decl, args: mq.Args, exclusive: mq.Exclusive,
+		declaredBy: mq.DeclaredBy, autoDelete: mq.Decl.AutoDelete}
+	q.shardIdx = e.Shard % len(t.shards)
+	q.shard = t.shards[q.shardIdx]
+	t.queues[mq.ID] = q
+	t.slots.set(q.id, q)
+	t.routes.AddQueue(q.name, q.id)
+	q.shard.submit(Command{Kind: CmdCreate, Queue: q})
+}
+
+func (t *topology) dropQueueLocked(id uint64) {
+	q := t.queues[id]
+	if q == nil {
+		return
+	}
+	delete(t.queues, id)
+	t.slots.set(q.id, nil)
+	t.routes.DeleteQueue(q.name)
+	t.retired.published += q.published.Load()
+	t.retired.delivered += q.delivered.Load()
+	t.retired.acked += q.acked.Load()
+	q.deleted.Store(true)
 }
 
 // changedLocked publishes the new routing view, or, while control runs are
 // being handled off the loops (batching > 0), only marks it stale: a run
 // publishes it once, before any of its replies leave (runControl), and any
 // other caller publishes it before it answers (publishIfDirty), so nobody
-// is told of a change the view does not have. Rebuilding the view costs
-// O(topology); per request, a storm of declares would be quadratic.
+// is told of a change the view does not have. A publication costs what
+// changed since the last (queue.Routes.Table).
 func (t *topology) changedLocked() {
 	if t.batching.Load() > 0 {
 		t.dirty.Store(true)
@@ -183,11 +303,7 @@ func (t *topology) publishIfDirty() {
 func (t *topology) publishLocked() {
 	t.dirty.Store(false)
 	t.rebuilds.Add(1)
-	qs := make(map[string]*Queue, len(t.queues))
-	for k, v := range t.queues {
-		qs[k] = v
-	}
-	t.view.Store(&RouteView{Table: t.top.Compile(), Queues: qs})
+	t.view.Store(&RouteView{Table: t.routes.Table(), slots: &t.slots})
 }
 
 func reqErr(code wire.Code, format string, args ...any) error {
@@ -229,52 +345,19 @@ func generatedQueueName() string {
 	return reservedPrefix + "gen-" + base64.RawURLEncoding.EncodeToString(b[:])
 }
 
+func normArgs(t wire.Table) wire.Table {
+	if len(t) == 0 {
+		return nil
+	}
+	return t
+}
+
 // declareExchange creates an exchange or checks an existing one; user is
 // the declaring user ("" for the admin API).
 func (t *topology) declareExchange(d *wire.ExchangeDeclare, user string) error {
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	if d.Name == "" {
-		return reqErr(wire.NotAllowed, "the default exchange cannot be declared")
-	}
-	old, exists := t.exDecl[d.Name]
-	if d.Passive {
-		if !exists {
-			return reqErr(wire.NotFound, "no exchange %q", d.Name)
-		}
-		return nil
-	}
-	if err := validName(d.Name); err != nil {
-		return err
-	}
-	if err := validName(d.Alternate); err != nil {
-		return err
-	}
-	if !exists && strings.HasPrefix(d.Name, reservedPrefix) {
-		return reqErr(wire.AccessRefused, "exchange name %q: the prefix amq. is reserved for the broker; choose another name", d.Name)
-	}
-	if d.Durable {
-		t.warnDurable("exchange", d.Name)
-	}
-	if exists {
-		o, n := old, *d
-		o.Req, n.Req = 0, 0
-		if !reflect.DeepEqual(normArgs(o.Args), normArgs(n.Args)) || o.Kind != n.Kind || o.Durable != n.Durable ||
-			o.AutoDelete != n.AutoDelete || o.Internal != n.Internal || o.Alternate != n.Alternate {
-			return reqErr(wire.PreconditionFailed, "exchange %q exists with other settings: %s (declare it with the same settings, or delete it first)", d.Name, exchangeDiff(&old, d))
-		}
-		return nil
-	}
-	for _, a := range d.Args {
-		if a.Key != "hash-header" || d.Kind != wire.ExchangeConsistentHash || a.Value.Kind != wire.KindString {
-			return reqErr(wire.InvalidArgument, "exchange argument %q not supported here", a.Key)
-		}
-	}
-	t.exDecl[d.Name] = *d
-	t.exBy[d.Name] = user
-	t.top.Exchanges[d.Name] = queue.Exchange{Name: d.Name, Kind: d.Kind, Alternate: d.Alternate, Internal: d.Internal, Args: d.Args}
-	t.changedLocked()
-	return nil
+	return t.applyLocked(&MetaCommand{Op: MetaDeclareExchange, NowMs: t.now(), User: user, Exchange: *d}).Err()
 }
 
 // warnDurable says, at most once a minute, that durability is not built
@@ -286,138 +369,57 @@ func (t *topology) warnDurable(kind, name string) {
 	}
 }
 
-func normArgs(t wire.Table) wire.Table {
-	if len(t) == 0 {
-		return nil
-	}
-	return t
+// Requester is who asks for a topology change, as data: the user (""
+// for the operator API), whether it may act on what others declared (the
+// administrator tag, or the operator API), and its connection (0 for the
+// operator API).
+type Requester struct {
+	User  string
+	Admin bool
+	Conn  uint64
 }
 
-// deleteExchange deletes an exchange if allow (nil: always) lets the
-// deletion of one declared by the given user.
-func (t *topology) deleteExchange(d *wire.ExchangeDelete, allow func(declaredBy, what string) error) error {
+// deleteExchange deletes an exchange if the requester may delete one
+// declared by whoever declared it.
+func (t *topology) deleteExchange(d *wire.ExchangeDelete, who Requester) error {
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	if d.Name == "" || (len(d.Name) > 4 && d.Name[:4] == "amq.") {
-		return reqErr(wire.NotAllowed, "exchange %q cannot be deleted", d.Name)
-	}
-	if _, ok := t.exDecl[d.Name]; !ok {
-		return reqErr(wire.NotFound, "no exchange %q", d.Name)
-	}
-	if allow != nil {
-		if err := allow(t.exBy[d.Name], "exchange "+strconv.Quote(d.Name)); err != nil {
-			return err
-		}
-	}
-	used := false
-	for _, b := range t.top.Bindings {
-		if b.Source == d.Name {
-			used = true
-		}
-	}
-	if d.IfUnused && used {
-		return reqErr(wire.PreconditionFailed, "exchange %q has bindings", d.Name)
-	}
-	delete(t.exDecl, d.Name)
-	delete(t.exBy, d.Name)
-	delete(t.top.Exchanges, d.Name)
-	t.removeBindingsLocked(func(b queue.Binding) bool {
-		return b.Source == d.Name || (b.ToExchange && b.Destination == d.Name)
-	})
-	t.publishLocked()
-	return nil
-}
-
-func (t *topology) removeBindingsLocked(drop func(queue.Binding) bool) {
-	kept := t.top.Bindings[:0]
-	for _, b := range t.top.Bindings {
-		if !drop(b) {
-			kept = append(kept, b)
-		} else {
-			delete(t.bindBy, bindKey(b))
-		}
-	}
-	t.top.Bindings = kept
+	return t.applyLocked(&MetaCommand{Op: MetaDeleteExchange, NowMs: t.now(), User: who.User, Admin: who.Admin, Conn: who.Conn, Delete: *d}).Err()
 }
 
 // declareQueue creates a queue (on the shard its name hashes to) or checks
 // an existing one. owner is the declaring connection, user its user (""
-// for the admin API).
+// for the admin API). An empty name gets a generated one, chosen here and
+// carried in the command, so a log of commands replays it.
 func (t *topology) declareQueue(d *wire.QueueDeclare, owner uint64, user string) (*Queue, error) {
-	args, err := wire.ParseQueueArgs(d.Args)
-	if err != nil {
-		return nil, err
-	}
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	name := d.Name
-	if name == "" {
-		if d.Passive {
-			return nil, reqErr(wire.InvalidArgument, "passive declare needs a name")
+	c := MetaCommand{Op: MetaDeclareQueue, NowMs: t.now(), User: user, Conn: owner, Queue: *d}
+	if d.Name == "" && !d.Passive {
+		if _, err := wire.ParseQueueArgs(d.Args); err != nil {
+			return nil, err // refused before a name is drawn, as ever
 		}
-		for name == "" || t.queues[name] != nil {
-			name = generatedQueueName()
+		for c.Queue.Name == "" || t.meta.HasQueue(c.Queue.Name) {
+			c.Queue.Name = generatedQueueName()
 		}
-	} else if err := validName(name); err != nil {
-		return nil, err
-	} else if !d.Passive && strings.HasPrefix(name, reservedPrefix) {
-		return nil, reqErr(wire.AccessRefused, "queue name %q: the prefix amq. is reserved for the broker; declare with an empty name to get a generated one", name)
+		c.Generated = true
 	}
-	if err := validName(args.DeadLetterExchange); err != nil {
+	r := t.applyLocked(&c)
+	if err := r.Err(); err != nil {
 		return nil, err
 	}
-	if d.Durable && !d.Passive {
-		t.warnDurable("queue", name)
-	}
-	if q, ok := t.queues[name]; ok {
-		if q.exclusive != 0 && q.exclusive != owner {
-			return nil, reqErr(wire.ResourceLocked, "queue %q is exclusive to another connection", name)
-		}
-		if d.Passive {
-			return q, nil
-		}
-		o, n := q.decl, *d
-		o.Req, n.Req, o.Name, n.Name = 0, 0, "", ""
-		if !reflect.DeepEqual(normArgs(o.Args), normArgs(n.Args)) || o.Durable != n.Durable || o.Exclusive != n.Exclusive || o.AutoDelete != n.AutoDelete {
-			return nil, reqErr(wire.PreconditionFailed, "queue %q exists with other settings: %s (declare it with the same settings, or delete it first)", name, queueDiff(&q.decl, d))
-		}
-		return q, nil
-	}
-	if d.Passive {
-		return nil, reqErr(wire.NotFound, "no queue %q", name)
-	}
-	// A dead-letter exchange that does not exist yet is allowed, as in
-	// AMQP: it may be declared later; dead letters are dropped until then.
-	q := &Queue{name: name, decl: *d, args: args, autoDelete: d.AutoDelete, declaredBy: user}
-	q.decl.Name = name
-	if d.Exclusive {
-		q.exclusive = owner
-	}
-	q.shardIdx = int(xxhash.Sum64String(name) % uint64(len(t.shards)))
-	q.shard = t.shards[q.shardIdx]
-	t.queues[name] = q
-	t.top.Queues[name] = struct{}{}
-	t.changedLocked()
-	q.shard.submit(Command{Kind: CmdCreate, Queue: q})
-	return q, nil
+	return t.queues[r.QueueID], nil
 }
 
-// removeQueue unlists a queue and its bindings; the caller tells the shard.
+// removeQueue unlists a queue and its bindings; the caller (its shard)
+// tells the shard.
 func (t *topology) removeQueue(q *Queue) bool {
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	if t.queues[q.name] != q {
+	if t.queues[uint64(q.id)] != q {
 		return false
 	}
-	delete(t.queues, q.name)
-	delete(t.top.Queues, q.name)
-	t.retired.published += q.published.Load()
-	t.retired.delivered += q.delivered.Load()
-	t.retired.acked += q.acked.Load()
-	t.removeBindingsLocked(func(b queue.Binding) bool { return !b.ToExchange && b.Destination == q.name })
-	q.deleted.Store(true)
-	t.publishLocked()
-	return true
+	return t.applyLocked(&MetaCommand{Op: MetaDeleteQueue, NowMs: t.now(), Queue: wire.QueueDeclare{Name: q.name}, QueueID: uint64(q.id)}).Removed
 }
 
 func (t *topology) lookupQueue(name string) *Queue {
@@ -425,60 +427,41 @@ func (t *topology) lookupQueue(name string) *Queue {
 		// A control run declared it and has not published the view yet.
 		t.mu.Lock()
 		defer t.mu.Unlock()
-		return t.queues[name]
+		if id, ok := t.meta.QueueID(name); ok {
+			return t.queues[id]
+		}
+		return nil
 	}
-	return t.view.Load().Queues[name]
+	if ref, ok := t.view.Load().Table.Queue(name); ok {
+		return t.slots.get(ref)
+	}
+	return nil
 }
 
-// bind adds or removes a binding; user is the binding user ("" for the
-// admin API) and allow (nil: always) decides whether they may remove one
-// declared by another.
-func (t *topology) bind(b *wire.Bind, user string, allow func(declaredBy, what string) error) error {
+// bind adds or removes a binding; who may remove one declared by another
+// if it is an administrator.
+func (t *topology) bind(b *wire.Bind, who Requester) error {
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	if _, ok := t.exDecl[b.Source]; !ok {
-		if b.Source == "" {
-			return reqErr(wire.NotAllowed, "the default exchange cannot be bound")
-		}
-		return reqErr(wire.NotFound, "no exchange %q", b.Source)
+	return t.applyLocked(&MetaCommand{Op: MetaBind, NowMs: t.now(), User: who.User, Admin: who.Admin, Conn: who.Conn, Bind: *b}).Err()
+}
+
+// snapshotWithRetired lists the declared queues and the totals of the
+// deleted ones, consistently: a queue is in one or the other.
+func (t *topology) snapshotWithRetired() ([]*Queue, queueTotals) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	out := make([]*Queue, 0, len(t.queues))
+	for _, q := range t.queues {
+		out = append(out, q)
 	}
-	if b.ToExchange {
-		if _, ok := t.exDecl[b.Destination]; !ok {
-			return reqErr(wire.NotFound, "no exchange %q", b.Destination)
-		}
-	} else if _, ok := t.queues[b.Destination]; !ok {
-		return reqErr(wire.NotFound, "no queue %q", b.Destination)
-	}
-	if !b.Unbind && t.exDecl[b.Source].Kind == wire.ExchangeHeaders {
-		if err := checkXMatch(b.Args); err != nil {
-			return err
-		}
-	}
-	nb := queue.Binding{Source: b.Source, Destination: b.Destination, ToExchange: b.ToExchange, Key: b.RoutingKey, Args: normArgs(b.Args)}
-	idx := -1
-	for i, x := range t.top.Bindings {
-		if x.Source == nb.Source && x.Destination == nb.Destination && x.ToExchange == nb.ToExchange && x.Key == nb.Key && reflect.DeepEqual(x.Args, nb.Args) {
-			idx = i
-		}
-	}
-	if b.Unbind {
-		if idx < 0 {
-			return reqErr(wire.NotFound, "no such binding")
-		}
-		key := bindKey(nb)
-		if allow != nil {
-			if err := allow(t.bindBy[key], "the binding from "+strconv.Quote(nb.Source)+" to "+strconv.Quote(nb.Destination)); err != nil {
-				return err
-			}
-		}
-		delete(t.bindBy, key)
-		t.top.Bindings = append(t.top.Bindings[:idx], t.top.Bindings[idx+1:]...)
-	} else if idx < 0 {
-		t.top.Bindings = append(t.top.Bindings, nb)
-		t.bindBy[bindKey(nb)] = user
-	}
-	t.changedLocked()
-	return nil
+	return out, t.retired
+}
+
+// snapshotQueues lists the declared queues.
+func (t *topology) snapshotQueues() []*Queue {
+	qs, _ := t.snapshotWithRetired()
+	return qs
 }
 
 // checkXMatch refuses a headers binding whose x-match is not "all" or
@@ -521,27 +504,4 @@ func bindKey(b queue.Binding) string {
 		k = wire.AppendTable(k, b.Args)
 	}
 	return string(k)
-}
-
-// snapshotWithRetired lists the declared queues and the totals of the
-// deleted ones, consistently: a queue is in one or the other.
-func (t *topology) snapshotWithRetired() ([]*Queue, queueTotals) {
-	t.mu.Lock()
-	defer t.mu.Unlock()
-	out := make([]*Queue, 0, len(t.queues))
-	for _, q := range t.queues {
-		out = append(out, q)
-	}
-	return out, t.retired
-}
-
-// snapshotQueues lists the declared queues.
-func (t *topology) snapshotQueues() []*Queue {
-	t.mu.Lock()
-	defer t.mu.Unlock()
-	out := make([]*Queue, 0, len(t.queues))
-	for _, q := range t.queues {
-		out = append(out, q)
-	}
-	return out
 }

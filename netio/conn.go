@@ -56,7 +56,7 @@ type conn struct {
 	ctlPaused bool // reading paused until the control run is done
 	epfd      int  // the loop's epoll fd (0: not looked up yet, -1: unavailable)
 	dec       wire.Decompressor
-	routeBuf  []string
+	routeBuf  []queue.QueueRef
 	parts     [][]broker.EnqItem
 
 	mu       sync.Mutex
@@ -705,8 +705,8 @@ func (c *conn) onPublish(ch *channel, f wire.Frame) error {
 			nret++
 			ret = wire.AppendReturned(ret, &wire.Returned{Seq: b.FirstSeq + uint64(i), Code: wire.NoRoute, Exchange: b.Exchange, Message: m})
 		}
-		for _, name := range c.routeBuf {
-			q := view.Queues[name]
+		for _, ref := range c.routeBuf {
+			q := view.Queue(ref)
 			if q == nil {
 				continue
 			}

@@ -19,7 +19,7 @@ func (c *conn) onRequest(ch *channel, body wire.Body) error {
 		}
 		c.send(ch.id, &wire.OKReply{Req: r.Req})
 	case *wire.ExchangeDelete:
-		if err := c.srv.DeleteExchangeAs(r, c.allow(ActDelete)); err != nil {
+		if err := c.srv.DeleteExchangeAs(r, c.requester()); err != nil {
 			return fail(r.Req, err)
 		}
 		c.send(ch.id, &wire.OKReply{Req: r.Req})
@@ -61,7 +61,7 @@ func (c *conn) onRequest(ch *channel, body wire.Body) error {
 		}
 		c.srv.Submit(broker.Command{Kind: broker.CmdPurge, Queue: q, Sink: c, Req: reqRef(ch.id, r.Req)})
 	case *wire.Bind:
-		if err := c.srv.BindAs(r, c.user, c.allow(ActUnbind)); err != nil {
+		if err := c.srv.BindAs(r, c.requester()); err != nil {
 			return fail(r.Req, err)
 		}
 		c.send(ch.id, &wire.OKReply{Req: r.Req})
@@ -115,10 +115,11 @@ func (p passiveDeclare) Answer(ref uint64, _ broker.Result) {
 	p.send(ch, &wire.QueueDeclareOK{Req: req, Name: p.q.Name(), Messages: uint64(p.q.ReadyCount()), Consumers: uint32(p.q.ConsumerCount())})
 }
 
-// allow is Authorize for this connection's user and act, in the form the
-// topology asks it.
-func (c *conn) allow(act Action) func(declaredBy, what string) error {
-	return func(declaredBy, what string) error { return c.srv.Authorize(c.user, act, declaredBy, what) }
+// requester is who this connection is, for the topology's permission
+// rule (Authorize's, for delete and unbind, as data): the user, whether it
+// is an administrator, and the connection.
+func (c *conn) requester() broker.Requester {
+	return broker.Requester{User: c.user, Admin: c.srv.isAdmin(c.user), Conn: c.id}
 }
 
 func (c *conn) onSubscribe(ch *channel, r *wire.Subscribe) error {
