@@ -1,6 +1,8 @@
 package broker
 
 import (
+	"maps"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -339,7 +341,10 @@ func (s *shard) deleteQueue(q *Queue, reason string) int64 {
 	s.timers.remove(q)
 	s.conns.forget(q)
 	n := int64(q.m.Ready())
-	for id, c := range q.cons {
+	// In consumer id order, not the map's: a replica applying the same
+	// commands hands out the same effects in the same order.
+	for _, id := range slices.Sorted(maps.Keys(q.cons)) {
+		c := q.cons[id]
 		c.sink.Cancelled(id, wire.NotFound, reason)
 		c.sink.ConsumerGone(id)
 	}
