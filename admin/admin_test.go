@@ -222,7 +222,7 @@ func TestDeadLetterInspectAndReplay(t *testing.T) {
 	for i := 0; i < 5; i++ {
 		(<-cs.Deliveries()).Reject()
 	}
-	waitReady(t, e.srv, "orders.dlq", 5)
+	expectReady(t, e.srv, ch, "orders.dlq", 5)
 
 	var got struct{ Messages []broker.Message }
 	if st := e.do("POST", "/api/queues/orders.dlq/get", `{"count":3}`, &got); st != 200 || len(got.Messages) != 3 {
@@ -233,13 +233,13 @@ func TestDeadLetterInspectAndReplay(t *testing.T) {
 		m.Properties.Deaths[0].Reason != wire.ReasonRejected || m.Properties.Deaths[0].RoutingKeys[0] != "orders" {
 		t.Fatalf("inspected %+v", m)
 	}
-	waitReady(t, e.srv, "orders.dlq", 5) // inspection took nothing
+	expectReady(t, e.srv, nil, "orders.dlq", 5) // inspection took nothing
 
 	var res admin.ReplayResult
 	if st := e.do("POST", "/api/queues/orders.dlq/replay", `{"count":5,"rate":1000}`, &res); st != 200 || res.Moved != 5 {
 		t.Fatalf("replay: %d %+v", st, res)
 	}
-	waitReady(t, e.srv, "orders.dlq", 0)
+	expectReady(t, e.srv, nil, "orders.dlq", 0)
 	var bodies []string
 	for i := 0; i < 5; i++ {
 		select {
@@ -270,28 +270,40 @@ func TestReplayOfUnroutableLeavesTheMessage(t *testing.T) {
 	cs, _ := ch.Consume(ctx, "work", client.ConsumeOptions{Prefetch: 1})
 	(<-cs.Deliveries()).Reject()
 	cs.Cancel(ctx)
-	waitReady(t, e.srv, "dlq", 1)
+	expectReady(t, e.srv, ch, "dlq", 1)
 	e.do("DELETE", "/api/queues/work", "", nil) // the origin is gone
 	var res map[string]any
 	st := e.do("POST", "/api/queues/dlq/replay", ``, &res)
 	if st == 200 {
 		t.Fatalf("replay into nowhere succeeded: %v", res)
 	}
-	waitReady(t, e.srv, "dlq", 1)
+	expectReady(t, e.srv, nil, "dlq", 1)
 }
 
-func waitReady(t *testing.T, srv *netio.Server, q string, n int64) {
+// expectReady checks that queue q holds n ready messages and none
+// unacked once everything before the call has been applied: a round trip
+// on ch (nil: none; the broker reads a connection's frames in order and
+// hands each one's work to the shards before it answers a later request,
+// and the client sends its batched settlements before any request), then
+// the shards' barrier twice (the second round applies the dead letters the
+// first one's work sent on). No polling: the state is read once.
+func expectReady(t *testing.T, srv *netio.Server, ch *client.Channel, q string, n int64) {
 	t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
-	for {
-		info, _ := srv.Queue(q)
-		if info.Ready == n && info.Unacked == 0 {
-			return
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if ch != nil {
+		if err := ch.DeclareExchange(ctx, "amq.direct", "direct", client.ExchangeOptions{Passive: true}); err != nil {
+			t.Fatalf("round trip: %v", err)
 		}
-		if time.Now().After(deadline) {
-			t.Fatalf("queue %s: ready %d unacked %d, want ready %d", q, info.Ready, info.Unacked, n)
+	}
+	for range 2 {
+		if err := srv.Barrier(ctx); err != nil {
+			t.Fatalf("broker barrier: %v", err)
 		}
-		time.Sleep(5 * time.Millisecond)
+	}
+	info, _ := srv.Queue(q)
+	if info.Ready != n || info.Unacked != 0 {
+		t.Fatalf("queue %s: ready %d unacked %d, want ready %d", q, info.Ready, info.Unacked, n)
 	}
 }
 

@@ -69,9 +69,9 @@ func TestDesignExampleVerbatim(t *testing.T) {
 	if err := ch.WaitConfirms(ctx); err != nil {
 		t.Fatal(err)
 	}
-	waitReady(t, e.srv, "orders", 3)
-	waitReady(t, e.srv, "orders.small", 2)
-	waitReady(t, e.srv, "orders.dlq", 1)
+	expectReady(t, e.srv, ch, "orders", 3)
+	expectReady(t, e.srv, nil, "orders.small", 2)
+	expectReady(t, e.srv, nil, "orders.dlq", 1)
 	var got struct{ Messages []broker.Message }
 	if st := e.do("POST", "/api/queues/orders.dlq/get", `{"count": 10}`, &got); st != 200 || len(got.Messages) != 1 {
 		t.Fatalf("get: %d %+v", st, got)

@@ -237,7 +237,13 @@ func TestDeadPeerDetectedByHeartbeat(t *testing.T) {
 	if d := time.Since(start); d > 2*time.Second {
 		t.Fatalf("dead peer detected after %v", d)
 	}
-	waitFor(t, func() bool { q := queueStats(s, "hb"); return q.Ready == 1 && q.Unacked == 0 })
+	// Its CLOSE is written before the broker lets go of the connection:
+	// wait for that (its Down submitted), then for the shards.
+	until(t, s, "the dead peer's connection to go", func() bool { return s.ConnectionCount() == 1 })
+	settled(t, s)
+	if q := queueStats(s, "hb"); q.Ready != 1 || q.Unacked != 0 {
+		t.Fatalf("queue hb: ready %d unacked %d, want the delivery back (1 0)", q.Ready, q.Unacked)
+	}
 }
 
 func TestThousandConnections(t *testing.T) {
@@ -280,7 +286,7 @@ func TestThousandConnections(t *testing.T) {
 		go func() { defer cw.Done(); c.Close() }()
 	}
 	cw.Wait()
-	waitFor(t, func() bool { return s.ConnectionCount() == 0 })
+	until(t, s, "every connection to close", func() bool { return s.ConnectionCount() == 0 })
 }
 
 func le32(v uint32) []byte { return []byte{byte(v), byte(v >> 8), byte(v >> 16), byte(v >> 24)} }
@@ -301,7 +307,7 @@ func TestConnectionAndChannelLimits(t *testing.T) {
 	}
 	// ...and the broker enforces it on a client that does not.
 	a.Close()
-	waitFor(t, func() bool { return s.ConnectionCount() == 1 })
+	until(t, s, "the first connection to close", func() bool { return s.ConnectionCount() == 1 })
 	r := rawDial(t, s, 0)
 	r.write(wire.AppendFrame(nil, 3, &wire.ChannelOpen{Req: 1}))
 	r.expectClose(wire.ChannelError)
@@ -319,7 +325,10 @@ func TestUnlimitedPrefetchIsCapped(t *testing.T) {
 	if _, err := ch.Consume(ctx, "capped", client.ConsumeOptions{}); err != nil { // prefetch 0: "unlimited"
 		t.Fatal(err)
 	}
-	waitFor(t, func() bool { q := queueStats(s, "capped"); return q.Unacked == 5 && q.Ready == 15 })
+	settled(t, s) // the deliveries were made when the consumer subscribed
+	if q := queueStats(s, "capped"); q.Unacked != 5 || q.Ready != 15 {
+		t.Fatalf("queue capped: unacked %d ready %d, want 5 and 15", q.Unacked, q.Ready)
+	}
 }
 
 // TestSlowReaderIsCutOff: an auto-ack consumer that stops reading cannot
@@ -344,6 +353,6 @@ func TestSlowReaderIsCutOff(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	waitFor(t, func() bool { return s.ConnectionCount() == 1 })
+	until(t, s, "the slow reader to be cut off", func() bool { return s.ConnectionCount() == 1 })
 	aliveCheck(t, s, good)
 }

@@ -65,6 +65,10 @@ type authenticator struct {
 	compare func(hash, pass []byte) error
 	now     func() time.Time
 	sleep   func(time.Duration)
+
+	// comparing, if set, is called as a check takes its turn for a
+	// comparison (Server.Changed).
+	comparing func()
 }
 
 // userTable is one version of the configured users, replaced whole.
@@ -161,6 +165,9 @@ func (a *authenticator) check(user, pass, remote string, loopback bool) bool {
 	hash := t.decoyHash()
 	if known {
 		hash = []byte(u.PasswordHash)
+	}
+	if a.comparing != nil {
+		a.comparing()
 	}
 	a.checks <- struct{}{}
 	err := a.compare(hash, []byte(pass))

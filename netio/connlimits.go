@@ -257,6 +257,7 @@ func (s *Server) authenticated(c *conn) {
 	s.connsMu.Lock()
 	s.releaseUnauthLocked(c)
 	s.connsMu.Unlock()
+	s.notifyChanged()
 }
 
 // forgetLocked releases what c counted against. s.connsMu must be held.

@@ -4,7 +4,6 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/warren-mq/warren/broker"
 	"github.com/warren-mq/warren/client"
 	"github.com/warren-mq/warren/netio"
 	"github.com/warren-mq/warren/netio/warrentest"
@@ -48,7 +47,10 @@ func TestDeadLetterDropsAreCountedAndLogged(t *testing.T) {
 	// death history: the dead letter is dropped, not a broker panic.
 	reject("to-dlx", &wire.Props{Headers: wire.Table{{Key: "big", Value: wire.String(strings.Repeat("x", 65_500))}}})
 
-	waitFor(t, func() bool { return queueStats(s, "dead").Ready == 1 && queueStats(s, "to-dlx").Ready == 0 })
+	applied(t, s, ch)
+	if d, q := queueStats(s, "dead").Ready, queueStats(s, "to-dlx").Ready; d != 1 || q != 0 {
+		t.Fatalf("ready: dead %d, to-dlx %d; want 1 and 0", d, q)
+	}
 	for _, c := range []struct {
 		queue          string
 		dlx, dropped   uint64
@@ -58,11 +60,7 @@ func TestDeadLetterDropsAreCountedAndLogged(t *testing.T) {
 		{"to-nowhere", 0, 1, "unroutable", ""},
 		{"to-dlx", 1, 1, "too_large", ""},
 	} {
-		var st broker.QueueStats
-		waitFor(t, func() bool {
-			st = queueStats(s, c.queue)
-			return st.DeadLettered+st.DeadLetterDropped == c.dlx+c.dropped
-		})
+		st := queueStats(s, c.queue)
 		if st.DeadLettered != c.dlx || st.DeadLetterDropped != c.dropped {
 			t.Errorf("%s: dead_lettered_total %d dead_letter_dropped_total %d, want %d and %d", c.queue, st.DeadLettered, st.DeadLetterDropped, c.dlx, c.dropped)
 		}

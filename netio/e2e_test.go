@@ -89,7 +89,10 @@ func TestPublishConsumeAck(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	waitFor(t, func() bool { q := queueStats(s, "work"); return q.Acked == 10 && q.Unacked == 0 && q.Ready == 0 })
+	applied(t, s, ch)
+	if q := queueStats(s, "work"); q.Acked != 10 || q.Unacked != 0 || q.Ready != 0 {
+		t.Fatalf("queue work: acked %d unacked %d ready %d, want 10 0 0", q.Acked, q.Unacked, q.Ready)
+	}
 }
 
 func queueStats(s *netio.Server, name string) broker.QueueStats {
@@ -101,16 +104,66 @@ func queueStats(s *netio.Server, name string) broker.QueueStats {
 	return broker.QueueStats{}
 }
 
-// waitFor polls broker-side counters that have no event to wait on. It is
-// an eventual-state check with a deadline, not a timing assumption.
-func waitFor(t *testing.T, cond func() bool) {
+// until waits, with a deadline, for cond on the server's connection-side
+// state (connections, the memory alarm), waking at each change of that
+// state (Server.Changed): an event, not a poll with sleeps.
+func until(t *testing.T, s *netio.Server, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.NewTimer(10 * time.Second)
+	defer deadline.Stop()
+	for {
+		changed := s.Changed() // before cond: a change in between is not missed
+		if cond() {
+			return
+		}
+		select {
+		case <-changed:
+		case <-deadline.C:
+			t.Fatalf("timed out waiting for %s", what)
+		}
+	}
+}
+
+// applied waits until everything ch's connection sent before the call has
+// been applied by the broker: a round trip on ch (the broker reads a
+// connection's frames in order and hands each one's work to the shards
+// before it answers a later request; the client sends its batched acks
+// before any request), then the shards' barrier, twice (the second round
+// applies the dead letters the first one's work sent on).
+func applied(t *testing.T, s *netio.Server, ch *client.Channel) {
+	t.Helper()
+	ctx := ctxT(t)
+	if err := ch.DeclareExchange(ctx, "amq.direct", "direct", client.ExchangeOptions{Passive: true}); err != nil {
+		t.Fatalf("round trip: %v", err)
+	}
+	settled(t, s)
+}
+
+// polled waits, with a deadline, for a state that nothing announces: a
+// client's (Conn.FlowPaused: no event says when its reader took the
+// FLOW frame) or a count the broker changes per message, where an event
+// would cost on the hot path. It reads the state again until it shows.
+// Everything else waits on an event (until, applied, settled).
+func polled(t *testing.T, what string, cond func() bool) {
 	t.Helper()
 	deadline := time.Now().Add(10 * time.Second)
 	for !cond() {
 		if time.Now().After(deadline) {
-			t.Fatal("condition not reached within 10s")
+			t.Fatalf("timed out waiting for %s", what)
 		}
-		time.Sleep(5 * time.Millisecond)
+		time.Sleep(time.Millisecond)
+	}
+}
+
+// settled waits until the shards have applied everything submitted to
+// them so far, and the dead letters that sent on.
+func settled(t *testing.T, s *netio.Server) {
+	t.Helper()
+	ctx := ctxT(t)
+	for range 2 {
+		if err := s.Barrier(ctx); err != nil {
+			t.Fatalf("broker barrier: %v", err)
+		}
 	}
 }
 
@@ -201,7 +254,10 @@ func TestRedeliveryAfterConnectionDrop(t *testing.T) {
 	if err := d0.Ack(); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, func() bool { return queueStats(s, "jobs").Acked == 1 })
+	applied(t, s, ch1)
+	if n := queueStats(s, "jobs").Acked; n != 1 {
+		t.Fatalf("queue jobs: %d acked, want 1", n)
+	}
 	c1.Close() // drops the connection with 1 and 2 unacked
 
 	ch2 := channel(t, dial(t, s))
@@ -237,7 +293,10 @@ func TestPrefetchRespected(t *testing.T) {
 	for i := 0; i < 3; i++ {
 		got = append(got, recv(t, cs))
 	}
-	waitFor(t, func() bool { return queueStats(s, "pf").Unacked == 3 })
+	settled(t, s) // the deliveries were made when the consumer subscribed
+	if n := queueStats(s, "pf").Unacked; n != 3 {
+		t.Fatalf("queue pf: %d unacked, want 3", n)
+	}
 	expectNone(t, cs, 100*time.Millisecond)
 	if q := queueStats(s, "pf"); q.Unacked != 3 || q.Ready != 7 {
 		t.Fatalf("unacked %d ready %d, want 3 and 7", q.Unacked, q.Ready)
@@ -370,7 +429,10 @@ func TestFlowControlBlocksAndResumes(t *testing.T) {
 		}
 		filled <- nil
 	}()
-	waitFor(t, func() bool { return metricValue(s, "warren_flow_blocked") == 1 && c.FlowPaused() })
+	until(t, s, "the memory alarm", func() bool { return metricValue(s, "warren_flow_blocked") == 1 })
+	// The FLOW frame went out before the alarm's change was announced; the
+	// client has no event for it, so its state is read until it shows.
+	polled(t, "the client paused", c.FlowPaused)
 	// Paused: a publish now waits.
 	published := make(chan error, 1)
 	go func() { published <- ch.Publish(ctx, "", client.Message{RoutingKey: "big", Body: body}) }()
@@ -427,7 +489,10 @@ func TestBacklogHoldsConfirms(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	waitFor(t, func() bool { return queueStats(s, "slow").Ready == 200 })
+	applied(t, s, ch)
+	if n := queueStats(s, "slow").Ready; n != 200 {
+		t.Fatalf("queue slow: %d ready, want 200", n)
+	}
 	if n := confirmed.Load(); n != 50 {
 		t.Fatalf("%d confirmed with 200 queued and a soft limit of 50", n)
 	}

@@ -30,16 +30,23 @@ func (w *syncBuffer) count(s string) int {
 	return strings.Count(w.b.String(), s)
 }
 
-// waitFor polls cond until it holds or the deadline passes (a condition on
-// the server's state, not a sleep standing in for one).
-func waitFor(t *testing.T, what string, cond func() bool) {
+// waitFor waits, with a deadline, for cond on the server's connection-side
+// state, waking at each change of it (Server.Changed): an event, not a
+// poll with sleeps.
+func waitFor(t *testing.T, s *Server, what string, cond func() bool) {
 	t.Helper()
-	deadline := time.Now().Add(20 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
+	deadline := time.NewTimer(20 * time.Second)
+	defer deadline.Stop()
+	for {
+		changed := s.Changed() // before cond: a change in between is not missed
+		if cond() {
+			return
+		}
+		select {
+		case <-changed:
+		case <-deadline.C:
 			t.Fatalf("timed out waiting for %s", what)
 		}
-		time.Sleep(time.Millisecond)
 	}
 }
 
@@ -134,13 +141,13 @@ func TestEvictionIsConstantWork(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	waitFor(t, "three credential checks in progress", func() bool { return unauthState(stAuthPending) == checking })
+	waitFor(t, s, "three credential checks in progress", func() bool { return unauthState(stAuthPending) == checking })
 
 	// One idle socket fills the cap; each of the next ones evicts the
 	// oldest idle one.
 	const evictions = 20
 	idle := []net.Conn{dial()}
-	waitFor(t, "the cap to fill", func() bool { return s.unauthenticatedCount() == checking+1 })
+	waitFor(t, s, "the cap to fill", func() bool { return s.unauthenticatedCount() == checking+1 })
 	for i := 0; i < evictions; i++ {
 		idle = append(idle, dial())
 		c := readClose(idle[i])
@@ -148,7 +155,7 @@ func TestEvictionIsConstantWork(t *testing.T) {
 			t.Fatalf("evicted socket %d got %+v, want CLOSE resource_limit naming max_unauthenticated_connections", i, c)
 		}
 	}
-	waitFor(t, "the evicted connections to close", func() bool {
+	waitFor(t, s, "the evicted connections to close", func() bool {
 		s.connsMu.Lock()
 		defer s.connsMu.Unlock()
 		return len(s.conns) == checking+1
@@ -172,7 +179,7 @@ func TestEvictionIsConstantWork(t *testing.T) {
 	// The checks finish (refused); a real client logs in and leaves: its
 	// close does reach the shards.
 	release()
-	waitFor(t, "the refused logins to close", func() bool {
+	waitFor(t, s, "the refused logins to close", func() bool {
 		s.connsMu.Lock()
 		defer s.connsMu.Unlock()
 		return len(s.conns) == 1 // the last idle socket
@@ -183,7 +190,7 @@ func TestEvictionIsConstantWork(t *testing.T) {
 	if _, err := nc.Write(b); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, "the login", func() bool {
+	waitFor(t, s, "the login", func() bool {
 		s.connsMu.Lock()
 		defer s.connsMu.Unlock()
 		for _, c := range s.conns {
@@ -194,7 +201,7 @@ func TestEvictionIsConstantWork(t *testing.T) {
 		return false
 	})
 	nc.Close()
-	waitFor(t, "the logged-in connection's Down", func() bool { return s.downs.Load() > 0 })
+	waitFor(t, s, "the logged-in connection's Down", func() bool { return s.downs.Load() > 0 })
 	if d := s.downs.Load(); d != 1 {
 		t.Fatalf("%d Down commands after one logged-in connection closed, want 1", d)
 	}

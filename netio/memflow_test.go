@@ -19,15 +19,16 @@ import (
 // background and records what the memory tests look at.
 type rawWatch struct {
 	heartbeats   atomic.Int64
-	flowOff      atomic.Int64 // FLOW(active=false) frames seen
-	flowOn       atomic.Int64 // FLOW(active=true) frames seen
+	heartbeat    chan struct{} // one per heartbeat (buffered; dropped when full)
+	flowOff      atomic.Int64  // FLOW(active=false) frames seen
+	flowOn       atomic.Int64  // FLOW(active=true) frames seen
 	maxConfirmed atomic.Uint64
 	confirmed    chan uint64 // every confirm's last sequence (buffered; dropped when full)
 	closed       chan struct{}
 }
 
 func watchRaw(r *rawConn) *rawWatch {
-	w := &rawWatch{confirmed: make(chan uint64, 1024), closed: make(chan struct{})}
+	w := &rawWatch{confirmed: make(chan uint64, 1024), closed: make(chan struct{}), heartbeat: make(chan struct{}, 64)}
 	buf := append([]byte(nil), r.buf...)
 	go func() {
 		defer close(w.closed)
@@ -46,6 +47,10 @@ func watchRaw(r *rawConn) *rawWatch {
 				switch b := b.(type) {
 				case *wire.Heartbeat:
 					w.heartbeats.Add(1)
+					select {
+					case w.heartbeat <- struct{}{}:
+					default:
+					}
 				case *wire.Flow:
 					if b.Active {
 						w.flowOn.Add(1)
@@ -214,8 +219,20 @@ func TestFlowIgnoringPublisherIsBlocked(t *testing.T) {
 	}
 	// Blocked for longer than two heartbeat intervals: it is not closed
 	// for the heartbeats the broker did not read.
-	hb := w.heartbeats.Load()
-	waitFor(t, func() bool { return w.heartbeats.Load() >= hb+3 })
+	for drained := false; !drained; {
+		select {
+		case <-w.heartbeat:
+		default:
+			drained = true
+		}
+	}
+	for range 3 {
+		select {
+		case <-w.heartbeat:
+		case <-time.After(10 * time.Second):
+			t.Fatal("the broker stopped sending heartbeats to the blocked connection")
+		}
+	}
 	if _, ok := connInfo(s, id); !ok {
 		t.Fatal("the blocked connection was closed")
 	}
@@ -333,13 +350,13 @@ func TestGoHeapRaisesTheAlarm(t *testing.T) {
 	}
 	runtime.GC()
 	t0 := time.Now()
-	waitFor(t, func() bool { return metricValue(s, "warren_flow_blocked") == 1 })
+	until(t, s, "the alarm", func() bool { return metricValue(s, "warren_flow_blocked") == 1 })
 	t.Logf("alarm after %v", time.Since(t0))
 	runtime.KeepAlive(ballast)
 	ballast = nil
 	// Nothing the broker counted changes: it notices the heap shrink by
 	// itself (it collects while the alarm is on and its own count is low).
-	waitFor(t, func() bool { return metricValue(s, "warren_flow_blocked") == 0 })
+	until(t, s, "the alarm to clear", func() bool { return metricValue(s, "warren_flow_blocked") == 0 })
 	t.Logf("cleared after %v", time.Since(t0))
 }
 
@@ -380,8 +397,10 @@ func TestStalledAutoAckConsumerHoldsItsWindow(t *testing.T) {
 
 	// Stalled: the socket takes nothing more, and the whole window is
 	// written but held unsettled.
+	// Nothing announces a written delivery (that would cost per message):
+	// the connection's state is read until it shows.
 	var ci netio.ConnInfo
-	waitFor(t, func() bool {
+	polled(t, "the stalled consumer's window to be held", func() bool {
 		ci, _ = connInfo(s, id)
 		return ci.AutoAcksHeld == window || queueStats(s, "stall").Ready == 0
 	})
@@ -401,8 +420,12 @@ func TestStalledAutoAckConsumerHoldsItsWindow(t *testing.T) {
 	// consumer.
 	_ = r.nc.(*net.TCPConn).SetLinger(0)
 	r.nc.Close()
-	waitFor(t, func() bool { q := queueStats(s, "stall"); return q.Consumers == 0 && q.Unacked == 0 })
+	until(t, s, "the stalled connection to close", func() bool { _, open := connInfo(s, id); return !open })
+	settled(t, s)
 	q = queueStats(s, "stall")
+	if q.Consumers != 0 || q.Unacked != 0 {
+		t.Fatalf("after the stalled consumer died: %d consumers, %d unacked, want 0 and 0", q.Consumers, q.Unacked)
+	}
 	if q.Ready+int64(q.Acked) != n {
 		t.Fatalf("ready %d + settled %d != %d published", q.Ready, q.Acked, n)
 	}

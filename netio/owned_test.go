@@ -52,8 +52,11 @@ func TestOverviewTotalsStayMonotonic(t *testing.T) {
 	for i := 0; i < 2; i++ {
 		must(t, recv(t, cs).Ack())
 	}
-	waitFor(t, func() bool { o := s.Overview(); return o.Acked == 2 && o.Delivered == 3 })
+	applied(t, s, ch)
 	before := s.Overview()
+	if before.Acked != 2 || before.Delivered != 3 {
+		t.Fatalf("overview: acked %d delivered %d, want 2 and 3", before.Acked, before.Delivered)
+	}
 	must(t, cs.Cancel(ctx))
 	_, err = ch.DeleteQueue(ctx, "short-lived", false, false)
 	must(t, err)

@@ -144,6 +144,36 @@ type Server struct {
 	lastHeapGC int64 // ms of the last collection the alarm asked for
 
 	metrics serverMetrics
+
+	changedMu sync.Mutex
+	changed   chan struct{} // closed by notifyChanged; nil: nobody waits
+}
+
+// Changed returns a channel that is closed at the next change of the
+// server's connection-side state: a connection accepted, its credentials
+// checked, authenticated, or closed (once the Down of its queues and
+// consumers has been submitted to the broker), the memory alarm raised or
+// cleared. A test waits on it, with a deadline, for a condition on that
+// state, instead of polling with sleeps; take the channel before reading
+// the state, so a change in between is not missed.
+func (s *Server) Changed() <-chan struct{} {
+	s.changedMu.Lock()
+	defer s.changedMu.Unlock()
+	if s.changed == nil {
+		s.changed = make(chan struct{})
+	}
+	return s.changed
+}
+
+// notifyChanged wakes whoever waits on Changed. Per connection event, never
+// per message.
+func (s *Server) notifyChanged() {
+	s.changedMu.Lock()
+	if s.changed != nil {
+		close(s.changed)
+		s.changed = nil
+	}
+	s.changedMu.Unlock()
 }
 
 type serverMetrics struct {
@@ -169,6 +199,7 @@ func Start(cfg Config) (*Server, error) {
 	s.heapSample = []rtmetrics.Sample{{Name: "/gc/heap/live:bytes"}}
 	s.heapBase = s.heapLive()
 	s.auth = newAuthenticator(cfg.Users, !cfg.DisableGuest)
+	s.auth.comparing = s.notifyChanged
 	s.auth.log = s.log
 	s.Broker = broker.New(broker.Config{Shards: cfg.Shards, QueueSoftLimit: cfg.QueueSoftLimit, Logger: cfg.Logger, Clock: cfg.clock,
 		DeadLetterDropped: func(r broker.DLDrop) { s.metrics.dlDropped[r].Inc() }})
@@ -258,6 +289,7 @@ func (s *Server) OnOpen(gc gnet.Conn) ([]byte, gnet.Action) {
 	if victim != nil {
 		s.evicted(victim)
 	}
+	s.notifyChanged()
 	return nil, gnet.None
 }
 
@@ -266,11 +298,15 @@ func (s *Server) OnClose(gc gnet.Conn, err error) gnet.Action {
 	if c == nil {
 		return gnet.None
 	}
+	// Its Down goes to the shards before it leaves the count: whoever sees
+	// it gone (ConnectionCount, Connections, Changed) can rely on a
+	// broker barrier to see what it held returned.
+	c.onClose()
 	s.connsMu.Lock()
 	delete(s.conns, c.id)
 	s.forgetLocked(c)
 	s.connsMu.Unlock()
-	c.onClose()
+	s.notifyChanged()
 	return gnet.None
 }
 
@@ -403,6 +439,7 @@ func (s *Server) checkFlow(conns []*conn) {
 			c.send(0, &wire.Flow{Active: active})
 		}
 	}
+	s.notifyChanged()
 }
 
 // Close stops accepting, closes every connection with connection_forced
