@@ -37,6 +37,18 @@
 // drained batch); the broker never calls into a connection. Consumers are
 // named by their queue.ConsumerID.
 //
+// A shard's work per event is what the event concerns (timers.go,
+// down.go). Time-driven work is commands too: a shard keeps its queues in
+// a heap by the time of their latest Timer effect, and when its timer
+// fires it applies a CmdTick to each due queue, and looks at no other,
+// through the same path as submitted work, so a recorder (Config.OnApply)
+// sees the ticks and a replay of the recorded commands at their times
+// reproduces what the timers did (Config.ManualTicks leaves the firing to
+// the caller: FireTimers, or the recorded CmdTicks). A Down (a connection
+// closed) looks only at the queues the shard's index names for that
+// connection: those where it has consumers, and the exclusive queues it
+// owns.
+//
 // Still pointers, not yet ids (for the durable-queue work to turn into log
 // data): a command's Queue, its publish items' message bodies (StoredMsg in
 // a batch's Arena) and its PublishBatch.
