@@ -94,7 +94,8 @@ func compareStorage(t *testing.T, where string, s *raftStorage, m *raft.MemorySt
 // into segment files, so reads come from there), compactions and reopens
 // of the segment log: after each, every Storage query answers exactly as
 // raft's MemoryStorage given the same operations, ErrCompacted and
-// ErrUnavailable included.
+// ErrUnavailable included; and entries returned earlier never change
+// (raft holds them: Storage must not mutate what it handed out).
 func TestStorageAgainstMemoryStorage(t *testing.T) {
 	seeds := 12
 	if raceEnabled {
@@ -112,6 +113,7 @@ func TestStorageAgainstMemoryStorage(t *testing.T) {
 		s.maxTail = 200 + r.IntN(400)
 		m := raft.NewMemoryStorage()
 		term, commit := uint64(1), uint64(0)
+		var held []heldEntries
 		for op := 0; op < 50; op++ {
 			where := fmt.Sprintf("seed %d op %d", seed, op)
 			last, _ := m.LastIndex()
@@ -185,10 +187,33 @@ func TestStorageAgainstMemoryStorage(t *testing.T) {
 				}
 			}
 			compareStorage(t, where, s, m)
+			// raft keeps what Entries returned (Ready.CommittedEntries,
+			// messages); nothing the storage does later may change it.
+			for _, h := range held {
+				for k := range h.got {
+					if h.got[k].Index != h.want[k].Index || h.got[k].Term != h.want[k].Term || string(h.got[k].Data) != string(h.want[k].Data) {
+						t.Fatalf("%s: an entry returned earlier changed from %+v to %+v", where, h.want[k], h.got[k])
+					}
+				}
+			}
+			if f, _ := s.FirstIndex(); f <= s.last && r.IntN(2) == 0 {
+				got, err := s.Entries(f, s.last+1, math.MaxUint64)
+				if err != nil {
+					t.Fatal(err)
+				}
+				want := make([]raftpb.Entry, len(got))
+				for k := range got {
+					want[k] = got[k]
+					want[k].Data = append([]byte(nil), got[k].Data...)
+				}
+				held = append(held, heldEntries{got, want})
+			}
 		}
 		l.Close()
 	}
 }
+
+type heldEntries struct{ got, want []raftpb.Entry }
 
 // TestStorageRefusesWhatRaftWouldPanicOn: a log that lost entries after
 // the snapshot, and a commit index past the log, are errors at open that

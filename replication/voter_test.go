@@ -51,8 +51,10 @@ func startVoter(l *segment.Log, fsm *QueueFSM, appended map[uint64][]byte) (*vot
 func (v *voter) run() error {
 	for v.rn.HasReady() {
 		rd := v.rn.Ready()
-		for _, e := range rd.Entries {
-			v.appended[e.Index] = e.Data // written: it may survive a crash even if the append fails
+		if v.appended != nil {
+			for _, e := range rd.Entries {
+				v.appended[e.Index] = e.Data // written: it may survive a crash even if the append fails
+			}
 		}
 		if err := appendDurably(v.l, v.st, rd.Entries, rd.HardState); err != nil {
 			return err
@@ -74,6 +76,9 @@ func (v *voter) run() error {
 			v.st.applied(e.Index)
 		}
 		v.rn.Advance(rd)
+	}
+	if st := v.rn.BasicStatus(); st.Applied != v.fsm.AppliedIndex() || st.Commit != v.fsm.AppliedIndex() {
+		return fmt.Errorf("raft says applied %d of commit %d; the FSM applied %d", st.Applied, st.Commit, v.fsm.AppliedIndex())
 	}
 	return nil
 }
