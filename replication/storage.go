@@ -39,7 +39,8 @@ type raftStorage struct {
 	terms []termRun
 	// tail: a suffix of the log, ending at last, as raft gave it (Data
 	// aliases raft's proposals); tailBytes of data. Trimmed by applied
-	// and past maxTail bytes.
+	// and past maxTail bytes. Never written in place: raft holds slices
+	// of it (Entries hands them out without a copy).
 	tail      []raftpb.Entry
 	tailBytes int
 	maxTail   int
@@ -276,8 +277,9 @@ func (s *raftStorage) appended(ents []raftpb.Entry, hs raftpb.HardState) error {
 				for _, e := range s.tail[cut:] {
 					s.tailBytes -= len(e.Data)
 				}
-				clear(s.tail[cut:])
-				s.tail = s.tail[:cut]
+				// Capped: the appends below must not write over the cut
+				// entries, which raft may still hold.
+				s.tail = s.tail[:cut:cut]
 			}
 			k := sort.Search(len(s.terms), func(k int) bool { return s.terms[k].start >= i0 })
 			s.terms = s.terms[:k]
@@ -302,24 +304,17 @@ func (s *raftStorage) appended(ents []raftpb.Entry, hs raftpb.HardState) error {
 func (s *raftStorage) applied(i uint64) { s.trimTail(i) }
 
 // trimTail drops cached entries at or below upTo, and older ones while
-// the cache holds more than maxTail bytes (they stay in segment).
+// the cache holds more than maxTail bytes (they stay in segment). It only
+// reslices: raft may still hold the dropped entries (Ready, Entries), so
+// they are never moved or cleared in place; appends reallocate once the
+// array's end is reached, and the old array goes when raft lets go of it.
 func (s *raftStorage) trimTail(upTo uint64) {
 	k := 0
 	for k < len(s.tail) && (s.tail[k].Index <= upTo || s.tailBytes > s.maxTail) {
 		s.tailBytes -= len(s.tail[k].Data)
 		k++
 	}
-	if k == 0 {
-		return
-	}
-	if k == len(s.tail) {
-		clear(s.tail)
-		s.tail = s.tail[:0]
-		return
-	}
-	n := copy(s.tail, s.tail[k:])
-	clear(s.tail[n:])
-	s.tail = s.tail[:n]
+	s.tail = s.tail[k:]
 }
 
 // compacted records that segment.Compact(gid, meta.Index, live) returned:
