@@ -31,11 +31,24 @@
 //     amortised per release, rebuilt from queue.Machine.EachMessage on
 //     restore; what segment.Log.Compact will be given after a snapshot.
 //
+// And the first piece of phase D2:
+//
+//   - storage.go: raft.Storage for one group over the node's segment.Log
+//     (§2.5): a mirror of what segment made durable (changed only between
+//     the Append and Advance), terms from in-memory runs, entries from the
+//     tail cache raft handed out or copied out of segment. Tested against
+//     raft's MemoryStorage query by query, and with a single-voter RawNode
+//     that proposes, commits, applies, and recovers the same queue from the
+//     log after a clean close or a crash at a random sync
+//     (TestSingleVoterRecovers; a test driver, not the worker).
+//   - raftconfig.go: a group's raft.Config (§3.7) and raft's logger on slog.
+//
 // # Not built yet
 //
 // The broker does not use this package yet: durable queues are still
-// in memory only, and nothing is written to disk. Not built: raft.Storage
-// over segment (§2.5), the worker round and its appender (§3.2), snapshots
+// in memory only, and nothing is written to disk. Not built: the worker
+// round that drives many groups' RawNodes per shard with one segment
+// Append per round, and its appender goroutine (§3.2); snapshots
 // into the snapshot-store group and compaction (§2.4), the metadata group
 // (§4), confirms at apply (§3.4), recovery and the crash simulation (§7),
 // and everything of the cluster step (§6). The log commands DeleteIf,
