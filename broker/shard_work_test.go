@@ -133,6 +133,29 @@ func TestDownVisitsOnlyTheConnectionsQueues(t *testing.T) {
 	if b.LookupQueue("excl") != nil {
 		t.Error("the exclusive queue outlived its owner")
 	}
+
+	// A consumer cancelled without requeue still holds its delivery: its
+	// connection still uses the queue until it settles it.
+	_, err = b.DeclareQueue(wire.QueueDeclare{Name: "draining"})
+	must(err)
+	draining := b.LookupQueue("draining")
+	k6 := &recSink{}
+	c6 := b.NewConsumerID()
+	b.Submit(Command{Kind: CmdSubscribe, Queue: draining, Sink: k6, Spec: queue.ConsumerSpec{ID: c6, Owner: 6, Prefetch: 10}})
+	publishTo(b, draining, "one", "two")
+	b.Submit(Command{Kind: CmdCancel, Queue: draining, Consumer: c6})
+	barrier(t, sh)
+	k6.mu.Lock()
+	first := k6.delivers[0][0].QTag
+	k6.mu.Unlock()
+	b.Submit(Command{Kind: CmdSettle, Settles: []SettleItem{{Q: draining, Consumer: c6, Op: wire.SettleAck, QTag: first}}})
+	barrier(t, sh)
+	if n := down(6); n != 1 {
+		t.Errorf("Down of connection 6 looked at %d queues, want 1 (its cancelled consumer still held a delivery)", n)
+	}
+	if draining.ready.Load() != 1 || draining.unacked.Load() != 0 {
+		t.Errorf("queue draining after Down: ready %d unacked %d, want the held delivery back (1 0)", draining.ready.Load(), draining.unacked.Load())
+	}
 }
 
 // TestTimerHeapAgainstAModel: random sets, removals and pops agree with a
