@@ -6,6 +6,7 @@ import (
 	"math/rand/v2"
 	"slices"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -226,4 +227,39 @@ func names(qs []*Queue) []string {
 		out = append(out, q.name)
 	}
 	return out
+}
+
+// TestLeaseExpiryForgetsADrainedConsumer: a consumer cancelled without
+// requeue whose last delivery its lease takes back is drained: the shard
+// forgets it (ConsumerGone, after the lease notice) and its connection no
+// longer uses the queue, as when it settles its last delivery.
+func TestLeaseExpiryForgetsADrainedConsumer(t *testing.T) {
+	var now atomic.Int64
+	now.Store(1_000_000)
+	b := startBroker(t, Config{Shards: 1, Clock: now.Load, ManualTicks: true})
+	sh := b.shards[0]
+	_, err := b.DeclareQueue(wire.QueueDeclare{Name: "leased"})
+	mustFunc(t)(err)
+	q := b.LookupQueue("leased")
+	k := &recSink{}
+	id := b.NewConsumerID()
+	b.Submit(Command{Kind: CmdSubscribe, Queue: q, Sink: k, Spec: queue.ConsumerSpec{ID: id, Owner: 5, Prefetch: 10, TimeoutMs: 100}})
+	publishTo(b, q, "m")
+	b.Submit(Command{Kind: CmdCancel, Queue: q, Consumer: id})
+	barrier(t, sh)
+	now.Add(200)
+	b.FireTimers()
+	barrier(t, sh)
+	k.mu.Lock()
+	leases, gone := len(k.leases), slices.Clone(k.gone)
+	k.mu.Unlock()
+	if leases != 1 || !slices.Equal(gone, []queue.ConsumerID{id}) {
+		t.Errorf("after the lease expired: %d lease notices, ConsumerGone %v; want 1 and [%d]", leases, gone, id)
+	}
+	before := sh.visited.Load()
+	b.Submit(Command{Kind: CmdDown, Owner: 5})
+	barrier(t, sh)
+	if n := sh.visited.Load() - before; n != 0 {
+		t.Errorf("Down of the drained consumer's connection looked at %d queues, want 0", n)
+	}
 }
