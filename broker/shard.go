@@ -33,7 +33,8 @@ type shard struct {
 	armedAt    int64
 	due        []*Queue // scratch: the queues a timer firing or a Down looks at
 	conns      connIndex
-	tickCmd    Command // the CmdTick being applied for the timer
+	tickCmd    Command            // the CmdTick being applied for the timer
+	leased     []queue.ConsumerID // scratch: consumers handle told of a lease expiry
 	timer      *time.Timer
 	msgScratch []queue.Message
 	// bytesDelta accumulates stored-byte changes, folded into the server's
@@ -292,6 +293,7 @@ func (s *shard) handle(q *Queue, effs []queue.Effect) {
 		case queue.LeaseExpired:
 			if c, ok := q.cons[e.Consumer]; ok {
 				c.sink.LeaseExpired(e.Consumer, e.Tag)
+				s.leased = append(s.leased, e.Consumer)
 			}
 		case queue.Timer:
 			s.timers.set(q, e.At)
@@ -302,6 +304,15 @@ func (s *shard) handle(q *Queue, effs []queue.Effect) {
 			}
 		}
 	}
+	// A cancelled consumer whose last delivery a lease took back is
+	// drained: forgotten once every notice of this batch has gone out.
+	for i, id := range s.leased {
+		if !q.gone {
+			s.forgetIfGone(q, id)
+		}
+		s.leased[i] = 0
+	}
+	s.leased = s.leased[:0]
 	s.releaseHeld(q)
 	q.storeStats()
 }
