@@ -41,7 +41,7 @@ type pnode[K comparable, V any] struct {
 
 const pmapBits = 5
 
-func pmapBit(h uint64, shift uint) uint32 { return 1 << ((h >> shift) & (1<<pmapBits - 1)) }
+func pmapBit(h uint64, shift uint) uint32 { return 1 << ((h >> (shift & 63)) & (1<<pmapBits - 1)) }
 
 func pmapIndex(bitmap, bit uint32) int { return bits.OnesCount32(bitmap & (bit - 1)) }
 
@@ -279,23 +279,24 @@ func removeAt[T any](s []T, i int) []T {
 }
 
 // strhash hashes a name, key or word for the persistent maps: 8 bytes at
-// a time, multiply-xorshift mixing, MurmurHash3's finaliser (fmix64). It
-// is deterministic (the maps' shape and walk order are the same in every
-// process) and, unlike xxhash's assembly, cheap to call for the short
-// strings routing looks up on every publish.
+// a time, each folded in by a 64×64→128-bit multiply whose halves are
+// xored (wyhash's "mum"). It is deterministic (the maps' shape and walk
+// order are the same in every process) and, unlike xxhash's assembly,
+// cheap to call for the short strings routing looks up on every publish.
 func strhash[T string | []byte](s T) uint64 {
-	const m = 0x9e3779b97f4a7c15
-	h := uint64(len(s)) * m
+	const m1, m2 = 0x9e3779b97f4a7c15, 0xe7037ed1a0b428db
+	h := uint64(len(s)) ^ m2
 	for len(s) >= 8 {
 		v := uint64(s[0]) | uint64(s[1])<<8 | uint64(s[2])<<16 | uint64(s[3])<<24 |
 			uint64(s[4])<<32 | uint64(s[5])<<40 | uint64(s[6])<<48 | uint64(s[7])<<56
-		h = (h ^ v) * m
-		h ^= h >> 29
+		hi, lo := bits.Mul64(h^v, m1)
+		h = hi ^ lo
 		s = s[8:]
 	}
 	var v uint64
 	for i := 0; i < len(s); i++ {
 		v |= uint64(s[i]) << (8 * i)
 	}
-	return fmix64(h ^ v)
+	hi, lo := bits.Mul64(h^v, m1)
+	return hi ^ lo
 }

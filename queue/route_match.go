@@ -63,12 +63,13 @@ type rheader struct {
 	headerMatch
 }
 
-// dentry is a destination in a set with the bindings that lead there.
+// dentry is what a set holds for a destination (its key: the name, and
+// whether it is an exchange): the bindings that lead there.
 type dentry struct {
-	dest
-	n      int32   // bindings leading here (the entry goes at 0)
-	weight float64 // consistent-hash: their summed weight
-	seed   uint64  // consistent-hash: the destination's half of the score
+	ref    QueueRef // the queue's
+	n      int32    // bindings leading here (the entry goes at 0)
+	weight float64  // consistent-hash: their summed weight
+	seed   uint64   // consistent-hash: the destination's half of the score
 }
 
 // destSet is a set of destinations; nEx counts the exchanges among them
@@ -85,12 +86,12 @@ func (s destSet) change(d dest, add bool, w float64) destSet {
 	e, ok := s.m.get(h, k)
 	if add {
 		if !ok {
-			e = dentry{seed: hashSeed(d)}
+			e.seed = hashSeed(d)
 			if d.ex {
 				s.nEx++
 			}
 		}
-		e.dest = d // a queue re-added under a new ref takes it
+		e.ref = d.ref // a queue re-added under a new ref takes it
 		e.n++
 		e.weight += w
 	} else {
@@ -179,9 +180,55 @@ func (t *Table) Route(dst []QueueRef, exchange string, routingKey, headers []byt
 	if !ok {
 		return dst, false
 	}
+	if out, done := c.routeDirectly(dst, routingKey, headers); done {
+		return out, true
+	}
 	rt := router{t: t, dst: dst, start: len(dst), key: routingKey, headers: headers}
-	rt.route(c, 0)
+	rt.route(c, nil)
 	return rt.dst, true
+}
+
+// routeDirectly is the fast path of the common cases, where an exchange
+// leads straight to queues and has something for the message: it routes
+// without the router's state. done is false when the message needs the
+// general path (a binding to an exchange, an alternate to try, a topic or
+// headers exchange).
+func (c *rex) routeDirectly(dst []QueueRef, key, headers []byte) (out []QueueRef, done bool) {
+	var s *destSet
+	switch c.Kind {
+	case wire.ExchangeDirect:
+		set, ok := pmapGetBytes(c.direct, strhash(key), key)
+		if !ok {
+			return dst, c.Alternate == ""
+		}
+		s = &set
+	case wire.ExchangeFanout:
+		s = &c.dests
+	case wire.ExchangeConsistentHash:
+		if c.dests.m.len() == 0 {
+			return dst, c.Alternate == ""
+		}
+		hk := key
+		if c.hashHdr != "" {
+			hk = headerBytes(headers, c.hashHdr)
+		}
+		var best *dentryKV
+		if h := xxhash.Sum64(hk); c.hashEqual {
+			best, _ = pickEqual(c.dests.m.root, h, nil, 0)
+		} else {
+			best, _ = pickWeighted(c.dests.m.root, h, nil, 0)
+		}
+		if best.key.ex {
+			return dst, false
+		}
+		return append(dst, best.val.ref), true
+	default:
+		return dst, false
+	}
+	if s.nEx != 0 || (s.m.len() == 0 && c.Alternate != "") {
+		return dst, false
+	}
+	return appendRefs(dst, s.m.root), true
 }
 
 // HasExchange reports whether exchange exists (the default always does).
@@ -208,17 +255,31 @@ type router struct {
 	dst          []QueueRef
 	start        int // dst[start:] is this call's result
 	key, headers []byte
-	// visited is the chain of exchanges from the published one to the one
-	// routing now (cycles stop; so does a chain maxExchangeHops long).
-	visited [maxExchangeHops]*rex
 }
 
-func (rt *router) route(c *rex, depth int) {
-	if depth == maxExchangeHops || slices.Contains(rt.visited[:depth], c) {
-		return
+// hop is one exchange of the chain from the published one to the one
+// routing now, on the stack of route's calls: a cycle stops, and so does
+// a chain maxExchangeHops long.
+type hop struct {
+	c    *rex
+	prev *hop
+	n    int // exchanges in the chain up to and including this one
+}
+
+func (rt *router) route(c *rex, path *hop) {
+	here := hop{c: c, prev: path, n: 1}
+	if path != nil {
+		if path.n == maxExchangeHops {
+			return
+		}
+		for h := path; h != nil; h = h.prev {
+			if h.c == c {
+				return
+			}
+		}
+		here.n = path.n + 1
 	}
-	rt.visited[depth] = c
-	depth++
+	depth := &here
 	before := len(rt.dst)
 	switch c.Kind {
 	case wire.ExchangeDirect:
@@ -241,9 +302,13 @@ func (rt *router) route(c *rex, depth int) {
 			if c.hashHdr != "" {
 				hk = headerBytes(rt.headers, c.hashHdr)
 			}
-			p := hashPick{h: xxhash.Sum64(hk), weighted: !c.hashEqual, bestScore: -1}
-			p.pick(c.dests.m.root)
-			rt.add(&p.best.dest, depth)
+			var best *dentryKV
+			if h := xxhash.Sum64(hk); c.hashEqual {
+				best, _ = pickEqual(c.dests.m.root, h, nil, 0)
+			} else {
+				best, _ = pickWeighted(c.dests.m.root, h, nil, 0)
+			}
+			rt.addEntry(best, depth)
 		}
 	}
 	if len(rt.dst) == before && c.Alternate != "" {
@@ -255,7 +320,7 @@ func (rt *router) route(c *rex, depth int) {
 
 // add routes to one destination: a queue not in the result yet, or
 // through an exchange.
-func (rt *router) add(d *dest, depth int) {
+func (rt *router) add(d *dest, depth *hop) {
 	if d.ex {
 		if x, ok := rt.t.exchanges.get(hashName(d.name), d.name); ok {
 			rt.route(x, depth)
@@ -270,7 +335,7 @@ func (rt *router) add(d *dest, depth int) {
 // addSet routes to every destination of a set. A set's queues are
 // distinct, so when the result is still empty and the set leads to no
 // exchange they are appended without looking for duplicates.
-func (rt *router) addSet(s *destSet, depth int) {
+func (rt *router) addSet(s *destSet, depth *hop) {
 	if s.nEx == 0 && len(rt.dst) == rt.start {
 		rt.dst = appendRefs(rt.dst, s.m.root)
 		return
@@ -291,26 +356,30 @@ func appendRefs(dst []QueueRef, n *pnode[destKey, dentry]) []QueueRef {
 	return dst
 }
 
-func (rt *router) addNode(n *pnode[destKey, dentry], depth int) {
+func (rt *router) addNode(n *pnode[destKey, dentry], depth *hop) {
 	if n == nil {
 		return
 	}
 	for i := range n.data {
-		e := &n.data[i]
-		if e.val.ex {
-			if x, ok := rt.t.exchanges.get(e.hash^exchangeSalt, e.val.name); ok {
-				rt.route(x, depth)
-			}
-		} else if !slices.Contains(rt.dst[rt.start:], e.val.ref) {
-			rt.dst = append(rt.dst, e.val.ref)
-		}
+		rt.addEntry(&n.data[i], depth)
 	}
 	for _, k := range n.kids {
 		rt.addNode(k, depth)
 	}
 }
 
-func (rt *router) addHeaders(n *pnode[string, rheader], depth int) {
+// addEntry routes to one destination of a set.
+func (rt *router) addEntry(e *dentryKV, depth *hop) {
+	if e.key.ex {
+		if x, ok := rt.t.exchanges.get(e.hash^exchangeSalt, e.key.name); ok {
+			rt.route(x, depth)
+		}
+	} else if !slices.Contains(rt.dst[rt.start:], e.val.ref) {
+		rt.dst = append(rt.dst, e.val.ref)
+	}
+}
+
+func (rt *router) addHeaders(n *pnode[string, rheader], depth *hop) {
 	if n == nil {
 		return
 	}
@@ -326,7 +395,7 @@ func (rt *router) addHeaders(n *pnode[string, rheader], depth int) {
 
 // matchTopic routes to the destinations of every pattern in the trie
 // under n that matches words i.. of the key.
-func (rt *router) matchTopic(m *topicMatcher, n *tnode, i, depth int) {
+func (rt *router) matchTopic(m *topicMatcher, n *tnode, i int, depth *hop) {
 	if n.hash != nil {
 		// "#" swallows zero or more words.
 		for j := i; j <= m.n; j++ {
@@ -348,44 +417,48 @@ func (rt *router) matchTopic(m *topicMatcher, n *tnode, i, depth int) {
 	}
 }
 
-// hashPick finds a consistent-hash exchange's destination for key hash h
-// by weighted rendezvous hashing, exactly as compiled.pickHashed does:
-// the highest score wins, ties going to the first destination by name
-// (then queue before exchange, by seed), whatever order the set is walked
-// in.
-type hashPick struct {
-	h         uint64
-	weighted  bool
-	best      *dentry
-	bestX     uint64
-	bestScore float64
-}
-
-func (p *hashPick) pick(n *pnode[destKey, dentry]) {
+// pickEqual and pickWeighted find a consistent-hash exchange's
+// destination for key hash h by weighted rendezvous hashing, exactly as
+// compiled.pickHashed does: the highest score wins, ties going to the
+// first destination by name (then queue before exchange, by seed),
+// whatever order the set is walked in. best is the best so far (nil:
+// none yet); the state is passed in registers, not through memory.
+func pickEqual(n *pnode[destKey, dentry], h uint64, best *dentryKV, bestX uint64) (*dentryKV, uint64) {
 	for i := range n.data {
-		e := &n.data[i].val
-		x := fmix64(p.h ^ e.seed)
-		if !p.weighted {
-			if p.best == nil || x > p.bestX || (x == p.bestX && hashBefore(e, p.best)) {
-				p.best, p.bestX = e, x
-			}
-			continue
-		}
-		u := (float64(x>>11) + 0.5) / (1 << 53) // in (0, 1)
-		if s := e.weight / -math.Log(u); p.best == nil || s > p.bestScore || (s == p.bestScore && hashBefore(e, p.best)) {
-			p.best, p.bestScore = e, s
+		e := &n.data[i]
+		if x := fmix64(h ^ e.val.seed); best == nil || x > bestX || (x == bestX && hashBefore(e, best)) {
+			best, bestX = e, x
 		}
 	}
 	for _, k := range n.kids {
-		p.pick(k)
+		best, bestX = pickEqual(k, h, best, bestX)
 	}
+	return best, bestX
+}
+
+func pickWeighted(n *pnode[destKey, dentry], h uint64, best *dentryKV, bestScore float64) (*dentryKV, float64) {
+	for i := range n.data {
+		e := &n.data[i]
+		x := fmix64(h ^ e.val.seed)
+		u := (float64(x>>11) + 0.5) / (1 << 53) // in (0, 1)
+		if s := e.val.weight / -math.Log(u); best == nil || s > bestScore || (s == bestScore && hashBefore(e, best)) {
+			best, bestScore = e, s
+		}
+	}
+	for _, k := range n.kids {
+		best, bestScore = pickWeighted(k, h, best, bestScore)
+	}
+	return best, bestScore
 }
 
 // hashBefore is the compiled table's order of consistent-hash
 // destinations: by name, then by seed.
-func hashBefore(a, b *dentry) bool {
-	if a.name != b.name {
-		return a.name < b.name
+func hashBefore(a, b *dentryKV) bool {
+	if a.key.name != b.key.name {
+		return a.key.name < b.key.name
 	}
-	return a.seed < b.seed
+	return a.val.seed < b.val.seed
 }
+
+// dentryKV is a set's entry: destination (key) and dentry.
+type dentryKV = pentry[destKey, dentry]
