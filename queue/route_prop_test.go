@@ -209,9 +209,9 @@ func checkRoutes(t *testing.T, g *routeGen, ctx func() string, tab *Table, want 
 // the whole-table compilation of the same state (Topology.Compile), and
 // every older snapshot still routes as it did when it was taken.
 func TestRoutesMatchModel(t *testing.T) {
-	seeds, steps := 60, 300
+	seeds, steps := 150, 300
 	if raceEnabled {
-		seeds = 15
+		seeds = 30
 	}
 	routes, routed := 0, 0
 	defer func() { t.Logf("%d messages checked, %d of them reached a queue", routes, routed) }()
@@ -272,7 +272,7 @@ func TestRoutesMatchModel(t *testing.T) {
 			}
 			tab, want := r.Table(), m.compile()
 			checkRoutes(t, g, func() string {
-				return fmt.Sprintf("seed %d step %d, after %s; bindings %+v", seed, step, op, m.top.Bindings)
+				return fmt.Sprintf("seed %d step %d, after %s; exchanges %+v; bindings %+v", seed, step, op, m.top.Exchanges, m.top.Bindings)
 			}, tab, want)
 			if step%10 == 0 {
 				snaps = append(snaps, snap{step, tab, want})

@@ -282,3 +282,47 @@ func BenchmarkTopicRoute(b *testing.B) {
 		}
 	}
 }
+
+// TestAlternateIndependentOfBindingOrder: an exchange hands a message to
+// its alternate when none of its bindings leads it to a queue. A binding
+// to an exchange that leads the message to queues it already reached by
+// another path still takes it, so the result does not depend on the order
+// the bindings were made in (it did: e2's alternate was used only when
+// e2 was routed after the queues it leads to were reached).
+func TestAlternateIndependentOfBindingOrder(t *testing.T) {
+	for _, e2First := range []bool{false, true} {
+		top := NewTopology()
+		for _, q := range []string{"q1", "q3", "lost"} {
+			top.Queues[q] = struct{}{}
+		}
+		top.Exchanges["e3"] = Exchange{Name: "e3", Kind: wire.ExchangeFanout}
+		top.Exchanges["e2"] = Exchange{Name: "e2", Kind: wire.ExchangeFanout, Alternate: "ae"}
+		top.Exchanges["ae"] = Exchange{Name: "ae", Kind: wire.ExchangeFanout}
+		toE2 := Binding{Source: "e3", Destination: "e2", ToExchange: true}
+		top.Bindings = []Binding{
+			{Source: "e3", Destination: "q1"}, {Source: "e3", Destination: "q3"},
+			{Source: "e2", Destination: "q1"}, {Source: "e2", Destination: "q3"},
+			{Source: "ae", Destination: "lost"},
+		}
+		if e2First {
+			top.Bindings = append([]Binding{toE2}, top.Bindings...)
+		} else {
+			top.Bindings = append(top.Bindings, toE2)
+		}
+		for _, tab := range []struct {
+			name  string
+			route func() []string
+		}{
+			{"compiled", func() []string {
+				out, _ := top.Compile().Route(nil, "e3", nil, nil)
+				slices.Sort(out)
+				return out
+			}},
+			{"routes", func() []string { return routeOf(t, routesFrom(top), "e3", "", nil) }},
+		} {
+			if got := tab.route(); !slices.Equal(got, []string{"q1", "q3"}) {
+				t.Errorf("%s, binding to e2 made first %v: routed to %v, want [q1 q3] (e2 leads to both: its alternate is not used)", tab.name, e2First, got)
+			}
+		}
+	}
+}
