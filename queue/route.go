@@ -265,7 +265,7 @@ func (t *CompiledTable) Route(dst []string, exchange string, routingKey []byte, 
 	}
 	var visited [maxExchangeHops]*compiled
 	start := len(dst)
-	dst = c.route(dst, start, routingKey, headers, visited[:0])
+	dst, _ = c.route(dst, start, routingKey, headers, visited[:0])
 	return dst, true
 }
 
@@ -288,17 +288,23 @@ func (t *CompiledTable) IsInternal(name string) bool {
 // HasQueue reports whether a queue exists.
 func (t *CompiledTable) HasQueue(name string) bool { _, ok := t.queues[name]; return ok }
 
-func (c *compiled) route(dst []string, start int, key, headers []byte, visited []*compiled) []string {
+// route appends the queues c routes the message to; reached reports
+// whether one of c's bindings led it to a queue (one it had reached by
+// another path counts: c's alternate is used only when no binding takes
+// the message, whatever order they are walked in).
+func (c *compiled) route(dst []string, start int, key, headers []byte, visited []*compiled) (out []string, reached bool) {
 	if slices.Contains(visited, c) || len(visited) == cap(visited) {
-		return dst // a cycle, or too deep
+		return dst, false // a cycle, or too deep
 	}
 	visited = append(visited, c)
-	before := len(dst)
 	add := func(d cdest) {
 		if d.ex != nil {
-			dst = d.ex.route(dst, start, key, headers, visited)
+			var r bool
+			dst, r = d.ex.route(dst, start, key, headers, visited)
+			reached = reached || r
 			return
 		}
+		reached = true
 		if !slices.Contains(dst[start:], d.name) {
 			dst = append(dst, d.name)
 		}
@@ -331,10 +337,10 @@ func (c *compiled) route(dst []string, start int, key, headers []byte, visited [
 			add(c.pickHashed(xxhash.Sum64(hk)))
 		}
 	}
-	if len(dst) == before && c.alt != nil {
-		dst = c.alt.route(dst, start, key, headers, visited)
+	if !reached && c.alt != nil {
+		dst, reached = c.alt.route(dst, start, key, headers, visited)
 	}
-	return dst
+	return dst, reached
 }
 
 // headerBytes returns a header's value as bytes for hashing: strings and

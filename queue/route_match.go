@@ -166,9 +166,9 @@ func (n *tnode) change(words []string, d dest, add bool) *tnode {
 // not exist. An empty result means unroutable (the caller returns
 // mandatory messages). The default exchange "" routes to the queue named
 // by the key. Bindings to exchanges are followed (cycles and chains longer
-// than maxExchangeHops stop), and an exchange that routes the message
-// nowhere hands it to its alternate. Route allocates nothing once dst has
-// room.
+// than maxExchangeHops stop), and an exchange none of whose bindings leads
+// the message to a queue hands it to its alternate. Route allocates
+// nothing once dst has room.
 func (t *Table) Route(dst []QueueRef, exchange string, routingKey, headers []byte) ([]QueueRef, bool) {
 	if exchange == "" {
 		if ref, ok := pmapGetBytes(t.queues, strhash(routingKey), routingKey); ok {
@@ -266,36 +266,39 @@ type hop struct {
 	n    int // exchanges in the chain up to and including this one
 }
 
-func (rt *router) route(c *rex, path *hop) {
+// route routes the message through c. reached reports whether one of c's
+// bindings led it to a queue (one the message had reached by another path
+// counts): when none did, c's alternate gets it. So the result does not
+// depend on the order bindings are walked in.
+func (rt *router) route(c *rex, path *hop) (reached bool) {
 	here := hop{c: c, prev: path, n: 1}
 	if path != nil {
 		if path.n == maxExchangeHops {
-			return
+			return false
 		}
 		for h := path; h != nil; h = h.prev {
 			if h.c == c {
-				return
+				return false
 			}
 		}
 		here.n = path.n + 1
 	}
 	depth := &here
-	before := len(rt.dst)
 	switch c.Kind {
 	case wire.ExchangeDirect:
 		if s, ok := pmapGetBytes(c.direct, strhash(rt.key), rt.key); ok {
-			rt.addSet(&s, depth)
+			reached = rt.addSet(&s, depth)
 		}
 	case wire.ExchangeFanout:
-		rt.addSet(&c.dests, depth)
+		reached = rt.addSet(&c.dests, depth)
 	case wire.ExchangeTopic:
 		if c.topic != nil {
 			var m topicMatcher
 			m.split(rt.key)
-			rt.matchTopic(&m, c.topic, 0, depth)
+			reached = rt.matchTopic(&m, c.topic, 0, depth)
 		}
 	case wire.ExchangeHeaders:
-		rt.addHeaders(c.headers.root, depth)
+		reached = rt.addHeaders(c.headers.root, depth)
 	case wire.ExchangeConsistentHash:
 		if c.dests.m.len() > 0 {
 			hk := rt.key
@@ -308,39 +311,40 @@ func (rt *router) route(c *rex, path *hop) {
 			} else {
 				best, _ = pickWeighted(c.dests.m.root, h, nil, 0)
 			}
-			rt.addEntry(best, depth)
+			reached = rt.addEntry(best, depth)
 		}
 	}
-	if len(rt.dst) == before && c.Alternate != "" {
+	if !reached && c.Alternate != "" {
 		if alt, ok := rt.t.exchanges.get(hashName(c.Alternate), c.Alternate); ok {
-			rt.route(alt, depth)
+			reached = rt.route(alt, depth)
 		}
 	}
+	return reached
 }
 
-// add routes to one destination: a queue not in the result yet, or
-// through an exchange.
-func (rt *router) add(d *dest, depth *hop) {
+// add routes to one destination: a queue (appended unless the result has
+// it), or an exchange.
+func (rt *router) add(d *dest, depth *hop) bool {
 	if d.ex {
-		if x, ok := rt.t.exchanges.get(hashName(d.name), d.name); ok {
-			rt.route(x, depth)
-		}
-		return
+		x, ok := rt.t.exchanges.get(hashName(d.name), d.name)
+		return ok && rt.route(x, depth)
 	}
 	if !slices.Contains(rt.dst[rt.start:], d.ref) {
 		rt.dst = append(rt.dst, d.ref)
 	}
+	return true
 }
 
-// addSet routes to every destination of a set. A set's queues are
-// distinct, so when the result is still empty and the set leads to no
-// exchange they are appended without looking for duplicates.
-func (rt *router) addSet(s *destSet, depth *hop) {
+// addSet routes to every destination of a set (sets are never empty). A
+// set's queues are distinct, so when the result is still empty and the
+// set leads to no exchange they are appended without looking for
+// duplicates.
+func (rt *router) addSet(s *destSet, depth *hop) bool {
 	if s.nEx == 0 && len(rt.dst) == rt.start {
 		rt.dst = appendRefs(rt.dst, s.m.root)
-		return
+		return s.m.len() > 0
 	}
-	rt.addNode(s.m.root, depth)
+	return rt.addNode(s.m.root, depth)
 }
 
 func appendRefs(dst []QueueRef, n *pnode[destKey, dentry]) []QueueRef {
@@ -356,65 +360,79 @@ func appendRefs(dst []QueueRef, n *pnode[destKey, dentry]) []QueueRef {
 	return dst
 }
 
-func (rt *router) addNode(n *pnode[destKey, dentry], depth *hop) {
+func (rt *router) addNode(n *pnode[destKey, dentry], depth *hop) bool {
 	if n == nil {
-		return
+		return false
 	}
+	reached := false
 	for i := range n.data {
-		rt.addEntry(&n.data[i], depth)
+		if rt.addEntry(&n.data[i], depth) {
+			reached = true
+		}
 	}
 	for _, k := range n.kids {
-		rt.addNode(k, depth)
+		if rt.addNode(k, depth) {
+			reached = true
+		}
 	}
+	return reached
 }
 
 // addEntry routes to one destination of a set.
-func (rt *router) addEntry(e *dentryKV, depth *hop) {
+func (rt *router) addEntry(e *dentryKV, depth *hop) bool {
 	if e.key.ex {
-		if x, ok := rt.t.exchanges.get(e.hash^exchangeSalt, e.key.name); ok {
-			rt.route(x, depth)
-		}
-	} else if !slices.Contains(rt.dst[rt.start:], e.val.ref) {
+		x, ok := rt.t.exchanges.get(e.hash^exchangeSalt, e.key.name)
+		return ok && rt.route(x, depth)
+	}
+	if !slices.Contains(rt.dst[rt.start:], e.val.ref) {
 		rt.dst = append(rt.dst, e.val.ref)
 	}
+	return true
 }
 
-func (rt *router) addHeaders(n *pnode[string, rheader], depth *hop) {
+func (rt *router) addHeaders(n *pnode[string, rheader], depth *hop) bool {
 	if n == nil {
-		return
+		return false
 	}
+	reached := false
 	for i := range n.data {
-		if hb := &n.data[i].val; hb.matches(rt.headers) {
-			rt.add(&hb.d, depth)
+		if hb := &n.data[i].val; hb.matches(rt.headers) && rt.add(&hb.d, depth) {
+			reached = true
 		}
 	}
 	for _, k := range n.kids {
-		rt.addHeaders(k, depth)
+		if rt.addHeaders(k, depth) {
+			reached = true
+		}
 	}
+	return reached
 }
 
 // matchTopic routes to the destinations of every pattern in the trie
 // under n that matches words i.. of the key.
-func (rt *router) matchTopic(m *topicMatcher, n *tnode, i int, depth *hop) {
+func (rt *router) matchTopic(m *topicMatcher, n *tnode, i int, depth *hop) bool {
+	reached := false
 	if n.hash != nil {
 		// "#" swallows zero or more words.
 		for j := i; j <= m.n; j++ {
-			rt.matchTopic(m, n.hash, j, depth)
+			if rt.matchTopic(m, n.hash, j, depth) {
+				reached = true
+			}
 		}
 	}
 	if i == m.n {
-		rt.addSet(&n.dests, depth)
-		return
+		return rt.addSet(&n.dests, depth) || reached
 	}
 	if n.words.len() > 0 {
 		w := m.word(i)
-		if c, ok := pmapGetBytes(n.words, strhash(w), w); ok {
-			rt.matchTopic(m, c, i+1, depth)
+		if c, ok := pmapGetBytes(n.words, strhash(w), w); ok && rt.matchTopic(m, c, i+1, depth) {
+			reached = true
 		}
 	}
-	if n.star != nil {
-		rt.matchTopic(m, n.star, i+1, depth)
+	if n.star != nil && rt.matchTopic(m, n.star, i+1, depth) {
+		reached = true
 	}
+	return reached
 }
 
 // pickEqual and pickWeighted find a consistent-hash exchange's
