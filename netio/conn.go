@@ -391,6 +391,7 @@ func (c *conn) block() {
 		c.blocked.Store(true)
 		c.srv.metrics.blocked.Add(1)
 		c.srv.log.Debug("publisher blocked by the memory alarm", "conn", c.id)
+		c.srv.notifyChanged()
 	}
 	c.pauseRead()
 }
@@ -433,6 +434,7 @@ func (c *conn) unblock() bool {
 	c.blocked.Store(false)
 	c.srv.metrics.blocked.Add(-1)
 	c.srv.log.Debug("publisher unblocked", "conn", c.id)
+	c.srv.notifyChanged()
 	return true
 }
 

@@ -151,9 +151,9 @@ type Server struct {
 
 // Changed returns a channel that is closed at the next change of the
 // server's connection-side state: a connection accepted, its credentials
-// checked, authenticated, or closed (once the Down of its queues and
-// consumers has been submitted to the broker), the memory alarm raised or
-// cleared. A test waits on it, with a deadline, for a condition on that
+// checked, authenticated, blocked or unblocked by the memory alarm, or
+// closed (once the Down of its queues and consumers has been submitted to
+// the broker), the memory alarm raised or cleared. A test waits on it, with a deadline, for a condition on that
 // state, instead of polling with sleeps; take the channel before reading
 // the state, so a change in between is not missed.
 func (s *Server) Changed() <-chan struct{} {
