@@ -42,15 +42,29 @@
 //     log after a clean close or a crash at a random sync
 //     (TestSingleVoterRecovers; a test driver, not the worker).
 //   - raftconfig.go: a group's raft.Config (§3.7) and raft's logger on slog.
+//   - worker.go: the round (§3.2). A Worker, owned by a shard goroutine,
+//     drives many groups' RawNodes: Group.Add buffers commands, Round
+//     makes one proposal per group, handles each group's Ready (at most
+//     one in flight per group; commit-only hard states written lazily),
+//     applies committed entries, and hands the round's writes to its
+//     appender goroutine as one segment Append, whose completion is posted
+//     back to the shard (Advance then). An Append failure stops the worker
+//     and is reported (Fatal). TestWorkerRounds checks one Append per
+//     round across groups, exactly-once apply, and recovery of every group
+//     after a clean close or a crash at a random sync.
 //
 // # Not built yet
 //
 // The broker does not use this package yet: durable queues are still
-// in memory only, and nothing is written to disk. Not built: the worker
-// round that drives many groups' RawNodes per shard with one segment
-// Append per round, and its appender goroutine (§3.2); snapshots
-// into the snapshot-store group and compaction (§2.4), the metadata group
-// (§4), confirms at apply (§3.4), recovery and the crash simulation (§7),
-// and everything of the cluster step (§6). The log commands DeleteIf,
-// EnqueuerDown and Recover (frame kinds 8–10) are reserved and refused.
+// in memory only, and nothing is written to disk. Not built: snapshots
+// into the snapshot-store group, the snapshot policy and the compactor
+// pool (§2.4: a group's log is never compacted yet, so it grows without
+// bound); the confirm bookkeeping of §3.4 (pending proposals per
+// proposer and seq; a dropped proposal is only counted and logged);
+// ticks for durable queues (proposing Tick when WakeAt comes due); the
+// metadata group (§4); the broker's durable branch (§3.5), recovery at
+// startup with Recover, and the crash simulation over the whole node
+// (§7); and everything of the cluster step (§6: transport, snapshot
+// install, forwarding). The log commands DeleteIf, EnqueuerDown and
+// Recover (frame kinds 8–10) are reserved and refused.
 package replication

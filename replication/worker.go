@@ -1,0 +1,460 @@
+package replication
+
+import (
+	"errors"
+	"fmt"
+	"log/slog"
+	"sync"
+
+	"github.com/warren-mq/warren/queue"
+	"github.com/warren-mq/warren/segment"
+	"go.etcd.io/raft/v3"
+	"go.etcd.io/raft/v3/raftpb"
+)
+
+// Worker drives the raft groups of one shard (design/replication.md §3.2):
+// the shard goroutine calls Round once per drain of its inbox, and the
+// round turns every group's buffered commands into one proposal, collects
+// every group's Ready, applies committed entries (effects go to each
+// group's sink), and hands the whole shard's writes to the appender as one
+// segment.Log.Append: about one fdatasync per round for all the shard's
+// queues, and with two shards the group commit merges their appends.
+//
+// Sync Ready/Advance with at most one Ready in flight per group: a group
+// whose write is in flight waits for its completion (persisted, posted back
+// to the shard) before it produces another Ready. The shard never blocks
+// on the disk; the appender goroutine does the waiting.
+//
+// Everything but the appender runs on the shard goroutine: Worker and
+// Group are not safe for concurrent use. Post is how the appender hands
+// its completion back: it must run the function on the shard goroutine,
+// after the current drain (the shard's inbox).
+//
+// Single voter by default; nothing here assumes one voter except that no
+// transport exists yet: a group with peers needs Send (cluster step).
+type Worker struct {
+	log   *segment.Log
+	cfg   WorkerConfig
+	ids   map[uint64]*Group
+	dirty []*Group // FIFO, each group at most once (Group.queued)
+	spare []*Group
+	sub   *submission // being built this round
+	now   int64       // the time of the current (or last) round
+
+	mu      sync.Mutex
+	queue   []*submission // waiting for the appender
+	wake    chan struct{}
+	closing bool
+	done    chan struct{}
+	failed  error // an Append failed: the worker is stopped for good
+
+	stats WorkerStats
+}
+
+// WorkerConfig configures a Worker.
+type WorkerConfig struct {
+	NodeID uint64 // raft node id of this node (1 on a single node)
+	Shard  uint64
+	// Post runs fn on the shard goroutine (the shard's inbox). Required.
+	Post func(fn func())
+	// Send carries raft messages to peers (cluster step; nil on a single
+	// node, where a group has no peers to talk to).
+	Send func(gid uint64, msgs []raftpb.Message)
+	// Fatal is told, on the shard goroutine, that an Append failed: the
+	// engine has stopped (segment.ErrStopped) and the node must exit and
+	// recover (design §3.2, the fsyncgate rule).
+	Fatal  func(err error)
+	Logger *slog.Logger
+}
+
+// WorkerStats count rounds and writes.
+type WorkerStats struct {
+	Rounds    uint64 // Round calls
+	Appends   uint64 // segment Append calls (at most one per round)
+	Proposals uint64 // entries proposed
+	Dropped   uint64 // proposals raft refused (no leader, transfer, size)
+	Applied   uint64 // entries applied
+}
+
+// submission is one round's writes: one Append.
+type submission struct {
+	batches []segment.Batch
+	groups  []*Group
+	readies []raft.Ready
+	hss     []raftpb.HardState // what each batch wrote as hard state (empty: none)
+	err     error
+}
+
+// Group is one raft group (a durable queue) on a Worker.
+type Group struct {
+	w      *Worker
+	id     uint64
+	rn     *raft.RawNode
+	st     *raftStorage
+	fsm    *QueueFSM
+	enc    EntryEncoder
+	full   [][]byte // entries finished early (encoder caps), proposed next round
+	seq    uint64
+	leader bool
+	queued bool
+	// inflight: a Ready whose write is with the appender.
+	inflight bool
+	// pendingHS: a commit-only hard state not yet written (written with
+	// the group's next batch: commit needs no fsync, design §3.2).
+	pendingHS raftpb.HardState
+	// held: messages that may go out only once the write is durable
+	// (MsgAppResp, MsgVoteResp, MsgPreVoteResp).
+	held []raftpb.Message
+	// unapplied: bytes proposed here and not yet applied (pacing).
+	unapplied int
+	err       error
+}
+
+// maxUnapplied paces proposals per group (design §3.2: below raft's
+// MaxUncommittedEntriesSize, so raft never drops a proposal for size).
+const maxUnapplied = 32 << 20
+
+// ErrWorkerStopped: an Append failed earlier; the worker takes no more
+// work (the node must restart and recover).
+var ErrWorkerStopped = errors.New("replication: worker stopped after a log write failed; restart to recover")
+
+// NewWorker starts a worker and its appender goroutine; Close stops it.
+func NewWorker(log *segment.Log, cfg WorkerConfig) *Worker {
+	if cfg.Logger == nil {
+		cfg.Logger = slog.New(slog.DiscardHandler)
+	}
+	if cfg.NodeID == 0 {
+		cfg.NodeID = 1
+	}
+	w := &Worker{log: log, cfg: cfg, ids: map[uint64]*Group{}, wake: make(chan struct{}, 1), done: make(chan struct{})}
+	go w.appender()
+	return w
+}
+
+// Stats returns the counters.
+func (w *Worker) Stats() WorkerStats { return w.stats }
+
+// Open opens group gid over the log: its storage from what segment holds
+// and snap (the latest snapshot's metadata, ConfState included; for a new
+// group index 0 and the voters), its FSM (fsm, restored to snap.Index by
+// the caller, or new), and its RawNode, which campaigns at once when this
+// node is the only voter. Entries after snap.Index are replayed through
+// the FSM by the rounds that follow, with the sink the FSM has (set it to
+// nil to drop replayed effects, then SetSink once caught up).
+func (w *Worker) Open(gid uint64, snap raftpb.SnapshotMetadata, fsm *QueueFSM) (*Group, error) {
+	if w.ids[gid] != nil {
+		return nil, fmt.Errorf("replication: group %d is already open", gid)
+	}
+	if fsm.AppliedIndex() != snap.Index {
+		return nil, fmt.Errorf("replication: group %d: the FSM is at entry %d, the snapshot at %d", gid, fsm.AppliedIndex(), snap.Index)
+	}
+	st, err := openRaftStorage(w.log, gid, snap)
+	if err != nil {
+		return nil, err
+	}
+	rn, err := raft.NewRawNode(groupConfig(w.cfg.NodeID, st, snap.Index, w.cfg.Logger))
+	if err != nil {
+		return nil, fmt.Errorf("replication: group %d: %w", gid, err)
+	}
+	g := &Group{w: w, id: gid, rn: rn, st: st, fsm: fsm}
+	if v := snap.ConfState.Voters; len(v) == 1 && v[0] == w.cfg.NodeID && len(snap.ConfState.Learners) == 0 {
+		if err := rn.Campaign(); err != nil {
+			return nil, fmt.Errorf("replication: group %d: %w", gid, err)
+		}
+	}
+	w.ids[gid] = g
+	w.mark(g)
+	return g, nil
+}
+
+// ID is the group's id (its segment group).
+func (g *Group) ID() uint64 { return g.id }
+
+// FSM is the group's state machine.
+func (g *Group) FSM() *QueueFSM { return g.fsm }
+
+// Leader reports whether this node leads the group (and so may propose).
+func (g *Group) Leader() bool { return g.leader }
+
+// Err is the error that stopped the group (a bad entry, a storage
+// contract breach), or nil.
+func (g *Group) Err() error { return g.err }
+
+// Add buffers cmd for the group's next proposal (one entry per group per
+// round, design §1.3). The command is encoded now: cmd may be reused when
+// Add returns. Its time and message ids are set at apply.
+func (g *Group) Add(cmd queue.Command) error {
+	if g.err != nil {
+		return g.err
+	}
+	if g.w.failed != nil {
+		return ErrWorkerStopped
+	}
+	err := g.enc.Add(cmd)
+	if errors.Is(err, ErrEntryFull) {
+		g.full = append(g.full, g.finish(g.w.now))
+		err = g.enc.Add(cmd)
+	}
+	if err != nil {
+		return err
+	}
+	g.w.mark(g)
+	return nil
+}
+
+// finish takes the encoder's entry as a proposal of its own (raft keeps
+// the bytes until applied) and resets the encoder.
+func (g *Group) finish(now int64) []byte {
+	g.seq++
+	h := EntryHeader{NowMs: now, Proposer: g.w.cfg.NodeID<<48 | g.w.cfg.Shard, Seq: g.seq}
+	data := append([]byte(nil), g.enc.Finish(h)...)
+	g.enc.Reset()
+	return data
+}
+
+func (w *Worker) mark(g *Group) {
+	if !g.queued {
+		g.queued = true
+		w.dirty = append(w.dirty, g)
+	}
+}
+
+// Round runs one round at time now (ms, the shard's clock): it proposes
+// what every dirty group buffered, collects and handles their Readys
+// (up to 4 passes, so a group that became leader or advanced in this
+// round proposes or applies at once), and submits the round's writes as
+// one Append. It reports whether groups are still dirty (the shard should
+// run another round soon).
+func (w *Worker) Round(now int64) (more bool) {
+	w.stats.Rounds++
+	w.now = now
+	if w.failed != nil {
+		return false
+	}
+	for pass := 0; pass < 4 && len(w.dirty) > 0; pass++ {
+		groups := w.dirty
+		w.dirty, w.spare = w.spare[:0], groups
+		for _, g := range groups {
+			g.queued = false
+			if g.err == nil {
+				w.process(g, now)
+			}
+		}
+		clear(groups)
+	}
+	if w.sub != nil {
+		w.mu.Lock()
+		w.queue = append(w.queue, w.sub)
+		w.mu.Unlock()
+		w.sub = nil
+		w.stats.Appends++
+		select {
+		case w.wake <- struct{}{}:
+		default:
+		}
+	}
+	return len(w.dirty) > 0
+}
+
+// process proposes g's buffered entries and handles its Ready.
+func (w *Worker) process(g *Group, now int64) {
+	if g.leader && g.unapplied < maxUnapplied {
+		for _, data := range g.full {
+			g.propose(data)
+		}
+		clear(g.full)
+		g.full = g.full[:0]
+		if g.enc.Commands() > 0 {
+			g.propose(g.finish(now))
+		}
+	}
+	if g.inflight || !g.rn.HasReady() {
+		return
+	}
+	rd := g.rn.Ready()
+	if rd.SoftState != nil {
+		g.leader = rd.SoftState.RaftState == raft.StateLeader
+	}
+	if !raft.IsEmptySnap(rd.Snapshot) {
+		g.fail(fmt.Errorf("replication: group %d: installing a snapshot from a leader is not built (cluster step)", g.id))
+		return
+	}
+	if err := g.apply(rd.CommittedEntries); err != nil {
+		g.fail(err)
+		return
+	}
+	if len(rd.Messages) > 0 {
+		g.sendEarly(rd.Messages)
+	}
+	hs := rd.HardState
+	if raft.IsEmptyHardState(hs) {
+		hs = g.pendingHS
+	}
+	if len(rd.Entries) > 0 || rd.MustSync {
+		b, err := g.st.batch(rd.Entries, hs)
+		if err != nil {
+			g.fail(err)
+			return
+		}
+		if w.sub == nil {
+			w.sub = &submission{}
+		}
+		w.sub.batches = append(w.sub.batches, b)
+		w.sub.groups = append(w.sub.groups, g)
+		w.sub.readies = append(w.sub.readies, rd)
+		w.sub.hss = append(w.sub.hss, hs)
+		g.pendingHS = raftpb.HardState{}
+		g.inflight = true
+		return
+	}
+	// Nothing to write (a commit-only hard state is written lazily, with
+	// the group's next entries): advance now.
+	if !raft.IsEmptyHardState(rd.HardState) {
+		g.pendingHS = rd.HardState
+	}
+	g.rn.Advance(rd)
+	w.mark(g)
+}
+
+func (g *Group) propose(data []byte) {
+	if err := g.rn.Propose(data); err != nil {
+		// No leader, a transfer, or raft's size limit: the entry's commands
+		// are not in the log (design §3.4: their confirms are nacked).
+		g.w.stats.Dropped++
+		g.w.cfg.Logger.Warn("replication: proposal dropped", "group", g.id, "err", err)
+		return
+	}
+	g.unapplied += len(data)
+	g.w.stats.Proposals++
+}
+
+// apply applies committed entries to the FSM and lets the storage drop
+// them from its tail cache.
+func (g *Group) apply(ents []raftpb.Entry) error {
+	for i := range ents {
+		e := &ents[i]
+		var data []byte
+		switch e.Type {
+		case raftpb.EntryNormal:
+			data = e.Data
+		case raftpb.EntryConfChange:
+			var cc raftpb.ConfChange
+			if err := cc.Unmarshal(e.Data); err != nil {
+				return fmt.Errorf("replication: group %d: conf change %d: %w", g.id, e.Index, err)
+			}
+			g.rn.ApplyConfChange(cc)
+		case raftpb.EntryConfChangeV2:
+			var cc raftpb.ConfChangeV2
+			if err := cc.Unmarshal(e.Data); err != nil {
+				return fmt.Errorf("replication: group %d: conf change %d: %w", g.id, e.Index, err)
+			}
+			g.rn.ApplyConfChange(cc)
+		}
+		if _, err := g.fsm.Apply(e.Index, data); err != nil {
+			return fmt.Errorf("replication: group %d: %w", g.id, err)
+		}
+		g.unapplied = max(0, g.unapplied-len(data))
+		g.w.stats.Applied++
+	}
+	if n := len(ents); n > 0 {
+		g.st.applied(ents[n-1].Index)
+	}
+	return nil
+}
+
+// sendEarly sends what may go before the write is durable and holds the
+// rest (the thesis's §10.2.1 rule: a leader's appends and heartbeats go
+// at once; acknowledgements of durability wait).
+func (g *Group) sendEarly(msgs []raftpb.Message) {
+	var now []raftpb.Message
+	for _, m := range msgs {
+		switch m.Type {
+		case raftpb.MsgAppResp, raftpb.MsgVoteResp, raftpb.MsgPreVoteResp:
+			g.held = append(g.held, m)
+		default:
+			now = append(now, m)
+		}
+	}
+	g.send(now)
+}
+
+func (g *Group) send(msgs []raftpb.Message) {
+	if len(msgs) == 0 {
+		return
+	}
+	if g.w.cfg.Send == nil {
+		g.fail(fmt.Errorf("replication: group %d has messages for peers and there is no transport (cluster step)", g.id))
+		return
+	}
+	g.w.cfg.Send(g.id, msgs)
+}
+
+func (g *Group) fail(err error) {
+	if g.err == nil {
+		g.err = err
+		g.w.cfg.Logger.Error("replication: group stopped", "group", g.id, "err", err)
+	}
+}
+
+// persisted runs on the shard once the appender's Append of sub returned.
+func (w *Worker) persisted(sub *submission) {
+	if sub.err != nil {
+		if w.failed == nil {
+			w.failed = sub.err
+			if w.cfg.Fatal != nil {
+				w.cfg.Fatal(sub.err)
+			}
+		}
+		return
+	}
+	for i, g := range sub.groups {
+		rd := sub.readies[i]
+		if err := g.st.appended(rd.Entries, sub.hss[i]); err != nil {
+			g.fail(err)
+			continue
+		}
+		held := g.held
+		g.held = nil
+		g.send(held)
+		g.inflight = false
+		g.rn.Advance(rd)
+		w.mark(g)
+	}
+}
+
+// appender makes each round's writes durable, one Append per round, and
+// posts the completion back to the shard.
+func (w *Worker) appender() {
+	defer close(w.done)
+	for {
+		w.mu.Lock()
+		for len(w.queue) == 0 && !w.closing {
+			w.mu.Unlock()
+			<-w.wake
+			w.mu.Lock()
+		}
+		if len(w.queue) == 0 {
+			w.mu.Unlock()
+			return
+		}
+		sub := w.queue[0]
+		w.queue[0] = nil
+		w.queue = w.queue[1:]
+		w.mu.Unlock()
+		sub.err = w.log.Append(sub.batches...)
+		w.cfg.Post(func() { w.persisted(sub) })
+	}
+}
+
+// Close stops the appender once the submitted writes are done (their
+// completions are still posted). It does not close the log.
+func (w *Worker) Close() {
+	w.mu.Lock()
+	w.closing = true
+	w.mu.Unlock()
+	select {
+	case w.wake <- struct{}{}:
+	default:
+	}
+	<-w.done
+}
