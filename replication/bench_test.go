@@ -1,6 +1,7 @@
 package replication
 
 import (
+	"fmt"
 	"github.com/warren-mq/warren/segment"
 	"go.etcd.io/raft/v3/raftpb"
 	"io"
@@ -280,4 +281,93 @@ func (f *benchFile) Map(int64) ([]byte, func() error, error) {
 	f.fs.mu.Lock()
 	defer f.fs.mu.Unlock()
 	return f.data[:len(f.data):len(f.data)], func() error { return nil }, nil
+}
+
+// BenchmarkWorkerRound: one shard's worker with G groups; each round every
+// group gets an Enqueue of M 1 KiB messages and the ack of its previous
+// round's deliveries; the round proposes, its one Append runs on the
+// appender (benchFS: CPU only, no fsync), the completion comes back
+// through the inbox, and the next round applies. Every few rounds each
+// group is compacted to its applied index (as after a snapshot). Reported
+// per message; msgs/append is the batch each Append carried.
+func BenchmarkWorkerRound(b *testing.B) {
+	for _, c := range []struct{ groups, msgs int }{{1, 64}, {100, 16}} {
+		b.Run(fmt.Sprintf("groups=%d,msgs=%d", c.groups, c.msgs), func(b *testing.B) {
+			benchWorker(b, c.groups, c.msgs)
+		})
+	}
+}
+
+func benchWorker(b *testing.B, groups, per int) {
+	msgs := make([]queue.Message, per)
+	bodies := make([][]byte, per)
+	for i := range msgs {
+		msgs[i] = queue.Message{Size: 1024}
+		bodies[i] = make([]byte, 1024)
+	}
+	l, err := segment.Open(newBenchFS(8), "/data", segment.Options{Manual: true, WALSize: 16 << 20, SegmentSize: 16 << 20})
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer l.Close()
+	inbox := make(chan func(), 64)
+	w := NewWorker(l, WorkerConfig{Post: func(fn func()) { inbox <- fn }})
+	defer w.Close()
+	voters := raftpb.ConfState{Voters: []uint64{1}}
+	var gs []*Group
+	for k := range groups {
+		g, err := w.Open(uint64(10+k), raftpb.SnapshotMetadata{ConfState: voters}, NewQueueFSM(queue.New(queue.Config{}, 0), 0, nil))
+		if err != nil {
+			b.Fatal(err)
+		}
+		_ = g.Add(&queue.Subscribe{Spec: queue.ConsumerSpec{ID: 1, Owner: 1}})
+		gs = append(gs, g)
+	}
+	done := uint64(0)
+	round := func(now int64) {
+		w.Round(now)
+		for done < w.Stats().Appends {
+			(<-inbox)()
+			done++
+			w.Round(now)
+		}
+	}
+	round(1)
+	round(1)
+	compactEvery := max(1, 128/groups)
+	b.SetBytes(int64(groups * per * 1024))
+	b.ReportAllocs()
+	b.ResetTimer()
+	appends0 := w.Stats().Appends
+	for i := 0; i < b.N; i++ {
+		for _, g := range gs {
+			_ = g.Add(&queue.Enqueue{Msgs: msgs, Bodies: bodies})
+			_ = g.Add(&queue.Settle{Consumer: 1, Op: wire.SettleAck, Last: uint64(i * per)})
+		}
+		round(2)
+		if i%compactEvery == compactEvery-1 {
+			for _, g := range gs {
+				at := g.FSM().AppliedIndex()
+				term, _ := g.st.Term(at)
+				if err := l.Compact(g.ID(), at, g.FSM().LiveEntries(nil, at)); err != nil {
+					b.Fatal(err)
+				}
+				if err := g.st.compacted(raftpb.SnapshotMetadata{Index: at, Term: term, ConfState: voters}); err != nil {
+					b.Fatal(err)
+				}
+			}
+			if err := l.Maintain(); err != nil {
+				b.Fatal(err)
+			}
+		}
+	}
+	b.StopTimer()
+	n := float64(b.N * groups * per)
+	b.ReportMetric(float64(b.Elapsed().Nanoseconds())/n, "ns/msg")
+	b.ReportMetric(n/float64(w.Stats().Appends-appends0), "msgs/append")
+	for _, g := range gs {
+		if g.FSM().Machine().Unacked() != per || g.Err() != nil {
+			b.Fatalf("group %d: unacked %d, err %v", g.ID(), g.FSM().Machine().Unacked(), g.Err())
+		}
+	}
 }

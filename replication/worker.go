@@ -39,7 +39,8 @@ type Worker struct {
 	dirty []*Group // FIFO, each group at most once (Group.queued)
 	spare []*Group
 	sub   *submission // being built this round
-	now   int64       // the time of the current (or last) round
+	free  []*submission
+	now   int64 // the time of the current (or last) round
 
 	mu      sync.Mutex
 	queue   []*submission // waiting for the appender
@@ -297,7 +298,11 @@ func (w *Worker) process(g *Group, now int64) {
 			return
 		}
 		if w.sub == nil {
-			w.sub = &submission{}
+			if n := len(w.free); n > 0 {
+				w.sub, w.free = w.free[n-1], w.free[:n-1]
+			} else {
+				w.sub = &submission{}
+			}
 		}
 		w.sub.batches = append(w.sub.batches, b)
 		w.sub.groups = append(w.sub.groups, g)
@@ -420,6 +425,11 @@ func (w *Worker) persisted(sub *submission) {
 		g.rn.Advance(rd)
 		w.mark(g)
 	}
+	clear(sub.batches)
+	clear(sub.groups)
+	clear(sub.readies)
+	*sub = submission{batches: sub.batches[:0], groups: sub.groups[:0], readies: sub.readies[:0], hss: sub.hss[:0]}
+	w.free = append(w.free, sub)
 }
 
 // appender makes each round's writes durable, one Append per round, and
