@@ -25,8 +25,9 @@ func bigTopic(n int) *Routes {
 	return r
 }
 
-// TestRoutesChangeCostIndependentOfSize: on a topic exchange with 100,000
-// bindings (20,000 under -race), one change and the Table() after it
+// TestRoutesChangeCostIndependentOfSize: on a topic exchange and a
+// consistent-hash exchange with 100,000 bindings each (20,000 under
+// -race), one change and the Table() after it
 // allocate a bounded number of objects (what a path through the persistent
 // maps copies), not one per binding or queue as a whole recompilation does.
 func TestRoutesChangeCostIndependentOfSize(t *testing.T) {
@@ -35,6 +36,12 @@ func TestRoutesChangeCostIndependentOfSize(t *testing.T) {
 		n = 20_000
 	}
 	r := bigTopic(n)
+	// And a consistent-hash exchange over all the queues (before Routes, a
+	// binding there rebuilt its whole list of destinations).
+	r.AddExchange(Exchange{Name: "h", Kind: wire.ExchangeConsistentHash})
+	for q := 0; q < n; q++ {
+		r.Bind(Binding{Source: "h", Destination: "q." + strconv.Itoa(q)})
+	}
 	const maxAllocs = 64 // O(log n) nodes per change; a recompilation is O(n)
 	i := 0
 	for _, c := range []struct {
@@ -57,6 +64,17 @@ func TestRoutesChangeCostIndependentOfSize(t *testing.T) {
 			r.Bind(Binding{Source: "t", Destination: "x." + strconv.Itoa(i), ToExchange: true, Key: "x." + strconv.Itoa(i)})
 		}},
 		{"delete exchange", func() { r.DeleteExchange("x." + strconv.Itoa(i)); i-- }},
+		{"bind to the consistent-hash exchange", func() {
+			i++
+			q := "extra." + strconv.Itoa(i)
+			r.AddQueue(q, QueueRef(n+i))
+			r.Bind(Binding{Source: "h", Destination: q, Key: "2"})
+		}},
+		{"unbind from the consistent-hash exchange", func() {
+			r.Unbind(Binding{Source: "h", Destination: "extra." + strconv.Itoa(i), Key: "2"})
+			r.DeleteQueue("extra." + strconv.Itoa(i))
+			i--
+		}},
 	} {
 		allocs := testing.AllocsPerRun(20, func() {
 			c.change()
@@ -74,34 +92,75 @@ func TestRoutesChangeCostIndependentOfSize(t *testing.T) {
 	}
 }
 
-// BenchmarkTopicRoute100k: a publish through a topic exchange with 100,000
-// bindings (one per queue, plus "*" and "#" patterns), two queues matched.
-func BenchmarkTopicRoute100k(b *testing.B) {
-	tab := bigTopic(100_000).Table()
-	key := []byte("q.12345")
-	dst := make([]QueueRef, 0, 16)
-	b.ReportAllocs()
-	for b.Loop() {
-		out, _ := tab.Route(dst[:0], "t", key, nil)
-		if len(out) != 2 {
-			b.Fatalf("routed to %v", out)
-		}
+// bigTopicModel is bigTopic's state as a Topology (the compiled table's
+// input, and what the broker recompiled on every change before Routes).
+func bigTopicModel(n int) *Topology {
+	top := NewTopology()
+	top.Exchanges["t"] = Exchange{Name: "t", Kind: wire.ExchangeTopic}
+	for i := 0; i < n; i++ {
+		q := "q." + strconv.Itoa(i)
+		top.Queues[q] = struct{}{}
+		top.Bindings = append(top.Bindings, Binding{Source: "t", Destination: q, Key: q})
 	}
+	top.Bindings = append(top.Bindings, Binding{Source: "t", Destination: "q.0", Key: "q.*"},
+		Binding{Source: "t", Destination: "q.0", Key: "#.audit"}, Binding{Source: "t", Destination: "q.1", Key: "#.7"})
+	return top
+}
+
+// BenchmarkTopicRoute100k: a publish through a topic exchange with 100,000
+// bindings (one per queue, plus "*" and "#" patterns), two queues matched;
+// Routes and the compiled table in the same run (benchstat -col /impl).
+func BenchmarkTopicRoute100k(b *testing.B) {
+	key := []byte("q.12345")
+	b.Run("impl=compiled", func(b *testing.B) {
+		tab := bigTopicModel(100_000).Compile()
+		dst := make([]string, 0, 16)
+		b.ReportAllocs()
+		for b.Loop() {
+			if out, _ := tab.Route(dst[:0], "t", key, nil); len(out) != 2 {
+				b.Fatalf("routed to %v", out)
+			}
+		}
+	})
+	b.Run("impl=routes", func(b *testing.B) {
+		tab := bigTopic(100_000).Table()
+		dst := make([]QueueRef, 0, 16)
+		b.ReportAllocs()
+		for b.Loop() {
+			if out, _ := tab.Route(dst[:0], "t", key, nil); len(out) != 2 {
+				b.Fatalf("routed to %v", out)
+			}
+		}
+	})
 }
 
 // BenchmarkBind100k: one new binding on a topic exchange with 100,000
-// bindings, and the Table() that publishes it.
+// bindings, and the table that publishes it: Routes.Bind + Table(), and
+// before Routes, appending to the Topology + Compile() (what the broker's
+// publishLocked did on every change).
 func BenchmarkBind100k(b *testing.B) {
-	r := bigTopic(100_000)
-	b.ReportAllocs()
-	i := 0
-	for b.Loop() {
-		i++
-		if !r.Bind(Binding{Source: "t", Destination: "q.5", Key: "new." + strconv.Itoa(i)}) {
-			b.Fatal("not bound")
+	b.Run("impl=compiled", func(b *testing.B) {
+		top := bigTopicModel(100_000)
+		b.ReportAllocs()
+		i := 0
+		for b.Loop() {
+			i++
+			top.Bindings = append(top.Bindings, Binding{Source: "t", Destination: "q.5", Key: "new." + strconv.Itoa(i)})
+			top.Compile()
 		}
-		r.Table()
-	}
+	})
+	b.Run("impl=routes", func(b *testing.B) {
+		r := bigTopic(100_000)
+		b.ReportAllocs()
+		i := 0
+		for b.Loop() {
+			i++
+			if !r.Bind(Binding{Source: "t", Destination: "q.5", Key: "new." + strconv.Itoa(i)}) {
+				b.Fatal("not bound")
+			}
+			r.Table()
+		}
+	})
 }
 
 // BenchmarkRoute compares Routes with the whole compiled table (the
