@@ -1,6 +1,9 @@
 package queue
 
-import "math/bits"
+import (
+	"math/bits"
+	"slices"
+)
 
 // pmap is a persistent hash map: a hash-array-mapped trie (CHAMP layout:
 // each node keeps its entries and its children in two arrays indexed by
@@ -15,7 +18,8 @@ import "math/bits"
 // collide fully share a collision node, searched linearly.
 //
 // The zero pmap is an empty map. A pmap is a value: set and del return the
-// new version.
+// new version (and may reuse, in place, the nodes of the writer's current
+// batch: see pedit).
 type pmap[K comparable, V any] struct {
 	root *pnode[K, V]
 	n    int
@@ -31,12 +35,18 @@ type pentry[K comparable, V any] struct {
 // the 32 slots of this level (5 bits of the hash) hold an entry and which
 // a child; data and kids list them in slot order. At shift ≥ 64 the node
 // is a collision node: data lists entries whose hashes are all equal, and
-// the maps are zero. Nodes are never modified once published: data and
-// kids arrays are shared between versions and copied to be changed.
+// the maps are zero. A node is never modified once a version holding it
+// has been published (see pedit); its data and kids arrays are its own,
+// and a copy of the node copies them.
 type pnode[K comparable, V any] struct {
 	dataMap, nodeMap uint32
 	data             []pentry[K, V]
 	kids             []*pnode[K, V]
+	edit             *pedit // the writer's batch that made it (see pedit)
+	// dataOwn and kidsOwn: the arrays are this node's alone (so its batch
+	// may change them in place); a copy shares its original's until it
+	// changes them.
+	dataOwn, kidsOwn bool
 }
 
 const pmapBits = 5
@@ -106,9 +116,19 @@ func pmapGetBytes[V any](m pmap[string, V], h uint64, k []byte) (V, bool) {
 	return zero, false
 }
 
-// set returns the map with k (hash h) set to v.
-func (m pmap[K, V]) set(h uint64, k K, v V) pmap[K, V] {
-	root, added := m.root.set(0, pentry[K, V]{h, k, v})
+// pedit marks the nodes one writer made since it last published a
+// version (Routes.Table): those no reader can see, so the writer changes
+// them in place instead of copying them again (a batch of changes between
+// two snapshots allocates once per node, not once per change). A nil
+// pedit copies always. It has a field so that distinct pedits have
+// distinct addresses.
+type pedit struct{ _ byte }
+
+// set returns the map with k (hash h) set to v. Nodes marked with ed
+// (non-nil) may be changed in place: ed must be one no published version
+// was made under.
+func (m pmap[K, V]) set(ed *pedit, h uint64, k K, v V) pmap[K, V] {
+	root, added := m.root.set(ed, 0, pentry[K, V]{h, k, v})
 	m.root = root
 	if added {
 		m.n++
@@ -117,8 +137,8 @@ func (m pmap[K, V]) set(h uint64, k K, v V) pmap[K, V] {
 }
 
 // del returns the map without k (hash h); the same map if k is absent.
-func (m pmap[K, V]) del(h uint64, k K) pmap[K, V] {
-	root, removed := m.root.del(0, h, k)
+func (m pmap[K, V]) del(ed *pedit, h uint64, k K) pmap[K, V] {
+	root, removed := m.root.del(ed, 0, h, k)
 	if removed {
 		m.root = root
 		m.n--
@@ -144,63 +164,106 @@ func (n *pnode[K, V]) all(f func(K, V)) {
 	}
 }
 
-func (n *pnode[K, V]) set(shift uint, e pentry[K, V]) (*pnode[K, V], bool) {
+// editable returns n if ed may change it in place, else a copy of n
+// that ed may (sharing n's arrays until it changes them: ownData,
+// ownKids).
+func (n *pnode[K, V]) editable(ed *pedit) *pnode[K, V] {
+	if ed != nil && n.edit == ed {
+		return n
+	}
+	return &pnode[K, V]{dataMap: n.dataMap, nodeMap: n.nodeMap, data: n.data, kids: n.kids, edit: ed}
+}
+
+// ownData and ownKids give n arrays of its own before it changes them.
+func (n *pnode[K, V]) ownData() {
+	if !n.dataOwn {
+		n.data, n.dataOwn = slices.Clone(n.data), true
+	}
+}
+
+func (n *pnode[K, V]) ownKids() {
+	if !n.kidsOwn {
+		n.kids, n.kidsOwn = slices.Clone(n.kids), true
+	}
+}
+
+func newLeaf[K comparable, V any](ed *pedit, dataMap uint32, data ...pentry[K, V]) *pnode[K, V] {
+	return &pnode[K, V]{dataMap: dataMap, data: data, edit: ed, dataOwn: true, kidsOwn: true}
+}
+
+func (n *pnode[K, V]) set(ed *pedit, shift uint, e pentry[K, V]) (*pnode[K, V], bool) {
 	if n == nil {
 		if shift >= 64 {
-			return &pnode[K, V]{data: []pentry[K, V]{e}}, true
+			return newLeaf(ed, 0, e), true
 		}
-		return &pnode[K, V]{dataMap: pmapBit(e.hash, shift), data: []pentry[K, V]{e}}, true
+		return newLeaf(ed, pmapBit(e.hash, shift), e), true
 	}
 	if shift >= 64 {
 		for i := range n.data {
 			if n.data[i].key == e.key {
-				c := &pnode[K, V]{data: replaceAt(n.data, i, e)}
+				c := n.editable(ed)
+				c.ownData()
+				c.data[i] = e
 				return c, false
 			}
 		}
-		return &pnode[K, V]{data: insertAt(n.data, len(n.data), e)}, true
+		c := n.editable(ed)
+		c.ownData()
+		c.data = append(c.data, e)
+		return c, true
 	}
 	bit := pmapBit(e.hash, shift)
 	if n.dataMap&bit != 0 {
 		i := pmapIndex(n.dataMap, bit)
-		old := &n.data[i]
+		old := n.data[i]
+		c := n.editable(ed)
+		c.ownData()
 		if old.hash == e.hash && old.key == e.key {
-			return &pnode[K, V]{dataMap: n.dataMap, nodeMap: n.nodeMap, data: replaceAt(n.data, i, e), kids: n.kids}, false
+			c.data[i] = e
+			return c, false
 		}
 		// Two entries in one slot: both go down a level.
-		sub := pair(shift+pmapBits, *old, e)
-		return &pnode[K, V]{
-			dataMap: n.dataMap &^ bit, nodeMap: n.nodeMap | bit,
-			data: removeAt(n.data, i), kids: insertAt(n.kids, pmapIndex(n.nodeMap, bit), sub),
-		}, true
+		sub := pair(ed, shift+pmapBits, old, e)
+		c.ownKids()
+		c.data = slices.Delete(c.data, i, i+1)
+		c.kids = slices.Insert(c.kids, pmapIndex(c.nodeMap, bit), sub)
+		c.dataMap &^= bit
+		c.nodeMap |= bit
+		return c, true
 	}
 	if n.nodeMap&bit != 0 {
 		j := pmapIndex(n.nodeMap, bit)
-		kid, added := n.kids[j].set(shift+pmapBits, e)
-		return &pnode[K, V]{dataMap: n.dataMap, nodeMap: n.nodeMap, data: n.data, kids: replaceAt(n.kids, j, kid)}, added
+		kid, added := n.kids[j].set(ed, shift+pmapBits, e)
+		c := n.editable(ed)
+		if c.kids[j] != kid {
+			c.ownKids()
+			c.kids[j] = kid
+		}
+		return c, added
 	}
-	return &pnode[K, V]{
-		dataMap: n.dataMap | bit, nodeMap: n.nodeMap,
-		data: insertAt(n.data, pmapIndex(n.dataMap, bit), e), kids: n.kids,
-	}, true
+	c := n.editable(ed)
+	c.ownData()
+	c.data = slices.Insert(c.data, pmapIndex(c.dataMap, bit), e)
+	c.dataMap |= bit
+	return c, true
 }
 
 // pair makes the node at shift holding two entries with different keys.
-func pair[K comparable, V any](shift uint, a, b pentry[K, V]) *pnode[K, V] {
+func pair[K comparable, V any](ed *pedit, shift uint, a, b pentry[K, V]) *pnode[K, V] {
 	if shift >= 64 {
-		return &pnode[K, V]{data: []pentry[K, V]{a, b}}
+		return newLeaf(ed, 0, a, b)
 	}
 	ba, bb := pmapBit(a.hash, shift), pmapBit(b.hash, shift)
 	if ba == bb {
-		return &pnode[K, V]{nodeMap: ba, kids: []*pnode[K, V]{pair(shift+pmapBits, a, b)}}
+		return &pnode[K, V]{nodeMap: ba, kids: []*pnode[K, V]{pair(ed, shift+pmapBits, a, b)}, edit: ed, dataOwn: true, kidsOwn: true}
 	}
 	if bb < ba {
 		a, b = b, a
 	}
-	return &pnode[K, V]{dataMap: ba | bb, data: []pentry[K, V]{a, b}}
+	return newLeaf(ed, ba|bb, a, b)
 }
 
-func (n *pnode[K, V]) del(shift uint, h uint64, k K) (*pnode[K, V], bool) {
+func (n *pnode[K, V]) del(ed *pedit, shift uint, h uint64, k K) (*pnode[K, V], bool) {
 	if n == nil {
 		return nil, false
 	}
@@ -210,7 +273,10 @@ func (n *pnode[K, V]) del(shift uint, h uint64, k K) (*pnode[K, V], bool) {
 				if len(n.data) == 1 {
 					return nil, true
 				}
-				return &pnode[K, V]{data: removeAt(n.data, i)}, true
+				c := n.editable(ed)
+				c.ownData()
+				c.data = slices.Delete(c.data, i, i+1)
+				return c, true
 			}
 		}
 		return n, false
@@ -224,58 +290,43 @@ func (n *pnode[K, V]) del(shift uint, h uint64, k K) (*pnode[K, V], bool) {
 		if len(n.data) == 1 && n.nodeMap == 0 {
 			return nil, true
 		}
-		return &pnode[K, V]{dataMap: n.dataMap &^ bit, nodeMap: n.nodeMap, data: removeAt(n.data, i), kids: n.kids}, true
+		c := n.editable(ed)
+		c.ownData()
+		c.data = slices.Delete(c.data, i, i+1)
+		c.dataMap &^= bit
+		return c, true
 	}
 	if n.nodeMap&bit == 0 {
 		return n, false
 	}
 	j := pmapIndex(n.nodeMap, bit)
-	kid, removed := n.kids[j].del(shift+pmapBits, h, k)
+	kid, removed := n.kids[j].del(ed, shift+pmapBits, h, k)
 	if !removed {
 		return n, false
 	}
+	if kid == nil && n.dataMap == 0 && len(n.kids) == 1 {
+		return nil, true
+	}
+	c := n.editable(ed)
 	switch {
 	case kid == nil:
-		if n.dataMap == 0 && len(n.kids) == 1 {
-			return nil, true
-		}
-		return &pnode[K, V]{dataMap: n.dataMap, nodeMap: n.nodeMap &^ bit, data: n.data, kids: removeAt(n.kids, j)}, true
+		c.ownKids()
+		c.kids = slices.Delete(c.kids, j, j+1)
+		c.nodeMap &^= bit
 	case len(kid.kids) == 0 && len(kid.data) == 1:
 		// A lone entry moves up into this node (its hash has bit here), so
 		// the trie stays as shallow as its contents need.
-		return &pnode[K, V]{
-			dataMap: n.dataMap | bit, nodeMap: n.nodeMap &^ bit,
-			data: insertAt(n.data, pmapIndex(n.dataMap, bit), kid.data[0]), kids: removeAt(n.kids, j),
-		}, true
+		c.ownKids()
+		c.ownData()
+		c.kids = slices.Delete(c.kids, j, j+1)
+		c.nodeMap &^= bit
+		c.data = slices.Insert(c.data, pmapIndex(c.dataMap, bit), kid.data[0])
+		c.dataMap |= bit
+	case c.kids[j] != kid:
+		c.ownKids()
+		c.kids[j] = kid
 	}
-	return &pnode[K, V]{dataMap: n.dataMap, nodeMap: n.nodeMap, data: n.data, kids: replaceAt(n.kids, j, kid)}, true
-}
-
-// insertAt, replaceAt and removeAt return changed copies: the input is
-// shared with older versions and never written.
-func insertAt[T any](s []T, i int, v T) []T {
-	c := make([]T, len(s)+1)
-	copy(c, s[:i])
-	c[i] = v
-	copy(c[i+1:], s[i:])
-	return c
-}
-
-func replaceAt[T any](s []T, i int, v T) []T {
-	c := make([]T, len(s))
-	copy(c, s)
-	c[i] = v
-	return c
-}
-
-func removeAt[T any](s []T, i int) []T {
-	if len(s) == 1 {
-		return nil
-	}
-	c := make([]T, len(s)-1)
-	copy(c, s[:i])
-	copy(c[i:], s[i+1:])
-	return c
+	return c, true
 }
 
 // strhash hashes a name, key or word for the persistent maps: 8 bytes at

@@ -13,7 +13,7 @@ func BenchmarkPmapGet(b *testing.B) {
 		gm := map[string]int{}
 		for i := 0; i < n; i++ {
 			k := "key-" + strconv.Itoa(i)
-			m = m.set(strhash(k), k, i)
+			m = m.set(nil, strhash(k), k, i)
 			gm[k] = i
 		}
 		key := []byte("key-42")

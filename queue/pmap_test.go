@@ -11,8 +11,16 @@ import (
 // TestPmapMatchesMap: random sets and deletes agree with a Go map, with
 // good hashes and with hashes that collide in their low bits or entirely
 // (so deep paths and collision nodes are exercised); every older version
-// keeps its contents.
+// keeps its contents. Changes are made persistently (a nil pedit), and in
+// batches (a pedit, replaced each time a version is kept, as Routes.Table
+// does): a kept version is never changed in place.
 func TestPmapMatchesMap(t *testing.T) {
+	for _, batched := range []bool{false, true} {
+		testPmapMatchesMap(t, batched)
+	}
+}
+
+func testPmapMatchesMap(t *testing.T, batched bool) {
 	for _, hf := range []struct {
 		name string
 		hash func(string) uint64
@@ -25,6 +33,10 @@ func TestPmapMatchesMap(t *testing.T) {
 	} {
 		r := rand.New(rand.NewPCG(1, 2))
 		var m pmap[string, int]
+		var ed *pedit
+		if batched {
+			ed = &pedit{}
+		}
 		want := map[string]int{}
 		type version struct {
 			m    pmap[string, int]
@@ -61,11 +73,11 @@ func TestPmapMatchesMap(t *testing.T) {
 		for step := 0; step < 3000; step++ {
 			k := strconv.Itoa(r.IntN(64))
 			if r.IntN(3) == 0 {
-				m = m.del(hf.hash(k), k)
+				m = m.del(ed, hf.hash(k), k)
 				delete(want, k)
 			} else {
 				v := r.IntN(1000)
-				m = m.set(hf.hash(k), k, v)
+				m = m.set(ed, hf.hash(k), k, v)
 				want[k] = v
 			}
 			check(version{m, want})
@@ -75,6 +87,9 @@ func TestPmapMatchesMap(t *testing.T) {
 					c[k] = v
 				}
 				versions = append(versions, version{m, c})
+				if batched {
+					ed = &pedit{} // m is kept: later changes copy its nodes
+				}
 			}
 		}
 		for _, v := range versions {

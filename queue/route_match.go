@@ -27,6 +27,8 @@ type rex struct {
 	dests   destSet               // fanout and consistent-hash
 	topic   *tnode                // topic: the pattern trie
 	headers pmap[string, rheader] // headers: by binding identity
+
+	edit *pedit // the writer's batch that made it (Routes.editable)
 }
 
 // dest is where a binding leads: a queue, by ref, or an exchange, by
@@ -81,7 +83,7 @@ type destSet struct {
 
 // change returns the set with one binding to d added (or removed), of
 // weight w.
-func (s destSet) change(d dest, add bool, w float64) destSet {
+func (s destSet) change(ed *pedit, d dest, add bool, w float64) destSet {
 	h, k := d.hash(), d.key()
 	e, ok := s.m.get(h, k)
 	if add {
@@ -104,11 +106,11 @@ func (s destSet) change(d dest, add bool, w float64) destSet {
 			if d.ex {
 				s.nEx--
 			}
-			s.m = s.m.del(h, k)
+			s.m = s.m.del(ed, h, k)
 			return s
 		}
 	}
-	s.m = s.m.set(h, k, e)
+	s.m = s.m.set(ed, h, k, e)
 	return s
 }
 
@@ -129,35 +131,40 @@ type tnode struct {
 	star  *tnode // "*": exactly one word
 	hash  *tnode // "#": zero or more words
 	dests destSet
+	edit  *pedit // the writer's batch that made it (see pedit)
 }
 
 // change returns the trie with one binding of pattern words to d added (or
-// removed); nil when it is empty.
-func (n *tnode) change(words []string, d dest, add bool) *tnode {
-	var c tnode
-	if n != nil {
-		c = *n
+// removed); nil when it is empty. Nodes of batch ed change in place.
+func (n *tnode) change(ed *pedit, words []string, d dest, add bool) *tnode {
+	c := n
+	if n == nil {
+		c = &tnode{edit: ed}
+	} else if n.edit != ed {
+		cp := *n
+		cp.edit = ed
+		c = &cp
 	}
 	switch {
 	case len(words) == 0:
-		c.dests = c.dests.change(d, add, 0)
+		c.dests = c.dests.change(ed, d, add, 0)
 	case words[0] == "*":
-		c.star = c.star.change(words[1:], d, add)
+		c.star = c.star.change(ed, words[1:], d, add)
 	case words[0] == "#":
-		c.hash = c.hash.change(words[1:], d, add)
+		c.hash = c.hash.change(ed, words[1:], d, add)
 	default:
 		h := hashName(words[0])
 		kid, _ := c.words.get(h, words[0])
-		if kid = kid.change(words[1:], d, add); kid == nil {
-			c.words = c.words.del(h, words[0])
+		if kid = kid.change(ed, words[1:], d, add); kid == nil {
+			c.words = c.words.del(ed, h, words[0])
 		} else {
-			c.words = c.words.set(h, words[0], kid)
+			c.words = c.words.set(ed, h, words[0], kid)
 		}
 	}
 	if c.words.len() == 0 && c.star == nil && c.hash == nil && c.dests.m.len() == 0 {
 		return nil
 	}
-	return &c
+	return c
 }
 
 // Route appends to dst the queues a message published to exchange with

@@ -32,8 +32,11 @@ type QueueRef uint32
 type Routes struct {
 	tab Table  // the current version
 	cur *Table // the last snapshot handed out; nil after a change
-	exs map[string]*exBook
-	qs  map[string]*qBook
+	// edit marks what was made since the last snapshot: changed in place
+	// by the next changes (no reader has it), frozen by Table.
+	edit *pedit
+	exs  map[string]*exBook
+	qs   map[string]*qBook
 }
 
 // exBook is the writer's record of an exchange: its current routing
@@ -59,7 +62,7 @@ type bindRec struct {
 
 // NewRoutes returns a topology with no exchanges and no queues.
 func NewRoutes() *Routes {
-	return &Routes{exs: map[string]*exBook{}, qs: map[string]*qBook{}}
+	return &Routes{exs: map[string]*exBook{}, qs: map[string]*qBook{}, edit: &pedit{}}
 }
 
 func hashName(name string) uint64 { return strhash(name) }
@@ -71,19 +74,19 @@ func (r *Routes) AddExchange(e Exchange) {
 	r.cur = nil
 	bk := r.exs[e.Name]
 	if bk == nil {
-		bk = &exBook{rx: newRex(e), out: map[string]*bindRec{}, in: map[string]*bindRec{}}
+		bk = &exBook{rx: newRex(e, r.edit), out: map[string]*bindRec{}, in: map[string]*bindRec{}}
 		r.exs[e.Name] = bk
 		r.putEx(bk)
 		return
 	}
 	if bk.rx.Kind == e.Kind {
-		rx := *bk.rx
+		rx := r.editable(bk.rx)
 		rx.Exchange, rx.hashHdr = e, hashHeader(e)
-		bk.rx = &rx
+		bk.rx = rx
 		r.putEx(bk)
 		return
 	}
-	bk.rx, bk.weights = newRex(e), nil
+	bk.rx, bk.weights = newRex(e, r.edit), nil
 	for _, rec := range bk.out {
 		r.apply(bk, rec, r.destOf(&rec.b), true)
 	}
@@ -114,7 +117,7 @@ func (r *Routes) DeleteExchange(name string) {
 		r.putEx(src)
 	}
 	delete(r.exs, name)
-	r.tab.exchanges = r.tab.exchanges.del(hashName(name), name)
+	r.tab.exchanges = r.tab.exchanges.del(r.edit, hashName(name), name)
 }
 
 // AddQueue adds a queue, or gives the one of that name a new ref (its
@@ -135,7 +138,7 @@ func (r *Routes) AddQueue(name string, ref QueueRef) {
 		}
 	}
 	r.cur = nil
-	r.tab.queues = r.tab.queues.set(hashName(name), name, ref)
+	r.tab.queues = r.tab.queues.set(r.edit, hashName(name), name, ref)
 }
 
 // DeleteQueue removes a queue and the bindings to it.
@@ -152,7 +155,7 @@ func (r *Routes) DeleteQueue(name string) {
 		r.putEx(src)
 	}
 	delete(r.qs, name)
-	r.tab.queues = r.tab.queues.del(hashName(name), name)
+	r.tab.queues = r.tab.queues.del(r.edit, hashName(name), name)
 }
 
 // Bind adds a binding. It returns false, changing nothing, when the same
@@ -221,6 +224,7 @@ func (r *Routes) Table() *Table {
 	if r.cur == nil {
 		t := r.tab
 		r.cur = &t
+		r.edit = &pedit{} // what t holds is frozen from now on
 	}
 	return r.cur
 }
@@ -234,33 +238,34 @@ func (r *Routes) destOf(b *Binding) dest {
 }
 
 func (r *Routes) putEx(bk *exBook) {
-	r.tab.exchanges = r.tab.exchanges.set(hashName(bk.rx.Name), bk.rx.Name, bk.rx)
+	r.tab.exchanges = r.tab.exchanges.set(r.edit, hashName(bk.rx.Name), bk.rx.Name, bk.rx)
 }
 
 // apply adds (or removes) one binding's route to (or from) its source's
 // routing structure: a new rex sharing all it did not change.
 func (r *Routes) apply(bk *exBook, rec *bindRec, d dest, add bool) {
-	rx := *bk.rx
+	ed := r.edit
+	rx := r.editable(bk.rx)
 	b := &rec.b
 	switch rx.Kind {
 	case wire.ExchangeDirect:
 		h := hashName(b.Key)
 		s, _ := rx.direct.get(h, b.Key)
-		if s = s.change(d, add, 0); s.m.len() == 0 {
-			rx.direct = rx.direct.del(h, b.Key)
+		if s = s.change(ed, d, add, 0); s.m.len() == 0 {
+			rx.direct = rx.direct.del(ed, h, b.Key)
 		} else {
-			rx.direct = rx.direct.set(h, b.Key, s)
+			rx.direct = rx.direct.set(ed, h, b.Key, s)
 		}
 	case wire.ExchangeFanout:
-		rx.dests = rx.dests.change(d, add, 0)
+		rx.dests = rx.dests.change(ed, d, add, 0)
 	case wire.ExchangeTopic:
-		rx.topic = rx.topic.change(topicWords(b.Key), d, add)
+		rx.topic = rx.topic.change(ed, topicWords(b.Key), d, add)
 	case wire.ExchangeHeaders:
 		h := hashName(rec.id)
 		if add {
-			rx.headers = rx.headers.set(h, rec.id, newHeaderBinding(b, d))
+			rx.headers = rx.headers.set(ed, h, rec.id, newHeaderBinding(b, d))
 		} else {
-			rx.headers = rx.headers.del(h, rec.id)
+			rx.headers = rx.headers.del(ed, h, rec.id)
 		}
 	case wire.ExchangeConsistentHash:
 		w, ok := bindingWeight(b.Key)
@@ -269,7 +274,7 @@ func (r *Routes) apply(bk *exBook, rec *bindRec, d dest, add bool) {
 		}
 		h, k := d.hash(), d.key()
 		before, _ := rx.dests.m.get(h, k)
-		rx.dests = rx.dests.change(d, add, w)
+		rx.dests = rx.dests.change(ed, d, add, w)
 		after, _ := rx.dests.m.get(h, k)
 		if bk.weights == nil {
 			bk.weights = map[float64]int{}
@@ -286,7 +291,7 @@ func (r *Routes) apply(bk *exBook, rec *bindRec, d dest, add bool) {
 	default:
 		return // an unknown kind routes nothing
 	}
-	bk.rx = &rx
+	bk.rx = rx
 }
 
 // bindingWeight parses a consistent-hash binding key: an integer ≥ 1,
@@ -345,8 +350,19 @@ func hashHeader(e Exchange) string {
 	return ""
 }
 
-func newRex(e Exchange) *rex {
-	return &rex{Exchange: e, hashHdr: hashHeader(e), hashEqual: true}
+func newRex(e Exchange, ed *pedit) *rex {
+	return &rex{Exchange: e, hashHdr: hashHeader(e), hashEqual: true, edit: ed}
+}
+
+// editable returns x if it was made since the last snapshot (no reader
+// has it), else a copy of it that is.
+func (r *Routes) editable(x *rex) *rex {
+	if x.edit == r.edit {
+		return x
+	}
+	c := *x
+	c.edit = r.edit
+	return &c
 }
 
 func newHeaderBinding(b *Binding, d dest) rheader {
