@@ -144,15 +144,19 @@
 //
 // # Routing
 //
-// Topology is the mutable description of exchanges, queues and bindings,
-// owned by one writer; Compile turns it into an immutable Table that any
-// number of goroutines may read without a lock (direct, topic, fanout,
-// headers, consistent-hash, exchange-to-exchange, alternate exchanges).
-// Route appends the destination queues to the caller's slice. Publishing
-// a new Table (an atomic pointer) is the caller's.
+// Routes holds exchanges, queues (by the caller's QueueRef) and bindings,
+// changed by one writer (the caller serialises its methods); Table returns
+// an immutable snapshot that any number of goroutines may route against
+// without a lock (direct, topic, fanout, headers, consistent-hash,
+// exchange-to-exchange, alternate exchanges). Route appends the
+// destination queues' refs to the caller's slice and allocates nothing.
+// Publishing a snapshot (an atomic pointer) is the caller's. Routes is
+// built of persistent maps (pmap.go): a change costs O(log n) whatever the
+// size of the topology, Table is O(1), and changes between two snapshots
+// are made in place. The reference model it is tested against, a table
+// compiled whole from a Topology, lives in route_model_test.go.
 //
 // # Not built yet
 //
-// A declare recompiles the whole Table (issue 12 item 4 makes topology
-// incremental). Routing is not split into a sub-package.
+// Routing is not split into a sub-package.
 package queue
