@@ -30,7 +30,11 @@ func (m *liveModel) want(upTo uint64) []uint64 {
 // after every step: appendLive at random bounds, deadBytes, the count, and
 // release's verdict on entries that hold nothing.
 func TestLiveIndexAgainstModel(t *testing.T) {
-	for seed := uint64(0); seed < 30; seed++ {
+	seeds := uint64(30)
+	if raceEnabled {
+		seeds = 6
+	}
+	for seed := uint64(0); seed < seeds; seed++ {
 		r := rand.New(rand.NewPCG(seed, 11))
 		var l liveIndex
 		m := &liveModel{live: map[uint64]uint32{}, size: map[uint64]uint32{}}

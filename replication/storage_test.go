@@ -99,7 +99,7 @@ func compareStorage(t *testing.T, where string, s *raftStorage, m *raft.MemorySt
 func TestStorageAgainstMemoryStorage(t *testing.T) {
 	seeds := 12
 	if raceEnabled {
-		seeds = 3
+		seeds = 2
 	}
 	for seed := uint64(0); seed < uint64(seeds); seed++ {
 		r := rand.New(rand.NewPCG(seed, 77))
