@@ -1,0 +1,101 @@
+package replication
+
+import (
+	"bytes"
+	"errors"
+	"testing"
+
+	"github.com/warren-mq/warren/segment"
+	"go.etcd.io/raft/v3/raftpb"
+)
+
+// TestSnapStore: snapshots round-trip through the store and a reopen,
+// large ones in several chunks; a newer one replaces the older (which
+// compaction then drops); an older one is refused; a snapshot whose last
+// chunks never reached the disk is ignored in favour of the previous one;
+// a damaged entry is an error naming the store.
+func TestSnapStore(t *testing.T) {
+	fs := segment.NewMemFS()
+	l := openMemLog(t, fs)
+	s, err := OpenSnapStore(l)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func(n int) { snapChunk = n }(snapChunk)
+	snapChunk = 1000
+	big := make([]byte, 2*snapChunk+123)
+	for i := range big {
+		big[i] = byte(i * 7)
+	}
+	cs := raftpb.ConfState{Voters: []uint64{1}}
+	put := func(gid, idx uint64, data []byte) {
+		t.Helper()
+		if err := s.Put(gid, raftpb.SnapshotMetadata{Index: idx, Term: 2, ConfState: cs}, data); err != nil {
+			t.Fatal(err)
+		}
+	}
+	put(3, 10, []byte("small"))
+	put(4, 7, big)
+	put(3, 20, []byte("newer"))
+	if err := s.Put(3, raftpb.SnapshotMetadata{Index: 15}, nil); err == nil {
+		t.Fatal("an older snapshot replaced a newer one")
+	}
+	if f := l.FirstIndex(SnapStoreGroup); f != 2 {
+		t.Fatalf("group 1 starts at %d; the first snapshot of group 3 was replaced, so 2 (group 4's) is the oldest needed", f)
+	}
+	check := func(s *SnapStore) {
+		t.Helper()
+		for _, c := range []struct {
+			gid, idx uint64
+			data     []byte
+		}{{3, 20, []byte("newer")}, {4, 7, big}} {
+			meta, data, ok, err := s.Load(c.gid)
+			if err != nil || !ok || meta.Index != c.idx || meta.Term != 2 || len(meta.ConfState.Voters) != 1 || !bytes.Equal(data, c.data) {
+				t.Fatalf("group %d: %+v ok %v err %v, %d bytes", c.gid, meta, ok, err, len(data))
+			}
+		}
+		if _, _, ok, _ := s.Load(9); ok {
+			t.Fatal("a snapshot for a group that never took one")
+		}
+	}
+	check(s)
+	l.Close()
+	l = openMemLog(t, fs)
+	s, err = OpenSnapStore(l)
+	if err != nil {
+		t.Fatal(err)
+	}
+	check(s)
+
+	// A snapshot torn after its first chunk: the previous one stands.
+	if err := l.Append(segment.Batch{Group: SnapStoreGroup, Entries: []segment.Entry{{Index: l.LastIndex(SnapStoreGroup) + 1, Term: 1,
+		Data: chunkBytes(4, 9, 0, 3, []byte("part"))}}}); err != nil {
+		t.Fatal(err)
+	}
+	l.Close()
+	l = openMemLog(t, fs)
+	if s, err = OpenSnapStore(l); err != nil {
+		t.Fatal(err)
+	}
+	check(s)
+
+	if err := l.Append(segment.Batch{Group: SnapStoreGroup, Entries: []segment.Entry{{Index: l.LastIndex(SnapStoreGroup) + 1, Term: 1, Data: []byte{9, 0, 0}}}}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := OpenSnapStore(l); !errors.Is(err, ErrBadSnapStore) {
+		t.Fatalf("damaged store entry: %v", err)
+	}
+	l.Close()
+}
+
+// chunkBytes encodes one chunk the way Put does (for damage tests).
+func chunkBytes(gid, idx uint64, chunk, chunks uint32, data []byte) []byte {
+	b := []byte{snapChunkVersion, 0, 0, 0}
+	b = le.AppendUint32(b, 0)
+	b = le.AppendUint64(b, gid)
+	b = le.AppendUint64(b, idx)
+	b = le.AppendUint64(b, 2)
+	b = le.AppendUint32(b, chunk)
+	b = le.AppendUint32(b, chunks)
+	return append(b, data...)
+}
