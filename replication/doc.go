@@ -52,14 +52,25 @@
 //     and is reported (Fatal). TestWorkerRounds checks one Append per
 //     round across groups, exactly-once apply, and recovery of every group
 //     after a clean close or a crash at a random sync.
+//   - snapstore.go and Group.Snapshot / Worker.Recover: snapshots (§2.4).
+//     SnapStore keeps each group's latest snapshot in segment group 1
+//     (chunks of at most 4 MiB, no files of their own); Group.Snapshot
+//     takes the FSM's snapshot on the shard, stores it on a goroutine, and
+//     once the commit index covering it is on disk compacts the group's
+//     log to it keeping the entries that still hold messages;
+//     Worker.Recover restores a group from its latest snapshot, replays
+//     the log after it, and makes the Compact segment requires after a
+//     restart (which reports a lost live entry). TestSnapshotsCompactAndRecover.
 //
 // # Not built yet
 //
 // The broker does not use this package yet: durable queues are still
-// in memory only, and nothing is written to disk. Not built: snapshots
-// into the snapshot-store group, the snapshot policy and the compactor
-// pool (§2.4: a group's log is never compacted yet, so it grows without
-// bound); the confirm bookkeeping of §3.4 (pending proposals per
+// in memory only, and nothing is written to disk. Not built: the
+// snapshot policy (when to snapshot: §2.4's reclaim/since/idle rule; the
+// caller decides today) and a bounded compactor pool (each snapshot's
+// store write and compaction run on a goroutine of their own); a group
+// that stops snapshotting pins the snapshot store from its snapshot on
+// (SnapStore's doc); the confirm bookkeeping of §3.4 (pending proposals per
 // proposer and seq; a dropped proposal is only counted and logged);
 // ticks for durable queues (proposing Tick when WakeAt comes due); the
 // metadata group (§4); the broker's durable branch (§3.5), recovery at

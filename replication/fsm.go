@@ -101,6 +101,17 @@ func NewQueueFSM(m *queue.Machine, applied uint64, sink Sink) *QueueFSM {
 	return f
 }
 
+// RestoreQueueFSM returns an FSM restored from a snapshot taken at index
+// (QueueFSM.Snapshot), whose next entry is index+1.
+func RestoreQueueFSM(index uint64, snap []byte, sink Sink) (*QueueFSM, error) {
+	f := &QueueFSM{sink: sink}
+	f.each = f.applyCommand
+	if err := f.Restore(index, snap); err != nil {
+		return nil, err
+	}
+	return f, nil
+}
+
 // Machine is the queue the FSM applies to; read it, never command it.
 func (f *QueueFSM) Machine() *queue.Machine { return f.m }
 

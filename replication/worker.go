@@ -71,7 +71,8 @@ type WorkerConfig struct {
 // WorkerStats count rounds and writes.
 type WorkerStats struct {
 	Rounds    uint64 // Round calls
-	Appends   uint64 // segment Append calls (at most one per round)
+	Appends   uint64 // segment Appends submitted (at most one per round)
+	Persisted uint64 // Appends whose completion the shard has run
 	Proposals uint64 // entries proposed
 	Dropped   uint64 // proposals raft refused (no leader, transfer, size)
 	Applied   uint64 // entries applied
@@ -83,6 +84,7 @@ type submission struct {
 	groups  []*Group
 	readies []raft.Ready
 	hss     []raftpb.HardState // what each batch wrote as hard state (empty: none)
+	hsOnly  []bool             // a hard state written for a snapshot, no Ready
 	err     error
 }
 
@@ -108,7 +110,15 @@ type Group struct {
 	held []raftpb.Message
 	// unapplied: bytes proposed here and not yet applied (pacing).
 	unapplied int
-	err       error
+	conf      raftpb.ConfState // the voters, as of the last conf change applied
+	// snapping: a snapshot is being written and compacted (Snapshot);
+	// compactAfter: stored, waiting for commit ≥ its index on disk.
+	snapping     bool
+	compactAfter *pendingCompact
+	// forceHS: write the pending commit-only hard state at the next round
+	// even without entries (a snapshot needs commit ≥ its index on disk).
+	forceHS bool
+	err     error
 }
 
 // maxUnapplied paces proposals per group (design §3.2: below raft's
@@ -157,7 +167,7 @@ func (w *Worker) Open(gid uint64, snap raftpb.SnapshotMetadata, fsm *QueueFSM) (
 	if err != nil {
 		return nil, fmt.Errorf("replication: group %d: %w", gid, err)
 	}
-	g := &Group{w: w, id: gid, rn: rn, st: st, fsm: fsm}
+	g := &Group{w: w, id: gid, rn: rn, st: st, fsm: fsm, conf: snap.ConfState}
 	if v := snap.ConfState.Voters; len(v) == 1 && v[0] == w.cfg.NodeID && len(snap.ConfState.Learners) == 0 {
 		if err := rn.Campaign(); err != nil {
 			return nil, fmt.Errorf("replication: group %d: %w", gid, err)
@@ -269,7 +279,20 @@ func (w *Worker) process(g *Group, now int64) {
 			g.propose(g.finish(now))
 		}
 	}
-	if g.inflight || !g.rn.HasReady() {
+	if g.inflight {
+		return
+	}
+	if !g.rn.HasReady() {
+		if g.forceHS && !raft.IsEmptyHardState(g.pendingHS) {
+			g.forceHS = false
+			b, err := g.st.batch(nil, g.pendingHS)
+			if err != nil {
+				g.fail(err)
+				return
+			}
+			w.submit(b, g, raft.Ready{}, g.pendingHS, true)
+			g.pendingHS = raftpb.HardState{}
+		}
 		return
 	}
 	rd := g.rn.Ready()
@@ -297,19 +320,8 @@ func (w *Worker) process(g *Group, now int64) {
 			g.fail(err)
 			return
 		}
-		if w.sub == nil {
-			if n := len(w.free); n > 0 {
-				w.sub, w.free = w.free[n-1], w.free[:n-1]
-			} else {
-				w.sub = &submission{}
-			}
-		}
-		w.sub.batches = append(w.sub.batches, b)
-		w.sub.groups = append(w.sub.groups, g)
-		w.sub.readies = append(w.sub.readies, rd)
-		w.sub.hss = append(w.sub.hss, hs)
+		w.submit(b, g, rd, hs, false)
 		g.pendingHS = raftpb.HardState{}
-		g.inflight = true
 		return
 	}
 	// Nothing to write (a commit-only hard state is written lazily, with
@@ -319,6 +331,23 @@ func (w *Worker) process(g *Group, now int64) {
 	}
 	g.rn.Advance(rd)
 	w.mark(g)
+}
+
+// submit adds a group's batch to the round's Append.
+func (w *Worker) submit(b segment.Batch, g *Group, rd raft.Ready, hs raftpb.HardState, hsOnly bool) {
+	if w.sub == nil {
+		if n := len(w.free); n > 0 {
+			w.sub, w.free = w.free[n-1], w.free[:n-1]
+		} else {
+			w.sub = &submission{}
+		}
+	}
+	w.sub.batches = append(w.sub.batches, b)
+	w.sub.groups = append(w.sub.groups, g)
+	w.sub.readies = append(w.sub.readies, rd)
+	w.sub.hss = append(w.sub.hss, hs)
+	w.sub.hsOnly = append(w.sub.hsOnly, hsOnly)
+	g.inflight = true
 }
 
 func (g *Group) propose(data []byte) {
@@ -347,13 +376,13 @@ func (g *Group) apply(ents []raftpb.Entry) error {
 			if err := cc.Unmarshal(e.Data); err != nil {
 				return fmt.Errorf("replication: group %d: conf change %d: %w", g.id, e.Index, err)
 			}
-			g.rn.ApplyConfChange(cc)
+			g.conf = *g.rn.ApplyConfChange(cc)
 		case raftpb.EntryConfChangeV2:
 			var cc raftpb.ConfChangeV2
 			if err := cc.Unmarshal(e.Data); err != nil {
 				return fmt.Errorf("replication: group %d: conf change %d: %w", g.id, e.Index, err)
 			}
-			g.rn.ApplyConfChange(cc)
+			g.conf = *g.rn.ApplyConfChange(cc)
 		}
 		if _, err := g.fsm.Apply(e.Index, data); err != nil {
 			return fmt.Errorf("replication: group %d: %w", g.id, err)
@@ -403,6 +432,7 @@ func (g *Group) fail(err error) {
 
 // persisted runs on the shard once the appender's Append of sub returned.
 func (w *Worker) persisted(sub *submission) {
+	w.stats.Persisted++
 	if sub.err != nil {
 		if w.failed == nil {
 			w.failed = sub.err
@@ -418,17 +448,21 @@ func (w *Worker) persisted(sub *submission) {
 			g.fail(err)
 			continue
 		}
+		g.inflight = false
+		w.mark(g)
+		g.maybeCompact()
+		if sub.hsOnly[i] {
+			continue // no Ready behind it
+		}
 		held := g.held
 		g.held = nil
 		g.send(held)
-		g.inflight = false
 		g.rn.Advance(rd)
-		w.mark(g)
 	}
 	clear(sub.batches)
 	clear(sub.groups)
 	clear(sub.readies)
-	*sub = submission{batches: sub.batches[:0], groups: sub.groups[:0], readies: sub.readies[:0], hss: sub.hss[:0]}
+	*sub = submission{batches: sub.batches[:0], groups: sub.groups[:0], readies: sub.readies[:0], hss: sub.hss[:0], hsOnly: sub.hsOnly[:0]}
 	w.free = append(w.free, sub)
 }
 
@@ -467,4 +501,129 @@ func (w *Worker) Close() {
 	default:
 	}
 	<-w.done
+}
+
+// ErrSnapshotLater: a snapshot of the group is still in progress; try
+// again after it finished.
+var ErrSnapshotLater = errors.New("replication: a snapshot is in progress; retry once it is done")
+
+type pendingCompact struct {
+	meta raftpb.SnapshotMetadata
+	live []uint64
+	done func(raftpb.SnapshotMetadata, error)
+}
+
+// Snapshot snapshots the group at its applied index S into store and then
+// compacts its log to S, keeping the entries that still hold messages
+// (design §2.4). The snapshot is taken now, on the shard (O(held
+// messages)); the store's write runs on a goroutine of its own, and once
+// it is durable and the group's commit index ≥ S is on disk too (segment
+// and raft require it before a compaction: the next round writes a
+// pending commit-only hard state for it), the compaction runs on another.
+// done is posted back to the shard with the outcome, after the storage
+// knows the log starts at S+1. It returns ErrSnapshotLater while a
+// snapshot is in progress, and nil without calling done when nothing was
+// applied since the last one.
+func (g *Group) Snapshot(store *SnapStore, done func(meta raftpb.SnapshotMetadata, err error)) error {
+	if g.err != nil {
+		return g.err
+	}
+	if g.w.failed != nil {
+		return ErrWorkerStopped
+	}
+	if g.snapping {
+		return ErrSnapshotLater
+	}
+	at := g.fsm.AppliedIndex()
+	if at <= g.st.snap.Index {
+		return nil
+	}
+	term, err := g.st.Term(at)
+	if err != nil {
+		return fmt.Errorf("replication: group %d: term of applied entry %d: %w", g.id, at, err)
+	}
+	meta := raftpb.SnapshotMetadata{Index: at, Term: term, ConfState: g.conf}
+	data, err := g.fsm.Snapshot()
+	if err != nil {
+		return err
+	}
+	p := &pendingCompact{meta: meta, live: g.fsm.LiveEntries(nil, at), done: done}
+	g.snapping = true
+	w := g.w
+	go func() {
+		err := store.Put(g.id, meta, data)
+		w.cfg.Post(func() {
+			if err != nil {
+				g.snapping = false
+				done(meta, err)
+				return
+			}
+			g.compactAfter = p
+			g.maybeCompact()
+		})
+	}()
+	return nil
+}
+
+// maybeCompact starts the compaction of a stored snapshot once the
+// group's commit index on disk covers it, or asks the next round to write
+// the commit.
+func (g *Group) maybeCompact() {
+	p := g.compactAfter
+	if p == nil {
+		return
+	}
+	if g.st.hs.Commit < p.meta.Index {
+		g.forceHS = true
+		g.w.mark(g)
+		return
+	}
+	g.compactAfter = nil
+	w := g.w
+	go func() {
+		err := w.log.Compact(g.id, p.meta.Index, p.live)
+		w.cfg.Post(func() {
+			g.snapping = false
+			if err == nil {
+				err = g.st.compacted(p.meta)
+			}
+			p.done(p.meta, err)
+		})
+	}()
+}
+
+// Recover opens group gid after a restart: its FSM restored from its
+// latest snapshot in store (or, without one, a new FSM over newMachine()
+// with the voters given), its storage and RawNode over the log, and then
+// the one Compact segment requires after a restart, which also checks
+// that every entry still holding a message is stored (segment.ErrCorrupt
+// names the group otherwise). The entries after the snapshot are replayed
+// by the following rounds, through sink (nil while replaying is usual;
+// SetSink when caught up).
+func (w *Worker) Recover(gid uint64, store *SnapStore, voters raftpb.ConfState, newMachine func() *queue.Machine, sink Sink) (*Group, error) {
+	meta, data, ok, err := store.Load(gid)
+	if err != nil {
+		return nil, fmt.Errorf("replication: group %d: loading its snapshot: %w", gid, err)
+	}
+	var fsm *QueueFSM
+	if ok {
+		if fsm, err = RestoreQueueFSM(meta.Index, data, sink); err != nil {
+			return nil, fmt.Errorf("replication: group %d: %w", gid, err)
+		}
+	} else {
+		meta = raftpb.SnapshotMetadata{ConfState: voters}
+		fsm = NewQueueFSM(newMachine(), 0, sink)
+	}
+	g, err := w.Open(gid, meta, fsm)
+	if err != nil {
+		return nil, err
+	}
+	if meta.Index > 0 {
+		if err := w.log.Compact(gid, meta.Index, fsm.LiveEntries(nil, meta.Index)); err != nil {
+			g.fail(err)
+			delete(w.ids, gid)
+			return nil, fmt.Errorf("replication: group %d: %w", gid, err)
+		}
+	}
+	return g, nil
 }

@@ -1,0 +1,242 @@
+package replication
+
+import (
+	"errors"
+	"fmt"
+	"sync"
+
+	"github.com/warren-mq/warren/segment"
+	"go.etcd.io/raft/v3/raftpb"
+)
+
+// SnapStoreGroup is the segment group that holds the node's snapshots
+// (design §2.4; group 2 is the metadata group, queues from 3 up).
+const SnapStoreGroup = 1
+
+// SnapStore keeps the latest snapshot of every group as entries of segment
+// group 1, so snapshots ride the group commit and create no files. A
+// snapshot is written as chunks of at most snapChunk bytes, one entry
+// each, appended together:
+//
+//	chunk := version u8 (=1) | reserved [3]u8 | conf_len u32 | gid u64 | index u64 | term u64
+//	       | chunk u32 | chunks u32 | conf_state (chunk 0 only; raftpb.ConfState) | pad to 8 | data
+//
+// Recovery (OpenSnapStore) reads group 1's log once and keeps, per group,
+// the last complete snapshot written. After each Put, group 1 is compacted
+// up to just before the oldest snapshot still latest for some group, so
+// every latest snapshot stays in group 1's raft range and nothing needs
+// listing after a restart.
+//
+// Not built: a group that stops taking snapshots pins group 1 from its
+// snapshot on (the design keeps such a snapshot as a live entry below the
+// compaction point, which needs a way to list live entries after a
+// restart, or a refresh that rewrites an old snapshot forward).
+//
+// Safe for concurrent use; Put blocks until the snapshot is durable (run it
+// off the shard goroutine).
+type SnapStore struct {
+	log *segment.Log
+
+	mu     sync.Mutex
+	next   uint64 // the next index of group 1
+	latest map[uint64]*storedSnap
+	buf    []byte
+}
+
+type storedSnap struct {
+	at   uint64 // index of its first chunk in group 1
+	meta raftpb.SnapshotMetadata
+}
+
+const (
+	snapChunkVersion = 1
+	snapChunkHeader  = 40
+)
+
+// snapChunk is the most snapshot bytes per entry (a variable so tests can
+// make many chunks cheaply).
+var snapChunk = 4 << 20
+
+// ErrBadSnapStore: group 1 holds an entry that is no snapshot chunk this
+// build reads.
+var ErrBadSnapStore = errors.New("replication: malformed snapshot store entry")
+
+// OpenSnapStore reads the snapshot store from log (recovery) and returns
+// it with the latest complete snapshot of each group known.
+func OpenSnapStore(log *segment.Log) (*SnapStore, error) {
+	s := &SnapStore{log: log, latest: map[uint64]*storedSnap{}}
+	first, last := log.FirstIndex(SnapStoreGroup), log.LastIndex(SnapStoreGroup)
+	s.next = last + 1
+	var cur struct {
+		gid, index uint64
+		at         uint64
+		n, got     uint32
+		meta       raftpb.SnapshotMetadata
+	}
+	for lo := first; lo <= last; lo += 64 {
+		hi := min(lo+64, last+1)
+		es, release, err := log.EntriesView(SnapStoreGroup, lo, hi)
+		if err != nil {
+			return nil, fmt.Errorf("replication: reading the snapshot store (entries %d..%d): %w", lo, hi-1, err)
+		}
+		for _, e := range es {
+			h, conf, _, err := parseChunk(e.Data)
+			if err != nil {
+				release()
+				return nil, fmt.Errorf("%w: entry %d: %w", ErrBadSnapStore, e.Index, err)
+			}
+			if h.chunk == 0 {
+				cur.gid, cur.index, cur.at, cur.n, cur.got = h.gid, h.index, e.Index, h.chunks, 0
+				cur.meta = raftpb.SnapshotMetadata{Index: h.index, Term: h.term}
+				if err := cur.meta.ConfState.Unmarshal(conf); err != nil {
+					release()
+					return nil, fmt.Errorf("%w: entry %d: conf state: %w", ErrBadSnapStore, e.Index, err)
+				}
+			}
+			if h.gid != cur.gid || h.index != cur.index || h.chunk != cur.got || h.chunks != cur.n {
+				cur.n = 0 // an incomplete snapshot (a torn Put): skip to the next chunk 0
+				continue
+			}
+			if cur.got++; cur.got == cur.n {
+				s.latest[cur.gid] = &storedSnap{at: cur.at, meta: cur.meta}
+			}
+		}
+		release()
+	}
+	return s, nil
+}
+
+type chunkHeader struct {
+	gid, index, term uint64
+	chunk, chunks    uint32
+}
+
+func parseChunk(b []byte) (h chunkHeader, conf, data []byte, err error) {
+	if len(b) < snapChunkHeader {
+		return h, nil, nil, fmt.Errorf("%d bytes, shorter than the header", len(b))
+	}
+	if b[0] != snapChunkVersion {
+		return h, nil, nil, fmt.Errorf("version %d (this build reads %d; a newer Warren wrote it: upgrade this node)", b[0], snapChunkVersion)
+	}
+	if b[1]|b[2]|b[3] != 0 {
+		return h, nil, nil, errors.New("reserved bytes are not zero")
+	}
+	cl := int(le.Uint32(b[4:]))
+	h = chunkHeader{gid: le.Uint64(b[8:]), index: le.Uint64(b[16:]), term: le.Uint64(b[24:]), chunk: le.Uint32(b[32:]), chunks: le.Uint32(b[36:])}
+	if h.chunks == 0 || h.chunk >= h.chunks {
+		return h, nil, nil, fmt.Errorf("chunk %d of %d", h.chunk, h.chunks)
+	}
+	off := snapChunkHeader + cl
+	off = (off + 7) &^ 7
+	if cl > len(b)-snapChunkHeader || off > len(b) || (cl > 0 && h.chunk != 0) {
+		return h, nil, nil, errors.New("bad conf state length")
+	}
+	return h, b[snapChunkHeader : snapChunkHeader+cl], b[off:], nil
+}
+
+// Latest returns the metadata of group gid's latest snapshot.
+func (s *SnapStore) Latest(gid uint64) (raftpb.SnapshotMetadata, bool) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if l := s.latest[gid]; l != nil {
+		return l.meta, true
+	}
+	return raftpb.SnapshotMetadata{}, false
+}
+
+// Load returns group gid's latest snapshot: its metadata and its data (a
+// copy), or ok false when it has none.
+func (s *SnapStore) Load(gid uint64) (meta raftpb.SnapshotMetadata, data []byte, ok bool, err error) {
+	s.mu.Lock()
+	l := s.latest[gid]
+	s.mu.Unlock()
+	if l == nil {
+		return meta, nil, false, nil
+	}
+	// The chunks stay in group 1's raft range while they are the latest
+	// (see Put), so a plain read finds them.
+	first, err := s.log.Entries(SnapStoreGroup, l.at, l.at+1)
+	if err != nil {
+		return meta, nil, false, err
+	}
+	h, _, d, err := parseChunk(first[0].Data)
+	if err != nil {
+		return meta, nil, false, fmt.Errorf("%w: entry %d: %w", ErrBadSnapStore, l.at, err)
+	}
+	data = append([]byte(nil), d...)
+	if h.chunks > 1 {
+		rest, err := s.log.Entries(SnapStoreGroup, l.at+1, l.at+uint64(h.chunks))
+		if err != nil {
+			return meta, nil, false, err
+		}
+		for _, e := range rest {
+			_, _, d, err := parseChunk(e.Data)
+			if err != nil {
+				return meta, nil, false, fmt.Errorf("%w: entry %d: %w", ErrBadSnapStore, e.Index, err)
+			}
+			data = append(data, d...)
+		}
+	}
+	return l.meta, data, true, nil
+}
+
+// Put makes data, group gid's snapshot described by meta, durable in the
+// store, replacing the group's previous one, then lets segment drop what
+// no group needs any more. It blocks for the write (one group commit) and
+// the compaction record (one more).
+func (s *SnapStore) Put(gid uint64, meta raftpb.SnapshotMetadata, data []byte) error {
+	conf, err := meta.ConfState.Marshal()
+	if err != nil {
+		return err
+	}
+	n := max(1, (len(data)+snapChunk-1)/snapChunk)
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if l := s.latest[gid]; l != nil && l.meta.Index > meta.Index {
+		return fmt.Errorf("replication: group %d: snapshot of entry %d is older than the stored one (%d)", gid, meta.Index, l.meta.Index)
+	}
+	at := s.next
+	entries := make([]segment.Entry, n)
+	ends := make([]int, n)
+	s.buf = s.buf[:0]
+	for i := range n {
+		start := len(s.buf)
+		s.buf = append(s.buf, snapChunkVersion, 0, 0, 0)
+		cl := 0
+		if i == 0 {
+			cl = len(conf)
+		}
+		s.buf = le.AppendUint32(s.buf, uint32(cl))
+		s.buf = le.AppendUint64(s.buf, gid)
+		s.buf = le.AppendUint64(s.buf, meta.Index)
+		s.buf = le.AppendUint64(s.buf, meta.Term)
+		s.buf = le.AppendUint32(s.buf, uint32(i))
+		s.buf = le.AppendUint32(s.buf, uint32(n))
+		if i == 0 {
+			s.buf = append(s.buf, conf...)
+		}
+		for (len(s.buf)-start)%8 != 0 {
+			s.buf = append(s.buf, 0)
+		}
+		s.buf = append(s.buf, data[min(i*snapChunk, len(data)):min((i+1)*snapChunk, len(data))]...)
+		ends[i] = len(s.buf)
+	}
+	start := 0
+	for i := range entries { // sliced once the buffer stopped moving
+		entries[i] = segment.Entry{Index: at + uint64(i), Term: 1, Data: s.buf[start:ends[i]:ends[i]]}
+		start = ends[i]
+	}
+	if err := s.log.Append(segment.Batch{Group: SnapStoreGroup, Entries: entries}); err != nil {
+		return err
+	}
+	s.next = at + uint64(n)
+	s.latest[gid] = &storedSnap{at: at, meta: meta}
+	oldest := s.next
+	for _, l := range s.latest {
+		oldest = min(oldest, l.at)
+	}
+	if oldest > s.log.FirstIndex(SnapStoreGroup) {
+		return s.log.Compact(SnapStoreGroup, oldest-1, nil)
+	}
+	return nil
+}
