@@ -36,6 +36,7 @@ type API struct {
 	prev  map[string]broker.QueueStats
 	prevT time.Time
 	rates map[string]Rates
+	total Rates // the whole broker's, over the last interval
 }
 
 // Rates are per-second rates over the last sampling interval.
@@ -76,8 +77,14 @@ func New(b *broker.Broker, conns Connections, log *slog.Logger, sampleEvery time
 // Close stops the rate sampler.
 func (a *API) Close() { close(a.stop) }
 
-func (a *API) sample() {
-	now := time.Now()
+func (a *API) sample() { a.sampleAt(time.Now()) }
+
+// sampleAt computes every queue's rates, and the broker's, since the last
+// sample; now is the time of this one (an input, so tests can fake it).
+// The broker's rates sum the queues' changes, each queue counted only
+// against its own previous sample, so a deleted queue does not make a
+// rate dip below zero.
+func (a *API) sampleAt(now time.Time) {
 	cur := map[string]broker.QueueStats{}
 	for _, q := range a.b.Queues() {
 		cur[q.Name] = q
@@ -86,14 +93,30 @@ func (a *API) sample() {
 	defer a.mu.Unlock()
 	if a.prev != nil {
 		dt := now.Sub(a.prevT).Seconds()
-		rates := map[string]Rates{}
+		rates := make(map[string]Rates, len(cur))
+		var d broker.QueueStats // the changes since the last sample
 		for n, q := range cur {
 			p := a.prev[n]
-			rates[n] = Rates{Publish: rate(q.Published, p.Published, dt), Deliver: rate(q.Delivered, p.Delivered, dt), Ack: rate(q.Acked, p.Acked, dt)}
+			rates[n] = Rates{Publish: rate(q.Published, p.Published, dt), Deliver: rate(q.Delivered, p.Delivered, dt), Ack: rate(q.Acked, p.Acked, dt),
+				Redeliver: rate(q.Redelivered, p.Redelivered, dt), DeadLetter: rate(q.DeadLettered, p.DeadLettered, dt)}
+			d.Published += delta(q.Published, p.Published)
+			d.Delivered += delta(q.Delivered, p.Delivered)
+			d.Acked += delta(q.Acked, p.Acked)
+			d.Redelivered += delta(q.Redelivered, p.Redelivered)
+			d.DeadLettered += delta(q.DeadLettered, p.DeadLettered)
 		}
 		a.rates = rates
+		a.total = Rates{Publish: rate(d.Published, 0, dt), Deliver: rate(d.Delivered, 0, dt), Ack: rate(d.Acked, 0, dt),
+			Redeliver: rate(d.Redelivered, 0, dt), DeadLetter: rate(d.DeadLettered, 0, dt)}
 	}
 	a.prev, a.prevT = cur, now
+}
+
+func delta(cur, prev uint64) uint64 {
+	if cur < prev {
+		return 0
+	}
+	return cur - prev
 }
 
 func rate(cur, prev uint64, dt float64) float64 {
@@ -107,7 +130,15 @@ func rate(cur, prev uint64, dt float64) float64 {
 // connections' from the connection layer.
 func (a *API) overview() api.Overview {
 	t, c := a.b.Totals(), a.conns.ConnectionStats()
-	return api.Overview{Version: c.Version, Connections: c.Connections, Channels: c.Channels,
+	var redelivered, deadLettered uint64
+	for _, q := range a.b.Queues() {
+		redelivered += q.Redelivered
+		deadLettered += q.DeadLettered
+	}
+	a.mu.Lock()
+	rates := a.total
+	a.mu.Unlock()
+	return api.Overview{Redelivered: redelivered, DeadLettered: deadLettered, Rates: rates, Version: c.Version, Connections: c.Connections, Channels: c.Channels,
 		Exchanges: t.Exchanges, Queues: t.Queues, Ready: t.Ready, Unacked: t.Unacked, Consumers: t.Consumers,
 		StoredMessageBytes: a.b.StoredBytes(), MemoryHighWatermark: c.MemoryHighWatermark, FlowBlocked: c.FlowBlocked,
 		Published: t.Published, Delivered: t.Delivered, Acked: t.Acked}
@@ -153,16 +184,11 @@ func (a *API) routes() {
 		w.WriteHeader(http.StatusNoContent)
 	})
 
-	m.HandleFunc("GET /api/queues", func(w http.ResponseWriter, r *http.Request) {
-		var out []api.Queue
-		for _, q := range a.b.Queues() {
-			info, ok := a.b.Queue(q.Name)
-			if ok {
-				out = append(out, a.queue(info))
-			}
-		}
-		writeJSON(w, 200, nonNil(out))
+	m.HandleFunc("GET /api/queues", a.listQueues)
+	m.HandleFunc("GET /api/channels", func(w http.ResponseWriter, r *http.Request) {
+		writeJSON(w, 200, nonNil(a.conns.ListChannels()))
 	})
+	m.HandleFunc("POST /api/exchanges/{name}/publish", a.publish)
 	m.HandleFunc("GET /api/queues/{name}", func(w http.ResponseWriter, r *http.Request) {
 		info, ok := a.b.Queue(r.PathValue("name"))
 		if !ok {
@@ -268,8 +294,12 @@ func nonNil[T any](s []T) []T {
 
 func status(code wire.Code) int {
 	switch code {
-	case wire.NotFound:
+	case wire.NotFound, wire.ExchangeNotFound:
 		return http.StatusNotFound
+	case wire.ExchangeInternal:
+		return http.StatusForbidden
+	case wire.ResourceLimit:
+		return http.StatusServiceUnavailable
 	case wire.PreconditionFailed, wire.ResourceLocked:
 		return http.StatusConflict
 	case wire.AccessRefused, wire.NotAllowed:

@@ -22,6 +22,8 @@ type Connections interface {
 	// CloseConnection closes a connection with connection_forced,
 	// telling it reason; false if there is no such connection.
 	CloseConnection(id uint64, reason string) bool
+	// ListChannels lists the open channels.
+	ListChannels() []api.Channel
 	// ConnectionStats is the connection layer's part of the overview.
 	ConnectionStats() ConnectionStats
 }

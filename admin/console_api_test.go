@@ -15,7 +15,6 @@ import (
 	"github.com/warren-mq/warren/client"
 	"github.com/warren-mq/warren/netio"
 	"github.com/warren-mq/warren/netio/warrentest"
-	"github.com/warren-mq/warren/wire"
 )
 
 // TestQueuesPaging: GET /api/queues pages, sorts and filters, says how
@@ -50,7 +49,7 @@ func TestQueuesPaging(t *testing.T) {
 	if p.TotalCount != 25 || p.FilteredCount != 25 || p.Page != 2 || p.PageSize != 10 || p.PageCount != 3 || len(p.Items) != 10 {
 		t.Fatalf("page 2: %+v", p)
 	}
-	if p.Items[0].Name != "q06" { // orders.00..orders.20 (5), q01..q04, q06 …: sorted by name
+	if p.Items[0].Name != "q07" { // page 1: orders.00…orders.20 (5), q01…q04, q06: sorted by name
 		t.Fatalf("page 2 starts at %s", p.Items[0].Name)
 	}
 	e.do("GET", "/api/queues?page=1&page_size=2&sort=ready&order=desc", "", &p)
@@ -168,10 +167,17 @@ func TestRedeliverAndDeadLetterRates(t *testing.T) {
 	t.Cleanup(a.Close)
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	srv.DeclareExchange(wire.ExchangeDeclare{Name: "dlx", Kind: wire.ExchangeFanout})
-	srv.DeclareQueue(wire.QueueDeclare{Name: "dlq"})
-	srv.DeclareQueue(wire.QueueDeclare{Name: "work", Args: wire.Table{{Key: "x-dead-letter-exchange", Value: wire.String("dlx")}}})
-	srv.Bind(wire.Bind{Source: "dlx", Destination: "dlq"})
+	e := &env{t: t, srv: srv, api: httptestServer(t, a)}
+	for _, r := range []struct{ path, body string }{
+		{"/api/exchanges/dlx", `{"type":"fanout"}`},
+		{"/api/queues/dlq", `{}`},
+		{"/api/queues/work", `{"dead_letter_exchange":"dlx"}`},
+	} {
+		if st := e.do("PUT", r.path, r.body, nil); st != 200 {
+			t.Fatalf("%s: %d", r.path, st)
+		}
+	}
+	e.do("PUT", "/api/bindings", `{"exchange":"dlx","queue":"dlq","routing_key":""}`, nil)
 	t0 := time.Unix(1000, 0)
 	a.SampleAt(t0)
 	c, err := client.Dial(ctx, warrentest.URL(srv))
@@ -181,7 +187,10 @@ func TestRedeliverAndDeadLetterRates(t *testing.T) {
 	defer c.Close()
 	ch, _ := c.Channel(ctx)
 	publish(t, ch, "work", 4)
-	cs, _ := ch.Consume(ctx, "work", client.ConsumeOptions{Prefetch: 4})
+	cs, err := ch.Consume(ctx, "work", client.ConsumeOptions{Prefetch: 4})
+	if err != nil {
+		t.Fatal(err)
+	}
 	for range 4 {
 		(<-cs.Deliveries()).Nack(true) // back to the queue: each comes again, redelivered
 	}
@@ -190,7 +199,7 @@ func TestRedeliverAndDeadLetterRates(t *testing.T) {
 	}
 	expectReady(t, srv, ch, "dlq", 4)
 	a.SampleAt(t0.Add(2 * time.Second))
-	hs := httptestServer(t, a)
+	hs := e.api
 	var q api.Queue
 	getJSON(t, hs, "/api/queues/work", &q)
 	if q.Rates.Publish != 2 || q.Rates.Redeliver != 2 || q.Rates.DeadLetter != 2 {

@@ -45,9 +45,11 @@ type QueueStats struct {
 
 // Rates are per-second rates over the last sampling interval.
 type Rates struct {
-	Publish float64 `json:"publish"`
-	Deliver float64 `json:"deliver"`
-	Ack     float64 `json:"ack"`
+	Publish    float64 `json:"publish"`
+	Deliver    float64 `json:"deliver"`
+	Ack        float64 `json:"ack"`
+	Redeliver  float64 `json:"redeliver"`
+	DeadLetter float64 `json:"dead_letter"`
 }
 
 // Queue is one queue as GET /api/queues and GET /api/queues/{name} show
@@ -149,6 +151,12 @@ type Overview struct {
 	Published           uint64 `json:"published_total"`
 	Delivered           uint64 `json:"delivered_total"`
 	Acked               uint64 `json:"acked_total"`
+	// Redelivered and DeadLettered sum the live queues' counters (a
+	// deleted queue's are gone with it).
+	Redelivered  uint64 `json:"redelivered_total"`
+	DeadLettered uint64 `json:"dead_lettered_total"`
+	// Rates are the whole broker's over the last sampling interval.
+	Rates Rates `json:"rates"`
 }
 
 // Connection is one open connection as GET /api/connections lists it.
@@ -166,4 +174,51 @@ type Connection struct {
 	// AutoAcksHeld: auto-ack deliveries written but not yet settled,
 	// because the connection's buffered output is over its bound.
 	AutoAcksHeld int `json:"auto_acks_held"`
+}
+
+// QueuePage is GET /api/queues with page or page_size: one page of the
+// queues that match the filter, in the order asked for.
+type QueuePage struct {
+	Items         []Queue `json:"items"`
+	Page          int     `json:"page"`
+	PageSize      int     `json:"page_size"`
+	PageCount     int     `json:"page_count"`     // pages of the filtered queues (at least 1)
+	FilteredCount int     `json:"filtered_count"` // queues that match the filter
+	TotalCount    int     `json:"total_count"`    // queues in all
+}
+
+// Channel is one open channel as GET /api/channels lists it.
+type Channel struct {
+	Connection uint64 `json:"connection"`
+	Channel    uint16 `json:"channel"`
+	User       string `json:"user"`
+	// Unacked: deliveries handed to the channel's consumers, not yet
+	// settled (auto-ack deliveries are not counted).
+	Unacked   int               `json:"unacked"`
+	Consumers []ChannelConsumer `json:"consumers"`
+}
+
+// ChannelConsumer is one consumer on a channel.
+type ChannelConsumer struct {
+	Tag     string `json:"tag"`
+	Queue   string `json:"queue"`
+	AutoAck bool   `json:"auto_ack"`
+}
+
+// PublishRequest is the body of POST /api/exchanges/{name}/publish
+// (amq.default names the default exchange).
+type PublishRequest struct {
+	RoutingKey string `json:"routing_key"`
+	Payload    string `json:"payload"`
+	// PayloadEncoding: "string" (the default: the payload's UTF-8 bytes)
+	// or "base64".
+	PayloadEncoding string      `json:"payload_encoding,omitempty"`
+	Priority        uint8       `json:"priority,omitempty"`
+	Properties      *wire.Props `json:"properties,omitempty"`
+}
+
+// PublishResult answers POST /api/exchanges/{name}/publish.
+type PublishResult struct {
+	Routed bool `json:"routed"` // some queue took the message
+	Queues int  `json:"queues"` // how many queues took it
 }

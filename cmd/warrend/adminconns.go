@@ -2,6 +2,7 @@ package main
 
 import (
 	"github.com/warren-mq/warren/admin"
+	"github.com/warren-mq/warren/admin/api"
 	"github.com/warren-mq/warren/netio"
 )
 
@@ -16,6 +17,19 @@ func (c adminConns) ListConnections() []admin.Connection {
 	out := make([]admin.Connection, len(infos))
 	for i, ci := range infos {
 		out[i] = admin.Connection(ci)
+	}
+	return out
+}
+
+func (c adminConns) ListChannels() []api.Channel {
+	infos := c.Channels()
+	out := make([]api.Channel, len(infos))
+	for i, ci := range infos {
+		out[i] = api.Channel{Connection: ci.Connection, Channel: ci.Channel, User: ci.User, Unacked: ci.Unacked,
+			Consumers: make([]api.ChannelConsumer, len(ci.Consumers))}
+		for j, cc := range ci.Consumers {
+			out[i].Consumers[j] = api.ChannelConsumer(cc)
+		}
 	}
 	return out
 }
