@@ -61,14 +61,16 @@
 //     Worker.Recover restores a group from its latest snapshot, replays
 //     the log after it, and makes the Compact segment requires after a
 //     restart (which reports a lost live entry). TestSnapshotsCompactAndRecover.
+//     With WorkerConfig.Snapshots set, the worker applies §2.4's policy
+//     after each apply (Group.SnapshotDue), and MaybeSnapshot its idle
+//     rule (TestSnapshotPolicy).
 //
 // # Not built yet
 //
 // The broker does not use this package yet: durable queues are still
-// in memory only, and nothing is written to disk. Not built: the
-// snapshot policy (when to snapshot: §2.4's reclaim/since/idle rule; the
-// caller decides today) and a bounded compactor pool (each snapshot's
-// store write and compaction run on a goroutine of their own); a group
+// in memory only, and nothing is written to disk. Not built: a bounded
+// compactor pool (each snapshot's store write and compaction run on a
+// goroutine of their own); a group
 // that stops snapshotting pins the snapshot store from its snapshot on
 // (SnapStore's doc); the confirm bookkeeping of §3.4 (pending proposals per
 // proposer and seq; a dropped proposal is only counted and logged);

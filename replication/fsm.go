@@ -66,6 +66,7 @@ type QueueFSM struct {
 	lastNow int64
 	wakeAt  int64 // At of the latest Timer effect; 0: none pending
 	applied uint64
+	bytes   uint64 // entry bytes applied since made or restored (the snapshot policy)
 	sink    Sink
 
 	dec  EntryDecoder
@@ -134,6 +135,10 @@ func (f *QueueFSM) LiveEntries(dst []uint64, upTo uint64) []uint64 {
 	return f.live.appendLive(dst, upTo)
 }
 
+// AppliedBytes is the number of entry bytes applied since the FSM was made
+// or restored.
+func (f *QueueFSM) AppliedBytes() uint64 { return f.bytes }
+
 // DeadBytes is the number of log bytes applied entries no longer need
 // (what a snapshot lets compaction reclaim), since the FSM was made or
 // restored.
@@ -168,6 +173,7 @@ func (f *QueueFSM) Apply(index uint64, data []byte) (any, error) {
 		return nil, fmt.Errorf("entry %d: %w", index, err)
 	}
 	f.applied = index
+	f.bytes += uint64(len(data))
 	return nil, nil
 }
 

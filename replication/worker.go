@@ -64,8 +64,14 @@ type WorkerConfig struct {
 	// Fatal is told, on the shard goroutine, that an Append failed: the
 	// engine has stopped (segment.ErrStopped) and the node must exit and
 	// recover (design §3.2, the fsyncgate rule).
-	Fatal  func(err error)
-	Logger *slog.Logger
+	Fatal func(err error)
+	// Snapshots, when set, turns the snapshot policy on (design §2.4):
+	// after applying, a group is snapshotted into this store when that
+	// frees more log than it costs (Group.SnapshotDue), and MaybeSnapshot
+	// applies the idle rule. SnapshotDone (optional) hears each outcome.
+	Snapshots    *SnapStore
+	SnapshotDone func(g *Group, meta raftpb.SnapshotMetadata, err error)
+	Logger       *slog.Logger
 }
 
 // WorkerStats count rounds and writes.
@@ -115,6 +121,11 @@ type Group struct {
 	// compactAfter: stored, waiting for commit ≥ its index on disk.
 	snapping     bool
 	compactAfter *pendingCompact
+	// The policy's memory of the last snapshot: its size, when, and the
+	// FSM's dead and applied byte counts then.
+	lastSnapSize    int
+	lastSnapAt      int64
+	deadAt, bytesAt uint64
 	// forceHS: write the pending commit-only hard state at the next round
 	// even without entries (a snapshot needs commit ≥ its index on disk).
 	forceHS bool
@@ -306,6 +317,9 @@ func (w *Worker) process(g *Group, now int64) {
 	if err := g.apply(rd.CommittedEntries); err != nil {
 		g.fail(err)
 		return
+	}
+	if len(rd.CommittedEntries) > 0 && w.cfg.Snapshots != nil && !g.snapping && g.SnapshotDue(now) {
+		g.autoSnapshot()
 	}
 	if len(rd.Messages) > 0 {
 		g.sendEarly(rd.Messages)
@@ -549,6 +563,8 @@ func (g *Group) Snapshot(store *SnapStore, done func(meta raftpb.SnapshotMetadat
 	}
 	p := &pendingCompact{meta: meta, live: g.fsm.LiveEntries(nil, at), done: done}
 	g.snapping = true
+	g.lastSnapSize, g.lastSnapAt = len(data), g.w.now
+	g.deadAt, g.bytesAt = g.fsm.DeadBytes(), g.fsm.AppliedBytes()
 	w := g.w
 	go func() {
 		err := store.Put(g.id, meta, data)
@@ -563,6 +579,55 @@ func (g *Group) Snapshot(store *SnapStore, done func(meta raftpb.SnapshotMetadat
 		})
 	}()
 	return nil
+}
+
+// SnapshotDue applies the snapshot policy of design §2.4 at time now (ms):
+// a snapshot is due when it frees more log than it writes (the log bytes
+// that died since the last one reach max(1 MiB, twice its size)), when
+// enough log was applied since to bound a replay (max(64 MiB, four times
+// its size)), or when some log is reclaimable and the last snapshot is 5 s
+// old (idle clean-up).
+func (g *Group) SnapshotDue(now int64) bool {
+	if g.lastSnapAt == 0 {
+		g.lastSnapAt = now // the idle clock starts at the first check
+	}
+	reclaim := g.fsm.DeadBytes() - g.deadAt
+	since := g.fsm.AppliedBytes() - g.bytesAt
+	last := uint64(g.lastSnapSize)
+	return reclaim >= max(1<<20, 2*last) ||
+		since >= max(64<<20, 4*last) ||
+		(reclaim > 0 && now-g.lastSnapAt >= 5000)
+}
+
+// autoSnapshot takes a snapshot the policy asked for.
+func (g *Group) autoSnapshot() {
+	w := g.w
+	err := g.Snapshot(w.cfg.Snapshots, func(meta raftpb.SnapshotMetadata, err error) {
+		if err != nil {
+			w.cfg.Logger.Error("replication: snapshot failed", "group", g.id, "index", meta.Index, "err", err)
+		}
+		if w.cfg.SnapshotDone != nil {
+			w.cfg.SnapshotDone(g, meta, err)
+		}
+	})
+	if err != nil && !errors.Is(err, ErrSnapshotLater) {
+		w.cfg.Logger.Error("replication: snapshot not started", "group", g.id, "err", err)
+	}
+}
+
+// MaybeSnapshot applies the snapshot policy to every group (the idle
+// rule needs a clock: call it from a periodic timer, every few seconds).
+// O(groups).
+func (w *Worker) MaybeSnapshot(now int64) {
+	if w.cfg.Snapshots == nil || w.failed != nil {
+		return
+	}
+	w.now = max(w.now, now)
+	for _, g := range w.ids {
+		if g.err == nil && !g.snapping && g.SnapshotDue(now) {
+			g.autoSnapshot()
+		}
+	}
 }
 
 // maybeCompact starts the compaction of a stored snapshot once the
