@@ -32,9 +32,60 @@ type Meta struct {
 	exchanges map[string]*metaExchange
 	queues    map[string]*metaQueue
 	bindings  map[string]*metaBinding
-	bySource  map[string]map[string]*metaBinding // exchange → key → binding
-	byQueue   map[string]map[string]*metaBinding // destination queue → key → binding
-	byExDest  map[string]map[string]*metaBinding // destination exchange → key → binding
+	bySource  map[string]*bindSet // exchange → its bindings
+	byQueue   map[string]*bindSet // destination queue → its bindings
+	byExDest  map[string]*bindSet // destination exchange → its bindings
+}
+
+// bindSet is the bindings of one exchange or queue: a short list (most
+// queues have one or two), a map by key once it grows, so removing one
+// costs O(1) however many there are.
+type bindSet struct {
+	list []*metaBinding
+	m    map[string]*metaBinding
+}
+
+const bindSetListMax = 8
+
+func (s *bindSet) add(b *metaBinding) {
+	if s.m == nil && len(s.list) < bindSetListMax {
+		s.list = append(s.list, b)
+		return
+	}
+	if s.m == nil {
+		s.m = make(map[string]*metaBinding, 2*bindSetListMax)
+		for _, x := range s.list {
+			s.m[x.key] = x
+		}
+		s.list = nil
+	}
+	s.m[b.key] = b
+}
+
+func (s *bindSet) remove(key string) {
+	if s.m != nil {
+		delete(s.m, key)
+		return
+	}
+	for i, x := range s.list {
+		if x.key == key {
+			last := len(s.list) - 1
+			s.list[i], s.list[last] = s.list[last], nil
+			s.list = s.list[:last]
+			return
+		}
+	}
+}
+
+func (s *bindSet) len() int { return len(s.list) + len(s.m) }
+
+// all copies the set (its members are unlinked while it is walked).
+func (s *bindSet) all() []*metaBinding {
+	out := append([]*metaBinding(nil), s.list...)
+	for _, b := range s.m {
+		out = append(out, b)
+	}
+	return out
 }
 
 type metaExchange struct {
@@ -44,9 +95,8 @@ type metaExchange struct {
 
 type metaQueue struct {
 	id        uint64
-	decl      wire.QueueDeclare // Req 0, Passive false, Name set
-	args      wire.QueueArgs
-	exclusive uint64 // owning connection, 0 if not exclusive
+	decl      wire.QueueDeclare // Req 0, Passive false, Name set; its arguments parse (checked at declare)
+	exclusive uint64            // owning connection, 0 if not exclusive
 	by        string
 }
 
@@ -189,9 +239,9 @@ func (m *Meta) reset() {
 	m.exchanges = map[string]*metaExchange{}
 	m.queues = map[string]*metaQueue{}
 	m.bindings = map[string]*metaBinding{}
-	m.bySource = map[string]map[string]*metaBinding{}
-	m.byQueue = map[string]map[string]*metaBinding{}
-	m.byExDest = map[string]map[string]*metaBinding{}
+	m.bySource = map[string]*bindSet{}
+	m.byQueue = map[string]*bindSet{}
+	m.byExDest = map[string]*bindSet{}
 }
 
 // Apply applies one command: its result, and the effects the runtime must
@@ -294,16 +344,12 @@ func (m *Meta) deleteExchange(c *MetaCommand) (MetaResult, []MetaEffect) {
 	if r, ok := allowed(c, ex.by, "delete", "exchange "+strconv.Quote(d.Name)); !ok {
 		return r, nil
 	}
-	if d.IfUnused && len(m.bySource[d.Name]) > 0 {
+	if d.IfUnused && m.bySource[d.Name] != nil {
 		return refuse(wire.PreconditionFailed, "exchange "+strconv.Quote(d.Name)+" has bindings"), nil
 	}
 	delete(m.exchanges, d.Name)
-	for _, b := range m.bySource[d.Name] {
-		m.unlink(b)
-	}
-	for _, b := range m.byExDest[d.Name] {
-		m.unlink(b)
-	}
+	m.unlinkAll(m.bySource[d.Name])
+	m.unlinkAll(m.byExDest[d.Name])
 	return MetaResult{}, []MetaEffect{{Kind: EffExchangeRemoved, Exchange: queue.Exchange{Name: d.Name}}}
 }
 
@@ -364,21 +410,27 @@ func (m *Meta) declareQueue(c *MetaCommand) (MetaResult, []MetaEffect) {
 	}
 	// A dead-letter exchange that does not exist yet is allowed, as in
 	// AMQP: it may be declared later; dead letters are dropped until then.
-	q := &metaQueue{id: m.nextID, decl: *d, args: args, by: c.User}
+	q := &metaQueue{id: m.nextID, decl: *d, by: c.User}
 	m.nextID++
 	q.decl.Req, q.decl.Passive, q.decl.Name, q.decl.Args = 0, false, name, normArgs(d.Args)
 	if d.Exclusive {
 		q.exclusive = c.Conn
 	}
 	m.queues[name] = q
-	return MetaResult{QueueID: q.id, Name: name}, append(effs, MetaEffect{Kind: EffQueueCreated, Queue: q.public(), Shard: m.ShardOf(name)})
+	return MetaResult{QueueID: q.id, Name: name}, append(effs, MetaEffect{Kind: EffQueueCreated, Queue: q.public(args), Shard: m.ShardOf(name)})
 }
 
 // ShardOf is the shard a queue of this name is placed on.
 func (m *Meta) ShardOf(name string) int { return int(xxhash.Sum64String(name) % uint64(m.shards)) }
 
-func (q *metaQueue) public() MetaQueue {
-	return MetaQueue{ID: q.id, Name: q.decl.Name, Decl: q.decl, Args: q.args, Exclusive: q.exclusive, DeclaredBy: q.by}
+func (q *metaQueue) public(args wire.QueueArgs) MetaQueue {
+	return MetaQueue{ID: q.id, Name: q.decl.Name, Decl: q.decl, Args: args, Exclusive: q.exclusive, DeclaredBy: q.by}
+}
+
+// parsed is the queue with its arguments parsed (they parsed at declare).
+func (q *metaQueue) parsed() MetaQueue {
+	args, _ := wire.ParseQueueArgs(q.decl.Args)
+	return q.public(args)
 }
 
 // deleteQueue removes a queue (its shard has checked if-unused and
@@ -390,9 +442,7 @@ func (m *Meta) deleteQueue(c *MetaCommand) (MetaResult, []MetaEffect) {
 		return refuse(wire.NotFound, "no queue "+strconv.Quote(c.Queue.Name)), nil
 	}
 	delete(m.queues, c.Queue.Name)
-	for _, b := range m.byQueue[c.Queue.Name] {
-		m.unlink(b)
-	}
+	m.unlinkAll(m.byQueue[c.Queue.Name])
 	return MetaResult{Removed: true, QueueID: q.id, Name: c.Queue.Name},
 		[]MetaEffect{{Kind: EffQueueRemoved, Queue: MetaQueue{ID: q.id, Name: c.Queue.Name}}}
 }
@@ -438,28 +488,38 @@ func (m *Meta) bind(c *MetaCommand) (MetaResult, []MetaEffect) {
 	return MetaResult{}, []MetaEffect{{Kind: EffBindingAdded, Binding: nb}}
 }
 
-func (m *Meta) destIndex(b *queue.Binding) map[string]map[string]*metaBinding {
+func (m *Meta) destIndex(b *queue.Binding) map[string]*bindSet {
 	if b.ToExchange {
 		return m.byExDest
 	}
 	return m.byQueue
 }
 
-func addIndex(ix map[string]map[string]*metaBinding, name string, b *metaBinding) {
+func addIndex(ix map[string]*bindSet, name string, b *metaBinding) {
 	s := ix[name]
 	if s == nil {
-		s = map[string]*metaBinding{}
+		s = &bindSet{}
 		ix[name] = s
 	}
-	s[b.key] = b
+	s.add(b)
 }
 
-func dropIndex(ix map[string]map[string]*metaBinding, name, key string) {
+func dropIndex(ix map[string]*bindSet, name, key string) {
 	if s := ix[name]; s != nil {
-		delete(s, key)
-		if len(s) == 0 {
+		s.remove(key)
+		if s.len() == 0 {
 			delete(ix, name)
 		}
+	}
+}
+
+// unlinkAll unlinks every binding of a set (nil: none).
+func (m *Meta) unlinkAll(s *bindSet) {
+	if s == nil {
+		return
+	}
+	for _, b := range s.all() {
+		m.unlink(b)
 	}
 }
 
@@ -481,7 +541,7 @@ func (m *Meta) Queue(name string) (MetaQueue, bool) {
 	if !ok {
 		return MetaQueue{}, false
 	}
-	return q.public(), true
+	return q.parsed(), true
 }
 
 // HasQueue says whether a queue of that name exists.
@@ -519,7 +579,7 @@ func (m *Meta) Exchanges() []wire.ExchangeDeclare {
 func (m *Meta) Queues() []MetaQueue {
 	out := make([]MetaQueue, 0, len(m.queues))
 	for _, q := range m.queues {
-		out = append(out, q.public())
+		out = append(out, q.parsed())
 	}
 	slices.SortFunc(out, func(a, b MetaQueue) int { return strings.Compare(a.Name, b.Name) })
 	return out

@@ -327,8 +327,7 @@ func (m *Meta) Restore(snap []byte) error {
 		if r.err != nil {
 			break
 		}
-		args, err := wire.ParseQueueArgs(d.Args)
-		if err != nil {
+		if _, err := wire.ParseQueueArgs(d.Args); err != nil {
 			r.fail("queue " + strconv.Quote(d.Name) + ": " + err.Error())
 			break
 		}
@@ -337,7 +336,7 @@ func (m *Meta) Restore(snap []byte) error {
 			break
 		}
 		ids[id] = true
-		n.queues[d.Name] = &metaQueue{id: id, decl: d, args: args, exclusive: excl, by: by}
+		n.queues[d.Name] = &metaQueue{id: id, decl: d, exclusive: excl, by: by}
 	}
 	for i, c := int(r.u32()), 0; c < i && r.err == nil; c++ {
 		b := r.binding()
