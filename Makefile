@@ -5,7 +5,7 @@ PKGS     := ./...
 # Packages with goroutines or shared state run under the race detector.
 RACE_PKGS := ./queue/... ./broker/... ./netio/... ./admin/... ./client/... ./cmd/... ./segment/... ./internal/... ./replication/...
 
-.PHONY: all build run test test-race vet fmt-check lint bench bench-segment bench-compare bench-million fuzz vectors tools soak-segment abuse
+.PHONY: all build run test test-race vet fmt-check lint bench bench-segment bench-compare bench-million bench-topology fuzz vectors tools soak-segment abuse
 
 all: build
 
@@ -36,6 +36,14 @@ lint: vet
 
 bench:
 	$(GO) test -run '^$$' -bench . -benchmem $(PKGS)
+
+# Topology at scale (BENCHMARKS.md, Topology): TOPOLOGY_QUEUES queues
+# declared and bound by one pipelining client over loopback (wall time,
+# heap and RSS per queue), then routing through 100,000 topic bindings.
+TOPOLOGY_QUEUES ?= 100000
+bench-topology:
+	WARREN_TOPOLOGY_QUEUES=$(TOPOLOGY_QUEUES) $(GO) test -count=1 -timeout 30m -run TestTopologyScale -v ./netio
+	$(GO) test -run '^$$' -bench BenchmarkRouteTopic100k -benchtime 2000000x -benchmem ./broker
 
 # Storage engine soak: 10,000,000 × 1 KiB entries written (about 20 GiB of
 # disk writes), moved into segment files and read back; reports heap and
