@@ -96,3 +96,12 @@ abuse:
 WARREN_URL ?= warren://guest:guest@127.0.0.1:5680
 bench-million:
 	$(GO) run ./cmd/warren-loadtest --scenario million --url $(WARREN_URL) --json million.json
+
+# The Grafana dashboard and Prometheus alert rules in ops/: promtool checks the
+# rules (Debian: apt-get install prometheus), and Go tests (also in make test)
+# check that every metric they name is in a live warrend's /metrics.
+.PHONY: dashboards
+dashboards:
+	@command -v promtool >/dev/null || { echo "promtool not found: apt-get install prometheus (Debian), or get it from prometheus.io"; exit 1; }
+	promtool check rules ops/prometheus/alerts.yml
+	$(GO) test -count=1 -run 'Dashboard|AlertRules|PromQL' ./cmd/warrend
