@@ -230,6 +230,7 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdin i
 		w.Header().Set("Content-Type", "text/plain; version=0.0.4")
 		srv.WriteMetrics(w)
 		metrics.WriteProcessMetrics(w)
+		writeDiskMetrics(w, fc.Data)
 	})
 	mux.HandleFunc("/healthz", func(w http.ResponseWriter, r *http.Request) { io.WriteString(w, "ok\n") })
 	mux.HandleFunc("/readyz", func(w http.ResponseWriter, r *http.Request) {
