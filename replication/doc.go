@@ -64,6 +64,10 @@
 //     With WorkerConfig.Snapshots set, the worker applies §2.4's policy
 //     after each apply (Group.SnapshotDue), and MaybeSnapshot its idle
 //     rule (TestSnapshotPolicy).
+//   - bodies.go: Group.Body reads a message's body back from the log by
+//     its id (§2.2): from the storage's tail cache while the entry is in
+//     memory, else through one segment view per entry, held until
+//     ReleaseBodies (TestBodiesFromTheLog).
 //
 // # Not built yet
 //

@@ -126,6 +126,7 @@ type Group struct {
 	lastSnapSize    int
 	lastSnapAt      int64
 	deadAt, bytesAt uint64
+	bodies          bodyCache // Body's views for the current round
 	// forceHS: write the pending commit-only hard state at the next round
 	// even without entries (a snapshot needs commit ≥ its index on disk).
 	forceHS bool
