@@ -22,8 +22,8 @@
 // RouteView (the Routes' Table, whose publication costs what changed) is
 // swapped in atomically, once per request or, in a connection's control
 // run, once per run. Routing reads the view without a lock: Route returns
-// queue refs (Meta's ids) and RouteView.Queue resolves one through an
-// append-only slot table, allocating nothing. A queue's deletion is
+// queue refs (Meta's ids) and RouteView.Queue resolves one through a
+// lock-free slot table, allocating nothing. A queue's deletion is
 // decided by its shard (if-unused, if-empty, auto-delete, an exclusive
 // owner gone), which then applies the metadata command that removes it.
 //

@@ -27,8 +27,9 @@ import (
 // Meta is owned by one writer (the runtime's mutex; later the metadata
 // raft group's apply loop).
 type Meta struct {
-	shards    int // queues are placed on xxhash(name) % shards
-	nextID    uint64
+	shards    int                 // queues are placed on xxhash(name) % shards
+	nextID    uint64              // the next queue id to try: 1..2^32-1, wrapping
+	ids       map[uint64]struct{} // queue ids in use
 	exchanges map[string]*metaExchange
 	queues    map[string]*metaQueue
 	bindings  map[string]*metaBinding
@@ -236,6 +237,7 @@ func NewMeta(shards int) *Meta {
 
 func (m *Meta) reset() {
 	m.nextID = 1
+	m.ids = map[uint64]struct{}{}
 	m.exchanges = map[string]*metaExchange{}
 	m.queues = map[string]*metaQueue{}
 	m.bindings = map[string]*metaBinding{}
@@ -405,19 +407,40 @@ func (m *Meta) declareQueue(c *MetaCommand) (MetaResult, []MetaEffect) {
 	if d.Passive {
 		return refuse(wire.NotFound, "no queue "+strconv.Quote(name)), effs
 	}
-	if m.nextID > math.MaxUint32 {
-		return refuse(wire.ResourceLimit, "queue ids are exhausted (2^32 queues declared since the broker's metadata began)"), effs
+	id, ok := m.takeID()
+	if !ok {
+		return refuse(wire.ResourceLimit, "every queue id is in use (2^32-1 queues); delete some"), effs
 	}
 	// A dead-letter exchange that does not exist yet is allowed, as in
 	// AMQP: it may be declared later; dead letters are dropped until then.
-	q := &metaQueue{id: m.nextID, decl: *d, by: c.User}
-	m.nextID++
+	q := &metaQueue{id: id, decl: *d, by: c.User}
 	q.decl.Req, q.decl.Passive, q.decl.Name, q.decl.Args = 0, false, name, normArgs(d.Args)
 	if d.Exclusive {
 		q.exclusive = c.Conn
 	}
 	m.queues[name] = q
 	return MetaResult{QueueID: q.id, Name: name}, append(effs, MetaEffect{Kind: EffQueueCreated, Queue: q.public(args), Shard: m.ShardOf(name)})
+}
+
+// takeID hands out the next queue id not in use. Ids are 32-bit (the
+// routing table's refs) and never 0; after the last the counter wraps, so
+// an id comes back only after 2^32-1 others were handed out (a routing
+// view that old is long gone).
+func (m *Meta) takeID() (uint64, bool) {
+	if uint64(len(m.ids)) >= math.MaxUint32 {
+		return 0, false
+	}
+	for {
+		id := m.nextID
+		m.nextID++
+		if m.nextID > math.MaxUint32 {
+			m.nextID = 1
+		}
+		if _, used := m.ids[id]; !used {
+			m.ids[id] = struct{}{}
+			return id, true
+		}
+	}
 }
 
 // ShardOf is the shard a queue of this name is placed on.
@@ -442,6 +465,7 @@ func (m *Meta) deleteQueue(c *MetaCommand) (MetaResult, []MetaEffect) {
 		return refuse(wire.NotFound, "no queue "+strconv.Quote(c.Queue.Name)), nil
 	}
 	delete(m.queues, c.Queue.Name)
+	delete(m.ids, q.id)
 	m.unlinkAll(m.byQueue[c.Queue.Name])
 	return MetaResult{Removed: true, QueueID: q.id, Name: c.Queue.Name},
 		[]MetaEffect{{Kind: EffQueueRemoved, Queue: MetaQueue{ID: q.id, Name: c.Queue.Name}}}

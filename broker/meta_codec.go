@@ -4,6 +4,7 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"math"
 	"strconv"
 
 	"github.com/warren-mq/warren/queue"
@@ -306,6 +307,9 @@ func (m *Meta) Restore(snap []byte) error {
 		return fmt.Errorf("metadata snapshot version %d: this broker reads version %d (upgrade it)", v, MetaSnapshotVersion)
 	}
 	n.nextID = r.u64()
+	if r.err == nil && (n.nextID == 0 || n.nextID > math.MaxUint32) {
+		r.fail("next queue id " + strconv.FormatUint(n.nextID, 10) + " out of range")
+	}
 	for i, c := int(r.u32()), 0; c < i && r.err == nil; c++ {
 		d := r.exchangeDecl()
 		by := r.str()
@@ -331,11 +335,12 @@ func (m *Meta) Restore(snap []byte) error {
 			r.fail("queue " + strconv.Quote(d.Name) + ": " + err.Error())
 			break
 		}
-		if _, dup := n.queues[d.Name]; dup || d.Passive || gen || id == 0 || id >= n.nextID || ids[id] {
-			r.fail("queue " + strconv.Quote(d.Name) + " twice, passive, or with id " + strconv.FormatUint(id, 10) + " not below the next id")
+		if _, dup := n.queues[d.Name]; dup || d.Passive || gen || id == 0 || id > math.MaxUint32 || ids[id] {
+			r.fail("queue " + strconv.Quote(d.Name) + " twice, passive, or with id " + strconv.FormatUint(id, 10) + " taken or out of range")
 			break
 		}
 		ids[id] = true
+		n.ids[id] = struct{}{}
 		n.queues[d.Name] = &metaQueue{id: id, decl: d, exclusive: excl, by: by}
 	}
 	for i, c := int(r.u32()), 0; c < i && r.err == nil; c++ {

@@ -72,13 +72,13 @@ func TestQueueSlotsFreeEmptyChunks(t *testing.T) {
 
 // chunks counts the chunks the table holds.
 func (s *queueSlots) chunks() int {
-	dir := s.dir.Load()
-	if dir == nil {
+	d := s.dir.Load()
+	if d == nil {
 		return 0
 	}
 	n := 0
-	for _, c := range *dir {
-		if c != nil {
+	for k := range d.chunks {
+		if d.chunks[k].Load() != nil {
 			n++
 		}
 	}

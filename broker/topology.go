@@ -112,14 +112,24 @@ type RouteView struct {
 func (v *RouteView) Queue(ref queue.QueueRef) *Queue { return v.slots.get(ref) }
 
 // queueSlots resolves a queue ref to its *Queue for readers without a
-// lock: fixed-size chunks behind an atomic pointer to their directory.
-// Only the topology (under its mutex) writes; a new queue fills a slot, a
-// deleted one empties it. Once per 1,024 ids a new chunk is added to a
-// copy of the directory (one pointer per chunk): nothing is copied per
-// queue. Ids are never reused (Meta's counter), so the table grows with
-// the queues ever declared: 8 bytes each.
+// lock: chunks of 1,024 slots behind a directory behind an atomic pointer.
+// Only the topology (under its mutex) writes: a new queue fills a slot, a
+// deleted one empties it, and a chunk no queue uses any more is dropped
+// (but the one a queue was last put in, which the next ids fill). Memory
+// follows the live queues: a chunk per 1,024 consecutive ids with a live
+// queue among them, and the directory, 8 bytes per chunk of ids handed out
+// (at most 32 MiB once Meta's counter has gone round all 2^32 ids).
+// Nothing is copied per queue: the directory is copied (pointers only)
+// when it doubles.
 type queueSlots struct {
-	dir atomic.Pointer[[]*slotChunk]
+	dir atomic.Pointer[slotDir]
+	// writer's (mu)
+	live []int32 // per chunk: slots filled
+	cur  int     // the chunk a queue was last put in
+}
+
+type slotDir struct {
+	chunks []atomic.Pointer[slotChunk]
 }
 
 const slotBits = 10
@@ -127,40 +137,66 @@ const slotBits = 10
 type slotChunk [1 << slotBits]atomic.Pointer[Queue]
 
 func (s *queueSlots) get(ref queue.QueueRef) *Queue {
-	dir := s.dir.Load()
-	if dir == nil {
-		return nil
-	}
+	d := s.dir.Load()
 	i := int(ref >> slotBits)
-	if i >= len(*dir) {
+	if d == nil || i >= len(d.chunks) {
 		return nil
 	}
-	return (*dir)[i][ref&(1<<slotBits-1)].Load()
+	c := d.chunks[i].Load()
+	if c == nil {
+		return nil
+	}
+	return c[ref&(1<<slotBits-1)].Load()
 }
 
 // set fills or (q nil) empties a slot; the writer's mutex held.
 func (s *queueSlots) set(ref queue.QueueRef, q *Queue) {
-	i := int(ref >> slotBits)
-	dir := s.dir.Load()
-	var d []*slotChunk
-	if dir != nil {
-		d = *dir
-	}
-	if i >= len(d) {
-		if q == nil {
+	i, j := int(ref>>slotBits), ref&(1<<slotBits-1)
+	d := s.dir.Load()
+	if q == nil {
+		if d == nil || i >= len(d.chunks) {
 			return
 		}
-		// Readers hold the old directory: extend a copy (its chunks are
-		// shared).
-		nd := make([]*slotChunk, i+1)
-		copy(nd, d)
-		for j := len(d); j <= i; j++ {
-			nd[j] = new(slotChunk)
+		c := d.chunks[i].Load()
+		if c == nil || c[j].Load() == nil {
+			return
 		}
-		s.dir.Store(&nd)
+		c[j].Store(nil)
+		if s.live[i]--; s.live[i] == 0 && i != s.cur {
+			d.chunks[i].Store(nil)
+		}
+		return
+	}
+	if d == nil || i >= len(d.chunks) {
+		// Readers hold the old directory: a copy twice as long (or long
+		// enough) takes its chunks.
+		n := 0
+		if d != nil {
+			n = len(d.chunks)
+		}
+		nd := &slotDir{chunks: make([]atomic.Pointer[slotChunk], max(i+1, 2*n))}
+		for k := 0; k < n; k++ {
+			nd.chunks[k].Store(d.chunks[k].Load())
+		}
+		s.live = append(s.live, make([]int32, len(nd.chunks)-len(s.live))...)
+		s.dir.Store(nd)
 		d = nd
 	}
-	d[i][ref&(1<<slotBits-1)].Store(q)
+	c := d.chunks[i].Load()
+	if c == nil {
+		c = new(slotChunk)
+		d.chunks[i].Store(c)
+	}
+	if c[j].Load() == nil {
+		s.live[i]++
+	}
+	c[j].Store(q)
+	if prev := s.cur; prev != i {
+		s.cur = i
+		if prev < len(s.live) && s.live[prev] == 0 {
+			d.chunks[prev].Store(nil)
+		}
+	}
 }
 
 // topology is the runtime around the metadata state machine: a request
