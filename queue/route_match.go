@@ -223,7 +223,7 @@ func (c *rex) routeDirectly(dst []QueueRef, key, headers []byte) (out []QueueRef
 		if h := xxhash.Sum64(hk); c.hashEqual {
 			best, _ = pickEqual(c.dests.m.root, h, nil, 0)
 		} else {
-			best, _ = pickWeighted(c.dests.m.root, h, nil, 0)
+			best, _ = pickWeighted(c.dests.m.root, h, nil, -1)
 		}
 		if best.key.ex {
 			return dst, false
@@ -316,7 +316,7 @@ func (rt *router) route(c *rex, path *hop) (reached bool) {
 			if h := xxhash.Sum64(hk); c.hashEqual {
 				best, _ = pickEqual(c.dests.m.root, h, nil, 0)
 			} else {
-				best, _ = pickWeighted(c.dests.m.root, h, nil, 0)
+				best, _ = pickWeighted(c.dests.m.root, h, nil, -1)
 			}
 			reached = rt.addEntry(best, depth)
 		}
@@ -447,11 +447,12 @@ func (rt *router) matchTopic(m *topicMatcher, n *tnode, i int, depth *hop) bool 
 // compiled.pickHashed does: the highest score wins, ties going to the
 // first destination by name (then queue before exchange, by seed),
 // whatever order the set is walked in. best is the best so far (nil:
-// none yet); the state is passed in registers, not through memory.
+// none yet; pickWeighted starts from bestScore -1, below every score);
+// the state is passed in registers, not through memory.
 func pickEqual(n *pnode[destKey, dentry], h uint64, best *dentryKV, bestX uint64) (*dentryKV, uint64) {
 	for i := range n.data {
 		e := &n.data[i]
-		if x := fmix64(h ^ e.val.seed); best == nil || x > bestX || (x == bestX && hashBefore(e, best)) {
+		if x := fmix64(h ^ e.val.seed); x > bestX || best == nil || (x == bestX && hashBefore(e, best)) {
 			best, bestX = e, x
 		}
 	}
@@ -466,7 +467,7 @@ func pickWeighted(n *pnode[destKey, dentry], h uint64, best *dentryKV, bestScore
 		e := &n.data[i]
 		x := fmix64(h ^ e.val.seed)
 		u := (float64(x>>11) + 0.5) / (1 << 53) // in (0, 1)
-		if s := e.val.weight / -math.Log(u); best == nil || s > bestScore || (s == bestScore && hashBefore(e, best)) {
+		if s := e.val.weight / -math.Log(u); s > bestScore || (s == bestScore && hashBefore(e, best)) {
 			best, bestScore = e, s
 		}
 	}
