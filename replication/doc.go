@@ -63,7 +63,9 @@
 //     restart (which reports a lost live entry). TestSnapshotsCompactAndRecover.
 //     With WorkerConfig.Snapshots set, the worker applies §2.4's policy
 //     after each apply (Group.SnapshotDue), and MaybeSnapshot its idle
-//     rule (TestSnapshotPolicy).
+//     rule (TestSnapshotPolicy). Snapshot writes and compactions run on a
+//     bounded Pool (pool.go; 4 goroutines by default, shared by a node's
+//     workers).
 //   - bodies.go: Group.Body reads a message's body back from the log by
 //     its id (§2.2): from the storage's tail cache while the entry is in
 //     memory, else through one segment view per entry, held until
@@ -72,9 +74,7 @@
 // # Not built yet
 //
 // The broker does not use this package yet: durable queues are still
-// in memory only, and nothing is written to disk. Not built: a bounded
-// compactor pool (each snapshot's store write and compaction run on a
-// goroutine of their own); a group
+// in memory only, and nothing is written to disk. Not built: a group
 // that stops snapshotting pins the snapshot store from its snapshot on
 // (SnapStore's doc); the confirm bookkeeping of §3.4 (pending proposals per
 // proposer and seq; a dropped proposal is only counted and logged);

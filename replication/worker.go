@@ -48,6 +48,7 @@ type Worker struct {
 	closing bool
 	done    chan struct{}
 	failed  error // an Append failed: the worker is stopped for good
+	ownPool bool
 
 	stats WorkerStats
 }
@@ -71,7 +72,10 @@ type WorkerConfig struct {
 	// applies the idle rule. SnapshotDone (optional) hears each outcome.
 	Snapshots    *SnapStore
 	SnapshotDone func(g *Group, meta raftpb.SnapshotMetadata, err error)
-	Logger       *slog.Logger
+	// Pool runs snapshot writes and compactions (shared among the node's
+	// workers); nil: the worker makes its own of 4, closed by Close.
+	Pool   *Pool
+	Logger *slog.Logger
 }
 
 // WorkerStats count rounds and writes.
@@ -150,6 +154,9 @@ func NewWorker(log *segment.Log, cfg WorkerConfig) *Worker {
 		cfg.NodeID = 1
 	}
 	w := &Worker{log: log, cfg: cfg, ids: map[uint64]*Group{}, wake: make(chan struct{}, 1), done: make(chan struct{})}
+	if w.cfg.Pool == nil {
+		w.cfg.Pool, w.ownPool = NewPool(4), true
+	}
 	go w.appender()
 	return w
 }
@@ -506,8 +513,13 @@ func (w *Worker) appender() {
 }
 
 // Close stops the appender once the submitted writes are done (their
-// completions are still posted). It does not close the log.
+// completions are still posted), and the worker's own pool once its
+// queued snapshot jobs ran (a shared Pool is its owner's to close). It
+// does not close the log.
 func (w *Worker) Close() {
+	if w.ownPool {
+		defer w.cfg.Pool.Close()
+	}
 	w.mu.Lock()
 	w.closing = true
 	w.mu.Unlock()
@@ -567,7 +579,7 @@ func (g *Group) Snapshot(store *SnapStore, done func(meta raftpb.SnapshotMetadat
 	g.lastSnapSize, g.lastSnapAt = len(data), g.w.now
 	g.deadAt, g.bytesAt = g.fsm.DeadBytes(), g.fsm.AppliedBytes()
 	w := g.w
-	go func() {
+	w.cfg.Pool.Go(func() {
 		err := store.Put(g.id, meta, data)
 		w.cfg.Post(func() {
 			if err != nil {
@@ -578,7 +590,7 @@ func (g *Group) Snapshot(store *SnapStore, done func(meta raftpb.SnapshotMetadat
 			g.compactAfter = p
 			g.maybeCompact()
 		})
-	}()
+	})
 	return nil
 }
 
@@ -646,7 +658,7 @@ func (g *Group) maybeCompact() {
 	}
 	g.compactAfter = nil
 	w := g.w
-	go func() {
+	w.cfg.Pool.Go(func() {
 		err := w.log.Compact(g.id, p.meta.Index, p.live)
 		w.cfg.Post(func() {
 			g.snapping = false
@@ -655,7 +667,7 @@ func (g *Group) maybeCompact() {
 			}
 			p.done(p.meta, err)
 		})
-	}()
+	})
 }
 
 // Recover opens group gid after a restart: its FSM restored from its
