@@ -186,7 +186,9 @@ func TestStorageAgainstMemoryStorage(t *testing.T) {
 					t.Fatal("a reopened storage has a tail")
 				}
 			}
-			compareStorage(t, where, s, m)
+			if !raceEnabled || op%3 == 0 {
+				compareStorage(t, where, s, m)
+			}
 			// raft keeps what Entries returned (Ready.CommittedEntries,
 			// messages); nothing the storage does later may change it.
 			for _, h := range held {
