@@ -44,7 +44,7 @@ type Routes struct {
 type exBook struct {
 	rx  *rex
 	out map[string]*bindRec // bindings from this exchange
-	in  map[string]*bindRec // exchange-to-exchange bindings to it
+	in  inList              // exchange-to-exchange bindings to it
 	// weights counts, for a consistent-hash exchange, the destinations
 	// with each summed weight (so hashEqual is len(weights) ≤ 1).
 	weights map[float64]int
@@ -52,12 +52,31 @@ type exBook struct {
 
 type qBook struct {
 	ref QueueRef
-	in  map[string]*bindRec // bindings to this queue
+	in  inList // bindings to this queue
+}
+
+// inList lists the bindings to a queue or exchange: a slice, not a map
+// (most queues have one or two bindings, and a map costs hundreds of
+// bytes); each binding knows its index, so removal is O(1).
+type inList []*bindRec
+
+func (l *inList) add(rec *bindRec) {
+	rec.inIdx = len(*l)
+	*l = append(*l, rec)
+}
+
+func (l *inList) remove(rec *bindRec) {
+	s := *l
+	last := s[len(s)-1]
+	s[rec.inIdx], last.inIdx = last, rec.inIdx
+	s[len(s)-1] = nil
+	*l = s[:len(s)-1]
 }
 
 type bindRec struct {
-	b  Binding
-	id string
+	b     Binding
+	id    string
+	inIdx int // in its destination's inList
 }
 
 // NewRoutes returns a topology with no exchanges and no queues.
@@ -74,7 +93,7 @@ func (r *Routes) AddExchange(e Exchange) {
 	r.cur = nil
 	bk := r.exs[e.Name]
 	if bk == nil {
-		bk = &exBook{rx: newRex(e, r.edit), out: map[string]*bindRec{}, in: map[string]*bindRec{}}
+		bk = &exBook{rx: newRex(e, r.edit), out: map[string]*bindRec{}}
 		r.exs[e.Name] = bk
 		r.putEx(bk)
 		return
@@ -100,20 +119,13 @@ func (r *Routes) DeleteExchange(name string) {
 		return
 	}
 	r.cur = nil
-	for id, rec := range bk.out {
-		if rec.b.ToExchange {
-			delete(r.exs[rec.b.Destination].in, id)
-		} else {
-			delete(r.qs[rec.b.Destination].in, id)
-		}
+	for _, rec := range bk.out {
+		r.inOf(&rec.b).remove(rec) // those to itself too
 	}
-	for id, rec := range bk.in {
-		if rec.b.Source == name {
-			continue // to itself: gone with the exchange
-		}
+	for _, rec := range bk.in {
 		src := r.exs[rec.b.Source]
 		r.apply(src, rec, dest{name: name, ex: true}, false)
-		delete(src.out, id)
+		delete(src.out, rec.id)
 		r.putEx(src)
 	}
 	delete(r.exs, name)
@@ -125,7 +137,7 @@ func (r *Routes) DeleteExchange(name string) {
 func (r *Routes) AddQueue(name string, ref QueueRef) {
 	qb := r.qs[name]
 	if qb == nil {
-		r.qs[name] = &qBook{ref: ref, in: map[string]*bindRec{}}
+		r.qs[name] = &qBook{ref: ref}
 	} else if qb.ref == ref {
 		return
 	} else {
@@ -148,10 +160,10 @@ func (r *Routes) DeleteQueue(name string) {
 		return
 	}
 	r.cur = nil
-	for id, rec := range qb.in {
+	for _, rec := range qb.in {
 		src := r.exs[rec.b.Source]
 		r.apply(src, rec, dest{name: name, ref: qb.ref}, false)
-		delete(src.out, id)
+		delete(src.out, rec.id)
 		r.putEx(src)
 	}
 	delete(r.qs, name)
@@ -167,19 +179,19 @@ func (r *Routes) Bind(b Binding) bool {
 	if src == nil {
 		return false
 	}
-	var in map[string]*bindRec
+	var in *inList
 	if b.ToExchange {
 		dx := r.exs[b.Destination]
 		if dx == nil {
 			return false
 		}
-		in = dx.in
+		in = &dx.in
 	} else {
 		q := r.qs[b.Destination]
 		if q == nil {
 			return false
 		}
-		in = q.in
+		in = &q.in
 	}
 	id := bindingID(&b)
 	if _, dup := src.out[id]; dup {
@@ -187,7 +199,8 @@ func (r *Routes) Bind(b Binding) bool {
 	}
 	b.Args = cloneTable(b.Args)
 	rec := &bindRec{b: b, id: id}
-	src.out[id], in[id] = rec, rec
+	src.out[id] = rec
+	in.add(rec)
 	r.apply(src, rec, r.destOf(&rec.b), true)
 	r.putEx(src)
 	r.cur = nil
@@ -205,11 +218,7 @@ func (r *Routes) Unbind(b Binding) bool {
 	if rec == nil {
 		return false
 	}
-	if b.ToExchange {
-		delete(r.exs[b.Destination].in, id)
-	} else {
-		delete(r.qs[b.Destination].in, id)
-	}
+	r.inOf(&rec.b).remove(rec)
 	delete(src.out, id)
 	r.apply(src, rec, r.destOf(&rec.b), false)
 	r.putEx(src)
@@ -227,6 +236,14 @@ func (r *Routes) Table() *Table {
 		r.edit = &pedit{} // what t holds is frozen from now on
 	}
 	return r.cur
+}
+
+// inOf returns the list of bindings to an existing binding's destination.
+func (r *Routes) inOf(b *Binding) *inList {
+	if b.ToExchange {
+		return &r.exs[b.Destination].in
+	}
+	return &r.qs[b.Destination].in
 }
 
 // destOf returns where an existing binding leads.
