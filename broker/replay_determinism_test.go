@@ -2,6 +2,7 @@ package broker
 
 import (
 	"bytes"
+	"cmp"
 	"context"
 	"fmt"
 	"math/rand/v2"
@@ -269,10 +270,17 @@ func settle(t *testing.T, b *Broker) {
 }
 
 // liveQueues names the queues that exist now, by name.
+//
+// In the order of their ids, not their names: a generated name is random,
+// and the workload must not depend on where it sorts.
 func liveQueues(b *Broker) []string {
-	var out []string
-	for _, q := range b.Queues() {
-		out = append(out, q.Name)
+	b.topo.mu.Lock()
+	qs := b.topo.meta.Queues()
+	b.topo.mu.Unlock()
+	slices.SortFunc(qs, func(x, y MetaQueue) int { return cmp.Compare(x.ID, y.ID) })
+	out := make([]string, len(qs))
+	for i, q := range qs {
+		out[i] = q.Name
 	}
 	return out
 }
