@@ -70,7 +70,7 @@ vectors:
 
 # Standard scenarios against Warren and, when it answers on 127.0.0.1:5672,
 # RabbitMQ (classic and quorum queues), side by side. Starts its own
-# warrend on 127.0.0.1:5690. Writes bench-compare.md.
+# warrend on 127.0.0.1:5690. Writes bench-compare.md and bench-compare.html.
 COMPARE_DURATION ?= 10s
 bench-compare:
 	$(GO) build -o bin/warrend ./cmd/warrend
@@ -79,7 +79,7 @@ bench-compare:
 	pid=$$!; trap "kill $$pid" EXIT; \
 	until (exec 3<>/dev/tcp/127.0.0.1/5690) 2>/dev/null; do sleep 0.1; done; \
 	bin/warren-loadtest compare --warren-url warren://guest:guest@127.0.0.1:5690 --warren-pid $$pid \
-		--amqp-pid $$(pgrep -o beam.smp || echo 0) --duration $(COMPARE_DURATION) --out bench-compare.md
+		--amqp-pid $$(pgrep -o beam.smp || echo 0) --duration $(COMPARE_DURATION) --out bench-compare.md --html bench-compare.html
 	@cat bench-compare.md
 
 # The hostile clients of issue 11 at full size, each beside a 2,000 msg/s

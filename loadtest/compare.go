@@ -21,30 +21,38 @@ type CompareTarget struct {
 
 // Compare runs each scenario against each target in turn (same machine, same
 // settings) and writes a side-by-side markdown table to out; progress goes
-// to log. Targets that are not reachable are skipped with a note.
-func Compare(ctx context.Context, scenarios []string, targets []CompareTarget, duration time.Duration, log, out io.Writer) error {
+// to log. Targets that are not reachable are skipped with a note. It
+// returns every cell, run or not, in order (WriteCompareHTML draws them).
+func Compare(ctx context.Context, scenarios []string, targets []CompareTarget, duration time.Duration, log, out io.Writer) ([]CompareResult, error) {
 	var live []CompareTarget
+	var results []CompareResult
+	skipped := map[string]bool{}
 	for _, t := range targets {
 		if reachable(t.URL) {
 			live = append(live, t)
 		} else {
+			skipped[t.Label] = true
 			fmt.Fprintf(out, "> %s (%s) is not reachable; skipped.\n\n", t.Label, t.URL)
 		}
 	}
 	fmt.Fprintln(out, "| scenario | broker | publish msg/s | consume msg/s | confirm p50 / p99 ms | publish→deliver p50 / p99 ms | broker / load generator CPU µs per msg | lost | conditions |")
 	fmt.Fprintln(out, "|---|---|---|---|---|---|---|---|---|")
 	for _, name := range scenarios {
+		note := func(t CompareTarget, why string) {
+			fmt.Fprintf(out, "| %s | %s | %s |  |  |  |  |  |  |\n", name, t.Label, why)
+			results = append(results, CompareResult{Scenario: name, Label: t.Label, Note: why})
+		}
 		for _, t := range live {
 			cfg, err := LoadScenario(name)
 			if err != nil {
-				return err
+				return results, err
 			}
 			if t.QueueType == "quorum" && cfg.Queues > 100 {
-				fmt.Fprintf(out, "| %s | %s | not run: declaring %d quorum queues (one Raft group each) had not finished after minutes on this machine |  |  |  |  |  |  |\n", name, t.Label, cfg.Queues)
+				note(t, fmt.Sprintf("not run: declaring %d quorum queues (one Raft group each) had not finished after minutes on this machine", cfg.Queues))
 				continue
 			}
 			if t.QueueType == "quorum" && cfg.Priorities != "" {
-				fmt.Fprintf(out, "| %s | %s | not supported: RabbitMQ quorum queues have no x-max-priority |  |  |  |  |  |  |\n", name, t.Label)
+				note(t, "not supported: RabbitMQ quorum queues have no x-max-priority")
 				continue
 			}
 			cfg.Driver, cfg.URL, cfg.QueueType, cfg.BrokerPID = t.Driver, t.URL, t.QueueType, t.PID
@@ -54,15 +62,21 @@ func Compare(ctx context.Context, scenarios []string, targets []CompareTarget, d
 			fmt.Fprintf(log, "\n### %s on %s\n", name, t.Label)
 			rep, err := Run(ctx, cfg, log)
 			if rep == nil {
-				fmt.Fprintf(out, "| %s | %s | failed: %v |  |  |  |  |  |  |\n", name, t.Label, err)
+				note(t, fmt.Sprintf("failed: %v", err))
 				continue
 			}
+			results = append(results, CompareResult{Scenario: name, Label: t.Label, Report: rep})
 			fmt.Fprintf(out, "| %s | %s | %.0f | %.0f | %.2f / %.2f | %.2f / %.2f | %s / %s | %d | %s |\n", name, t.Label,
 				rep.PublishRate, rep.ConsumeRate, rep.ConfirmLat.P50, rep.ConfirmLat.P99, rep.E2ELat.P50, rep.E2ELat.P99,
 				cpuString(rep.BrokerCPU), cpuString(rep.ClientCPU), rep.Lost, rep.Conditions)
 		}
+		for _, t := range targets {
+			if skipped[t.Label] {
+				results = append(results, CompareResult{Scenario: name, Label: t.Label, Note: "not reachable; skipped"})
+			}
+		}
 	}
-	return nil
+	return results, nil
 }
 
 func reachable(raw string) bool {

@@ -48,6 +48,26 @@ type Report struct {
 	ClientCPU float64 `json:"client_cpu_us_per_msg,omitempty"`
 	MinRate   float64 `json:"min_rate,omitempty"`
 	RateHeld  *bool   `json:"rate_held,omitempty"`
+	// WarmupS is how long the run went before measuring; Series has a
+	// point per second of the publishing phase (the progress lines), the
+	// warmup included, and one for the last partial second.
+	WarmupS float64  `json:"warmup_s"`
+	Series  []Second `json:"series,omitempty"`
+}
+
+// Second is one interval of a run's progress: the rates over it and the
+// latency percentiles of the confirms and deliveries that arrived in it
+// (zero, with a zero count, when none did).
+type Second struct {
+	T           float64 `json:"t_s"` // the interval's end, in seconds since the run started
+	PublishRate float64 `json:"publish_rate"`
+	ConsumeRate float64 `json:"consume_rate"`
+	Confirms    int64   `json:"confirms"`
+	ConfirmP50  float64 `json:"confirm_p50_ms"`
+	ConfirmP99  float64 `json:"confirm_p99_ms"`
+	Deliveries  int64   `json:"deliveries"` // from at most 16 consumers (maxE2EIntervalSources)
+	E2EP50      float64 `json:"e2e_p50_ms"`
+	E2EP99      float64 `json:"e2e_p99_ms"`
 }
 
 func (t *tracker) report(cfg *Config, pubDur, consDur time.Duration, pubMeasured, consMeasured int64) *Report {

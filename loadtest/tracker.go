@@ -75,7 +75,8 @@ type recorder struct {
 	mu       sync.Mutex
 	total    *hdrhistogram.Histogram
 	interval *hdrhistogram.Histogram
-	active   bool // false during warmup: nothing is recorded
+	active   bool                    // false during warmup: nothing is recorded
+	spare    *hdrhistogram.Histogram // progress goroutine: the next interval
 }
 
 func newRecorder() *recorder {
@@ -96,13 +97,19 @@ func (r *recorder) record(us int64) {
 	r.mu.Unlock()
 }
 
-// takeInterval returns and resets the interval histogram.
-func (r *recorder) takeInterval() *hdrhistogram.Histogram {
+// mergeInterval adds the interval histogram to acc and starts a new
+// interval. It swaps in a spare histogram under the lock (the recording
+// side waits for a pointer swap, not a merge) and clears the old one
+// outside it; only the progress goroutine calls it, and it owns spare.
+func (r *recorder) mergeInterval(acc *hdrhistogram.Histogram) {
+	if r.spare == nil {
+		r.spare = newHist()
+	}
 	r.mu.Lock()
-	h := r.interval
-	r.interval = newHist()
+	r.interval, r.spare = r.spare, r.interval
 	r.mu.Unlock()
-	return h
+	acc.Merge(r.spare)
+	r.spare.Reset()
 }
 
 // tracker accounts for every message of a run.
@@ -115,6 +122,9 @@ type tracker struct {
 	confirm  []*recorder // per producer
 	e2e      []*recorder // per consumer
 	dropNth  int64       // tests: consumers pretend to lose every dropNth message
+	// The progress goroutine's accumulators for an interval's confirm and
+	// publish→deliver latency.
+	confirmIv, e2eIv *hdrhistogram.Histogram
 }
 
 type producerState struct {
@@ -126,7 +136,7 @@ type producerState struct {
 }
 
 func newTracker(producers, consumers, copies, window int) *tracker {
-	t := &tracker{copies: copies}
+	t := &tracker{copies: copies, confirmIv: newHist(), e2eIv: newHist()}
 	for i := 0; i < producers; i++ {
 		t.prod = append(t.prod, &producerState{sentNs: make([]atomic.Int64, 2*window+1)})
 		t.confirm = append(t.confirm, newRecorder())

@@ -6,6 +6,8 @@
 //	warren-loadtest --driver warren --producers 4 --consumers 1 --queues 4 --size 128 --duration 30s
 //	warren-loadtest --driver amqp --url amqp://guest:guest@127.0.0.1:5672/ --scenario persistent-1k
 //	warren-loadtest --scenario million --json million.json
+//	warren-loadtest --scenario throughput --html throughput.html
+//	warren-loadtest compare --out compare.md --html compare.html
 package main
 
 import (
@@ -54,6 +56,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	fs.Int64Var(&c.Count, "count", 0, "publish this many messages in all instead of running for a duration")
 	fs.DurationVar(&c.Warmup, "warmup", 0, "run this long before measuring")
 	fs.StringVar(&c.JSONPath, "json", "", "write the report as JSON to this file")
+	htmlPath := fs.String("html", "", "write the report as a self-contained HTML page (charts over time) to this file")
 	fs.IntVar(&c.BrokerPID, "broker-pid", 0, "the broker's process id on this machine: report its CPU time per message (from /proc)")
 	if err := fs.Parse(args); err != nil {
 		return 2
@@ -70,6 +73,12 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	rep, err := loadtest.Run(ctx, cfg, stdout)
 	if rep != nil && c.JSONPath != "" {
 		if werr := rep.WriteJSON(c.JSONPath); werr != nil {
+			fmt.Fprintln(stderr, werr)
+			return 1
+		}
+	}
+	if rep != nil && *htmlPath != "" {
+		if werr := rep.WriteHTMLFile(*htmlPath); werr != nil {
 			fmt.Fprintln(stderr, werr)
 			return 1
 		}
@@ -139,6 +148,7 @@ func compare(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	outPath := fs.String("out", "", "write the markdown table here (default stdout)")
 	wpid := fs.Int("warren-pid", 0, "Warren's process id, for its CPU time per message")
 	apid := fs.Int("amqp-pid", 0, "RabbitMQ's process id (beam.smp), for its CPU time per message")
+	htmlPath := fs.String("html", "", "also write the brokers side by side as a self-contained HTML page (charts over time) to this file")
 	if err := fs.Parse(args); err != nil {
 		return 2
 	}
@@ -157,7 +167,14 @@ func compare(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		{Label: "RabbitMQ classic", Driver: "amqp", URL: *aurl, QueueType: "classic", PID: *apid},
 		{Label: "RabbitMQ quorum", Driver: "amqp", URL: *aurl, QueueType: "quorum", PID: *apid},
 	}
-	if err := loadtest.Compare(ctx, strings.Split(*scen, ","), targets, *dur, stderr, out); err != nil {
+	results, err := loadtest.Compare(ctx, strings.Split(*scen, ","), targets, *dur, stderr, out)
+	if *htmlPath != "" && len(results) > 0 {
+		if werr := loadtest.WriteCompareHTMLFile(*htmlPath, results); werr != nil {
+			fmt.Fprintln(stderr, werr)
+			return 1
+		}
+	}
+	if err != nil {
 		fmt.Fprintln(stderr, err)
 		return 1
 	}

@@ -66,7 +66,7 @@ func TestCompareHTML(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	for _, want := range []string{"<h2>latency</h2>", "<td>Warren</td>", "RabbitMQ classic", "not reachable", "<svg"} {
+	for _, want := range []string{"<h2>latency</h2>", ">Warren</td>", "RabbitMQ classic", "not reachable", "<svg"} {
 		if !bytes.Contains(h, []byte(want)) {
 			t.Errorf("compare --html lacks %q:\n%s", want, h)
 		}
