@@ -320,7 +320,7 @@ func benchWorker(b *testing.B, groups, per int) {
 		if err != nil {
 			b.Fatal(err)
 		}
-		_ = g.Add(&queue.Subscribe{Spec: queue.ConsumerSpec{ID: 1, Owner: 1}})
+		_, _ = g.Add(&queue.Subscribe{Spec: queue.ConsumerSpec{ID: 1, Owner: 1}})
 		gs = append(gs, g)
 	}
 	done := uint64(0)
@@ -341,8 +341,8 @@ func benchWorker(b *testing.B, groups, per int) {
 	appends0 := w.Stats().Appends
 	for i := 0; i < b.N; i++ {
 		for _, g := range gs {
-			_ = g.Add(&queue.Enqueue{Msgs: msgs, Bodies: bodies})
-			_ = g.Add(&queue.Settle{Consumer: 1, Op: wire.SettleAck, Last: uint64(i * per)})
+			_, _ = g.Add(&queue.Enqueue{Msgs: msgs, Bodies: bodies})
+			_, _ = g.Add(&queue.Settle{Consumer: 1, Op: wire.SettleAck, Last: uint64(i * per)})
 		}
 		round(2)
 		if i%compactEvery == compactEvery-1 {

@@ -49,7 +49,7 @@ func TestBodiesFromTheLog(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	_ = g.Add(&queue.Subscribe{Spec: queue.ConsumerSpec{ID: 1, Owner: 1, Prefetch: 50}})
+	_, _ = g.Add(&queue.Subscribe{Spec: queue.ConsumerSpec{ID: 1, Owner: 1, Prefetch: 50}})
 	for round := range 40 {
 		var msgs []queue.Message
 		var bs [][]byte
@@ -58,9 +58,9 @@ func TestBodiesFromTheLog(t *testing.T) {
 			msgs = append(msgs, queue.Message{Size: uint32(len(b))})
 			bs = append(bs, b)
 		}
-		_ = g.Add(&queue.Enqueue{Msgs: msgs, Bodies: bs})
+		_, _ = g.Add(&queue.Enqueue{Msgs: msgs, Bodies: bs})
 		if round%3 == 2 {
-			_ = g.Add(&queue.Settle{Consumer: 1, Op: wire.SettleAck, Last: uint64(round * 2)})
+			_, _ = g.Add(&queue.Settle{Consumer: 1, Op: wire.SettleAck, Last: uint64(round * 2)})
 		}
 		s.nowMs++
 		s.round()

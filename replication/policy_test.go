@@ -40,7 +40,7 @@ func TestSnapshotPolicy(t *testing.T) {
 	voters := raftpb.ConfState{Voters: []uint64{1}}
 	keep, _ := s.w.Open(3, raftpb.SnapshotMetadata{ConfState: voters}, NewQueueFSM(queue.New(queue.Config{}, 0), 0, nil))
 	deep, _ := s.w.Open(4, raftpb.SnapshotMetadata{ConfState: voters}, NewQueueFSM(queue.New(queue.Config{}, 0), 0, nil))
-	_ = keep.Add(&queue.Subscribe{Spec: queue.ConsumerSpec{ID: 1, Owner: 1}})
+	_, _ = keep.Add(&queue.Subscribe{Spec: queue.ConsumerSpec{ID: 1, Owner: 1}})
 	s.settle()
 	msgs := make([]queue.Message, 64)
 	bodies := make([][]byte, 64)
@@ -54,9 +54,9 @@ func TestSnapshotPolicy(t *testing.T) {
 	}
 	for i := range rounds {
 		s.nowMs += 10
-		_ = keep.Add(&queue.Enqueue{Msgs: msgs, Bodies: bodies})
-		_ = keep.Add(&queue.Settle{Consumer: 1, Op: wire.SettleAck, Last: uint64(i * 64)})
-		_ = deep.Add(&queue.Enqueue{Msgs: msgs, Bodies: bodies})
+		_, _ = keep.Add(&queue.Enqueue{Msgs: msgs, Bodies: bodies})
+		_, _ = keep.Add(&queue.Settle{Consumer: 1, Op: wire.SettleAck, Last: uint64(i * 64)})
+		_, _ = deep.Add(&queue.Enqueue{Msgs: msgs, Bodies: bodies})
 		s.round()
 		s.settle()
 		s.settleSnapshots([]*snapGroup{{workerGroup: workerGroup{g: keep}}, {workerGroup: workerGroup{g: deep}}})
@@ -71,7 +71,7 @@ func TestSnapshotPolicy(t *testing.T) {
 		t.Fatalf("the growing queue was snapshotted %d times with nothing to reclaim", snaps[4])
 	}
 	// Idle clean-up: ack a little, then let 5 s pass.
-	_ = keep.Add(&queue.Settle{Consumer: 1, Op: wire.SettleAck, Last: uint64(rounds * 64)})
+	_, _ = keep.Add(&queue.Settle{Consumer: 1, Op: wire.SettleAck, Last: uint64(rounds * 64)})
 	s.round()
 	s.settle()
 	s.settleSnapshots([]*snapGroup{{workerGroup: workerGroup{g: keep}}})

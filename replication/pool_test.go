@@ -67,7 +67,7 @@ func TestSnapshotsShareThePool(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		_ = g.Add(&queue.Enqueue{Msgs: []queue.Message{{Size: 1}}, Bodies: [][]byte{{1}}})
+		_, _ = g.Add(&queue.Enqueue{Msgs: []queue.Message{{Size: 1}}, Bodies: [][]byte{{1}}})
 		gs = append(gs, &snapGroup{workerGroup: workerGroup{g: g}})
 	}
 	s.settle()

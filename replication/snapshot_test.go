@@ -89,7 +89,7 @@ func snapshotRun(t *testing.T, seed uint64) {
 		s.nowMs += int64(r.IntN(50))
 		for _, sg := range groups {
 			for range r.IntN(4) {
-				if err := sg.g.Add(sg.w.command()); err != nil {
+				if _, err := sg.g.Add(sg.w.command()); err != nil {
 					t.Fatal(err)
 				}
 			}

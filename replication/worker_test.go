@@ -6,6 +6,7 @@ import (
 	"flag"
 	"fmt"
 	"math/rand/v2"
+	"slices"
 	"testing"
 	"time"
 
@@ -73,6 +74,10 @@ type workerGroup struct {
 	cfg  queue.Config
 	cmds int // commands added
 	seen int // commands the sink saw applied
+	// seqs: the proposal seq Add returned for each command; seen: the
+	// entry header seq each command was applied under (the same, in order:
+	// a leader matches confirms to applies by it).
+	seqs, appliedSeqs []uint64
 }
 
 // TestWorkerRounds: one worker drives several groups (random
@@ -107,6 +112,10 @@ func workerRun(t *testing.T, seed uint64) {
 		wg := &workerGroup{cfg: randomConfig(r), w: &workload{r: r, tags: map[queue.ConsumerID][]uint64{}}}
 		fsm := NewQueueFSM(queue.New(wg.cfg, 0), 0, func(a *Applied) {
 			wg.seen++
+			if a.Header.Proposer != 1<<48 {
+				t.Errorf("proposer %#x, want node 1 shard 0", a.Header.Proposer)
+			}
+			wg.appliedSeqs = append(wg.appliedSeqs, a.Header.Seq)
 			for _, e := range a.Effects {
 				if e.Kind == queue.Deliver {
 					wg.w.tags[e.Consumer] = append(wg.w.tags[e.Consumer], e.Tag)
@@ -135,9 +144,11 @@ func workerRun(t *testing.T, seed uint64) {
 				busy++
 			}
 			for range n {
-				if err := wg.g.Add(wg.w.command()); err != nil {
+				seq, err := wg.g.Add(wg.w.command())
+				if err != nil {
 					t.Fatal(err)
 				}
+				wg.seqs = append(wg.seqs, seq)
 				wg.cmds++
 			}
 		}
@@ -166,6 +177,9 @@ func workerRun(t *testing.T, seed uint64) {
 		}
 		if s.fatal == nil && wg.seen != wg.cmds {
 			t.Fatalf("group %d: %d commands added, %d applied", wg.g.ID(), wg.cmds, wg.seen)
+		}
+		if s.fatal == nil && !slices.Equal(wg.seqs, wg.appliedSeqs) {
+			t.Fatalf("group %d: Add said seqs %v; the commands were applied under %v", wg.g.ID(), wg.seqs, wg.appliedSeqs)
 		}
 	}
 	if crash && s.fatal != nil && !errors.Is(s.fatal, segment.ErrStopped) {
@@ -249,14 +263,14 @@ func TestWorkerStopsOnWriteFailure(t *testing.T) {
 	}
 	s.settle()
 	fs.FailSync(1)
-	if err := g.Add(&queue.Tick{}); err != nil {
+	if _, err := g.Add(&queue.Tick{}); err != nil {
 		t.Fatal(err)
 	}
 	s.settle()
 	if !errors.Is(s.fatal, segment.ErrStopped) {
 		t.Fatalf("Fatal got %v", s.fatal)
 	}
-	if err := g.Add(&queue.Tick{}); !errors.Is(err, ErrWorkerStopped) {
+	if _, err := g.Add(&queue.Tick{}); !errors.Is(err, ErrWorkerStopped) {
 		t.Fatalf("Add after the failure: %v", err)
 	}
 	before := s.w.Stats().Appends
