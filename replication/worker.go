@@ -211,25 +211,29 @@ func (g *Group) Leader() bool { return g.leader }
 func (g *Group) Err() error { return g.err }
 
 // Add buffers cmd for the group's next proposal (one entry per group per
-// round, design §1.3). The command is encoded now: cmd may be reused when
-// Add returns. Its time and message ids are set at apply.
-func (g *Group) Add(cmd queue.Command) error {
+// round, design §1.3) and returns the proposal seq of the entry it goes
+// into: the entry is applied under that seq (Applied.Header.Seq, with
+// Proposer node<<48 | shard), which is how a leader matches the confirms
+// it holds to what was applied (§3.4). The command is encoded now: cmd
+// may be reused when Add returns. Its time and message ids are set at
+// apply.
+func (g *Group) Add(cmd queue.Command) (seq uint64, err error) {
 	if g.err != nil {
-		return g.err
+		return 0, g.err
 	}
 	if g.w.failed != nil {
-		return ErrWorkerStopped
+		return 0, ErrWorkerStopped
 	}
-	err := g.enc.Add(cmd)
+	err = g.enc.Add(cmd)
 	if errors.Is(err, ErrEntryFull) {
 		g.full = append(g.full, g.finish(g.w.now))
 		err = g.enc.Add(cmd)
 	}
 	if err != nil {
-		return err
+		return 0, err
 	}
 	g.w.mark(g)
-	return nil
+	return g.seq + 1, nil
 }
 
 // finish takes the encoder's entry as a proposal of its own (raft keeps
