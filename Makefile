@@ -5,7 +5,7 @@ PKGS     := ./...
 # Packages with goroutines or shared state run under the race detector.
 RACE_PKGS := ./queue/... ./broker/... ./netio/... ./admin/... ./client/... ./cmd/... ./segment/... ./internal/... ./replication/...
 
-.PHONY: all build run test test-race vet fmt-check lint bench bench-segment bench-compare bench-million bench-topology fuzz vectors tools soak-segment abuse
+.PHONY: all build run test test-race vet fmt-check lint bench bench-segment bench-compare bench-million bench-topology fuzz vectors tools soak-segment soak-replication abuse
 
 all: build
 
@@ -53,6 +53,12 @@ CRASH_SEEDS ?= 20000
 soak-segment:
 	SEGMENT_SOAK=1 SEGMENT_SOAK_DIR=$(SEGMENT_SOAK_DIR) $(GO) test -count=1 -run TestSoakTenMillion -v -timeout 60m ./segment
 	$(GO) test -count=1 -run TestCrashProperty ./segment -crash.seeds=$(CRASH_SEEDS)
+
+# Replication crash simulations (worker rounds, snapshots and recovery,
+# a single voter), each over REPL_SEEDS seeds; make test runs a few dozen.
+REPL_SEEDS ?= 10000
+soak-replication:
+	$(GO) test -count=1 -timeout 60m -run 'TestSnapshotsCompactAndRecover|TestWorkerRounds|TestSingleVoterRecovers' ./replication -worker.seeds=$(REPL_SEEDS) -voter.seeds=$(REPL_SEEDS)
 
 bench-segment:
 	$(GO) test -run '^$$' -bench . -benchmem -benchtime 2s ./segment
