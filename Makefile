@@ -105,9 +105,10 @@ bench-million:
 
 # The Grafana dashboard and Prometheus alert rules in ops/: promtool checks the
 # rules (Debian: apt-get install prometheus), and Go tests (also in make test)
-# check that every metric they name is in a live warrend's /metrics.
+# check that every metric they name is in a live warrend's /metrics and, with
+# promtool, that each alert fires on the trouble it is for and not otherwise.
 .PHONY: dashboards
 dashboards:
 	@command -v promtool >/dev/null || { echo "promtool not found: apt-get install prometheus (Debian), or get it from prometheus.io"; exit 1; }
 	promtool check rules ops/prometheus/alerts.yml
-	$(GO) test -count=1 -run 'Dashboard|AlertRules|PromQL' ./cmd/warrend
+	WARREN_REQUIRE_PROMTOOL=1 $(GO) test -count=1 -run 'Dashboard|AlertRules|PromQL' ./cmd/warrend

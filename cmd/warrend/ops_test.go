@@ -9,6 +9,7 @@ import (
 	"net"
 	"net/http"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"regexp"
 	"slices"
@@ -379,4 +380,105 @@ func metricNames(expr string) []string {
 		}
 	}
 	return out
+}
+
+// promtoolCases are promtool unit tests of the alert rules: each alert
+// fires on the trouble it is for, and not on a healthy broker.
+const promtoolCases = `rule_files: [alerts.yml]
+evaluation_interval: 1m
+tests:
+  - interval: 1m
+    input_series:
+      - {series: 'up{job="warren",instance="a"}', values: '0x10'}
+      - {series: 'up{job="warren",instance="b"}', values: '1x10'}
+      - {series: 'warren_flow_blocked{job="warren",instance="a"}', values: '0 1x10'}
+      - {series: 'warren_flow_blocked{job="warren",instance="b"}', values: '0x10'}
+      - {series: 'warren_connections_blocked{job="warren",instance="a"}', values: '2x10'}
+      - {series: 'warren_connections_blocked{job="warren",instance="b"}', values: '0x10'}
+      - {series: 'warren_disk_free_bytes{job="warren",instance="a"}', values: '4x10'}
+      - {series: 'warren_disk_free_bytes{job="warren",instance="b"}', values: '10x20'}
+      - {series: 'warren_disk_total_bytes{job="warren",instance="a"}', values: '100x10'}
+      - {series: 'warren_disk_total_bytes{job="warren",instance="b"}', values: '100x20'}
+      - {series: 'warren_dead_letter_dropped_total{job="warren",instance="a",reason="unroutable"}', values: '0 0 1 1 1 1'}
+      - {series: 'warren_dead_letter_dropped_total{job="warren",instance="a",reason="cycle"}', values: '0x5'}
+    alert_rule_test:
+      - {eval_time: 2m, alertname: WarrenDown, exp_alerts: [{exp_labels: {severity: critical, job: warren, instance: a}}]}
+      - {eval_time: 5m, alertname: WarrenMemoryAlarm, exp_alerts: [{exp_labels: {severity: critical, job: warren, instance: a}}]}
+      - {eval_time: 6m, alertname: WarrenPublishersBlocked, exp_alerts: [{exp_labels: {severity: warning, job: warren, instance: a}}]}
+      - {eval_time: 4m, alertname: WarrenPublishersBlocked, exp_alerts: []}
+      - {eval_time: 5m, alertname: WarrenDiskCritical, exp_alerts: [{exp_labels: {severity: critical, job: warren, instance: a}}]}
+      - {eval_time: 8m, alertname: WarrenDiskLow, exp_alerts: []}
+      - {eval_time: 15m, alertname: WarrenDiskLow, exp_alerts: [{exp_labels: {severity: warning, job: warren, instance: a}}, {exp_labels: {severity: warning, job: warren, instance: b}}]}
+      - {eval_time: 3m, alertname: WarrenDeadLettersDropped, exp_alerts: [{exp_labels: {severity: critical, job: warren, instance: a, reason: unroutable}}]}
+  - interval: 1m
+    input_series:
+      - {series: 'warren_stored_message_bytes{job="warren",instance="a"}', values: '900x20'}
+      - {series: 'warren_stored_message_bytes{job="warren",instance="b"}', values: '700x20'}
+      - {series: 'warren_memory_high_watermark_bytes{job="warren",instance="a"}', values: '1000x20'}
+      - {series: 'warren_memory_high_watermark_bytes{job="warren",instance="b"}', values: '1000x20'}
+      - {series: 'warren_queue_ready{job="warren",instance="a",queue="orders"}', values: '1000+100x40'}
+      - {series: 'warren_queue_consumers{job="warren",instance="a",queue="orders"}', values: '0x40'}
+      - {series: 'warren_queue_ready{job="warren",instance="a",queue="busy"}', values: '1000+100x40'}
+      - {series: 'warren_queue_consumers{job="warren",instance="a",queue="busy"}', values: '3x40'}
+      - {series: 'warren_queue_ready{job="warren",instance="a",queue="idle"}', values: '5000x40'}
+      - {series: 'warren_queue_consumers{job="warren",instance="a",queue="idle"}', values: '0x40'}
+      - {series: 'warren_queue_dead_lettered_total{job="warren",instance="a",queue="orders"}', values: '0+20x40'}
+      - {series: 'warren_queue_dead_lettered_total{job="warren",instance="a",queue="busy"}', values: '0+1x40'}
+    alert_rule_test:
+      - {eval_time: 15m, alertname: WarrenMemoryNearWatermark, exp_alerts: [{exp_labels: {severity: warning, job: warren, instance: a}}]}
+      - {eval_time: 35m, alertname: WarrenQueueGrowingWithoutConsumers, exp_alerts: [{exp_labels: {severity: warning, job: warren, instance: a, queue: orders}}]}
+      - {eval_time: 10m, alertname: WarrenQueueGrowingWithoutConsumers, exp_alerts: []}
+      - {eval_time: 35m, alertname: WarrenDeadLettering, exp_alerts: [{exp_labels: {severity: warning, job: warren, instance: a, queue: orders}}]}
+`
+
+// TestAlertRulesFire runs promtoolCases with promtool (make dashboards
+// sets WARREN_REQUIRE_PROMTOOL, so it cannot be skipped there). promtool
+// compares annotations too; the cases check which alerts fire with which
+// labels, so the rules are given to it without their annotations.
+func TestAlertRulesFire(t *testing.T) {
+	promtool, err := exec.LookPath("promtool")
+	if err != nil {
+		if os.Getenv("WARREN_REQUIRE_PROMTOOL") != "" {
+			t.Fatal("promtool not found: apt-get install prometheus (Debian), or get it from prometheus.io")
+		}
+		t.Skip("promtool not installed; make dashboards runs this test")
+	}
+	var doc yaml.Node
+	b, err := os.ReadFile(alertsPath)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := yaml.Unmarshal(b, &doc); err != nil {
+		t.Fatal(err)
+	}
+	var strip func(n *yaml.Node)
+	strip = func(n *yaml.Node) {
+		if n.Kind == yaml.MappingNode {
+			for i := 0; i+1 < len(n.Content); i += 2 {
+				if n.Content[i].Value == "annotations" {
+					n.Content = append(n.Content[:i], n.Content[i+2:]...)
+					i -= 2
+				}
+			}
+		}
+		for _, c := range n.Content {
+			strip(c)
+		}
+	}
+	strip(&doc)
+	rules, err := yaml.Marshal(&doc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	dir := t.TempDir()
+	if err := os.WriteFile(filepath.Join(dir, "alerts.yml"), rules, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(dir, "alerts_test.yml"), []byte(promtoolCases), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	out, err := exec.Command(promtool, "test", "rules", filepath.Join(dir, "alerts_test.yml")).CombinedOutput()
+	if err != nil {
+		t.Fatalf("promtool test rules: %v\n%s", err, out)
+	}
 }
