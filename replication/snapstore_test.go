@@ -99,3 +99,43 @@ func chunkBytes(gid, idx uint64, chunk, chunks uint32, data []byte) []byte {
 	b = le.AppendUint32(b, chunks)
 	return append(b, data...)
 }
+
+// TestSnapStoreForget: a deleted group's snapshot stops pinning the store:
+// after Forget, compaction moves past it, and a reopened store does not
+// bring it back.
+func TestSnapStoreForget(t *testing.T) {
+	fs := segment.NewMemFS()
+	l := openMemLog(t, fs)
+	s, _ := OpenSnapStore(l)
+	cs := raftpb.ConfState{Voters: []uint64{1}}
+	for _, gid := range []uint64{3, 4} {
+		if err := s.Put(gid, raftpb.SnapshotMetadata{Index: 5, Term: 1, ConfState: cs}, []byte("x")); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := s.Put(4, raftpb.SnapshotMetadata{Index: 9, Term: 1, ConfState: cs}, []byte("y")); err != nil {
+		t.Fatal(err)
+	}
+	if f := l.FirstIndex(SnapStoreGroup); f != 1 {
+		t.Fatalf("group 3's snapshot (entry 1) is pinned, yet the store starts at %d", f)
+	}
+	if err := s.Forget(3); err != nil {
+		t.Fatal(err)
+	}
+	if _, ok := s.Latest(3); ok {
+		t.Fatal("a forgotten group still has a snapshot")
+	}
+	if f := l.FirstIndex(SnapStoreGroup); f != 3 {
+		t.Fatalf("after Forget(3) the store starts at %d, want 3 (group 4's latest)", f)
+	}
+	l.Close()
+	l = openMemLog(t, fs)
+	defer l.Close()
+	s, _ = OpenSnapStore(l)
+	if _, ok := s.Latest(3); ok {
+		t.Fatal("a forgotten group's snapshot came back after a reopen")
+	}
+	if m, ok := s.Latest(4); !ok || m.Index != 9 {
+		t.Fatalf("group 4: %+v %v", m, ok)
+	}
+}
