@@ -98,7 +98,11 @@ func OpenSnapStore(log *segment.Log) (*SnapStore, error) {
 				continue
 			}
 			if cur.got++; cur.got == cur.n {
-				s.latest[cur.gid] = &storedSnap{at: cur.at, meta: cur.meta}
+				if cur.index == 0 {
+					delete(s.latest, cur.gid) // Forget's tombstone
+				} else {
+					s.latest[cur.gid] = &storedSnap{at: cur.at, meta: cur.meta}
+				}
 			}
 		}
 		release()
@@ -180,6 +184,43 @@ func (s *SnapStore) Load(gid uint64) (meta raftpb.SnapshotMetadata, data []byte,
 	return l.meta, data, true, nil
 }
 
+// Forget drops group gid's snapshot (its queue was deleted), durably: a
+// tombstone entry (a snapshot of index 0) is appended, so a reopened store
+// does not bring the old snapshot back, and group 1 is compacted past
+// what no group needs any more.
+func (s *SnapStore) Forget(gid uint64) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.latest[gid] == nil {
+		return nil
+	}
+	b := []byte{snapChunkVersion, 0, 0, 0, 0, 0, 0, 0}
+	b = le.AppendUint64(b, gid)
+	b = le.AppendUint64(b, 0) // index 0: no snapshot
+	b = le.AppendUint64(b, 0)
+	b = le.AppendUint32(b, 0)
+	b = le.AppendUint32(b, 1)
+	if err := s.log.Append(segment.Batch{Group: SnapStoreGroup, Entries: []segment.Entry{{Index: s.next, Term: 1, Data: b}}}); err != nil {
+		return err
+	}
+	s.next++
+	delete(s.latest, gid)
+	return s.compactLocked()
+}
+
+// compactLocked lets segment drop group 1's entries below the oldest
+// snapshot still latest for some group.
+func (s *SnapStore) compactLocked() error {
+	oldest := s.next
+	for _, l := range s.latest {
+		oldest = min(oldest, l.at)
+	}
+	if oldest > s.log.FirstIndex(SnapStoreGroup) {
+		return s.log.Compact(SnapStoreGroup, oldest-1, nil)
+	}
+	return nil
+}
+
 // Put makes data, group gid's snapshot described by meta, durable in the
 // store, replacing the group's previous one, then lets segment drop what
 // no group needs any more. It blocks for the write (one group commit) and
@@ -192,6 +233,9 @@ func (s *SnapStore) Put(gid uint64, meta raftpb.SnapshotMetadata, data []byte) e
 	n := max(1, (len(data)+snapChunk-1)/snapChunk)
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	if meta.Index == 0 {
+		return fmt.Errorf("replication: group %d: a snapshot of entry 0", gid)
+	}
 	if l := s.latest[gid]; l != nil && l.meta.Index > meta.Index {
 		return fmt.Errorf("replication: group %d: snapshot of entry %d is older than the stored one (%d)", gid, meta.Index, l.meta.Index)
 	}
@@ -231,12 +275,5 @@ func (s *SnapStore) Put(gid uint64, meta raftpb.SnapshotMetadata, data []byte) e
 	}
 	s.next = at + uint64(n)
 	s.latest[gid] = &storedSnap{at: at, meta: meta}
-	oldest := s.next
-	for _, l := range s.latest {
-		oldest = min(oldest, l.at)
-	}
-	if oldest > s.log.FirstIndex(SnapStoreGroup) {
-		return s.log.Compact(SnapStoreGroup, oldest-1, nil)
-	}
-	return nil
+	return s.compactLocked()
 }
