@@ -74,8 +74,12 @@ type WorkerConfig struct {
 	SnapshotDone func(g *Group, meta raftpb.SnapshotMetadata, err error)
 	// Pool runs snapshot writes and compactions (shared among the node's
 	// workers); nil: the worker makes its own of 4, closed by Close.
-	Pool   *Pool
-	Logger *slog.Logger
+	Pool *Pool
+	// MaxUncommittedBytes is raft's limit on a group's uncommitted entry
+	// bytes (0: 64 MiB, design §3.7); the worker paces proposals below
+	// half of it.
+	MaxUncommittedBytes int
+	Logger              *slog.Logger
 }
 
 // WorkerStats count rounds and writes.
@@ -137,10 +141,6 @@ type Group struct {
 	err     error
 }
 
-// maxUnapplied paces proposals per group (design §3.2: below raft's
-// MaxUncommittedEntriesSize, so raft never drops a proposal for size).
-const maxUnapplied = 32 << 20
-
 // ErrWorkerStopped: an Append failed earlier; the worker takes no more
 // work (the node must restart and recover).
 var ErrWorkerStopped = errors.New("replication: worker stopped after a log write failed; restart to recover")
@@ -152,6 +152,9 @@ func NewWorker(log *segment.Log, cfg WorkerConfig) *Worker {
 	}
 	if cfg.NodeID == 0 {
 		cfg.NodeID = 1
+	}
+	if cfg.MaxUncommittedBytes <= 0 {
+		cfg.MaxUncommittedBytes = 64 << 20
 	}
 	w := &Worker{log: log, cfg: cfg, ids: map[uint64]*Group{}, wake: make(chan struct{}, 1), done: make(chan struct{})}
 	if w.cfg.Pool == nil {
@@ -182,7 +185,9 @@ func (w *Worker) Open(gid uint64, snap raftpb.SnapshotMetadata, fsm *QueueFSM) (
 	if err != nil {
 		return nil, err
 	}
-	rn, err := raft.NewRawNode(groupConfig(w.cfg.NodeID, st, snap.Index, w.cfg.Logger))
+	rc := groupConfig(w.cfg.NodeID, st, snap.Index, w.cfg.Logger)
+	rc.MaxUncommittedEntriesSize = uint64(w.cfg.MaxUncommittedBytes)
+	rn, err := raft.NewRawNode(rc)
 	if err != nil {
 		return nil, fmt.Errorf("replication: group %d: %w", gid, err)
 	}
@@ -292,7 +297,7 @@ func (w *Worker) Round(now int64) (more bool) {
 
 // process proposes g's buffered entries and handles its Ready.
 func (w *Worker) process(g *Group, now int64) {
-	if g.leader && g.unapplied < maxUnapplied {
+	if g.leader && g.unapplied < w.cfg.MaxUncommittedBytes/2 {
 		for _, data := range g.full {
 			g.propose(data)
 		}
