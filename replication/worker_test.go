@@ -279,3 +279,32 @@ func TestWorkerStopsOnWriteFailure(t *testing.T) {
 		t.Fatal("a stopped worker submitted a write")
 	}
 }
+
+// TestWorkerPacesLargeRounds: more than raft's uncommitted limit buffered
+// for one group in one round is proposed over several rounds, never
+// dropped (a dropped proposal loses its commands): every command is
+// applied.
+func TestWorkerPacesLargeRounds(t *testing.T) {
+	l := openMemLog(t, segment.NewMemFS())
+	defer l.Close()
+	s := &shard{t: t, inbox: make(chan func(), 1024)}
+	s.w = NewWorker(l, WorkerConfig{Post: func(fn func()) { s.inbox <- fn }, MaxUncommittedBytes: 1 << 20})
+	defer s.w.Close()
+	applied := 0
+	g, err := s.w.Open(3, raftpb.SnapshotMetadata{ConfState: raftpb.ConfState{Voters: []uint64{1}}}, NewQueueFSM(queue.New(queue.Config{}, 0), 0, func(a *Applied) { applied++ }))
+	if err != nil {
+		t.Fatal(err)
+	}
+	s.settle()
+	body := make([]byte, 3<<20) // one entry per command (4 MiB cap), each above the 1 MiB limit
+	const n = 4
+	for range n {
+		if _, err := g.Add(&queue.Enqueue{Msgs: []queue.Message{{Size: uint32(len(body))}}, Bodies: [][]byte{body}}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	s.settle()
+	if d := s.w.Stats().Dropped; d != 0 || applied != n {
+		t.Fatalf("%d of %d commands applied, %d proposals dropped", applied, n, d)
+	}
+}
