@@ -297,14 +297,27 @@ func (w *Worker) Round(now int64) (more bool) {
 
 // process proposes g's buffered entries and handles its Ready.
 func (w *Worker) process(g *Group, now int64) {
-	if g.leader && g.unapplied < w.cfg.MaxUncommittedBytes/2 {
-		for _, data := range g.full {
-			g.propose(data)
+	if g.leader {
+		// Pace each entry below raft's uncommitted limit: what is left
+		// waits for a later round (once applies brought unapplied down),
+		// since raft would drop it, commands and all. One entry always
+		// goes when nothing is unapplied (raft takes one of any size then).
+		limit := w.cfg.MaxUncommittedBytes / 2
+		k := 0
+		for k < len(g.full) && (g.unapplied == 0 || g.unapplied+len(g.full[k]) <= limit) {
+			g.propose(g.full[k])
+			k++
 		}
-		clear(g.full)
-		g.full = g.full[:0]
-		if g.enc.Commands() > 0 {
+		if k > 0 {
+			n := copy(g.full, g.full[k:])
+			clear(g.full[n:])
+			g.full = g.full[:n]
+		}
+		if len(g.full) == 0 && g.enc.Commands() > 0 && (g.unapplied == 0 || g.unapplied+g.enc.Len() <= limit) {
 			g.propose(g.finish(now))
+		}
+		if len(g.full) > 0 || g.enc.Commands() > 0 {
+			defer w.mark(g) // left for the next round
 		}
 	}
 	if g.inflight {
