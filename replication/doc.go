@@ -66,6 +66,10 @@
 //     rule (TestSnapshotPolicy). Snapshot writes and compactions run on a
 //     bounded Pool (pool.go; 4 goroutines by default, shared by a node's
 //     workers).
+//   - Worker.Tick and NextWake: a queue's time-driven work (TTL, retries,
+//     leases, expiry) is a Tick the leader proposes once the queue's
+//     latest Timer is due (§1.4), at most one per group per 10 ms
+//     (TestWorkerTicks).
 //   - bodies.go: Group.Body reads a message's body back from the log by
 //     its id (§2.2): from the storage's tail cache while the entry is in
 //     memory, else through one segment view per entry, held until
@@ -73,15 +77,21 @@
 //
 // # Not built yet
 //
-// The broker does not use this package yet: durable queues are still
-// in memory only, and nothing is written to disk. Not built: a group
-// that stops snapshotting pins the snapshot store from its snapshot on
-// (SnapStore's doc); the confirm bookkeeping of §3.4 (pending proposals per
-// proposer and seq; a dropped proposal is only counted and logged);
-// ticks for durable queues (proposing Tick when WakeAt comes due); the
-// metadata group (§4); the broker's durable branch (§3.5), recovery at
-// startup with Recover, and the crash simulation over the whole node
-// (§7); and everything of the cluster step (§6: transport, snapshot
-// install, forwarding). The log commands DeleteIf, EnqueuerDown and
-// Recover (frame kinds 8–10) are reserved and refused.
+// The broker does not use this package yet: durable queues are still in
+// memory only, and nothing is written to disk. Not built here:
+//
+//   - the confirm bookkeeping of §3.4 (the leader's pending proposals by
+//     proposer and seq; Group.Add returns the seq, the sink sees it). A
+//     proposal raft drops is only counted and logged; with the pacing
+//     that happens only without a leader, which a single voter never is;
+//   - the Recover log command (§2.4 restart step 5: Down the owners of an
+//     earlier incarnation) and DeleteIf, EnqueuerDown (frame kinds 8–10
+//     are reserved and refused);
+//   - a group that stops snapshotting pins the snapshot store from its
+//     snapshot on (SnapStore's doc; Forget covers deleted queues);
+//   - the metadata group (§4), the broker's durable branch (§3.5),
+//     startup recovery of the whole node and its crash simulation with
+//     confirms (§7);
+//   - everything of the cluster step (§6: transport, snapshot install,
+//     forwarding, enqueuer dedup, consumer resume).
 package replication

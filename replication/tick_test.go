@@ -35,6 +35,9 @@ func TestWorkerTicks(t *testing.T) {
 	if at, ok := g.FSM().WakeAt(); !ok || at != 100 {
 		t.Fatalf("wake at %d %v, want 100", at, ok)
 	}
+	if at, ok := s.w.NextWake(); !ok || at != 100 {
+		t.Fatalf("the worker's next wake %d %v, want 100", at, ok)
+	}
 	proposals := func() uint64 { return s.w.Stats().Proposals }
 	before := proposals()
 	s.nowMs = 50
@@ -58,6 +61,9 @@ func TestWorkerTicks(t *testing.T) {
 	}
 	if _, ok := g.FSM().WakeAt(); ok {
 		t.Fatal("the queue still asks for a tick with nothing pending")
+	}
+	if _, ok := s.w.NextWake(); ok {
+		t.Fatal("the worker still wants a tick with nothing pending")
 	}
 	before = proposals()
 	s.nowMs = 1000

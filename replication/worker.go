@@ -135,6 +135,8 @@ type Group struct {
 	lastSnapAt      int64
 	deadAt, bytesAt uint64
 	bodies          bodyCache // Body's views for the current round
+	lastTick        int64     // when Tick last added a Tick (0: never)
+	ticked          bool
 	// forceHS: write the pending commit-only hard state at the next round
 	// even without entries (a snapshot needs commit ≥ its index on disk).
 	forceHS bool
@@ -614,6 +616,46 @@ func (g *Group) Snapshot(store *SnapStore, done func(meta raftpb.SnapshotMetadat
 		})
 	})
 	return nil
+}
+
+// Tick adds a queue Tick command (design §1.4: time-driven work is a log
+// decision) to every group this node leads whose queue's latest Timer
+// (QueueFSM.WakeAt) is due at now, at most one per group per 10 ms; the
+// next Round proposes it, alongside the group's other commands if any.
+// It returns how many groups got one. Call it from the shard's timer,
+// armed at NextWake. O(groups).
+func (w *Worker) Tick(now int64) int {
+	n := 0
+	for _, g := range w.ids {
+		if !g.leader || g.err != nil || w.failed != nil {
+			continue
+		}
+		at, ok := g.fsm.WakeAt()
+		if !ok || at > now || g.ticked && now-g.lastTick < 10 {
+			continue
+		}
+		if _, err := g.Add(&queue.Tick{NowMs: now}); err != nil {
+			continue
+		}
+		g.lastTick, g.ticked = now, true
+		n++
+	}
+	return n
+}
+
+// NextWake is the earliest time a group this node leads needs a Tick, and
+// whether any does. O(groups).
+func (w *Worker) NextWake() (int64, bool) {
+	at, any := int64(0), false
+	for _, g := range w.ids {
+		if !g.leader || g.err != nil {
+			continue
+		}
+		if t, ok := g.fsm.WakeAt(); ok && (!any || t < at) {
+			at, any = t, true
+		}
+	}
+	return at, any
 }
 
 // SnapshotDue applies the snapshot policy of design §2.4 at time now (ms):
