@@ -11,7 +11,11 @@ import (
 // holds (ready, parked for a retry, or out with a consumer), each once,
 // with its size, and changes nothing.
 func TestEachMessageListsWhatTheQueueHolds(t *testing.T) {
-	for seed := uint64(0); seed < 200; seed++ {
+	seeds := uint64(100)
+	if raceEnabled {
+		seeds = 15
+	}
+	for seed := uint64(0); seed < seeds; seed++ {
 		r := rand.New(rand.NewPCG(seed, 5))
 		env := randomMachine(r)
 		sizes := map[uint64]uint32{}
