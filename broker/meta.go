@@ -117,6 +117,11 @@ const (
 	MetaDeclareQueue    MetaOp = 3
 	MetaDeleteQueue     MetaOp = 4
 	MetaBind            MetaOp = 5 // Bind.Unbind removes the binding
+	// MetaNodeUp: the node (re)started (design §4's NodeUp, on one node):
+	// every non-durable exchange, every non-durable or exclusive queue
+	// and every binding to or from one of them is dropped. Logged once
+	// per start, after recovery, so a replay drops them at the same point.
+	MetaNodeUp MetaOp = 6
 )
 
 // MetaCommand is one request to the metadata state machine, as data: it
@@ -260,6 +265,8 @@ func (m *Meta) Apply(c *MetaCommand) (MetaResult, []MetaEffect) {
 		return m.deleteQueue(c)
 	case MetaBind:
 		return m.bind(c)
+	case MetaNodeUp:
+		return m.nodeUp()
 	}
 	return refuse(wire.InvalidArgument, "unknown metadata operation "+strconv.Itoa(int(c.Op))), nil
 }
@@ -469,6 +476,32 @@ func (m *Meta) deleteQueue(c *MetaCommand) (MetaResult, []MetaEffect) {
 	m.unlinkAll(m.byQueue[c.Queue.Name])
 	return MetaResult{Removed: true, QueueID: q.id, Name: c.Queue.Name},
 		[]MetaEffect{{Kind: EffQueueRemoved, Queue: MetaQueue{ID: q.id, Name: c.Queue.Name}}}
+}
+
+// nodeUp drops what does not outlive a restart: non-durable exchanges,
+// non-durable and exclusive queues (their owners' connections are gone),
+// and the bindings touching any of them (they go with their ends).
+func (m *Meta) nodeUp() (MetaResult, []MetaEffect) {
+	var effs []MetaEffect
+	for _, d := range m.Exchanges() {
+		if d.Durable {
+			continue
+		}
+		delete(m.exchanges, d.Name)
+		m.unlinkAll(m.bySource[d.Name])
+		m.unlinkAll(m.byExDest[d.Name])
+		effs = append(effs, MetaEffect{Kind: EffExchangeRemoved, Exchange: queue.Exchange{Name: d.Name}})
+	}
+	for _, q := range m.Queues() {
+		if q.Decl.Durable && q.Exclusive == 0 && !q.Decl.Exclusive {
+			continue
+		}
+		delete(m.queues, q.Name)
+		delete(m.ids, q.ID)
+		m.unlinkAll(m.byQueue[q.Name])
+		effs = append(effs, MetaEffect{Kind: EffQueueRemoved, Queue: MetaQueue{ID: q.ID, Name: q.Name}})
+	}
+	return MetaResult{}, effs
 }
 
 func (m *Meta) bind(c *MetaCommand) (MetaResult, []MetaEffect) {

@@ -83,6 +83,7 @@ func DecodeMetaCommand(b []byte) (MetaCommand, error) {
 		b := r.binding()
 		c.Bind = wire.Bind{Source: b.Source, Destination: b.Destination, ToExchange: b.ToExchange, RoutingKey: b.Key, Args: b.Args}
 		c.Bind.Unbind = r.flag()
+	case MetaNodeUp: // no operands
 	default:
 		if r.err == nil {
 			r.fail("unknown metadata operation " + strconv.Itoa(int(c.Op)))

@@ -65,7 +65,7 @@ func topoSummary(b *Broker) string {
 		fmt.Fprintf(&sb, "exchange %s %v durable=%v\n", e.Name, e.Kind, e.Durable)
 	}
 	for _, q := range t.meta.Queues() {
-		fmt.Fprintf(&sb, "queue %s durable=%v args=%v\n", q.Name, q.Decl.Durable, q.Decl.Args)
+		fmt.Fprintf(&sb, "queue %s durable=%v max-length=%d\n", q.Name, q.Decl.Durable, q.Args.MaxLength)
 	}
 	for _, x := range t.meta.Bindings() {
 		fmt.Fprintf(&sb, "binding %s -> %s (x=%v) %q\n", x.Source, x.Destination, x.ToExchange, x.Key)
@@ -78,7 +78,7 @@ func topoSummary(b *Broker) string {
 // makes, in one control run.
 func declareMix(t *testing.T, b *Broker) {
 	t.Helper()
-	maxLen := wire.Table{{Key: "x-max-length", Value: wire.Int(10)}}
+	maxLen := wire.Table{{Key: "max-length", Value: wire.Int(10)}}
 	b.BeginControlRun()
 	must := func(err error) {
 		t.Helper()
@@ -111,7 +111,7 @@ exchange amq.headers headers durable=true
 exchange amq.topic topic durable=true
 exchange dx topic durable=true
 exchange dx2 fanout durable=true
-queue dq durable=true args=[{x-max-length 10}]
+queue dq durable=true max-length=10
 binding amq.direct -> dq (x=false) "k"
 binding dx -> dq (x=false) "a.*"
 binding dx -> dx2 (x=true) "#"
@@ -132,7 +132,6 @@ func TestMetaLogRestartKeepsDurableTopology(t *testing.T) {
 	n.close(t)
 
 	n = openMetaNode(t, fs, 0)
-	defer n.close(t)
 	if got := topoSummary(n.b); got != wantDurableOnly {
 		t.Fatalf("after the restart:\n%s\nwant:\n%s", got, wantDurableOnly)
 	}
@@ -151,6 +150,7 @@ func TestMetaLogRestartKeepsDurableTopology(t *testing.T) {
 	if got := topoSummary(n.b); !strings.Contains(got, "queue tq durable=true") {
 		t.Fatalf("the durable tq declared after the first restart is lost:\n%s", got)
 	}
+	n.close(t)
 }
 
 // TestMetaLogCrashKeepsAnsweredDeclares: a crash (unsynced writes lost)

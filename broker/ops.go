@@ -60,12 +60,18 @@ func (b *Broker) Bindings() []BindingInfo {
 // DeclareExchange declares an exchange as EXCHANGE_DECLARE does.
 func (b *Broker) DeclareExchange(d wire.ExchangeDeclare) error {
 	defer b.topo.publishIfDirty()
-	return b.topo.declareExchange(&d, "")
+	if err := b.topo.declareExchange(&d, ""); err != nil {
+		return err
+	}
+	return b.topo.sync(context.Background())
 }
 
 // DeleteExchange deletes an exchange as EXCHANGE_DELETE does.
 func (b *Broker) DeleteExchange(name string, ifUnused bool) error {
-	return b.topo.deleteExchange(&wire.ExchangeDelete{Name: name, IfUnused: ifUnused}, Requester{Admin: true})
+	if err := b.topo.deleteExchange(&wire.ExchangeDelete{Name: name, IfUnused: ifUnused}, Requester{Admin: true}); err != nil {
+		return err
+	}
+	return b.topo.sync(context.Background())
 }
 
 // DeclareQueue declares a queue as QUEUE_DECLARE does (exclusive queues
@@ -75,6 +81,9 @@ func (b *Broker) DeclareQueue(d wire.QueueDeclare) (string, error) {
 		return "", reqErr(wire.InvalidArgument, "exclusive queues belong to a connection")
 	}
 	q, err := b.topo.declareQueue(&d, 0, "")
+	if err == nil {
+		err = b.topo.sync(context.Background())
+	}
 	b.topo.publishIfDirty()
 	if err != nil {
 		return "", err
@@ -85,7 +94,10 @@ func (b *Broker) DeclareQueue(d wire.QueueDeclare) (string, error) {
 // Bind adds (or, with Unbind set, removes) a binding as BIND does.
 func (b *Broker) Bind(d wire.Bind) error {
 	defer b.topo.publishIfDirty()
-	return b.topo.bind(&d, Requester{Admin: true})
+	if err := b.topo.bind(&d, Requester{Admin: true}); err != nil {
+		return err
+	}
+	return b.topo.sync(context.Background())
 }
 
 // ask submits a request command to a shard and waits for its answer.
@@ -112,7 +124,10 @@ func (b *Broker) DeleteQueue(ctx context.Context, name string, ifUnused, ifEmpty
 	if err != nil {
 		return 0, err
 	}
-	return r.N, r.Err()
+	if err := r.Err(); err != nil {
+		return r.N, err
+	}
+	return r.N, b.topo.sync(ctx)
 }
 
 // PurgeQueue removes a queue's ready messages and returns how many.

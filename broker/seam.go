@@ -1,6 +1,8 @@
 package broker
 
 import (
+	"context"
+
 	"github.com/cespare/xxhash/v2"
 	"github.com/warren-mq/warren/queue"
 	"github.com/warren-mq/warren/wire"
@@ -45,11 +47,17 @@ func (b *Broker) View() *RouteView { return b.topo.view.Load() }
 // at the end of the run, not once per request. Every Begin needs its End.
 func (b *Broker) BeginControlRun() { b.topo.batching.Add(1) }
 
-// EndControlRun ends a run begun with BeginControlRun and publishes the
-// routing view if the run changed it.
-func (b *Broker) EndControlRun() {
+// EndControlRun ends a run begun with BeginControlRun: with a metadata
+// log it waits until every change made so far is durable (one entry, one
+// fsync for the whole run: send the run's replies only after it), then
+// publishes the routing view if the run changed it. An error means the
+// metadata log stopped: the changes may be lost, so the replies must not
+// go out.
+func (b *Broker) EndControlRun() error {
+	err := b.topo.sync(context.Background())
 	b.topo.batching.Add(-1)
 	b.topo.publishIfDirty()
+	return err
 }
 
 // ViewRebuilds counts the routing view's rebuilds (for tests).

@@ -16,6 +16,7 @@ import (
 	"unicode/utf8"
 
 	"github.com/warren-mq/warren/queue"
+	"github.com/warren-mq/warren/replication"
 	"github.com/warren-mq/warren/wire"
 )
 
@@ -226,6 +227,10 @@ type topology struct {
 	// retired sums the counters of deleted queues, so the broker-wide
 	// totals never go down (mu).
 	retired queueTotals
+	// mlog, if set (OpenMetaLog), logs every change (mu to add); mbuf is
+	// its encoding scratch (mu).
+	mlog atomic.Pointer[replication.MetaGroup]
+	mbuf []byte
 }
 
 // queueTotals are broker-wide sums of per-queue counters.
@@ -247,6 +252,7 @@ func newTopology(shards []*shard) *topology {
 // effects to the runtime (mu held).
 func (t *topology) applyLocked(c *MetaCommand) MetaResult {
 	r, effs := t.meta.Apply(c)
+	t.logLocked(c, effs)
 	if t.record != nil {
 		t.record(c, r)
 	}

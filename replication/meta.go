@@ -1,0 +1,409 @@
+package replication
+
+import (
+	"context"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"log/slog"
+	"sync"
+	"sync/atomic"
+
+	"github.com/warren-mq/warren/segment"
+	"go.etcd.io/raft/v3"
+	"go.etcd.io/raft/v3/raftpb"
+)
+
+// MetaGroupID is the metadata group's raft group (and segment group) id
+// (design §4: 1 is the snapshot store, queues from 3 up).
+const MetaGroupID = 2
+
+// MetaGroup is the metadata raft group on one node (design §4): a single
+// voter whose log is segment group 2, its snapshots in the SnapStore. It
+// runs on one goroutine of its own, which is also its appender: each round
+// takes every command added since the last round, proposes them as ONE
+// entry, writes the entry (one segment Append, one fdatasync, shared by
+// the group commit with anything else appending), and once raft commits
+// it, tells the waiters. So a burst of declarations costs a few fsyncs,
+// not one each.
+//
+// On one voter the state machine is applied when a command is added, by
+// the caller, under the lock that orders the adds (Config.Lock): the
+// leader's order of proposal is the log's order, and an entry that is
+// appended either becomes durable or the node stops (Fatal) and recovers
+// from the log, so the state a command sees is the state it will have at
+// commit. What waits for the commit is every reply: a caller answers only
+// once Wait(seq) returned (netio answers a run of control frames at its
+// end). Replay at recovery applies the log's commands through Machine.
+// The cluster step (followers applying at commit, a leader that can lose
+// uncommitted entries) must move the apply to commit (§4); this shortcut
+// is for the single voter only.
+//
+// The entry (this group's own format, versioned):
+//
+//	entry := 'M' u8 | version u8 (=1) | reserved [2]u8 (0) | n u32 | n × (len u32 | command)
+//
+// where each command is the owner's encoding (broker.AppendMetaCommand).
+type MetaGroup struct {
+	cfg MetaConfig
+	log *segment.Log
+	rn  *raft.RawNode
+	st  *raftStorage
+
+	// pending: commands added since the last round (cfg.Lock).
+	pending    [][]byte
+	spare      [][]byte
+	added      atomic.Uint64 // seq of the last command added
+	entrySince int           // entries since the last snapshot (loop)
+	bytesSince int
+
+	mu      sync.Mutex
+	durable uint64        // seq of the last command committed
+	changed chan struct{} // closed and replaced when durable moves or the group fails
+	failed  error
+	closing bool
+
+	wake chan struct{}
+	done chan struct{}
+	buf  []byte
+}
+
+// MetaConfig configures the metadata group.
+type MetaConfig struct {
+	Log       *segment.Log
+	Snapshots *SnapStore
+	// Machine is restored from the latest snapshot and replays the
+	// committed log at OpenMeta (recovery); the running group does not
+	// call it (the caller applies as it adds).
+	Machine StateMachine
+	// Lock is held by whoever calls Add (the order of adds is the order of
+	// the log); the group's loop takes it to collect a round's commands
+	// and to take a snapshot.
+	Lock sync.Locker
+	// Snapshot encodes the state after every command added so far; called
+	// with Lock held.
+	Snapshot func() []byte
+	// SnapshotEntries: a snapshot is taken (and the log compacted to it)
+	// once this many entries, or 8 MiB of them, were written since the
+	// last (design §4; default 10,000).
+	SnapshotEntries int
+	NodeID          uint64 // default 1
+	// Fatal hears an Append failure (the node must stop and recover).
+	Fatal  func(error)
+	Logger *slog.Logger
+}
+
+// ErrMetaStopped: the metadata group is closed or stopped after a failed
+// write; a change that was not durable before is not answered.
+var ErrMetaStopped = errors.New("replication: the metadata group is stopped")
+
+const (
+	metaEntryMagic   = 'M'
+	metaEntryVersion = 1
+	metaSnapBytes    = 8 << 20
+)
+
+// OpenMeta recovers the metadata group from the log: cfg.Machine is
+// restored from the group's latest snapshot and every committed command
+// after it is applied to it (raft commits on one voter what the log holds
+// beyond the last commit written). It returns the group ready for Start.
+// A log that cannot be read (segment.ErrCorrupt names the file), a
+// snapshot or an entry this build cannot decode, is an error.
+func OpenMeta(cfg MetaConfig) (*MetaGroup, error) {
+	if cfg.NodeID == 0 {
+		cfg.NodeID = 1
+	}
+	if cfg.SnapshotEntries <= 0 {
+		cfg.SnapshotEntries = 10_000
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = slog.New(slog.DiscardHandler)
+	}
+	g := &MetaGroup{cfg: cfg, log: cfg.Log, changed: make(chan struct{}), wake: make(chan struct{}, 1), done: make(chan struct{})}
+	snap, data, ok, err := cfg.Snapshots.Load(MetaGroupID)
+	if err != nil {
+		return nil, fmt.Errorf("replication: metadata group: loading its snapshot: %w", err)
+	}
+	if ok {
+		if err := cfg.Machine.Restore(snap.Index, data); err != nil {
+			return nil, fmt.Errorf("replication: metadata group: restoring its snapshot of entry %d: %w", snap.Index, err)
+		}
+	} else {
+		snap = raftpb.SnapshotMetadata{ConfState: raftpb.ConfState{Voters: []uint64{cfg.NodeID}}}
+	}
+	if g.st, err = openRaftStorage(cfg.Log, MetaGroupID, snap); err != nil {
+		return nil, err
+	}
+	if g.rn, err = raft.NewRawNode(groupConfig(cfg.NodeID, g.st, snap.Index, cfg.Logger)); err != nil {
+		return nil, fmt.Errorf("replication: metadata group: %w", err)
+	}
+	if err := g.rn.Campaign(); err != nil {
+		return nil, fmt.Errorf("replication: metadata group: %w", err)
+	}
+	if _, err := g.drive(true); err != nil {
+		return nil, err
+	}
+	if ok && snap.Index > 0 {
+		if err := cfg.Log.Compact(MetaGroupID, snap.Index, nil); err != nil {
+			return nil, fmt.Errorf("replication: metadata group: %w", err)
+		}
+	}
+	return g, nil
+}
+
+// drive handles Readys until raft has none: writes what must be written
+// (one Append per Ready), and applies committed entries through Machine
+// when replaying (recovery), else only notes them. It returns the last
+// committed index it saw.
+func (g *MetaGroup) drive(replay bool) (uint64, error) {
+	last := uint64(0)
+	for g.rn.HasReady() {
+		rd := g.rn.Ready()
+		for _, e := range rd.CommittedEntries {
+			last = e.Index
+			if e.Type != raftpb.EntryNormal || len(e.Data) == 0 || !replay {
+				continue
+			}
+			if err := eachMetaCommand(e.Data, func(cmd []byte) error {
+				_, err := g.cfg.Machine.Apply(e.Index, cmd)
+				return err
+			}); err != nil {
+				return last, fmt.Errorf("replication: metadata group: entry %d: %w", e.Index, err)
+			}
+		}
+		if len(rd.Entries) > 0 || rd.MustSync {
+			b, err := g.st.batch(rd.Entries, rd.HardState)
+			if err != nil {
+				return last, err
+			}
+			if err := g.log.Append(b); err != nil {
+				return last, err
+			}
+			if err := g.st.appended(rd.Entries, rd.HardState); err != nil {
+				return last, err
+			}
+			for _, e := range rd.Entries {
+				g.entrySince++
+				g.bytesSince += len(e.Data)
+			}
+		}
+		if n := len(rd.CommittedEntries); n > 0 {
+			g.st.applied(rd.CommittedEntries[n-1].Index)
+		}
+		g.rn.Advance(rd)
+	}
+	return last, nil
+}
+
+// eachMetaCommand calls fn with each command of an entry (views).
+func eachMetaCommand(b []byte, fn func([]byte) error) error {
+	if len(b) < 8 || b[0] != metaEntryMagic {
+		return errors.New("not a metadata entry")
+	}
+	if b[1] != metaEntryVersion {
+		return fmt.Errorf("metadata entry version %d: this build reads %d (a newer Warren wrote it: upgrade)", b[1], metaEntryVersion)
+	}
+	if b[2]|b[3] != 0 {
+		return errors.New("metadata entry: reserved bytes are not zero")
+	}
+	n := binary.LittleEndian.Uint32(b[4:])
+	b = b[8:]
+	for range n {
+		if len(b) < 4 || uint64(binary.LittleEndian.Uint32(b)) > uint64(len(b)-4) {
+			return errors.New("metadata entry: a command runs past its end")
+		}
+		l := binary.LittleEndian.Uint32(b)
+		if err := fn(b[4 : 4+l]); err != nil {
+			return err
+		}
+		b = b[4+l:]
+	}
+	if len(b) != 0 {
+		return fmt.Errorf("metadata entry: %d trailing bytes", len(b))
+	}
+	return nil
+}
+
+// Add logs cmd (copied) after every command added before it and returns
+// its seq, for Wait. The caller holds cfg.Lock and has applied cmd.
+func (g *MetaGroup) Add(cmd []byte) uint64 {
+	g.pending = append(g.pending, append([]byte(nil), cmd...))
+	seq := g.added.Add(1)
+	select {
+	case g.wake <- struct{}{}:
+	default:
+	}
+	return seq
+}
+
+// Added is the seq of the last command added.
+func (g *MetaGroup) Added() uint64 { return g.added.Load() }
+
+// Wait returns once the command of seq is committed (durable), or with
+// the error that stopped the group, or ctx's.
+func (g *MetaGroup) Wait(ctx context.Context, seq uint64) error {
+	for {
+		g.mu.Lock()
+		d, failed, ch := g.durable, g.failed, g.changed
+		g.mu.Unlock()
+		if d >= seq {
+			return nil
+		}
+		if failed != nil {
+			return failed
+		}
+		select {
+		case <-ch:
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+	}
+}
+
+// Start runs the group's loop.
+func (g *MetaGroup) Start() { go g.loop() }
+
+// Close writes what was added, stops the loop, and returns the error that
+// stopped the group, if any. It does not close the log.
+func (g *MetaGroup) Close(ctx context.Context) error {
+	g.mu.Lock()
+	g.closing = true
+	g.mu.Unlock()
+	select {
+	case g.wake <- struct{}{}:
+	default:
+	}
+	select {
+	case <-g.done:
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if g.failed != nil && !errors.Is(g.failed, ErrMetaStopped) {
+		return g.failed
+	}
+	return nil
+}
+
+func (g *MetaGroup) loop() {
+	defer close(g.done)
+	for {
+		<-g.wake
+		g.mu.Lock()
+		closing := g.failed == nil && g.closing
+		g.mu.Unlock()
+		if err := g.round(); err != nil {
+			g.fail(err)
+			return
+		}
+		if closing && g.added.Load() == g.durableSeq() {
+			g.fail(ErrMetaStopped)
+			return
+		}
+	}
+}
+
+func (g *MetaGroup) durableSeq() uint64 {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	return g.durable
+}
+
+func (g *MetaGroup) fail(err error) {
+	g.mu.Lock()
+	if g.failed == nil {
+		g.failed = err
+		close(g.changed)
+	}
+	g.mu.Unlock()
+	if !errors.Is(err, ErrMetaStopped) {
+		g.cfg.Logger.Error("replication: the metadata group stopped", "err", err)
+		if g.cfg.Fatal != nil {
+			g.cfg.Fatal(err)
+		}
+	}
+}
+
+// round proposes the commands added since the last round as one entry,
+// writes and commits it, tells the waiters, and snapshots when due.
+func (g *MetaGroup) round() error {
+	g.cfg.Lock.Lock()
+	cmds := g.pending
+	g.pending, g.spare = g.spare[:0], cmds
+	seq := g.added.Load()
+	var snap []byte
+	snapDue := g.entrySince >= g.cfg.SnapshotEntries || g.bytesSince >= metaSnapBytes
+	if snapDue {
+		snap = g.cfg.Snapshot()
+	}
+	g.cfg.Lock.Unlock()
+	if len(cmds) > 0 {
+		g.buf = append(g.buf[:0], metaEntryMagic, metaEntryVersion, 0, 0)
+		g.buf = binary.LittleEndian.AppendUint32(g.buf, uint32(len(cmds)))
+		for _, c := range cmds {
+			g.buf = binary.LittleEndian.AppendUint32(g.buf, uint32(len(c)))
+			g.buf = append(g.buf, c...)
+		}
+		clear(cmds)
+		// raft keeps the entry's bytes (its log, the storage's tail): a copy.
+		if err := g.rn.Propose(append([]byte(nil), g.buf...)); err != nil {
+			return fmt.Errorf("replication: metadata group: proposal refused: %w", err)
+		}
+	}
+	if _, err := g.drive(false); err != nil {
+		return err
+	}
+	// Single voter: drive ran until raft had nothing more, so everything
+	// proposed is written and committed (an Append error returned above).
+	if c := g.rn.BasicStatus().Commit; c < g.st.last {
+		return fmt.Errorf("replication: metadata group: entry %d not committed after its write (commit %d)", g.st.last, c)
+	}
+	g.mu.Lock()
+	if seq > g.durable {
+		g.durable = seq
+		close(g.changed)
+		g.changed = make(chan struct{})
+	}
+	g.mu.Unlock()
+	if snapDue {
+		return g.snapshot(snap)
+	}
+	return nil
+}
+
+// snapshot stores data, the state after every entry up to the last one
+// written, and compacts the log to it.
+func (g *MetaGroup) snapshot(data []byte) error {
+	at := g.st.last
+	term, err := g.st.Term(at)
+	if err != nil {
+		return fmt.Errorf("replication: metadata group: term of entry %d: %w", at, err)
+	}
+	meta := raftpb.SnapshotMetadata{Index: at, Term: term, ConfState: raftpb.ConfState{Voters: []uint64{g.cfg.NodeID}}}
+	if err := g.cfg.Snapshots.Put(MetaGroupID, meta, data); err != nil {
+		return err
+	}
+	// segment compacts only below a commit index it has on disk: write the
+	// commit raft has (commit-only hard states are written lazily).
+	if hs := g.rn.BasicStatus().HardState; hs.Commit > g.st.hs.Commit {
+		b, err := g.st.batch(nil, hs)
+		if err != nil {
+			return err
+		}
+		if err := g.log.Append(b); err != nil {
+			return err
+		}
+		if err := g.st.appended(nil, hs); err != nil {
+			return err
+		}
+	}
+	if err := g.log.Compact(MetaGroupID, at, nil); err != nil {
+		return err
+	}
+	if err := g.st.compacted(meta); err != nil {
+		return err
+	}
+	g.entrySince, g.bytesSince = 0, 0
+	return nil
+}
