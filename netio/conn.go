@@ -52,8 +52,12 @@ type conn struct {
 	// loop (runControl); the loop reads none of its frames meanwhile.
 	ctlBusy atomic.Bool
 
+	// ctlPeak: the most its inbound buffer held while control requests
+	// were handled off the loop (tests check the bound).
+	ctlPeak atomic.Int64
+
 	// loop-owned
-	ctlPaused bool // reading paused until the control run is done
+	ctlPaused bool // reading paused: a control run has more than ctlPauseBytes waiting behind it
 	epfd      int  // the loop's epoll fd (0: not looked up yet, -1: unavailable)
 	dec       wire.Decompressor
 	routeBuf  []queue.QueueRef
@@ -205,20 +209,9 @@ func (c *conn) onTraffic() gnet.Action {
 	if c.ctlBusy.Load() {
 		// Its control requests are being worked through off the loop;
 		// what follows them waits, and past ctlPauseBytes it waits in the
-		// kernel (the socket leaves the read interest until they are done).
-		if !c.ctlPaused && c.gc.InboundBuffered() > ctlPauseBytes {
-			c.ctlPaused = true
-			c.pauseRead()
-		}
+		// kernel (the socket leaves the read interest).
+		c.gateCtlRead()
 		return gnet.None
-	}
-	if c.ctlPaused {
-		c.ctlPaused = false
-		if !c.blocked.Load() {
-			if err := c.setReadInterest(true); err != nil && !errors.Is(err, unix.ENOENT) && !errors.Is(err, unix.EBADF) {
-				c.srv.log.Debug("cannot resume reading", "conn", c.id, "err", err)
-			}
-		}
 	}
 	for {
 		switch c.state.Load() {
@@ -257,18 +250,18 @@ func (c *conn) onTraffic() gnet.Action {
 		}
 		hdr, err := c.gc.Peek(wire.HeaderSize)
 		if err != nil {
-			return gnet.None
+			return c.needMore()
 		}
 		size := wire.FrameSize(hdr)
 		if uint64(size) > uint64(limit) {
 			return c.protoError(&wire.Error{Code: wire.FrameTooLarge, Reason: "frame of " + strconv.Itoa(size) + " bytes over the maximum " + strconv.Itoa(int(limit))})
 		}
 		if c.gc.InboundBuffered() < size {
-			return gnet.None
+			return c.needMore()
 		}
 		buf, err := c.gc.Peek(size)
 		if err != nil {
-			return gnet.None
+			return c.needMore()
 		}
 		f, n, err := wire.Split(buf, limit)
 		if err != nil {
@@ -282,6 +275,7 @@ func (c *conn) onTraffic() gnet.Action {
 		}
 		if isControl(f.Type) && c.state.Load() == stOpen {
 			c.startControl(limit)
+			c.gateCtlRead()
 			return gnet.None
 		}
 		if !f.Type.Ignorable() {
@@ -306,10 +300,63 @@ func (c *conn) onTraffic() gnet.Action {
 // of up to ctlBatchMax of them to a goroutine and reads nothing more from
 // the connection until it is done (so the connection's frames keep their
 // order); the goroutine wakes the loop to go on.
+//
+// A client may pipeline as many control requests as it likes: while more
+// than ctlPauseBytes of its frames wait in the inbound buffer, the broker
+// stops reading its socket (TCP holds the rest back in the client) and
+// reads again once a run has taken the buffer back under ctlPauseBytes, or
+// it holds no whole frame to work on. A
+// run takes at least enough frames to bring the buffer back under
+// ctlPauseBytes, so what gnet reads when it re-arms the socket by itself
+// (once per write that had to wait, 256 KiB at most) cannot pile up from
+// run to run: the inbound buffer stays within ctlPauseBytes plus a few
+// reads and a frame, however much the client writes.
 const (
 	ctlBatchMax   = 256
 	ctlPauseBytes = 1 << 20 // buffered behind a running batch before the socket is paused
 )
+
+// gateCtlRead stops reading the socket while more than ctlPauseBytes wait
+// in the inbound buffer behind a control run, and reads it again once
+// they do not. Loop goroutine.
+func (c *conn) gateCtlRead() {
+	n := c.gc.InboundBuffered()
+	if int64(n) > c.ctlPeak.Load() {
+		c.ctlPeak.Store(int64(n))
+	}
+	if n > ctlPauseBytes {
+		c.ctlPaused = true
+		// Again each time: gnet re-arms reading when a write drains.
+		if !c.stopReading() && n > c.blockedInboundCap() {
+			// Only where reads cannot be paused (pause_other.go).
+			c.srv.log.Warn("closing a connection that pipelined more than its inbound buffer may hold", "conn", c.id, "buffered", n)
+			c.closeWith(wire.ResourceLimit, "over "+strconv.Itoa(c.blockedInboundCap())+" bytes of requests sent ahead of their answers, and this broker cannot pause reading a connection (built without gnet's default Linux poller): wait for answers before sending more")
+		}
+		return
+	}
+	c.resumeCtlRead()
+}
+
+// needMore is onTraffic's answer when the inbound buffer holds no whole
+// frame: the socket must be read, so a pause for control runs ends.
+func (c *conn) needMore() gnet.Action {
+	c.resumeCtlRead()
+	return gnet.None
+}
+
+// resumeCtlRead ends a pause for control runs (not one for the memory
+// alarm). Loop goroutine.
+func (c *conn) resumeCtlRead() {
+	if !c.ctlPaused {
+		return
+	}
+	c.ctlPaused = false
+	if !c.blocked.Load() {
+		if err := c.setReadInterest(true); err != nil && !errors.Is(err, unix.ENOENT) && !errors.Is(err, unix.EBADF) {
+			c.srv.log.Debug("cannot resume reading", "conn", c.id, "err", err)
+		}
+	}
+}
 
 func isControl(t wire.Type) bool {
 	switch t {
@@ -325,7 +372,7 @@ func isControl(t wire.Type) bool {
 // Loop goroutine.
 func (c *conn) startControl(limit uint32) {
 	var run []byte
-	for n := 0; n < ctlBatchMax; n++ {
+	for n := 0; n < ctlBatchMax || c.gc.InboundBuffered() > ctlPauseBytes; n++ {
 		hdr, err := c.gc.Peek(wire.HeaderSize)
 		if err != nil {
 			break
@@ -403,17 +450,27 @@ func (c *conn) block() {
 // fast, can get there; it is closed rather than buffered without bound.
 func (c *conn) blockedInboundCap() int { return int(c.maxFrame) + 4<<20 }
 
-// pauseRead (re)takes the socket out of the loop's read interest. gnet
-// re-arms reading when a pending write drains or has to wait, so this runs
-// again from OnTraffic and from the write callback while blocked.
+// pauseRead (re)takes a blocked connection's socket out of the loop's
+// read interest, and closes it past blockedInboundCap. gnet re-arms
+// reading when a pending write drains or has to wait, so this runs again
+// from OnTraffic and from the write callback while blocked.
 func (c *conn) pauseRead() {
-	if err := c.setReadInterest(false); err != nil && !errors.Is(err, unix.ENOENT) && !errors.Is(err, unix.EBADF) {
-		c.srv.log.Debug("cannot pause reading; the inbound buffer holds the frames", "conn", c.id, "err", err)
-	}
+	c.stopReading()
 	if c.gc.InboundBuffered() > c.blockedInboundCap() {
 		c.srv.log.Warn("closing a blocked publisher that kept sending", "conn", c.id, "buffered", c.gc.InboundBuffered())
 		c.closeWith(wire.ResourceLimit, "kept publishing while blocked by the memory alarm")
 	}
+}
+
+// stopReading (re)takes the socket out of the loop's read interest, and
+// reports whether it could (a socket being closed counts as paused).
+// Loop goroutine.
+func (c *conn) stopReading() bool {
+	if err := c.setReadInterest(false); err != nil && !errors.Is(err, unix.ENOENT) && !errors.Is(err, unix.EBADF) {
+		c.srv.log.Debug("cannot pause reading; the inbound buffer holds the frames", "conn", c.id, "err", err)
+		return false
+	}
+	return true
 }
 
 // unblock reads the connection again once the alarm is off, and reports

@@ -136,8 +136,10 @@ func (c *conn) flushLocked() {
 // gnet's buffer). It recycles the buffer, settles the auto-ack deliveries
 // that went out, and starts the next write.
 func (c *conn) flushed(gc gnet.Conn, err error) error {
-	if c.blocked.Load() || c.ctlPaused {
+	if c.blocked.Load() {
 		c.pauseRead() // gnet re-arms reading when a write has to wait
+	} else if c.ctlPaused {
+		c.stopReading() // the same, but not a publisher's fault: no cap
 	}
 	c.gnetBuffered.Store(int64(gc.OutboundBuffered()))
 	// gnet takes what the socket cannot (its buffer has no bound): a peer
