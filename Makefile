@@ -5,7 +5,7 @@ PKGS     := ./...
 # Packages with goroutines or shared state run under the race detector.
 RACE_PKGS := ./queue/... ./broker/... ./netio/... ./admin/... ./client/... ./cmd/... ./segment/... ./internal/... ./replication/...
 
-.PHONY: all build run test test-race vet fmt-check lint bench bench-segment bench-compare bench-million bench-topology fuzz vectors tools soak-segment soak-replication abuse
+.PHONY: ui all build run test test-race vet fmt-check lint bench bench-segment bench-compare bench-million bench-topology fuzz vectors tools soak-segment soak-replication abuse
 
 all: build
 
@@ -19,6 +19,14 @@ build:
 # HTTP (/metrics, /healthz, /readyz) on 127.0.0.1:15680, data in ./warren-data.
 run:
 	$(GO) run ./cmd/warrend
+
+# Rebuild the web console's vendored assets from npm (uPlot and its
+# license into admin/console/assets/vendor); they are committed, so
+# building and running need no npm.
+ui:
+	cd admin/console/ui && npm ci --no-audit --no-fund
+	cp admin/console/ui/node_modules/uplot/dist/uPlot.iife.min.js admin/console/ui/node_modules/uplot/dist/uPlot.min.css admin/console/assets/vendor/
+	cp admin/console/ui/node_modules/uplot/LICENSE admin/console/assets/vendor/uPlot.LICENSE
 
 test: fmt-check vet
 	$(GO) test -count=1 -timeout 5m $(PKGS)

@@ -31,6 +31,8 @@ type API struct {
 	log   *slog.Logger
 	mux   *http.ServeMux
 	stop  chan struct{}
+	// dataDir: the overview reports its file system's space ("": none).
+	dataDir string
 
 	mu    sync.Mutex
 	prev  map[string]broker.QueueStats
@@ -138,10 +140,14 @@ func (a *API) overview() api.Overview {
 	a.mu.Lock()
 	rates := a.total
 	a.mu.Unlock()
-	return api.Overview{Redelivered: redelivered, DeadLettered: deadLettered, Rates: rates, Version: c.Version, Connections: c.Connections, Channels: c.Channels,
+	o := api.Overview{Redelivered: redelivered, DeadLettered: deadLettered, Rates: rates, Version: c.Version, Connections: c.Connections, Channels: c.Channels,
 		Exchanges: t.Exchanges, Queues: t.Queues, Ready: t.Ready, Unacked: t.Unacked, Consumers: t.Consumers,
 		StoredMessageBytes: a.b.StoredBytes(), MemoryHighWatermark: c.MemoryHighWatermark, FlowBlocked: c.FlowBlocked,
 		Published: t.Published, Delivered: t.Delivered, Acked: t.Acked}
+	if a.dataDir != "" {
+		o.DiskFree, o.DiskTotal = diskSpace(a.dataDir)
+	}
+	return o
 }
 
 // ServeHTTP authenticates and dispatches.
@@ -158,6 +164,13 @@ func (a *API) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		writeErr(w, &wire.Error{Code: wire.AuthFailed, Reason: a.conns.AuthRefusal(user, r.RemoteAddr)})
 		return
 	}
+	a.ServeAuthenticated(w, r, user)
+}
+
+// ServeAuthenticated serves r for user, whose credentials the caller has
+// already verified (the web console's session does): the same endpoints
+// and the same authorization as ServeHTTP.
+func (a *API) ServeAuthenticated(w http.ResponseWriter, r *http.Request, user string) {
 	// The one authorization check the native protocol uses too: the admin
 	// API is an operator interface, so its writes need the administrator tag.
 	if r.Method != http.MethodGet && r.Method != http.MethodHead {

@@ -2,6 +2,7 @@ package broker
 
 import (
 	"context"
+	"slices"
 
 	"github.com/warren-mq/warren/queue"
 	"github.com/warren-mq/warren/wire"
@@ -89,7 +90,9 @@ func (b *Broker) PublishOne(ctx context.Context, exchange, rk string, props, bod
 // order: Queues without its sort, for a caller that sorts (or filters)
 // them its own way, such as the admin API's queue pages.
 func (b *Broker) AppendQueueStats(dst []QueueStats) []QueueStats {
-	for _, q := range b.topo.snapshotQueues() {
+	qs := b.topo.snapshotQueues()
+	dst = slices.Grow(dst, len(qs))
+	for _, q := range qs {
 		dst = append(dst, statsOf(q))
 	}
 	return dst

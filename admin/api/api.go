@@ -155,6 +155,10 @@ type Overview struct {
 	// deleted queue's are gone with it).
 	Redelivered  uint64 `json:"redelivered_total"`
 	DeadLettered uint64 `json:"dead_lettered_total"`
+	// DiskFree and DiskTotal are the data directory's file system's space
+	// available to the broker and its size (absent: unknown).
+	DiskFree  uint64 `json:"disk_free_bytes,omitempty"`
+	DiskTotal uint64 `json:"disk_total_bytes,omitempty"`
 	// Rates are the whole broker's over the last sampling interval.
 	Rates Rates `json:"rates"`
 }

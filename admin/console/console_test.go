@@ -5,7 +5,9 @@ import (
 	"net/http"
 	"net/http/cookiejar"
 	"net/http/httptest"
+	"os"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -21,7 +23,55 @@ type env struct {
 	hs  *httptest.Server
 }
 
+var (
+	sharedOnce sync.Once
+	shared     *env
+	sharedStop func()
+)
+
+// TestMain stops the broker the console tests share.
+func TestMain(m *testing.M) {
+	code := m.Run()
+	if sharedStop != nil {
+		sharedStop()
+	}
+	os.Exit(code)
+}
+
+// start returns the broker, admin API and console the tests share (one
+// start-up, not one per test: each test uses names of its own).
 func start(t testing.TB) *env {
+	sharedOnce.Do(func() {
+		var cleanups []func()
+		tb := &cleanupTB{TB: t, add: func(f func()) { cleanups = append(cleanups, f) }}
+		shared = startEnv(tb)
+		sharedStop = func() {
+			for i := len(cleanups) - 1; i >= 0; i-- {
+				cleanups[i]()
+			}
+		}
+	})
+	return shared
+}
+
+// cleanupTB keeps the cleanups of the shared environment for TestMain
+// instead of the first test that asks for it.
+type cleanupTB struct {
+	testing.TB
+	add func(func())
+}
+
+func (c *cleanupTB) Cleanup(f func()) { c.add(f) }
+func (c *cleanupTB) TempDir() string {
+	d, err := os.MkdirTemp("", "console-test")
+	if err != nil {
+		c.Fatal(err)
+	}
+	c.add(func() { os.RemoveAll(d) })
+	return d
+}
+
+func startEnv(t testing.TB) *env {
 	pw, _ := netio.HashPassword("viewer-pw")
 	srv := warrentest.StartServer(t, &netio.Config{Users: []netio.User{{Name: "viewer", PasswordHash: pw}}})
 	a := admin.New(srv.Broker, warrentest.AdminConnections(srv), nil, 100*time.Millisecond)
@@ -100,18 +150,18 @@ func TestCSRF(t *testing.T) {
 	cl, tok, _ := e.login(t, "guest", "guest")
 	_, other, _ := e.login(t, "guest", "guest")
 	for _, hdr := range []map[string]string{nil, {console.CSRFHeader: other}, {console.CSRFHeader: tok + "x"}} {
-		resp, body := e.req(t, cl, "PUT", "/api/queues/q", `{}`, hdr)
+		resp, body := e.req(t, cl, "PUT", "/api/queues/csrf.q", `{}`, hdr)
 		if resp.StatusCode != 403 || !strings.Contains(body, "CSRF") {
 			t.Fatalf("write with %v: %d %s", hdr, resp.StatusCode, body)
 		}
 	}
-	if _, ok := e.srv.Queue("q"); ok {
+	if _, ok := e.srv.Queue("csrf.q"); ok {
 		t.Fatal("a write without the CSRF token declared the queue")
 	}
-	if resp, body := e.req(t, cl, "PUT", "/api/queues/q", `{}`, map[string]string{console.CSRFHeader: tok}); resp.StatusCode != 200 {
+	if resp, body := e.req(t, cl, "PUT", "/api/queues/csrf.q", `{}`, map[string]string{console.CSRFHeader: tok}); resp.StatusCode != 200 {
 		t.Fatalf("write with the token: %d %s", resp.StatusCode, body)
 	}
-	if resp, _ := e.req(t, cl, "GET", "/api/queues/q", ``, nil); resp.StatusCode != 200 {
+	if resp, _ := e.req(t, cl, "GET", "/api/queues/csrf.q", ``, nil); resp.StatusCode != 200 {
 		t.Fatalf("read: %d", resp.StatusCode)
 	}
 	// Logging out needs the token too, then the session is gone.
@@ -121,12 +171,12 @@ func TestCSRF(t *testing.T) {
 	if resp, _ := e.req(t, cl, "POST", "/console/api/logout", ``, map[string]string{console.CSRFHeader: tok}); resp.StatusCode != 204 {
 		t.Fatalf("logout: %d", resp.StatusCode)
 	}
-	if resp, _ := e.req(t, cl, "GET", "/api/queues/q", ``, nil); resp.StatusCode != 401 {
+	if resp, _ := e.req(t, cl, "GET", "/api/queues/csrf.q", ``, nil); resp.StatusCode != 401 {
 		t.Fatalf("after logout: %d", resp.StatusCode)
 	}
 	// A viewer's session reads but does not write, token or not.
 	vc, vtok, _ := e.login(t, "viewer", "viewer-pw")
-	if resp, _ := e.req(t, vc, "DELETE", "/api/queues/q", ``, map[string]string{console.CSRFHeader: vtok}); resp.StatusCode != 403 {
+	if resp, _ := e.req(t, vc, "DELETE", "/api/queues/csrf.q", ``, map[string]string{console.CSRFHeader: vtok}); resp.StatusCode != 403 {
 		t.Fatalf("viewer delete: %d", resp.StatusCode)
 	}
 	// Basic credentials still work without a session.
@@ -137,19 +187,23 @@ func TestCSRF(t *testing.T) {
 	}
 }
 
-// TestSessionsBounded: sessions expire, and logins past MaxSessions end
-// the oldest rather than growing the table.
+// TestSessionsBounded: sessions expire, and logins past the bound end the
+// oldest rather than growing the table (the bound lowered from
+// MaxSessions to 16, so the test makes few logins).
 func TestSessionsBounded(t *testing.T) {
 	e := start(t)
+	const bound = 16
+	e.c.SetMaxSessions(bound)
 	now := time.Unix(1_000_000, 0)
 	e.c.SetClock(func() time.Time { return now })
+	t.Cleanup(func() { e.c.SetMaxSessions(console.MaxSessions); e.c.SetClock(time.Now) })
 	first, _, _ := e.login(t, "guest", "guest")
-	for range console.MaxSessions + 10 {
+	for range bound + 10 {
 		now = now.Add(time.Millisecond)
 		e.login(t, "guest", "guest")
 	}
-	if n := e.c.Sessions(); n != console.MaxSessions {
-		t.Fatalf("%d sessions kept, want the bound %d", n, console.MaxSessions)
+	if n := e.c.Sessions(); n != bound {
+		t.Fatalf("%d sessions kept, want the bound %d", n, bound)
 	}
 	if resp, _ := e.req(t, first, "GET", "/api/overview", ``, nil); resp.StatusCode != 401 {
 		t.Fatalf("the oldest session survived: %d", resp.StatusCode)

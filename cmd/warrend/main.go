@@ -34,6 +34,7 @@ import (
 	"github.com/VictoriaMetrics/metrics"
 
 	"github.com/warren-mq/warren/admin"
+	"github.com/warren-mq/warren/admin/console"
 	"github.com/warren-mq/warren/netio"
 )
 
@@ -242,7 +243,12 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdin i
 	})
 	api := admin.New(srv.Broker, adminConns{srv}, log, 0)
 	defer api.Close()
-	mux.Handle("/api/", api)
+	api.SetDataDir(fc.Data)
+	// The web console at /, and the admin API for its sessions and for
+	// HTTP Basic credentials.
+	web := console.New(api, adminConns{srv})
+	mux.Handle("/api/", web)
+	mux.Handle("/", web)
 	hs := &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
 	go func() { _ = hs.Serve(ln) }()
 	log.Warn("durable and persistent are accepted but not yet honoured: every queue and message is in memory, and a restart loses them all")
