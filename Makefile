@@ -16,7 +16,8 @@ build:
 	$(GO) build -o bin/warren-loadtest ./cmd/warren-loadtest
 
 # Start a broker with the defaults: native protocol on 127.0.0.1:5680,
-# HTTP (/metrics, /healthz, /readyz) on 127.0.0.1:15680, data in ./warren-data.
+# HTTP (the web console at /, /api/, /metrics, /healthz, /readyz) on
+# 127.0.0.1:15680, data in ./warren-data.
 run:
 	$(GO) run ./cmd/warrend
 

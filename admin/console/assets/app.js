@@ -74,7 +74,8 @@ async function api(method, path, body) {
   }
   const r = await fetch(path, opts);
   const text = await r.text();
-  const data = text ? JSON.parse(text) : null;
+  let data = null;
+  try { data = text ? JSON.parse(text) : null; } catch (e) { data = { error: { message: "HTTP " + r.status + ": " + text.slice(0, 200) } }; }
   if (r.status === 401 && !path.startsWith("/console/api/login")) {
     state.csrf = "";
     showLogin("Your session has ended: log in again.");
