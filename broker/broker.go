@@ -8,6 +8,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/warren-mq/warren/segment"
 	"github.com/warren-mq/warren/wire"
 )
 
@@ -51,6 +52,7 @@ type Broker struct {
 	storedBytes atomic.Int64
 	consumerSeq atomic.Uint64
 	dlDropLog   [NumDLDrops]ratelog.Limiter // "dead letter dropped" lines, per reason
+	ownLog      *segment.Log                // the log OpenDataDir opened (closed by CloseMetaLog)
 }
 
 // New makes a broker; Start runs its shards.

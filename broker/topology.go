@@ -405,6 +405,17 @@ func (t *topology) declareExchange(d *wire.ExchangeDeclare, user string) error {
 // warnDurable says, at most once a minute, that durability is not built
 // yet: a durable declare is accepted and kept in memory only.
 func (t *topology) warnDurable(kind, name string) {
+	if t.mlog.Load() != nil {
+		// The metadata log keeps the declaration; messages are the
+		// durable-queue phase's.
+		if kind == "queue" {
+			if ok, n := t.durableWarn.Allow(time.Now()); ok {
+				t.log.Warn("durable queue: its declaration and bindings survive a restart, its messages are not yet honoured (in memory only; a restart loses them)",
+					"name", name, "suppressed_since_last", n)
+			}
+		}
+		return
+	}
 	if ok, n := t.durableWarn.Allow(time.Now()); ok {
 		t.log.Warn("durable is accepted but not yet honoured: every exchange, queue and message is in memory and a restart loses it",
 			"declared", kind, "name", name, "suppressed_since_last", n)

@@ -408,7 +408,20 @@ func (c *conn) runControl(run []byte, limit uint32) {
 	c.holdOut = true
 	c.mu.Unlock()
 	defer func() {
-		c.srv.EndControlRun()
+		if err := c.srv.EndControlRun(); err != nil {
+			// The run's changes may not be on disk: its replies must not
+			// claim them. The connection goes without them.
+			c.srv.log.Error("topology changes not written; closing the connection without its replies", "conn", c.id, "err", err)
+			c.state.Store(stClosing)
+			c.mu.Lock()
+			c.holdOut, c.closed = false, true
+			c.out = c.out[:0]
+			c.mu.Unlock()
+			go c.gc.Close()
+			c.ctlBusy.Store(false)
+			_ = c.gc.Wake(nil)
+			return
+		}
 		c.mu.Lock()
 		c.holdOut = false
 		c.flushLocked()

@@ -60,6 +60,15 @@ type Config struct {
 	// header is accepted; empty: the PROXY protocol is off.
 	ProxyTrusted []netip.Prefix
 
+	// DataDir, if set, holds the node's log (DataDir/log): Start recovers
+	// the topology from it before the listener opens, and every topology
+	// change is logged and answered once on disk (broker.OpenDataDir).
+	// Empty: everything in memory, as before.
+	DataDir string
+	// Fatal hears that a write of the log failed: the node must stop and
+	// recover from the log (warrend exits non-zero). nil: logged only.
+	Fatal func(error)
+
 	// clock is the broker's one clock source (ms), which stamps the
 	// shards' commands; nil: the wall clock. Tests set a fake one.
 	clock func() int64
@@ -205,6 +214,16 @@ func Start(cfg Config) (*Server, error) {
 		DeadLetterDropped: func(r broker.DLDrop) { s.metrics.dlDropped[r].Inc() }})
 	s.initMetrics()
 	s.Broker.Start()
+	if cfg.DataDir != "" {
+		fatal := cfg.Fatal
+		if fatal == nil {
+			fatal = func(err error) { s.log.Error("the log stopped; restart to recover", "err", err) }
+		}
+		if err := s.Broker.OpenDataDir(context.Background(), cfg.DataDir, fatal); err != nil {
+			_ = s.Broker.Stop(context.Background())
+			return nil, err
+		}
+	}
 	go func() {
 		defer close(s.stopped)
 		// SO_REUSEADDR: after a graceful stop the broker's closed
@@ -224,6 +243,7 @@ func Start(cfg Config) (*Server, error) {
 	}()
 	if err := <-s.booted; err != nil {
 		_ = s.Broker.Stop(context.Background())
+		_ = s.Broker.CloseMetaLog(context.Background())
 		return nil, fmt.Errorf("netio: listen on %s: %w", cfg.Addr, err)
 	}
 	return s, nil
@@ -466,6 +486,9 @@ func (s *Server) Close(ctx context.Context) error {
 		err = ctx.Err()
 	}
 	if serr := s.Broker.Stop(ctx); err == nil {
+		err = serr
+	}
+	if serr := s.Broker.CloseMetaLog(ctx); err == nil {
 		err = serr
 	}
 	return err

@@ -75,6 +75,23 @@
 //     memory, else through one segment view per entry, held until
 //     ReleaseBodies (TestBodiesFromTheLog).
 //
+// And phase D3 on one node:
+//
+//   - meta.go: MetaGroup, the metadata group (§4): a single voter over
+//     segment group 2 whose entries carry the broker's encoded metadata
+//     commands, one entry per round (every command added since the last
+//     round: a run of declarations shares one entry and one fdatasync);
+//     snapshots of the metadata state into the SnapStore every 10,000
+//     entries or 8 MiB, the log compacted to each; OpenMeta recovers
+//     (snapshot, then replay). On one voter the caller applies a command
+//     as it adds it (the proposal order is the log order, and a failed
+//     write stops the node) and answers only once Wait says it is
+//     committed; the cluster step must move the apply to commit.
+//     What survives a restart now: durable exchanges, durable queues'
+//     declarations and the bindings between durable ends (the broker
+//     logs a NodeUp at each start that drops the rest). Messages do not
+//     yet: every queue's messages are in memory.
+//
 // # Not built yet
 //
 // The broker does not use this package yet: durable queues are still in
@@ -89,7 +106,7 @@
 //     are reserved and refused);
 //   - a group that stops snapshotting pins the snapshot store from its
 //     snapshot on (SnapStore's doc; Forget covers deleted queues);
-//   - the metadata group (§4), the broker's durable branch (§3.5),
+//   - the broker's durable branch (§3.5),
 //     startup recovery of the whole node and its crash simulation with
 //     confirms (§7);
 //   - everything of the cluster step (§6: transport, snapshot install,

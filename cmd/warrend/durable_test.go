@@ -223,6 +223,7 @@ func TestCorruptMetaLogRefusesToStart(t *testing.T) {
 	if err == nil || !strings.Contains(err.Error(), "corrupt") {
 		t.Fatalf("start on a damaged log: %v, want a corruption error", err)
 	}
+	t.Logf("refused: %v", err)
 	named := false
 	for _, d := range damaged {
 		named = named || strings.Contains(err.Error(), d)

@@ -210,61 +210,110 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdin i
 		debug.SetMemoryLimit(lim)
 		log.Info("memory", "high_watermark_bytes", fc.MemoryHighWater, "go_memory_limit_bytes", lim)
 	}
+	// The HTTP port opens first, so /healthz and /readyz answer during
+	// recovery (/readyz: 503 until the listener is open).
+	ln, err := net.Listen("tcp", fc.HTTP)
+	if err != nil {
+		return fmt.Errorf("http: %w", err)
+	}
+	var state atomic.Int32
+	var srvp atomic.Pointer[netio.Server]
+	var webH atomic.Pointer[console.Console]
+	mux := http.NewServeMux()
+	mux.HandleFunc("/metrics", func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "text/plain; version=0.0.4")
+		if s := srvp.Load(); s != nil {
+			s.WriteMetrics(w)
+		}
+		metrics.WriteProcessMetrics(w)
+		writeDiskMetrics(w, fc.Data)
+	})
+	mux.HandleFunc("/healthz", func(w http.ResponseWriter, r *http.Request) { io.WriteString(w, "ok\n") })
+	mux.Handle("/readyz", readyzHandler(&state))
+	web := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if c := webH.Load(); c != nil {
+			c.ServeHTTP(w, r)
+			return
+		}
+		http.Error(w, "recovering: the broker is not serving yet", http.StatusServiceUnavailable)
+	})
+	mux.Handle("/api/", web)
+	mux.Handle("/", web)
+	hs := &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
+	go func() { _ = hs.Serve(ln) }()
+	defer hs.Close()
+
+	fatal := make(chan error, 1)
+	log.Info("recovering", "data", fc.Data)
 	srv, err := netio.Start(netio.Config{
 		Addr: fc.Listen, Users: fc.Users, DisableGuest: fc.DisableGuest, MaxConnections: fc.MaxConnections,
 		MaxChannels: fc.MaxChannels, MaxFrame: fc.MaxFrame, HeartbeatMs: fc.HeartbeatMs, MaxPrefetch: fc.MaxPrefetch,
 		MaxOutboundBytes: fc.MaxOutboundBytes, MemoryHighWater: fc.MemoryHighWater, QueueSoftLimit: fc.QueueSoftLimit, Logger: log,
 		HandshakeTimeout: time.Duration(fc.HandshakeTimeoutMs) * time.Millisecond, MaxUnauthenticated: fc.MaxUnauthenticated,
 		MaxConnectionsPerSource: fc.MaxConnectionsPerSource, ProxyTrusted: proxyTrusted,
+		DataDir: fc.Data,
+		Fatal: func(err error) {
+			select {
+			case fatal <- err:
+			default:
+			}
+		},
 	})
 	if err != nil {
 		return err
 	}
-	ln, err := net.Listen("tcp", fc.HTTP)
-	if err != nil {
-		_ = srv.Close(context.Background())
-		return fmt.Errorf("http: %w", err)
-	}
-	var shuttingDown atomic.Bool
-	mux := http.NewServeMux()
-	mux.HandleFunc("/metrics", func(w http.ResponseWriter, r *http.Request) {
-		w.Header().Set("Content-Type", "text/plain; version=0.0.4")
-		srv.WriteMetrics(w)
-		metrics.WriteProcessMetrics(w)
-		writeDiskMetrics(w, fc.Data)
-	})
-	mux.HandleFunc("/healthz", func(w http.ResponseWriter, r *http.Request) { io.WriteString(w, "ok\n") })
-	mux.HandleFunc("/readyz", func(w http.ResponseWriter, r *http.Request) {
-		if shuttingDown.Load() {
-			http.Error(w, "shutting down", http.StatusServiceUnavailable)
-			return
-		}
-		io.WriteString(w, "ready\n")
-	})
+	srvp.Store(srv)
 	api := admin.New(srv.Broker, adminConns{srv}, log, 0)
 	defer api.Close()
 	api.SetDataDir(fc.Data)
 	// The web console at /, and the admin API for its sessions and for
-	// HTTP Basic credentials.
-	web := console.New(api, adminConns{srv})
-	mux.Handle("/api/", web)
-	mux.Handle("/", web)
-	hs := &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
-	go func() { _ = hs.Serve(ln) }()
-	log.Warn("durable and persistent are accepted but not yet honoured: every queue and message is in memory, and a restart loses them all")
+	// HTTP Basic credentials (503 until recovery is done).
+	webH.Store(console.New(api, adminConns{srv}))
+	state.Store(stateReady)
+	log.Warn("durable exchanges, queues and bindings survive a restart; persistent messages are not yet honoured: every message is in memory, and a restart loses them all")
 	log.Info("warrend started", "listen", srv.Addr().String(), "http", ln.Addr().String(), "data", fc.Data, "version", netio.Version)
 	if onReady != nil {
 		onReady(srv.Addr(), ln.Addr())
 	}
-	<-ctx.Done()
-	shuttingDown.Store(true)
+	var failed error
+	select {
+	case <-ctx.Done():
+	case failed = <-fatal:
+		log.Error("the log on disk could not be written; stopping (restart to recover from the log)", "err", failed)
+	}
+	state.Store(stateStopping)
 	log.Info("shutting down")
 	sctx, cancel := context.WithTimeout(context.Background(), 15*time.Second)
 	defer cancel()
 	err = srv.Close(sctx)
 	_ = hs.Shutdown(sctx)
 	log.Info("stopped")
+	if failed != nil {
+		return fmt.Errorf("the log on disk could not be written (restart to recover from it): %w", failed)
+	}
 	return err
+}
+
+// What /readyz reports (readyzHandler).
+const (
+	stateRecovering = iota // recovering the topology from the log: the listener is not open
+	stateReady             // serving
+	stateStopping          // shutting down
+)
+
+// readyzHandler answers /readyz: 503 while recovering or stopping, 200
+// while serving.
+func readyzHandler(state *atomic.Int32) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		switch state.Load() {
+		case stateRecovering:
+			http.Error(w, "recovering: the broker is not serving yet", http.StatusServiceUnavailable)
+		case stateStopping:
+			http.Error(w, "shutting down", http.StatusServiceUnavailable)
+		default:
+			io.WriteString(w, "ready\n")
+		}
+	})
 }
 
 // configErr says where in the config file a decode error is, as
