@@ -14,9 +14,12 @@ import (
 
 // Config is what the broker core needs to know at start.
 type Config struct {
-	Shards         int          // queue shards (goroutines); at least 1
-	QueueSoftLimit int64        // ready messages above which a queue holds back its publishers' confirms (0 or less: never)
-	Logger         *slog.Logger // discard if nil
+	Shards         int   // queue shards (goroutines); at least 1
+	QueueSoftLimit int64 // ready messages above which a queue holds back its publishers' confirms (0 or less: never)
+	// Limits bound the queues, exchanges and bindings the broker holds
+	// (zero fields: DefaultMetaLimits).
+	Limits MetaLimits
+	Logger *slog.Logger // discard if nil
 	// Clock is the broker's one clock source (ms since the epoch), which
 	// stamps every command a shard applies; nil: the wall clock.
 	Clock func() int64
@@ -70,7 +73,7 @@ func New(cfg Config) *Broker {
 	for i := 0; i < cfg.Shards; i++ {
 		b.shards = append(b.shards, newShard(b, i))
 	}
-	b.topo = newTopology(b.shards)
+	b.topo = newTopology(b.shards, cfg.Limits)
 	b.topo.log = b.log
 	b.topo.now = b.NowMs
 	return b

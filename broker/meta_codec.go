@@ -301,7 +301,7 @@ func (m *Meta) Snapshot() []byte {
 // Restore replaces the state with a snapshot's. On an error the state is
 // unchanged.
 func (m *Meta) Restore(snap []byte) error {
-	n := &Meta{shards: m.shards}
+	n := &Meta{shards: m.shards, limits: m.limits}
 	n.reset()
 	r := metaReader{b: snap}
 	if v := r.u8(); r.err == nil && v != MetaSnapshotVersion {

@@ -35,7 +35,9 @@ type MetaLogConfig struct {
 // the topology is in memory only, as before.
 func (b *Broker) OpenMetaLog(ctx context.Context, cfg MetaLogConfig) error {
 	t := b.topo
-	rec := NewMeta(len(b.shards))
+	// The log holds only changes that were within the limits when made:
+	// recovery replays them all, whatever the limits are now.
+	rec := NewMetaWithLimits(len(b.shards), noMetaLimits)
 	g, err := replication.OpenMeta(replication.MetaConfig{
 		Log: cfg.Log, Snapshots: cfg.Snapshots, Machine: &MetaMachine{Meta: rec},
 		Lock: &t.mu, Snapshot: func() []byte { return t.meta.Snapshot() },

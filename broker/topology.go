@@ -238,8 +238,8 @@ type queueTotals struct {
 	published, delivered, acked uint64
 }
 
-func newTopology(shards []*shard) *topology {
-	t := &topology{meta: NewMeta(len(shards)), routes: queue.NewRoutes(), queues: map[uint64]*Queue{}, shards: shards, now: func() int64 { return time.Now().UnixMilli() },
+func newTopology(shards []*shard, limits MetaLimits) *topology {
+	t := &topology{meta: NewMetaWithLimits(len(shards), limits), routes: queue.NewRoutes(), queues: map[uint64]*Queue{}, shards: shards, now: func() int64 { return time.Now().UnixMilli() },
 		log: slog.New(slog.DiscardHandler), durableWarn: ratelog.Limiter{Every: time.Minute}}
 	for _, d := range t.meta.Exchanges() {
 		t.routes.AddExchange(exchangeOf(&d))

@@ -29,22 +29,27 @@ const Version = "0.1.0"
 // Config is the broker's configuration. Zero values take the defaults
 // noted on each field.
 type Config struct {
-	Addr              string        // "127.0.0.1:5680"; port 0 picks a free one
-	Users             []User        // besides guest/guest from loopback
-	DisableGuest      bool          // refuse guest/guest even from loopback
-	MaxFrame          uint32        // proposed max frame size; wire.DefaultMaxFrame
-	MaxChannels       uint16        // per connection; 2047
-	HeartbeatMs       uint32        // proposed heartbeat; 30000 (0 keeps the default; use Heartbeat < 0 to disable)
-	DisableHeartbeats bool          // propose no heartbeats
-	MaxConnections    int           // 10000
-	MaxPrefetch       uint32        // cap on a consumer's unacked deliveries (and auto-ack window); 1000
-	MaxOutboundBytes  int           // per-connection outbox cap before the connection is closed; 64 MiB
-	MemoryHighWater   int64         // stored message bytes (and Go heap growth) that pause publishers; DefaultMemoryHighWater
-	QueueSoftLimit    int64         // ready messages above which a queue holds back its publishers' confirms; 20,000 (-1: never)
-	Shards            int           // queue shards; GOMAXPROCS
-	EventLoops        int           // gnet loops; GOMAXPROCS
-	TickInterval      time.Duration // heartbeat and flow checks; 100ms
-	Logger            *slog.Logger  // discard if nil
+	Addr              string // "127.0.0.1:5680"; port 0 picks a free one
+	Users             []User // besides guest/guest from loopback
+	DisableGuest      bool   // refuse guest/guest even from loopback
+	MaxFrame          uint32 // proposed max frame size; wire.DefaultMaxFrame
+	MaxChannels       uint16 // per connection; 2047
+	HeartbeatMs       uint32 // proposed heartbeat; 30000 (0 keeps the default; use Heartbeat < 0 to disable)
+	DisableHeartbeats bool   // propose no heartbeats
+	MaxConnections    int    // 10000
+	MaxPrefetch       uint32 // cap on a consumer's unacked deliveries (and auto-ack window); 1000
+	MaxOutboundBytes  int    // per-connection outbox cap before the connection is closed; 64 MiB
+	MemoryHighWater   int64  // stored message bytes (and Go heap growth) that pause publishers; DefaultMemoryHighWater
+	QueueSoftLimit    int64  // ready messages above which a queue holds back its publishers' confirms; 20,000 (-1: never)
+	// MaxQueues, MaxExchanges, MaxBindings bound what the broker holds
+	// (broker.MetaLimits; 0: 1,000,000 queues, 100,000 exchanges,
+	// 4,000,000 bindings): a declare or bind past one is refused with
+	// resource_limit.
+	MaxQueues, MaxExchanges, MaxBindings int
+	Shards                               int           // queue shards; GOMAXPROCS
+	EventLoops                           int           // gnet loops; GOMAXPROCS
+	TickInterval                         time.Duration // heartbeat and flow checks; 100ms
+	Logger                               *slog.Logger  // discard if nil
 
 	// Connections before they authenticate (see connlimits.go).
 
@@ -211,6 +216,7 @@ func Start(cfg Config) (*Server, error) {
 	s.auth.comparing = s.notifyChanged
 	s.auth.log = s.log
 	s.Broker = broker.New(broker.Config{Shards: cfg.Shards, QueueSoftLimit: cfg.QueueSoftLimit, Logger: cfg.Logger, Clock: cfg.clock,
+		Limits:            broker.MetaLimits{MaxQueues: cfg.MaxQueues, MaxExchanges: cfg.MaxExchanges, MaxBindings: cfg.MaxBindings},
 		DeadLetterDropped: func(r broker.DLDrop) { s.metrics.dlDropped[r].Inc() }})
 	s.initMetrics()
 	s.Broker.Start()

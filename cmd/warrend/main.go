@@ -89,6 +89,9 @@ type fileConfig struct {
 	MaxOutboundBytes int          `json:"max_outbound_bytes"`
 	MemoryHighWater  int64        `json:"memory_high_watermark_bytes"`
 	QueueSoftLimit   int64        `json:"queue_soft_limit"`
+	MaxQueues        int          `json:"max_queues"`    // 0: 1,000,000
+	MaxExchanges     int          `json:"max_exchanges"` // 0: 100,000 (the four amq.* included)
+	MaxBindings      int          `json:"max_bindings"`  // 0: 4,000,000
 
 	HandshakeTimeoutMs      int64    `json:"handshake_timeout_ms"`            // accept to OPEN_OK; 10000
 	MaxUnauthenticated      int      `json:"max_unauthenticated_connections"` // 1000
@@ -121,6 +124,9 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdin i
 	cfgPath := fs.String("config", "", "JSON config file (env WARREN_CONFIG)")
 	logLevel := fs.String("log-level", "", "debug, info, warn or error (env WARREN_LOG_LEVEL)")
 	hsTimeout := fs.String("handshake-timeout-ms", "", "close connections not authenticated this long after connecting (default 10000; env WARREN_HANDSHAKE_TIMEOUT_MS)")
+	maxQueues := fs.String("max-queues", "", "queues the broker holds at most (default 1000000; env WARREN_MAX_QUEUES)")
+	maxExchanges := fs.String("max-exchanges", "", "exchanges the broker holds at most, the four amq.* included (default 100000; env WARREN_MAX_EXCHANGES)")
+	maxBindings := fs.String("max-bindings", "", "bindings the broker holds at most (default 4000000; env WARREN_MAX_BINDINGS)")
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
 			fmt.Fprint(stdout, usageHead)
@@ -170,6 +176,24 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdin i
 			return fmt.Errorf("handshake timeout %q: want a number of milliseconds", hsMs)
 		}
 		fc.HandshakeTimeoutMs = n
+	}
+	for _, l := range []struct {
+		flag, env, key string
+		dst            *int
+	}{{*maxQueues, "WARREN_MAX_QUEUES", "max_queues", &fc.MaxQueues}, {*maxExchanges, "WARREN_MAX_EXCHANGES", "max_exchanges", &fc.MaxExchanges},
+		{*maxBindings, "WARREN_MAX_BINDINGS", "max_bindings", &fc.MaxBindings}} {
+		v := ""
+		pick(l.flag, l.env, &v)
+		if v != "" {
+			n, err := strconv.Atoi(v)
+			if err != nil {
+				return fmt.Errorf("%s %q: want a number", l.key, v)
+			}
+			*l.dst = n
+		}
+		if *l.dst < 0 {
+			return fmt.Errorf("%s %d: want a positive number (0: the default)", l.key, *l.dst)
+		}
 	}
 	if fc.HandshakeTimeoutMs < 0 {
 		return fmt.Errorf("handshake timeout %dms: want a positive number of milliseconds (0: the default, 10000)", fc.HandshakeTimeoutMs)
@@ -258,6 +282,7 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdin i
 			default:
 			}
 		},
+		MaxQueues: fc.MaxQueues, MaxExchanges: fc.MaxExchanges, MaxBindings: fc.MaxBindings,
 	})
 	if err != nil {
 		return err
