@@ -149,7 +149,10 @@
 // an immutable snapshot that any number of goroutines may route against
 // without a lock (direct, topic, fanout, headers, consistent-hash,
 // exchange-to-exchange, alternate exchanges). Route appends the
-// destination queues' refs to the caller's slice and allocates nothing.
+// destination queues' refs to the caller's slice and allocates nothing;
+// their order differs between processes (names are hashed with a seed
+// chosen per process, so that clients cannot flood one hash), the set
+// does not.
 // Publishing a snapshot (an atomic pointer) is the caller's. Routes is
 // built of persistent maps (pmap.go): a change costs O(log n) whatever the
 // size of the topology, Table is O(1), and changes between two snapshots

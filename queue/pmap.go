@@ -1,6 +1,7 @@
 package queue
 
 import (
+	"hash/maphash"
 	"math/bits"
 	"slices"
 )
@@ -329,25 +330,16 @@ func (n *pnode[K, V]) del(ed *pedit, shift uint, h uint64, k K) (*pnode[K, V], b
 	return c, true
 }
 
-// strhash hashes a name, key or word for the persistent maps: 8 bytes at
-// a time, each folded in by a 64×64→128-bit multiply whose halves are
-// xored (wyhash's "mum"). It is deterministic (the maps' shape and walk
-// order are the same in every process) and, unlike xxhash's assembly,
-// cheap to call for the short strings routing looks up on every publish.
-func strhash[T string | []byte](s T) uint64 {
-	const m1, m2 = 0x9e3779b97f4a7c15, 0xe7037ed1a0b428db
-	h := uint64(len(s)) ^ m2
-	for len(s) >= 8 {
-		v := uint64(s[0]) | uint64(s[1])<<8 | uint64(s[2])<<16 | uint64(s[3])<<24 |
-			uint64(s[4])<<32 | uint64(s[5])<<40 | uint64(s[6])<<48 | uint64(s[7])<<56
-		hi, lo := bits.Mul64(h^v, m1)
-		h = hi ^ lo
-		s = s[8:]
-	}
-	var v uint64
-	for i := 0; i < len(s); i++ {
-		v |= uint64(s[i]) << (8 * i)
-	}
-	hi, lo := bits.Mul64(h^v, m1)
-	return hi ^ lo
-}
+// nameSeed seeds the hash of names, keys and words in the persistent
+// maps: chosen at random per process, as Go's maps do, so that a client
+// cannot pick names that all land in one collision node (an unseeded hash
+// of this speed can be inverted: TestRoutesNameHashFlooding). So the
+// maps' shapes, and the order Route lists queues in, differ between
+// processes; what Route returns as a set does not.
+var nameSeed = maphash.MakeSeed()
+
+// hashName and hashBytes hash a name, key or word (the same value for the
+// same bytes).
+func hashName(s string) uint64 { return maphash.String(nameSeed, s) }
+
+func hashBytes(b []byte) uint64 { return maphash.Bytes(nameSeed, b) }

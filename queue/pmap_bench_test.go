@@ -13,13 +13,13 @@ func BenchmarkPmapGet(b *testing.B) {
 		gm := map[string]int{}
 		for i := 0; i < n; i++ {
 			k := "key-" + strconv.Itoa(i)
-			m = m.set(nil, strhash(k), k, i)
+			m = m.set(nil, hashName(k), k, i)
 			gm[k] = i
 		}
 		key := []byte("key-42")
 		b.Run("n="+strconv.Itoa(n)+"/impl=pmap", func(b *testing.B) {
 			for b.Loop() {
-				if v, _ := pmapGetBytes(m, strhash(key), key); v != 42 {
+				if v, _ := pmapGetBytes(m, hashBytes(key), key); v != 42 {
 					b.Fatal(v)
 				}
 			}

@@ -25,7 +25,7 @@ func testPmapMatchesMap(t *testing.T, batched bool) {
 		name string
 		hash func(string) uint64
 	}{
-		{"strhash", strhash[string]},
+		{"hashName", hashName},
 		{"xxhash", xxhash.Sum64String},
 		{"high bits only", func(s string) uint64 { return xxhash.Sum64String(s) &^ (1<<40 - 1) }},
 		{"8 values", func(s string) uint64 { return xxhash.Sum64String(s) % 8 << 61 }},

@@ -169,7 +169,8 @@ func (n *tnode) change(ed *pedit, words []string, d dest, add bool) *tnode {
 
 // Route appends to dst the queues a message published to exchange with
 // routingKey and headers (raw table entries, as in wire.Properties.Headers)
-// goes to, each once, and returns it. ok is false when the exchange does
+// goes to, each once, and returns it. The order of the queues is not
+// defined (it differs between processes: see nameSeed). ok is false when the exchange does
 // not exist. An empty result means unroutable (the caller returns
 // mandatory messages). The default exchange "" routes to the queue named
 // by the key. Bindings to exchanges are followed (cycles and chains longer
@@ -178,7 +179,7 @@ func (n *tnode) change(ed *pedit, words []string, d dest, add bool) *tnode {
 // nothing once dst has room.
 func (t *Table) Route(dst []QueueRef, exchange string, routingKey, headers []byte) ([]QueueRef, bool) {
 	if exchange == "" {
-		if ref, ok := pmapGetBytes(t.queues, strhash(routingKey), routingKey); ok {
+		if ref, ok := pmapGetBytes(t.queues, hashBytes(routingKey), routingKey); ok {
 			dst = append(dst, ref)
 		}
 		return dst, true
@@ -204,7 +205,7 @@ func (c *rex) routeDirectly(dst []QueueRef, key, headers []byte) (out []QueueRef
 	var s *destSet
 	switch c.Kind {
 	case wire.ExchangeDirect:
-		set, ok := pmapGetBytes(c.direct, strhash(key), key)
+		set, ok := pmapGetBytes(c.direct, hashBytes(key), key)
 		if !ok {
 			return dst, c.Alternate == ""
 		}
@@ -293,7 +294,7 @@ func (rt *router) route(c *rex, path *hop) (reached bool) {
 	depth := &here
 	switch c.Kind {
 	case wire.ExchangeDirect:
-		if s, ok := pmapGetBytes(c.direct, strhash(rt.key), rt.key); ok {
+		if s, ok := pmapGetBytes(c.direct, hashBytes(rt.key), rt.key); ok {
 			reached = rt.addSet(&s, depth)
 		}
 	case wire.ExchangeFanout:
@@ -432,7 +433,7 @@ func (rt *router) matchTopic(m *topicMatcher, n *tnode, i int, depth *hop) bool 
 	}
 	if n.words.len() > 0 {
 		w := m.word(i)
-		if c, ok := pmapGetBytes(n.words, strhash(w), w); ok && rt.matchTopic(m, c, i+1, depth) {
+		if c, ok := pmapGetBytes(n.words, hashBytes(w), w); ok && rt.matchTopic(m, c, i+1, depth) {
 			reached = true
 		}
 	}

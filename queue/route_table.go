@@ -84,8 +84,6 @@ func NewRoutes() *Routes {
 	return &Routes{exs: map[string]*exBook{}, qs: map[string]*qBook{}, edit: &pedit{}}
 }
 
-func hashName(name string) uint64 { return strhash(name) }
-
 // AddExchange adds an exchange, or replaces the one of that name: its
 // bindings stay (re-read under the new kind if the kind changed, which
 // costs O(its bindings)).
