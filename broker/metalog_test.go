@@ -206,3 +206,29 @@ func TestMetaLogBounded(t *testing.T) {
 	}
 	t.Logf("longest metadata log: %d entries", most)
 }
+
+// TestMetaLogOneEntryPerControlRun: a run of control requests (what one
+// connection pipelines) is written as one entry of the metadata log, one
+// fdatasync, not one per request.
+func TestMetaLogOneEntryPerControlRun(t *testing.T) {
+	n := openMetaNode(t, segment.NewMemFS(), 0)
+	defer n.close(t)
+	g := uint64(replication.MetaGroupID)
+	before := n.log.LastIndex(g)
+	n.b.BeginControlRun()
+	for i := range 500 {
+		name := fmt.Sprintf("q%d", i)
+		if _, err := n.b.DeclareQueueAs(&wire.QueueDeclare{Name: name, Durable: true}, 1, "u"); err != nil {
+			t.Fatal(err)
+		}
+		if err := n.b.BindAs(&wire.Bind{Source: "amq.topic", Destination: name, RoutingKey: name}, Requester{User: "u", Conn: 1}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := n.b.EndControlRun(); err != nil {
+		t.Fatal(err)
+	}
+	if got := n.log.LastIndex(g) - before; got != 1 {
+		t.Fatalf("a control run of 1,000 requests wrote %d entries, want 1", got)
+	}
+}
