@@ -138,6 +138,11 @@ func (t *topology) logLocked(c *MetaCommand, effs []MetaEffect) {
 		if effs[i].Kind != EffDurableAccepted {
 			t.mbuf = AppendMetaCommand(t.mbuf[:0], c)
 			g.Add(t.mbuf)
+			if t.batching.Load() == 0 {
+				// Nobody will wait for it in a run's end (a shard deleted
+				// a queue, an exclusive owner went): write it now.
+				g.Kick()
+			}
 			return
 		}
 	}

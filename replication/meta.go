@@ -225,15 +225,21 @@ func eachMetaCommand(b []byte, fn func([]byte) error) error {
 }
 
 // Add logs cmd (copied) after every command added before it and returns
-// its seq, for Wait. The caller holds cfg.Lock and has applied cmd.
+// its seq, for Wait. The caller holds cfg.Lock and has applied cmd. It
+// does not start a write: Wait (or Kick) does, so a run of adds followed
+// by one Wait is one entry.
 func (g *MetaGroup) Add(cmd []byte) uint64 {
 	g.pending = append(g.pending, append([]byte(nil), cmd...))
-	seq := g.added.Add(1)
+	return g.added.Add(1)
+}
+
+// Kick starts a round for what was added (a change nobody waits for, such
+// as a queue an expiry deleted, is still written soon).
+func (g *MetaGroup) Kick() {
 	select {
 	case g.wake <- struct{}{}:
 	default:
 	}
-	return seq
 }
 
 // Added is the seq of the last command added.
@@ -242,6 +248,7 @@ func (g *MetaGroup) Added() uint64 { return g.added.Load() }
 // Wait returns once the command of seq is committed (durable), or with
 // the error that stopped the group, or ctx's.
 func (g *MetaGroup) Wait(ctx context.Context, seq uint64) error {
+	kicked := false
 	for {
 		g.mu.Lock()
 		d, failed, ch := g.durable, g.failed, g.changed
@@ -251,6 +258,10 @@ func (g *MetaGroup) Wait(ctx context.Context, seq uint64) error {
 		}
 		if failed != nil {
 			return failed
+		}
+		if !kicked {
+			kicked = true
+			g.Kick()
 		}
 		select {
 		case <-ch:
@@ -290,16 +301,21 @@ func (g *MetaGroup) loop() {
 	defer close(g.done)
 	for {
 		<-g.wake
-		g.mu.Lock()
-		closing := g.failed == nil && g.closing
-		g.mu.Unlock()
-		if err := g.round(); err != nil {
-			g.fail(err)
-			return
-		}
-		if closing && g.added.Load() == g.durableSeq() {
-			g.fail(ErrMetaStopped)
-			return
+		for {
+			g.mu.Lock()
+			closing := g.failed == nil && g.closing
+			g.mu.Unlock()
+			if err := g.round(); err != nil {
+				g.fail(err)
+				return
+			}
+			if !closing {
+				break // what was added since waits for its Wait or Kick
+			}
+			if g.added.Load() == g.durableSeq() {
+				g.fail(ErrMetaStopped)
+				return
+			}
 		}
 	}
 }
