@@ -2,6 +2,7 @@ package broker
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"strings"
 	"testing"
@@ -230,5 +231,61 @@ func TestMetaLogOneEntryPerControlRun(t *testing.T) {
 	}
 	if got := n.log.LastIndex(g) - before; got != 1 {
 		t.Fatalf("a control run of 1,000 requests wrote %d entries, want 1", got)
+	}
+}
+
+// TestMetaLogWriteFailureStops: when the metadata log cannot be written
+// (an fsync fails), the run's end reports it instead of answering, the
+// node is told (Fatal: warrend exits non-zero), later requests are
+// refused, and a restart recovers what was on disk before.
+func TestMetaLogWriteFailureStops(t *testing.T) {
+	fs := segment.NewMemFS()
+	n := openMetaNode(t, fs, 0)
+	if _, err := n.b.DeclareQueue(wire.QueueDeclare{Name: "before", Durable: true}); err != nil {
+		t.Fatal(err)
+	}
+	n.close(t)
+
+	l, err := segment.Open(fs, "/data", segment.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	store, err := replication.OpenSnapStore(l)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b := New(Config{Shards: 1})
+	b.Start()
+	defer b.Stop(context.Background())
+	fatal := make(chan error, 1)
+	if err := b.OpenMetaLog(context.Background(), MetaLogConfig{Log: l, Snapshots: store, Fatal: func(err error) { fatal <- err }}); err != nil {
+		t.Fatal(err)
+	}
+	fs.FailSync(1)
+	b.BeginControlRun()
+	if _, err := b.DeclareQueueAs(&wire.QueueDeclare{Name: "lost", Durable: true}, 1, "u"); err != nil {
+		t.Fatal(err)
+	}
+	if err := b.EndControlRun(); err == nil {
+		t.Fatal("the run ended without an error though its change was not written")
+	}
+	select {
+	case err := <-fatal:
+		if !errors.Is(err, segment.ErrStopped) {
+			t.Fatalf("Fatal got %v, want segment.ErrStopped", err)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("Fatal was not called")
+	}
+	if _, err := b.DeclareQueue(wire.QueueDeclare{Name: "after", Durable: true}); err == nil {
+		t.Fatal("a declare after the failure was answered")
+	}
+	_ = b.CloseMetaLog(context.Background())
+	_ = l.Close()
+
+	n = openMetaNode(t, fs.Crash(0), 0)
+	defer n.close(t)
+	if got := topoSummary(n.b); !strings.Contains(got, "queue before durable=true") {
+		t.Fatalf("recovered after the failure:\n%s", got)
 	}
 }
