@@ -21,6 +21,10 @@ func TestPmapMatchesMap(t *testing.T) {
 }
 
 func testPmapMatchesMap(t *testing.T, batched bool) {
+	steps := 3000
+	if raceEnabled {
+		steps = 1000
+	}
 	for _, hf := range []struct {
 		name string
 		hash func(string) uint64
@@ -70,7 +74,7 @@ func testPmapMatchesMap(t *testing.T, batched bool) {
 				t.Fatalf("%s: all gave %d entries, want %d", hf.name, n, len(v.want))
 			}
 		}
-		for step := 0; step < 3000; step++ {
+		for step := 0; step < steps; step++ {
 			k := strconv.Itoa(r.IntN(64))
 			if r.IntN(3) == 0 {
 				m = m.del(ed, hf.hash(k), k)
