@@ -166,3 +166,41 @@ func TestMetaLimitsDoNotCutRecovery(t *testing.T) {
 		t.Fatalf("declare over the limit after recovery: %v", err)
 	}
 }
+
+// TestMetaExclusivePerConnection: a connection owns at most
+// MaxExclusivePerConn exclusive queues: the next is refused with
+// resource_limit naming the limit and its flag, and nothing is created;
+// other connections, and its own non-exclusive queues, are not held back;
+// deleting one (or the node restarting) frees room; the count survives a
+// snapshot and restore.
+func TestMetaExclusivePerConnection(t *testing.T) {
+	m := NewMetaWithLimits(2, MetaLimits{MaxExclusivePerConn: 2})
+	excl := func(name string, conn uint64) MetaCommand {
+		c := qDecl(name)
+		c.Queue.Exclusive, c.Conn = true, conn
+		return c
+	}
+	const flag = "--max-exclusive-queues-per-connection"
+	metaDo(t, m, excl("e1", 7), wire.OK, "")
+	metaDo(t, m, excl("e2", 7), wire.OK, "")
+	metaDo(t, m, excl("e2", 7), wire.OK, "") // a redeclare creates nothing
+	refusedAtLimit(t, m, excl("e3", 7), "max_exclusive_queues_per_connection", flag)
+	metaDo(t, m, excl("f1", 8), wire.OK, "")
+	plain := qDecl("p1")
+	plain.Conn = 7
+	metaDo(t, m, plain, wire.OK, "")
+
+	r := NewMetaWithLimits(2, MetaLimits{MaxExclusivePerConn: 2})
+	if err := r.Restore(m.Snapshot()); err != nil {
+		t.Fatal(err)
+	}
+	refusedAtLimit(t, r, excl("e3", 7), "max_exclusive_queues_per_connection", flag)
+
+	metaDo(t, m, MetaCommand{Op: MetaDeleteQueue, Queue: wire.QueueDeclare{Name: "e1"}, QueueID: mustQueueID(t, m, "e1")}, wire.OK, "")
+	metaDo(t, m, excl("e3", 7), wire.OK, "")
+	refusedAtLimit(t, m, excl("e4", 7), "max_exclusive_queues_per_connection", flag)
+	// A restart drops every exclusive queue, and with them the counts.
+	metaDo(t, m, MetaCommand{Op: MetaNodeUp}, wire.OK, "")
+	metaDo(t, m, excl("e4", 7), wire.OK, "")
+	metaDo(t, m, excl("e5", 7), wire.OK, "")
+}

@@ -58,3 +58,27 @@ func TestTopologyLimitFlags(t *testing.T) {
 	}
 	refused("second binding (WARREN_MAX_BINDINGS=1 over the file's 100)", c.Bind(ctx, client.Binding{Source: "x1", Destination: "q1", RoutingKey: "b"}), "--max-bindings")
 }
+
+// TestExclusivePerConnectionFlag: --max-exclusive-queues-per-connection
+// caps the exclusive queues one connection owns.
+func TestExclusivePerConnectionFlag(t *testing.T) {
+	a := startWarrend(t, []string{"--max-exclusive-queues-per-connection", "1"}, nil)
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	c, err := client.Dial(ctx, "warren://guest:guest@"+a.String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	ch, err := c.Channel(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := ch.DeclareQueue(ctx, "e1", client.QueueOptions{Exclusive: true}); err != nil {
+		t.Fatal(err)
+	}
+	_, err = ch.DeclareQueue(ctx, "e2", client.QueueOptions{Exclusive: true})
+	if wire.CodeOf(err) != wire.ResourceLimit || !strings.Contains(err.Error(), "--max-exclusive-queues-per-connection") {
+		t.Fatalf("second exclusive queue: %v, want resource_limit naming --max-exclusive-queues-per-connection", err)
+	}
+}
