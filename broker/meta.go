@@ -37,6 +37,9 @@ type Meta struct {
 	bySource  map[string]*bindSet // exchange → its bindings
 	byQueue   map[string]*bindSet // destination queue → its bindings
 	byExDest  map[string]*bindSet // destination exchange → its bindings
+	// exclusive counts the exclusive queues each connection owns (derived
+	// from queues: not in snapshots, rebuilt by Restore).
+	exclusive map[uint64]int
 }
 
 // bindSet is the bindings of one exchange or queue: a short list (most
@@ -236,6 +239,8 @@ type MetaLimits struct {
 	MaxQueues    int // queues, exclusive and generated ones included
 	MaxExchanges int // exchanges, the four amq.* ones included
 	MaxBindings  int // bindings, to queues and to exchanges
+	// MaxExclusivePerConn: exclusive queues one connection may own.
+	MaxExclusivePerConn int
 }
 
 // DefaultMetaLimits are generous for real topologies and for the
@@ -246,10 +251,13 @@ type MetaLimits struct {
 // direct exchange about 520 (measured in process: 100,000 bindings of
 // one queue, 50,000 exchanges, heap after a GC). So the defaults hold at
 // most about 2.5 GB of queues, 2.8 GB of bindings and 52 MB of exchanges.
-var DefaultMetaLimits = MetaLimits{MaxQueues: 1_000_000, MaxExchanges: 100_000, MaxBindings: 4_000_000}
+//
+// A connection may own 10,000 exclusive queues (about 25 MB): one client
+// cannot fill max_queues alone with queues nobody else may use.
+var DefaultMetaLimits = MetaLimits{MaxQueues: 1_000_000, MaxExchanges: 100_000, MaxBindings: 4_000_000, MaxExclusivePerConn: 10_000}
 
 // noMetaLimits limits nothing (recovery replays what was made).
-var noMetaLimits = MetaLimits{MaxQueues: math.MaxInt, MaxExchanges: math.MaxInt, MaxBindings: math.MaxInt}
+var noMetaLimits = MetaLimits{MaxQueues: math.MaxInt, MaxExchanges: math.MaxInt, MaxBindings: math.MaxInt, MaxExclusivePerConn: math.MaxInt}
 
 // withDefaults fills the zero (or negative) fields with the defaults.
 func (l MetaLimits) withDefaults() MetaLimits {
@@ -261,6 +269,9 @@ func (l MetaLimits) withDefaults() MetaLimits {
 	}
 	if l.MaxBindings <= 0 {
 		l.MaxBindings = DefaultMetaLimits.MaxBindings
+	}
+	if l.MaxExclusivePerConn <= 0 {
+		l.MaxExclusivePerConn = DefaultMetaLimits.MaxExclusivePerConn
 	}
 	return l
 }
@@ -304,6 +315,17 @@ func (m *Meta) reset() {
 	m.bySource = map[string]*bindSet{}
 	m.byQueue = map[string]*bindSet{}
 	m.byExDest = map[string]*bindSet{}
+	m.exclusive = map[uint64]int{}
+}
+
+// forgetExclusive uncounts a removed queue's owner, if it had one.
+func (m *Meta) forgetExclusive(owner uint64) {
+	if owner == 0 {
+		return
+	}
+	if m.exclusive[owner]--; m.exclusive[owner] <= 0 {
+		delete(m.exclusive, owner)
+	}
 }
 
 // Apply applies one command: its result, and the effects the runtime must
@@ -472,6 +494,11 @@ func (m *Meta) declareQueue(c *MetaCommand) (MetaResult, []MetaEffect) {
 	if d.Passive {
 		return refuse(wire.NotFound, "no queue "+strconv.Quote(name)), effs
 	}
+	if d.Exclusive && c.Conn != 0 && m.exclusive[c.Conn] >= m.limits.MaxExclusivePerConn {
+		return refuse(wire.ResourceLimit, "exclusive queue limit reached: this connection owns "+strconv.Itoa(m.exclusive[c.Conn])+
+			" exclusive queues, its max_exclusive_queues_per_connection (raise it with warrend --max-exclusive-queues-per-connection"+
+			" or \"max_exclusive_queues_per_connection\" in the config file, or delete some)"), nil
+	}
 	if len(m.queues) >= m.limits.MaxQueues {
 		return limitReason("queue", len(m.queues), "max_queues", "max-queues"), nil
 	}
@@ -483,8 +510,9 @@ func (m *Meta) declareQueue(c *MetaCommand) (MetaResult, []MetaEffect) {
 	// AMQP: it may be declared later; dead letters are dropped until then.
 	q := &metaQueue{id: id, decl: *d, by: c.User}
 	q.decl.Req, q.decl.Passive, q.decl.Name, q.decl.Args = 0, false, name, normArgs(d.Args)
-	if d.Exclusive {
+	if d.Exclusive && c.Conn != 0 {
 		q.exclusive = c.Conn
+		m.exclusive[c.Conn]++
 	}
 	m.queues[name] = q
 	return MetaResult{QueueID: q.id, Name: name}, append(effs, MetaEffect{Kind: EffQueueCreated, Queue: q.public(args), Shard: m.ShardOf(name)})
@@ -534,6 +562,7 @@ func (m *Meta) deleteQueue(c *MetaCommand) (MetaResult, []MetaEffect) {
 	}
 	delete(m.queues, c.Queue.Name)
 	delete(m.ids, q.id)
+	m.forgetExclusive(q.exclusive)
 	m.unlinkAll(m.byQueue[c.Queue.Name])
 	return MetaResult{Removed: true, QueueID: q.id, Name: c.Queue.Name},
 		[]MetaEffect{{Kind: EffQueueRemoved, Queue: MetaQueue{ID: q.id, Name: c.Queue.Name}}}
@@ -559,6 +588,7 @@ func (m *Meta) nodeUp() (MetaResult, []MetaEffect) {
 		}
 		delete(m.queues, q.Name)
 		delete(m.ids, q.ID)
+		m.forgetExclusive(q.Exclusive)
 		m.unlinkAll(m.byQueue[q.Name])
 		effs = append(effs, MetaEffect{Kind: EffQueueRemoved, Queue: MetaQueue{ID: q.ID, Name: q.Name}})
 	}

@@ -343,6 +343,9 @@ func (m *Meta) Restore(snap []byte) error {
 		ids[id] = true
 		n.ids[id] = struct{}{}
 		n.queues[d.Name] = &metaQueue{id: id, decl: d, exclusive: excl, by: by}
+		if excl != 0 {
+			n.exclusive[excl]++
+		}
 	}
 	for i, c := int(r.u32()), 0; c < i && r.err == nil; c++ {
 		b := r.binding()

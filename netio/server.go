@@ -44,8 +44,10 @@ type Config struct {
 	// MaxQueues, MaxExchanges, MaxBindings bound what the broker holds
 	// (broker.MetaLimits; 0: 1,000,000 queues, 100,000 exchanges,
 	// 4,000,000 bindings): a declare or bind past one is refused with
-	// resource_limit.
+	// resource_limit. MaxExclusivePerConnection: the exclusive queues one
+	// connection may own (0: 10,000).
 	MaxQueues, MaxExchanges, MaxBindings int
+	MaxExclusivePerConnection            int
 	Shards                               int           // queue shards; GOMAXPROCS
 	EventLoops                           int           // gnet loops; GOMAXPROCS
 	TickInterval                         time.Duration // heartbeat and flow checks; 100ms
@@ -216,7 +218,8 @@ func Start(cfg Config) (*Server, error) {
 	s.auth.comparing = s.notifyChanged
 	s.auth.log = s.log
 	s.Broker = broker.New(broker.Config{Shards: cfg.Shards, QueueSoftLimit: cfg.QueueSoftLimit, Logger: cfg.Logger, Clock: cfg.clock,
-		Limits:            broker.MetaLimits{MaxQueues: cfg.MaxQueues, MaxExchanges: cfg.MaxExchanges, MaxBindings: cfg.MaxBindings},
+		Limits: broker.MetaLimits{MaxQueues: cfg.MaxQueues, MaxExchanges: cfg.MaxExchanges, MaxBindings: cfg.MaxBindings,
+			MaxExclusivePerConn: cfg.MaxExclusivePerConnection},
 		DeadLetterDropped: func(r broker.DLDrop) { s.metrics.dlDropped[r].Inc() }})
 	s.initMetrics()
 	s.Broker.Start()

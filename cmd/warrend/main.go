@@ -89,9 +89,10 @@ type fileConfig struct {
 	MaxOutboundBytes int          `json:"max_outbound_bytes"`
 	MemoryHighWater  int64        `json:"memory_high_watermark_bytes"`
 	QueueSoftLimit   int64        `json:"queue_soft_limit"`
-	MaxQueues        int          `json:"max_queues"`    // 0: 1,000,000
-	MaxExchanges     int          `json:"max_exchanges"` // 0: 100,000 (the four amq.* included)
-	MaxBindings      int          `json:"max_bindings"`  // 0: 4,000,000
+	MaxQueues        int          `json:"max_queues"`                          // 0: 1,000,000
+	MaxExchanges     int          `json:"max_exchanges"`                       // 0: 100,000 (the four amq.* included)
+	MaxBindings      int          `json:"max_bindings"`                        // 0: 4,000,000
+	MaxExclusive     int          `json:"max_exclusive_queues_per_connection"` // 0: 10,000
 
 	HandshakeTimeoutMs      int64    `json:"handshake_timeout_ms"`            // accept to OPEN_OK; 10000
 	MaxUnauthenticated      int      `json:"max_unauthenticated_connections"` // 1000
@@ -127,6 +128,7 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdin i
 	maxQueues := fs.String("max-queues", "", "queues the broker holds at most (default 1000000; env WARREN_MAX_QUEUES)")
 	maxExchanges := fs.String("max-exchanges", "", "exchanges the broker holds at most, the four amq.* included (default 100000; env WARREN_MAX_EXCHANGES)")
 	maxBindings := fs.String("max-bindings", "", "bindings the broker holds at most (default 4000000; env WARREN_MAX_BINDINGS)")
+	maxExclusive := fs.String("max-exclusive-queues-per-connection", "", "exclusive queues one connection may own (default 10000; env WARREN_MAX_EXCLUSIVE_QUEUES_PER_CONNECTION)")
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
 			fmt.Fprint(stdout, usageHead)
@@ -181,7 +183,8 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdin i
 		flag, env, key string
 		dst            *int
 	}{{*maxQueues, "WARREN_MAX_QUEUES", "max_queues", &fc.MaxQueues}, {*maxExchanges, "WARREN_MAX_EXCHANGES", "max_exchanges", &fc.MaxExchanges},
-		{*maxBindings, "WARREN_MAX_BINDINGS", "max_bindings", &fc.MaxBindings}} {
+		{*maxBindings, "WARREN_MAX_BINDINGS", "max_bindings", &fc.MaxBindings},
+		{*maxExclusive, "WARREN_MAX_EXCLUSIVE_QUEUES_PER_CONNECTION", "max_exclusive_queues_per_connection", &fc.MaxExclusive}} {
 		v := ""
 		pick(l.flag, l.env, &v)
 		if v != "" {
@@ -282,7 +285,7 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdin i
 			default:
 			}
 		},
-		MaxQueues: fc.MaxQueues, MaxExchanges: fc.MaxExchanges, MaxBindings: fc.MaxBindings,
+		MaxQueues: fc.MaxQueues, MaxExchanges: fc.MaxExchanges, MaxBindings: fc.MaxBindings, MaxExclusivePerConnection: fc.MaxExclusive,
 	})
 	if err != nil {
 		return err
