@@ -116,8 +116,12 @@ func TestRefusalTimesEqualForKnownAndUnknownUsers(t *testing.T) {
 			known = min(known, try("app", src))
 		}
 	}
-	if r := float64(unknown) / float64(known); r < 0.5 || r > 2 {
-		t.Fatalf("fastest refusal: unknown user %v, known user %v (ratio %.2f, want 0.5..2)", unknown, known, r)
+	// The leak this guards against is a refusal of an unknown user that
+	// skips the hash: a ratio near 0.01. The band is wide because the
+	// fastest of 15 tries still swings by 2× on a loaded 2-core machine
+	// (0.48 was seen once with both paths hashing).
+	if r := float64(unknown) / float64(known); r < 0.25 || r > 4 {
+		t.Fatalf("fastest refusal: unknown user %v, known user %v (ratio %.2f, want 0.25..4)", unknown, known, r)
 	}
 }
 
