@@ -8,6 +8,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/warren-mq/warren/replication"
 	"github.com/warren-mq/warren/segment"
 	"github.com/warren-mq/warren/wire"
 )
@@ -38,6 +39,9 @@ type Config struct {
 	// submitting the CmdTick commands a recording holds. For replays, and
 	// tests that drive time themselves.
 	ManualTicks bool
+	// Durable, when set, makes durable queues raft groups over its log
+	// (durable.go); nil keeps every queue in memory.
+	Durable *DurableConfig
 }
 
 // Broker is the broker core at run time: the topology (exchanges, queues,
@@ -52,6 +56,7 @@ type Broker struct {
 
 	// storedBytes is what the stored messages cost (their arenas, counted
 	// by reference: see Arena), compared with the memory watermark.
+	pool        *replication.Pool // snapshot writes and compactions of durable queues (Config.Durable)
 	storedBytes atomic.Int64
 	consumerSeq atomic.Uint64
 	dlDropLog   [NumDLDrops]ratelog.Limiter // "dead letter dropped" lines, per reason
@@ -67,6 +72,9 @@ func New(cfg Config) *Broker {
 		cfg.Logger = slog.New(slog.NewTextHandler(io.Discard, nil))
 	}
 	b := &Broker{cfg: cfg, log: cfg.Logger}
+	if cfg.Durable != nil {
+		b.pool = replication.NewPool(4)
+	}
 	for i := range b.dlDropLog {
 		b.dlDropLog[i].Every = 10 * time.Second
 	}
@@ -97,6 +105,16 @@ func (b *Broker) Stop(ctx context.Context) error {
 		case <-ctx.Done():
 			return ctx.Err()
 		}
+	}
+	// The shards quiesced their durable queues' writes; the workers'
+	// appenders and the pool stop (the log is the caller's to close).
+	for _, sh := range b.shards {
+		if sh.rw != nil {
+			sh.rw.Close()
+		}
+	}
+	if b.pool != nil {
+		b.pool.Close()
 	}
 	return nil
 }

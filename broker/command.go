@@ -28,6 +28,10 @@ const (
 	// (FireTimers): the shard makes a CmdTick of each due queue. Not a
 	// command of the record: the CmdTicks it makes are.
 	cmdFire CmdKind = 255
+	// cmdPost runs post on the shard: a durable queue's worker handing
+	// back a completed log write (replication.WorkerConfig.Post). Not a
+	// command of the record.
+	cmdPost CmdKind = 254
 )
 
 // Command is one unit of work for a shard, as a value: no closure, nothing
@@ -62,6 +66,8 @@ type Command struct {
 	IfUnused, IfEmpty bool   // CmdDelete
 	Reason            string // CmdDelete: what its consumers are told
 	N                 int    // CmdPeek: at most this many messages
+
+	post func() // cmdPost
 }
 
 // Result is a shard's answer to a request command.
@@ -98,6 +104,15 @@ func (s *shard) apply(c *Command) {
 	case CmdDelete:
 		c.Sink.Answer(c.Req, s.deleteIf(c.Queue, c.IfUnused, c.IfEmpty, c.Reason))
 	case CmdPurge:
+		if q := c.Queue; q.grp != nil && !q.gone {
+			// Answered at apply.
+			q.purges = append(q.purges, pendingReq{sink: c.Sink, req: c.Req})
+			if _, err := q.grp.Add(&queue.Purge{NowMs: s.now}); err != nil {
+				q.purges = q.purges[:len(q.purges)-1]
+				c.Sink.Answer(c.Req, Result{Code: wire.InternalError, Reason: err.Error()})
+			}
+			return
+		}
 		c.Sink.Answer(c.Req, s.purge(c.Queue))
 	case CmdPeek:
 		c.Sink.Answer(c.Req, s.peek(c.Queue, c.N))
@@ -105,6 +120,8 @@ func (s *shard) apply(c *Command) {
 		s.tickQueue(c.Queue)
 	case cmdFire:
 		s.tick()
+	case cmdPost:
+		c.post()
 	case CmdBarrier:
 		// The effects of everything before it reach their sinks first.
 		s.flushEffects()
@@ -169,7 +186,7 @@ func (s *shard) peek(q *Queue, n int) Result {
 	}
 	var out []Message
 	for _, p := range q.m.Peek(n) {
-		m := q.bodies.get(p.ID)
+		m := s.msgOf(q, p.ID)
 		if m == nil {
 			continue
 		}

@@ -114,6 +114,10 @@ func (s *shard) down(connID uint64) {
 				delete(q.cons, id)
 			}
 		}
+		if q.grp != nil {
+			_, _ = q.grp.Add(&queue.Down{NowMs: s.now, Owner: queue.OwnerID(connID)})
+			continue
+		}
 		effs, _ := q.m.Apply(&queue.Down{NowMs: s.now, Owner: queue.OwnerID(connID)})
 		s.handle(q, effs)
 	}

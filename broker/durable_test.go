@@ -203,6 +203,9 @@ func declareDurable(t *testing.T, b *Broker, name string, durable bool) *Queue {
 	if _, err := b.DeclareQueueAs(&wire.QueueDeclare{Name: name, Durable: durable}, 0, "u"); err != nil {
 		t.Fatal(err)
 	}
+	if err := b.MetaSync(t.Context()); err != nil { // as a control run's reply waits for it
+		t.Fatal(err)
+	}
 	q := b.topo.lookupQueue(name)
 	if q == nil {
 		t.Fatalf("queue %s not found after its declare", name)
@@ -221,7 +224,7 @@ func TestDurableConfirmAfterSync(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer l.Close()
+	t.Cleanup(func() { _ = l.Close() }) // after the broker's stop (cleanups run last first)
 	store, err := replication.OpenSnapStore(l)
 	if err != nil {
 		t.Fatal(err)

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/warren-mq/warren/queue"
+	"github.com/warren-mq/warren/replication"
 	"github.com/warren-mq/warren/wire"
 )
 
@@ -45,6 +46,21 @@ type shard struct {
 	pending map[Sink][]Delivery
 	touched []Sink
 
+	// Durable queues (durable.go): the raft worker of the shard's durable
+	// queues (nil without Config.Durable), whether its last round left
+	// work, and the scratch of the durable paths.
+	rw          *replication.Worker
+	roundMore   bool
+	waitFree    []*partWait
+	encBuf      []byte
+	offScratch  []int
+	bodyScratch [][]byte
+	dmsgScratch []queue.Message
+	enqCmd      queue.Enqueue
+	views       []*StoredMsg // messages read from logs in this batch
+	viewUsed    int
+	viewers     []*Queue // queues whose log views are held until the batch ends
+
 	// visited counts the queues a timer or a Down looked at (tests check
 	// that the work per event is the queues it concerns, not all of them).
 	visited atomic.Int64
@@ -57,6 +73,12 @@ func newShard(b *Broker, idx int) *shard {
 		timer: time.NewTimer(time.Hour),
 	}
 	s.timer.Stop()
+	if dc := b.cfg.Durable; dc != nil {
+		s.rw = replication.NewWorker(dc.Log, replication.WorkerConfig{
+			NodeID: 1, Shard: uint64(idx), Logger: b.log, Fatal: dc.Fatal, Snapshots: dc.Snapshots, Pool: b.pool,
+			Post: func(fn func()) { s.submit(Command{Kind: cmdPost, post: fn}) },
+		})
+	}
 	return s
 }
 
@@ -77,6 +99,7 @@ func (s *shard) run() {
 		select {
 		case <-s.stop:
 			s.drain()
+			s.quiesce()
 			return
 		case <-s.wake:
 			s.drain()
@@ -98,6 +121,11 @@ func (s *shard) drain() {
 		s.mu.Unlock()
 		if len(batch) == 0 {
 			s.spare = batch
+			if s.roundMore {
+				// The last round left work for another.
+				s.now = s.b.NowMs()
+				s.finishBatch()
+			}
 			return
 		}
 		s.now = s.b.NowMs()
@@ -113,7 +141,7 @@ func (s *shard) drain() {
 // exec applies one command at the shard's time, shown first to the
 // recorder (Config.OnApply) if there is one.
 func (s *shard) exec(c *Command) {
-	if f := s.b.cfg.OnApply; f != nil && c.Kind != cmdFire {
+	if f := s.b.cfg.OnApply; f != nil && c.Kind != cmdFire && c.Kind != cmdPost {
 		f(s.idx, s.now, c)
 	}
 	s.apply(c)
@@ -122,7 +150,9 @@ func (s *shard) exec(c *Command) {
 // finishBatch hands the deliveries gathered in this batch to their sinks,
 // one call per sink, and re-arms the timer.
 func (s *shard) finishBatch() {
+	s.round()
 	s.flushEffects()
+	s.releaseViews()
 	// Re-armed only when a queue wants an earlier wake than the timer is
 	// set for; a firing with nothing due (the earliest queue was ticked or
 	// deleted meanwhile) just re-arms it.
@@ -171,11 +201,20 @@ func (s *shard) tickQueue(q *Queue) {
 		return
 	}
 	s.timers.remove(q)
+	if q.grp != nil {
+		_, _ = q.grp.Add(&queue.Tick{NowMs: s.now}) // applied from the log
+		return
+	}
 	effs, _ := q.m.Apply(&queue.Tick{NowMs: s.now})
 	s.handle(q, effs)
 }
 
 func (s *shard) createQueue(q *Queue) {
+	if s.durableLogged(q) {
+		s.queues[q] = struct{}{}
+		s.openDurable(q)
+		return
+	}
 	q.m = queue.New(queue.ConfigFromArgs(q.args, q.autoDelete), s.now)
 	q.cons = map[queue.ConsumerID]consumer{}
 	s.queues[q] = struct{}{}
@@ -200,6 +239,7 @@ func (s *shard) enqueue(items []EnqItem, batch *PublishBatch) {
 	msgs := s.msgScratch[:0]
 	defer func() { s.msgScratch = msgs[:0] }()
 	var full *Queue
+	var w *partWait // confirms waiting for durable queues' entries
 	for start := 0; start < len(items); {
 		q := items[start].Q
 		end := start + 1
@@ -215,6 +255,11 @@ func (s *shard) enqueue(items []EnqItem, batch *PublishBatch) {
 					s.dropDeadLetter(nil, q.name, dlTargetRefused)
 				}
 			}
+			start = end
+			continue
+		}
+		if q.grp != nil {
+			w = s.enqueueDurable(q, items[start:end], batch, w)
 			start = end
 			continue
 		}
@@ -243,6 +288,13 @@ func (s *shard) enqueue(items []EnqItem, batch *PublishBatch) {
 		start = end
 	}
 	if batch == nil {
+		return
+	}
+	if w != nil {
+		if w.full == nil {
+			w.full = full
+		}
+		s.partRelease(w)
 		return
 	}
 	if full != nil {
@@ -275,7 +327,10 @@ func (s *shard) handle(q *Queue, effs []queue.Effect) {
 		switch e.Kind {
 		case queue.Deliver:
 			c, ok := q.cons[e.Consumer]
-			msg := q.bodies.get(e.Msg)
+			if !ok && q.grp != nil {
+				continue // a consumer of an earlier incarnation, or its connection closed: its Down returns it
+			}
+			msg := s.msgOf(q, e.Msg)
 			if !ok || msg == nil {
 				panic("netio: BUG: delivery to an unknown consumer or of an unknown message")
 			}
@@ -286,7 +341,7 @@ func (s *shard) handle(q *Queue, effs []queue.Effect) {
 		case queue.Remove, queue.Drop, queue.Duplicate, queue.RejectPublish:
 			s.free(q, e.Msg)
 		case queue.DeadLetter:
-			if msg := q.bodies.get(e.Msg); msg != nil {
+			if msg := s.msgOf(q, e.Msg); msg != nil {
 				s.deadLetter(q, msg, e.Reason)
 			}
 			s.free(q, e.Msg)
@@ -360,6 +415,11 @@ func (s *shard) deleteQueue(q *Queue, reason string) int64 {
 		c.sink.ConsumerGone(id)
 	}
 	q.bodies.each(func(_ uint64, m *StoredMsg) { s.release(m) })
+	if q.grp != nil {
+		// The group stays open, its sink ignoring what is applied, until
+		// the node stops (removing a group is not built: segment.RemoveGroup).
+		s.failDurable(q)
+	}
 	q.bodies = bodyStore{}
 	q.cons = nil
 	s.releaseHeld(q)
@@ -507,6 +567,14 @@ func (s *shard) subscribe(q *Queue, k Sink, spec queue.ConsumerSpec, req uint32)
 		k.Subscribed(spec.ID, req, wire.NotFound, "no queue "+q.name)
 		return
 	}
+	if q.grp != nil { // answered at apply
+		q.subs[spec.ID] = pendingReq{sink: k, req: uint64(req)}
+		if _, err := q.grp.Add(&queue.Subscribe{NowMs: s.now, Spec: spec}); err != nil {
+			delete(q.subs, spec.ID)
+			k.Subscribed(spec.ID, req, wire.InternalError, err.Error())
+		}
+		return
+	}
 	effs, err := q.m.Apply(&queue.Subscribe{NowMs: s.now, Spec: spec})
 	if err != nil {
 		k.Subscribed(spec.ID, req, wire.CodeOf(err), reasonOf(err))
@@ -521,6 +589,10 @@ func (s *shard) subscribe(q *Queue, k Sink, spec queue.ConsumerSpec, req uint32)
 // cancel stops a consumer. With requeue its unacked deliveries go back.
 func (s *shard) cancel(q *Queue, id queue.ConsumerID, requeue bool) {
 	if q.gone || q.m == nil {
+		return
+	}
+	if q.grp != nil {
+		_, _ = q.grp.Add(&queue.Cancel{NowMs: s.now, Consumer: id, Requeue: requeue})
 		return
 	}
 	effs, err := q.m.Apply(&queue.Cancel{NowMs: s.now, Consumer: id, Requeue: requeue})
@@ -560,7 +632,9 @@ func (s *shard) settle(items []SettleItem) {
 			end++
 		}
 		q := it.Q
-		if !q.gone && q.m != nil {
+		if !q.gone && q.m != nil && q.grp != nil {
+			_, _ = q.grp.Add(&queue.Settle{NowMs: s.now, Consumer: it.Consumer, Op: it.Op, First: it.QTag, Last: items[end-1].QTag, ArgMs: it.Arg})
+		} else if !q.gone && q.m != nil {
 			effs, err := q.m.Apply(&queue.Settle{NowMs: s.now, Consumer: it.Consumer, Op: it.Op, First: it.QTag, Last: items[end-1].QTag, ArgMs: it.Arg})
 			if err == nil {
 				s.handle(q, effs)

@@ -50,6 +50,16 @@ type Queue struct {
 	held   []*PublishBatch // confirms held back while the queue is over its soft limit
 	gone   bool            // deleted: commands for it are dropped
 
+	// shard-owned, a durable queue's (durable.go): its raft group, the
+	// last log index before this incarnation, and what waits for an apply
+	grp      *replication.Group
+	replayTo uint64
+	pend     []pendingPart // FIFO from pendHead
+	pendHead int
+	subs     map[queue.ConsumerID]pendingReq
+	purges   []pendingReq
+	viewing  bool
+
 	// shard-owned, the shard's indexes (timers.go, down.go)
 	timerIdx int // 1 + its index in its shard's timerHeap, 0 if not in it
 }

@@ -34,3 +34,13 @@ func (m *Machine) EachMessage(fn func(id uint64, size uint32)) {
 		}
 	}
 }
+
+// EachOwner calls fn for the owner of every consumer the queue tracks
+// (active, or cancelled with deliveries still out), once per consumer, in
+// the machine's consumer order. A durable queue recovered after a restart
+// sends a Down for each: those connections are gone.
+func (m *Machine) EachOwner(fn func(OwnerID)) {
+	for _, c := range m.consumers {
+		fn(c.Owner)
+	}
+}

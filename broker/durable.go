@@ -1,0 +1,435 @@
+package broker
+
+import (
+	"encoding/binary"
+	"slices"
+	"time"
+
+	"github.com/warren-mq/warren/queue"
+	"github.com/warren-mq/warren/replication"
+	"github.com/warren-mq/warren/segment"
+	"github.com/warren-mq/warren/wire"
+	"go.etcd.io/raft/v3/raftpb"
+)
+
+// DurableConfig says where durable queues keep their logs (design
+// replication.md, phase D4, one node). With it, a queue declared durable
+// and not exclusive is a raft group (replication.Group) on its shard's
+// Worker: its commands are entries of its log, applied from the committed
+// entries, and its message bodies live in the log only. Without it every
+// queue is in memory, as before.
+type DurableConfig struct {
+	Log       *segment.Log           // the node's log (the one the metadata group uses)
+	Snapshots *replication.SnapStore // the node's snapshot store over Log
+	// Fatal hears a failed log write: the node must stop and recover from
+	// the log (warrend exits non-zero).
+	Fatal func(error)
+}
+
+// QueueGroupBase is the segment group of the durable queue whose Meta id
+// is 0: a queue's group is QueueGroupBase + its id, clear of the node's
+// fixed groups (1: the snapshot store, 2: the metadata group).
+const QueueGroupBase = 1 << 32
+
+func queueGroup(id queue.QueueRef) uint64 { return QueueGroupBase + uint64(id) }
+
+// durableLogged reports whether q is a raft-backed queue on this shard.
+func (s *shard) durableLogged(q *Queue) bool {
+	return s.rw != nil && q.decl.Durable && q.exclusive == 0
+}
+
+// pendingPart is one Enqueue command a durable queue added in this
+// incarnation, in the order added (and so applied): its confirm, when the
+// confirm waits for the apply.
+type pendingPart struct {
+	w   *partWait // nil: confirmed at propose, or a dead letter
+	idx []int     // batch index of each message (reject-publish queues only)
+	dl  bool      // a dead letter (no publisher)
+}
+
+// partWait is a shard part of a publish batch whose confirm waits for
+// entries to be applied (persistent messages in durable queues, or a
+// reject-publish durable queue): n references, one per durable queue
+// entry and one for the enqueue call itself.
+type partWait struct {
+	batch *PublishBatch
+	n     int
+	full  *Queue // a queue over its soft limit: the confirm is held there
+}
+
+type pendingReq struct {
+	sink Sink
+	req  uint64
+}
+
+func (s *shard) newPartWait(b *PublishBatch) *partWait {
+	if n := len(s.waitFree); n > 0 {
+		w := s.waitFree[n-1]
+		s.waitFree = s.waitFree[:n-1]
+		*w = partWait{batch: b, n: 1}
+		return w
+	}
+	return &partWait{batch: b, n: 1}
+}
+
+// partRelease drops one reference to w; the last confirms the part (or
+// holds it at a full queue).
+func (s *shard) partRelease(w *partWait) {
+	if w.n--; w.n > 0 {
+		return
+	}
+	if q := w.full; q != nil && !q.gone {
+		q.held = append(q.held, w.batch)
+		s.releaseHeld(q)
+	} else {
+		w.batch.PartDone()
+	}
+	*w = partWait{}
+	s.waitFree = append(s.waitFree, w)
+}
+
+// openDurable makes q a raft group on the shard's worker: recovered from
+// its snapshot and log if it has them (a restart), new otherwise. The
+// connections that owned its consumers before the restart are gone: a
+// Down for each is its first command, so what they held is ready again
+// (redelivered) before anything else is applied.
+func (s *shard) openDurable(q *Queue) {
+	dc := s.b.cfg.Durable
+	gid := queueGroup(q.id)
+	cfg := queue.ConfigFromArgs(q.args, q.autoDelete)
+	now := s.now
+	replayTo := dc.Log.LastIndex(gid)
+	sink := func(a *replication.Applied) { s.applied(q, a) }
+	g, err := s.rw.Recover(gid, dc.Snapshots, raftpb.ConfState{Voters: []uint64{1}}, func() *queue.Machine { return queue.New(cfg, now) }, sink)
+	if err != nil {
+		// The queue refuses work (q.m stays nil) rather than start empty.
+		s.b.log.Error("durable queue not recovered: it refuses publishes and consumers until a restart recovers it", "queue", q.name, "group", gid, "err", err)
+		return
+	}
+	q.grp, q.m, q.replayTo = g, g.FSM().Machine(), replayTo
+	q.cons = map[queue.ConsumerID]consumer{}
+	q.subs = map[queue.ConsumerID]pendingReq{}
+	var owners []queue.OwnerID
+	g.FSM().Machine().EachOwner(func(o queue.OwnerID) { owners = append(owners, o) })
+	if from := g.FSM().AppliedIndex() + 1; replayTo >= from {
+		owners = s.logOwners(gid, from, replayTo, owners)
+	}
+	slices.Sort(owners)
+	for _, o := range slices.Compact(owners) {
+		if _, err := g.Add(&queue.Down{NowMs: now, Owner: o}); err != nil {
+			s.b.log.Error("durable queue: cannot return what a connection before the restart held", "queue", q.name, "err", err)
+		}
+	}
+	// Arms the queue's expiry timer, if any (a Tick before anything is due
+	// changes nothing).
+	_, _ = g.Add(&queue.Tick{NowMs: now})
+}
+
+// logOwners adds to owners the owner of every Subscribe in entries
+// [lo, hi] of group gid (the log after the snapshot: the consumers a
+// replay will bring back).
+func (s *shard) logOwners(gid, lo, hi uint64, owners []queue.OwnerID) []queue.OwnerID {
+	es, release, err := s.b.cfg.Durable.Log.EntriesView(gid, lo, hi+1)
+	if err != nil {
+		return owners
+	}
+	defer release()
+	var dec replication.EntryDecoder
+	for _, e := range es {
+		if len(e.Data) < 2 {
+			continue // raft's empty entries, conf-change markers
+		}
+		_ = dec.Each(e.Data, func(_ int, c queue.Command) error {
+			if sub, ok := c.(*queue.Subscribe); ok {
+				owners = append(owners, sub.Spec.Owner)
+			}
+			return nil
+		})
+	}
+	return owners
+}
+
+// ours reports whether an applied entry was proposed in this incarnation
+// (after what the log held when the queue was opened): only those have
+// pending confirms and requests here.
+func (q *Queue) ours(a *replication.Applied) bool { return a.Index > q.replayTo }
+
+// applied carries out one applied command of a durable queue's log, at
+// the time the entry stamps.
+func (s *shard) applied(q *Queue, a *replication.Applied) {
+	if q.gone {
+		return
+	}
+	saved := s.now
+	s.now = a.NowMs
+	switch c := a.Command.(type) {
+	case *queue.Enqueue:
+		s.appliedEnqueue(q, a, c)
+	case *queue.Subscribe:
+		p, ok := q.subs[c.Spec.ID]
+		if ok && q.ours(a) {
+			delete(q.subs, c.Spec.ID)
+		} else {
+			ok = false
+		}
+		switch {
+		case a.Err != nil:
+			if ok {
+				p.sink.Subscribed(c.Spec.ID, uint32(p.req), wire.CodeOf(a.Err), reasonOf(a.Err))
+			}
+		case ok:
+			q.cons[c.Spec.ID] = consumer{sink: p.sink, owner: uint64(c.Spec.Owner)}
+			s.conns.addConsumer(uint64(c.Spec.Owner), q)
+			p.sink.Subscribed(c.Spec.ID, uint32(p.req), wire.OK, "")
+			s.handle(q, a.Effects)
+		default:
+			s.handle(q, a.Effects) // a consumer of an earlier incarnation (replay)
+		}
+	case *queue.Cancel:
+		s.handle(q, a.Effects)
+		s.forgetIfGone(q, c.Consumer)
+	case *queue.Settle:
+		s.handle(q, a.Effects)
+		s.forgetIfGone(q, c.Consumer)
+	case *queue.Purge:
+		n := int64(0)
+		for _, e := range a.Effects {
+			if e.Kind == queue.Remove {
+				n++
+			}
+		}
+		s.handle(q, a.Effects)
+		if q.ours(a) && len(q.purges) > 0 {
+			p := q.purges[0]
+			q.purges = q.purges[1:]
+			p.sink.Answer(p.req, Result{N: n})
+		}
+	default: // Down, Tick
+		s.handle(q, a.Effects)
+	}
+	s.now = saved
+}
+
+func (s *shard) appliedEnqueue(q *Queue, a *replication.Applied, c *queue.Enqueue) {
+	var p pendingPart
+	have := false
+	if q.ours(a) && q.pendHead < len(q.pend) {
+		p, have = q.pend[q.pendHead], true
+		q.pend[q.pendHead] = pendingPart{}
+		if q.pendHead++; q.pendHead == len(q.pend) {
+			q.pend, q.pendHead = q.pend[:0], 0
+		}
+	}
+	for _, e := range a.Effects {
+		if e.Kind != queue.RejectPublish || len(c.Msgs) == 0 {
+			continue
+		}
+		i := int(e.Msg - c.Msgs[0].ID)
+		switch {
+		case have && p.w != nil && i < len(p.idx):
+			p.w.batch.Nack(p.idx[i], wire.QueueFull)
+		case have && p.dl:
+			s.dropDeadLetter(nil, q.name, dlTargetRefused)
+		}
+	}
+	s.handle(q, a.Effects)
+	if have && p.w != nil {
+		if lim := s.b.cfg.QueueSoftLimit; lim > 0 && q.m.Ready() > lim && p.w.full == nil {
+			p.w.full = q
+		}
+		s.partRelease(p.w)
+	}
+}
+
+// enqueueDurable adds a run of items bound for durable queue q to its
+// next entry: the message (exchange, routing key, properties, body) is
+// encoded into the entry and the heap copy released at once. The part's
+// confirm waits for the apply when a message is persistent or the queue
+// may refuse it (reject-publish); w collects those waits (nil: none yet).
+func (s *shard) enqueueDurable(q *Queue, items []EnqItem, batch *PublishBatch, w *partWait) *partWait {
+	rejecting := q.args.Overflow == wire.RejectPublish || q.args.Overflow == wire.RejectPublishDLX
+	wait := batch != nil && rejecting
+	buf := s.encBuf[:0]
+	offs := s.offScratch[:0]
+	msgs := s.dmsgScratch[:0]
+	for _, it := range items {
+		if batch != nil && it.Msg.Flags&wire.Persistent != 0 {
+			wait = true
+		}
+		offs = append(offs, len(buf))
+		buf = appendLogMsg(buf, it.Msg)
+		msgs = append(msgs, it.Meta)
+	}
+	offs = append(offs, len(buf))
+	bodies := s.bodyScratch[:0]
+	for i := range items {
+		bodies = append(bodies, buf[offs[i]:offs[i+1]:offs[i+1]])
+	}
+	s.enqCmd = queue.Enqueue{NowMs: s.now, Msgs: msgs, Bodies: bodies}
+	_, err := q.grp.Add(&s.enqCmd)
+	s.enqCmd = queue.Enqueue{}
+	clear(bodies)
+	s.encBuf, s.offScratch, s.bodyScratch, s.dmsgScratch = buf[:0], offs[:0], bodies[:0], msgs[:0]
+	for _, it := range items {
+		s.release(it.Msg)
+		if err != nil {
+			if batch != nil {
+				batch.Nack(it.Idx, wire.InternalNack)
+			} else {
+				s.dropDeadLetter(nil, q.name, dlTargetRefused)
+			}
+		}
+	}
+	if err != nil {
+		return w
+	}
+	p := pendingPart{dl: batch == nil}
+	if wait {
+		if w == nil {
+			w = s.newPartWait(batch)
+		}
+		w.n++
+		p.w = w
+		if rejecting {
+			p.idx = make([]int, len(items))
+			for i, it := range items {
+				p.idx[i] = it.Idx
+			}
+		}
+	}
+	q.pend = append(q.pend, p)
+	return w
+}
+
+// The log form of a message: flags, priority, the lengths of exchange,
+// routing key and properties, then the four byte strings.
+const logMsgHeader = 10
+
+func appendLogMsg(b []byte, m *StoredMsg) []byte {
+	b = append(b, byte(m.Flags), m.Priority)
+	b = binary.LittleEndian.AppendUint16(b, uint16(len(m.Exchange)))
+	b = binary.LittleEndian.AppendUint16(b, uint16(len(m.RoutingKey)))
+	b = binary.LittleEndian.AppendUint32(b, uint32(len(m.Props)))
+	b = append(b, m.Exchange...)
+	b = append(b, m.RoutingKey...)
+	b = append(b, m.Props...)
+	return append(b, m.Body...)
+}
+
+// parseLogMsg fills m with views of b (a message in its log form).
+func parseLogMsg(b []byte, m *StoredMsg) bool {
+	if len(b) < logMsgHeader {
+		return false
+	}
+	ex := int(binary.LittleEndian.Uint16(b[2:]))
+	rk := int(binary.LittleEndian.Uint16(b[4:]))
+	pr := int(binary.LittleEndian.Uint32(b[6:]))
+	rest := b[logMsgHeader:]
+	if ex+rk+pr > len(rest) {
+		return false
+	}
+	*m = StoredMsg{Flags: wire.MessageFlags(b[0]), Priority: b[1],
+		Exchange: rest[:ex:ex], RoutingKey: rest[ex : ex+rk : ex+rk], Props: rest[ex+rk : ex+rk+pr : ex+rk+pr], Body: rest[ex+rk+pr:]}
+	return true
+}
+
+// msgOf is message id of q: its StoredMsg (memory queues), or a view of
+// it read from the log (durable queues), valid until the end of the
+// shard's batch (releaseViews).
+func (s *shard) msgOf(q *Queue, id uint64) *StoredMsg {
+	if q.grp == nil {
+		return q.bodies.get(id)
+	}
+	b, err := q.grp.Body(id)
+	if !q.viewing {
+		q.viewing = true
+		s.viewers = append(s.viewers, q)
+	}
+	if err != nil {
+		s.b.log.Error("durable queue: a message's body is not in the log", "queue", q.name, "id", id, "err", err)
+		return nil
+	}
+	if s.viewUsed == len(s.views) {
+		s.views = append(s.views, &StoredMsg{})
+	}
+	m := s.views[s.viewUsed]
+	if !parseLogMsg(b, m) {
+		s.b.log.Error("durable queue: a message in the log does not parse", "queue", q.name, "id", id)
+		return nil
+	}
+	s.viewUsed++
+	return m
+}
+
+// releaseViews ends the log views handed out in this batch (after the
+// deliveries were handed to their sinks, which copy them).
+func (s *shard) releaseViews() {
+	for i, q := range s.viewers {
+		q.viewing = false
+		q.grp.ReleaseBodies()
+		s.viewers[i] = nil
+	}
+	s.viewers = s.viewers[:0]
+	for i := range s.views[:s.viewUsed] {
+		*s.views[i] = StoredMsg{}
+	}
+	s.viewUsed = 0
+}
+
+// round runs the worker's round for the shard's durable queues: it
+// proposes what they added and applies what committed.
+func (s *shard) round() {
+	if s.rw == nil {
+		return
+	}
+	s.roundMore = s.rw.Round(s.now)
+	if st := s.rw.Stats(); s.roundMore && st.Appends == st.Persisted {
+		// Nothing in flight will wake the shard: wake it.
+		select {
+		case s.wake <- struct{}{}:
+		default:
+		}
+	}
+}
+
+// quiesce runs rounds until every write the worker submitted is done and
+// nothing is left to propose (a clean stop), for at most 10 s.
+func (s *shard) quiesce() {
+	if s.rw == nil {
+		return
+	}
+	deadline := time.NewTimer(10 * time.Second)
+	defer deadline.Stop()
+	for {
+		s.now = s.b.NowMs()
+		s.finishBatch()
+		if st := s.rw.Stats(); st.Appends == st.Persisted && !s.roundMore {
+			return
+		}
+		select {
+		case <-s.wake:
+			s.drain()
+		case <-deadline.C:
+			s.b.log.Error("durable queues: writes still in flight at stop")
+			return
+		}
+	}
+}
+
+// failDurable completes what a deleted durable queue still owed.
+func (s *shard) failDurable(q *Queue) {
+	for i := q.pendHead; i < len(q.pend); i++ {
+		if w := q.pend[i].w; w != nil {
+			s.partRelease(w)
+		}
+	}
+	q.pend, q.pendHead = nil, 0
+	for id, p := range q.subs {
+		p.sink.Subscribed(id, uint32(p.req), wire.NotFound, "no queue "+q.name)
+	}
+	q.subs = nil
+	for _, p := range q.purges {
+		p.sink.Answer(p.req, noQueue(q))
+	}
+	q.purges = nil
+}
