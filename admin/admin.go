@@ -311,7 +311,7 @@ func status(code wire.Code) int {
 		return http.StatusNotFound
 	case wire.ExchangeInternal:
 		return http.StatusForbidden
-	case wire.ResourceLimit:
+	case wire.ResourceLimit, wire.LimitReached:
 		return http.StatusServiceUnavailable
 	case wire.PreconditionFailed, wire.ResourceLocked:
 		return http.StatusConflict

@@ -302,7 +302,7 @@ func (m *Meta) Limits() MetaLimits { return m.limits }
 
 // limitReason is a refusal at a limit: what it is, how to raise it.
 func limitReason(what string, n int, key, flag string) MetaResult {
-	return refuse(wire.ResourceLimit, what+" limit reached: the broker holds "+strconv.Itoa(n)+" "+what+"s, its "+key+
+	return refuse(wire.LimitReached, what+" limit reached: the broker holds "+strconv.Itoa(n)+" "+what+"s, its "+key+
 		" (raise it with warrend --"+flag+" or \""+key+"\" in the config file, or delete "+what+"s)")
 }
 
@@ -495,7 +495,7 @@ func (m *Meta) declareQueue(c *MetaCommand) (MetaResult, []MetaEffect) {
 		return refuse(wire.NotFound, "no queue "+strconv.Quote(name)), effs
 	}
 	if d.Exclusive && c.Conn != 0 && m.exclusive[c.Conn] >= m.limits.MaxExclusivePerConn {
-		return refuse(wire.ResourceLimit, "exclusive queue limit reached: this connection owns "+strconv.Itoa(m.exclusive[c.Conn])+
+		return refuse(wire.LimitReached, "exclusive queue limit reached: this connection owns "+strconv.Itoa(m.exclusive[c.Conn])+
 			" exclusive queues, its max_exclusive_queues_per_connection (raise it with warrend --max-exclusive-queues-per-connection"+
 			" or \"max_exclusive_queues_per_connection\" in the config file, or delete some)"), nil
 	}
@@ -504,7 +504,7 @@ func (m *Meta) declareQueue(c *MetaCommand) (MetaResult, []MetaEffect) {
 	}
 	id, ok := m.takeID()
 	if !ok {
-		return refuse(wire.ResourceLimit, "every queue id is in use (2^32-1 queues); delete some"), effs
+		return refuse(wire.LimitReached, "every queue id is in use (2^32-1 queues); delete some"), effs
 	}
 	// A dead-letter exchange that does not exist yet is allowed, as in
 	// AMQP: it may be declared later; dead letters are dropped until then.

@@ -10,13 +10,13 @@ import (
 	"github.com/warren-mq/warren/wire"
 )
 
-// refusedAtLimit applies c, which must be refused with resource_limit
+// refusedAtLimit applies c, which must be refused with limit_reached
 // naming the limit and its flag, with no effect and the state (its
 // snapshot, queue ids included) unchanged: nothing is half-created.
 func refusedAtLimit(t *testing.T, m *Meta, c MetaCommand, limit, flag string) {
 	t.Helper()
 	before := m.Snapshot()
-	r, effs := metaDo(t, m, c, wire.ResourceLimit, limit)
+	r, effs := metaDo(t, m, c, wire.LimitReached, limit)
 	if !bytes.Contains([]byte(r.Reason), []byte(flag)) {
 		t.Fatalf("refusal %q does not name the flag %s", r.Reason, flag)
 	}
@@ -29,7 +29,7 @@ func refusedAtLimit(t *testing.T, m *Meta, c MetaCommand, limit, flag string) {
 }
 
 // TestMetaLimits: at its configured limit, the next queue, exchange or
-// binding is refused with resource_limit (the limit and the flag that
+// binding is refused with limit_reached (the limit and the flag that
 // raises it named), nothing of it is created, and deleting one frees room
 // for the next. Redeclares and rebinds of what exists are not refused.
 func TestMetaLimits(t *testing.T) {
@@ -162,14 +162,14 @@ func TestMetaLimitsDoNotCutRecovery(t *testing.T) {
 		t.Fatalf("recovered with max_queues 2:\n%s", got)
 	}
 	_, err := b.topo.declareQueue(&wire.QueueDeclare{Name: "d4", Durable: true}, 0, "")
-	if wire.CodeOf(err) != wire.ResourceLimit {
+	if wire.CodeOf(err) != wire.LimitReached {
 		t.Fatalf("declare over the limit after recovery: %v", err)
 	}
 }
 
 // TestMetaExclusivePerConnection: a connection owns at most
 // MaxExclusivePerConn exclusive queues: the next is refused with
-// resource_limit naming the limit and its flag, and nothing is created;
+// limit_reached naming the limit and its flag, and nothing is created;
 // other connections, and its own non-exclusive queues, are not held back;
 // deleting one (or the node restarting) frees room; the count survives a
 // snapshot and restore.

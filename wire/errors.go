@@ -25,6 +25,7 @@ const (
 	ResourceLocked     Code = 203 // exclusive to another connection or consumer
 	InvalidArgument    Code = 204 // a bad name, argument key, type or value
 	NotAllowed         Code = 205 // the operation is never allowed (e.g. deleting the default exchange)
+	LimitReached       Code = 206 // a configured limit on queues, exchanges, bindings or a connection's exclusive queues
 
 	// 3xx: per channel, carried in CHANNEL_CLOSE; the channel is closed.
 	UnknownDeliveryTag Code = 300 // a settlement named a tag that is not outstanding
@@ -86,6 +87,7 @@ var codeNames = map[Code]string{
 	ResourceLocked:     "resource_locked",
 	InvalidArgument:    "invalid_argument",
 	NotAllowed:         "not_allowed",
+	LimitReached:       "limit_reached",
 	UnknownDeliveryTag: "unknown_delivery_tag",
 	SequenceError:      "sequence_error",
 	FrameError:         "frame_error",

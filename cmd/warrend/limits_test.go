@@ -14,7 +14,7 @@ import (
 
 // TestTopologyLimitFlags: max_queues, max_exchanges and max_bindings come
 // from the config file, the environment and flags (a flag over the file);
-// a declare past one is refused with resource_limit naming it.
+// a declare past one is refused with limit_reached naming it.
 func TestTopologyLimitFlags(t *testing.T) {
 	cfg := filepath.Join(t.TempDir(), "warren.json")
 	if err := os.WriteFile(cfg, []byte(`{"max_queues": 100, "max_exchanges": 5, "max_bindings": 100}`), 0o600); err != nil {
@@ -37,8 +37,8 @@ func TestTopologyLimitFlags(t *testing.T) {
 	}
 	refused := func(what string, err error, flag string) {
 		t.Helper()
-		if wire.CodeOf(err) != wire.ResourceLimit || !strings.Contains(err.Error(), flag) {
-			t.Fatalf("%s: %v, want resource_limit naming %s", what, err, flag)
+		if wire.CodeOf(err) != wire.LimitReached || !strings.Contains(err.Error(), flag) {
+			t.Fatalf("%s: %v, want limit_reached naming %s", what, err, flag)
 		}
 	}
 	c := ch()
@@ -78,7 +78,7 @@ func TestExclusivePerConnectionFlag(t *testing.T) {
 		t.Fatal(err)
 	}
 	_, err = ch.DeclareQueue(ctx, "e2", client.QueueOptions{Exclusive: true})
-	if wire.CodeOf(err) != wire.ResourceLimit || !strings.Contains(err.Error(), "--max-exclusive-queues-per-connection") {
-		t.Fatalf("second exclusive queue: %v, want resource_limit naming --max-exclusive-queues-per-connection", err)
+	if wire.CodeOf(err) != wire.LimitReached || !strings.Contains(err.Error(), "--max-exclusive-queues-per-connection") {
+		t.Fatalf("second exclusive queue: %v, want limit_reached naming --max-exclusive-queues-per-connection", err)
 	}
 }
