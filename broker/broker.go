@@ -9,7 +9,6 @@ import (
 	"time"
 
 	"github.com/warren-mq/warren/replication"
-	"github.com/warren-mq/warren/segment"
 	"github.com/warren-mq/warren/wire"
 )
 
@@ -60,7 +59,6 @@ type Broker struct {
 	storedBytes atomic.Int64
 	consumerSeq atomic.Uint64
 	dlDropLog   [NumDLDrops]ratelog.Limiter // "dead letter dropped" lines, per reason
-	ownLog      *segment.Log                // the log OpenDataDir opened (closed by CloseMetaLog)
 }
 
 // New makes a broker; Start runs its shards.

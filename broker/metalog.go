@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"path/filepath"
 
 	"github.com/warren-mq/warren/replication"
@@ -70,42 +71,33 @@ func (b *Broker) OpenMetaLog(ctx context.Context, cfg MetaLogConfig) error {
 	return nil
 }
 
-// OpenDataDir opens (creating it) the node's log in dir/log and recovers
-// the topology from it (OpenMetaLog); CloseMetaLog closes it. Damage the
-// log cannot repair is an error naming the file (segment.ErrCorrupt).
-func (b *Broker) OpenDataDir(ctx context.Context, dir string, fatal func(error)) error {
+// OpenNodeLog opens (creating it) the node's log in dir/log and its
+// snapshot store: the one log of the node, for OpenMetaLog and
+// Config.Durable alike (one SnapStore per log). Damage the log cannot
+// repair is an error naming the file (segment.ErrCorrupt). The caller
+// closes the log, after CloseMetaLog and Stop.
+func OpenNodeLog(dir string, logger *slog.Logger) (*segment.Log, *replication.SnapStore, error) {
 	path := filepath.Join(dir, "log")
-	l, err := segment.Open(segment.OSFS{}, path, segment.Options{Logger: b.log})
+	l, err := segment.Open(segment.OSFS{}, path, segment.Options{Logger: logger})
 	if err != nil {
-		return fmt.Errorf("opening the log in %s: %w", path, err)
+		return nil, nil, fmt.Errorf("opening the log in %s: %w", path, err)
 	}
 	store, err := replication.OpenSnapStore(l)
-	if err == nil {
-		err = b.OpenMetaLog(ctx, MetaLogConfig{Log: l, Snapshots: store, Fatal: fatal})
-	}
 	if err != nil {
 		_ = l.Close()
-		return fmt.Errorf("recovering the topology from the log in %s: %w", path, err)
+		return nil, nil, fmt.Errorf("reading the snapshot store of the log in %s: %w", path, err)
 	}
-	b.ownLog = l
-	return nil
+	return l, store, nil
 }
 
 // CloseMetaLog writes the topology changes made so far and stops the
-// metadata group (before closing its segment.Log; the one OpenDataDir
-// opened is closed here). Later topology requests are refused.
+// metadata group (before closing its segment.Log). Later topology
+// requests are refused.
 func (b *Broker) CloseMetaLog(ctx context.Context) error {
-	var err error
 	if g := b.topo.mlog.Load(); g != nil {
-		err = g.Close(ctx)
+		return g.Close(ctx)
 	}
-	if l := b.ownLog; l != nil {
-		b.ownLog = nil
-		if cerr := l.Close(); err == nil {
-			err = cerr
-		}
-	}
-	return err
+	return nil
 }
 
 // MetaSync waits until every topology change made so far is durable (at

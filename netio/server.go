@@ -69,7 +69,8 @@ type Config struct {
 
 	// DataDir, if set, holds the node's log (DataDir/log): Start recovers
 	// the topology from it before the listener opens, and every topology
-	// change is logged and answered once on disk (broker.OpenDataDir).
+	// change is logged and answered once on disk (broker.OpenNodeLog,
+	// Broker.OpenMetaLog).
 	// Empty: everything in memory, as before.
 	DataDir string
 	// Fatal hears that a write of the log failed: the node must stop and
@@ -141,6 +142,7 @@ type Server struct {
 
 	eng     gnet.Engine
 	addr    net.Addr
+	nodeLog io.Closer // the node's log (Config.DataDir), closed last by Close
 	booted  chan error
 	stopped chan struct{}
 	closing atomic.Bool
@@ -217,20 +219,34 @@ func Start(cfg Config) (*Server, error) {
 	s.auth = newAuthenticator(cfg.Users, !cfg.DisableGuest)
 	s.auth.comparing = s.notifyChanged
 	s.auth.log = s.log
+	// The node's log (DataDir/log), opened before the broker: it is the
+	// one log of the node, for the metadata group (and, with
+	// broker.Config.Durable, the durable queues).
+	var metaCfg broker.MetaLogConfig
+	if cfg.DataDir != "" {
+		l, store, err := broker.OpenNodeLog(cfg.DataDir, s.log)
+		if err != nil {
+			return nil, err
+		}
+		fatal := cfg.Fatal
+		if fatal == nil {
+			fatal = func(err error) { s.log.Error("the log stopped; restart to recover", "err", err) }
+		}
+		metaCfg = broker.MetaLogConfig{Log: l, Snapshots: store, Fatal: fatal}
+		s.nodeLog = l
+	}
 	s.Broker = broker.New(broker.Config{Shards: cfg.Shards, QueueSoftLimit: cfg.QueueSoftLimit, Logger: cfg.Logger, Clock: cfg.clock,
 		Limits: broker.MetaLimits{MaxQueues: cfg.MaxQueues, MaxExchanges: cfg.MaxExchanges, MaxBindings: cfg.MaxBindings,
 			MaxExclusivePerConn: cfg.MaxExclusivePerConnection},
 		DeadLetterDropped: func(r broker.DLDrop) { s.metrics.dlDropped[r].Inc() }})
 	s.initMetrics()
 	s.Broker.Start()
-	if cfg.DataDir != "" {
-		fatal := cfg.Fatal
-		if fatal == nil {
-			fatal = func(err error) { s.log.Error("the log stopped; restart to recover", "err", err) }
-		}
-		if err := s.Broker.OpenDataDir(context.Background(), cfg.DataDir, fatal); err != nil {
+	if s.nodeLog != nil {
+		// Recovery: the listener opens only after it.
+		if err := s.Broker.OpenMetaLog(context.Background(), metaCfg); err != nil {
 			_ = s.Broker.Stop(context.Background())
-			return nil, err
+			_ = s.nodeLog.Close()
+			return nil, fmt.Errorf("recovering the topology from the log in %s: %w", cfg.DataDir, err)
 		}
 	}
 	go func() {
@@ -253,6 +269,9 @@ func Start(cfg Config) (*Server, error) {
 	if err := <-s.booted; err != nil {
 		_ = s.Broker.Stop(context.Background())
 		_ = s.Broker.CloseMetaLog(context.Background())
+		if s.nodeLog != nil {
+			_ = s.nodeLog.Close()
+		}
 		return nil, fmt.Errorf("netio: listen on %s: %w", cfg.Addr, err)
 	}
 	return s, nil
@@ -499,6 +518,11 @@ func (s *Server) Close(ctx context.Context) error {
 	}
 	if serr := s.Broker.CloseMetaLog(ctx); err == nil {
 		err = serr
+	}
+	if s.nodeLog != nil {
+		if serr := s.nodeLog.Close(); err == nil {
+			err = serr
+		}
 	}
 	return err
 }
