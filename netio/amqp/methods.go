@@ -1,0 +1,750 @@
+package amqp
+
+import (
+	"encoding/binary"
+	"strconv"
+	"strings"
+	"sync/atomic"
+	"time"
+
+	"github.com/warren-mq/warren/broker"
+	"github.com/warren-mq/warren/netio"
+	"github.com/warren-mq/warren/queue"
+	"github.com/warren-mq/warren/wire"
+)
+
+var errSyntax = connErr(syntaxError, "SYNTAX_ERROR - malformed method arguments")
+
+// onMethod handles a method on an open channel.
+func (c *conn) onMethod(ch *channel, class, id uint16, r *reader) error {
+	switch class {
+	case classChannel:
+		switch id {
+		case 20: // flow
+			active := r.bitAt()
+			if r.err != nil {
+				return errSyntax
+			}
+			if !active {
+				return connErr(notImplemented, "NOT_IMPLEMENTED - channel.flow active=false is not supported")
+			}
+			c.reply(ch.id, classChannel, 21, func(b []byte) []byte { return append(b, 1) })
+			return nil
+		case 40: // close
+			cons := c.releaseChannel(ch)
+			for _, cr := range cons {
+				c.srv.Submit(broker.Command{Kind: broker.CmdCancel, Queue: cr.q, Consumer: cr.id, Requeue: true})
+			}
+			c.mu.Lock()
+			delete(c.channels, ch.id)
+			c.mu.Unlock()
+			c.reply(ch.id, classChannel, 41, nil)
+			return nil
+		case 41: // close-ok without a close
+			return nil
+		}
+	case classExchange:
+		return c.onExchange(ch, id, r)
+	case classQueue:
+		return c.onQueue(ch, id, r)
+	case classBasic:
+		return c.onBasic(ch, id, r)
+	case classConfirm:
+		if id == 10 {
+			noWait := r.bitAt()
+			if r.err != nil {
+				return errSyntax
+			}
+			ch.confirm = true
+			if !noWait {
+				c.reply(ch.id, classConfirm, 11, nil)
+			}
+			return nil
+		}
+	case classTx:
+		return connErr(notImplemented, "NOT_IMPLEMENTED - transactions (tx.*) are not supported by Warren: use publisher confirms (confirm.select)")
+	}
+	return connErr(commandInvalid, "COMMAND_INVALID - unknown method "+strconv.Itoa(int(class))+"."+strconv.Itoa(int(id)))
+}
+
+func (c *conn) onExchange(ch *channel, id uint16, r *reader) error {
+	switch id {
+	case 10: // declare
+		r.u16()
+		name, kind := r.shortstr(), r.shortstr()
+		passive, durable, autoDelete, internal, noWait := r.bitAt(), r.bitAt(), r.bitAt(), r.bitAt(), r.bitAt()
+		args := r.table()
+		if r.err != nil {
+			return r.err
+		}
+		d := &wire.ExchangeDeclare{Name: name, Durable: durable, AutoDelete: autoDelete, Internal: internal, Passive: passive}
+		if k, ok := wire.ParseExchangeKind(kind); ok {
+			d.Kind = k
+		} else if passive {
+			d.Kind = wire.ExchangeDirect
+		} else {
+			return connErr(commandInvalid, "COMMAND_INVALID - unknown exchange type '"+kind+"'")
+		}
+		for _, f := range args {
+			if f.Key == "alternate-exchange" && f.Value.Kind == wire.KindString {
+				d.Alternate = string(f.Value.Bytes)
+				continue
+			}
+			return chErr(preconditionFailed, "PRECONDITION_FAILED - unsupported exchange argument '"+f.Key+"' (only alternate-exchange is mapped)")
+		}
+		if passive {
+			if !c.srv.View().Table.HasExchange(name) {
+				return chErr(notFound, "NOT_FOUND - no exchange '"+name+"' in vhost '/'")
+			}
+		} else if err := c.control(func() error { return c.srv.DeclareExchangeAs(d, c.user) }); err != nil {
+			return err
+		}
+		if !noWait {
+			c.reply(ch.id, classExchange, 11, nil)
+		}
+		return nil
+	case 20: // delete
+		r.u16()
+		name := r.shortstr()
+		ifUnused, noWait := r.bitAt(), r.bitAt()
+		if r.err != nil {
+			return r.err
+		}
+		err := c.control(func() error {
+			return c.srv.DeleteExchangeAs(&wire.ExchangeDelete{Name: name, IfUnused: ifUnused}, c.requester())
+		})
+		if err != nil && !isCode(err, wire.NotFound) { // deleting what is not there is ok, as in RabbitMQ
+			return err
+		}
+		if !noWait {
+			c.reply(ch.id, classExchange, 21, nil)
+		}
+		return nil
+	case 30, 40: // bind, unbind
+		r.u16()
+		dst, src, key := r.shortstr(), r.shortstr(), r.shortstr()
+		noWait := r.bitAt()
+		args := r.table()
+		if r.err != nil {
+			return r.err
+		}
+		b := &wire.Bind{Unbind: id == 40, ToExchange: true, Destination: dst, Source: src, RoutingKey: key, Args: args}
+		if err := c.control(func() error { return c.srv.BindAs(b, c.requester()) }); err != nil {
+			return err
+		}
+		if !noWait {
+			okID := uint16(31)
+			if id == 40 {
+				okID = 51
+			}
+			c.reply(ch.id, classExchange, okID, nil)
+		}
+		return nil
+	}
+	return connErr(commandInvalid, "COMMAND_INVALID - unknown exchange method "+strconv.Itoa(int(id)))
+}
+
+func isCode(err error, code wire.Code) bool {
+	we, ok := err.(*wire.Error)
+	return ok && we.Code == code
+}
+
+// queueName resolves the empty name to the channel's last declared queue.
+func (ch *channel) queueName(n string) string {
+	if n == "" {
+		return ch.lastQueue
+	}
+	return n
+}
+
+// Answer kinds, in a request reference's low bits.
+const (
+	ansPurge  = 1
+	ansDelete = 2
+	ansNoWait = 4
+)
+
+func (c *conn) onQueue(ch *channel, id uint16, r *reader) error {
+	switch id {
+	case 10: // declare
+		r.u16()
+		name := r.shortstr()
+		passive, durable, exclusive, autoDelete, noWait := r.bitAt(), r.bitAt(), r.bitAt(), r.bitAt(), r.bitAt()
+		args := r.table()
+		if r.err != nil {
+			return r.err
+		}
+		wargs, ae := queueArgs(args)
+		if ae != nil {
+			return ae
+		}
+		d := &wire.QueueDeclare{Name: name, Durable: durable, Exclusive: exclusive, AutoDelete: autoDelete, Passive: passive, Args: wargs}
+		var q *broker.Queue
+		err := c.control(func() (err error) {
+			q, err = c.srv.DeclareQueueAs(d, c.id, c.user)
+			return err
+		})
+		if err != nil {
+			if passive && isCode(err, wire.NotFound) {
+				return chErr(notFound, "NOT_FOUND - no queue '"+name+"' in vhost '/'")
+			}
+			return err
+		}
+		if x := q.ExclusiveTo(); x != 0 && x != c.id {
+			return chErr(resourceLocked, "RESOURCE_LOCKED - cannot obtain exclusive access to locked queue '"+q.Name()+"' in vhost '/'")
+		}
+		ch.lastQueue = q.Name()
+		if !noWait {
+			c.reply(ch.id, classQueue, 11, func(b []byte) []byte {
+				b = putShortstr(b, q.Name())
+				b = binary.BigEndian.AppendUint32(b, uint32(q.ReadyCount()))
+				return binary.BigEndian.AppendUint32(b, uint32(q.ConsumerCount()))
+			})
+		}
+		return nil
+	case 20, 50: // bind, unbind
+		r.u16()
+		qn, ex, key := r.shortstr(), r.shortstr(), r.shortstr()
+		noWait := false
+		if id == 20 {
+			noWait = r.bitAt()
+		}
+		args := r.table()
+		if r.err != nil {
+			return r.err
+		}
+		b := &wire.Bind{Unbind: id == 50, Destination: ch.queueName(qn), Source: ex, RoutingKey: key, Args: args}
+		if err := c.control(func() error { return c.srv.BindAs(b, c.requester()) }); err != nil {
+			return err
+		}
+		if !noWait {
+			c.reply(ch.id, classQueue, id+1, nil)
+		}
+		return nil
+	case 30, 40: // purge, delete
+		r.u16()
+		qn := ch.queueName(r.shortstr())
+		var ifUnused, ifEmpty bool
+		if id == 40 {
+			ifUnused, ifEmpty = r.bitAt(), r.bitAt()
+		}
+		noWait := r.bitAt()
+		if r.err != nil {
+			return r.err
+		}
+		q := c.srv.LookupQueue(qn)
+		ref := uint64(ch.gen)<<32 | uint64(ch.id)<<8
+		if noWait {
+			ref |= ansNoWait
+		}
+		if q == nil {
+			if id == 40 { // deleting what is not there is ok, as in RabbitMQ
+				if !noWait {
+					c.reply(ch.id, classQueue, 41, func(b []byte) []byte { return binary.BigEndian.AppendUint32(b, 0) })
+				}
+				return nil
+			}
+			return chErr(notFound, "NOT_FOUND - no queue '"+qn+"' in vhost '/'")
+		}
+		if x := q.ExclusiveTo(); x != 0 && x != c.id {
+			return chErr(resourceLocked, "RESOURCE_LOCKED - cannot obtain exclusive access to locked queue '"+qn+"' in vhost '/'")
+		}
+		if id == 30 {
+			if err := c.srv.Authorize(c.user, netio.ActPurge, q.DeclaredBy(), "queue "+strconv.Quote(qn)); err != nil {
+				return err
+			}
+			c.srv.Submit(broker.Command{Kind: broker.CmdPurge, Queue: q, Sink: c, Req: ref | ansPurge})
+			return nil
+		}
+		if err := c.srv.Authorize(c.user, netio.ActDelete, q.DeclaredBy(), "queue "+strconv.Quote(qn)); err != nil {
+			return err
+		}
+		c.srv.Submit(broker.Command{Kind: broker.CmdDelete, Queue: q, Sink: c, Req: ref | ansDelete,
+			IfUnused: ifUnused, IfEmpty: ifEmpty, Reason: "queue deleted"})
+		return nil
+	}
+	return connErr(commandInvalid, "COMMAND_INVALID - unknown queue method "+strconv.Itoa(int(id)))
+}
+
+func (c *conn) onBasic(ch *channel, id uint16, r *reader) error {
+	switch id {
+	case 10: // qos
+		size, count, global := r.u32(), r.u16(), r.bitAt()
+		if r.err != nil {
+			return errSyntax
+		}
+		if global {
+			return connErr(notImplemented, "NOT_IMPLEMENTED - basic.qos global=true (a prefetch shared by a channel's consumers) is not supported: Warren's prefetch is per consumer")
+		}
+		ch.prefetch, ch.prefBytes = count, size
+		c.reply(ch.id, classBasic, 11, nil)
+		return nil
+	case 20: // consume
+		return c.onConsume(ch, r)
+	case 30: // cancel
+		tag := r.shortstr()
+		noWait := r.bitAt()
+		if r.err != nil {
+			return errSyntax
+		}
+		c.mu.Lock()
+		cr := ch.consumers[tag]
+		delete(ch.consumers, tag)
+		c.mu.Unlock()
+		if cr != nil {
+			c.srv.Submit(broker.Command{Kind: broker.CmdCancel, Queue: cr.q, Consumer: cr.id})
+		}
+		if !noWait {
+			c.reply(ch.id, classBasic, 31, func(b []byte) []byte { return putShortstr(b, tag) })
+		}
+		return nil
+	case 40: // publish
+		r.u16()
+		ex, key := r.shortstr(), r.shortstr()
+		mandatory, immediate := r.bitAt(), r.bitAt()
+		if r.err != nil {
+			return errSyntax
+		}
+		if immediate {
+			return connErr(notImplemented, "NOT_IMPLEMENTED - immediate=true")
+		}
+		ch.pub = &pending{exchange: ex, key: key, mandatory: mandatory}
+		return nil
+	case 70:
+		return connErr(notImplemented, "NOT_IMPLEMENTED - basic.get is not supported by Warren's AMQP front yet: consume instead")
+	case 100, 110:
+		return connErr(notImplemented, "NOT_IMPLEMENTED - basic.recover is not supported by Warren's AMQP front yet: close the channel to requeue")
+	case 80, 90, 120: // ack, reject, nack
+		tag := r.u64()
+		var multiple, requeue bool
+		switch id {
+		case 80:
+			multiple = r.bitAt()
+		case 90:
+			requeue = r.bitAt()
+		case 120:
+			multiple, requeue = r.bitAt(), r.bitAt()
+		}
+		if r.err != nil {
+			return errSyntax
+		}
+		op := wire.SettleAck
+		if id != 80 {
+			op = wire.SettleReject
+			if requeue {
+				op = wire.SettleRequeue
+			}
+		}
+		return c.settle(ch, tag, multiple, op)
+	}
+	return connErr(commandInvalid, "COMMAND_INVALID - unknown basic method "+strconv.Itoa(int(id)))
+}
+
+// settle translates channel delivery tags into queue tags.
+func (c *conn) settle(ch *channel, tag uint64, multiple bool, op wire.SettleOp) error {
+	var items []broker.SettleItem
+	c.mu.Lock()
+	first, last := tag, tag
+	if multiple {
+		first = ch.tagBase
+		if tag == 0 {
+			last = ch.nextTag
+		}
+	}
+	if !multiple && (tag < ch.tagBase || tag > ch.nextTag || !ch.tags[tag-ch.tagBase].live) {
+		c.mu.Unlock()
+		return chErr(preconditionFailed, "PRECONDITION_FAILED - unknown delivery tag "+strconv.FormatUint(tag, 10))
+	}
+	if last > ch.nextTag {
+		c.mu.Unlock()
+		return chErr(preconditionFailed, "PRECONDITION_FAILED - unknown delivery tag "+strconv.FormatUint(tag, 10))
+	}
+	for t := first; t <= last && t >= ch.tagBase; t++ {
+		e := &ch.tags[t-ch.tagBase]
+		if e.live {
+			e.live = false
+			if e.q != nil {
+				items = append(items, broker.SettleItem{Q: e.q, Consumer: e.cid, Op: op, QTag: e.qtag})
+			}
+		}
+	}
+	// Drop the settled head.
+	n := 0
+	for n < len(ch.tags) && !ch.tags[n].live {
+		n++
+	}
+	if n > 0 {
+		ch.tags = append(ch.tags[:0], ch.tags[n:]...)
+		ch.tagBase += uint64(n)
+	}
+	c.mu.Unlock()
+	if len(items) > 0 {
+		c.srv.Submit(broker.Command{Kind: broker.CmdSettle, Settles: items})
+	}
+	return nil
+}
+
+func (c *conn) onConsume(ch *channel, r *reader) error {
+	r.u16()
+	qn, tag := ch.queueName(r.shortstr()), r.shortstr()
+	_, noAck, exclusive, noWait := r.bitAt(), r.bitAt(), r.bitAt(), r.bitAt()
+	args := r.table()
+	if r.err != nil {
+		return r.err
+	}
+	var prio int16
+	for _, f := range args {
+		if f.Key == "x-priority" && f.Value.Kind == wire.KindInt && f.Value.Int >= -32768 && f.Value.Int <= 32767 {
+			prio = int16(f.Value.Int)
+			continue
+		}
+		return chErr(preconditionFailed, "PRECONDITION_FAILED - unsupported consumer argument '"+f.Key+"' (only x-priority is mapped)")
+	}
+	q := c.srv.LookupQueue(qn)
+	if q == nil {
+		return chErr(notFound, "NOT_FOUND - no queue '"+qn+"' in vhost '/'")
+	}
+	if x := q.ExclusiveTo(); x != 0 && x != c.id {
+		return chErr(resourceLocked, "RESOURCE_LOCKED - cannot obtain exclusive access to locked queue '"+qn+"' in vhost '/'")
+	}
+	c.mu.Lock()
+	if tag == "" {
+		c.ctagSeq++
+		tag = "amq.ctag-" + strconv.FormatUint(c.id, 10) + "-" + strconv.Itoa(c.ctagSeq)
+	}
+	if _, dup := ch.consumers[tag]; dup {
+		c.mu.Unlock()
+		return connErr(notAllowed, "NOT_ALLOWED - attempt to reuse consumer tag '"+tag+"'")
+	}
+	cr := &consumer{id: c.srv.NewConsumerID(), tag: tag, ch: ch, q: q, autoAck: noAck, noWait: noWait}
+	ch.consumers[tag] = cr
+	c.byID[cr.id] = cr
+	c.mu.Unlock()
+	prefetch := uint32(ch.prefetch)
+	if max := c.srv.MaxPrefetch(); prefetch == 0 || prefetch > max {
+		prefetch = max
+	}
+	spec := queue.ConsumerSpec{ID: cr.id, Owner: queue.OwnerID(c.id), Prefetch: prefetch, PrefetchBytes: ch.prefBytes, Priority: prio, Exclusive: exclusive}
+	c.srv.Submit(broker.Command{Kind: broker.CmdSubscribe, Queue: q, Sink: c, Spec: spec})
+	return nil
+}
+
+// onHeader reads a publish's content header.
+func (c *conn) onHeader(ch *channel, p []byte) error {
+	r := &reader{b: p}
+	class := r.u16()
+	r.u16() // weight
+	size := r.u64()
+	if r.err != nil || class != classBasic {
+		return connErr(frameError, "FRAME_ERROR - malformed content header")
+	}
+	pub := ch.pub
+	if size > uint64(c.l.cfg.MaxMessageSize) {
+		ch.pub = nil
+		return chErr(preconditionFailed, "PRECONDITION_FAILED - message size "+strconv.FormatUint(size, 10)+" is larger than the configured max size "+strconv.Itoa(c.l.cfg.MaxMessageSize))
+	}
+	if ae := parseHeader(r, &pub.in); ae != nil {
+		ch.pub = nil
+		return ae
+	}
+	pub.header, pub.size = true, size
+	n := len(pub.exchange) + len(pub.key) + len(pub.in.props) + int(size)
+	pub.arena = make([]byte, 0, n)
+	pub.arena = append(pub.arena, pub.exchange...)
+	pub.arena = append(pub.arena, pub.key...)
+	pub.arena = append(pub.arena, pub.in.props...)
+	pub.bodyAt = len(pub.arena)
+	if size == 0 {
+		return c.publish(ch)
+	}
+	return nil
+}
+
+func (c *conn) onBody(ch *channel, p []byte) error {
+	pub := ch.pub
+	if uint64(len(pub.arena)-pub.bodyAt+len(p)) > pub.size {
+		return connErr(frameError, "FRAME_ERROR - body frames longer than the content header's body size")
+	}
+	pub.arena = append(pub.arena, p...)
+	if uint64(len(pub.arena)-pub.bodyAt) == pub.size {
+		return c.publish(ch)
+	}
+	return nil
+}
+
+// publish routes a complete message and hands each shard its part, as
+// netio's PUBLISH does for a batch of one.
+func (c *conn) publish(ch *channel) error {
+	pub := ch.pub
+	ch.pub = nil
+	// Bounds on what this connection makes the broker hold: publishes in
+	// flight, and the memory alarm (the connection is not read meanwhile,
+	// so TCP stops the client).
+	for c.unconfirmed.Load() >= int64(c.l.cfg.MaxUnconfirmed) {
+		select {
+		case <-c.confirmed:
+		case <-time.After(time.Second):
+		}
+	}
+	for c.srv.MemoryAlarm() {
+		time.Sleep(50 * time.Millisecond) // the alarm has no event to wait on; checked at the tick's pace
+	}
+	view := c.srv.View()
+	if !view.Table.HasExchange(pub.exchange) {
+		return chErr(notFound, "NOT_FOUND - no exchange '"+pub.exchange+"' in vhost '/'")
+	}
+	if view.Table.IsInternal(pub.exchange) {
+		return chErr(accessRefused, "ACCESS_REFUSED - cannot publish to internal exchange '"+pub.exchange+"' in vhost '/'")
+	}
+	var seq uint64
+	if ch.confirm {
+		ch.pubSeq++
+		seq = ch.pubSeq
+	}
+	a := pub.arena
+	ne, nk, np := len(pub.exchange), len(pub.key), len(pub.in.props)
+	ar := new(broker.Arena)
+	sm := &broker.StoredMsg{Exchange: a[:ne:ne], RoutingKey: a[ne : ne+nk : ne+nk], Props: a[ne+nk : ne+nk+np : ne+nk+np],
+		Body: a[pub.bodyAt:len(a):len(a)], Arena: ar, Flags: pub.in.flags, Priority: pub.in.priority}
+	meta := queue.Message{Size: uint32(len(sm.Body)), Priority: pub.in.priority, DedupKey: broker.DedupKey(pub.in.msgID)}
+	if pub.in.expires {
+		meta.ExpirationMs, meta.HasExpiration = pub.in.expMs, true
+	}
+	c.routeBuf, _ = view.Table.Route(c.routeBuf[:0], pub.exchange, sm.RoutingKey, pub.in.headers)
+	placed := 0
+	for _, ref := range c.routeBuf {
+		q := view.Queue(ref)
+		if q == nil {
+			continue
+		}
+		si := q.ShardIndex()
+		c.parts[si] = append(c.parts[si], broker.EnqItem{Q: q, Msg: sm, Meta: meta})
+		placed++
+	}
+	if placed == 0 && pub.mandatory {
+		c.sendReturn(ch.id, sm)
+	}
+	batch := &broker.PublishBatch{Sink: c, Ch: ch.id, FirstSeq: ch.gen<<40 | seq, Codes: make([]uint32, 1), Start: time.Now()}
+	parts := 1
+	if placed > 0 {
+		ar.Cost = int64(cap(a)) + broker.StoredMsgOverhead + int64(placed)*broker.PlacementOverhead
+		ar.Refs.Store(int64(placed))
+		c.srv.AddStoredBytes(ar.Cost)
+		for _, p := range c.parts {
+			if len(p) > 0 {
+				parts++
+			}
+		}
+	}
+	batch.Pending.Store(int32(parts))
+	c.unconfirmed.Add(1)
+	for si, p := range c.parts {
+		if len(p) == 0 {
+			continue
+		}
+		items := append([]broker.EnqItem(nil), p...)
+		c.parts[si] = p[:0]
+		c.srv.Submit(broker.Command{Kind: broker.CmdPublish, Items: items, Batch: batch})
+	}
+	batch.PartDone()
+	return nil
+}
+
+// sendReturn sends basic.return for an unroutable mandatory message.
+func (c *conn) sendReturn(ch uint16, m *broker.StoredMsg) {
+	c.mu.Lock()
+	b, st := method(c.out, ch, classBasic, 50)
+	b = binary.BigEndian.AppendUint16(b, noRoute)
+	b = putShortstr(b, "NO_ROUTE")
+	b = putShortstr(b, string(m.Exchange))
+	b = putShortstr(b, string(m.RoutingKey))
+	b = endFrame(b, st)
+	c.out = c.appendContent(b, ch, m)
+	c.flushLocked()
+	c.mu.Unlock()
+}
+
+// appendContent appends a message's content header and body frames.
+func (c *conn) appendContent(b []byte, ch uint16, m *broker.StoredMsg) []byte {
+	b = appendHeader(b, ch, m)
+	max := int(c.frameMax) - 8
+	for body := m.Body; len(body) > 0; {
+		n := min(len(body), max)
+		var st int
+		b, st = beginFrame(b, frameBody, ch)
+		b = append(b, body[:n]...)
+		b = endFrame(b, st)
+		body = body[n:]
+	}
+	return b
+}
+
+// Sink: the broker's effects, from shard goroutines.
+
+// Confirm sends basic.ack or basic.nack for a publish in confirm mode.
+func (c *conn) Confirm(b *broker.PublishBatch) {
+	c.unconfirmed.Add(-1)
+	select {
+	case c.confirmed <- struct{}{}:
+	default:
+	}
+	seq, gen := b.FirstSeq&(1<<40-1), b.FirstSeq>>40
+	if seq == 0 {
+		return // not in confirm mode
+	}
+	code := atomic.LoadUint32(&b.Codes[0])
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	ch := c.channels[b.Ch]
+	if c.dead || ch == nil || ch.gen != gen || ch.closing {
+		return
+	}
+	id := uint16(80)
+	if code != 0 {
+		id = 120
+	}
+	out, st := method(c.out, b.Ch, classBasic, id)
+	out = binary.BigEndian.AppendUint64(out, seq)
+	out = append(out, 0)
+	c.out = endFrame(out, st)
+	c.flushLocked()
+}
+
+// Deliver writes basic.deliver with its content for each delivery.
+func (c *conn) Deliver(ds []broker.Delivery) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.dead {
+		return // the connection's Down returns them
+	}
+	for i := range ds {
+		d := &ds[i]
+		cr := c.byID[d.Consumer]
+		if cr == nil || cr.ch.closing {
+			continue // the channel's cancel returns them
+		}
+		ch := cr.ch
+		ch.nextTag++
+		if cr.autoAck {
+			ch.tags = append(ch.tags, tagEntry{})
+			c.autoAcks = append(c.autoAcks, broker.SettleItem{Q: cr.q, Consumer: cr.id, Op: wire.SettleAck, QTag: d.QTag})
+		} else {
+			ch.tags = append(ch.tags, tagEntry{q: cr.q, cid: cr.id, qtag: d.QTag, live: true})
+		}
+		if cr.autoAck && len(ch.tags) == 1 {
+			ch.tags, ch.tagBase = ch.tags[:0], ch.nextTag+1
+		}
+		b, st := method(c.out, ch.id, classBasic, 60)
+		b = putShortstr(b, cr.tag)
+		b = binary.BigEndian.AppendUint64(b, ch.nextTag)
+		if d.DeliveryCount > 1 {
+			b = append(b, 1)
+		} else {
+			b = append(b, 0)
+		}
+		b = putShortstr(b, string(d.Msg.Exchange))
+		b = putShortstr(b, string(d.Msg.RoutingKey))
+		b = endFrame(b, st)
+		c.out = c.appendContent(b, ch.id, d.Msg)
+	}
+	c.flushLocked()
+}
+
+// Subscribed answers basic.consume.
+func (c *conn) Subscribed(id queue.ConsumerID, _ uint32, code wire.Code, reason string) {
+	c.mu.Lock()
+	cr := c.byID[id]
+	if cr == nil || cr.ch.closing {
+		c.mu.Unlock()
+		return
+	}
+	if code != wire.OK {
+		delete(c.byID, id)
+		delete(cr.ch.consumers, cr.tag)
+		c.mu.Unlock()
+		ae := chErr(replyCodeOf(code), strings.ToUpper(code.String())+" - "+reason)
+		ae.class, ae.method = classBasic, 20
+		c.closeChannelFromShard(cr.ch, ae)
+		return
+	}
+	c.mu.Unlock()
+	if !cr.noWait {
+		c.reply(cr.ch.id, classBasic, 21, func(b []byte) []byte { return putShortstr(b, cr.tag) })
+	}
+}
+
+// closeChannelFromShard closes a channel from a shard goroutine: the
+// consumers' cancels are submitted from another goroutine, since a Sink
+// must not call back into the shard that calls it.
+func (c *conn) closeChannelFromShard(ch *channel, ae *amqpError) {
+	go c.closeChannel(ch, ae)
+}
+
+// Cancelled tells the client the broker cancelled a consumer.
+func (c *conn) Cancelled(id queue.ConsumerID, _ wire.Code, _ string) {
+	c.mu.Lock()
+	cr := c.byID[id]
+	if cr == nil || cr.ch.closing {
+		c.mu.Unlock()
+		return
+	}
+	delete(cr.ch.consumers, cr.tag)
+	c.mu.Unlock()
+	c.reply(cr.ch.id, classBasic, 30, func(b []byte) []byte { return append(putShortstr(b, cr.tag), 1) })
+}
+
+// LeaseExpired: a delivery was taken back (consumer timeout); a late ack
+// of its tag is ignored.
+func (c *conn) LeaseExpired(id queue.ConsumerID, qtag uint64) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	cr := c.byID[id]
+	if cr == nil {
+		return
+	}
+	for i := range cr.ch.tags {
+		if e := &cr.ch.tags[i]; e.live && e.cid == id && e.qtag == qtag {
+			e.q = nil // settled by the queue: an ack of it sends nothing
+			return
+		}
+	}
+}
+
+// ConsumerGone forgets a consumer.
+func (c *conn) ConsumerGone(id queue.ConsumerID) {
+	c.mu.Lock()
+	delete(c.byID, id)
+	c.mu.Unlock()
+}
+
+// Answer answers queue.purge and queue.delete.
+func (c *conn) Answer(ref uint64, r broker.Result) {
+	gen, chID, kind := ref>>32, uint16(ref>>8), ref&0xff
+	c.mu.Lock()
+	ch := c.channels[chID]
+	c.mu.Unlock()
+	if ch == nil || ch.gen != gen || ch.closing {
+		return
+	}
+	if r.Code != wire.OK {
+		if r.Code == wire.NotFound && kind&ansDelete != 0 {
+			r = broker.Result{} // deleted meanwhile: ok, as in RabbitMQ
+		} else {
+			ae := chErr(replyCodeOf(r.Code), strings.ToUpper(r.Code.String())+" - "+r.Reason)
+			ae.class, ae.method = classQueue, 30
+			if kind&ansDelete != 0 {
+				ae.method = 40
+			}
+			c.closeChannelFromShard(ch, ae)
+			return
+		}
+	}
+	if kind&ansNoWait != 0 {
+		return
+	}
+	id := uint16(31)
+	if kind&ansDelete != 0 {
+		id = 41
+	}
+	c.reply(chID, classQueue, id, func(b []byte) []byte { return binary.BigEndian.AppendUint32(b, uint32(r.N)) })
+}

@@ -1,0 +1,275 @@
+package amqp
+
+import (
+	"encoding/binary"
+	"strconv"
+
+	"github.com/warren-mq/warren/broker"
+	"github.com/warren-mq/warren/wire"
+)
+
+// Basic property flags, in the order the values follow.
+const (
+	flContentType     = 1 << 15
+	flContentEncoding = 1 << 14
+	flHeaders         = 1 << 13
+	flDeliveryMode    = 1 << 12
+	flPriority        = 1 << 11
+	flCorrelationID   = 1 << 10
+	flReplyTo         = 1 << 9
+	flExpiration      = 1 << 8
+	flMessageID       = 1 << 7
+	flTimestamp       = 1 << 6
+	flType            = 1 << 5
+	flUserID          = 1 << 4
+	flAppID           = 1 << 3
+	flClusterID       = 1 << 2
+)
+
+// inbound is a content header translated to Warren's message model.
+type inbound struct {
+	props    []byte // Warren's property block (without its u16 length)
+	flags    wire.MessageFlags
+	priority uint8
+	expires  bool
+	expMs    uint32
+	msgID    []byte // a view into props
+	headers  []byte // raw Warren table entries, a view into props
+}
+
+// parseHeader reads a content header frame's payload after class, weight
+// and body size: the property flags and values, into Warren's properties.
+func parseHeader(r *reader, in *inbound) *amqpError {
+	fl := r.u16()
+	if fl&1 != 0 {
+		return connErr(frameError, "FRAME_ERROR - property flag continuation is not supported")
+	}
+	var p wire.Properties
+	str := func(id wire.PropID, dst *[]byte) {
+		v := r.take(int(r.u8()))
+		if len(v) > 0 {
+			*dst = v
+			p.Set(id)
+		}
+	}
+	if fl&flContentType != 0 {
+		str(wire.PropContentType, &p.ContentType)
+	}
+	if fl&flContentEncoding != 0 {
+		str(wire.PropContentEncoding, &p.ContentEncoding)
+	}
+	if fl&flHeaders != 0 {
+		t := r.table()
+		if len(t) > 0 {
+			p.Headers = wire.AppendTable(nil, t)[4:]
+			p.Set(wire.PropHeaders)
+		}
+	}
+	if fl&flDeliveryMode != 0 && r.u8() == 2 {
+		in.flags |= wire.Persistent
+	}
+	if fl&flPriority != 0 {
+		in.priority = r.u8()
+	}
+	if fl&flCorrelationID != 0 {
+		str(wire.PropCorrelationID, &p.CorrelationID)
+	}
+	if fl&flReplyTo != 0 {
+		str(wire.PropReplyTo, &p.ReplyTo)
+	}
+	if fl&flExpiration != 0 {
+		s := r.shortstr()
+		ms, err := strconv.ParseUint(s, 10, 32)
+		if err != nil && r.err == nil {
+			return chErr(preconditionFailed, "PRECONDITION_FAILED - invalid expiration '"+s+"': want milliseconds as a decimal integer")
+		}
+		p.ExpirationMs = uint32(ms)
+		p.Set(wire.PropExpiration)
+		in.expires, in.expMs = true, uint32(ms)
+	}
+	if fl&flMessageID != 0 {
+		str(wire.PropMessageID, &p.MessageID)
+	}
+	if fl&flTimestamp != 0 {
+		p.TimestampMs = int64(r.u64()) * 1000
+		p.Set(wire.PropTimestamp)
+	}
+	if fl&flType != 0 {
+		str(wire.PropType, &p.Type)
+	}
+	if fl&flUserID != 0 {
+		str(wire.PropUserID, &p.UserID)
+	}
+	if fl&flAppID != 0 {
+		str(wire.PropAppID, &p.AppID)
+	}
+	if fl&flClusterID != 0 {
+		r.shortstr() // deprecated in 0-9-1; RabbitMQ drops it too
+	}
+	if r.err != nil {
+		return connErr(frameError, "FRAME_ERROR - malformed content header")
+	}
+	block := wire.AppendProperties(nil, &p)
+	if len(block)-2 > wire.MaxPropertiesLen {
+		return chErr(preconditionFailed, "PRECONDITION_FAILED - message properties over 65535 bytes")
+	}
+	in.props = block[2:]
+	var view wire.Properties
+	if err := wire.ParseProperties(in.props, &view); err != nil {
+		return chErr(preconditionFailed, "PRECONDITION_FAILED - message properties: "+err.Error())
+	}
+	in.msgID, in.headers = view.MessageID, view.Headers
+	return nil
+}
+
+// appendHeader appends the content header frame of a stored message.
+func appendHeader(b []byte, ch uint16, m *broker.StoredMsg) []byte {
+	var p wire.Properties
+	_ = wire.ParseProperties(m.Props, &p) // validated when it was published
+	b, start := beginFrame(b, frameHeader, ch)
+	b = binary.BigEndian.AppendUint16(b, classBasic)
+	b = binary.BigEndian.AppendUint16(b, 0)
+	b = binary.BigEndian.AppendUint64(b, uint64(len(m.Body)))
+	flagsAt := len(b)
+	b = append(b, 0, 0)
+	var fl uint16
+	str := func(f uint16, v []byte, present bool) {
+		if present {
+			fl |= f
+			b = putShortstr(b, string(v))
+		}
+	}
+	str(flContentType, p.ContentType, p.Has(wire.PropContentType))
+	str(flContentEncoding, p.ContentEncoding, p.Has(wire.PropContentEncoding))
+	if p.Has(wire.PropHeaders) || p.Has(wire.PropDeaths) {
+		var t wire.Table
+		if p.Has(wire.PropHeaders) {
+			t, _ = wire.DecodeTable(p.Headers)
+		}
+		if p.Has(wire.PropDeaths) {
+			t = withXDeath(t, p.Deaths)
+		}
+		fl |= flHeaders
+		b = putTable(b, t)
+	}
+	if m.Flags&wire.Persistent != 0 {
+		fl |= flDeliveryMode
+		b = append(b, 2)
+	} else {
+		fl |= flDeliveryMode
+		b = append(b, 1)
+	}
+	if m.Priority != 0 {
+		fl |= flPriority
+		b = append(b, m.Priority)
+	}
+	str(flCorrelationID, p.CorrelationID, p.Has(wire.PropCorrelationID))
+	str(flReplyTo, p.ReplyTo, p.Has(wire.PropReplyTo))
+	if p.Has(wire.PropExpiration) {
+		fl |= flExpiration
+		b = putShortstr(b, strconv.FormatUint(uint64(p.ExpirationMs), 10))
+	}
+	str(flMessageID, p.MessageID, p.Has(wire.PropMessageID))
+	if p.Has(wire.PropTimestamp) {
+		fl |= flTimestamp
+		b = binary.BigEndian.AppendUint64(b, uint64(p.TimestampMs/1000))
+	}
+	str(flType, p.Type, p.Has(wire.PropType))
+	str(flUserID, p.UserID, p.Has(wire.PropUserID))
+	str(flAppID, p.AppID, p.Has(wire.PropAppID))
+	binary.BigEndian.PutUint16(b[flagsAt:], fl)
+	return endFrame(b, start)
+}
+
+// withXDeath replaces the x-death header (and sets the x-first-death-*
+// ones) from Warren's death history, in RabbitMQ's format: an array of
+// tables, most recent first, each with queue, reason, count, time,
+// exchange and routing-keys.
+func withXDeath(t wire.Table, raw []byte) wire.Table {
+	ds, err := wire.DecodeDeaths(raw)
+	if err != nil || len(ds) == 0 {
+		return t
+	}
+	out := t[:0:0]
+	for _, f := range t {
+		switch f.Key {
+		case "x-death", "x-first-death-queue", "x-first-death-reason", "x-first-death-exchange":
+		default:
+			out = append(out, f)
+		}
+	}
+	arr := make([]wire.Value, len(ds))
+	for i, d := range ds {
+		keys := make([]wire.Value, len(d.RoutingKeys))
+		for j, k := range d.RoutingKeys {
+			keys[j] = wire.String(k)
+		}
+		arr[i] = wire.TableValue(wire.Table{
+			{Key: "count", Value: wire.Int(int64(d.Count))},
+			{Key: "reason", Value: wire.String(d.Reason.String())},
+			{Key: "queue", Value: wire.String(d.Queue)},
+			{Key: "time", Value: wire.Timestamp(d.FirstMs)},
+			{Key: "exchange", Value: wire.String(d.Exchange)},
+			{Key: "routing-keys", Value: wire.ArrayValue(keys)},
+		})
+	}
+	first := ds[len(ds)-1]
+	return append(out,
+		wire.Field{Key: "x-death", Value: wire.ArrayValue(arr)},
+		wire.Field{Key: "x-first-death-queue", Value: wire.String(first.Queue)},
+		wire.Field{Key: "x-first-death-reason", Value: wire.String(first.Reason.String())},
+		wire.Field{Key: "x-first-death-exchange", Value: wire.String(first.Exchange)})
+}
+
+// queueArgs maps RabbitMQ's queue x-arguments onto Warren's queue
+// arguments. One it does not map is refused, never ignored.
+func queueArgs(t wire.Table) (wire.Table, *amqpError) {
+	var out wire.Table
+	for _, f := range t {
+		key := ""
+		switch f.Key {
+		case "x-max-priority":
+			key = "max-priority"
+		case "x-message-ttl":
+			key = "message-ttl"
+		case "x-expires":
+			key = "expires"
+		case "x-dead-letter-exchange":
+			key = "dead-letter-exchange"
+		case "x-dead-letter-routing-key":
+			key = "dead-letter-routing-key"
+		case "x-max-length":
+			key = "max-length"
+		case "x-max-length-bytes":
+			key = "max-length-bytes"
+		case "x-overflow":
+			key = "overflow"
+			if s := string(f.Value.Bytes); f.Value.Kind == wire.KindString && s != "drop-head" && s != "reject-publish" && s != "reject-publish-dlx" {
+				return nil, chErr(preconditionFailed, "PRECONDITION_FAILED - invalid arg 'x-overflow': '"+s+"' (want drop-head, reject-publish or reject-publish-dlx)")
+			}
+		case "x-delivery-limit":
+			key = "delivery-limit"
+		case "x-single-active-consumer":
+			key = "single-active-consumer"
+		case "x-queue-type":
+			if f.Value.Kind == wire.KindString && string(f.Value.Bytes) == "classic" {
+				continue
+			}
+			return nil, chErr(preconditionFailed, "PRECONDITION_FAILED - invalid arg 'x-queue-type': only 'classic' is supported over AMQP yet")
+		default:
+			return nil, chErr(preconditionFailed, "PRECONDITION_FAILED - unsupported queue argument '"+f.Key+"': Warren does not map it (see README, AMQP 0-9-1)")
+		}
+		out = append(out, wire.Field{Key: key, Value: f.Value})
+	}
+	if _, err := wire.ParseQueueArgs(out); err != nil {
+		return nil, chErr(preconditionFailed, "PRECONDITION_FAILED - "+reasonText(err))
+	}
+	return out, nil
+}
+
+func reasonText(err error) string {
+	if we, ok := err.(*wire.Error); ok {
+		return we.Reason
+	}
+	return err.Error()
+}
