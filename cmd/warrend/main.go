@@ -36,6 +36,7 @@ import (
 	"github.com/warren-mq/warren/admin"
 	"github.com/warren-mq/warren/admin/console"
 	"github.com/warren-mq/warren/netio"
+	"github.com/warren-mq/warren/netio/amqp"
 )
 
 func main() {
@@ -63,7 +64,7 @@ func exitCode(err error) int {
 	return 1
 }
 
-const usageHead = `usage: warrend [--listen ADDR] [--http ADDR] [--data DIR] [--config FILE] [--log-level LEVEL]
+const usageHead = `usage: warrend [--listen ADDR] [--amqp-listen ADDR] [--http ADDR] [--data DIR] [--config FILE] [--log-level LEVEL]
        warrend hash-password < password      (prints a bcrypt hash for the config file)
 
 Settings come from, in rising precedence: defaults, the JSON config file, WARREN_* environment
@@ -75,6 +76,7 @@ Flags:
 // fileConfig is the JSON config file.
 type fileConfig struct {
 	Listen           string       `json:"listen"`
+	AMQPListen       string       `json:"amqp_listen"` // AMQP 0-9-1 address; empty: off
 	HTTP             string       `json:"http"`
 	Data             string       `json:"data"`
 	LogLevel         string       `json:"log_level"`
@@ -120,6 +122,7 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdin i
 	fs := flag.NewFlagSet("warrend", flag.ContinueOnError)
 	fs.SetOutput(io.Discard)
 	listen := fs.String("listen", "", "native protocol address (default 127.0.0.1:5680; env WARREN_LISTEN)")
+	amqpListen := fs.String("amqp-listen", "", "AMQP 0-9-1 address, e.g. 127.0.0.1:5672 (default off; env WARREN_AMQP_LISTEN)")
 	httpAddr := fs.String("http", "", "HTTP address for /metrics, /healthz, /readyz (default 127.0.0.1:15680; env WARREN_HTTP)")
 	data := fs.String("data", "", "data directory (default ./warren-data; env WARREN_DATA)")
 	cfgPath := fs.String("config", "", "JSON config file (env WARREN_CONFIG)")
@@ -167,6 +170,7 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdin i
 		}
 	}
 	pick(*listen, "WARREN_LISTEN", &fc.Listen)
+	pick(*amqpListen, "WARREN_AMQP_LISTEN", &fc.AMQPListen)
 	pick(*httpAddr, "WARREN_HTTP", &fc.HTTP)
 	pick(*data, "WARREN_DATA", &fc.Data)
 	pick(*logLevel, "WARREN_LOG_LEVEL", &fc.LogLevel)
@@ -291,6 +295,16 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdin i
 		return err
 	}
 	srvp.Store(srv)
+	var al *amqp.Listener
+	if fc.AMQPListen != "" {
+		al, err = amqp.Listen(srv, amqp.Config{Addr: fc.AMQPListen, Logger: log})
+		if err != nil {
+			sctx, cancel := context.WithTimeout(context.Background(), 15*time.Second)
+			defer cancel()
+			_ = srv.Close(sctx)
+			return fmt.Errorf("amqp-listen %s: %w", fc.AMQPListen, err)
+		}
+	}
 	api := admin.New(srv.Broker, adminConns{srv}, log, 0)
 	defer api.Close()
 	api.SetDataDir(fc.Data)
@@ -313,6 +327,9 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdin i
 	log.Info("shutting down")
 	sctx, cancel := context.WithTimeout(context.Background(), 15*time.Second)
 	defer cancel()
+	if al != nil {
+		_ = al.Close() // its connections' Downs reach the broker before it stops
+	}
 	err = srv.Close(sctx)
 	_ = hs.Shutdown(sctx)
 	log.Info("stopped")

@@ -78,6 +78,9 @@ func (c *conn) onExchange(ch *channel, id uint16, r *reader) error {
 			return r.err
 		}
 		d := &wire.ExchangeDeclare{Name: name, Durable: durable, AutoDelete: autoDelete, Internal: internal, Passive: passive}
+		if kind == "x-consistent-hash" { // the RabbitMQ plugin's name
+			kind = "consistent-hash"
+		}
 		if k, ok := wire.ParseExchangeKind(kind); ok {
 			d.Kind = k
 		} else if passive {
