@@ -73,13 +73,19 @@ func newShard(b *Broker, idx int) *shard {
 		timer: time.NewTimer(time.Hour),
 	}
 	s.timer.Stop()
-	if dc := b.cfg.Durable; dc != nil {
-		s.rw = replication.NewWorker(dc.Log, replication.WorkerConfig{
-			NodeID: 1, Shard: uint64(idx), Logger: b.log, Fatal: dc.Fatal, Snapshots: dc.Snapshots, Pool: b.pool,
-			Post: func(fn func()) { s.submit(Command{Kind: cmdPost, post: fn}) },
-		})
+	if b.cfg.Durable != nil {
+		s.startWorker()
 	}
 	return s
+}
+
+// startWorker starts the raft worker of the shard's durable queues.
+func (s *shard) startWorker() {
+	dc := s.b.cfg.Durable
+	s.rw = replication.NewWorker(dc.Log, replication.WorkerConfig{
+		NodeID: 1, Shard: uint64(s.idx), Logger: s.b.log, Fatal: dc.Fatal, Snapshots: dc.Snapshots, Pool: s.b.pool,
+		Post: func(fn func()) { s.submit(Command{Kind: cmdPost, post: fn}) },
+	})
 }
 
 // submit queues a command for the shard. Safe from any goroutine.

@@ -416,9 +416,9 @@ func (t *topology) declareExchange(d *wire.ExchangeDeclare, user string) error {
 // yet: a durable declare is accepted and kept in memory only.
 func (t *topology) warnDurable(kind, name string) {
 	if t.mlog.Load() != nil {
-		// The metadata log keeps the declaration; messages are the
-		// durable-queue phase's.
-		if kind == "queue" {
+		// The metadata log keeps the declaration; a durable queue's
+		// messages are in its own log with Config.Durable.
+		if kind == "queue" && t.shards[0].b.cfg.Durable == nil {
 			if ok, n := t.durableWarn.Allow(time.Now()); ok {
 				t.log.Warn("durable queue: its declaration and bindings survive a restart, its messages are not yet honoured (in memory only; a restart loses them)",
 					"name", name, "suppressed_since_last", n)

@@ -223,6 +223,7 @@ func Start(cfg Config) (*Server, error) {
 	// one log of the node, for the metadata group (and, with
 	// broker.Config.Durable, the durable queues).
 	var metaCfg broker.MetaLogConfig
+	var durable *broker.DurableConfig
 	if cfg.DataDir != "" {
 		l, store, err := broker.OpenNodeLog(cfg.DataDir, s.log)
 		if err != nil {
@@ -233,12 +234,13 @@ func Start(cfg Config) (*Server, error) {
 			fatal = func(err error) { s.log.Error("the log stopped; restart to recover", "err", err) }
 		}
 		metaCfg = broker.MetaLogConfig{Log: l, Snapshots: store, Fatal: fatal}
+		durable = &broker.DurableConfig{Log: l, Snapshots: store, Fatal: fatal}
 		s.nodeLog = l
 	}
 	s.Broker = broker.New(broker.Config{Shards: cfg.Shards, QueueSoftLimit: cfg.QueueSoftLimit, Logger: cfg.Logger, Clock: cfg.clock,
 		Limits: broker.MetaLimits{MaxQueues: cfg.MaxQueues, MaxExchanges: cfg.MaxExchanges, MaxBindings: cfg.MaxBindings,
 			MaxExclusivePerConn: cfg.MaxExclusivePerConnection},
-		DeadLetterDropped: func(r broker.DLDrop) { s.metrics.dlDropped[r].Inc() }})
+		DeadLetterDropped: func(r broker.DLDrop) { s.metrics.dlDropped[r].Inc() }, Durable: durable})
 	s.initMetrics()
 	s.Broker.Start()
 	if s.nodeLog != nil {

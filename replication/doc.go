@@ -92,23 +92,39 @@
 //     logs a NodeUp at each start that drops the rest). Messages do not
 //     yet: every queue's messages are in memory.
 //
+// # How the broker uses it (design phase D4, one node)
+//
+// broker/durable.go: a queue declared durable and not exclusive is a
+// Group (segment group broker.QueueGroupBase + its Meta id) on its shard's
+// Worker, over the node's one log (warrend --data DIR: DIR/log, shared with
+// the metadata group and the snapshot store). The shard adds its
+// commands each drain and runs Round at the end of the drain; effects come
+// back through the FSM's sink. What survives a restart (clean or a crash):
+// every command whose entry reached the disk. A persistent message is
+// confirmed once its entry is applied (after the fsync), a transient one
+// when added (in a reject-publish queue, at apply too); the leader's
+// pending confirms are a FIFO of the Enqueue commands added since the
+// queue was opened, matched to applied Enqueues past the log's last index
+// at open. Bodies are in the entries only (the heap copy is dropped when
+// added) and read back with Body at delivery. On open after a restart the
+// queue's first command is a Down for every consumer owner the snapshot
+// and the log after it name (the broker, not a Recover log command), so
+// what was out with a consumer is ready again, redelivered.
+//
 // # Not built yet
 //
-// The broker does not use this package yet: durable queues are still in
-// memory only, and nothing is written to disk. Not built here:
-//
-//   - the confirm bookkeeping of §3.4 (the leader's pending proposals by
-//     proposer and seq; Group.Add returns the seq, the sink sees it). A
-//     proposal raft drops is only counted and logged; with the pacing
-//     that happens only without a leader, which a single voter never is;
-//   - the Recover log command (§2.4 restart step 5: Down the owners of an
-//     earlier incarnation) and DeleteIf, EnqueuerDown (frame kinds 8–10
-//     are reserved and refused);
+//   - a proposal raft drops is only counted and logged, and the broker's
+//     confirm FIFO would then be out of step (with the pacing that happens
+//     only without a leader, which a single voter never is);
+//   - the Recover log command (§2.4 restart step 5; the broker Downs the
+//     earlier owners itself) and DeleteIf, EnqueuerDown (frame kinds 8–10
+//     are reserved and refused); a deleted durable queue's group stays open
+//     until the node stops, and its log and snapshot stay (no RemoveGroup);
 //   - a group that stops snapshotting pins the snapshot store from its
 //     snapshot on (SnapStore's doc; Forget covers deleted queues);
-//   - the broker's durable branch (§3.5),
-//     startup recovery of the whole node and its crash simulation with
-//     confirms (§7);
+//   - the node-wide crash simulation with confirms (§7; the broker has
+//     restart and MemFS-crash tests of one queue, and warrend a kill -9
+//     test), a free-disk limit, restart time and RSS with a deep backlog;
 //   - everything of the cluster step (§6: transport, snapshot install,
 //     forwarding, enqueuer dedup, consumer resume).
 package replication

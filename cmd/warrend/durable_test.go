@@ -147,7 +147,9 @@ func TestDurableTopologySurvivesKill9(t *testing.T) {
 		t.Fatalf("durable exchange after kill -9: %v", err)
 	}
 	// The binding: a message published to orders with eu.x reaches kept.
-	if err := ch.Publish(ctx, "orders", client.Message{RoutingKey: "eu.x", Body: []byte("m")}); err != nil {
+	// Persistent: its confirm means it is in the queue (a transient one to
+	// a durable queue is confirmed when proposed, before it is counted).
+	if err := ch.Publish(ctx, "orders", client.Message{RoutingKey: "eu.x", Body: []byte("m"), Persistent: true}); err != nil {
 		t.Fatal(err)
 	}
 	q, err := ch.DeclareQueue(ctx, "kept", client.QueueOptions{Passive: true})

@@ -312,7 +312,7 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdin i
 	// HTTP Basic credentials (503 until recovery is done).
 	webH.Store(console.New(api, adminConns{srv}))
 	state.Store(stateReady)
-	log.Warn("durable exchanges, queues and bindings survive a restart; persistent messages are not yet honoured: every message is in memory, and a restart loses them all")
+	log.Info("durable exchanges, queues, bindings between durable ends, and the messages of durable queues survive a restart (README: what survives a restart)")
 	log.Info("warrend started", "listen", srv.Addr().String(), "http", ln.Addr().String(), "data", fc.Data, "version", netio.Version)
 	if onReady != nil {
 		onReady(srv.Addr(), ln.Addr())
