@@ -275,5 +275,10 @@ func (s *SnapStore) Put(gid uint64, meta raftpb.SnapshotMetadata, data []byte) e
 	}
 	s.next = at + uint64(n)
 	s.latest[gid] = &storedSnap{at: at, meta: meta}
+	if cap(s.buf) > 1<<20 {
+		// A deep queue's snapshot buffer is not kept between snapshots
+		// (it would hold ~30 B per queued message on the heap for good).
+		s.buf = nil
+	}
 	return s.compactLocked()
 }

@@ -261,6 +261,9 @@ func (s *raftStorage) batch(ents []raftpb.Entry, hs raftpb.HardState) (segment.B
 // starting at or below last+1: an overwrite cuts what follows, as raft
 // requires) and hs (ignored when empty).
 func (s *raftStorage) appended(ents []raftpb.Entry, hs raftpb.HardState) error {
+	// The batch is written: its conversion must not keep the entries'
+	// data (the bodies) reachable until the group's next write.
+	clear(s.conv[:cap(s.conv)])
 	if len(ents) > 0 {
 		i0 := ents[0].Index
 		if i0 < s.first || i0 > s.last+1 {
@@ -306,15 +309,26 @@ func (s *raftStorage) applied(i uint64) { s.trimTail(i) }
 // trimTail drops cached entries at or below upTo, and older ones while
 // the cache holds more than maxTail bytes (they stay in segment). It only
 // reslices: raft may still hold the dropped entries (Ready, Entries), so
-// they are never moved or cleared in place; appends reallocate once the
-// array's end is reached, and the old array goes when raft lets go of it.
+// they are never moved or cleared in place. But the array's dropped
+// prefix would keep their data reachable (the bodies of every entry since
+// the array was made: a durable queue's heap must not hold its backlog's
+// bodies), so once the dropped part outweighs what is left, what is left
+// is copied to a new array (entry headers only) and the old one goes when
+// raft lets go of it.
 func (s *raftStorage) trimTail(upTo uint64) {
 	k := 0
 	for k < len(s.tail) && (s.tail[k].Index <= upTo || s.tailBytes > s.maxTail) {
 		s.tailBytes -= len(s.tail[k].Data)
 		k++
 	}
-	s.tail = s.tail[k:]
+	switch rest := s.tail[k:]; {
+	case len(rest) == 0:
+		s.tail = nil
+	case k > 0 && (cap(s.tail)-cap(rest)) >= len(rest):
+		s.tail = append([]raftpb.Entry(nil), rest...)
+	default:
+		s.tail = rest
+	}
 }
 
 // compacted records that segment.Compact(gid, meta.Index, live) returned:

@@ -250,6 +250,10 @@ func (g *Group) finish(now int64) []byte {
 	h := EntryHeader{NowMs: now, Proposer: g.w.cfg.NodeID<<48 | g.w.cfg.Shard, Seq: g.seq}
 	data := append([]byte(nil), g.enc.Finish(h)...)
 	g.enc.Reset()
+	if cap(g.enc.buf) > 256<<10 {
+		// A burst's buffer (up to 4 MiB) is not kept by every group.
+		g.enc = EntryEncoder{}
+	}
 	return data
 }
 

@@ -117,6 +117,9 @@ const MaxEntry = MaxRecord / 2
 // maxFileSize, every offset fits the index's uint32.
 const maxPending = 256 << 20
 
+// maxFreeBuf: write buffers up to this capacity are reused.
+const maxFreeBuf = 1 << 20
+
 func (l *Log) encodeLocked(b *Batch) {
 	for i := 0; i < len(b.Entries); {
 		var start int
@@ -278,7 +281,12 @@ func (l *Log) commitLocked() error {
 		l.applyLocked(us, f, base)
 		clear(g.spans)
 		l.flying = append(l.flying[:0], l.flying[1:]...)
-		l.freeBufs = append(l.freeBufs, buf[:0])
+		if cap(buf) <= maxFreeBuf {
+			// A buffer a burst grew is left to the GC: kept, it would
+			// hold its peak size for good (the heap of a node with a deep
+			// durable backlog must not).
+			l.freeBufs = append(l.freeBufs, buf[:0])
+		}
 		l.freeUps = append(l.freeUps, us[:0])
 		f.size = base + int64(len(buf))
 		l.inflight--
