@@ -115,7 +115,8 @@ func (s *shard) down(connID uint64) {
 			}
 		}
 		if q.grp != nil {
-			_, _ = q.grp.Add(&queue.Down{NowMs: s.now, Owner: queue.OwnerID(connID)})
+			s.downCmd = queue.Down{NowMs: s.now, Owner: queue.OwnerID(connID)}
+			_, _ = q.grp.Add(&s.downCmd)
 			continue
 		}
 		effs, _ := q.m.Apply(&queue.Down{NowMs: s.now, Owner: queue.OwnerID(connID)})

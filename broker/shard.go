@@ -56,7 +56,10 @@ type shard struct {
 	offScratch  []int
 	bodyScratch [][]byte
 	dmsgScratch []queue.Message
-	enqCmd      queue.Enqueue
+	enqCmd      queue.Enqueue // the commands a durable queue adds (Add encodes them at once)
+	settleCmd   queue.Settle
+	tickScratch queue.Tick
+	downCmd     queue.Down
 	views       []*StoredMsg // messages read from logs in this batch
 	viewUsed    int
 	viewers     []*Queue // queues whose log views are held until the batch ends
@@ -208,7 +211,8 @@ func (s *shard) tickQueue(q *Queue) {
 	}
 	s.timers.remove(q)
 	if q.grp != nil {
-		_, _ = q.grp.Add(&queue.Tick{NowMs: s.now}) // applied from the log
+		s.tickScratch = queue.Tick{NowMs: s.now}
+		_, _ = q.grp.Add(&s.tickScratch) // applied from the log
 		return
 	}
 	effs, _ := q.m.Apply(&queue.Tick{NowMs: s.now})
@@ -639,7 +643,8 @@ func (s *shard) settle(items []SettleItem) {
 		}
 		q := it.Q
 		if !q.gone && q.m != nil && q.grp != nil {
-			_, _ = q.grp.Add(&queue.Settle{NowMs: s.now, Consumer: it.Consumer, Op: it.Op, First: it.QTag, Last: items[end-1].QTag, ArgMs: it.Arg})
+			s.settleCmd = queue.Settle{NowMs: s.now, Consumer: it.Consumer, Op: it.Op, First: it.QTag, Last: items[end-1].QTag, ArgMs: it.Arg}
+			_, _ = q.grp.Add(&s.settleCmd) // encoded at once: the scratch is free again
 		} else if !q.gone && q.m != nil {
 			effs, err := q.m.Apply(&queue.Settle{NowMs: s.now, Consumer: it.Consumer, Op: it.Op, First: it.QTag, Last: items[end-1].QTag, ArgMs: it.Arg})
 			if err == nil {
