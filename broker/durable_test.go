@@ -444,3 +444,68 @@ func TestDurableHeapPerMessage(t *testing.T) {
 		t.Errorf("heap per ready durable message = %d B, want at most 64 (bodies in the log only)", per64)
 	}
 }
+
+// TestDurableQueueRestartsFromASnapshot: once acks free enough of a
+// durable queue's log, it is snapshotted and compacted (design §2.4);
+// after a restart the queue comes back from the snapshot and the log
+// after it, with every unacked message's body still in the log.
+func TestDurableQueueRestartsFromASnapshot(t *testing.T) {
+	mem := segment.NewMemFS()
+	n := openDurNode(t, mem)
+	b := n.b
+	q := declareDurable(t, b, "dq", true)
+	k := newDurSink()
+	const count, acked = 3000, 2500
+	pad := string(bytes.Repeat([]byte{'.'}, 1020))
+	var want []string
+	for i := 0; i < count; i += 100 {
+		var bs []string
+		for j := i; j < i+100; j++ {
+			bs = append(bs, fmt.Sprintf("%04d", j)+pad)
+		}
+		want = append(want, bs...)
+		publish(b, q, k, true, bs...)
+	}
+	k.waitFor(t, "every confirm", func() bool { return len(k.confirms) == count/100 })
+	q.shard.submit(Command{Kind: CmdSubscribe, Queue: q, Sink: k, Spec: queue.ConsumerSpec{ID: 1, Owner: 7}, Req: 1})
+	k.waitFor(t, "every delivery", func() bool { return len(k.got) == count })
+	k.mu.Lock()
+	first, last := k.got[0].tag, k.got[acked-1].tag
+	k.mu.Unlock()
+	b.Submit(Command{Kind: CmdSettle, Settles: []SettleItem{{Q: q, Consumer: 1, Op: wire.SettleAck, QTag: first}}})
+	for tag := first + 1; tag <= last; tag++ {
+		b.Submit(Command{Kind: CmdSettle, Settles: []SettleItem{{Q: q, Consumer: 1, Op: wire.SettleAck, QTag: tag}}})
+	}
+	sync := publish(b, q, k, true, "after")
+	k.waitFor(t, "the acks' sync", func() bool { return k.confirmed(sync) })
+	gid := queueGroup(q.id)
+	n.close(t) // waits for the snapshot's write (the pool drains)
+
+	n2 := openDurNode(t, mem)
+	defer n2.close(t)
+	store := n2.b.cfg.Durable.Snapshots
+	if _, ok := store.Latest(gid); !ok {
+		t.Fatal("no snapshot of the queue was taken (2.5 MB of its log acked)")
+	}
+	q2 := n2.b.topo.lookupQueue("dq")
+	if q2 == nil {
+		t.Fatal("the durable queue is gone after the restart")
+	}
+	k2 := newDurSink()
+	q2.shard.submit(Command{Kind: CmdSubscribe, Queue: q2, Sink: k2, Spec: queue.ConsumerSpec{ID: 1, Owner: 7}, Req: 1})
+	k2.waitFor(t, "the unacked messages after the restart", func() bool { return len(k2.got) >= count-acked+1 })
+	barrier(t, q2.shard)
+	k2.mu.Lock()
+	defer k2.mu.Unlock()
+	if len(k2.got) != count-acked+1 {
+		t.Fatalf("got %d messages after the restart, want %d", len(k2.got), count-acked+1)
+	}
+	for i, d := range k2.got[:count-acked] {
+		if d.body != want[acked+i] || d.count != 2 {
+			t.Fatalf("delivery %d after the restart: %.4q count %d, want %.4q count 2", i, d.body, d.count, want[acked+i])
+		}
+	}
+	if d := k2.got[count-acked]; d.body != "after" || d.count != 2 { // it went to the consumer too
+		t.Errorf("last delivery after the restart: %q count %d, want \"after\" count 2", d.body, d.count)
+	}
+}
