@@ -18,8 +18,13 @@ const deadline = 10 * time.Second
 
 // start runs a broker with an AMQP listener on a free port.
 func start(t *testing.T, cfg amqp.Config) (*netio.Server, *amqp.Listener, string) {
+	return startWith(t, netio.Config{}, cfg)
+}
+
+func startWith(t *testing.T, ncfg netio.Config, cfg amqp.Config) (*netio.Server, *amqp.Listener, string) {
 	t.Helper()
-	srv, err := netio.Start(netio.Config{Addr: "127.0.0.1:0", Shards: 2, EventLoops: 1})
+	ncfg.Addr, ncfg.Shards, ncfg.EventLoops = "127.0.0.1:0", 2, 1
+	srv, err := netio.Start(ncfg)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -43,7 +48,7 @@ func dial(t *testing.T, url string) (*amqp091.Connection, *amqp091.Channel) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { _ = c.Close() })
+	t.Cleanup(func() { _ = c.CloseDeadline(time.Now().Add(deadline)) })
 	ch, err := c.Channel()
 	if err != nil {
 		t.Fatal(err)
@@ -439,4 +444,107 @@ func TestConnectionBounds(t *testing.T) {
 	if l.MaxUnconfirmed() != 2 {
 		t.Fatalf("unconfirmed bound %d", l.MaxUnconfirmed())
 	}
+}
+
+func TestMessageSizeBound(t *testing.T) {
+	_, _, url := start(t, amqp.Config{MaxMessageSize: 1000})
+	conn, ch := dial(t, url)
+	closed := ch.NotifyClose(make(chan *amqp091.Error, 1))
+	if err := ch.PublishWithContext(context.Background(), "", "any", false, false, amqp091.Publishing{Body: make([]byte, 1001)}); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case e := <-closed:
+		if e == nil || e.Code != 406 {
+			t.Fatalf("channel closed with %v, want 406", e)
+		}
+	case <-time.After(deadline):
+		t.Fatal("an oversize message did not close the channel")
+	}
+	if conn.IsClosed() {
+		t.Fatal("a channel error closed the connection")
+	}
+}
+
+// A consumer that does not read cannot make the broker hold more than the
+// outbox cap for it: past it the connection is closed and its deliveries
+// go back to the queue.
+func TestOutboxBound(t *testing.T) {
+	srv, l, url := startWith(t, netio.Config{MaxOutboundBytes: 256 << 10}, amqp.Config{})
+	_, ch := dial(t, url)
+	if _, err := ch.QueueDeclare("big", false, false, false, false, nil); err != nil {
+		t.Fatal(err)
+	}
+	if err := ch.Confirm(false); err != nil {
+		t.Fatal(err)
+	}
+	body := make([]byte, 16<<10)
+	const n = 1000 // 16 MiB: more than the socket buffers and the cap
+	var last *amqp091.DeferredConfirmation
+	for i := 0; i < n; i++ {
+		dc, err := ch.PublishWithDeferredConfirmWithContext(context.Background(), "", "big", false, false, amqp091.Publishing{Body: body})
+		if err != nil {
+			t.Fatal(err)
+		}
+		last = dc
+	}
+	if ok, err := last.WaitContext(context.Background()); !ok || err != nil {
+		t.Fatal("not confirmed", err)
+	}
+	// A raw consumer that never reads.
+	nc := rawConn(t, l.Addr().String())
+	p := binary.BigEndian.AppendUint16(nil, 20)
+	p = binary.BigEndian.AppendUint16(p, 10)
+	writeFrame(t, nc, 1, 1, append(p, 0))
+	p = binary.BigEndian.AppendUint16(nil, 60)
+	p = binary.BigEndian.AppendUint16(p, 20)
+	p = append(p, 0, 0, 3, 'b', 'i', 'g', 0, 0, 0, 0, 0, 0)
+	writeFrame(t, nc, 1, 1, p)
+	ctx, cancel := context.WithTimeout(context.Background(), deadline)
+	defer cancel()
+	if err := l.WaitConnections(ctx, 1); err != nil {
+		t.Fatalf("the stalled consumer's connection is still open: %v", err)
+	}
+	// Everything is back in the queue.
+	q, err := ch.QueueDeclarePassive("big", false, false, false, false, nil)
+	if err != nil || q.Messages != n {
+		t.Fatalf("queue holds %d ready (%v), want %d", q.Messages, err, n)
+	}
+	_ = srv
+}
+
+// Under the memory alarm a publishing connection is not read, and is told
+// so with connection.blocked; once the alarm clears, connection.unblocked.
+func TestBlockedUnderMemoryAlarm(t *testing.T) {
+	_, _, url := startWith(t, netio.Config{MemoryHighWater: 256 << 10}, amqp.Config{})
+	conn, ch := dial(t, url)
+	blocked := conn.NotifyBlocked(make(chan amqp091.Blocking, 4))
+	if _, err := ch.QueueDeclare("fill", false, false, false, false, nil); err != nil {
+		t.Fatal(err)
+	}
+	body := make([]byte, 64<<10)
+	go func() {
+		for i := 0; i < 16; i++ { // 1 MiB, four times the watermark
+			if ch.PublishWithContext(context.Background(), "", "fill", false, false, amqp091.Publishing{Body: body}) != nil {
+				return
+			}
+		}
+	}()
+	want := func(active bool) {
+		t.Helper()
+		select {
+		case b := <-blocked:
+			if b.Active != active {
+				t.Fatalf("blocking %+v, want active=%v", b, active)
+			}
+		case <-time.After(deadline):
+			t.Fatalf("no connection.blocked/unblocked (active=%v)", active)
+		}
+	}
+	want(true)
+	_, other := dial(t, url)
+	if _, err := other.QueuePurge("fill", false); err != nil {
+		t.Fatal(err)
+	}
+	want(false)
 }
