@@ -523,8 +523,10 @@ func TestBlockedUnderMemoryAlarm(t *testing.T) {
 		t.Fatal(err)
 	}
 	body := make([]byte, 64<<10)
+	done := make(chan struct{})
 	go func() {
-		for i := 0; i < 16; i++ { // 1 MiB, four times the watermark
+		defer close(done)
+		for i := 0; i < 6; i++ { // the sixth finds five over the watermark
 			if ch.PublishWithContext(context.Background(), "", "fill", false, false, amqp091.Publishing{Body: body}) != nil {
 				return
 			}
@@ -547,4 +549,9 @@ func TestBlockedUnderMemoryAlarm(t *testing.T) {
 		t.Fatal(err)
 	}
 	want(false)
+	select {
+	case <-done:
+	case <-time.After(deadline):
+		t.Fatal("the publisher is still held after the alarm cleared")
+	}
 }

@@ -52,6 +52,8 @@ type conn struct {
 	writerDone chan struct{}
 	lastWrite  atomic.Int64 // unix ms
 
+	stopped     atomic.Bool // the connection is ending: waits in the reader give up
+	blockedCap  bool        // the client takes connection.blocked/unblocked
 	unconfirmed atomic.Int64
 	confirmed   chan struct{} // a confirm arrived (cap 1)
 
@@ -193,6 +195,7 @@ func (c *conn) sendConnClose(ae *amqpError) {
 
 // forceClose closes the connection from the broker's side (shutdown).
 func (c *conn) forceClose(code uint16, text string) {
+	c.stopped.Store(true)
 	c.sendConnClose(&amqpError{code: code, text: text, conn: true})
 	c.mu.Lock()
 	c.finishing = true
@@ -207,6 +210,7 @@ func (c *conn) forceClose(code uint16, text string) {
 
 // finish writes what is queued, then closes the socket.
 func (c *conn) finish() {
+	c.stopped.Store(true)
 	_ = c.nc.SetWriteDeadline(time.Now().Add(5 * time.Second)) // a peer that does not read cannot hold us
 	c.mu.Lock()
 	c.finishing = true
@@ -231,6 +235,7 @@ func (c *conn) flushLocked() {
 		c.dead = true
 		c.l.log.Warn("closing AMQP connection over its outbound byte cap", "conn", c.id, "bytes", len(c.out))
 		c.out = c.out[:0]
+		c.stopped.Store(true)
 		go c.nc.Close()
 		return
 	}
@@ -277,6 +282,7 @@ func (c *conn) writer() {
 				c.mu.Lock()
 				c.dead = true
 				c.mu.Unlock()
+				c.stopped.Store(true)
 				_ = c.nc.Close()
 			}
 			c.lastWrite.Store(time.Now().UnixMilli())
@@ -382,6 +388,7 @@ func (c *conn) handshake() error {
 			{Key: "consumer_cancel_notify", Value: wire.Bool(true)},
 			{Key: "exchange_exchange_bindings", Value: wire.Bool(true)},
 			{Key: "per_consumer_qos", Value: wire.Bool(true)},
+			{Key: "connection.blocked", Value: wire.Bool(true)},
 		})},
 	})
 	b = putLongstr(b, []byte("PLAIN AMQPLAIN"))
@@ -394,7 +401,12 @@ func (c *conn) handshake() error {
 	if err != nil {
 		return err
 	}
-	r.table() // client properties
+	props := r.table() // client properties
+	if v, ok := props.Get("capabilities"); ok && v.Kind == wire.KindTable {
+		if b, ok := v.Table.Get("connection.blocked"); ok && b.Kind == wire.KindBool && b.Int == 1 {
+			c.blockedCap = true
+		}
+	}
 	mech := r.shortstr()
 	resp := r.longstr()
 	r.shortstr() // locale
@@ -576,6 +588,9 @@ func (c *conn) handle(typ uint8, chID uint16, p []byte) error {
 func (c *conn) chanResult(ch *channel, err error) error {
 	if err == nil {
 		return nil
+	}
+	if errors.Is(err, errClientClosed) {
+		return err
 	}
 	ae := errOf(err)
 	if ae.class == 0 {

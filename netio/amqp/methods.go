@@ -484,13 +484,23 @@ func (c *conn) publish(ch *channel) error {
 	// flight, and the memory alarm (the connection is not read meanwhile,
 	// so TCP stops the client).
 	for c.unconfirmed.Load() >= int64(c.l.cfg.MaxUnconfirmed) {
+		if c.stopped.Load() {
+			return errClientClosed
+		}
 		select {
 		case <-c.confirmed:
-		case <-time.After(time.Second):
+		case <-time.After(100 * time.Millisecond):
 		}
 	}
-	for c.srv.MemoryAlarm() {
-		time.Sleep(50 * time.Millisecond) // the alarm has no event to wait on; checked at the tick's pace
+	if c.srv.MemoryAlarm() {
+		c.sendBlocked(true)
+		for c.srv.MemoryAlarm() {
+			if c.stopped.Load() {
+				return errClientClosed
+			}
+			time.Sleep(50 * time.Millisecond) // the alarm has no event to wait on; checked at the tick's pace
+		}
+		c.sendBlocked(false)
 	}
 	view := c.srv.View()
 	if !view.Table.HasExchange(pub.exchange) {
@@ -750,4 +760,17 @@ func (c *conn) Answer(ref uint64, r broker.Result) {
 		id = 41
 	}
 	c.reply(chID, classQueue, id, func(b []byte) []byte { return binary.BigEndian.AppendUint32(b, uint32(r.N)) })
+}
+
+// sendBlocked sends connection.blocked or unblocked, to a client that
+// takes them.
+func (c *conn) sendBlocked(on bool) {
+	if !c.blockedCap {
+		return
+	}
+	if on {
+		c.reply(0, classConnection, 60, func(b []byte) []byte { return putShortstr(b, "low on memory") })
+		return
+	}
+	c.reply(0, classConnection, 61, nil)
 }
