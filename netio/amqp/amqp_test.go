@@ -555,3 +555,50 @@ func TestBlockedUnderMemoryAlarm(t *testing.T) {
 		t.Fatal("the publisher is still held after the alarm cleared")
 	}
 }
+
+// What a closed channel's consumer held goes back, and is redelivered.
+func TestRedeliveryOnChannelClose(t *testing.T) {
+	_, _, url := start(t, amqp.Config{})
+	conn, ch := dial(t, url)
+	if _, err := ch.QueueDeclare("rc", false, false, false, false, nil); err != nil {
+		t.Fatal(err)
+	}
+	if err := ch.PublishWithContext(context.Background(), "", "rc", false, false, amqp091.Publishing{Body: []byte("once")}); err != nil {
+		t.Fatal(err)
+	}
+	ds, err := ch.Consume("rc", "", false, false, false, false, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if d := recv(t, ds); d.Redelivered {
+		t.Fatal("first delivery marked redelivered")
+	}
+	if err := ch.Close(); err != nil {
+		t.Fatal(err)
+	}
+	ch2, err := conn.Channel()
+	if err != nil {
+		t.Fatal(err)
+	}
+	ds, err = ch2.Consume("rc", "", false, false, false, false, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if d := recv(t, ds); !d.Redelivered || string(d.Body) != "once" {
+		t.Fatalf("after the channel closed: redelivered=%v body=%q", d.Redelivered, d.Body)
+	}
+}
+
+// An exclusive queue is another connection's to use only: 405.
+func TestExclusiveLocked(t *testing.T) {
+	_, _, url := start(t, amqp.Config{})
+	_, ch := dial(t, url)
+	q, err := ch.QueueDeclare("", false, true, true, false, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, other := dial(t, url)
+	if _, err := other.Consume(q.Name, "", false, false, false, false, nil); amqpCode(err) != 405 {
+		t.Fatalf("consume from another connection's exclusive queue: %v, want 405 resource_locked", err)
+	}
+}
