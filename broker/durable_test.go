@@ -509,3 +509,52 @@ func TestDurableQueueRestartsFromASnapshot(t *testing.T) {
 		t.Errorf("last delivery after the restart: %q count %d, want \"after\" count 2", d.body, d.count)
 	}
 }
+
+// TestDurablePendingBytesCount: messages added to a durable queue's log
+// and not yet applied (their write in flight) count in the stored-bytes
+// gauge the memory watermark reads, so a publisher outrunning the disk
+// is held back as one outrunning consumers is; applied, they no longer
+// count (their bodies are in the log only).
+func TestDurablePendingBytesCount(t *testing.T) {
+	fs := newHoldFS(segment.NewMemFS())
+	l, err := segment.Open(fs, "/data", segment.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = l.Close() })
+	store, err := replication.OpenSnapStore(l)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b := startBroker(t, Config{Shards: 1, Durable: &DurableConfig{Log: l, Snapshots: store}})
+	q := declareDurable(t, b, "dq", true)
+	k := newDurSink()
+	first := publish(b, q, k, true, "first")
+	k.waitFor(t, "the first confirm", func() bool { return k.confirmed(first) })
+	base := b.StoredBytes()
+
+	fs.held.Store(true)
+	p := publish(b, q, k, true, "x")
+	select {
+	case <-fs.entered:
+	case <-time.After(10 * time.Second):
+		t.Fatal("no sync started")
+	}
+	body := string(bytes.Repeat([]byte{'.'}, 1024))
+	var bs []string
+	for range 100 {
+		bs = append(bs, body)
+	}
+	more := publish(b, q, k, true, bs...)
+	barrier(t, q.shard)
+	if got := b.StoredBytes() - base; got < 100*1024 {
+		t.Errorf("stored bytes with 100 KiB proposed and not yet applied = +%d, want at least +%d", got, 100*1024)
+	}
+	fs.held.Store(false)
+	close(fs.release)
+	k.waitFor(t, "the confirms", func() bool { return k.confirmed(p) && k.confirmed(more) })
+	barrier(t, q.shard)
+	if got := b.StoredBytes() - base; got != 0 {
+		t.Errorf("stored bytes once applied = %+d, want +0", got)
+	}
+}
