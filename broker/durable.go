@@ -42,9 +42,10 @@ func (s *shard) durableLogged(q *Queue) bool {
 // incarnation, in the order added (and so applied): its confirm, when the
 // confirm waits for the apply.
 type pendingPart struct {
-	w   *partWait // nil: confirmed at propose, or a dead letter
-	idx []int     // batch index of each message (reject-publish queues only)
-	dl  bool      // a dead letter (no publisher)
+	w     *partWait // nil: confirmed at propose, or a dead letter
+	idx   []int     // batch index of each message (reject-publish queues only)
+	dl    bool      // a dead letter (no publisher)
+	bytes int64     // its messages' bytes, counted in the stored-bytes gauge until applied
 }
 
 // partWait is a shard part of a publish batch whose confirm waits for
@@ -220,6 +221,9 @@ func (s *shard) appliedEnqueue(q *Queue, a *replication.Applied, c *queue.Enqueu
 			q.pend, q.pendHead = q.pend[:0], 0
 		}
 	}
+	if have {
+		s.bytesDelta -= p.bytes
+	}
 	for _, e := range a.Effects {
 		if e.Kind != queue.RejectPublish || len(c.Msgs) == 0 {
 			continue
@@ -261,6 +265,7 @@ func (s *shard) enqueueDurable(q *Queue, items []EnqItem, batch *PublishBatch, w
 		msgs = append(msgs, it.Meta)
 	}
 	offs = append(offs, len(buf))
+	size := int64(len(buf))
 	bodies := s.bodyScratch[:0]
 	for i := range items {
 		bodies = append(bodies, buf[offs[i]:offs[i+1]:offs[i+1]])
@@ -283,7 +288,11 @@ func (s *shard) enqueueDurable(q *Queue, items []EnqItem, batch *PublishBatch, w
 	if err != nil {
 		return w
 	}
-	p := pendingPart{dl: batch == nil}
+	// Until applied, the entry (in raft's log and the storage's tail
+	// cache) holds the messages on the heap: they count in the gauge the
+	// memory watermark reads, as the arena they came in did.
+	p := pendingPart{dl: batch == nil, bytes: size}
+	s.bytesDelta += p.bytes
 	if wait {
 		if w == nil {
 			w = s.newPartWait(batch)
@@ -382,6 +391,12 @@ func (s *shard) round() {
 	if s.rw == nil {
 		return
 	}
+	if s.now-s.snapCheckAt >= 5000 {
+		// The snapshot policy's idle rule (some log reclaimable and the
+		// last snapshot 5 s old), checked at most every 5 s of activity.
+		s.snapCheckAt = s.now
+		s.rw.MaybeSnapshot(s.now)
+	}
 	s.roundMore = s.rw.Round(s.now)
 	if st := s.rw.Stats(); s.roundMore && st.Appends == st.Persisted {
 		// Nothing in flight will wake the shard: wake it.
@@ -419,6 +434,7 @@ func (s *shard) quiesce() {
 // failDurable completes what a deleted durable queue still owed.
 func (s *shard) failDurable(q *Queue) {
 	for i := q.pendHead; i < len(q.pend); i++ {
+		s.bytesDelta -= q.pend[i].bytes
 		if w := q.pend[i].w; w != nil {
 			s.partRelease(w)
 		}

@@ -51,6 +51,7 @@ type shard struct {
 	// work, and the scratch of the durable paths.
 	rw          *replication.Worker
 	roundMore   bool
+	snapCheckAt int64 // when the snapshot policy's idle rule last ran
 	waitFree    []*partWait
 	encBuf      []byte
 	offScratch  []int
