@@ -236,7 +236,7 @@ func (c *conn) onQueue(ch *channel, id uint16, r *reader) error {
 			return r.err
 		}
 		q := c.srv.LookupQueue(qn)
-		ref := uint64(ch.gen)<<32 | uint64(ch.id)<<8
+		ref := (ch.gen&(1<<32-1))<<32 | uint64(ch.id)<<8
 		if noWait {
 			ref |= ansNoWait
 		}
@@ -537,7 +537,7 @@ func (c *conn) publish(ch *channel) error {
 	if placed == 0 && pub.mandatory {
 		c.sendReturn(ch.id, sm)
 	}
-	batch := &broker.PublishBatch{Sink: c, Ch: ch.id, FirstSeq: ch.gen<<40 | seq, Codes: make([]uint32, 1), Start: time.Now()}
+	batch := &broker.PublishBatch{Sink: c, Ch: ch.id, FirstSeq: (ch.gen&(1<<24-1))<<40 | seq, Codes: make([]uint32, 1), Start: time.Now()}
 	parts := 1
 	if placed > 0 {
 		ar.Cost = int64(cap(a)) + broker.StoredMsgOverhead + int64(placed)*broker.PlacementOverhead
@@ -609,7 +609,7 @@ func (c *conn) Confirm(b *broker.PublishBatch) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	ch := c.channels[b.Ch]
-	if c.dead || ch == nil || ch.gen != gen || ch.closing {
+	if c.dead || ch == nil || ch.gen&(1<<24-1) != gen || ch.closing { // FirstSeq keeps the generation's low 24 bits
 		return
 	}
 	id := uint16(80)
@@ -736,7 +736,7 @@ func (c *conn) Answer(ref uint64, r broker.Result) {
 	c.mu.Lock()
 	ch := c.channels[chID]
 	c.mu.Unlock()
-	if ch == nil || ch.gen != gen || ch.closing {
+	if ch == nil || ch.gen&(1<<32-1) != gen || ch.closing { // the reference keeps the generation's low 32 bits
 		return
 	}
 	if r.Code != wire.OK {
