@@ -38,7 +38,9 @@ type Sink interface {
 }
 
 // Delivery is one message handed to a consumer: a value, copied into the
-// sink's outbox by Deliver.
+// sink's outbox by Deliver. Msg and its bytes are valid only during the
+// Deliver call: a durable queue's message is a view of its log, released
+// once the shard's batch is done.
 type Delivery struct {
 	Consumer      queue.ConsumerID
 	QTag          uint64 // the queue's delivery tag (settle by it)
