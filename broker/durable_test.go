@@ -343,9 +343,17 @@ func TestDurableQueueSurvivesRestart(t *testing.T) {
 
 			n2 := openDurNode(t, fs)
 			defer n2.close(t)
+			// Recovered: the queue's log is applied, its count is right
+			// before anyone asks the shard anything.
+			if err := n2.b.WaitRecovered(t.Context()); err != nil {
+				t.Fatal(err)
+			}
 			q2 := n2.b.topo.lookupQueue("dq")
 			if q2 == nil {
 				t.Fatal("the durable queue is gone after the restart")
+			}
+			if r := q2.ready.Load(); r != 9 {
+				t.Errorf("ready once recovered = %d, want 9", r)
 			}
 			barrier(t, q2.shard)
 			k2 := newDurSink()
