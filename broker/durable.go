@@ -1,6 +1,7 @@
 package broker
 
 import (
+	"context"
 	"encoding/binary"
 	"slices"
 	"time"
@@ -123,7 +124,11 @@ func (s *shard) openDurable(q *Queue) {
 	}
 	// Arms the queue's expiry timer, if any (a Tick before anything is due
 	// changes nothing).
-	_, _ = g.Add(&queue.Tick{NowMs: now})
+	seq, err := g.Add(&queue.Tick{NowMs: now})
+	if err != nil {
+		q.opened = true // nothing to wait for: the group has stopped
+	}
+	q.openSeq = seq
 }
 
 // logOwners adds to owners the owner of every Subscribe in entries
@@ -160,6 +165,9 @@ func (q *Queue) ours(a *replication.Applied) bool { return a.Index > q.replayTo 
 func (s *shard) applied(q *Queue, a *replication.Applied) {
 	if q.gone {
 		return
+	}
+	if !q.opened && q.ours(a) && a.Header.Seq >= q.openSeq {
+		q.opened = true // the Downs and Tick added at open are applied
 	}
 	saved := s.now
 	s.now = a.NowMs
@@ -398,6 +406,7 @@ func (s *shard) round() {
 		s.rw.MaybeSnapshot(s.now)
 	}
 	s.roundMore = s.rw.Round(s.now)
+	s.checkRecovered()
 	if st := s.rw.Stats(); s.roundMore && st.Appends == st.Persisted {
 		// Nothing in flight will wake the shard: wake it.
 		select {
@@ -448,4 +457,44 @@ func (s *shard) failDurable(q *Queue) {
 		p.sink.Answer(p.req, noQueue(q))
 	}
 	q.purges = nil
+}
+
+// WaitRecovered waits until every durable queue has applied what its log
+// held when it was opened (its messages and counts are back): a node
+// opens its listeners after it. At once without Config.Durable.
+func (b *Broker) WaitRecovered(ctx context.Context) error {
+	if b.cfg.Durable == nil {
+		return nil
+	}
+	for _, sh := range b.shards {
+		done := make(chan struct{})
+		sh.submit(Command{Kind: cmdPost, post: func() {
+			sh.recovered = append(sh.recovered, done)
+			sh.checkRecovered()
+		}})
+		select {
+		case <-done:
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+	}
+	return nil
+}
+
+// checkRecovered releases the WaitRecovered callers once every durable
+// queue of the shard has caught up with its log (checked each round while
+// someone waits).
+func (s *shard) checkRecovered() {
+	if len(s.recovered) == 0 {
+		return
+	}
+	for q := range s.queues {
+		if q.grp != nil && !q.gone && q.grp.Err() == nil && !q.opened {
+			return
+		}
+	}
+	for _, c := range s.recovered {
+		close(c)
+	}
+	s.recovered = nil
 }

@@ -51,7 +51,8 @@ type shard struct {
 	// work, and the scratch of the durable paths.
 	rw          *replication.Worker
 	roundMore   bool
-	snapCheckAt int64 // when the snapshot policy's idle rule last ran
+	snapCheckAt int64           // when the snapshot policy's idle rule last ran
+	recovered   []chan struct{} // WaitRecovered callers, released once the durable queues caught up
 	waitFree    []*partWait
 	encBuf      []byte
 	offScratch  []int

@@ -59,7 +59,8 @@ type Queue struct {
 	subs     map[queue.ConsumerID]pendingReq
 	purges   []pendingReq
 	viewing  bool
-
+	openSeq  uint64 // the proposal seq of the commands added at open
+	opened   bool   // they are applied: the queue has recovered
 	// shard-owned, the shard's indexes (timers.go, down.go)
 	timerIdx int // 1 + its index in its shard's timerHeap, 0 if not in it
 }

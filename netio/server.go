@@ -250,6 +250,12 @@ func Start(cfg Config) (*Server, error) {
 			_ = s.nodeLog.Close()
 			return nil, fmt.Errorf("recovering the topology from the log in %s: %w", cfg.DataDir, err)
 		}
+		// And the durable queues' messages, before anyone can ask.
+		if err := s.Broker.WaitRecovered(context.Background()); err != nil {
+			_ = s.Broker.Stop(context.Background())
+			_ = s.nodeLog.Close()
+			return nil, fmt.Errorf("recovering the durable queues from the log in %s: %w", cfg.DataDir, err)
+		}
 	}
 	go func() {
 		defer close(s.stopped)
