@@ -197,6 +197,13 @@ func (c *conn) onQueue(ch *channel, id uint16, r *reader) error {
 			return chErr(resourceLocked, "RESOURCE_LOCKED - cannot obtain exclusive access to locked queue '"+q.Name()+"' in vhost '/'")
 		}
 		ch.lastQueue = q.Name()
+		if passive && !noWait {
+			// Answered by the queue's shard after everything submitted
+			// before it, as netio does: the counts are exact, and this
+			// connection's earlier acks and closes have taken effect.
+			c.srv.Submit(broker.Command{Kind: broker.CmdBarrier, Queue: q, Sink: passiveDeclare{c, q}, Req: (ch.gen&(1<<32-1))<<32 | uint64(ch.id)<<8})
+			return nil
+		}
 		if !noWait {
 			c.reply(ch.id, classQueue, 11, func(b []byte) []byte {
 				b = putShortstr(b, q.Name())
@@ -773,4 +780,33 @@ func (c *conn) sendBlocked(on bool) {
 		return
 	}
 	c.reply(0, classConnection, 61, nil)
+}
+
+// passiveDeclare answers a passive queue.declare from the queue's shard
+// (a Sink for one CmdBarrier).
+type passiveDeclare struct {
+	*conn
+	q *broker.Queue
+}
+
+// Answer runs on the queue's shard.
+func (p passiveDeclare) Answer(ref uint64, _ broker.Result) {
+	gen, chID := ref>>32, uint16(ref>>8)
+	p.mu.Lock()
+	ch := p.channels[chID]
+	p.mu.Unlock()
+	if ch == nil || ch.gen&(1<<32-1) != gen || ch.closing {
+		return
+	}
+	if p.q.Gone() {
+		ae := chErr(notFound, "NOT_FOUND - no queue '"+p.q.Name()+"' in vhost '/'")
+		ae.class, ae.method = classQueue, 10
+		p.closeChannelFromShard(ch, ae)
+		return
+	}
+	p.reply(chID, classQueue, 11, func(b []byte) []byte {
+		b = putShortstr(b, p.q.Name())
+		b = binary.BigEndian.AppendUint32(b, uint32(p.q.ReadyCount()))
+		return binary.BigEndian.AppendUint32(b, uint32(p.q.ConsumerCount()))
+	})
 }
