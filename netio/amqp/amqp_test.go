@@ -602,3 +602,40 @@ func TestExclusiveLocked(t *testing.T) {
 		t.Fatalf("consume from another connection's exclusive queue: %v, want 405 resource_locked", err)
 	}
 }
+
+func TestBasicGet(t *testing.T) {
+	_, _, url := start(t, amqp.Config{})
+	_, ch := dial(t, url)
+	if _, err := ch.QueueDeclare("g", false, false, false, false, nil); err != nil {
+		t.Fatal(err)
+	}
+	if _, ok, err := ch.Get("g", false); ok || err != nil {
+		t.Fatalf("get on an empty queue: ok=%v err=%v, want get-empty", ok, err)
+	}
+	if err := ch.Confirm(false); err != nil {
+		t.Fatal(err)
+	}
+	for _, b := range []string{"a", "b"} {
+		dc, err := ch.PublishWithDeferredConfirmWithContext(context.Background(), "", "g", false, false, amqp091.Publishing{Body: []byte(b)})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if ok, err := dc.WaitContext(context.Background()); !ok || err != nil {
+			t.Fatal("not confirmed", err)
+		}
+	}
+	d, ok, err := ch.Get("g", false)
+	if !ok || err != nil || string(d.Body) != "a" || d.MessageCount != 1 {
+		t.Fatalf("get: ok=%v err=%v body=%q count=%d", ok, err, d.Body, d.MessageCount)
+	}
+	if err := d.Ack(false); err != nil {
+		t.Fatal(err)
+	}
+	d, ok, err = ch.Get("g", true)
+	if !ok || err != nil || string(d.Body) != "b" {
+		t.Fatalf("no-ack get: ok=%v err=%v body=%q", ok, err, d.Body)
+	}
+	if _, ok, err := ch.Get("g", false); ok || err != nil {
+		t.Fatalf("get after both were taken: ok=%v err=%v, want get-empty", ok, err)
+	}
+}
