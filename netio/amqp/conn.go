@@ -86,6 +86,11 @@ type consumer struct {
 	q       *broker.Queue
 	autoAck bool
 	noWait  bool
+	// A basic.get's consumer: get is closed once answered; got says a
+	// message was handed over (its tags), answered that the answer went out.
+	get             chan struct{}
+	got, answered   bool
+	getTag, getQTag uint64
 }
 
 type tagEntry struct {

@@ -321,7 +321,7 @@ func (c *conn) onBasic(ch *channel, id uint16, r *reader) error {
 		ch.pub = &pending{exchange: ex, key: key, mandatory: mandatory}
 		return nil
 	case 70:
-		return connErr(notImplemented, "NOT_IMPLEMENTED - basic.get is not supported by Warren's AMQP front yet: consume instead")
+		return c.onGet(ch, r)
 	case 100, 110:
 		return connErr(notImplemented, "NOT_IMPLEMENTED - basic.recover is not supported by Warren's AMQP front yet: close the channel to requeue")
 	case 80, 90, 120: // ack, reject, nack
@@ -644,6 +644,24 @@ func (c *conn) Deliver(ds []broker.Delivery) {
 			continue // the channel's cancel returns them
 		}
 		ch := cr.ch
+		if cr.get != nil {
+			if cr.got || cr.answered {
+				continue // its cancel (requeue) returns it
+			}
+			cr.got = true
+			ch.nextTag++
+			cr.getTag, cr.getQTag = ch.nextTag, d.QTag
+			ch.tags = append(ch.tags, tagEntry{q: cr.q, cid: cr.id, qtag: d.QTag, live: !cr.autoAck})
+			b, st := method(c.out, ch.id, classBasic, 71)
+			b = binary.BigEndian.AppendUint64(b, ch.nextTag)
+			b = append(b, boolByte(d.DeliveryCount > 1))
+			b = putShortstr(b, string(d.Msg.Exchange))
+			b = putShortstr(b, string(d.Msg.RoutingKey))
+			b = binary.BigEndian.AppendUint32(b, uint32(max(cr.q.ReadyCount(), 0)))
+			b = endFrame(b, st)
+			c.out = c.appendContent(b, ch.id, d.Msg)
+			continue
+		}
 		ch.nextTag++
 		if cr.autoAck {
 			ch.tags = append(ch.tags, tagEntry{})
@@ -809,4 +827,77 @@ func (p passiveDeclare) Answer(ref uint64, _ broker.Result) {
 		b = binary.BigEndian.AppendUint32(b, uint32(p.q.ReadyCount()))
 		return binary.BigEndian.AppendUint32(b, uint32(p.q.ConsumerCount()))
 	})
+}
+
+func boolByte(v bool) byte {
+	if v {
+		return 1
+	}
+	return 0
+}
+
+// onGet answers basic.get with a consumer of prefetch 1 for one drain of
+// the queue's shard: subscribed, then a barrier on that shard; whatever it
+// was handed by the barrier is the answer (get-ok), else get-empty. It is
+// then cancelled: with its message still held for an ack (a get with
+// acks), or with everything returned (no-ack: the message acked first).
+func (c *conn) onGet(ch *channel, r *reader) error {
+	r.u16()
+	qn := ch.queueName(r.shortstr())
+	noAck := r.bitAt()
+	if r.err != nil {
+		return errSyntax
+	}
+	q := c.srv.LookupQueue(qn)
+	if q == nil {
+		return chErr(notFound, "NOT_FOUND - no queue '"+qn+"' in vhost '/'")
+	}
+	if x := q.ExclusiveTo(); x != 0 && x != c.id {
+		return chErr(resourceLocked, "RESOURCE_LOCKED - cannot obtain exclusive access to locked queue '"+qn+"' in vhost '/'")
+	}
+	cr := &consumer{id: c.srv.NewConsumerID(), ch: ch, q: q, autoAck: noAck, noWait: true, get: make(chan struct{})}
+	c.mu.Lock()
+	c.byID[cr.id] = cr
+	c.mu.Unlock()
+	c.srv.Submit(broker.Command{Kind: broker.CmdSubscribe, Queue: q, Sink: c, Spec: queue.ConsumerSpec{ID: cr.id, Owner: queue.OwnerID(c.id), Prefetch: 1}})
+	c.srv.Submit(broker.Command{Kind: broker.CmdBarrier, Queue: q, Sink: getDone{c, cr}})
+	for waiting := true; waiting; {
+		select {
+		case <-cr.get:
+			waiting = false
+		case <-time.After(100 * time.Millisecond):
+			if c.stopped.Load() {
+				return errClientClosed
+			}
+		}
+	}
+	c.mu.Lock()
+	got, qtag := cr.got, cr.getQTag
+	c.mu.Unlock()
+	if got && noAck {
+		c.srv.Submit(broker.Command{Kind: broker.CmdSettle, Settles: []broker.SettleItem{{Q: q, Consumer: cr.id, Op: wire.SettleAck, QTag: qtag}}})
+	}
+	c.srv.Submit(broker.Command{Kind: broker.CmdCancel, Queue: q, Consumer: cr.id, Requeue: !got || noAck})
+	return nil
+}
+
+// getDone answers a basic.get once the queue's shard has handed over
+// what it had (a Sink for one CmdBarrier).
+type getDone struct {
+	*conn
+	cr *consumer
+}
+
+// Answer runs on the queue's shard.
+func (g getDone) Answer(uint64, broker.Result) {
+	g.mu.Lock()
+	g.cr.answered = true
+	if !g.cr.got && !g.cr.ch.closing && !g.dead {
+		b, st := method(g.out, g.cr.ch.id, classBasic, 72)
+		b = putShortstr(b, "")
+		g.out = endFrame(b, st)
+		g.flushLocked()
+	}
+	g.mu.Unlock()
+	close(g.cr.get)
 }
