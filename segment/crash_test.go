@@ -70,9 +70,14 @@ type op struct {
 	compact  *[2]uint64
 	live     []uint64
 	maintain bool
+	remove   *uint64 // RemoveGroup
 }
 
 func (m model) apply(o op) {
+	if o.remove != nil {
+		delete(m, *o.remove)
+		return
+	}
 	for _, b := range o.batches {
 		g := m.g(b.Group)
 		for _, e := range b.Entries {
@@ -198,7 +203,7 @@ func (gn *gen) group() uint64 { return gn.groups[gn.r.IntN(len(gn.groups))] }
 func (gn *gen) op(m model) op {
 	r := gn.r
 	var o op
-	switch k := r.IntN(20); {
+	switch k := r.IntN(21); {
 	case k < 13:
 		for n := 1 + r.IntN(3); n > 0; n-- {
 			id := gn.group()
@@ -243,8 +248,11 @@ func (gn *gen) op(m model) op {
 			}
 		}
 		slices.Sort(o.live)
-	default:
+	case k < 20:
 		o.maintain = true
+	default:
+		id := gn.group()
+		o.remove = &id
 	}
 	return o
 }
@@ -257,6 +265,8 @@ func (l *Log) do(o op) error {
 		return l.Compact(o.compact[0], o.compact[1], o.live)
 	case o.maintain:
 		return l.Maintain()
+	case o.remove != nil:
+		return l.RemoveGroup(*o.remove)
 	}
 	return l.Append(o.batches...)
 }
@@ -407,6 +417,14 @@ func crashOnce(t *testing.T, seed uint64, tot *crashTotals) {
 	must(t, l2.Maintain())
 	must(t, match.matchesRange(l2))
 	must(t, match.checkKept(l2))
+	// A removed group's files are reclaimed.
+	known := l2.Groups()
+	names, _ := crashed.List("/data")
+	for _, n := range names {
+		if _, g, wal, ok := parseName(n); ok && !wal && !slices.Contains(known, g) {
+			t.Fatalf("seed %d: %s of a removed group is still on disk after maintenance", seed, n)
+		}
+	}
 	l2.Close()
 
 	// Bit rot: flip one bit in a random file.

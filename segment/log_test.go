@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"errors"
 	"fmt"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -313,7 +314,7 @@ func TestNewerFormatVersionIsRefused(t *testing.T) {
 	must(t, l.Close())
 	name := "/data/" + walName(1)
 	size := fs.FileSize(name)
-	fs.Corrupt(name, 6, 1) // version 1 → 3
+	fs.Corrupt(name, 6, 2) // version 2 → 6
 	if _, err := Open(fs, "/data", Options{}); !errors.Is(err, ErrVersion) {
 		t.Fatalf("got %v, want ErrVersion", err)
 	}
@@ -508,4 +509,101 @@ func TestPromiseOutlivesItsWALFile(t *testing.T) {
 	l2, err = Open(fs, "/data", Options{Manual: true, Repair: true})
 	must(t, err)
 	must(t, l2.Close())
+}
+
+// TestRemoveGroup: a removed group's entries, hard state and files are
+// gone (the worker deletes its segment files), before and after a reopen;
+// the other groups are intact; its id starts afresh when reused.
+func TestRemoveGroup(t *testing.T) {
+	fs := NewMemFS()
+	opts := Options{Manual: true, WALSize: 2048, SegmentSize: 1024}
+	l, err := Open(fs, "/data", opts)
+	must(t, err)
+	for i := uint64(0); i < 20; i++ {
+		must(t, l.Append(Batch{Group: 7, Entries: ents(1+3*i, 3+3*i, 1, "a"), HardState: &HardState{Term: 1, Commit: 3 * i}},
+			Batch{Group: 8, Entries: ents(1+3*i, 3+3*i, 1, "b")}))
+	}
+	l.Rotate()
+	must(t, l.Append(Batch{Group: 8, Entries: ents(61, 61, 1, "b")}))
+	must(t, l.Maintain())
+	segFiles := func(g uint64) []string {
+		names, _ := fs.List("/data")
+		prefix := fmt.Sprintf("seg-%016x-", g)
+		return slices.DeleteFunc(names, func(n string) bool { return !strings.HasPrefix(n, prefix) })
+	}
+	if len(segFiles(7)) == 0 {
+		t.Fatal("setup: group 7 has no segment files")
+	}
+	must(t, l.RemoveGroup(7))
+	check := func(l *Log, when string) {
+		t.Helper()
+		if g := l.Groups(); !slices.Equal(g, []uint64{8}) {
+			t.Fatalf("%s: groups %v, want [8]", when, g)
+		}
+		if _, ok := l.HardState(7); ok || l.LastIndex(7) != 0 || l.FirstIndex(7) != 1 {
+			t.Fatalf("%s: group 7 still has state: %d..%d", when, l.FirstIndex(7), l.LastIndex(7))
+		}
+		if _, err := l.Entries(7, 1, 2); !errors.Is(err, ErrUnavailable) {
+			t.Fatalf("%s: group 7 entry 1: %v", when, err)
+		}
+		es, err := l.Entries(8, 1, 62)
+		must(t, err)
+		if len(es) != 61 || string(es[60].Data) != string(ents(61, 61, 1, "b")[0].Data) {
+			t.Fatalf("%s: group 8 has %d entries", when, len(es))
+		}
+	}
+	check(l, "after RemoveGroup")
+	must(t, l.Maintain())
+	if f := segFiles(7); len(f) != 0 {
+		t.Fatalf("group 7's segment files are still on disk after maintenance: %v", f)
+	}
+	check(l, "after Maintain")
+	must(t, l.Close())
+	l, err = Open(fs, "/data", opts)
+	must(t, err)
+	check(l, "after reopen")
+	// The id starts afresh.
+	must(t, l.Append(Batch{Group: 7, Entries: ents(1, 2, 5, "c")}))
+	must(t, l.Close())
+	l, err = Open(fs, "/data", opts)
+	must(t, err)
+	defer l.Close()
+	if l.FirstIndex(7) != 1 || l.LastIndex(7) != 2 {
+		t.Fatalf("reused group 7: %d..%d, want 1..2", l.FirstIndex(7), l.LastIndex(7))
+	}
+	if _, ok := l.HardState(7); ok {
+		t.Fatal("reused group 7 has the removed group's hard state")
+	}
+}
+
+// TestRemoveGroupCrashBeforeDelete: a crash after RemoveGroup is durable
+// but before the worker deleted the group's files: recovery drops the
+// group and the files go at the next maintenance.
+func TestRemoveGroupCrashBeforeDelete(t *testing.T) {
+	fs := NewMemFS()
+	opts := Options{Manual: true, WALSize: 2048, SegmentSize: 1024}
+	l, err := Open(fs, "/data", opts)
+	must(t, err)
+	for i := uint64(0); i < 20; i++ {
+		must(t, l.Append(Batch{Group: 7, Entries: ents(1+3*i, 3+3*i, 1, "a")}, Batch{Group: 8, Entries: ents(1+3*i, 3+3*i, 1, "b")}))
+	}
+	l.Rotate()
+	must(t, l.Append(Batch{Group: 8, Entries: ents(61, 61, 1, "b")}))
+	must(t, l.Maintain())
+	must(t, l.RemoveGroup(7))
+	crashed := fs.Crash(0)
+	l.Close()
+	l, err = Open(crashed, "/data", opts)
+	must(t, err)
+	defer l.Close()
+	if g := l.Groups(); !slices.Equal(g, []uint64{8}) {
+		t.Fatalf("groups %v after recovery, want [8]", g)
+	}
+	must(t, l.Maintain())
+	names, _ := crashed.List("/data")
+	for _, n := range names {
+		if strings.HasPrefix(n, fmt.Sprintf("seg-%016x-", 7)) {
+			t.Fatalf("group 7's file %s survived recovery and maintenance", n)
+		}
+	}
 }
