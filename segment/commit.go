@@ -160,7 +160,10 @@ func (l *Log) encodeLocked(b *Batch) {
 func (l *Log) applyLocked(us []update, f *file, base int64) {
 	for i := range us {
 		u := &us[i]
-		g := l.grp(u.group)
+		var g *groupIndex
+		if u.kind != recRemove {
+			g = l.grp(u.group)
+		}
 		switch u.kind {
 		case recEntries:
 			_ = g.put(u.idx, f, uint32(base+u.off)) // checked against the shadow when queued
@@ -170,6 +173,8 @@ func (l *Log) applyLocked(us []update, f *file, base int64) {
 			g.truncate(u.idx)
 		case recCompact:
 			g.compact(u.idx, u.term)
+		case recRemove:
+			l.removeLocked(u.group)
 		}
 	}
 }
@@ -224,7 +229,7 @@ func (l *Log) commitLocked() error {
 			continue
 		}
 		f, base := l.wal, l.wal.wsize
-		rotate := base > f.head && (l.rotate || base+int64(len(l.pending)) > l.opts.WALSize)
+		rotate := (base > f.head || f.old) && (l.rotate || base+int64(len(l.pending)) > l.opts.WALSize)
 		if rotate && l.inflight > 0 {
 			g.cond.Wait() // a checkpoint must follow everything before it
 			continue

@@ -33,8 +33,12 @@
 //	| magic  | version | generation | reserved | records...
 //	+--------+---------+------------+----------+==========
 //
-// magic is "WRNWAL" or "WRNSEG"; version (u16) is 1, and a file of a
-// later version is refused with ErrVersion rather than taken for damage;
+// magic is "WRNWAL" or "WRNSEG"; version (u16) is 2 (version 1 lacks
+// record type 7; this build reads both and never writes a type-7 record
+// into a version-1 file: RemoveGroup starts a new WAL file first, so a
+// build that reads only version 1 refuses any file that may hold one),
+// and a file of a later version is refused with ErrVersion rather than
+// taken for damage;
 // generation is the low 32 bits of the file's sequence number (in its
 // name). Each record is 8-byte aligned
 // (record.go has the byte diagram): crc32c | length | generation | type |
@@ -49,6 +53,7 @@
 //	5 checkpoint  group u64, first u64, last u64, term of first-1 u64, term u64, vote u64,
 //	              commit u64, flags u64 (bit 0: hard state set), n u64, n × (segment seq u64, size u64)
 //	6 promise     group u64, segment seq u64, size u64
+//	7 remove      group u64 (version 2)
 //
 // Segment files hold only entries records. All integers are
 // little-endian. The constants are part of the format.
@@ -92,8 +97,17 @@
 // higher term wins (raft rewrites an index only with a higher term; equal
 // terms are the same entry). Then it replays the WAL files in order:
 // checkpoints set each group's range and hard state, entries replay with
-// raft's append semantics, truncations and compactions apply. Last, every
-// group's raft log [first, last] must be wholly stored.
+// raft's append semantics, truncations and compactions apply; a remove
+// record drops the group (its entries, range and hard state; records of
+// the id after it start a new group) and leaves its segment files to the
+// worker. Last, every group's raft log [first, last] must be wholly
+// stored.
+//
+// Removing a group: RemoveGroup writes a remove record and, once it is
+// durable, forgets the group. The worker deletes every segment file of a
+// removed group (and syncs the directory) before it deletes any WAL file,
+// so the record that removes a group outlives the group's files: a crash
+// in between finds the record again and drops the group again.
 //
 // Damage: the first record of a file that does not decode ends its scan.
 // If intact records follow it, or it lies before the file's promised size
@@ -113,7 +127,7 @@
 // Opening reads every segment file whole to rebuild the index (a sealed
 // segment could carry its own index for a faster open); reads do not
 // re-verify checksums, so damage done to a file after Open is found at the
-// next Open; groups are never removed; the mover copies each surviving entry once more than a shared
+// next Open; the mover copies each surviving entry once more than a shared
 // log would, and syncs every touched segment file on each move (one
 // fdatasync per group per WAL file).
 package segment

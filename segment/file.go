@@ -27,6 +27,7 @@ type file struct {
 	sealed  bool // no more appends
 	touched bool // written by the current move (worker-owned)
 	dead    bool // scheduled for deletion
+	old     bool // written in a format version before formatVersion
 	maps    mappings
 	owner   *Log
 }

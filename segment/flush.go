@@ -35,6 +35,9 @@ func (l *Log) worker() {
 func (l *Log) Maintain() error {
 	l.maint.Lock()
 	defer l.maint.Unlock()
+	if err := l.dropRemoved(); err != nil {
+		return l.fail(err)
+	}
 	for {
 		l.mu.Lock()
 		if err := l.usableLocked(); err != nil {
@@ -57,7 +60,11 @@ func (l *Log) Maintain() error {
 			return l.fail(fmt.Errorf("segment: %s still holds %d entries after they were moved", w.name, refs))
 		}
 		// Its successor opens with a checkpoint of everything in it, and its
-		// entries are synced in segment files: it can go.
+		// entries are synced in segment files: it can go. A removed group's
+		// files go first: the remove record may be in it.
+		if err := l.dropRemoved(); err != nil {
+			return l.fail(err)
+		}
 		if err := l.fs.Remove(l.path(w.name)); err != nil {
 			return l.fail(err)
 		}
@@ -115,6 +122,47 @@ func (l *Log) Maintain() error {
 	l.stats.DeletedFiles += uint64(len(dead))
 	l.mu.Unlock()
 	for _, f := range dead {
+		l.closeFile(f)
+	}
+	return nil
+}
+
+// dropRemoved deletes the segment files of removed groups (every one,
+// including those a move wrote after the removal), durably, before the
+// caller deletes any WAL file: a WAL file's remove record must outlive
+// the files it removes, or recovery would find the group again. Called
+// under l.maint.
+func (l *Log) dropRemoved() error {
+	l.mu.Lock()
+	gs := l.removed
+	l.removed = nil
+	var files []*file
+	for _, g := range gs {
+		for _, f := range g.segs {
+			if f.dead { // already scheduled: delete it here, not again later
+				l.dead = slices.DeleteFunc(l.dead, func(x *file) bool { return x == f })
+			}
+			f.dead, f.sealed = true, true
+			files = append(files, f)
+		}
+		g.segs, g.seg = nil, nil
+	}
+	l.mu.Unlock()
+	if len(files) == 0 {
+		return nil
+	}
+	for _, f := range files {
+		if err := l.fs.Remove(l.path(f.name)); err != nil {
+			return err
+		}
+	}
+	if err := l.fs.SyncDir(l.dir); err != nil {
+		return err
+	}
+	l.mu.Lock()
+	l.stats.DeletedFiles += uint64(len(files))
+	l.mu.Unlock()
+	for _, f := range files {
 		l.closeFile(f)
 	}
 	return nil

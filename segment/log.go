@@ -1,6 +1,7 @@
 package segment
 
 import (
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"io"
@@ -118,8 +119,13 @@ const (
 	walMagic   = "WRNWAL"
 	segMagic   = "WRNSEG"
 	// formatVersion is written in every file header. A file of a later
-	// version is refused (ErrVersion), never taken for damage.
-	formatVersion = 1
+	// version is refused (ErrVersion), never taken for damage. Version 2
+	// added the remove record; this build reads versions 1 and 2, and never
+	// writes a remove record into a version-1 file (RemoveGroup starts a
+	// new WAL file first), so a build that reads only version 1 refuses
+	// every file that may hold one.
+	formatVersion    = 2
+	minFormatVersion = 1
 )
 
 // Log is a node's log for many raft groups: one WAL takes every group's
@@ -160,6 +166,9 @@ type Log struct {
 	rotate    bool // seal the WAL at the next write (Rotate)
 	undo      []spanUndo
 	dead      []*file // sealed segments with nothing stored, to delete
+	// removed: groups removed (RemoveGroup, or replayed), whose segment
+	// files the worker deletes before it deletes any WAL file.
+	removed []*groupIndex
 
 	maint sync.Mutex // one Maintain at a time
 	work  chan struct{}
@@ -314,6 +323,48 @@ func (l *Log) Compact(group, upTo uint64, live []uint64) error {
 		return fmt.Errorf("%w: group %d: %d live entries are not stored (first %d)", ErrCorrupt, group, len(missing), missing[0])
 	}
 	return nil
+}
+
+// RemoveGroup removes a group for good (durably: the record is synced
+// before it returns): its entries, hard state and range are gone, and the
+// worker deletes its segment files. The id may be used again afterwards;
+// it then starts empty, as a group never seen. Views already handed out
+// stay readable until released.
+func (l *Log) RemoveGroup(group uint64) error {
+	l.mu.Lock()
+	if err := l.usableLocked(); err != nil {
+		l.mu.Unlock()
+		return err
+	}
+	if l.wal.old {
+		l.rotate = true // a version-1 file never holds a remove record
+	}
+	l.undo = l.undo[:0]
+	l.setShadow(group, span{first: 1})
+	var start int
+	l.pending, start = beginRecord(l.pending)
+	l.pending = binary.LittleEndian.AppendUint64(l.pending, group)
+	l.pending = closeRecord(l.pending, start, recRemove)
+	l.updates = append(l.updates, update{kind: recRemove, group: group})
+	l.stats.Records++
+	return l.commitLocked()
+}
+
+// removeLocked forgets a group: every stored entry is unreferenced, and
+// its files are left to the worker (Maintain's dropRemoved).
+func (l *Log) removeLocked(id uint64) {
+	g := l.groups[id]
+	if g == nil {
+		return
+	}
+	delete(l.groups, id)
+	for i := range g.runs {
+		g.runs[i].f.unref(g.runs[i].live)
+	}
+	clear(g.runs)
+	g.runs = nil
+	l.removed = append(l.removed, g)
+	l.kick()
 }
 
 // FirstIndex and LastIndex give a group's raft log range; an empty log

@@ -45,6 +45,10 @@ const (
 	// first size bytes are synced: damage before that is corruption, never a
 	// torn tail. Written after the mover syncs, before its source goes.
 	recPromise uint8 = 6
+	// recRemove: group u64. The group is gone: its entries, hard state and
+	// segment files (deleted by the worker before any WAL file that could
+	// hold the group's records). Format version 2.
+	recRemove uint8 = 7
 )
 
 // appendFileHeader appends a file's 16-byte header: magic, format

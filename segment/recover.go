@@ -215,12 +215,14 @@ func (l *Log) scan(f *file, buf []byte, magic string, tornOK bool, promised int6
 		return 0, nil // the header never fully reached the disk: nothing in it was acknowledged
 	}
 	off := fileHeader
-	if v := binary.LittleEndian.Uint16(buf[6:]); string(buf[:6]) == magic && v > formatVersion {
-		return 0, fmt.Errorf("%w: %s is version %d; this build reads version %d", ErrVersion, f.name, v, formatVersion)
+	v := binary.LittleEndian.Uint16(buf[6:])
+	if string(buf[:6]) == magic && v > formatVersion {
+		return 0, fmt.Errorf("%w: %s is version %d; this build reads versions %d to %d", ErrVersion, f.name, v, minFormatVersion, formatVersion)
 	}
-	if string(buf[:6]) != magic || binary.LittleEndian.Uint16(buf[6:]) != formatVersion || binary.LittleEndian.Uint32(buf[8:]) != gen {
+	if string(buf[:6]) != magic || v < minFormatVersion || binary.LittleEndian.Uint32(buf[8:]) != gen {
 		off = 0 // a damaged header: torn from the start, or corruption if records follow
 	} else {
+		f.old = v < formatVersion
 		for {
 			typ, payload, next, err := readRecord(buf, off, gen)
 			if err != nil {
@@ -454,6 +456,11 @@ func (l *Log) replay(f *file, typ uint8, p []byte, recOff int) error {
 		if len(p) != 24 {
 			return errors.New("bad promise record")
 		}
+	case recRemove:
+		if len(p) != 8 || f.old {
+			return errors.New("bad remove record")
+		}
+		l.removeLocked(binary.LittleEndian.Uint64(p))
 	case recCheckpoint:
 		if len(p) < ckptFixed || uint64(len(p)) != ckptFixed+16*binary.LittleEndian.Uint64(p[ckptFixed-8:]) {
 			return errors.New("bad checkpoint record")
