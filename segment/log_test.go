@@ -607,3 +607,24 @@ func TestRemoveGroupCrashBeforeDelete(t *testing.T) {
 		}
 	}
 }
+
+// TestRemoveGroupNeverInVersion1File: a log whose WAL file is version 1
+// (written by an older build) starts a new WAL file for a remove record,
+// so an older build refuses the log (ErrVersion) rather than misreading it.
+func TestRemoveGroupNeverInVersion1File(t *testing.T) {
+	fs := NewMemFS()
+	l := mustOpen(t, fs)
+	must(t, l.Append(Batch{Group: 1, Entries: ents(1, 3, 1, "a")}, Batch{Group: 2, Entries: ents(1, 3, 1, "b")}))
+	must(t, l.Close())
+	name := "/data/" + walName(1)
+	fs.Corrupt(name, 6, 1) // version 2 → 0
+	fs.Corrupt(name, 6, 0) // → 1
+	l = mustOpen(t, fs)
+	must(t, l.RemoveGroup(1))
+	must(t, l.Close())
+	l = mustOpen(t, fs)
+	defer l.Close()
+	if g := l.Groups(); !slices.Equal(g, []uint64{2}) {
+		t.Fatalf("groups %v, want [2]", g)
+	}
+}
