@@ -86,6 +86,12 @@ type Consumer struct {
 	mu      sync.Mutex
 	err     error
 	expired func(tags []uint64)
+
+	// ConsumeBatch consumers (reader goroutine only).
+	batch   func([]Delivery)
+	scratch []Delivery
+	lastEx  string // the last exchange and routing key seen, reused
+	lastRK  string // while they repeat, so a batch allocates no strings
 }
 
 // ErrCancelled is the error of a consumer the broker cancelled.
@@ -94,9 +100,44 @@ var ErrCancelled = errors.New("client: consumer cancelled")
 // Consume starts a consumer whose deliveries come on the returned
 // consumer's Deliveries channel.
 func (ch *Channel) Consume(ctx context.Context, queue string, o ConsumeOptions) (*Consumer, error) {
+	return ch.consume(ctx, queue, o, nil)
+}
+
+// ConsumeBatch starts a consumer whose deliveries are handed to handler a
+// frame's worth at a time, without copying: the fast path (no allocation
+// per message).
+//
+// THE RULE: each Delivery's Body (and its Props' source bytes) points into
+// the connection's read buffer and is valid ONLY UNTIL handler RETURNS.
+// So is the slice ds itself. After that the buffer is reused for the next
+// frames and a body you kept changes under you. Copy what you keep
+// (append([]byte(nil), d.Body...)); settle with the Delivery's methods,
+// during the call or later from a copy of the Delivery (Tag, flags,
+// Exchange and RoutingKey stay valid; only Body and Props do not). Build
+// with -tags warrendebug to have released bodies overwritten with 0xDB, so
+// code that breaks the rule fails visibly.
+//
+// handler runs on the connection's reader goroutine: while it runs nothing
+// else is read on the connection (confirms, replies, other consumers). It
+// must not wait for anything that needs the connection to read (a
+// Publish's confirm, a declare's reply); acks are fine (they are only
+// queued). Acking the last delivery of ds with AckMultiple settles the
+// whole batch in one range. Deliveries() of such a consumer carries
+// nothing and is closed when it stops.
+func (ch *Channel) ConsumeBatch(ctx context.Context, queue string, o ConsumeOptions, handler func(ds []Delivery)) (*Consumer, error) {
+	if handler == nil {
+		return nil, errors.New("client: ConsumeBatch needs a handler")
+	}
+	return ch.consume(ctx, queue, o, handler)
+}
+
+func (ch *Channel) consume(ctx context.Context, queue string, o ConsumeOptions, batch func([]Delivery)) (*Consumer, error) {
 	buf := int(o.Prefetch)
 	if buf == 0 || buf > 4096 {
 		buf = 4096
+	}
+	if batch != nil {
+		buf = 0
 	}
 	var args wire.Table
 	if o.ConsumerTimeout != 0 {
@@ -106,7 +147,7 @@ func (ch *Channel) Consume(ctx context.Context, queue string, o ConsumeOptions) 
 		}
 		args = wire.Table{{Key: "consumer-timeout-ms", Value: wire.Int(ms)}}
 	}
-	cs := &Consumer{ch: ch, Queue: queue, autoAck: o.AutoAck, feed: make(chan *Delivery, buf), done: make(chan struct{})}
+	cs := &Consumer{ch: ch, Queue: queue, autoAck: o.AutoAck, feed: make(chan *Delivery, buf), done: make(chan struct{}), batch: batch}
 	_, err := ch.request(ctx, func(req uint32) wire.Body {
 		return &wire.Subscribe{Req: req, Queue: queue, ConsumerTag: o.Tag, AutoAck: o.AutoAck, Exclusive: o.Exclusive,
 			Priority: o.Priority, PrefetchCount: o.Prefetch, PrefetchBytes: o.PrefetchBytes, Args: args}
@@ -197,5 +238,51 @@ func (cs *Consumer) deliver(d *Delivery) {
 		case cs.feed <- d:
 		case <-cs.done:
 		}
+	}
+}
+
+// intern returns s if b spells it, else string(b) remembered in *s: a run
+// of deliveries with the same exchange or routing key allocates once.
+func intern(s *string, b []byte) string {
+	if string(b) != *s {
+		*s = string(b)
+	}
+	return *s
+}
+
+// deliverBatch hands one DELIVER frame's deliveries to a ConsumeBatch
+// handler without copying (reader goroutine), then releases them.
+func (cs *Consumer) deliverBatch(ch *Channel, it wire.DeliveryIter) {
+	select {
+	case <-cs.done:
+		return
+	default:
+	}
+	ds := cs.scratch[:0]
+	var d wire.Delivery
+	for it.Next(&d) {
+		ds = append(ds, Delivery{
+			Tag: d.Tag, Redelivered: d.Flags&wire.Redelivered != 0, DeliveryCount: d.DeliveryCount,
+			FailedCount: d.FailedCount, Persistent: d.Flags&wire.DeliveredPersistent != 0, Priority: d.Priority,
+			Exchange: intern(&cs.lastEx, d.Exchange), RoutingKey: intern(&cs.lastRK, d.RoutingKey),
+			Body: d.Body[:len(d.Body):len(d.Body)], rawProps: d.Properties[:len(d.Properties):len(d.Properties)], ch: ch,
+		})
+	}
+	cs.scratch = ds
+	if len(ds) > 0 {
+		cs.batch(ds)
+	}
+	for i := range ds {
+		if poisonReleased {
+			poison(ds[i].Body)
+			poison(ds[i].rawProps)
+		}
+		ds[i].Body, ds[i].rawProps = nil, nil // do not pin the buffer
+	}
+}
+
+func poison(b []byte) {
+	for i := range b {
+		b[i] = 0xDB
 	}
 }

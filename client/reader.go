@@ -112,6 +112,10 @@ func (c *Conn) dispatch(f wire.Frame, dec *wire.Decompressor) error {
 		if cs == nil {
 			return nil // cancelled; the broker takes unacked ones back on close
 		}
+		if cs.batch != nil {
+			cs.deliverBatch(ch, b.Deliveries())
+			return nil
+		}
 		it := b.Deliveries()
 		var d wire.Delivery
 		for it.Next(&d) {
