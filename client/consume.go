@@ -87,11 +87,11 @@ type Consumer struct {
 	err     error
 	expired func(tags []uint64)
 
-	// ConsumeBatch consumers (reader goroutine only).
-	batch   func([]Delivery)
-	scratch []Delivery
-	lastEx  string // the last exchange and routing key seen, reused
-	lastRK  string // while they repeat, so a batch allocates no strings
+	// Reader goroutine only.
+	batch   func([]Delivery) // a ConsumeBatch consumer's handler
+	scratch []Delivery       // ConsumeBatch's reused slice
+	lastEx  string           // the last exchange and routing key seen, reused
+	lastRK  string           // while they repeat, so a run allocates no strings
 }
 
 // ErrCancelled is the error of a consumer the broker cancelled.

@@ -126,7 +126,7 @@ func (c *Conn) dispatch(f wire.Frame, dec *wire.Decompressor) error {
 			cs.deliver(&Delivery{
 				Tag: d.Tag, Redelivered: d.Flags&wire.Redelivered != 0, DeliveryCount: d.DeliveryCount,
 				FailedCount: d.FailedCount, Persistent: d.Flags&wire.DeliveredPersistent != 0, Priority: d.Priority,
-				Exchange: string(d.Exchange), RoutingKey: string(d.RoutingKey),
+				Exchange: intern(&cs.lastEx, d.Exchange), RoutingKey: intern(&cs.lastRK, d.RoutingKey),
 				Body: buf[:len(d.Body):len(d.Body)], rawProps: buf[len(d.Body):], ch: ch,
 			})
 		}
