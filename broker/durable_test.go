@@ -5,6 +5,7 @@ import (
 	"context"
 	"fmt"
 	"runtime"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -566,5 +567,52 @@ func TestDurablePendingBytesCount(t *testing.T) {
 	barrier(t, q.shard)
 	if got := b.StoredBytes() - base; got != 0 {
 		t.Errorf("stored bytes once applied = %+d, want +0", got)
+	}
+}
+
+// TestDeletedDurableQueueLogIsRemoved: a deleted durable queue's group
+// (its log, and its snapshot) is removed at the next start, so a queue
+// that gets the same group id (its Meta id reused after 2^32 wraps)
+// starts empty instead of replaying the old log.
+func TestDeletedDurableQueueLogIsRemoved(t *testing.T) {
+	mem := segment.NewMemFS()
+	n := openDurNode(t, mem)
+	q := declareDurable(t, n.b, "dq", true)
+	id := q.id
+	gid := queueGroup(id)
+	k := newDurSink()
+	batch := publish(n.b, q, k, true, "a", "b", "c")
+	k.waitFor(t, "the confirm", func() bool { return k.confirmed(batch) })
+	if _, err := n.b.DeleteQueue(t.Context(), "dq", false, false); err != nil {
+		t.Fatal(err)
+	}
+	n.close(t)
+
+	n2 := openDurNode(t, mem)
+	defer n2.close(t)
+	if err := n2.b.WaitRecovered(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+	if slices.Contains(n2.log.Groups(), gid) || n2.log.LastIndex(gid) != 0 {
+		t.Fatalf("the deleted queue's group %d is still in the log after a restart: entries %d..%d",
+			gid, n2.log.FirstIndex(gid), n2.log.LastIndex(gid))
+	}
+	if _, ok := n2.b.cfg.Durable.Snapshots.Latest(gid); ok {
+		t.Fatalf("the deleted queue's group %d still has a snapshot", gid)
+	}
+	// A new queue with the same id (as after the ids wrap) starts empty.
+	n2.b.topo.mu.Lock()
+	n2.b.topo.meta.nextID = uint64(id)
+	n2.b.topo.mu.Unlock()
+	q2 := declareDurable(t, n2.b, "dq2", true)
+	if q2.id != id {
+		t.Fatalf("setup: the new queue got id %d, want %d", q2.id, id)
+	}
+	if err := n2.b.WaitRecovered(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+	barrier(t, q2.shard)
+	if r := q2.ready.Load(); r != 0 {
+		t.Fatalf("a new queue with the deleted queue's group id has %d ready messages, want 0", r)
 	}
 }
