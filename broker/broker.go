@@ -5,6 +5,7 @@ import (
 	"github.com/warren-mq/warren/internal/ratelog"
 	"io"
 	"log/slog"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -59,6 +60,8 @@ type Broker struct {
 	storedBytes atomic.Int64
 	consumerSeq atomic.Uint64
 	dlDropLog   [NumDLDrops]ratelog.Limiter // "dead letter dropped" lines, per reason
+	sweepOnce   sync.Once                   // the first WaitRecovered removes deleted queues' groups
+	sweepErr    error
 }
 
 // New makes a broker; Start runs its shards.

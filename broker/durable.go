@@ -3,6 +3,7 @@ package broker
 import (
 	"context"
 	"encoding/binary"
+	"fmt"
 	"slices"
 	"time"
 
@@ -98,6 +99,10 @@ func (s *shard) partRelease(w *partWait) {
 func (s *shard) openDurable(q *Queue) {
 	dc := s.b.cfg.Durable
 	gid := queueGroup(q.id)
+	if s.openedGrps == nil {
+		s.openedGrps = map[uint64]struct{}{}
+	}
+	s.openedGrps[gid] = struct{}{}
 	cfg := queue.ConfigFromArgs(q.args, q.autoDelete)
 	now := s.now
 	replayTo := dc.Log.LastIndex(gid)
@@ -477,6 +482,60 @@ func (b *Broker) WaitRecovered(ctx context.Context) error {
 		case <-ctx.Done():
 			return ctx.Err()
 		}
+	}
+	b.sweepOnce.Do(func() { b.sweepErr = b.removeDeletedGroups(ctx) })
+	return b.sweepErr
+}
+
+// removeDeletedGroups removes from the log (segment.RemoveGroup) and the
+// snapshot store (SnapStore.Forget) every queue group that no queue of
+// the metadata owns and that no shard opened in this incarnation: the
+// groups of durable queues deleted (by a client, auto-delete or expiry)
+// in an earlier incarnation. Their files are reclaimed, and a queue that
+// later gets the same group id (a Meta id reused) starts empty. It runs
+// once, when recovery is done and before the listeners open, so no group
+// it removes has a worker writing to it. A group deleted in this
+// incarnation stays open, its sink ignoring what is applied, until the
+// node stops, and is removed at the next start: closing a group on its
+// worker is not built (replication.Worker has no way to drop one).
+func (b *Broker) removeDeletedGroups(ctx context.Context) error {
+	dc := b.cfg.Durable
+	keep := map[uint64]struct{}{}
+	for _, sh := range b.shards {
+		done := make(chan struct{})
+		sh.submit(Command{Kind: cmdPost, post: func() {
+			for gid := range sh.openedGrps {
+				keep[gid] = struct{}{}
+			}
+			close(done)
+		}})
+		select {
+		case <-done:
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+	}
+	b.topo.mu.Lock()
+	for id := range b.topo.queues {
+		keep[queueGroup(queue.QueueRef(id))] = struct{}{}
+	}
+	b.topo.mu.Unlock()
+	for _, gid := range dc.Log.Groups() {
+		if gid < QueueGroupBase {
+			continue
+		}
+		if _, ok := keep[gid]; ok {
+			continue
+		}
+		// The snapshot first: a crash between the two leaves the log, and
+		// the next start removes the group again.
+		if err := dc.Snapshots.Forget(gid); err != nil {
+			return fmt.Errorf("broker: removing deleted queue group %d: %w", gid, err)
+		}
+		if err := dc.Log.RemoveGroup(gid); err != nil {
+			return fmt.Errorf("broker: removing deleted queue group %d: %w", gid, err)
+		}
+		b.log.Info("removed the log of a deleted durable queue", "group", gid)
 	}
 	return nil
 }

@@ -51,8 +51,9 @@ type shard struct {
 	// work, and the scratch of the durable paths.
 	rw          *replication.Worker
 	roundMore   bool
-	snapCheckAt int64           // when the snapshot policy's idle rule last ran
-	recovered   []chan struct{} // WaitRecovered callers, released once the durable queues caught up
+	snapCheckAt int64               // when the snapshot policy's idle rule last ran
+	recovered   []chan struct{}     // WaitRecovered callers, released once the durable queues caught up
+	openedGrps  map[uint64]struct{} // the durable queue groups opened on this shard's worker in this incarnation
 	waitFree    []*partWait
 	encBuf      []byte
 	offScratch  []int
@@ -429,7 +430,8 @@ func (s *shard) deleteQueue(q *Queue, reason string) int64 {
 	q.bodies.each(func(_ uint64, m *StoredMsg) { s.release(m) })
 	if q.grp != nil {
 		// The group stays open, its sink ignoring what is applied, until
-		// the node stops (removing a group is not built: segment.RemoveGroup).
+		// the node stops (a worker cannot drop a group yet); the next start
+		// removes its log and snapshot (removeDeletedGroups).
 		s.failDurable(q)
 	}
 	q.bodies = bodyStore{}
