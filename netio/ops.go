@@ -18,7 +18,9 @@ type Overview struct {
 	Consumers           int64  `json:"consumers"`
 	StoredMessageBytes  int64  `json:"stored_message_bytes"`
 	MemoryHighWatermark int64  `json:"memory_high_watermark_bytes"`
-	FlowBlocked         bool   `json:"flow_blocked"`
+	FlowBlocked         bool   `json:"flow_blocked"`          // the memory or the disk alarm
+	DiskAlarm           bool   `json:"disk_alarm"`            // free disk space below DiskFreeLimit
+	DiskFreeLimit       int64  `json:"disk_free_limit_bytes"` // -1: off
 	Published           uint64 `json:"published_total"`
 	Delivered           uint64 `json:"delivered_total"`
 	Acked               uint64 `json:"acked_total"`
@@ -30,7 +32,7 @@ func (s *Server) Overview() Overview {
 	t := s.Totals()
 	return Overview{Version: Version, Connections: s.ConnectionCount(), Channels: s.metrics.channels.Load(),
 		Exchanges: t.Exchanges, Queues: t.Queues, Ready: t.Ready, Unacked: t.Unacked, Consumers: t.Consumers,
-		StoredMessageBytes: s.StoredBytes(), MemoryHighWatermark: s.cfg.MemoryHighWater, FlowBlocked: s.flowOff.Load(),
+		StoredMessageBytes: s.StoredBytes(), MemoryHighWatermark: s.cfg.MemoryHighWater, FlowBlocked: s.flowBlocked(), DiskAlarm: s.diskAlarm.Load(), DiskFreeLimit: s.cfg.DiskFreeLimit,
 		Published: t.Published, Delivered: t.Delivered, Acked: t.Acked}
 }
 

@@ -214,7 +214,7 @@ func (c *conn) onAuth(f wire.Frame) error {
 			return // closed meanwhile (handshake deadline, shutdown)
 		}
 		c.srv.authenticated(c)
-		if c.srv.flowOff.Load() {
+		if c.srv.flowBlocked() {
 			c.send(0, &wire.Flow{Active: false})
 		}
 		// Frames the client pipelined behind AUTH are waiting in the

@@ -41,6 +41,14 @@ type Config struct {
 	MaxOutboundBytes  int    // per-connection outbox cap before the connection is closed; 64 MiB
 	MemoryHighWater   int64  // stored message bytes (and Go heap growth) that pause publishers; DefaultMemoryHighWater
 	QueueSoftLimit    int64  // ready messages above which a queue holds back its publishers' confirms; 20,000 (-1: never)
+	// DiskFreeLimit: below this many free bytes on DataDir's filesystem
+	// the disk alarm blocks publishers (as the memory alarm does) until
+	// the free space is back above it; DefaultDiskFreeLimit (2 GiB); -1:
+	// off. Checked on the tick every DiskCheckInterval (1s) with DiskFree
+	// (nil: statfs of DataDir; no check without a DataDir).
+	DiskFreeLimit     int64
+	DiskCheckInterval time.Duration
+	DiskFree          func() (free int64, ok bool)
 	// MaxQueues, MaxExchanges, MaxBindings bound what the broker holds
 	// (broker.MetaLimits; 0: 1,000,000 queues, 100,000 exchanges,
 	// 4,000,000 bindings): a declare or bind past one is refused with
@@ -116,6 +124,12 @@ func (c *Config) fill() {
 	if c.QueueSoftLimit == 0 {
 		c.QueueSoftLimit = 20_000
 	}
+	if c.DiskFreeLimit == 0 {
+		c.DiskFreeLimit = DefaultDiskFreeLimit
+	}
+	if c.DiskCheckInterval <= 0 {
+		c.DiskCheckInterval = time.Second
+	}
 	if c.Shards <= 0 {
 		c.Shards = gomaxprocs()
 	}
@@ -155,6 +169,13 @@ type Server struct {
 
 	flowOff    atomic.Bool
 	flowWanted atomic.Bool // a publish was held back for crossing the watermark
+	flowSent   bool        // FLOW(active=false) was last sent to everyone (tick goroutine)
+	// The disk alarm (disklimit.go): diskFree reads the free space (nil:
+	// no check); the tick goroutine alone writes the rest.
+	diskFree      func() (int64, bool)
+	diskAlarm     atomic.Bool
+	diskFreeBytes atomic.Int64
+	lastDiskCheck time.Time
 	// The Go heap's live bytes when the broker started, and what the tick
 	// (its only user) needs to read them again.
 	heapBase   int64
@@ -216,6 +237,14 @@ func Start(cfg Config) (*Server, error) {
 	s := &Server{cfg: cfg, log: cfg.Logger, booted: make(chan error, 1), stopped: make(chan struct{}), conns: map[uint64]*conn{}}
 	s.heapSample = []rtmetrics.Sample{{Name: "/gc/heap/live:bytes"}}
 	s.heapBase = s.heapLive()
+	switch {
+	case cfg.DiskFreeLimit < 0:
+	case cfg.DiskFree != nil:
+		s.diskFree = cfg.DiskFree
+	case cfg.DataDir != "":
+		dir := cfg.DataDir
+		s.diskFree = func() (int64, bool) { return diskFree(dir) }
+	}
 	s.auth = newAuthenticator(cfg.Users, !cfg.DisableGuest)
 	s.auth.comparing = s.notifyChanged
 	s.auth.log = s.log
@@ -414,14 +443,17 @@ func (s *Server) OnTick() (time.Duration, gnet.Action) {
 			c.send(0, &wire.Heartbeat{})
 		}
 	}
-	s.checkFlow(conns)
+	disk := s.checkDisk()
+	if s.checkFlow(conns) || disk {
+		s.sendFlow(conns)
+	}
 	return s.cfg.TickInterval, gnet.None
 }
 
 // memoryAlarm reports whether publishes must wait: the alarm is on, or the
 // stored bytes have passed the watermark since the last tick.
 func (s *Server) memoryAlarm() bool {
-	return s.flowOff.Load() || s.StoredBytes() > s.cfg.MemoryHighWater
+	return s.flowOff.Load() || s.diskAlarm.Load() || s.StoredBytes() > s.cfg.MemoryHighWater
 }
 
 // publishMustWait reports whether a PUBLISH that would add cost to the
@@ -429,7 +461,7 @@ func (s *Server) memoryAlarm() bool {
 // past the watermark (unless nothing is stored: a frame that alone costs
 // more than the watermark is let through then, or it would wait forever).
 func (s *Server) publishMustWait(cost int64) bool {
-	if s.flowOff.Load() {
+	if s.flowOff.Load() || s.diskAlarm.Load() {
 		return true
 	}
 	stored := s.StoredBytes()
@@ -463,7 +495,8 @@ func (s *Server) heapLive() int64 {
 // misses. The live heap is as of the last collection: to see it fall
 // after a purge while nothing allocates, the tick collects (at most once a
 // second) when only the heap holds the alarm on.
-func (s *Server) checkFlow(conns []*conn) {
+// It reports whether the memory alarm changed. Tick goroutine.
+func (s *Server) checkFlow(conns []*conn) bool {
 	used := s.StoredBytes()
 	hw := s.cfg.MemoryHighWater
 	heap := s.heapLive() - s.heapBase
@@ -476,23 +509,36 @@ func (s *Server) checkFlow(conns []*conn) {
 		if heap > hw*8/10+heapAllowance {
 			now := s.nowMs()
 			if now-s.lastHeapGC < 1000 {
-				return
+				return false
 			}
 			s.lastHeapGC = now
 			runtime.GC()
 			if heap = s.heapLive() - s.heapBase; heap > hw*8/10+heapAllowance {
-				return
+				return false
 			}
 		}
 		s.flowOff.Store(false)
 		s.log.Info("memory below the watermark: resuming publishers", "stored_bytes", used, "heap_growth_bytes", heap)
 	default:
-		return
+		return false
 	}
-	active := !s.flowOff.Load()
-	for _, c := range conns {
-		if c.state.Load() == stOpen {
-			c.send(0, &wire.Flow{Active: active})
+	return true
+}
+
+// flowBlocked reports whether publishers are paused: the memory alarm or
+// the disk alarm is on.
+func (s *Server) flowBlocked() bool { return s.flowOff.Load() || s.diskAlarm.Load() }
+
+// sendFlow tells every open connection FLOW(active) when the memory and
+// disk alarms together changed it. Tick goroutine.
+func (s *Server) sendFlow(conns []*conn) {
+	off := s.flowBlocked()
+	if off != s.flowSent {
+		s.flowSent = off
+		for _, c := range conns {
+			if c.state.Load() == stOpen {
+				c.send(0, &wire.Flow{Active: !off})
+			}
 		}
 	}
 	s.notifyChanged()
@@ -568,11 +614,18 @@ func (s *Server) initMetrics() {
 	m.set.NewGauge("warren_stored_message_bytes", func() float64 { return float64(s.StoredBytes()) })
 	m.set.NewGauge("warren_memory_high_watermark_bytes", func() float64 { return float64(s.cfg.MemoryHighWater) })
 	m.set.NewGauge("warren_flow_blocked", func() float64 {
-		if s.flowOff.Load() {
+		if s.flowBlocked() {
 			return 1
 		}
 		return 0
 	})
+	m.set.NewGauge("warren_disk_alarm", func() float64 {
+		if s.diskAlarm.Load() {
+			return 1
+		}
+		return 0
+	})
+	m.set.NewGauge("warren_disk_free_limit_bytes", func() float64 { return float64(s.cfg.DiskFreeLimit) })
 	m.set.NewGauge("warren_connections_blocked", func() float64 { return float64(m.blocked.Load()) })
 	m.set.NewGauge("warren_eventloop_busy_ratio", func() float64 {
 		now := time.Now().UnixNano()
