@@ -90,6 +90,7 @@ type fileConfig struct {
 	MaxPrefetch      uint32       `json:"max_prefetch"`
 	MaxOutboundBytes int          `json:"max_outbound_bytes"`
 	MemoryHighWater  int64        `json:"memory_high_watermark_bytes"`
+	DiskFreeLimit    byteSize     `json:"disk_free_limit"` // bytes or "2GiB"; 0: 2 GiB; -1: off
 	QueueSoftLimit   int64        `json:"queue_soft_limit"`
 	MaxQueues        int          `json:"max_queues"`                          // 0: 1,000,000
 	MaxExchanges     int          `json:"max_exchanges"`                       // 0: 100,000 (the four amq.* included)
@@ -132,6 +133,7 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdin i
 	maxExchanges := fs.String("max-exchanges", "", "exchanges the broker holds at most, the four amq.* included (default 100000; env WARREN_MAX_EXCHANGES)")
 	maxBindings := fs.String("max-bindings", "", "bindings the broker holds at most (default 4000000; env WARREN_MAX_BINDINGS)")
 	maxExclusive := fs.String("max-exclusive-queues-per-connection", "", "exclusive queues one connection may own (default 10000; env WARREN_MAX_EXCLUSIVE_QUEUES_PER_CONNECTION)")
+	diskLimit := fs.String("disk-free-limit", "", "block publishers while the data directory's filesystem has less free space than this, e.g. 2GiB, 500MB, or -1 for off (default 2GiB; env WARREN_DISK_FREE_LIMIT)")
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
 			fmt.Fprint(stdout, usageHead)
@@ -201,6 +203,20 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdin i
 		if *l.dst < 0 {
 			return fmt.Errorf("%s %d: want a positive number (0: the default)", l.key, *l.dst)
 		}
+	}
+	dl := ""
+	pick(*diskLimit, "WARREN_DISK_FREE_LIMIT", &dl)
+	if dl == "-1" {
+		fc.DiskFreeLimit = -1
+	} else if dl != "" {
+		n, err := parseSize(dl)
+		if err != nil {
+			return fmt.Errorf("disk-free-limit %w", err)
+		}
+		fc.DiskFreeLimit = byteSize(n)
+	}
+	if fc.DiskFreeLimit < -1 {
+		return fmt.Errorf("disk_free_limit %d: want a size in bytes (0: the default, 2GiB; -1: off)", fc.DiskFreeLimit)
 	}
 	if fc.HandshakeTimeoutMs < 0 {
 		return fmt.Errorf("handshake timeout %dms: want a positive number of milliseconds (0: the default, 10000)", fc.HandshakeTimeoutMs)
@@ -282,7 +298,7 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdin i
 		MaxOutboundBytes: fc.MaxOutboundBytes, MemoryHighWater: fc.MemoryHighWater, QueueSoftLimit: fc.QueueSoftLimit, Logger: log,
 		HandshakeTimeout: time.Duration(fc.HandshakeTimeoutMs) * time.Millisecond, MaxUnauthenticated: fc.MaxUnauthenticated,
 		MaxConnectionsPerSource: fc.MaxConnectionsPerSource, ProxyTrusted: proxyTrusted,
-		DataDir: fc.Data,
+		DataDir: fc.Data, DiskFreeLimit: int64(fc.DiskFreeLimit),
 		Fatal: func(err error) {
 			select {
 			case fatal <- err:
