@@ -575,6 +575,12 @@ func TestDurablePendingBytesCount(t *testing.T) {
 // that gets the same group id (its Meta id reused after 2^32 wraps)
 // starts empty instead of replaying the old log.
 func TestDeletedDurableQueueLogIsRemoved(t *testing.T) {
+	for _, crash := range []bool{false, true} {
+		t.Run(map[bool]string{false: "clean", true: "crash"}[crash], func(t *testing.T) { deletedDurableQueueLogIsRemoved(t, crash) })
+	}
+}
+
+func deletedDurableQueueLogIsRemoved(t *testing.T, crash bool) {
 	mem := segment.NewMemFS()
 	n := openDurNode(t, mem)
 	q := declareDurable(t, n.b, "dq", true)
@@ -586,9 +592,17 @@ func TestDeletedDurableQueueLogIsRemoved(t *testing.T) {
 	if _, err := n.b.DeleteQueue(t.Context(), "dq", false, false); err != nil {
 		t.Fatal(err)
 	}
-	n.close(t)
+	fs := segment.FS(mem)
+	if crash {
+		fs = mem.Crash(0)
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		defer cancel()
+		_ = n.b.Stop(ctx)
+	} else {
+		n.close(t)
+	}
 
-	n2 := openDurNode(t, mem)
+	n2 := openDurNode(t, fs)
 	defer n2.close(t)
 	if err := n2.b.WaitRecovered(t.Context()); err != nil {
 		t.Fatal(err)
