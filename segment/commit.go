@@ -275,7 +275,7 @@ func (l *Log) commitLocked() error {
 			// Any write or fsync failure stops the engine: the page cache
 			// may have dropped the data, so continuing could lie.
 			l.failLocked(err)
-			return l.leaveLocked(g, fmt.Errorf("%w: %v", ErrStopped, err))
+			return l.leaveLocked(g, fmt.Errorf("%w: %w", ErrStopped, err))
 		}
 		if l.failed != nil { // an earlier write failed: this one is not acknowledged
 			return l.leaveLocked(g, ErrStopped)
@@ -351,11 +351,14 @@ func (l *Log) write(f *file, head, buf []byte, base int64) error {
 
 // sync makes f durable, and its directory entry when it is new.
 func (l *Log) sync(f *file, created bool) error {
+	// The error names the file: fdatasync's errno alone does not.
 	if err := f.f.Sync(); err != nil {
-		return err
+		return fmt.Errorf("fdatasync %s: %w", l.path(f.name), err)
 	}
 	if created {
-		return l.fs.SyncDir(l.dir)
+		if err := l.fs.SyncDir(l.dir); err != nil {
+			return fmt.Errorf("fsync of the directory %s: %w", l.dir, err)
+		}
 	}
 	return nil
 }

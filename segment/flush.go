@@ -175,7 +175,7 @@ func (l *Log) fail(err error) error {
 		return err
 	}
 	l.failLocked(err)
-	return fmt.Errorf("%w: %v", ErrStopped, err)
+	return fmt.Errorf("%w: %w", ErrStopped, err)
 }
 
 // closeFile closes a deleted file; views still held keep its mapping.
