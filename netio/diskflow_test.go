@@ -8,6 +8,7 @@ import (
 	"github.com/warren-mq/warren/client"
 	"github.com/warren-mq/warren/netio"
 	"github.com/warren-mq/warren/netio/warrentest"
+	"github.com/warren-mq/warren/wire"
 )
 
 // TestDiskAlarmBlocksPublishers: with the data filesystem's free space
@@ -42,17 +43,39 @@ func TestDiskAlarmBlocksPublishers(t *testing.T) {
 	if !s.Overview().FlowBlocked {
 		t.Fatal("disk alarm on but flow not blocked")
 	}
-	if _, err := pub.PublishAsync(ctx, "", client.Message{RoutingKey: "d", Body: []byte("late"), Persistent: true}); err != nil {
-		t.Fatal(err)
+	// A publisher that ignores FLOW is blocked by the broker (not read);
+	// the client's publisher waits for FLOW(active=true) or is blocked.
+	before := map[uint64]bool{}
+	for _, ci := range s.Connections() {
+		before[ci.ID] = true
 	}
-	until(t, s, "the persistent publisher to be blocked", func() bool {
-		for _, ci := range s.Connections() {
-			if ci.Blocked {
-				return true
-			}
+	r := rawDial(t, s, 0)
+	var rawID uint64
+	for _, ci := range s.Connections() {
+		if !before[ci.ID] {
+			rawID = ci.ID
 		}
-		return false
+	}
+	r.write(wire.AppendFrame(nil, 1, &wire.ChannelOpen{Req: 1}))
+	reply := r.read()
+	if f, ok := reply.(*wire.Flow); ok && !f.Active {
+		reply = r.read() // FLOW(active=false), sent at open during the alarm
+	}
+	if _, ok := reply.(*wire.OKReply); !ok {
+		t.Fatalf("%T, want the CHANNEL_OPEN reply", reply)
+	}
+	frame, mark := wire.BeginPublish(nil, 1, 1, nil)
+	frame = wire.AppendMessage(frame, &wire.Message{Flags: wire.Persistent, RoutingKey: []byte("d"), Body: []byte("raw")})
+	r.write(mark.End(frame, 1))
+	until(t, s, "the FLOW-ignoring persistent publisher to be blocked", func() bool {
+		ci, ok := connInfo(s, rawID)
+		return ok && ci.Blocked
 	})
+	published := make(chan error, 1)
+	go func() {
+		_, err := pub.PublishAsync(ctx, "", client.Message{RoutingKey: "d", Body: []byte("late"), Persistent: true})
+		published <- err
+	}()
 	// A consumer still drains what is there.
 	cs, err := channel(t, dial(t, s)).Consume(ctx, "d", client.ConsumeOptions{AutoAck: true})
 	must(t, err)
@@ -71,13 +94,19 @@ func TestDiskAlarmBlocksPublishers(t *testing.T) {
 
 	free.Store(5 << 30) // above it again
 	until(t, s, "the disk alarm to clear", func() bool { return !s.Overview().DiskAlarm && !s.Overview().FlowBlocked })
+	until(t, s, "the raw publisher to be read again", func() bool { ci, ok := connInfo(s, rawID); return ok && !ci.Blocked })
+	must(t, <-published)
 	must(t, pub.WaitConfirms(ctx))
-	select {
-	case d := <-cs.Deliveries():
-		if string(d.Body) != "late" {
-			t.Fatalf("delivered %q after the alarm, want late", d.Body)
+	got := map[string]bool{}
+	for len(got) < 2 {
+		select {
+		case d := <-cs.Deliveries():
+			got[string(d.Body)] = true
+		case <-time.After(20 * time.Second):
+			t.Fatalf("after the alarm cleared only %v was delivered, want raw and late", got)
 		}
-	case <-time.After(20 * time.Second):
-		t.Fatal("the blocked publish was not delivered after the alarm cleared")
+	}
+	if !got["raw"] || !got["late"] {
+		t.Fatalf("after the alarm: %v, want raw and late", got)
 	}
 }
