@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"fmt"
+	"strings"
 	"testing"
 	"time"
 
@@ -53,11 +54,15 @@ func TestConsumeBatch(t *testing.T) {
 			seen <- batchSeen{tag: d.Tag, redelivered: d.Redelivered, body: string(d.Body), kept: d.Body}
 			if string(d.Body) == "m03" && !nacked {
 				nacked = true
-				must(t, d.Nack(true))
+				if err := d.Nack(true); err != nil {
+					t.Error(err)
+				}
 				continue
 			}
 			if i == len(ds)-1 {
-				must(t, d.AckMultiple())
+				if err := d.AckMultiple(); err != nil {
+					t.Error(err)
+				}
 			}
 		}
 	})
@@ -91,5 +96,63 @@ func TestConsumeBatch(t *testing.T) {
 	must(t, err)
 	if info.Messages != 0 {
 		t.Errorf("queue holds %d messages after the batch acks; want 0", info.Messages)
+	}
+}
+
+// TestConsumeBatchBufferReused: without the debug poisoning, the reader
+// reuses its buffer for the next frames (no fresh read buffer every 256 KiB),
+// so a body kept past its ConsumeBatch handler is overwritten by a later
+// delivery: breaking the rule shows in an ordinary build too. Prefetch 1
+// on a connection that only consumes: each delivery is read after the
+// previous frame was handled.
+func TestConsumeBatchBufferReused(t *testing.T) {
+	defer client.SetPoisonReleased(false)()
+	s := warrentest.StartServer(t, nil)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	pc, err := client.Dial(ctx, warrentest.URL(s))
+	must(t, err)
+	defer pc.Close()
+	ch, err := pc.Channel(ctx)
+	must(t, err)
+	_, err = ch.DeclareQueue(ctx, "reuse", client.QueueOptions{})
+	must(t, err)
+	// Long bodies: the later frames, read from the start of the buffer,
+	// cover where the first body was wherever it sat in its read.
+	body := func(i int) string { return strings.Repeat(fmt.Sprintf("m%02d.", i), 100) }
+	for i := 0; i < 3; i++ {
+		must(t, ch.Publish(ctx, "", client.Message{RoutingKey: "reuse", Body: []byte(body(i))}))
+	}
+	cc, err := client.Dial(ctx, warrentest.URL(s))
+	must(t, err)
+	defer cc.Close()
+	sub, err := cc.Channel(ctx)
+	must(t, err)
+	// The handler runs on the reader goroutine: it keeps the first body
+	// (breaking the rule on purpose) and, in the third call, reports what
+	// that kept slice reads by then.
+	var first []byte
+	calls := 0
+	later := make(chan string, 1)
+	_, err = sub.ConsumeBatch(ctx, "reuse", client.ConsumeOptions{Prefetch: 1}, func(ds []client.Delivery) {
+		for i := range ds {
+			if calls++; calls == 1 {
+				first = ds[i].Body
+			} else if calls == 3 {
+				later <- string(first)
+			}
+			if err := ds[i].Ack(); err != nil {
+				t.Error(err)
+			}
+		}
+	})
+	must(t, err)
+	select {
+	case got := <-later:
+		if got == body(0) {
+			t.Errorf("the first body, kept past its handler, still reads %.12q…: the read buffer was not reused", got)
+		}
+	case <-ctx.Done():
+		t.Fatal("the third delivery never came")
 	}
 }
