@@ -9,7 +9,14 @@ import (
 
 // reader reads frames and dispatches them until the connection ends.
 func (c *Conn) reader() {
-	buf := make([]byte, 0, 256<<10)
+	// base is the read buffer; buf, the unread bytes, is a window of it.
+	// Frames are handled in place and nothing keeps a slice of them past
+	// dispatch (the copying API copies, wire.Decode owns its results,
+	// ConsumeBatch bodies are valid only while its handler runs), so the
+	// unread tail moves back to the start and base is reused rather than
+	// replaced.
+	base := make([]byte, 0, 256<<10)
+	buf := base
 	var dec wire.Decompressor
 	for {
 		f, n, err := wire.Split(buf, c.maxFrame)
@@ -19,14 +26,14 @@ func (c *Conn) reader() {
 		}
 		if n == 0 {
 			// Need more bytes: make room (compact, grow) and read.
-			if need := wire.FrameSize(buf); need > cap(buf) {
-				nb := make([]byte, len(buf), need)
-				copy(nb, buf)
-				buf = nb
-			} else if cap(buf)-len(buf) < 4096 {
-				nb := make([]byte, len(buf), max(2*cap(buf), 256<<10))
-				copy(nb, buf)
-				buf = nb
+			need := wire.FrameSize(buf)
+			if cap(buf)-len(buf) < 4096 || need > cap(buf) {
+				buf = base[:copy(base[:len(buf)], buf)]
+				if need > cap(base) || cap(base)-len(buf) < 4096 {
+					nb := make([]byte, len(buf), max(need, 2*cap(base)))
+					copy(nb, buf)
+					base, buf = nb[:0], nb
+				}
 			}
 			m, err := c.nc.Read(buf[len(buf):cap(buf)])
 			if err != nil {
@@ -43,7 +50,7 @@ func (c *Conn) reader() {
 		}
 		buf = buf[n:]
 		if len(buf) == 0 {
-			buf = buf[:0:cap(buf)]
+			buf = base[:0]
 		}
 	}
 }
