@@ -37,5 +37,5 @@ type ConnectionStats struct {
 	Connections         int
 	Channels            int64
 	MemoryHighWatermark int64 // bytes; 0: none
-	FlowBlocked         bool  // the memory alarm is on
+	FlowBlocked         bool  // the memory or the disk alarm is on
 }
