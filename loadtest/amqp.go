@@ -41,12 +41,17 @@ func (d *amqpDriver) setup(ctx context.Context, cfg *Config, t *topo) error {
 		return err
 	}
 	for _, q := range t.queues {
+		if cfg.Ledger != "" { // a ledger run keeps what the queues hold
+			break
+		}
 		if _, err := ch.QueueDelete(q, false, false, false); err != nil {
 			return err
 		}
 	}
-	if err := ch.ExchangeDelete(t.exchange, false, false); err != nil {
-		return err
+	if cfg.Ledger == "" {
+		if err := ch.ExchangeDelete(t.exchange, false, false); err != nil {
+			return err
+		}
 	}
 	if err := ch.ExchangeDeclare(t.exchange, cfg.ExchangeType, cfg.Persistent, false, false, false, nil); err != nil {
 		return err

@@ -48,6 +48,18 @@ type Config struct {
 	// Stop, when set, ends the publishing phase when it is closed (like the
 	// end of Duration); the drain and the report follow as usual.
 	Stop <-chan struct{} `json:"-"`
+	// Ledger, when set, is a file that keeps the run's accounting across
+	// broker restarts (see Ledger): the queues are kept rather than
+	// declared afresh, a producer losing its connection ends the
+	// publishing phase instead of failing the run, the loss verdict is left
+	// to a Verify run, and the confirmed and received sequence numbers are
+	// added to the file at the end of the run (an interrupt included).
+	Ledger string `json:"-"`
+	// PublishOnly starts no consumers (for a ledger run: the queues keep
+	// what was published for a later run or Verify).
+	PublishOnly bool `json:"-"`
+	// Verify is the ledger file a Verify run checks.
+	Verify string `json:"-"`
 	// Live, when set, is given the run's running totals.
 	Live *Live `json:"-"`
 

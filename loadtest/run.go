@@ -40,11 +40,26 @@ func Run(ctx context.Context, cfg Config, out io.Writer) (*Report, error) {
 
 func run(ctx context.Context, cfg *Config, d driver, out io.Writer, dropNth int64) (*Report, error) {
 	t := newTopo(cfg)
+	var ledger *Ledger
+	base := 0 // the first producer id of this run: after the ledger's
+	if cfg.Ledger != "" {
+		if cfg.copies() != 1 {
+			return nil, fmt.Errorf("loadtest: --ledger counts one copy of each message: use a direct or topic exchange, not fanout")
+		}
+		var err error
+		if ledger, err = openLedger(cfg.Ledger, t); err != nil {
+			return nil, err
+		}
+		base = len(ledger.Producers)
+	}
 	if err := d.setup(ctx, cfg, t); err != nil {
 		return nil, fmt.Errorf("loadtest: setup: %w", err)
 	}
 	nCons := cfg.Queues * cfg.Consumers
-	tr := newTracker(cfg.Producers, nCons, cfg.copies(), cfg.ConfirmWindow)
+	if cfg.PublishOnly {
+		nCons = 0
+	}
+	tr := newTracker(base+cfg.Producers, nCons, cfg.copies(), cfg.ConfirmWindow)
 	tr.dropNth = dropNth
 	if cfg.Live != nil {
 		cfg.Live.t.Store(tr)
@@ -52,7 +67,7 @@ func run(ctx context.Context, cfg *Config, d driver, out io.Writer, dropNth int6
 
 	for i := 0; i < nCons; i++ {
 		ci := i
-		last := make([]uint64, cfg.Producers)
+		last := make([]uint64, base+cfg.Producers)
 		if _, err := d.consumer(ctx, cfg, t.queues[i%cfg.Queues], func(body []byte) {
 			tr.consumedMsg(ci, body, time.Now().UnixNano(), last)
 		}); err != nil {
@@ -61,7 +76,7 @@ func run(ctx context.Context, cfg *Config, d driver, out io.Writer, dropNth int6
 	}
 	prods := make([]producer, cfg.Producers)
 	for i := range prods {
-		pi := i
+		pi := base + i
 		p, err := d.producer(ctx, cfg, func(first, last uint64, ok bool) {
 			tr.confirmed(pi, first, last, ok, time.Now().UnixNano())
 		})
@@ -83,6 +98,7 @@ func run(ctx context.Context, cfg *Config, d driver, out io.Writer, dropNth int6
 		perProducer = (cfg.Count + int64(cfg.Producers) - 1) / int64(cfg.Producers)
 	}
 	for i, p := range prods {
+		i += base
 		wg.Add(1)
 		go func(pi int, p producer) {
 			defer wg.Done()
@@ -135,6 +151,7 @@ func run(ctx context.Context, cfg *Config, d driver, out io.Writer, dropNth int6
 		endTimer.Stop()
 	}
 	var runErr error
+	connLost := false  // a ledger run's producer lost the broker
 	stopCh := cfg.Stop // nil blocks forever
 loop:
 	for {
@@ -145,6 +162,13 @@ loop:
 			break loop
 		case err := <-errs:
 			stop.Store(true)
+			if ledger != nil {
+				// The broker went away (a kill test): the phase ends
+				// here, and what was confirmed is in the ledger.
+				connLost = true
+				fmt.Fprintf(out, "%v: the publishing phase ends here\n", err)
+				break loop
+			}
 			runErr = err
 			break loop
 		case <-pubDone:
@@ -186,7 +210,7 @@ loop:
 	}
 	wctx, cancel := context.WithTimeout(context.Background(), cfg.DrainTimeout)
 	for _, p := range prods {
-		if err := p.wait(wctx); err != nil && runErr == nil {
+		if err := p.wait(wctx); err != nil && runErr == nil && !connLost {
 			runErr = fmt.Errorf("loadtest: waiting for confirms: %w", err)
 		}
 	}
@@ -196,7 +220,7 @@ loop:
 	_, acked, _ := tr.totals()
 	want := acked * int64(cfg.copies())
 	lastMove, lastSeen := time.Now(), tr.consumed.Load()
-	for tr.consumed.Load() < want && time.Since(lastMove) < cfg.DrainTimeout && ctx.Err() == nil {
+	for !connLost && nCons > 0 && tr.consumed.Load() < want && time.Since(lastMove) < cfg.DrainTimeout && ctx.Err() == nil {
 		time.Sleep(10 * time.Millisecond)
 		if c := tr.consumed.Load(); c != lastSeen {
 			lastMove, lastSeen = time.Now(), c
@@ -212,6 +236,20 @@ loop:
 		rep.BrokerCPU = perMessage(warmCPU.broker, endCPU.broker, consumed)
 	}
 	rep.print(out)
+	if ledger != nil {
+		if err := ledger.record(tr, base); err != nil {
+			return rep, err
+		}
+		ledger.Duplicates += tr.dups.Load()
+		if err := ledger.write(cfg.Ledger); err != nil {
+			return rep, err
+		}
+		fmt.Fprintf(out, "ledger: %d confirmed from producers %d-%d, added to %s (check with --verify)\n", rep.Confirmed, base, base+cfg.Producers-1, cfg.Ledger)
+		if runErr == nil || errors.Is(runErr, context.Canceled) {
+			return rep, nil // the loss verdict is --verify's
+		}
+		return rep, runErr
+	}
 	switch {
 	case runErr != nil:
 		return rep, runErr

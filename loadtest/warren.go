@@ -41,13 +41,19 @@ func (d *warrenDriver) setup(ctx context.Context, cfg *Config, t *topo) error {
 		return err
 	}
 	// Start from scratch: a previous run may have declared them otherwise.
+	// A ledger run keeps them: what they hold is accounted for.
 	for _, q := range t.queues {
+		if cfg.Ledger != "" {
+			break
+		}
 		if _, err := ch.DeleteQueue(ctx, q, false, false); err != nil && wire.CodeOf(err) != wire.NotFound {
 			return err
 		}
 	}
-	if err := ch.DeleteExchange(ctx, t.exchange, false); err != nil && wire.CodeOf(err) != wire.NotFound {
-		return err
+	if cfg.Ledger == "" {
+		if err := ch.DeleteExchange(ctx, t.exchange, false); err != nil && wire.CodeOf(err) != wire.NotFound {
+			return err
+		}
 	}
 	if err := ch.DeclareExchange(ctx, t.exchange, cfg.ExchangeType, client.ExchangeOptions{Durable: cfg.Persistent}); err != nil {
 		return err

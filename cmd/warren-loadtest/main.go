@@ -8,6 +8,8 @@
 //	warren-loadtest --scenario million --json million.json
 //	warren-loadtest --scenario throughput --html throughput.html
 //	warren-loadtest compare --out compare.md --html compare.html
+//	warren-loadtest --persistent --ledger run.ledger --duration 60s   # the broker may be killed meanwhile
+//	warren-loadtest --verify run.ledger                              # after a restart: exit 3 if a confirmed message is missing
 package main
 
 import (
@@ -20,6 +22,7 @@ import (
 	"os/signal"
 	"strings"
 	"syscall"
+	"time"
 
 	"github.com/warren-mq/warren/loadtest"
 )
@@ -57,9 +60,24 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	fs.DurationVar(&c.Warmup, "warmup", 0, "run this long before measuring")
 	fs.StringVar(&c.JSONPath, "json", "", "write the report as JSON to this file")
 	htmlPath := fs.String("html", "", "write the report as a self-contained HTML page (charts over time) to this file")
+	fs.StringVar(&c.Ledger, "ledger", "", "keep the queues and add what was confirmed and consumed to this file, for --verify after broker restarts; a lost broker connection ends the publishing phase")
+	fs.StringVar(&c.Verify, "verify", "", "consume the queues of this ledger file until empty and report every confirmed message that never came back (exit 3 on any)")
+	fs.BoolVar(&c.PublishOnly, "publish-only", false, "start no consumers: the queues keep what is published (with --ledger, for a later --verify)")
+	quiet := fs.Duration("quiet", 5*time.Second, "--verify: stop after this long without a delivery")
 	fs.IntVar(&c.BrokerPID, "broker-pid", 0, "the broker's process id on this machine: report its CPU time per message (from /proc)")
 	if err := fs.Parse(args); err != nil {
 		return 2
+	}
+	if c.Verify != "" {
+		_, err := loadtest.Verify(ctx, c, *quiet, stdout)
+		if err != nil {
+			fmt.Fprintln(stderr, err)
+			if errors.Is(err, loadtest.ErrLoss) {
+				return 3
+			}
+			return 1
+		}
+		return 0
 	}
 	cfg := c
 	if *scenario != "" {
@@ -130,6 +148,8 @@ func overlay(s, f loadtest.Config) loadtest.Config {
 	if f.Warmup != 0 {
 		s.Warmup, s.WarmupS = f.Warmup, 0
 	}
+	str(&s.Ledger, f.Ledger)
+	s.PublishOnly = s.PublishOnly || f.PublishOnly
 	if f.BrokerPID != 0 {
 		s.BrokerPID = f.BrokerPID
 	}
