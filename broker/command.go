@@ -123,6 +123,17 @@ func (s *shard) apply(c *Command) {
 	case cmdPost:
 		c.post()
 	case CmdBarrier:
+		if q := c.Queue; q != nil && q.grp != nil && !q.gone && q.grp.Err() == nil {
+			if seq := q.grp.LastSeq(); seq > q.applSeq {
+				// A durable queue: answered once what was added to
+				// its log before it is applied (answerBarriers).
+				if len(q.barriers) == 0 {
+					s.barrierQs = append(s.barrierQs, q)
+				}
+				q.barriers = append(q.barriers, pendingBarrier{seq: seq, sink: c.Sink, req: c.Req})
+				return
+			}
+		}
 		// The effects of everything before it reach their sinks first.
 		s.flushEffects()
 		c.Sink.Answer(c.Req, Result{})

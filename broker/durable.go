@@ -174,6 +174,9 @@ func (s *shard) applied(q *Queue, a *replication.Applied) {
 	if !q.opened && q.ours(a) && a.Header.Seq >= q.openSeq {
 		q.opened = true // the Downs and Tick added at open are applied
 	}
+	if q.ours(a) && a.Header.Seq > q.applSeq {
+		q.applSeq = a.Header.Seq
+	}
 	saved := s.now
 	s.now = a.NowMs
 	switch c := a.Command.(type) {
@@ -411,6 +414,7 @@ func (s *shard) round() {
 		s.rw.MaybeSnapshot(s.now)
 	}
 	s.roundMore = s.rw.Round(s.now)
+	s.answerBarriers()
 	s.checkRecovered()
 	if st := s.rw.Stats(); s.roundMore && st.Appends == st.Persisted {
 		// Nothing in flight will wake the shard: wake it.
@@ -462,6 +466,49 @@ func (s *shard) failDurable(q *Queue) {
 		p.sink.Answer(p.req, noQueue(q))
 	}
 	q.purges = nil
+	s.flushEffects()
+	for _, p := range q.barriers {
+		p.sink.Answer(p.req, Result{}) // nothing more of the queue will come
+	}
+	q.barriers = nil
+}
+
+// pendingBarrier is a CmdBarrier on a durable queue waiting for the
+// entry of proposal seq seq to be applied.
+type pendingBarrier struct {
+	seq  uint64
+	sink Sink
+	req  uint64
+}
+
+// answerBarriers answers, after a round, the barriers whose queues have
+// applied every entry proposed before them (all of an entry's commands
+// are applied within the round, so none is answered halfway through one).
+func (s *shard) answerBarriers() {
+	if len(s.barrierQs) == 0 {
+		return
+	}
+	kept := s.barrierQs[:0]
+	flushed := false
+	for _, q := range s.barrierQs {
+		i := 0
+		for ; i < len(q.barriers) && q.barriers[i].seq <= q.applSeq; i++ {
+			if !flushed {
+				s.flushEffects() // the effects of what they waited for go first
+				flushed = true
+			}
+			q.barriers[i].sink.Answer(q.barriers[i].req, Result{})
+			q.barriers[i] = pendingBarrier{}
+		}
+		q.barriers = q.barriers[i:]
+		if len(q.barriers) > 0 {
+			kept = append(kept, q)
+		} else {
+			q.barriers = nil
+		}
+	}
+	clear(s.barrierQs[len(kept):])
+	s.barrierQs = kept
 }
 
 // WaitRecovered waits until every durable queue has applied what its log

@@ -22,8 +22,11 @@ type shard struct {
 	inbox []Command
 	spare []Command
 	wake  chan struct{}
-	stop  chan struct{}
-	done  chan struct{}
+	// barrierQs are the durable queues with barriers waiting for an apply
+	// (answerBarriers).
+	barrierQs []*Queue
+	stop      chan struct{}
+	done      chan struct{}
 
 	// shard-owned
 	queues map[*Queue]struct{}

@@ -58,6 +58,8 @@ type Queue struct {
 	pendHead int
 	subs     map[queue.ConsumerID]pendingReq
 	purges   []pendingReq
+	barriers []pendingBarrier // FIFO, by seq
+	applSeq  uint64           // the proposal seq of the last entry of this incarnation applied
 	viewing  bool
 	openSeq  uint64 // the proposal seq of the commands added at open
 	opened   bool   // they are applied: the queue has recovered

@@ -217,6 +217,17 @@ func (g *Group) Leader() bool { return g.leader }
 // contract breach), or nil.
 func (g *Group) Err() error { return g.err }
 
+// LastSeq is the proposal seq of the last command added: that of the
+// entry being built if it holds any, else that of the last one proposed
+// (0 before any). Everything added so far is applied once an entry with
+// this seq or a later one of this incarnation has been.
+func (g *Group) LastSeq() uint64 {
+	if g.enc.Commands() > 0 {
+		return g.seq + 1
+	}
+	return g.seq
+}
+
 // Add buffers cmd for the group's next proposal (one entry per group per
 // round, design §1.3) and returns the proposal seq of the entry it goes
 // into: the entry is applied under that seq (Applied.Header.Seq, with
