@@ -77,7 +77,9 @@ func declareAndBindPipelined(t testing.TB, addr, ex string, n int) {
 // bench-topology): WARREN_TOPOLOGY_QUEUES=100000 queues declared and
 // bound, pipelined by one client over loopback, against the real server;
 // it reports the wall time and the heap and RSS per queue. Skipped unless
-// the variable is set.
+// the variable is set. WARREN_TOPOLOGY_DATA=1 runs it as warrend does, with
+// a data directory: every control run is then one entry of the metadata
+// log and one fdatasync.
 func TestTopologyScale(t *testing.T) {
 	nv := os.Getenv("WARREN_TOPOLOGY_QUEUES")
 	if nv == "" {
@@ -93,7 +95,11 @@ func TestTopologyScale(t *testing.T) {
 }
 
 func topologyScale(t *testing.T, n int) {
-	s, err := Start(Config{Addr: "127.0.0.1:0"})
+	cfg := Config{Addr: "127.0.0.1:0"}
+	if os.Getenv("WARREN_TOPOLOGY_DATA") != "" {
+		cfg.DataDir = t.TempDir()
+	}
+	s, err := Start(cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
