@@ -33,7 +33,7 @@ func TestBrokerChild(t *testing.T) {
 	defer stop()
 	// No soft limit: the publish-only phases leave a backlog larger than
 	// the 20,000 ready messages at which a queue holds back confirms.
-	s, err := netio.Start(netio.Config{Addr: "127.0.0.1:0", DataDir: data, QueueSoftLimit: -1})
+	s, err := netio.Start(netio.Config{Addr: "127.0.0.1:0", DataDir: data, QueueSoftLimit: -1, DiskFreeLimit: -1})
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "broker child:", err)
 		os.Exit(1)

@@ -166,7 +166,8 @@ func TestCorruptMetaLogRefusesToStart(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	addrs := make(chan net.Addr, 1)
 	done := make(chan error, 1)
-	args := []string{"--listen", "127.0.0.1:0", "--http", "127.0.0.1:0", "--data", data, "--log-level", "error"}
+	args := []string{"--listen", "127.0.0.1:0", "--http", "127.0.0.1:0", "--data", data, "--log-level", "error",
+		"--disk-free-limit", "-1"} // not the host's free disk space
 	go func() {
 		done <- run(ctx, args, func(string) string { return "" }, strings.NewReader(""), io.Discard, io.Discard,
 			func(b, _ net.Addr) { addrs <- b })

@@ -198,7 +198,8 @@ func liveMetricNames(t *testing.T) map[string]bool {
 	done := make(chan error, 1)
 	var stderr bytes.Buffer
 	go func() {
-		done <- run(ctx, []string{"--listen", "127.0.0.1:0", "--http", "127.0.0.1:0", "--data", filepath.Join(dir, "data"), "--log-level", "error"},
+		done <- run(ctx, []string{"--listen", "127.0.0.1:0", "--http", "127.0.0.1:0", "--data", filepath.Join(dir, "data"), "--log-level", "error",
+			"--disk-free-limit", "-1"},
 			func(string) string { return "" }, strings.NewReader(""), io.Discard, &stderr,
 			func(b, h net.Addr) { addrs <- [2]net.Addr{b, h} })
 	}()
