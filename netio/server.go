@@ -558,9 +558,26 @@ func (s *Server) Close(ctx context.Context) error {
 	s.connsMu.Unlock()
 	// Let the shards finish what is queued so confirms go out first.
 	_ = s.Barrier(ctx)
+	changed := s.Changed()
 	for _, c := range conns {
 		c.closeWith(wire.ConnectionForced, "broker shutting down")
 	}
+	// Let the loops write each CLOSE and close its socket (for at most a
+	// second) before the engine stops: stopping drops the writes still
+	// queued, and a client would read EOF where the spec promises CLOSE
+	// connection_forced.
+	drain := time.NewTimer(time.Second)
+	for s.ConnectionCount() > 0 {
+		select {
+		case <-changed:
+			changed = s.Changed()
+			continue
+		case <-drain.C:
+		case <-ctx.Done():
+		}
+		break
+	}
+	drain.Stop()
 	err := s.eng.Stop(ctx)
 	select {
 	case <-s.stopped:
