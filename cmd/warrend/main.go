@@ -36,6 +36,7 @@ import (
 	"github.com/warren-mq/warren/admin"
 	"github.com/warren-mq/warren/admin/console"
 	"github.com/warren-mq/warren/netio"
+	"github.com/warren-mq/warren/netio/adminconn"
 	"github.com/warren-mq/warren/netio/amqp"
 )
 
@@ -321,12 +322,12 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdin i
 			return fmt.Errorf("amqp-listen %s: %w", fc.AMQPListen, err)
 		}
 	}
-	api := admin.New(srv.Broker, adminConns{srv}, log, 0)
+	api := admin.New(srv.Broker, adminconn.New(srv), log, 0)
 	defer api.Close()
 	api.SetDataDir(fc.Data)
 	// The web console at /, and the admin API for its sessions and for
 	// HTTP Basic credentials (503 until recovery is done).
-	webH.Store(console.New(api, adminConns{srv}))
+	webH.Store(console.New(api, adminconn.New(srv)))
 	state.Store(stateReady)
 	log.Info("durable exchanges, queues, bindings between durable ends, and the messages of durable queues survive a restart (README: what survives a restart)")
 	log.Info("warrend started", "listen", srv.Addr().String(), "http", ln.Addr().String(), "data", fc.Data, "version", netio.Version)

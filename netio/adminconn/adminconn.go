@@ -1,4 +1,7 @@
-package main
+// Package adminconn composes netio's Server into the admin API's
+// connection layer (admin.Connections): admin imports no netio, so whoever
+// runs both (warrend, the tests) wires them with New.
+package adminconn
 
 import (
 	"github.com/warren-mq/warren/admin"
@@ -6,13 +9,13 @@ import (
 	"github.com/warren-mq/warren/netio"
 )
 
-// adminConns is netio's Server as the admin API's connection layer
-// (admin.Connections): admin imports no netio, so warrend composes them.
-type adminConns struct{ *netio.Server }
+// New is s as the admin API's connection layer:
+// admin.New(s.Broker, adminconn.New(s), log, every).
+func New(s *netio.Server) admin.Connections { return conns{s} }
 
-var _ admin.Connections = adminConns{}
+type conns struct{ *netio.Server }
 
-func (c adminConns) ListConnections() []admin.Connection {
+func (c conns) ListConnections() []admin.Connection {
 	infos := c.Connections()
 	out := make([]admin.Connection, len(infos))
 	for i, ci := range infos {
@@ -21,7 +24,7 @@ func (c adminConns) ListConnections() []admin.Connection {
 	return out
 }
 
-func (c adminConns) ListChannels() []api.Channel {
+func (c conns) ListChannels() []api.Channel {
 	infos := c.Channels()
 	out := make([]api.Channel, len(infos))
 	for i, ci := range infos {
@@ -34,7 +37,7 @@ func (c adminConns) ListChannels() []api.Channel {
 	return out
 }
 
-func (c adminConns) ConnectionStats() admin.ConnectionStats {
+func (c conns) ConnectionStats() admin.ConnectionStats {
 	o := c.Overview()
 	return admin.ConnectionStats{Version: o.Version, Connections: o.Connections, Channels: o.Channels,
 		MemoryHighWatermark: o.MemoryHighWatermark, FlowBlocked: o.FlowBlocked}
