@@ -48,7 +48,7 @@ func TestWarrendChild(t *testing.T) {
 func startChild(t *testing.T, data string) (*exec.Cmd, string) {
 	t.Helper()
 	cmd := exec.Command(os.Args[0], "-test.run=^TestWarrendChild$", "-test.count=1")
-	cmd.Env = append(os.Environ(), "WARREND_TEST_CHILD=--listen 127.0.0.1:0 --http 127.0.0.1:0 --log-level warn --data "+data)
+	cmd.Env = append(os.Environ(), "WARREND_TEST_CHILD=--listen 127.0.0.1:0 --http 127.0.0.1:0 --log-level warn --disk-free-limit -1 --data "+data)
 	cmd.Stderr = os.Stderr
 	out, err := cmd.StdoutPipe()
 	if err != nil {
