@@ -109,8 +109,26 @@ func (b *Broker) republish(ctx context.Context, rs *replaySink, msg *StoredMsg, 
 	if view.Table.IsInternal(death.Exchange) {
 		return reqErr(wire.ExchangeInternal, "exchange %q is internal", death.Exchange)
 	}
-	rk := death.RoutingKeys[0]
-	refs, _ := view.Table.Route(nil, death.Exchange, []byte(rk), props.Headers)
+	n, code, err := b.publishCopy(ctx, view, rs, death.Exchange, death.RoutingKeys[0], msg.Props, props, msg.Body, msg.Flags&^wire.Mandatory, msg.Priority)
+	switch {
+	case err != nil:
+		return err
+	case n == 0:
+		return ErrUnroutable
+	case code != wire.OK:
+		return reqErr(code, "a queue refused the replayed message")
+	}
+	return nil
+}
+
+// publishCopy routes a copy of one message (its properties parsed as p)
+// through exchange on view, in an arena of its own as a dead letter gets
+// (see shard.deadLetter), and waits until every queue it was routed to
+// has taken it (rs is told). It returns how many queues it was routed to
+// (0: unroutable, nothing published) and the code they answered.
+func (b *Broker) publishCopy(ctx context.Context, view *RouteView, rs *replaySink, exchange, rk string, props []byte, p *wire.Properties,
+	body []byte, flags wire.MessageFlags, priority uint8) (int, wire.Code, error) {
+	refs, _ := view.Table.Route(nil, exchange, []byte(rk), p.Headers)
 	var tqs []*Queue
 	for _, ref := range refs {
 		if tq := view.Queue(ref); tq != nil {
@@ -118,19 +136,18 @@ func (b *Broker) republish(ctx context.Context, rs *replaySink, msg *StoredMsg, 
 		}
 	}
 	if len(tqs) == 0 {
-		return ErrUnroutable
+		return 0, wire.OK, nil
 	}
-	// An arena of its own, as a dead letter gets (see shard.deadLetter).
-	buf := make([]byte, 0, len(death.Exchange)+len(rk)+len(msg.Props)+len(msg.Body))
-	buf = append(append(append(append(buf, death.Exchange...), rk...), msg.Props...), msg.Body...)
-	i, j, k := len(death.Exchange), len(death.Exchange)+len(rk), len(death.Exchange)+len(rk)+len(msg.Props)
-	m := &StoredMsg{Exchange: buf[:i:i], RoutingKey: buf[i:j:j], Props: buf[j:k:k], Body: buf[k:], Arena: &Arena{}, Flags: msg.Flags &^ wire.Mandatory, Priority: msg.Priority}
+	buf := make([]byte, 0, len(exchange)+len(rk)+len(props)+len(body))
+	buf = append(append(append(append(buf, exchange...), rk...), props...), body...)
+	i, j, k := len(exchange), len(exchange)+len(rk), len(exchange)+len(rk)+len(props)
+	m := &StoredMsg{Exchange: buf[:i:i], RoutingKey: buf[i:j:j], Props: buf[j:k:k], Body: buf[k:], Arena: &Arena{}, Flags: flags, Priority: priority}
 	m.Arena.Cost = int64(cap(buf)) + StoredMsgOverhead + int64(len(tqs))*PlacementOverhead
 	m.Arena.Refs.Store(int64(len(tqs)))
 	b.AddStoredBytes(m.Arena.Cost)
-	meta := queue.Message{Size: uint32(len(m.Body)), Priority: m.Priority, DedupKey: DedupKey(props.MessageID)}
-	if props.Has(wire.PropExpiration) {
-		meta.ExpirationMs, meta.HasExpiration = props.ExpirationMs, true
+	meta := queue.Message{Size: uint32(len(m.Body)), Priority: priority, DedupKey: DedupKey(p.MessageID)}
+	if p.Has(wire.PropExpiration) {
+		meta.ExpirationMs, meta.HasExpiration = p.ExpirationMs, true
 	}
 	batch := &PublishBatch{Sink: rs, Codes: make([]uint32, 1)}
 	parts := make([][]EnqItem, len(b.shards))
@@ -138,27 +155,24 @@ func (b *Broker) republish(ctx context.Context, rs *replaySink, msg *StoredMsg, 
 		parts[tq.shardIdx] = append(parts[tq.shardIdx], EnqItem{Q: tq, Msg: m, Meta: meta})
 	}
 	n := int32(1)
-	for _, p := range parts {
-		if len(p) > 0 {
+	for _, part := range parts {
+		if len(part) > 0 {
 			n++
 		}
 	}
 	batch.Pending.Store(n)
-	for _, p := range parts {
-		if len(p) > 0 {
-			b.Submit(Command{Kind: CmdPublish, Items: p, Batch: batch})
+	for _, part := range parts {
+		if len(part) > 0 {
+			b.Submit(Command{Kind: CmdPublish, Items: part, Batch: batch})
 		}
 	}
 	batch.PartDone()
 	select {
 	case <-rs.confirmed:
 	case <-ctx.Done():
-		return ctx.Err()
+		return 0, wire.OK, ctx.Err()
 	}
-	if code := wire.Code(batch.Codes[0]); code != wire.OK {
-		return reqErr(code, "a queue refused the replayed message")
-	}
-	return nil
+	return len(tqs), wire.Code(batch.Codes[0]), nil
 }
 
 // replaySink is the Sink of a replay's consumer and publishes.
