@@ -542,6 +542,7 @@ func TestDurablePendingBytesCount(t *testing.T) {
 	k := newDurSink()
 	first := publish(b, q, k, true, "first")
 	k.waitFor(t, "the first confirm", func() bool { return k.confirmed(first) })
+	barrier(t, q.shard) // the shard folds its byte changes into the gauge after the confirm goes out
 	base := b.StoredBytes()
 
 	fs.held.Store(true)
