@@ -149,6 +149,14 @@ func openDurNode(t *testing.T, fs segment.FS, dir ...string) *durNode {
 	if len(dir) > 0 {
 		path = dir[0]
 	}
+	return openDurNodeWith(t, fs, path, nil)
+}
+
+// openDurNodeWith is openDurNode in directory path, with tweak (if not
+// nil) changing the broker's and the metadata log's configuration before
+// they start (a fake clock, Fatal handlers).
+func openDurNodeWith(t *testing.T, fs segment.FS, path string, tweak func(*Config, *MetaLogConfig)) *durNode {
+	t.Helper()
 	l, err := segment.Open(fs, path, segment.Options{})
 	if err != nil {
 		t.Fatal(err)
@@ -157,11 +165,16 @@ func openDurNode(t *testing.T, fs segment.FS, dir ...string) *durNode {
 	if err != nil {
 		t.Fatal(err)
 	}
-	b := New(Config{Shards: 2, Durable: &DurableConfig{Log: l, Snapshots: store}})
+	cfg := Config{Shards: 2, Durable: &DurableConfig{Log: l, Snapshots: store}}
+	mcfg := MetaLogConfig{Log: l, Snapshots: store}
+	if tweak != nil {
+		tweak(&cfg, &mcfg)
+	}
+	b := New(cfg)
 	b.Start()
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	if err := b.OpenMetaLog(ctx, MetaLogConfig{Log: l, Snapshots: store}); err != nil {
+	if err := b.OpenMetaLog(ctx, mcfg); err != nil {
 		t.Fatal(err)
 	}
 	return &durNode{b: b, log: l}
