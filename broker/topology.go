@@ -244,6 +244,10 @@ type topology struct {
 	// its encoding scratch (mu).
 	mlog atomic.Pointer[replication.MetaGroup]
 	mbuf []byte
+	// creating holds the queues a batch of effects created until the
+	// view that routes to them (and through their dead-letter exchanges)
+	// is published: their shards get their creates after it (mu).
+	creating []*Queue
 }
 
 // queueTotals are broker-wide sums of per-queue counters.
@@ -301,6 +305,17 @@ func (t *topology) ApplyMetaEffects(effs []MetaEffect) {
 	if changed {
 		t.changedLocked()
 	}
+	// A queue's shard opens it only once the routes of the whole batch
+	// are published (a control run publishes them at its end, but a queue
+	// it declares holds nothing before then). A durable queue recovering
+	// its log dead-letters what it replays, and expires what is due,
+	// through the view: an earlier view lacks the recovered dead-letter
+	// exchanges and bindings, and those dead letters were dropped.
+	for i, q := range t.creating {
+		q.shard.submit(Command{Kind: CmdCreate, Queue: q})
+		t.creating[i] = nil
+	}
+	t.creating = t.creating[:0]
 }
 
 func (t *topology) createQueueLocked(e *MetaEffect) {
@@ -312,7 +327,7 @@ func (t *topology) createQueueLocked(e *MetaEffect) {
 	t.queues[mq.ID] = q
 	t.slots.set(q.id, q)
 	t.routes.AddQueue(q.name, q.id)
-	q.shard.submit(Command{Kind: CmdCreate, Queue: q})
+	t.creating = append(t.creating, q) // submitted by ApplyMetaEffects
 }
 
 func (t *topology) dropQueueLocked(id uint64) {
