@@ -534,6 +534,17 @@ func (b *Broker) WaitRecovered(ctx context.Context) error {
 	return b.sweepErr
 }
 
+// waitGroupRemovals waits until every shard has handled what it was given
+// before the call.
+func (b *Broker) waitGroupRemovals(ctx context.Context) error {
+	for _, sh := range b.shards {
+		if _, err := ask(ctx, sh, Command{Kind: CmdBarrier}); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
 // removeDeletedGroups removes from the log (segment.RemoveGroup) and the
 // snapshot store (SnapStore.Forget) every queue group that no queue of
 // the metadata owns and that no shard opened in this incarnation: the

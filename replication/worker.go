@@ -169,6 +169,9 @@ func NewWorker(log *segment.Log, cfg WorkerConfig) *Worker {
 // Stats returns the counters.
 func (w *Worker) Stats() WorkerStats { return w.stats }
 
+// Groups is how many groups are open on the worker.
+func (w *Worker) Groups() int { return len(w.ids) }
+
 // Open opens group gid over the log: its storage from what segment holds
 // and snap (the latest snapshot's metadata, ConfState included; for a new
 // group index 0 and the voters), its FSM (fsm, restored to snap.Index by
