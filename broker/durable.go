@@ -534,12 +534,51 @@ func (b *Broker) WaitRecovered(ctx context.Context) error {
 	return b.sweepErr
 }
 
-// waitGroupRemovals waits until every shard has handled what it was given
-// before the call.
+// removeGroup closes a deleted durable queue's group on the shard's
+// worker and removes its snapshot and log (segment.RemoveGroup) once
+// nothing of it is in flight, on the pool, so deleting queues holds
+// neither memory nor disk for them. Until that is done the group stays in
+// openedGrps (the start-up sweep leaves it alone). Should the removal
+// fail (the engine stopped: the node is going down), the next start
+// removes the group (removeDeletedGroups).
+func (s *shard) removeGroup(q *Queue) {
+	gid := q.grp.ID()
+	s.removing++
+	s.rw.Remove(q.grp, s.b.cfg.Durable.Snapshots, func(err error) {
+		s.removing--
+		delete(s.openedGrps, gid)
+		if err != nil {
+			s.b.log.Error("durable queue deleted: its log was not removed now; the next start removes it", "queue", q.name, "group", gid, "err", err)
+		}
+		s.checkRemovals()
+	})
+}
+
+// checkRemovals releases the waitGroupRemovals callers once no removal is
+// in flight.
+func (s *shard) checkRemovals() {
+	if s.removing > 0 || len(s.removeWait) == 0 {
+		return
+	}
+	for _, c := range s.removeWait {
+		close(c)
+	}
+	s.removeWait = nil
+}
+
+// waitGroupRemovals waits until every shard has finished removing the
+// groups of the durable queues deleted before the call.
 func (b *Broker) waitGroupRemovals(ctx context.Context) error {
 	for _, sh := range b.shards {
-		if _, err := ask(ctx, sh, Command{Kind: CmdBarrier}); err != nil {
-			return err
+		done := make(chan struct{})
+		sh.submit(Command{Kind: cmdPost, post: func() {
+			sh.removeWait = append(sh.removeWait, done)
+			sh.checkRemovals()
+		}})
+		select {
+		case <-done:
+		case <-ctx.Done():
+			return ctx.Err()
 		}
 	}
 	return nil
@@ -549,13 +588,11 @@ func (b *Broker) waitGroupRemovals(ctx context.Context) error {
 // snapshot store (SnapStore.Forget) every queue group that no queue of
 // the metadata owns and that no shard opened in this incarnation: the
 // groups of durable queues deleted (by a client, auto-delete or expiry)
-// in an earlier incarnation. Their files are reclaimed, and a queue that
-// later gets the same group id (a Meta id reused) starts empty. It runs
-// once, when recovery is done and before the listeners open, so no group
-// it removes has a worker writing to it. A group deleted in this
-// incarnation stays open, its sink ignoring what is applied, until the
-// node stops, and is removed at the next start: closing a group on its
-// worker is not built (replication.Worker has no way to drop one).
+// in an earlier incarnation, or in this one when the removal at run time
+// (removeGroup) did not finish before a crash or failed. Their files are
+// reclaimed, and a queue that later gets the same group id (a Meta id
+// reused) starts empty. It runs once, when recovery is done and before
+// the listeners open, so no group it removes has a worker writing to it.
 func (b *Broker) removeDeletedGroups(ctx context.Context) error {
 	dc := b.cfg.Durable
 	keep := map[uint64]struct{}{}

@@ -56,7 +56,9 @@ type shard struct {
 	roundMore   bool
 	snapCheckAt int64               // when the snapshot policy's idle rule last ran
 	recovered   []chan struct{}     // WaitRecovered callers, released once the durable queues caught up
-	openedGrps  map[uint64]struct{} // the durable queue groups opened on this shard's worker in this incarnation
+	openedGrps  map[uint64]struct{} // the durable queue groups opened on this shard's worker in this incarnation (until removed)
+	removing    int                 // groups of deleted durable queues whose removal has not finished
+	removeWait  []chan struct{}     // waitGroupRemovals callers, released when removing is 0
 	waitFree    []*partWait
 	encBuf      []byte
 	offScratch  []int
@@ -432,10 +434,8 @@ func (s *shard) deleteQueue(q *Queue, reason string) int64 {
 	}
 	q.bodies.each(func(_ uint64, m *StoredMsg) { s.release(m) })
 	if q.grp != nil {
-		// The group stays open, its sink ignoring what is applied, until
-		// the node stops (a worker cannot drop a group yet); the next start
-		// removes its log and snapshot (removeDeletedGroups).
 		s.failDurable(q)
+		s.removeGroup(q)
 	}
 	q.bodies = bodyStore{}
 	q.cons = nil

@@ -118,8 +118,7 @@
 //     only without a leader, which a single voter never is);
 //   - the Recover log command (§2.4 restart step 5; the broker Downs the
 //     earlier owners itself) and DeleteIf, EnqueuerDown (frame kinds 8–10
-//     are reserved and refused); a deleted durable queue's group stays open
-//     until the node stops, and its log and snapshot stay (no RemoveGroup);
+//     are reserved and refused);
 //   - a group that stops snapshotting pins the snapshot store from its
 //     snapshot on (SnapStore's doc; Forget covers deleted queues);
 //   - the node-wide crash simulation with confirms (§7; the broker has

@@ -141,7 +141,15 @@ type Group struct {
 	// even without entries (a snapshot needs commit ≥ its index on disk).
 	forceHS bool
 	err     error
+	// removed: Remove closed the group; removing runs the removal once
+	// nothing of the group is in flight (a write, a snapshot).
+	removed  bool
+	removing func()
 }
+
+// ErrGroupRemoved: the group was removed (its queue deleted); it takes no
+// more commands.
+var ErrGroupRemoved = errors.New("replication: the group was removed (its queue was deleted)")
 
 // ErrWorkerStopped: an Append failed earlier; the worker takes no more
 // work (the node must restart and recover).
@@ -171,6 +179,68 @@ func (w *Worker) Stats() WorkerStats { return w.stats }
 
 // Groups is how many groups are open on the worker.
 func (w *Worker) Groups() int { return len(w.ids) }
+
+// Remove closes group g for good and then removes its snapshot from store
+// (if store is not nil) and its log from segment (Log.RemoveGroup), for a
+// deleted queue. From the call on the group has no more rounds, ticks or
+// snapshots, Add refuses with ErrGroupRemoved, what it buffered and did
+// not propose is dropped (the caller answers those commands' requests:
+// they will never be applied), a snapshot waiting to be compacted is
+// abandoned (its done hears ErrGroupRemoved), and nothing it had
+// proposed is applied any more. The removal waits until nothing of the
+// group is in flight (a write with the appender, a snapshot being
+// written or compacted), so nothing writes to the group after it, and
+// runs on the pool (it syncs); done (optional) is then posted to the
+// shard with its outcome. The group id may be opened again once done ran.
+func (w *Worker) Remove(g *Group, store *SnapStore, done func(error)) {
+	if g.removed {
+		return
+	}
+	g.removed = true
+	if g.err == nil {
+		g.err = ErrGroupRemoved
+	}
+	if w.ids[g.id] == g {
+		delete(w.ids, g.id)
+	}
+	clear(g.full)
+	g.full, g.enc, g.held = nil, EntryEncoder{}, nil
+	g.pendingHS, g.forceHS = raftpb.HardState{}, false
+	if p := g.compactAfter; p != nil {
+		g.compactAfter, g.snapping = nil, false
+		p.done(p.meta, ErrGroupRemoved)
+	}
+	gid := g.id
+	g.removing = func() {
+		w.cfg.Pool.Go(func() {
+			var err error
+			if store != nil {
+				err = store.Forget(gid)
+			}
+			if err == nil {
+				err = w.log.RemoveGroup(gid)
+			}
+			if err != nil {
+				err = fmt.Errorf("replication: removing group %d: %w", gid, err)
+			}
+			if done != nil {
+				w.cfg.Post(func() { done(err) })
+			}
+		})
+	}
+	g.maybeRemove()
+}
+
+// maybeRemove starts a removed group's removal once nothing of it is in
+// flight.
+func (g *Group) maybeRemove() {
+	if !g.removed || g.removing == nil || g.inflight || g.snapping {
+		return
+	}
+	f := g.removing
+	g.removing = nil
+	f()
+}
 
 // Open opens group gid over the log: its storage from what segment holds
 // and snap (the latest snapshot's metadata, ConfState included; for a new
@@ -507,6 +577,11 @@ func (w *Worker) persisted(sub *submission) {
 		return
 	}
 	for i, g := range sub.groups {
+		if g.removed {
+			g.inflight = false
+			g.maybeRemove()
+			continue
+		}
 		rd := sub.readies[i]
 		if err := g.st.appended(rd.Entries, sub.hss[i]); err != nil {
 			g.fail(err)
@@ -624,9 +699,13 @@ func (g *Group) Snapshot(store *SnapStore, done func(meta raftpb.SnapshotMetadat
 	w.cfg.Pool.Go(func() {
 		err := store.Put(g.id, meta, data)
 		w.cfg.Post(func() {
+			if err == nil && g.removed {
+				err = ErrGroupRemoved
+			}
 			if err != nil {
 				g.snapping = false
 				done(meta, err)
+				g.maybeRemove()
 				return
 			}
 			g.compactAfter = p
@@ -744,10 +823,14 @@ func (g *Group) maybeCompact() {
 		err := w.log.Compact(g.id, p.meta.Index, p.live)
 		w.cfg.Post(func() {
 			g.snapping = false
+			if err == nil && g.removed {
+				err = ErrGroupRemoved
+			}
 			if err == nil {
 				err = g.st.compacted(p.meta)
 			}
 			p.done(p.meta, err)
+			g.maybeRemove()
 		})
 	})
 }

@@ -308,3 +308,61 @@ func TestWorkerPacesLargeRounds(t *testing.T) {
 		t.Fatalf("%d of %d commands applied, %d proposals dropped", applied, n, d)
 	}
 }
+
+// TestWorkerRemoveWaitsForItsWrite: Remove closes a group at once (Add
+// refuses, nothing more is applied, the worker no longer counts it) and
+// removes its log only after its write in flight completed, so nothing
+// writes to the group after its removal.
+func TestWorkerRemoveWaitsForItsWrite(t *testing.T) {
+	fs := segment.NewMemFS()
+	l := openMemLog(t, fs)
+	defer l.Close()
+	s := newShard(t, l)
+	defer s.w.Close()
+	applied := 0
+	g, err := s.w.Open(10, raftpb.SnapshotMetadata{ConfState: raftpb.ConfState{Voters: []uint64{1}}},
+		NewQueueFSM(queue.New(queue.Config{}, 0), 0, func(*Applied) { applied++ }))
+	if err != nil {
+		t.Fatal(err)
+	}
+	s.settle()
+	if _, err := g.Add(&queue.Tick{}); err != nil {
+		t.Fatal(err)
+	}
+	if s.round() != 1 {
+		t.Fatal("setup: the round submitted no write")
+	}
+	before := applied
+	var removed error
+	called := false
+	s.w.Remove(g, nil, func(err error) { removed, called = err, true })
+	if s.w.Groups() != 0 {
+		t.Fatalf("the worker still counts %d groups after Remove", s.w.Groups())
+	}
+	if _, err := g.Add(&queue.Tick{}); !errors.Is(err, ErrGroupRemoved) {
+		t.Fatalf("Add after Remove: %v, want ErrGroupRemoved", err)
+	}
+	// The first thing posted is the write's completion: the log must
+	// still hold the group then; the removal's done comes after it.
+	for i := 0; !called; i++ {
+		select {
+		case fn := <-s.inbox:
+			if i == 0 && !slices.Contains(l.Groups(), 10) {
+				t.Fatal("the group's log was removed while its write was in flight")
+			}
+			fn()
+		case <-time.After(10 * time.Second):
+			t.Fatal("Remove's done never came")
+		}
+		s.w.Round(s.nowMs)
+	}
+	if removed != nil {
+		t.Fatal(removed)
+	}
+	if slices.Contains(l.Groups(), 10) || l.LastIndex(10) != 0 {
+		t.Fatalf("group 10 is still in the log: %v", l.Groups())
+	}
+	if applied != before {
+		t.Fatalf("%d entries were applied after Remove", applied-before)
+	}
+}
