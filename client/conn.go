@@ -13,10 +13,14 @@ package client
 
 import (
 	"context"
+	"crypto/tls"
+	"crypto/x509"
 	"errors"
 	"fmt"
 	"net"
 	"net/url"
+	"os"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -40,6 +44,13 @@ type Options struct {
 	MaxFrame      uint32        // proposed; the broker's
 	ConfirmWindow int           // unconfirmed publishes per channel before PublishAsync blocks; 10000
 	Name          string        // client product name sent to the broker
+	// TLS configures warrens:// connections (nil: the system's roots).
+	// RootCAs trusts a private CA; Certificates presents a client
+	// certificate: with one, and no user in the URL, the client
+	// authenticates with EXTERNAL as the certificate's subject CN when the
+	// broker offers it. ServerName defaults to the URL's host. LoadTLS
+	// builds one from PEM files.
+	TLS *tls.Config
 }
 
 // Conn is a connection to a broker. It is safe for concurrent use.
@@ -74,31 +85,50 @@ type Conn struct {
 	scratch []byte // writer-owned
 }
 
-// ParseURL splits warren://user:pass@host:port into its parts (port 5680
-// by default, guest/guest when no user is given).
+// ParseURL splits warren://user:pass@host:port (or warrens://, the same
+// over TLS) into its parts (port 5680, or 5681 for warrens://, by default;
+// guest/guest when no user is given).
 func ParseURL(raw string) (addr, user, pass string, err error) {
+	u, err := parseURL(raw)
+	return u.addr, u.user, u.pass, err
+}
+
+type parsedURL struct {
+	addr, host, user, pass string
+	tls                    bool // warrens://
+	userGiven              bool
+}
+
+func parseURL(raw string) (parsedURL, error) {
+	var p parsedURL
 	u, err := url.Parse(raw)
 	if err != nil {
-		return "", "", "", fmt.Errorf("client: bad url: %w", err)
+		return p, fmt.Errorf("client: bad url: %w", err)
 	}
-	if u.Scheme != "warren" {
-		return "", "", "", fmt.Errorf("client: url scheme must be warren://, got %q", u.Scheme)
+	port := "5680"
+	switch u.Scheme {
+	case "warren":
+	case "warrens":
+		p.tls, port = true, "5681"
+	default:
+		return p, fmt.Errorf("client: url scheme must be warren:// or warrens:// (TLS), got %q", u.Scheme)
 	}
-	host := u.Host
+	p.host, p.addr = u.Hostname(), u.Host
 	if u.Port() == "" {
-		host = net.JoinHostPort(u.Hostname(), "5680")
+		p.addr = net.JoinHostPort(u.Hostname(), port)
 	}
-	user, pass = "guest", "guest"
+	p.user, p.pass = "guest", "guest"
 	if u.User != nil {
-		user = u.User.Username()
-		pass, _ = u.User.Password()
+		p.userGiven = true
+		p.user = u.User.Username()
+		p.pass, _ = u.User.Password()
 	}
-	return host, user, pass, nil
+	return p, nil
 }
 
 // Dial connects and authenticates. The context bounds the handshake.
 func Dial(ctx context.Context, rawURL string, opts ...Options) (*Conn, error) {
-	addr, user, pass, err := ParseURL(rawURL)
+	pu, err := parseURL(rawURL)
 	if err != nil {
 		return nil, err
 	}
@@ -116,9 +146,26 @@ func Dial(ctx context.Context, rawURL string, opts ...Options) (*Conn, error) {
 		o.Name = "warren-go"
 	}
 	var d net.Dialer
-	nc, err := d.DialContext(ctx, "tcp", addr)
+	nc, err := d.DialContext(ctx, "tcp", pu.addr)
 	if err != nil {
 		return nil, err
+	}
+	external := false
+	if pu.tls {
+		cfg := o.TLS.Clone()
+		if cfg == nil {
+			cfg = &tls.Config{}
+		}
+		if cfg.ServerName == "" {
+			cfg.ServerName = pu.host
+		}
+		external = !pu.userGiven && (len(cfg.Certificates) > 0 || cfg.GetClientCertificate != nil)
+		tc := tls.Client(nc, cfg)
+		if err := tc.HandshakeContext(ctx); err != nil {
+			nc.Close()
+			return nil, fmt.Errorf("client: TLS handshake with %s: %w", pu.addr, err)
+		}
+		nc = tc
 	}
 	c := &Conn{nc: nc, opts: o, channels: map[uint16]*Channel{}, done: make(chan struct{}), flowOn: true, settles: map[*Channel]struct{}{}}
 	c.wcond = sync.NewCond(&c.wmu)
@@ -127,7 +174,7 @@ func Dial(ctx context.Context, rawURL string, opts ...Options) (*Conn, error) {
 		_ = nc.SetDeadline(dl)
 	}
 	stop := context.AfterFunc(ctx, func() { _ = nc.SetDeadline(time.Unix(1, 0)) })
-	err = c.handshake(user, pass)
+	err = c.handshake(pu.user, pu.pass, external)
 	stop()
 	if err != nil {
 		nc.Close()
@@ -184,7 +231,7 @@ func ioReadFull(nc net.Conn, b []byte) (int, error) {
 	return n, nil
 }
 
-func (c *Conn) handshake(user, pass string) error {
+func (c *Conn) handshake(user, pass string, external bool) error {
 	if _, err := c.nc.Write(wire.Preamble[:]); err != nil {
 		return err
 	}
@@ -211,10 +258,18 @@ func (c *Conn) handshake(user, pass string) error {
 	}
 	auth := &wire.Auth{Mechanism: "PLAIN", Response: wire.PlainResponse(user, pass), Product: c.opts.Name,
 		Version: "0.1.0", MaxFrame: c.opts.MaxFrame, HeartbeatMs: hb}
+	if external {
+		if !slices.Contains(hello.Mechanisms, "EXTERNAL") {
+			// Go sends no certificate the server's CA list does not name,
+			// and the broker offers EXTERNAL only for a verified one.
+			return errors.New("client: the broker does not offer EXTERNAL: it has no verified client certificate for this connection " +
+				"(a certificate from a CA it trusts, tls_ca), or put a user and password in the URL")
+		}
+		auth.Mechanism, auth.Response = "EXTERNAL", nil // the certificate's CN is the user
+	}
 	if _, err := c.nc.Write(wire.AppendFrame(nil, 0, auth)); err != nil {
 		return err
 	}
-	_ = hello
 	f, _, err = readFrame(c.nc, buf, wire.HandshakeMaxFrame)
 	if err != nil {
 		return fmt.Errorf("client: reading OPEN_OK: %w", err)
@@ -426,4 +481,34 @@ func (c *Conn) FlowPaused() bool {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	return !c.flowOn
+}
+
+// LoadTLS builds a tls.Config for Options.TLS from PEM files: caFile (a
+// private CA to trust instead of the system's roots; "" keeps them) and
+// certFile with keyFile (a client certificate for mutual TLS; "" for
+// none).
+func LoadTLS(caFile, certFile, keyFile string) (*tls.Config, error) {
+	cfg := &tls.Config{MinVersion: tls.VersionTLS12}
+	if caFile != "" {
+		b, err := os.ReadFile(caFile)
+		if err != nil {
+			return nil, fmt.Errorf("client: CA file: %w", err)
+		}
+		pool := x509.NewCertPool()
+		if !pool.AppendCertsFromPEM(b) {
+			return nil, fmt.Errorf("client: CA file %s holds no PEM certificate", caFile)
+		}
+		cfg.RootCAs = pool
+	}
+	if (certFile == "") != (keyFile == "") {
+		return nil, errors.New("client: a client certificate needs both its file and its key's")
+	}
+	if certFile != "" {
+		cert, err := tls.LoadX509KeyPair(certFile, keyFile)
+		if err != nil {
+			return nil, fmt.Errorf("client: client certificate: %w", err)
+		}
+		cfg.Certificates = []tls.Certificate{cert}
+	}
+	return cfg, nil
 }

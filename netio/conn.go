@@ -30,7 +30,8 @@ type conn struct {
 	srv      *Server
 	gc       gnet.Conn
 	id       uint64
-	loopback bool // the client's address (remote) is a loopback one
+	loopback bool     // the client's address (remote) is a loopback one
+	tls      *tlsPeer // set when it came through the TLS listener (tls.go)
 	state    atomic.Uint32
 	opened   atomic.Bool // it passed AUTH: it may own queues and consumers
 	connAdmission
@@ -237,8 +238,12 @@ func (c *conn) onTraffic() gnet.Action {
 			}
 			_, _ = c.gc.Discard(len(wire.Preamble))
 			c.state.Store(stAuth)
+			mechs := []string{"PLAIN"}
+			if c.tls != nil && c.tls.certCN() != "" {
+				mechs = append(mechs, "EXTERNAL")
+			}
 			c.send(0, &wire.Hello{
-				Product: "warren", Version: Version, Mechanisms: []string{"PLAIN"},
+				Product: "warren", Version: Version, Mechanisms: mechs,
 				Capabilities: []string{"compression.s2", "compression.zstd"},
 				MaxFrame:     c.srv.cfg.MaxFrame, MaxChannels: c.srv.cfg.MaxChannels, HeartbeatMs: c.srv.cfg.HeartbeatMs,
 			})

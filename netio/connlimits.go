@@ -103,11 +103,17 @@ func (s *Server) unauthenticatedCount() float64 {
 // initAdmission sets a new connection's address fields.
 func (s *Server) initAdmission(c *conn) {
 	c.openedMs = s.nowMs()
-	if a, ok := c.gc.RemoteAddr().(*net.TCPAddr); ok {
+	if p, ok := c.gc.Context().(*tlsPeer); ok { // from the TLS front: the client's address is the TCP peer's
+		c.tls = p
+		c.remote = p.remote
+	} else if a, ok := c.gc.RemoteAddr().(*net.TCPAddr); ok {
 		ap := a.AddrPort()
 		c.remote = netip.AddrPortFrom(ap.Addr().Unmap(), ap.Port())
 	}
 	c.loopback = c.remote.Addr().IsLoopback()
+	if c.tls != nil {
+		return // the PROXY protocol is the plain port's (a proxy that sends it does not pass TLS through)
+	}
 	for _, p := range s.cfg.ProxyTrusted {
 		if p.Contains(c.remote.Addr()) {
 			c.viaProxy = true

@@ -41,6 +41,23 @@
 // is taken once per batch and is simpler to reason about; revisit with a
 // profile.
 //
+// # TLS
+//
+// gnet has no TLS. Config.TLSAddr opens a crypto/tls listener whose
+// connections are handed to the same loops through a Unix socket pair,
+// one end enrolled in the engine (gnet.Engine.Register) at accept, before
+// the TLS handshake: the broker serves the plaintext with the code that
+// serves a plain connection, and every bound on a connection (handshake
+// deadline, unauthenticated cap, per-source and total caps, flow-control
+// blocking, outbox cap) holds for it unchanged. The client's address is the
+// TCP peer's, carried in the enrolled connection's context; no socket
+// listens for the broker's end, so no local process can pose as a TLS
+// client. Chosen over an event loop with TLS of its own (another codebase to
+// trust with the hot path) and over a second, goroutine-per-connection
+// session (the connection code written twice); the price is a copy through
+// the pair and two goroutines per TLS connection (BENCHMARKS.md). See
+// tls.go.
+//
 // # Flow control
 //
 //   - Consumers: prefetch bounds the unacked deliveries a consumer holds

@@ -167,7 +167,8 @@ func (c *conn) onSubscribe(ch *channel, r *wire.Subscribe) error {
 }
 
 // onAuth checks credentials off the loop (password hashing is slow on
-// purpose) and answers OPEN_OK or CLOSE auth_failed.
+// purpose) and answers OPEN_OK or CLOSE auth_failed. EXTERNAL (a TLS
+// client certificate) needs no password check.
 func (c *conn) onAuth(f wire.Frame) error {
 	body, err := wire.Decode(f, wire.HandshakeMaxFrame, nil)
 	if err != nil {
@@ -178,7 +179,11 @@ func (c *conn) onAuth(f wire.Frame) error {
 	if maxFrame < wire.MinMaxFrame || maxFrame > wire.HardMaxFrame {
 		return &wire.Error{Code: wire.FrameError, Reason: "max_frame out of range"}
 	}
-	if a.Mechanism != "PLAIN" {
+	switch a.Mechanism {
+	case "PLAIN":
+	case "EXTERNAL":
+		return c.onExternal(a, maxFrame)
+	default:
 		c.srv.auth.refused("", c.remote.String(), "unsupported_mechanism")
 		c.closeWith(wire.AuthFailed, "unsupported mechanism "+a.Mechanism)
 		return nil
@@ -200,26 +205,70 @@ func (c *conn) onAuth(f wire.Frame) error {
 			c.closeWith(wire.AuthFailed, c.srv.auth.refusal(user, c.loopback))
 			return
 		}
-		c.user = user
-		c.maxFrame = maxFrame
-		c.maxChannels = wire.Negotiate(c.srv.cfg.MaxChannels, a.MaxChannels)
-		hb := c.srv.cfg.HeartbeatMs
-		if a.HeartbeatMs != 0 && (hb == 0 || a.HeartbeatMs < hb) {
-			hb = a.HeartbeatMs
-		}
-		c.heartbeatMs.Store(hb)
-		c.send(0, &wire.OpenOK{ConnectionID: c.id, MaxFrame: c.maxFrame, MaxChannels: c.maxChannels, HeartbeatMs: hb})
-		c.opened.Store(true) // before it can own anything: its close must reach the shards
-		if !c.state.CompareAndSwap(stAuthPending, stOpen) {
-			return // closed meanwhile (handshake deadline, shutdown)
-		}
-		c.srv.authenticated(c)
-		if c.srv.flowBlocked() {
-			c.send(0, &wire.Flow{Active: false})
-		}
-		// Frames the client pipelined behind AUTH are waiting in the
-		// inbound buffer: wake the loop to read them.
-		_ = c.gc.Wake(nil)
+		c.open(user, a, maxFrame)
 	}()
 	return nil
+}
+
+// onExternal authenticates with the TLS client certificate the front
+// verified: the user is the one named by its subject CN, and must be a
+// configured user (the built-in guest is not one). The response, if not
+// empty, is an authorization identity that must equal the CN (RFC 4422
+// appendix A). On the loop: there is no password to check.
+func (c *conn) onExternal(a *wire.Auth, maxFrame uint32) error {
+	cn := ""
+	if c.tls != nil {
+		cn = c.tls.certCN()
+	}
+	var reason, logReason string
+	switch {
+	case cn == "":
+		logReason = "external_without_certificate"
+		reason = "authentication failed: EXTERNAL needs a client certificate the broker verified (TLS port, tls_ca); use PLAIN"
+	case len(a.Response) > 0 && string(a.Response) != cn:
+		logReason = "external_identity_mismatch"
+		reason = "authentication failed: the EXTERNAL response names another user than the certificate's CN " + strconv.Quote(cn)
+	default:
+		if _, ok := c.srv.auth.user(cn); !ok {
+			logReason = "external_unknown_user"
+			reason = "authentication failed: no user named " + strconv.Quote(cn) + " (the certificate's subject CN) is configured"
+		}
+	}
+	if reason != "" {
+		c.srv.auth.refused(cn, c.remote.String(), logReason)
+		c.srv.metrics.authFailures.Inc()
+		c.closeWith(wire.AuthFailed, reason)
+		return nil
+	}
+	if !c.srv.credentialsSent(c) {
+		c.state.Store(stClosing)
+		return nil
+	}
+	c.state.Store(stAuthPending)
+	c.open(cn, a, maxFrame)
+	return nil
+}
+
+// open finishes an accepted AUTH: OPEN_OK with the negotiated limits.
+func (c *conn) open(user string, a *wire.Auth, maxFrame uint32) {
+	c.user = user
+	c.maxFrame = maxFrame
+	c.maxChannels = wire.Negotiate(c.srv.cfg.MaxChannels, a.MaxChannels)
+	hb := c.srv.cfg.HeartbeatMs
+	if a.HeartbeatMs != 0 && (hb == 0 || a.HeartbeatMs < hb) {
+		hb = a.HeartbeatMs
+	}
+	c.heartbeatMs.Store(hb)
+	c.send(0, &wire.OpenOK{ConnectionID: c.id, MaxFrame: c.maxFrame, MaxChannels: c.maxChannels, HeartbeatMs: hb})
+	c.opened.Store(true) // before it can own anything: its close must reach the shards
+	if !c.state.CompareAndSwap(stAuthPending, stOpen) {
+		return // closed meanwhile (handshake deadline, shutdown)
+	}
+	c.srv.authenticated(c)
+	if c.srv.flowBlocked() {
+		c.send(0, &wire.Flow{Active: false})
+	}
+	// Frames the client pipelined behind AUTH are waiting in the
+	// inbound buffer: wake the loop to read them.
+	_ = c.gc.Wake(nil)
 }

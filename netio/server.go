@@ -2,12 +2,15 @@ package netio
 
 import (
 	"context"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"io"
 	"log/slog"
 	"net"
 	"net/netip"
+	"os"
+	"path/filepath"
 	"runtime"
 	rtmetrics "runtime/metrics"
 	"strings"
@@ -74,6 +77,18 @@ type Config struct {
 	// ProxyTrusted lists the peers (CIDRs) whose PROXY protocol (v1 or v2)
 	// header is accepted; empty: the PROXY protocol is off.
 	ProxyTrusted []netip.Prefix
+
+	// TLSAddr, if set, opens a listener for the native protocol over TLS
+	// (tls.go), served by the same loops and bounds as the plain one, with
+	// TLSConfig (required with it; a GetConfigForClient that returns the
+	// current files lets certificates change between handshakes:
+	// internal/tlsfiles). TLS 1.2 is the minimum whatever it says. With
+	// ClientCAs and a ClientAuth that verifies a certificate given, HELLO
+	// on a connection with a verified certificate also offers EXTERNAL.
+	TLSAddr   string
+	TLSConfig *tls.Config
+	// DisablePlain: no plaintext listener (Addr is ignored); needs TLSAddr.
+	DisablePlain bool
 
 	// DataDir, if set, holds the node's log (DataDir/log): Start recovers
 	// the topology from it before the listener opens, and every topology
@@ -154,14 +169,20 @@ type Server struct {
 	// DeclareQueue, PeekQueue…). netio holds it; it never calls netio.
 	*broker.Broker
 
-	eng     gnet.Engine
-	addr    net.Addr
-	nodeLog io.Closer // the node's log (Config.DataDir), closed last by Close
-	booted  chan error
-	stopped chan struct{}
-	closing atomic.Bool
-	connSeq atomic.Uint64
-	downs   atomic.Uint64 // Down commands sent to the shards (tests read it)
+	eng  gnet.Engine
+	addr net.Addr  // the plain listener's; nil with DisablePlain
+	tls  *tlsFront // the TLS listener (Config.TLSAddr); nil without one
+	// loopsUp is closed at the first tick, once the engine's loops run
+	// (the TLS front enrolls connections only after it).
+	loopsUp     chan struct{}
+	loopsUpOnce sync.Once
+	privateDir  string    // with DisablePlain: the directory of the engine's unreachable Unix socket
+	nodeLog     io.Closer // the node's log (Config.DataDir), closed last by Close
+	booted      chan error
+	stopped     chan struct{}
+	closing     atomic.Bool
+	connSeq     atomic.Uint64
+	downs       atomic.Uint64 // Down commands sent to the shards (tests read it)
 
 	connsMu sync.Mutex
 	conns   map[uint64]*conn
@@ -219,6 +240,7 @@ type serverMetrics struct {
 	set                                              *metrics.Set
 	published, delivered, acked, confirmed, returned *metrics.Counter
 	protocolErrors, authFailures                     *metrics.Counter
+	tlsHandshakeFailures                             *metrics.Counter
 	confirmLatency                                   *metrics.PrometheusHistogram
 	dlDropped                                        [broker.NumDLDrops]*metrics.Counter
 	channels                                         atomic.Int64
@@ -234,7 +256,13 @@ func (s *Server) nowMs() int64 { return s.NowMs() }
 // listener is bound.
 func Start(cfg Config) (*Server, error) {
 	cfg.fill()
-	s := &Server{cfg: cfg, log: cfg.Logger, booted: make(chan error, 1), stopped: make(chan struct{}), conns: map[uint64]*conn{}}
+	if cfg.DisablePlain && cfg.TLSAddr == "" {
+		return nil, errors.New("netio: the plain listener is off (DisablePlain) and there is no TLS listener (TLSAddr): nothing to serve on")
+	}
+	if cfg.TLSAddr != "" && cfg.TLSConfig == nil {
+		return nil, errors.New("netio: TLSAddr is set without a TLSConfig (a certificate and its key)")
+	}
+	s := &Server{cfg: cfg, log: cfg.Logger, booted: make(chan error, 1), stopped: make(chan struct{}), conns: map[uint64]*conn{}, loopsUp: make(chan struct{})}
 	s.heapSample = []rtmetrics.Sample{{Name: "/gc/heap/live:bytes"}}
 	s.heapBase = s.heapLive()
 	switch {
@@ -286,28 +314,55 @@ func Start(cfg Config) (*Server, error) {
 			return nil, fmt.Errorf("recovering the durable queues from the log in %s: %w", cfg.DataDir, err)
 		}
 	}
-	go func() {
-		defer close(s.stopped)
-		// SO_REUSEADDR: after a graceful stop the broker's closed
-		// connections sit in TIME_WAIT on its port; a restart must still
-		// bind (Go's net.Listen sets it too).
-		err := gnet.Run(s, "tcp://"+listenAddr(cfg.Addr),
-			gnet.WithMulticore(true), gnet.WithNumEventLoop(cfg.EventLoops), gnet.WithReusePort(false), gnet.WithReuseAddr(true),
-			gnet.WithTicker(true), gnet.WithReadBufferCap(256<<10), gnet.WithLogger(gnetLogger{s.log}))
-		select {
-		case s.booted <- err:
-		default:
-		}
-		if err == nil {
-			err = errors.New("netio: engine stopped")
-		}
-		s.log.Debug("engine exited", "err", err)
-	}()
+	gnetAddr := "tcp://" + listenAddr(cfg.Addr)
+	opts := []gnet.Option{gnet.WithMulticore(true), gnet.WithNumEventLoop(cfg.EventLoops), gnet.WithReusePort(false), gnet.WithReuseAddr(true),
+		gnet.WithTicker(true), gnet.WithReadBufferCap(256 << 10), gnet.WithLogger(gnetLogger{s.log})}
+	var tlsErr error
+	if cfg.DisablePlain {
+		// gnet needs a listener to run: a Unix socket in a private
+		// directory, whose connections OnOpen refuses.
+		s.privateDir, tlsErr = os.MkdirTemp("", "warren-noplain-")
+		gnetAddr = "unix://" + filepath.Join(s.privateDir, "refused.sock")
+	}
+	if cfg.TLSAddr != "" && tlsErr == nil {
+		// Engine.Register picks a loop from another goroutine than the
+		// acceptor's: round-robin is not safe for that, least-connections
+		// only reads.
+		opts = append(opts, gnet.WithLoadBalancing(gnet.LeastConnections))
+		tlsErr = s.startTLS()
+	}
+	if tlsErr != nil {
+		s.booted <- tlsErr
+		close(s.stopped)
+	} else {
+		go func() {
+			defer close(s.stopped)
+			// SO_REUSEADDR: after a graceful stop the broker's closed
+			// connections sit in TIME_WAIT on its port; a restart must still
+			// bind (Go's net.Listen sets it too).
+			err := gnet.Run(s, gnetAddr, opts...)
+			select {
+			case s.booted <- err:
+			default:
+			}
+			if err == nil {
+				err = errors.New("netio: engine stopped")
+			}
+			s.log.Debug("engine exited", "err", err)
+		}()
+	}
 	if err := <-s.booted; err != nil {
+		if s.tls != nil {
+			s.tls.close()
+		}
+		s.removePrivateDir()
 		_ = s.Broker.Stop(context.Background())
 		_ = s.Broker.CloseMetaLog(context.Background())
 		if s.nodeLog != nil {
 			_ = s.nodeLog.Close()
+		}
+		if tlsErr != nil {
+			return nil, fmt.Errorf("netio: TLS listener on %s: %w", cfg.TLSAddr, err)
 		}
 		return nil, fmt.Errorf("netio: listen on %s: %w", cfg.Addr, err)
 	}
@@ -334,6 +389,10 @@ func (s *Server) Addr() net.Addr { return s.addr }
 // OnBoot records the bound address (the port may have been 0).
 func (s *Server) OnBoot(eng gnet.Engine) gnet.Action {
 	s.eng = eng
+	if s.cfg.DisablePlain {
+		s.booted <- nil
+		return gnet.None
+	}
 	fd, err := eng.Dup()
 	if err != nil {
 		s.booted <- err
@@ -361,6 +420,9 @@ func (s *Server) OnOpen(gc gnet.Conn) ([]byte, gnet.Action) {
 		return nil, gnet.Close
 	}
 	c := s.newConn(gc)
+	if s.cfg.DisablePlain && c.tls == nil {
+		return nil, gnet.Close // the private socket of an engine without a plain listener
+	}
 	s.connsMu.Lock()
 	victim, refused := s.admitLocked(c)
 	if refused != "" {
@@ -381,7 +443,13 @@ func (s *Server) OnOpen(gc gnet.Conn) ([]byte, gnet.Action) {
 func (s *Server) OnClose(gc gnet.Conn, err error) gnet.Action {
 	c, _ := gc.Context().(*conn)
 	if c == nil {
+		if p, ok := gc.Context().(*tlsPeer); ok { // refused in OnOpen
+			p.brokerClosed()
+		}
 		return gnet.None
+	}
+	if c.tls != nil {
+		c.tls.brokerClosed()
 	}
 	// Its Down goes to the shards before it leaves the count: whoever sees
 	// it gone (ConnectionCount, Connections, Changed) can rely on a
@@ -408,6 +476,7 @@ func (s *Server) OnTraffic(gc gnet.Conn) gnet.Action {
 
 // OnTick runs off the loops: heartbeats, dead peers and memory flow control.
 func (s *Server) OnTick() (time.Duration, gnet.Action) {
+	s.loopsUpOnce.Do(func() { close(s.loopsUp) })
 	now := s.nowMs()
 	s.connsMu.Lock()
 	conns := make([]*conn, 0, len(s.conns))
@@ -550,6 +619,9 @@ func (s *Server) Close(ctx context.Context) error {
 	if !s.closing.CompareAndSwap(false, true) {
 		return nil
 	}
+	if s.tls != nil {
+		s.tls.close() // accept no more
+	}
 	s.connsMu.Lock()
 	conns := make([]*conn, 0, len(s.conns))
 	for _, c := range s.conns {
@@ -584,6 +656,10 @@ func (s *Server) Close(ctx context.Context) error {
 	case <-ctx.Done():
 		err = ctx.Err()
 	}
+	if s.tls != nil {
+		s.tls.wait(ctx) // the engine closed their broker sides
+	}
+	s.removePrivateDir()
 	if serr := s.Broker.Stop(ctx); err == nil {
 		err = serr
 	}
@@ -596,6 +672,12 @@ func (s *Server) Close(ctx context.Context) error {
 		}
 	}
 	return err
+}
+
+func (s *Server) removePrivateDir() {
+	if s.privateDir != "" {
+		_ = os.RemoveAll(s.privateDir)
+	}
 }
 
 // ConnectionCount is the number of open connections.
@@ -616,6 +698,7 @@ func (s *Server) initMetrics() {
 	m.returned = m.set.NewCounter("warren_returned_total")
 	m.protocolErrors = m.set.NewCounter("warren_protocol_errors_total")
 	m.authFailures = m.set.NewCounter("warren_auth_failures_total")
+	m.tlsHandshakeFailures = m.set.NewCounter("warren_tls_handshake_failures_total")
 	// Prometheus-style le buckets (histogram_quantile cannot read
 	// VictoriaMetrics' vmrange buckets), from 100 µs: a confirm in memory
 	// takes well under a millisecond.
@@ -724,6 +807,8 @@ type ConnInfo struct {
 	// the connection's buffered output is over its bound (a slow or stalled
 	// reader); they go back to their queues if it closes.
 	AutoAcksHeld int `json:"auto_acks_held"`
+	// TLS: the connection came through the TLS listener.
+	TLS bool `json:"tls"`
 }
 
 // Connections lists the open connections.
@@ -741,7 +826,7 @@ func (s *Server) Connections() []ConnInfo {
 		ob := int64(len(c.out)) + c.gnetBuffered.Load()
 		held := len(c.heldAcks)
 		c.mu.Unlock()
-		info := ConnInfo{ID: c.id, Channels: n, Blocked: c.blocked.Load(), OutboundBytes: ob, AutoAcksHeld: held}
+		info := ConnInfo{ID: c.id, Channels: n, Blocked: c.blocked.Load(), OutboundBytes: ob, AutoAcksHeld: held, TLS: c.tls != nil}
 		if remote := c.remoteAddr(); remote.IsValid() {
 			info.Remote = remote.String()
 		}

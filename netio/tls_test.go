@@ -98,7 +98,7 @@ func TestTLSEndToEnd(t *testing.T) {
 		t.Fatal(err)
 	}
 	for i := 0; i < 100; i++ {
-		ch.PublishAsync("", client.Message{RoutingKey: "tls", Body: bytes.Repeat([]byte{byte(i)}, 100+i*300)})
+		ch.PublishAsync(ctx, "", client.Message{RoutingKey: "tls", Body: bytes.Repeat([]byte{byte(i)}, 100+i*300)})
 	}
 	if err := ch.WaitConfirms(ctx); err != nil {
 		t.Fatal(err)
@@ -147,9 +147,20 @@ func TestTLSClientCertificates(t *testing.T) {
 	}
 	c.Close()
 
-	other := testcerts.NewCA(t, "another CA")
-	if _, err := client.Dial(ctx, tlsURL(s, ""), client.Options{TLS: env.clientTLS(other.Client(t, "app"))}); err == nil {
+	// A certificate from another CA: Go's client does not even offer it
+	// (the broker's CA list does not name its issuer), so EXTERNAL is not
+	// offered; presented anyway, the TLS handshake fails.
+	other := testcerts.NewCA(t, "another CA").Client(t, "app")
+	if _, err := client.Dial(ctx, tlsURL(s, ""), client.Options{TLS: env.clientTLS(other)}); err == nil || !strings.Contains(err.Error(), "EXTERNAL") {
+		t.Fatalf("a certificate from another CA: %v, want an error saying the broker does not offer EXTERNAL", err)
+	}
+	forced := env.clientTLS(nil)
+	forced.GetClientCertificate = func(*tls.CertificateRequestInfo) (*tls.Certificate, error) { return &other.TLS, nil }
+	if _, err := client.Dial(ctx, tlsURL(s, ""), client.Options{TLS: forced}); err == nil {
 		t.Fatal("a certificate from another CA was accepted")
+	}
+	if v := metricValue(s, "warren_tls_handshake_failures_total"); v != 1 {
+		t.Fatalf("warren_tls_handshake_failures_total %v, want 1", v)
 	}
 	_, err = client.Dial(ctx, tlsURL(s, ""), client.Options{TLS: env.clientTLS(env.ca.Client(t, "nobody"))})
 	if wire.CodeOf(err) != wire.AuthFailed {

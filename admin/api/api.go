@@ -178,6 +178,8 @@ type Connection struct {
 	// AutoAcksHeld: auto-ack deliveries written but not yet settled,
 	// because the connection's buffered output is over its bound.
 	AutoAcksHeld int `json:"auto_acks_held"`
+	// TLS: the connection came through the TLS listener.
+	TLS bool `json:"tls"`
 }
 
 // QueuePage is GET /api/queues with page or page_size: one page of the
