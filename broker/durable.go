@@ -536,7 +536,8 @@ func (b *Broker) WaitRecovered(ctx context.Context) error {
 
 // removeGroup closes a deleted durable queue's group on the shard's
 // worker and removes its snapshot and log (segment.RemoveGroup) once
-// nothing of it is in flight, on the pool, so deleting queues holds
+// nothing of it is in flight and the deletion is in the metadata log, on
+// the pool, so deleting queues holds
 // neither memory nor disk for them. Until that is done the group stays in
 // openedGrps (the start-up sweep leaves it alone). Should the removal
 // fail (the engine stopped: the node is going down), the next start
@@ -544,7 +545,15 @@ func (b *Broker) WaitRecovered(ctx context.Context) error {
 func (s *shard) removeGroup(q *Queue) {
 	gid := q.grp.ID()
 	s.removing++
-	s.rw.Remove(q.grp, s.b.cfg.Durable.Snapshots, func(err error) {
+	// Only once the metadata log holds the deletion (removeQueue added
+	// it before deleteQueue ran): a crash before that brings the queue
+	// back, and it must find its log.
+	metaSynced := func() error {
+		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+		defer cancel()
+		return s.b.topo.sync(ctx)
+	}
+	s.rw.Remove(q.grp, s.b.cfg.Durable.Snapshots, metaSynced, func(err error) {
 		s.removing--
 		delete(s.openedGrps, gid)
 		if err != nil {

@@ -182,7 +182,9 @@ func (w *Worker) Groups() int { return len(w.ids) }
 
 // Remove closes group g for good and then removes its snapshot from store
 // (if store is not nil) and its log from segment (Log.RemoveGroup), for a
-// deleted queue. From the call on the group has no more rounds, ticks or
+// deleted queue, after before (if not nil) returned nil: the caller's way
+// to wait until the deletion itself is durable (the metadata entry), so a
+// crash never leaves a queue whose log is gone. From the call on the group has no more rounds, ticks or
 // snapshots, Add refuses with ErrGroupRemoved, what it buffered and did
 // not propose is dropped (the caller answers those commands' requests:
 // they will never be applied), a snapshot waiting to be compacted is
@@ -192,7 +194,7 @@ func (w *Worker) Groups() int { return len(w.ids) }
 // written or compacted), so nothing writes to the group after it, and
 // runs on the pool (it syncs); done (optional) is then posted to the
 // shard with its outcome. The group id may be opened again once done ran.
-func (w *Worker) Remove(g *Group, store *SnapStore, done func(error)) {
+func (w *Worker) Remove(g *Group, store *SnapStore, before func() error, done func(error)) {
 	if g.removed {
 		return
 	}
@@ -214,7 +216,10 @@ func (w *Worker) Remove(g *Group, store *SnapStore, done func(error)) {
 	g.removing = func() {
 		w.cfg.Pool.Go(func() {
 			var err error
-			if store != nil {
+			if before != nil {
+				err = before()
+			}
+			if err == nil && store != nil {
 				err = store.Forget(gid)
 			}
 			if err == nil {

@@ -335,7 +335,7 @@ func TestWorkerRemoveWaitsForItsWrite(t *testing.T) {
 	before := applied
 	var removed error
 	called := false
-	s.w.Remove(g, nil, func(err error) { removed, called = err, true })
+	s.w.Remove(g, nil, nil, func(err error) { removed, called = err, true })
 	if s.w.Groups() != 0 {
 		t.Fatalf("the worker still counts %d groups after Remove", s.w.Groups())
 	}
