@@ -100,13 +100,14 @@ func TestCrashSim(t *testing.T) {
 // crashSimStats counts what the seeds exercised, so a run shows that the
 // crashes hit something.
 type crashSimStats struct {
-	seeds, failSync, powerCut, torn        int
+	seeds, clean, failSync, powerCut, torn int
 	confirmed, ackedOnDisk, found, dlFound int
 	deletedSeen, snapshotsOnDisk           int
 }
 
 func (a *crashSimStats) add(b crashSimStats) {
 	a.seeds += b.seeds
+	a.clean += b.clean
 	a.failSync += b.failSync
 	a.powerCut += b.powerCut
 	a.torn += b.torn
@@ -119,9 +120,9 @@ func (a *crashSimStats) add(b crashSimStats) {
 }
 
 func (a *crashSimStats) String() string {
-	return fmt.Sprintf("crashes by a failed fsync %d, by a power cut %d (torn %d); confirmed persistent copies in durable queues %d, "+
+	return fmt.Sprintf("clean restarts %d, crashes by a failed fsync %d, by a power cut %d (torn %d); confirmed persistent copies in durable queues %d, "+
 		"acks and rejects on disk %d, copies delivered after recovery %d (dead letters %d), queues deleted %d, seeds with a queue snapshot %d",
-		a.failSync, a.powerCut, a.torn, a.confirmed, a.ackedOnDisk, a.found, a.dlFound, a.deletedSeen, a.snapshotsOnDisk)
+		a.clean, a.failSync, a.powerCut, a.torn, a.confirmed, a.ackedOnDisk, a.found, a.dlFound, a.deletedSeen, a.snapshotsOnDisk)
 }
 
 // simQueue is the simulation's record of a queue it declared.
@@ -139,6 +140,22 @@ type simQueue struct {
 	deleted   bool   // ... and answered (on disk)
 	purgedAt  int    // the publish counter when a purge was last submitted (-1: never)
 }
+
+// simExchange is the simulation's record of an exchange it declared.
+type simExchange struct {
+	durable           bool
+	declared          bool // answered (a durable one is on disk)
+	deleting, deleted bool // a delete was submitted; answered
+}
+
+// simBind is what the simulation knows of a binding.
+type simBind uint8
+
+const (
+	bindNone  simBind = iota // never made
+	bindMade                 // its bind was answered, and no end of it was deleted since
+	bindMaybe                // its bind was not answered, or an end's delete was submitted
+)
 
 // simMsg is one published message (bodies are unique).
 type simMsg struct {
@@ -287,7 +304,9 @@ type crashSim struct {
 	open      []int
 	pendAcks  map[string][]simCopy // acks submitted since the queue's last barrier
 	req       uint64
-	bindings  map[string]bool // "src>dst key" → its bind was answered
+	bindings  map[string]simBind // "src>dst key" → what is known of it
+	exchanges map[string]*simExchange
+	nex       int // late exchanges declared
 	st        crashSimStats
 	dlDrops   [NumDLDrops]atomic.Int64 // dead letters dropped, by reason (both nodes)
 }
@@ -304,7 +323,8 @@ func (s *crashSim) logf(format string, args ...any) {
 func runCrashSim(t *testing.T, seed uint64, print bool) crashSimStats {
 	s := &crashSim{t: t, seed: seed, rng: rand.New(rand.NewPCG(seed, 0x13)), mem: segment.NewMemFS(), print: print,
 		queues: map[string]*simQueue{}, msgs: map[string]*simMsg{}, copies: map[simCopy]*simCopyState{},
-		consumers: map[queue.ConsumerID]*simConsumer{}, pendAcks: map[string][]simCopy{}, bindings: map[string]bool{}}
+		consumers: map[queue.ConsumerID]*simConsumer{}, pendAcks: map[string][]simCopy{}, bindings: map[string]simBind{},
+		exchanges: map[string]*simExchange{}}
 	s.st.seeds = 1
 	s.now.Store(1_000_000)
 	defer func() {
@@ -323,7 +343,10 @@ func runCrashSim(t *testing.T, seed uint64, print bool) crashSimStats {
 
 	steps := 20 + s.rng.IntN(100)
 	crashAt := s.rng.IntN(steps + 1)
-	failSync := s.rng.IntN(2) == 0
+	// 1 in 10: a clean stop and restart; else half a failed fsync, half a
+	// power cut.
+	mode := s.rng.IntN(10)
+	clean, failSync := mode == 0, mode > 5
 	torn := 0
 	if s.rng.IntN(2) == 0 {
 		torn = 1 + s.rng.IntN(700)
@@ -331,7 +354,7 @@ func runCrashSim(t *testing.T, seed uint64, print bool) crashSimStats {
 	for i := 0; i < steps && s.ctx.Err() == nil; i++ {
 		if i == crashAt {
 			if !failSync {
-				break // a power cut now, with what the last steps left in flight
+				break // a power cut (or a stop) now, with what the last steps left in flight
 			}
 			k := 1 + s.rng.IntN(4)
 			s.logf("arm: the %d-th fsync from now fails", k)
@@ -342,15 +365,19 @@ func runCrashSim(t *testing.T, seed uint64, print bool) crashSimStats {
 	if failSync && s.ctx.Err() == nil && crashAt < steps {
 		s.barrierAll() // writes something, so the armed failure happens
 	}
-	if s.ctx.Err() != nil {
+	switch {
+	case clean:
+		s.st.clean++
+		torn = 0
+	case s.ctx.Err() != nil:
 		s.st.failSync++
-	} else {
+	default:
 		s.st.powerCut++
 	}
 	if torn > 0 {
 		s.st.torn++
 	}
-	s.crashAndCheck(torn)
+	s.crashAndCheck(clean, torn)
 	return s.st
 }
 
@@ -391,6 +418,9 @@ func (s *crashSim) setup() {
 	s.must(b.DeclareExchangeAs(&wire.ExchangeDeclare{Name: "dx", Kind: wire.ExchangeDirect, Durable: true}, "u"))
 	s.must(b.DeclareExchangeAs(&wire.ExchangeDeclare{Name: "dlx", Kind: wire.ExchangeDirect, Durable: true}, "u"))
 	s.must(b.DeclareExchangeAs(&wire.ExchangeDeclare{Name: "tx", Kind: wire.ExchangeFanout}, "u"))
+	s.exchanges["dx"] = &simExchange{durable: true, declared: true}
+	s.exchanges["dlx"] = &simExchange{durable: true, declared: true}
+	s.exchanges["tx"] = &simExchange{declared: true}
 	nd := 2 + r.IntN(3)
 	var names []string
 	for i := range nd {
@@ -458,7 +488,7 @@ func (s *crashSim) setup() {
 	who := Requester{User: "u", Conn: 3}
 	bind := func(src, dst, key string) {
 		s.must(b.BindAs(&wire.Bind{Source: src, Destination: dst, RoutingKey: key}, who))
-		s.bindings[src+">"+dst+" "+key] = true
+		s.bindings[src+">"+dst+" "+key] = bindMade
 	}
 	for _, name := range s.order {
 		bind("dx", name, name)
@@ -506,10 +536,14 @@ func (s *crashSim) step() {
 		s.advance()
 	case r < 87:
 		s.purge()
-	case r < 89:
+	case r < 88:
 		s.deleteQueue()
-	case r < 91:
+	case r < 90:
 		s.declareLate()
+	case r < 91:
+		s.declareExchange()
+	case r < 92:
+		s.deleteExchange()
 	default:
 		s.barrierAll()
 	}
@@ -623,8 +657,12 @@ func (s *crashSim) publish() {
 	b := s.n.b
 	ex, key := "dx", "all"
 	switch x := r.IntN(10); {
-	case x < 2:
+	case x < 1:
 		ex, key = "tx", ""
+	case x < 2:
+		if lx := s.liveExchanges(); len(lx) > 0 {
+			ex, key = lx[r.IntN(len(lx))], ""
+		}
 	case x < 8:
 		if qs := s.live(); len(qs) > 0 {
 			key = qs[r.IntN(len(qs))].name
@@ -808,6 +846,7 @@ func (s *crashSim) down() {
 	if owner == 3 {
 		if sq := s.queues["ex0"]; sq != nil && !sq.deleting {
 			sq.deleting = true
+			s.unsureOf("ex0")
 		}
 	}
 	s.n.b.Submit(Command{Kind: CmdDown, Owner: owner})
@@ -860,6 +899,7 @@ func (s *crashSim) deleteQueue() {
 		return
 	}
 	sq.deleting = true
+	s.unsureOf(sq.name)
 	s.logf("delete %s", sq.name)
 	if _, err := s.n.b.DeleteQueue(s.ctx, sq.name, false, false); err != nil {
 		if s.ctx.Err() != nil || s.isFailure(err) {
@@ -890,13 +930,94 @@ func (s *crashSim) declareLate() {
 		s.t.Fatalf("seed %d: declaring %s: %v", s.seed, name, err)
 	}
 	sq.declared = true
+	s.bindings["dx>"+name+" "+name] = bindMaybe
 	if err := s.n.b.Bind(wire.Bind{Source: "dx", Destination: name, RoutingKey: name}); err != nil {
 		if s.isFailure(err) {
 			return
 		}
 		s.t.Fatalf("seed %d: binding %s: %v", s.seed, name, err)
 	}
-	s.bindings["dx>"+name+" "+name] = true
+	s.bindings["dx>"+name+" "+name] = bindMade
+}
+
+// unsureOf marks every binding with an end named name as maybe there
+// (its end's delete was submitted).
+func (s *crashSim) unsureOf(name string) {
+	for k, v := range s.bindings {
+		src, rest, _ := strings.Cut(k, ">")
+		dst, _, _ := strings.Cut(rest, " ")
+		if v == bindMade && (src == name || dst == name) {
+			s.bindings[k] = bindMaybe
+		}
+	}
+}
+
+// liveExchanges lists the late exchanges declared and not (being) deleted.
+func (s *crashSim) liveExchanges() []string {
+	var out []string
+	for i := range s.nex {
+		name := fmt.Sprintf("lx%d", i)
+		if e := s.exchanges[name]; e != nil && e.declared && !e.deleting {
+			out = append(out, name)
+		}
+	}
+	return out
+}
+
+// declareExchange declares a fanout exchange, durable or not, and binds
+// it to one or two live queues, each its own answered request.
+func (s *crashSim) declareExchange() {
+	name := fmt.Sprintf("lx%d", s.nex)
+	s.nex++
+	e := &simExchange{durable: s.rng.IntN(2) == 0}
+	s.exchanges[name] = e
+	s.logf("declare exchange %s durable=%v", name, e.durable)
+	if err := s.n.b.DeclareExchange(wire.ExchangeDeclare{Name: name, Kind: wire.ExchangeFanout, Durable: e.durable}); err != nil {
+		if s.isFailure(err) {
+			return
+		}
+		s.t.Fatalf("seed %d: declaring exchange %s: %v", s.seed, name, err)
+	}
+	e.declared = true
+	for range 1 + s.rng.IntN(2) {
+		sq := s.randomLive()
+		if sq == nil {
+			return
+		}
+		k := name + ">" + sq.name + " "
+		if s.bindings[k] == bindMade {
+			continue
+		}
+		s.bindings[k] = bindMaybe
+		s.logf("bind %s to %s", name, sq.name)
+		if err := s.n.b.Bind(wire.Bind{Source: name, Destination: sq.name}); err != nil {
+			if s.isFailure(err) {
+				return
+			}
+			s.t.Fatalf("seed %d: binding %s to %s: %v", s.seed, name, sq.name, err)
+		}
+		s.bindings[k] = bindMade
+	}
+}
+
+// deleteExchange deletes a late exchange.
+func (s *crashSim) deleteExchange() {
+	lx := s.liveExchanges()
+	if len(lx) == 0 {
+		return
+	}
+	name := lx[s.rng.IntN(len(lx))]
+	e := s.exchanges[name]
+	e.deleting = true
+	s.unsureOf(name)
+	s.logf("delete exchange %s", name)
+	if err := s.n.b.DeleteExchange(name, false); err != nil {
+		if s.isFailure(err) {
+			return
+		}
+		s.t.Fatalf("seed %d: deleting exchange %s: %v", s.seed, name, err)
+	}
+	e.deleted = true
 }
 
 // isFailure reports whether a request failed because the node's log
@@ -925,31 +1046,51 @@ func (s *crashSim) takeDrops() []string {
 }
 
 // crashAndCheck cuts the power (what was synced survives, plus torn
-// bytes of what was not), recovers a new node from it, drains it and
-// checks the invariants.
-func (s *crashSim) crashAndCheck(torn int) {
+// bytes of what was not), or stops the node cleanly, recovers a new node
+// from what is left, drains it and checks the invariants.
+func (s *crashSim) crashAndCheck(clean bool, torn int) {
 	t := s.t
 	s.absorb()
-	// What the sink holds now was confirmed, delivered or answered after
-	// its write was synced: it is in the copy taken next.
-	s.sink.mu.Lock()
-	s.sink.frozen = true
-	confirmed := s.sink.confirmed
-	s.sink.mu.Unlock()
-	crashed := s.mem.Crash(torn)
-	s.logf("crash (failed fsync: %v, torn bytes %d)", s.ctx.Err() != nil, torn)
-	old := s.n
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	_ = old.b.CloseMetaLog(ctx)
-	if err := old.b.Stop(ctx); err != nil {
-		t.Fatalf("seed %d: the crashed node did not stop: %v", s.seed, err)
+	old := s.n
+	var confirmed map[*PublishBatch]bool
+	var fs segment.FS
+	if clean {
+		// A clean stop writes everything submitted before it: every
+		// settle is on disk, every persistent message confirmed.
+		old.close(t)
+		s.sink.mu.Lock()
+		s.sink.frozen = true
+		confirmed = s.sink.confirmed
+		s.sink.mu.Unlock()
+		for name, cs := range s.pendAcks {
+			for _, c := range cs {
+				s.copies[c].onDisk = true
+			}
+			delete(s.pendAcks, name)
+		}
+		fs = s.mem
+		s.logf("clean stop")
+	} else {
+		// What the sink holds now was confirmed, delivered or answered
+		// after its write was synced: it is in the copy taken next.
+		s.sink.mu.Lock()
+		s.sink.frozen = true
+		confirmed = s.sink.confirmed
+		s.sink.mu.Unlock()
+		fs = s.mem.Crash(torn)
+		s.logf("crash (failed fsync: %v, torn bytes %d)", s.ctx.Err() != nil, torn)
+		_ = old.b.CloseMetaLog(ctx)
+		if err := old.b.Stop(ctx); err != nil {
+			t.Fatalf("seed %d: the crashed node did not stop: %v", s.seed, err)
+		}
+		_ = old.log.Close()
 	}
-	_ = old.log.Close()
 
 	s.logf("dead letters dropped before the crash: %v", s.takeDrops())
 	s.now.Add(1000)
-	n2 := openDurNodeWith(t, crashed, "/data", s.tweak(false))
+	n2 := openDurNodeWith(t, fs, "/data", s.tweak(false))
 	defer n2.close(t)
 	b2 := n2.b
 	if err := b2.WaitRecovered(ctx); err != nil {
@@ -974,9 +1115,21 @@ func (s *crashSim) checkTopology(b *Broker) {
 	exs := map[string]bool{}
 	for _, e := range b.Exchanges() {
 		exs[e.Name] = true
+		se := s.exchanges[e.Name]
+		switch {
+		case strings.HasPrefix(e.Name, "amq.") || e.Name == "":
+		case se == nil:
+			t.Errorf("seed %d: exchange %s after recovery was never declared", s.seed, e.Name)
+		case !se.durable:
+			t.Errorf("seed %d: exchange %s (non-durable) is back after recovery", s.seed, e.Name)
+		case se.deleted:
+			t.Errorf("seed %d: exchange %s is back after recovery, though its delete was answered", s.seed, e.Name)
+		}
 	}
-	if !exs["dx"] || !exs["dlx"] || exs["tx"] {
-		t.Errorf("seed %d: exchanges after recovery: %v, want dx and dlx (durable), not tx", s.seed, exs)
+	for name, se := range s.exchanges {
+		if se.durable && se.declared && !se.deleting && !exs[name] {
+			t.Errorf("seed %d: durable exchange %s (declare answered, never deleted) is gone after recovery", s.seed, name)
+		}
 	}
 	have := map[string]bool{}
 	for _, q := range b.Queues() {
@@ -1003,17 +1156,17 @@ func (s *crashSim) checkTopology(b *Broker) {
 	for k := range bs {
 		src, rest, _ := strings.Cut(k, ">")
 		dst, _, _ := strings.Cut(rest, " ")
-		if src != "dx" && src != "dlx" || !have[dst] {
-			t.Errorf("seed %d: binding %s after recovery: its ends are not both durable and present", s.seed, k)
+		if !exs[src] || !have[dst] {
+			t.Errorf("seed %d: binding %s after recovery: its ends are not both present", s.seed, k)
 		}
-		if !s.bindings[k] && !strings.HasPrefix(dst, "late") {
+		if s.bindings[k] == bindNone {
 			t.Errorf("seed %d: binding %s after recovery was never made", s.seed, k)
 		}
 	}
-	for k := range s.bindings {
+	for k, v := range s.bindings {
 		src, rest, _ := strings.Cut(k, ">")
 		dst, _, _ := strings.Cut(rest, " ")
-		if src != "tx" && have[dst] && !bs[k] {
+		if v == bindMade && exs[src] && s.exchanges[src].durable && have[dst] && !bs[k] {
 			t.Errorf("seed %d: binding %s (durable ends, answered) is gone after recovery", s.seed, k)
 		}
 	}
