@@ -6,7 +6,7 @@
 // Settings come from, in rising precedence: defaults, the JSON config
 // file, WARREN_* environment variables, flags. SIGTERM or SIGINT shuts it
 // down gracefully: stop accepting, flush confirms, close clients with
-// connection_forced.
+// connection_forced. SIGHUP reloads the TLS certificate, key and CA files.
 package main
 
 import (
@@ -65,7 +65,8 @@ func exitCode(err error) int {
 	return 1
 }
 
-const usageHead = `usage: warrend [--listen ADDR] [--amqp-listen ADDR] [--http ADDR] [--data DIR] [--config FILE] [--log-level LEVEL]
+const usageHead = `usage: warrend [--listen ADDR|off] [--amqp-listen ADDR] [--http ADDR|off] [--data DIR] [--config FILE] [--log-level LEVEL]
+               [--tls-listen ADDR] [--https ADDR] [--tls-cert FILE --tls-key FILE] [--tls-ca FILE]
        warrend hash-password < password      (prints a bcrypt hash for the config file)
 
 Settings come from, in rising precedence: defaults, the JSON config file, WARREN_* environment
@@ -102,9 +103,19 @@ type fileConfig struct {
 	MaxUnauthenticated      int      `json:"max_unauthenticated_connections"` // 1000
 	MaxConnectionsPerSource int      `json:"max_connections_per_source"`      // 0: no cap
 	ProxyProtocolTrusted    []string `json:"proxy_protocol_trusted"`          // CIDRs or addresses; empty: PROXY off
+
+	// TLS (tlsSettings): the native protocol's TLS listener and the HTTPS
+	// port, off unless set; the files are PEM, reloaded on SIGHUP.
+	TLSListen string `json:"tls_listen"`
+	HTTPS     string `json:"https"`
+	TLSCert   string `json:"tls_cert"`
+	TLSKey    string `json:"tls_key"`
+	TLSCA     string `json:"tls_ca"` // client certificates: optional, verified against it when given
 }
 
-// ready is told the bound addresses once serving (for tests).
+// ready is told the bound addresses once serving (for tests): the plain
+// native listener's (the TLS one's with --listen off) and the HTTP
+// port's (the HTTPS one's with --http off).
 type ready func(broker, http net.Addr)
 
 func run(ctx context.Context, args []string, getenv func(string) string, stdin io.Reader, stdout, stderr io.Writer, onReady ready) error {
@@ -134,6 +145,11 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdin i
 	maxExchanges := fs.String("max-exchanges", "", "exchanges the broker holds at most, the four amq.* included (default 100000; env WARREN_MAX_EXCHANGES)")
 	maxBindings := fs.String("max-bindings", "", "bindings the broker holds at most (default 4000000; env WARREN_MAX_BINDINGS)")
 	maxExclusive := fs.String("max-exclusive-queues-per-connection", "", "exclusive queues one connection may own (default 10000; env WARREN_MAX_EXCLUSIVE_QUEUES_PER_CONNECTION)")
+	tlsListen := fs.String("tls-listen", "", "native protocol over TLS, e.g. 127.0.0.1:5681 (default off; env WARREN_TLS_LISTEN); --listen off leaves only it")
+	httpsAddr := fs.String("https", "", "HTTPS address for the console, API and metrics, e.g. 127.0.0.1:15681 (default off; env WARREN_HTTPS); --http off leaves only it")
+	tlsCert := fs.String("tls-cert", "", "PEM certificate (chain) for --tls-listen and --https, reloaded on SIGHUP (env WARREN_TLS_CERT)")
+	tlsKey := fs.String("tls-key", "", "PEM private key of --tls-cert (env WARREN_TLS_KEY)")
+	tlsCA := fs.String("tls-ca", "", "PEM CA certificates: clients may present a certificate it signed (mutual TLS, EXTERNAL) (env WARREN_TLS_CA)")
 	diskLimit := fs.String("disk-free-limit", "", "block publishers while the data directory's filesystem has less free space than this, e.g. 2GiB, 500MB, or -1 for off (default 2GiB; env WARREN_DISK_FREE_LIMIT)")
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
@@ -177,6 +193,11 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdin i
 	pick(*httpAddr, "WARREN_HTTP", &fc.HTTP)
 	pick(*data, "WARREN_DATA", &fc.Data)
 	pick(*logLevel, "WARREN_LOG_LEVEL", &fc.LogLevel)
+	pick(*tlsListen, "WARREN_TLS_LISTEN", &fc.TLSListen)
+	pick(*httpsAddr, "WARREN_HTTPS", &fc.HTTPS)
+	pick(*tlsCert, "WARREN_TLS_CERT", &fc.TLSCert)
+	pick(*tlsKey, "WARREN_TLS_KEY", &fc.TLSKey)
+	pick(*tlsCA, "WARREN_TLS_CA", &fc.TLSCA)
 	hsMs := ""
 	pick(*hsTimeout, "WARREN_HANDSHAKE_TIMEOUT_MS", &hsMs)
 	if hsMs != "" {
@@ -222,6 +243,10 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdin i
 	if fc.HandshakeTimeoutMs < 0 {
 		return fmt.Errorf("handshake timeout %dms: want a positive number of milliseconds (0: the default, 10000)", fc.HandshakeTimeoutMs)
 	}
+	tlsFiles, err := tlsSettings(&fc)
+	if err != nil {
+		return err
+	}
 	proxyTrusted, err := parsePrefixes(fc.ProxyProtocolTrusted)
 	if err != nil {
 		return fmt.Errorf("proxy_protocol_trusted: %w", err)
@@ -260,9 +285,19 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdin i
 	}
 	// The HTTP port opens first, so /healthz and /readyz answer during
 	// recovery (/readyz: 503 until the listener is open).
-	ln, err := net.Listen("tcp", fc.HTTP)
-	if err != nil {
-		return fmt.Errorf("http: %w", err)
+	var ln, lnTLS net.Listener
+	if fc.HTTP != "off" {
+		if ln, err = net.Listen("tcp", fc.HTTP); err != nil {
+			return fmt.Errorf("http: %w", err)
+		}
+	}
+	if fc.HTTPS != "" {
+		if lnTLS, err = net.Listen("tcp", fc.HTTPS); err != nil {
+			if ln != nil {
+				_ = ln.Close()
+			}
+			return fmt.Errorf("https: %w", err)
+		}
 	}
 	var state atomic.Int32
 	var srvp atomic.Pointer[netio.Server]
@@ -288,13 +323,25 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdin i
 	mux.Handle("/api/", web)
 	mux.Handle("/", web)
 	hs := &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
-	go func() { _ = hs.Serve(ln) }()
+	if ln != nil {
+		go func() { _ = hs.Serve(ln) }()
+	}
 	defer hs.Close()
+	hsTLS := &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
+	if lnTLS != nil {
+		hsTLS.TLSConfig = tlsFiles.Config()
+		go func() { _ = hsTLS.ServeTLS(lnTLS, "", "") }()
+	}
+	defer hsTLS.Close()
+	if tlsFiles != nil {
+		stopHUP := reloadOnSIGHUP(tlsFiles, log)
+		defer stopHUP()
+	}
 
 	fatal := make(chan error, 1)
 	log.Info("recovering", "data", fc.Data)
 	srv, err := netio.Start(netio.Config{
-		Addr: fc.Listen, Users: fc.Users, DisableGuest: fc.DisableGuest, MaxConnections: fc.MaxConnections,
+		Addr: fc.Listen, DisablePlain: fc.Listen == "off", TLSAddr: fc.TLSListen, TLSConfig: tlsConfig(tlsFiles), Users: fc.Users, DisableGuest: fc.DisableGuest, MaxConnections: fc.MaxConnections,
 		MaxChannels: fc.MaxChannels, MaxFrame: fc.MaxFrame, HeartbeatMs: fc.HeartbeatMs, MaxPrefetch: fc.MaxPrefetch,
 		MaxOutboundBytes: fc.MaxOutboundBytes, MemoryHighWater: fc.MemoryHighWater, QueueSoftLimit: fc.QueueSoftLimit, Logger: log,
 		HandshakeTimeout: time.Duration(fc.HandshakeTimeoutMs) * time.Millisecond, MaxUnauthenticated: fc.MaxUnauthenticated,
@@ -330,9 +377,19 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdin i
 	webH.Store(console.New(api, adminconn.New(srv)))
 	state.Store(stateReady)
 	log.Info("durable exchanges, queues, bindings between durable ends, and the messages of durable queues survive a restart (README: what survives a restart)")
-	log.Info("warrend started", "listen", srv.Addr().String(), "http", ln.Addr().String(), "data", fc.Data, "version", netio.Version)
+	brokerAddr, readyHTTP := srv.Addr(), net.Addr(nil)
+	if brokerAddr == nil {
+		brokerAddr = srv.TLSAddr()
+	}
+	if ln != nil {
+		readyHTTP = ln.Addr()
+	} else if lnTLS != nil {
+		readyHTTP = lnTLS.Addr()
+	}
+	log.Info("warrend started", "listen", addrString(srv.Addr()), "tls_listen", addrString(srv.TLSAddr()),
+		"http", addrString(ln), "https", addrString(lnTLS), "data", fc.Data, "version", netio.Version)
 	if onReady != nil {
-		onReady(srv.Addr(), ln.Addr())
+		onReady(brokerAddr, readyHTTP)
 	}
 	var failed error
 	select {
@@ -349,6 +406,7 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdin i
 	}
 	err = srv.Close(sctx)
 	_ = hs.Shutdown(sctx)
+	_ = hsTLS.Shutdown(sctx)
 	log.Info("stopped")
 	if failed != nil {
 		return fmt.Errorf("the log on disk could not be written (restart to recover from it): %w", failed)

@@ -137,7 +137,7 @@ func TestWarrendTLS(t *testing.T) {
 	if code, _ := get("/readyz"); code != 200 {
 		t.Fatalf("HTTPS /readyz %d", code)
 	}
-	if code, body := get("/api/connections"); code != 200 || !strings.Contains(body, `"tls":true`) {
+	if code, body := get("/api/connections"); code != 200 || !strings.Contains(body, `"tls": true`) {
 		t.Fatalf("HTTPS /api/connections %d %s, want the TLS connection listed", code, body)
 	}
 
