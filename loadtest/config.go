@@ -6,6 +6,7 @@
 package loadtest
 
 import (
+	"crypto/tls"
 	"encoding/json"
 	"fmt"
 	"math/rand/v2"
@@ -45,6 +46,9 @@ type Config struct {
 	// report then gives the broker's CPU time per consumed message, read
 	// from /proc over the measured window.
 	BrokerPID int `json:"-"`
+	// TLS configures warrens:// URLs (warren-loadtest --ca, --cert, --key);
+	// nil: the system's roots.
+	TLS *tls.Config `json:"-"`
 	// Stop, when set, ends the publishing phase when it is closed (like the
 	// end of Duration); the drain and the report follow as usual.
 	Stop <-chan struct{} `json:"-"`

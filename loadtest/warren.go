@@ -22,7 +22,7 @@ type warrenDriver struct {
 const consumersPerConn = 32
 
 func (d *warrenDriver) dial(ctx context.Context, cfg *Config) (*client.Conn, *client.Channel, error) {
-	c, err := client.Dial(ctx, d.url, client.Options{ConfirmWindow: cfg.ConfirmWindow, Name: "warren-loadtest"})
+	c, err := client.Dial(ctx, d.url, client.Options{ConfirmWindow: cfg.ConfirmWindow, Name: "warren-loadtest", TLS: cfg.TLS})
 	if err != nil {
 		return nil, nil, err
 	}

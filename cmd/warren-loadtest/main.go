@@ -24,6 +24,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/warren-mq/warren/client"
 	"github.com/warren-mq/warren/loadtest"
 )
 
@@ -65,8 +66,19 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	fs.BoolVar(&c.PublishOnly, "publish-only", false, "start no consumers: the queues keep what is published (with --ledger, for a later --verify)")
 	quiet := fs.Duration("quiet", 5*time.Second, "--verify: stop after this long without a delivery")
 	fs.IntVar(&c.BrokerPID, "broker-pid", 0, "the broker's process id on this machine: report its CPU time per message (from /proc)")
+	caFile := fs.String("ca", "", "warrens:// URLs: a PEM CA to verify the broker's certificate with (default: the system's roots)")
+	certFile := fs.String("cert", "", "warrens:// URLs: a PEM client certificate (mutual TLS; with no user in the URL, EXTERNAL)")
+	keyFile := fs.String("key", "", "the key of --cert")
 	if err := fs.Parse(args); err != nil {
 		return 2
+	}
+	if *caFile != "" || *certFile != "" || *keyFile != "" {
+		tc, err := client.LoadTLS(*caFile, *certFile, *keyFile)
+		if err != nil {
+			fmt.Fprintln(stderr, err)
+			return 2
+		}
+		c.TLS = tc
 	}
 	if c.Verify != "" {
 		_, err := loadtest.Verify(ctx, c, *quiet, stdout)
@@ -152,6 +164,9 @@ func overlay(s, f loadtest.Config) loadtest.Config {
 	s.PublishOnly = s.PublishOnly || f.PublishOnly
 	if f.BrokerPID != 0 {
 		s.BrokerPID = f.BrokerPID
+	}
+	if f.TLS != nil {
+		s.TLS = f.TLS
 	}
 	return s
 }

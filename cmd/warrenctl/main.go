@@ -1,7 +1,7 @@
 // Command warrenctl operates a Warren broker from a shell: topology,
 // inspection, publishing and consuming, dead-letter peek and replay.
 //
-//	warrenctl [--url warren://user:pass@host:5680] [--api http://host:15680] [--json] COMMAND ...
+//	warrenctl [--url warren(s)://user:pass@host:5680] [--api http(s)://host:15680] [--ca FILE] [--json] COMMAND ...
 //
 // Topology and inspection go through the admin HTTP API (--api, default:
 // the --url host on port 15680 with the same credentials); publish and
@@ -13,6 +13,7 @@ import (
 	"bufio"
 	"bytes"
 	"context"
+	"crypto/tls"
 	"encoding/json"
 	"errors"
 	"flag"
@@ -43,8 +44,13 @@ var usage = strings.Replace(usageText, "{{queue settings}}", queueSettingsUsage(
 const usageText = `warrenctl — operate a Warren broker
 
 Global flags (before or after the command):
-  --url URL    native protocol URL (env WARREN_URL; default warren://guest:guest@127.0.0.1:5680)
-  --api URL    admin API URL (env WARREN_API; default: the --url host on port 15680)
+  --url URL    native protocol URL (env WARREN_URL; default warren://guest:guest@127.0.0.1:5680;
+               warrens://… is TLS, port 5681)
+  --api URL    admin API URL (env WARREN_API; default: the --url host on port 15680, or
+               https://HOST:15681 for a warrens:// URL)
+  --ca FILE    PEM CA to verify the broker's TLS certificate with, on both (env WARREN_CA)
+  --cert FILE, --key FILE  a client certificate for mutual TLS (env WARREN_CERT, WARREN_KEY);
+               with no user in a warrens:// URL, the native protocol logs in as its CN (EXTERNAL)
   --json       print JSON instead of tables
 
 Commands:
@@ -80,12 +86,16 @@ func main() {
 }
 
 type cli struct {
-	url, api   string
-	user, pass string
-	jsonOut    bool
-	stdin      io.Reader
-	out, errw  io.Writer
-	ctx        context.Context
+	url, api string
+	// TLS: --ca (a private CA to trust), --cert and --key (a client
+	// certificate); tlsCfg is built from them for warrens:// and https://.
+	ca, cert, key string
+	tlsCfg        *tls.Config
+	user, pass    string
+	jsonOut       bool
+	stdin         io.Reader
+	out, errw     io.Writer
+	ctx           context.Context
 }
 
 // usageErr is a mistake on the command line (exit 2).
@@ -126,6 +136,23 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdin i
 	if c.api == "" {
 		host, _, _ := net.SplitHostPort(addr)
 		c.api = "http://" + net.JoinHostPort(host, "15680")
+		if strings.HasPrefix(c.url, "warrens:") {
+			c.api = "https://" + net.JoinHostPort(host, "15681")
+		}
+	}
+	for _, v := range []struct {
+		dst      *string
+		env, flg string
+	}{{&c.ca, "WARREN_CA", "ca"}, {&c.cert, "WARREN_CERT", "cert"}, {&c.key, "WARREN_KEY", "key"}} {
+		if *v.dst == "" {
+			*v.dst = getenv(v.env)
+		}
+	}
+	if c.ca != "" || c.cert != "" || c.key != "" {
+		if c.tlsCfg, err = client.LoadTLS(c.ca, c.cert, c.key); err != nil {
+			fmt.Fprintln(stderr, "warrenctl:", err)
+			return 2
+		}
 	}
 	err = c.dispatch(rest)
 	var ue usageErr
@@ -155,7 +182,7 @@ func (c *cli) globals(args []string) ([]string, error) {
 			name = ""
 		}
 		switch name {
-		case "url", "api":
+		case "url", "api", "ca", "cert", "key":
 			if !hasVal {
 				if i+1 == len(args) {
 					return nil, fmt.Errorf("flag needs an argument: %s", a)
@@ -163,10 +190,17 @@ func (c *cli) globals(args []string) ([]string, error) {
 				i++
 				val = args[i]
 			}
-			if name == "url" {
+			switch name {
+			case "url":
 				c.url = val
-			} else {
+			case "api":
 				c.api = val
+			case "ca":
+				c.ca = val
+			case "cert":
+				c.cert = val
+			case "key":
+				c.key = val
 			}
 		case "json":
 			c.jsonOut = true
@@ -267,7 +301,11 @@ func (c *cli) call(method, path string, body any, out any) error {
 	}
 	req.SetBasicAuth(c.user, c.pass)
 	req.Header.Set("Content-Type", "application/json")
-	resp, err := (&http.Client{Timeout: 15 * time.Minute}).Do(req)
+	hc := &http.Client{Timeout: 15 * time.Minute}
+	if c.tlsCfg != nil {
+		hc.Transport = &http.Transport{TLSClientConfig: c.tlsCfg, Proxy: http.ProxyFromEnvironment}
+	}
+	resp, err := hc.Do(req)
 	if err != nil {
 		return fmt.Errorf("admin API at %s: %w", c.api, err)
 	}
@@ -748,7 +786,7 @@ func (c *cli) replay(args []string) error {
 func (c *cli) dial() (*client.Conn, *client.Channel, error) {
 	ctx, cancel := context.WithTimeout(c.ctx, 10*time.Second)
 	defer cancel()
-	conn, err := client.Dial(ctx, c.url, client.Options{Name: "warrenctl"})
+	conn, err := client.Dial(ctx, c.url, client.Options{Name: "warrenctl", TLS: c.tlsCfg})
 	if err != nil {
 		return nil, nil, fmt.Errorf("connect %s: %s", redact(c.url), protoErr(err))
 	}
