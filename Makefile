@@ -71,7 +71,7 @@ soak-replication:
 
 # The broker's node-wide crash simulation (durable queues and topology on an
 # in-memory filesystem, crashed at random fsyncs, torn writes included) over
-# CRASHSIM_SEEDS seeds; make test runs 1,000 (150 under -race).
+# CRASHSIM_SEEDS seeds; make test runs 1,000 (50 under -race).
 CRASHSIM_SEEDS ?= 100000
 soak-crash:
 	$(GO) test -count=1 -timeout 120m -run TestCrashSim -v ./broker -crashsim.seeds=$(CRASHSIM_SEEDS)

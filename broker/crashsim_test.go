@@ -40,7 +40,7 @@ import (
 var (
 	crashSimSeed   = flag.Int64("crashsim.seed", -1, "TestCrashSim: run only this seed (crashsim.repeat times, the trace printed with -v)")
 	crashSimRepeat = flag.Int("crashsim.repeat", 100, "TestCrashSim: runs of the one seed crashsim.seed names")
-	crashSimSeeds  = flag.Int("crashsim.seeds", 0, "TestCrashSim: seeds 1..N (0: 1,000, or 150 under -race)")
+	crashSimSeeds  = flag.Int("crashsim.seeds", 0, "TestCrashSim: seeds 1..N (0: 1,000, or 50 under -race)")
 )
 
 // crashSimDeadLettersAtLeastOnce checks the dead-letter invariant:
@@ -81,7 +81,7 @@ func TestCrashSim(t *testing.T) {
 	if seeds == 0 {
 		seeds = 1000
 		if raceEnabled {
-			seeds = 150
+			seeds = 50
 		}
 	}
 	start := time.Now()
