@@ -39,7 +39,12 @@ type Config struct {
 	MaxMessageSize   int           // a message's body; 16 MiB
 	MaxUnconfirmed   int           // a connection's publishes not yet taken by their queues; 10000
 	HandshakeTimeout time.Duration // from accept to connection.open-ok; 10s
-	Logger           *slog.Logger
+	// MaxUnauthenticated caps the connections not yet at open-ok; 1000.
+	MaxUnauthenticated int
+	// MaxConnectionsPerSource caps the connections from one IP address;
+	// 0: no cap.
+	MaxConnectionsPerSource int
+	Logger                  *slog.Logger
 }
 
 func (c *Config) fill() {
@@ -87,6 +92,10 @@ type Listener struct {
 	closed  bool
 	changed chan struct{} // closed when the connection count changes
 	wg      sync.WaitGroup
+
+	// hookAtBound, if set (tests), hears a reader stop at the unconfirmed
+	// bound with that many publishes in flight.
+	hookAtBound func(inFlight int64)
 }
 
 // Listen starts accepting AMQP connections on cfg.Addr.
