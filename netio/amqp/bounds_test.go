@@ -128,21 +128,25 @@ func TestUnauthenticatedCap(t *testing.T) {
 	addr := l.Addr().String()
 	a := startedConn(t, addr)
 	b := startedConn(t, addr)
-	// Two real clients get in, each closing the oldest idle one.
-	for i, idle := range []net.Conn{a, b} {
+	evictedFor := func(idle net.Conn, what string) {
+		t.Helper()
 		c, err := amqp091.Dial(url)
 		if err != nil {
-			t.Fatalf("client %d refused at the unauthenticated cap with idle connections to close: %v", i+1, err)
+			t.Fatalf("%s: refused at the unauthenticated cap with an idle connection to close: %v", what, err)
 		}
-		defer c.Close()
+		t.Cleanup(func() { c.Close() })
 		code, text := connCloseText(t, idle)
 		if code != 506 || !strings.Contains(text, "max_unauthenticated_connections") {
-			t.Fatalf("idle connection %d: connection.close %d %q, want 506 naming max_unauthenticated_connections", i+1, code, text)
+			t.Fatalf("%s: the idle connection got connection.close %d %q, want 506 naming max_unauthenticated_connections", what, code, text)
 		}
 	}
+	// A real client gets in by closing the oldest idle one (a, not b)...
+	evictedFor(a, "first client")
+	// ...and, once one of the two has sent its credentials, the other.
+	e := credentialsSent(t, addr)
+	evictedFor(b, "second client")
 	// Two that have sent their credentials are not closed for a newcomer:
 	// it is refused.
-	e := credentialsSent(t, addr)
 	credentialsSent(t, addr)
 	_, err := amqp091.Dial(url)
 	var ae *amqp091.Error

@@ -61,6 +61,9 @@ type conn struct {
 	routeBuf []queue.QueueRef
 	parts    [][]broker.EnqItem
 	ctagSeq  int
+
+	started bool          // the protocol header was read (reader goroutine)
+	adm     connAdmission // Listener.mu
 }
 
 type channel struct {
@@ -133,13 +136,26 @@ func (c *conn) serve() {
 			c.srv.Submit(broker.Command{Kind: broker.CmdDown, Owner: c.id})
 		}
 	}()
-	_ = c.nc.SetDeadline(time.Now().Add(c.l.cfg.HandshakeTimeout))
+	// The handshake deadline was set at accept.
 	if err := c.handshake(); err != nil {
+		switch {
+		case c.l.evictedConn(c):
+			err = errEvicted
+			if c.started {
+				err = connErr(resourceError, c.l.unauthReason())
+			}
+		case isTimeout(err):
+			c.l.met.handshakeTimeouts.Inc()
+			if c.started {
+				err = connErr(resourceError, c.l.handshakeReason())
+			}
+		}
 		c.fail(err)
 		return
 	}
 	opened = true
-	_ = c.nc.SetDeadline(time.Time{})
+	_ = c.nc.SetReadDeadline(time.Time{})
+	c.l.opened(c)
 	for {
 		if c.heartbeat > 0 {
 			_ = c.nc.SetReadDeadline(time.Now().Add(2 * c.heartbeat))
@@ -159,6 +175,15 @@ func (c *conn) serve() {
 }
 
 var errClientClosed = errors.New("amqp: the client closed the connection")
+
+// errEvicted: the connection was closed to admit a newer one (its start-ok
+// came too late).
+var errEvicted = errors.New("amqp: evicted at the unauthenticated cap")
+
+func isTimeout(err error) bool {
+	var ne net.Error
+	return errors.As(err, &ne) && ne.Timeout()
+}
 
 // fail ends the connection after err: a protocol error is told to the
 // client with connection.close (its close-ok is awaited briefly), an I/O
@@ -379,6 +404,7 @@ func (c *conn) handshake() error {
 		c.mu.Unlock()
 		return errors.New("amqp: wrong protocol header")
 	}
+	c.started = true
 	// connection.start
 	c.mu.Lock()
 	b, st := method(c.out, 0, classConnection, 10)
@@ -405,6 +431,9 @@ func (c *conn) handshake() error {
 	r, err := c.readMethod(classConnection, 11) // start-ok
 	if err != nil {
 		return err
+	}
+	if !c.l.credentialsSent(c) {
+		return errEvicted
 	}
 	props := r.table() // client properties
 	if v, ok := props.Get("capabilities"); ok && v.Kind == wire.KindTable {

@@ -22,9 +22,12 @@ import (
 	"io"
 	"log/slog"
 	"net"
+	"net/netip"
 	"sync"
+	"sync/atomic"
 	"time"
 
+	"github.com/warren-mq/warren/internal/ratelog"
 	"github.com/warren-mq/warren/netio"
 )
 
@@ -75,6 +78,9 @@ func (c *Config) fill() {
 	if c.HandshakeTimeout <= 0 {
 		c.HandshakeTimeout = 10 * time.Second
 	}
+	if c.MaxUnauthenticated <= 0 {
+		c.MaxUnauthenticated = 1000
+	}
 	if c.Logger == nil {
 		c.Logger = slog.New(slog.NewTextHandler(io.Discard, nil))
 	}
@@ -93,6 +99,16 @@ type Listener struct {
 	changed chan struct{} // closed when the connection count changes
 	wg      sync.WaitGroup
 
+	// Admission (admission.go), guarded by mu.
+	unauthN            int
+	waitHead, waitTail *conn // not yet past their credentials, oldest first
+	perSource          map[netip.Addr]int
+	refusers           atomic.Int32
+	evictLog           ratelog.Limiter
+	refuseLog          ratelog.Limiter
+
+	met listenerMetrics
+
 	// hookAtBound, if set (tests), hears a reader stop at the unconfirmed
 	// bound with that many publishes in flight.
 	hookAtBound func(inFlight int64)
@@ -105,7 +121,9 @@ func Listen(srv *netio.Server, cfg Config) (*Listener, error) {
 	if err != nil {
 		return nil, err
 	}
-	l := &Listener{srv: srv, cfg: cfg, ln: ln, log: cfg.Logger, conns: map[*conn]struct{}{}, changed: make(chan struct{})}
+	l := &Listener{srv: srv, cfg: cfg, ln: ln, log: cfg.Logger, conns: map[*conn]struct{}{}, changed: make(chan struct{}),
+		perSource: map[netip.Addr]int{}, evictLog: ratelog.Limiter{Every: 10 * time.Second}, refuseLog: ratelog.Limiter{Every: 10 * time.Second}}
+	l.met.init(l)
 	l.wg.Add(1)
 	go l.accept()
 	l.log.Info("AMQP 0-9-1 listening", "addr", ln.Addr().String())
@@ -130,21 +148,36 @@ func (l *Listener) accept() {
 			time.Sleep(10 * time.Millisecond) // EMFILE and the like: do not spin
 			continue
 		}
+		src := sourceOf(nc)
 		l.mu.Lock()
-		if l.closed || len(l.conns) >= l.cfg.MaxConnections {
+		if l.closed {
 			l.mu.Unlock()
 			_ = nc.Close()
 			continue
 		}
+		victim, refusal := l.admitLocked(src)
+		if refusal != "" {
+			l.mu.Unlock()
+			l.refuse(nc, refusal)
+			continue
+		}
 		c := newConn(l, nc)
+		// The handshake deadline, set before the connection can be
+		// evicted (evict moves it to now).
+		_ = nc.SetReadDeadline(time.Now().Add(l.cfg.HandshakeTimeout))
+		l.linkLocked(c, src)
 		l.conns[c] = struct{}{}
 		l.notifyLocked()
 		l.wg.Add(1)
 		l.mu.Unlock()
+		if victim != nil {
+			victim.evict()
+		}
 		go func() {
 			defer l.wg.Done()
 			c.serve()
 			l.mu.Lock()
+			l.forgetLocked(c)
 			delete(l.conns, c)
 			l.notifyLocked()
 			l.mu.Unlock()

@@ -490,6 +490,9 @@ func (c *conn) publish(ch *channel) error {
 	// Bounds on what this connection makes the broker hold: publishes in
 	// flight, and the memory alarm (the connection is not read meanwhile,
 	// so TCP stops the client).
+	if n := c.unconfirmed.Load(); n >= int64(c.l.cfg.MaxUnconfirmed) && c.l.hookAtBound != nil {
+		c.l.hookAtBound(n)
+	}
 	for c.unconfirmed.Load() >= int64(c.l.cfg.MaxUnconfirmed) {
 		if c.stopped.Load() {
 			return errClientClosed

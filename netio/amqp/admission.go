@@ -1,0 +1,220 @@
+package amqp
+
+import (
+	"bytes"
+	"encoding/binary"
+	"io"
+	"net"
+	"net/netip"
+	"strconv"
+	"time"
+)
+
+// Bounds on AMQP connections before they are open, as netio applies them to
+// its own (netio/connlimits.go), with the same settings but counted
+// separately (an AMQP connection counts against the AMQP front's caps):
+//
+//   - Handshake deadline (Config.HandshakeTimeout): a connection that has
+//     not reached open-ok this long after accept is closed, whatever it
+//     sent meanwhile; once it has sent the protocol header it is told why
+//     with connection.close 506 RESOURCE_ERROR, before that the socket is
+//     just closed.
+//   - Unauthenticated cap (Config.MaxUnauthenticated): a connection counts
+//     from accept until open-ok. At the cap, a newcomer is admitted by
+//     closing the oldest connection that has not sent its credentials
+//     (start-ok) yet; only when every one has sent them is the newcomer
+//     refused.
+//   - Per-source cap (Config.MaxConnectionsPerSource, off by default).
+//
+// A refused newcomer gets connection.close 506 with the reason in place of
+// connection.start (after its protocol header, read for at most a second
+// by one of at most maxRefusers goroutines; past that the socket is just
+// closed), so clients report why instead of a reset. The bookkeeping runs
+// under Listener.mu once per accept, start-ok, open-ok and close.
+
+// maxRefusers bounds the goroutines telling refused connections why.
+const maxRefusers = 64
+
+// connAdmission is a connection's share of the bookkeeping (Listener.mu).
+type connAdmission struct {
+	src          netip.Addr
+	srcCounted   bool
+	unauth       bool // counted in Listener.unauthN
+	waiting      bool // linked: has not sent its credentials yet
+	evicted      bool // closed to admit a newer connection
+	wprev, wnext *conn
+}
+
+// admitLocked decides on a new connection from src: "" admits it (victim,
+// if not nil, is to be closed to make room), anything else is why it is
+// refused. l.mu held.
+func (l *Listener) admitLocked(src netip.Addr) (victim *conn, refusal string) {
+	if len(l.conns) >= l.cfg.MaxConnections {
+		l.met.refusedMax.Inc()
+		return nil, "RESOURCE_ERROR - connection limit of " + strconv.Itoa(l.cfg.MaxConnections) + " reached (max_connections)"
+	}
+	if m := l.cfg.MaxConnectionsPerSource; m > 0 && l.perSource[src] >= m {
+		l.met.refusedPerSource.Inc()
+		return nil, "RESOURCE_ERROR - connection limit of " + strconv.Itoa(m) + " per source address reached for " +
+			src.String() + " (max_connections_per_source)"
+	}
+	if l.unauthN >= l.cfg.MaxUnauthenticated {
+		if l.waitHead == nil {
+			l.met.refusedUnauth.Inc()
+			return nil, "RESOURCE_ERROR - too many unauthenticated connections (max_unauthenticated_connections " +
+				strconv.Itoa(l.cfg.MaxUnauthenticated) + "), each past its credentials: try again shortly"
+		}
+		victim = l.waitHead
+		l.releaseUnauthLocked(victim)
+		victim.adm.evicted = true
+		l.met.refusedUnauth.Inc()
+	}
+	return victim, ""
+}
+
+// linkLocked counts an admitted connection. l.mu held.
+func (l *Listener) linkLocked(c *conn, src netip.Addr) {
+	a := &c.adm
+	a.src = src
+	if l.cfg.MaxConnectionsPerSource > 0 {
+		l.perSource[src]++
+		a.srcCounted = true
+	}
+	a.unauth, a.waiting = true, true
+	a.wprev = l.waitTail
+	if l.waitTail != nil {
+		l.waitTail.adm.wnext = c
+	} else {
+		l.waitHead = c
+	}
+	l.waitTail = c
+	l.unauthN++
+}
+
+func (l *Listener) unlinkLocked(c *conn) {
+	a := &c.adm
+	if !a.waiting {
+		return
+	}
+	if a.wprev != nil {
+		a.wprev.adm.wnext = a.wnext
+	} else {
+		l.waitHead = a.wnext
+	}
+	if a.wnext != nil {
+		a.wnext.adm.wprev = a.wprev
+	} else {
+		l.waitTail = a.wprev
+	}
+	a.wprev, a.wnext, a.waiting = nil, nil, false
+}
+
+func (l *Listener) releaseUnauthLocked(c *conn) {
+	l.unlinkLocked(c)
+	if c.adm.unauth {
+		c.adm.unauth = false
+		l.unauthN--
+	}
+}
+
+// forgetLocked releases what a closed connection counted against.
+func (l *Listener) forgetLocked(c *conn) {
+	l.releaseUnauthLocked(c)
+	if c.adm.srcCounted {
+		if n := l.perSource[c.adm.src] - 1; n > 0 {
+			l.perSource[c.adm.src] = n
+		} else {
+			delete(l.perSource, c.adm.src)
+		}
+		c.adm.srcCounted = false
+	}
+}
+
+// credentialsSent: c's start-ok arrived; it is no longer one to close at
+// the cap. False: it was closed to admit a newer connection meanwhile.
+func (l *Listener) credentialsSent(c *conn) bool {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if c.adm.evicted {
+		return false
+	}
+	l.unlinkLocked(c)
+	return true
+}
+
+// opened: c reached open-ok.
+func (l *Listener) opened(c *conn) {
+	l.mu.Lock()
+	l.releaseUnauthLocked(c)
+	l.mu.Unlock()
+}
+
+func (l *Listener) evictedConn(c *conn) bool {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return c.adm.evicted
+}
+
+// evict closes c, the oldest connection waiting to send its credentials,
+// to admit a newer one: its reader's wait ends now, and it tells the
+// client why (serve).
+func (c *conn) evict() {
+	_ = c.nc.SetReadDeadline(time.Now())
+	if ok, n := c.l.evictLog.Allow(time.Now()); ok {
+		c.l.log.Info("AMQP connection not yet authenticated closed to admit a new one (max_unauthenticated_connections)",
+			"max_unauthenticated_connections", c.l.cfg.MaxUnauthenticated, "more_since_last_line", n)
+	}
+}
+
+func (l *Listener) unauthReason() string {
+	return "RESOURCE_ERROR - too many unauthenticated connections (max_unauthenticated_connections " +
+		strconv.Itoa(l.cfg.MaxUnauthenticated) + "): the oldest that has not sent its credentials is closed to admit a new one"
+}
+
+func (l *Listener) handshakeReason() string {
+	return "RESOURCE_ERROR - handshake not completed within " + l.cfg.HandshakeTimeout.String() +
+		" (handshake_timeout_ms): send start-ok, tune-ok and open without delay"
+}
+
+// refuse tells a refused connection why, in place of connection.start,
+// on a goroutine of its own (at most maxRefusers at once, for a second
+// each; past that the socket is just closed).
+func (l *Listener) refuse(nc net.Conn, reason string) {
+	if ok, n := l.refuseLog.Allow(time.Now()); ok {
+		l.log.Info("AMQP connection refused", "remote", nc.RemoteAddr().String(), "reason", reason, "more_since_last_line", n)
+	}
+	if l.refusers.Add(1) > maxRefusers {
+		l.refusers.Add(-1)
+		_ = nc.Close()
+		return
+	}
+	l.wg.Add(1)
+	go func() {
+		defer l.wg.Done()
+		defer l.refusers.Add(-1)
+		defer nc.Close()
+		_ = nc.SetDeadline(time.Now().Add(time.Second))
+		var hdr [8]byte
+		if _, err := io.ReadFull(nc, hdr[:]); err != nil || !bytes.Equal(hdr[:], protocolHeader) {
+			return
+		}
+		b, st := method(nil, 0, classConnection, 50)
+		b = binary.BigEndian.AppendUint16(b, resourceError)
+		b = putShortstr(b, reason)
+		b = append(b, 0, 0, 0, 0)
+		if _, err := nc.Write(endFrame(b, st)); err != nil {
+			return
+		}
+		// Until its close-ok or EOF: closing with its bytes unread would
+		// reset the connection, and the client might lose the reason.
+		_, _ = io.Copy(io.Discard, io.LimitReader(nc, 64<<10))
+	}()
+}
+
+// sourceOf is a connection's source address, unmapped.
+func sourceOf(nc net.Conn) netip.Addr {
+	if a, ok := nc.RemoteAddr().(*net.TCPAddr); ok {
+		return a.AddrPort().Addr().Unmap()
+	}
+	return netip.Addr{}
+}
