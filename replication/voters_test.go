@@ -1,0 +1,182 @@
+package replication
+
+import (
+	"bytes"
+	"testing"
+	"time"
+
+	"github.com/warren-mq/warren/queue"
+	"github.com/warren-mq/warren/segment"
+	"go.etcd.io/raft/v3"
+	"go.etcd.io/raft/v3/raftpb"
+)
+
+// trio is three workers in one test, each over its own MemFS, joined by
+// an in-test transport that marshals every message (as a real one would)
+// and delivers it through Worker.Step. Everything runs on the test
+// goroutine: the appenders' completions are run as soon as they are
+// posted. replication/sim is the randomized version of this.
+type trio struct {
+	t      *testing.T
+	shards [3]*shard
+	groups [3]*Group
+	wire   []trioMsg
+	sent   int
+}
+
+type trioMsg struct {
+	gid uint64
+	to  uint64
+	b   []byte
+}
+
+type trioTransport struct{ tr *trio }
+
+func (x trioTransport) Send(gid uint64, msgs []raftpb.Message) {
+	for _, m := range msgs {
+		b, err := m.Marshal()
+		if err != nil {
+			x.tr.t.Fatal(err)
+		}
+		x.tr.wire = append(x.tr.wire, trioMsg{gid: gid, to: m.To, b: b})
+		x.tr.sent++
+	}
+}
+
+var _ Transport = trioTransport{}
+
+func newTrio(t *testing.T, gid uint64, sink func(node int) Sink) *trio {
+	tr := &trio{t: t}
+	voters := raftpb.ConfState{Voters: []uint64{1, 2, 3}}
+	for i := range tr.shards {
+		l := openMemLog(t, segment.NewMemFS())
+		t.Cleanup(func() { l.Close() })
+		s := &shard{t: t, inbox: make(chan func(), 1024)}
+		s.w = NewWorker(l, WorkerConfig{
+			NodeID: uint64(i + 1),
+			Post:   func(fn func()) { s.inbox <- fn },
+			Fatal:  func(err error) { s.fatal = err },
+			Send:   trioTransport{tr}.Send,
+		})
+		t.Cleanup(s.w.Close)
+		tr.shards[i] = s
+		g, err := s.w.Open(gid, raftpb.SnapshotMetadata{ConfState: voters}, NewQueueFSM(queue.New(queue.Config{}, 0), 0, sink(i)))
+		if err != nil {
+			t.Fatal(err)
+		}
+		tr.groups[i] = g
+	}
+	return tr
+}
+
+// step runs rounds and completions on every node, then delivers what was
+// sent, until the wire is empty and no node has work.
+func (tr *trio) step() {
+	for iter := 0; ; iter++ {
+		if iter > 1000 {
+			tr.t.Fatal("the three workers never settle")
+		}
+		busy := false
+		for _, s := range tr.shards {
+			more := s.w.Round(s.nowMs)
+			for s.w.Stats().Appends > s.w.Stats().Persisted {
+				select {
+				case fn := <-s.inbox:
+					fn()
+				case <-time.After(10 * time.Second):
+					tr.t.Fatal("no completion from the appender within 10 s")
+				}
+				busy = true
+			}
+			busy = busy || more
+		}
+		msgs := tr.wire
+		tr.wire = nil
+		for _, m := range msgs {
+			var msg raftpb.Message
+			if err := msg.Unmarshal(m.b); err != nil {
+				tr.t.Fatal(err)
+			}
+			if err := tr.shards[m.to-1].w.Step(m.gid, msg); err != nil {
+				tr.t.Fatalf("node %d: step %v: %v", m.to, msg.Type, err)
+			}
+			busy = true
+		}
+		if !busy {
+			return
+		}
+	}
+}
+
+func (tr *trio) leader() int {
+	for i, g := range tr.groups {
+		if g.Leader() {
+			return i
+		}
+	}
+	return -1
+}
+
+// TestThreeVotersReplicate: a group with three voters on three workers
+// elects a leader as its raft clock ticks (Group.RaftTick), with raft's
+// messages carried by a Transport into Worker.Step; a command proposed at
+// the leader is applied on all three, each FSM reaching the same snapshot
+// bytes at the same index, and the leader's Status names the same term
+// and leader as the followers'.
+func TestThreeVotersReplicate(t *testing.T) {
+	const gid = 7
+	var applied [3]int
+	tr := newTrio(t, gid, func(node int) Sink {
+		return func(a *Applied) {
+			if _, ok := a.Command.(*queue.Enqueue); ok {
+				applied[node]++
+			}
+		}
+	})
+	for tick := 0; tr.leader() < 0; tick++ {
+		if tick > 100 {
+			t.Fatal("no leader after 100 ticks")
+		}
+		for i, g := range tr.groups {
+			tr.shards[i].nowMs += 100
+			g.RaftTick()
+		}
+		tr.step()
+	}
+	lead := tr.leader()
+	for i, g := range tr.groups {
+		st := g.Status()
+		if st.Lead != uint64(lead+1) || st.Term != tr.groups[lead].Status().Term {
+			t.Fatalf("node %d: lead %d term %d, want %d and the leader's term %d", i+1, st.Lead, st.Term, lead+1, tr.groups[lead].Status().Term)
+		}
+		if (st.RaftState == raft.StateLeader) != (i == lead) {
+			t.Fatalf("node %d is %v", i+1, st.RaftState)
+		}
+	}
+	if _, err := tr.groups[lead].Add(&queue.Enqueue{Msgs: make([]queue.Message, 2), Bodies: [][]byte{[]byte("a"), []byte("b")}}); err != nil {
+		t.Fatal(err)
+	}
+	tr.step()
+	// The followers learn the commit index with the next heartbeat.
+	for i, g := range tr.groups {
+		tr.shards[i].nowMs += 100
+		g.RaftTick()
+	}
+	tr.step()
+	want, _ := tr.groups[lead].FSM().Snapshot()
+	for i, g := range tr.groups {
+		if applied[i] != 1 {
+			t.Errorf("node %d applied %d enqueues, want 1", i+1, applied[i])
+		}
+		if g.FSM().Machine().Ready() != 2 {
+			t.Errorf("node %d: %d ready, want 2", i+1, g.FSM().Machine().Ready())
+		}
+		got, _ := g.FSM().Snapshot()
+		if !bytes.Equal(got, want) {
+			t.Errorf("node %d: snapshot at %d differs from the leader's at %d", i+1, g.FSM().AppliedIndex(), tr.groups[lead].FSM().AppliedIndex())
+		}
+		if err := g.Err(); err != nil {
+			t.Errorf("node %d: %v", i+1, err)
+		}
+	}
+}
