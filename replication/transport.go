@@ -1,0 +1,65 @@
+package replication
+
+import (
+	"fmt"
+
+	"go.etcd.io/raft/v3"
+	"go.etcd.io/raft/v3/raftpb"
+)
+
+// Transport carries raft messages between the nodes of a cluster (design
+// §6.1: framed TCP between nodes; replication/sim's seeded fake network in
+// the simulation). A worker hands it each group's outgoing messages (m.To
+// names the peer) through WorkerConfig.Send, on the shard goroutine: Send
+// must not block, and may drop or delay messages (raft resends). On the
+// receiving node the transport hands each message to the Worker that owns
+// the group, with Worker.Step, on that worker's shard goroutine. Messages
+// must not be shared between nodes: raft keeps slices of what it is given,
+// so a transport marshals them (or copies them) on the way.
+type Transport interface {
+	Send(gid uint64, msgs []raftpb.Message)
+}
+
+// Step hands group gid a raft message from a peer (the transport's
+// receiving side). The next Round handles what it caused. It fails for a
+// group this worker does not have open and for a stopped group; the
+// transport drops the message (a peer may still talk to a group deleted
+// here, raft resends what mattered).
+func (w *Worker) Step(gid uint64, m raftpb.Message) error {
+	g := w.ids[gid]
+	if g == nil {
+		return fmt.Errorf("replication: a raft message for group %d, which is not open on this node", gid)
+	}
+	if g.err != nil {
+		return g.err
+	}
+	if w.failed != nil {
+		return ErrWorkerStopped
+	}
+	if err := g.rn.Step(m); err != nil {
+		return fmt.Errorf("replication: group %d: %v from %d: %w", gid, m.Type, m.From, err)
+	}
+	w.mark(g)
+	return nil
+}
+
+// RaftTick advances the group's raft clock by one tick (design §3.7: every
+// 100 ms; heartbeats every 2 ticks, elections after 10). A group whose only
+// voter is this node needs none and takes none.
+func (g *Group) RaftTick() {
+	if g.err != nil || g.w.failed != nil {
+		return
+	}
+	if v := g.conf.Voters; len(v) == 1 && v[0] == g.w.cfg.NodeID && len(g.conf.Learners) == 0 {
+		return
+	}
+	g.rn.Tick()
+	if g.rn.HasReady() {
+		g.w.mark(g)
+	}
+}
+
+// Status is raft's view of the group on this node: its state (leader,
+// follower, candidate), term, the leader it knows, and its commit and
+// applied indexes.
+func (g *Group) Status() raft.BasicStatus { return g.rn.BasicStatus() }
