@@ -446,14 +446,22 @@ func (w *Worker) process(g *Group, now int64) {
 	if len(rd.CommittedEntries) > 0 && w.cfg.Snapshots != nil && !g.snapping && g.SnapshotDue(now) {
 		g.autoSnapshot()
 	}
+	write := len(rd.Entries) > 0 || rd.MustSync
 	if len(rd.Messages) > 0 {
-		g.sendEarly(rd.Messages)
+		if write {
+			g.sendEarly(rd.Messages)
+		} else {
+			// Nothing to write and nothing in flight: whatever these
+			// acknowledge is durable already (a pre-vote answer, a
+			// retransmitted append this node holds), so none waits.
+			g.send(rd.Messages)
+		}
 	}
 	hs := rd.HardState
 	if raft.IsEmptyHardState(hs) {
 		hs = g.pendingHS
 	}
-	if len(rd.Entries) > 0 || rd.MustSync {
+	if write {
 		b, err := g.st.batch(rd.Entries, hs)
 		if err != nil {
 			g.fail(err)
