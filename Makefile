@@ -5,7 +5,7 @@ PKGS     := ./...
 # Packages with goroutines or shared state run under the race detector.
 RACE_PKGS := ./queue/... ./broker/... ./netio/... ./admin/... ./client/... ./cmd/... ./segment/... ./internal/... ./replication/...
 
-.PHONY: ui all build run test test-race vet fmt-check lint bench bench-segment bench-compare bench-million bench-topology fuzz vectors tools soak-segment soak-replication soak-kill soak-crash abuse
+.PHONY: ui all build run test test-race vet fmt-check lint bench bench-segment bench-compare bench-million bench-topology fuzz vectors tools soak-segment soak-replication soak-sim soak-kill soak-crash abuse
 
 all: build
 
@@ -68,6 +68,14 @@ soak-segment:
 REPL_SEEDS ?= 10000
 soak-replication:
 	$(GO) test -count=1 -timeout 60m -run 'TestSnapshotsCompactAndRecover|TestWorkerRounds|TestSingleVoterRecovers' ./replication -worker.seeds=$(REPL_SEEDS) -voter.seeds=$(REPL_SEEDS)
+
+# Three voters in one process (replication/sim: fake network with delay,
+# drop, duplicate, reorder and partitions; crashes at failed fsyncs with
+# torn writes; restarts) over SIM_SEEDS seeds; make test runs 100 (10 under
+# -race). One seed: go test ./replication/sim -run TestSim -sim.seed=N -v
+SIM_SEEDS ?= 20000
+soak-sim:
+	$(GO) test -count=1 -timeout 120m -run 'TestSim$$' -v ./replication/sim -sim.seeds=$(SIM_SEEDS)
 
 # The broker's node-wide crash simulation (durable queues and topology on an
 # in-memory filesystem, crashed at random fsyncs, torn writes included) over
