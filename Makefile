@@ -71,7 +71,7 @@ soak-replication:
 
 # Three voters in one process (replication/sim: fake network with delay,
 # drop, duplicate, reorder and partitions; crashes at failed fsyncs with
-# torn writes; restarts) over SIM_SEEDS seeds; make test runs 100 (10 under
+# torn writes; restarts) over SIM_SEEDS seeds; make test runs 60 (10 under
 # -race). One seed: go test ./replication/sim -run TestSim -sim.seed=N -v
 SIM_SEEDS ?= 20000
 soak-sim:

@@ -10,7 +10,7 @@ import (
 )
 
 var (
-	seeds = flag.Int("sim.seeds", 0, "seeds to run (0: 100, or 10 under -race)")
+	seeds = flag.Int("sim.seeds", 0, "seeds to run (0: 60, or 10 under -race)")
 	first = flag.Uint64("sim.first", 0, "the first seed")
 	one   = flag.Int64("sim.seed", -1, "run only this seed (with -v: its trace)")
 	ops   = flag.Int("sim.ops", 0, "workload operations per seed (0: 300)")
@@ -34,7 +34,7 @@ func TestSim(t *testing.T) {
 	}
 	n := *seeds
 	if n == 0 {
-		n = 100
+		n = 60
 		if raceEnabled {
 			n = 10
 		}
