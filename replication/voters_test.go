@@ -22,6 +22,9 @@ type trio struct {
 	groups [3]*Group
 	wire   []trioMsg
 	sent   int
+	logs   [3]*segment.Log
+	// down: messages to and from these nodes are dropped.
+	down map[uint64]bool
 }
 
 type trioMsg struct {
@@ -46,11 +49,12 @@ func (x trioTransport) Send(gid uint64, msgs []raftpb.Message) {
 var _ Transport = trioTransport{}
 
 func newTrio(t *testing.T, gid uint64, sink func(node int) Sink) *trio {
-	tr := &trio{t: t}
+	tr := &trio{t: t, down: map[uint64]bool{}}
 	voters := raftpb.ConfState{Voters: []uint64{1, 2, 3}}
 	for i := range tr.shards {
 		l := openMemLog(t, segment.NewMemFS())
 		t.Cleanup(func() { l.Close() })
+		tr.logs[i] = l
 		s := &shard{t: t, inbox: make(chan func(), 1024)}
 		s.w = NewWorker(l, WorkerConfig{
 			NodeID: uint64(i + 1),
@@ -97,6 +101,9 @@ func (tr *trio) step() {
 			if err := msg.Unmarshal(m.b); err != nil {
 				tr.t.Fatal(err)
 			}
+			if tr.down[msg.From] || tr.down[msg.To] {
+				continue
+			}
 			if err := tr.shards[m.to-1].w.Step(m.gid, msg); err != nil {
 				tr.t.Fatalf("node %d: step %v: %v", m.to, msg.Type, err)
 			}
@@ -106,6 +113,25 @@ func (tr *trio) step() {
 			return
 		}
 	}
+}
+
+// elect ticks every node until a leader is elected.
+func (tr *trio) elect() int {
+	for tick := 0; tr.leader() < 0; tick++ {
+		if tick > 100 {
+			tr.t.Fatal("no leader after 100 ticks")
+		}
+		tr.tick()
+	}
+	return tr.leader()
+}
+
+func (tr *trio) tick() {
+	for i, g := range tr.groups {
+		tr.shards[i].nowMs += 100
+		g.RaftTick()
+	}
+	tr.step()
 }
 
 func (tr *trio) leader() int {
@@ -133,17 +159,7 @@ func TestThreeVotersReplicate(t *testing.T) {
 			}
 		}
 	})
-	for tick := 0; tr.leader() < 0; tick++ {
-		if tick > 100 {
-			t.Fatal("no leader after 100 ticks")
-		}
-		for i, g := range tr.groups {
-			tr.shards[i].nowMs += 100
-			g.RaftTick()
-		}
-		tr.step()
-	}
-	lead := tr.leader()
+	lead := tr.elect()
 	for i, g := range tr.groups {
 		st := g.Status()
 		if st.Lead != uint64(lead+1) || st.Term != tr.groups[lead].Status().Term {
@@ -178,5 +194,49 @@ func TestThreeVotersReplicate(t *testing.T) {
 		if err := g.Err(); err != nil {
 			t.Errorf("node %d: %v", i+1, err)
 		}
+	}
+}
+
+// TestFollowerAppliesOnlyStoredEntries: a follower that was cut off gets
+// entries the other two committed meanwhile, in a message that also tells
+// it they are committed. It must store them before it applies them (raft's
+// order: persist Ready.Entries, then apply Ready.CommittedEntries): an
+// entry applied before it is stored could be in the FSM's live set, and so
+// in a snapshot's compaction list, without being in the log, and its
+// effects would run on a replica that may still lose it.
+func TestFollowerAppliesOnlyStoredEntries(t *testing.T) {
+	const gid = 9
+	var tr *trio
+	checked := 0
+	tr = newTrio(t, gid, func(node int) Sink {
+		return func(a *Applied) {
+			if last := tr.logs[node].LastIndex(gid); last < a.Index {
+				t.Errorf("node %d applied entry %d while its log ends at %d", node+1, a.Index, last)
+			}
+			checked++
+		}
+	})
+	lead := tr.elect()
+	lag := (lead + 1) % 3
+	tr.down[uint64(lag+1)] = true
+	for i := range 3 {
+		if _, err := tr.groups[lead].Add(&queue.Enqueue{Msgs: make([]queue.Message, 1), Bodies: [][]byte{{byte(i)}}}); err != nil {
+			t.Fatal(err)
+		}
+		tr.step()
+	}
+	tr.tick()
+	if got := tr.groups[lag].FSM().AppliedIndex(); got >= tr.groups[lead].FSM().AppliedIndex() {
+		t.Fatalf("the cut-off follower applied up to %d, the leader %d", got, tr.groups[lead].FSM().AppliedIndex())
+	}
+	delete(tr.down, uint64(lag+1))
+	for range 3 {
+		tr.tick()
+	}
+	if got, want := tr.groups[lag].FSM().AppliedIndex(), tr.groups[lead].FSM().AppliedIndex(); got != want {
+		t.Fatalf("the follower applied up to %d after the heal, the leader %d", got, want)
+	}
+	if checked == 0 {
+		t.Fatal("nothing applied")
 	}
 }
