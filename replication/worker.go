@@ -439,7 +439,18 @@ func (w *Worker) process(g *Group, now int64) {
 		g.fail(fmt.Errorf("replication: group %d: installing a snapshot from a leader is not built (cluster step)", g.id))
 		return
 	}
-	if err := g.apply(rd.CommittedEntries); err != nil {
+	// raft's order: a Ready's entries are stored before its committed
+	// entries are applied. Those stored already apply now; the rest (a
+	// follower handed entries the others committed) once this Ready's
+	// write is durable, in persisted.
+	stored := rd.CommittedEntries
+	for k := range stored {
+		if stored[k].Index > g.st.last {
+			stored = stored[:k]
+			break
+		}
+	}
+	if err := g.apply(stored); err != nil {
 		g.fail(err)
 		return
 	}
@@ -605,6 +616,13 @@ func (w *Worker) persisted(sub *submission) {
 		g.maybeCompact()
 		if sub.hsOnly[i] {
 			continue // no Ready behind it
+		}
+		if ents := rd.CommittedEntries; len(ents) > 0 && ents[len(ents)-1].Index > g.fsm.AppliedIndex() {
+			// Committed entries that were not stored when the Ready came.
+			if err := g.apply(ents[g.fsm.AppliedIndex()+1-ents[0].Index:]); err != nil {
+				g.fail(err)
+				continue
+			}
 		}
 		held := g.held
 		g.held = nil
