@@ -100,9 +100,9 @@ func TestCrashSim(t *testing.T) {
 // crashSimStats counts what the seeds exercised, so a run shows that the
 // crashes hit something.
 type crashSimStats struct {
-	seeds, clean, failSync, powerCut, torn int
-	confirmed, ackedOnDisk, found, dlFound int
-	deletedSeen, snapshotsOnDisk           int
+	seeds, clean, failSync, powerCut, torn   int
+	confirmed, ackedOnDisk, found, dlFound   int
+	deletedSeen, snapshotsOnDisk, redeclared int
 }
 
 func (a *crashSimStats) add(b crashSimStats) {
@@ -117,18 +117,20 @@ func (a *crashSimStats) add(b crashSimStats) {
 	a.dlFound += b.dlFound
 	a.deletedSeen += b.deletedSeen
 	a.snapshotsOnDisk += b.snapshotsOnDisk
+	a.redeclared += b.redeclared
 }
 
 func (a *crashSimStats) String() string {
 	return fmt.Sprintf("clean restarts %d, crashes by a failed fsync %d, by a power cut %d (torn %d); confirmed persistent copies in durable queues %d, "+
-		"acks and rejects on disk %d, copies delivered after recovery %d (dead letters %d), queues deleted %d, seeds with a queue snapshot %d",
-		a.clean, a.failSync, a.powerCut, a.torn, a.confirmed, a.ackedOnDisk, a.found, a.dlFound, a.deletedSeen, a.snapshotsOnDisk)
+		"acks and rejects on disk %d, copies delivered after recovery %d (dead letters %d), queues deleted %d (names declared again %d), seeds with a queue snapshot %d",
+		a.clean, a.failSync, a.powerCut, a.torn, a.confirmed, a.ackedOnDisk, a.found, a.dlFound, a.deletedSeen, a.redeclared, a.snapshotsOnDisk)
 }
 
 // simQueue is the simulation's record of a queue it declared.
 type simQueue struct {
-	name      string
-	logged    bool // durable and not exclusive: a raft group, survives a crash
+	name      string // the broker's name for it
+	key       string // the simulation's: its name, then name~N for the N-th redeclare after a delete
+	logged    bool   // durable and not exclusive: a raft group, survives a crash
 	exclusive bool
 	ttl       bool   // message-ttl: its messages expire
 	dropsHead bool   // max-length with drop-head: it drops (dead-letters) its oldest
@@ -294,8 +296,9 @@ type crashSim struct {
 	trace []string
 	print bool
 
-	queues    map[string]*simQueue
-	order     []string // queue names in declaration order
+	queues    map[string]*simQueue // by key (simQueue.key)
+	cur       map[string]string    // a queue name → the key of its latest declaration
+	order     []string             // queue keys in declaration order
 	msgs      map[string]*simMsg
 	nmsgs     int
 	copies    map[simCopy]*simCopyState
@@ -322,7 +325,7 @@ func (s *crashSim) logf(format string, args ...any) {
 // runCrashSim runs one seed; a failure reports the seed and its trace.
 func runCrashSim(t *testing.T, seed uint64, print bool) crashSimStats {
 	s := &crashSim{t: t, seed: seed, rng: rand.New(rand.NewPCG(seed, 0x13)), mem: segment.NewMemFS(), print: print,
-		queues: map[string]*simQueue{}, msgs: map[string]*simMsg{}, copies: map[simCopy]*simCopyState{},
+		queues: map[string]*simQueue{}, cur: map[string]string{}, msgs: map[string]*simMsg{}, copies: map[simCopy]*simCopyState{},
 		consumers: map[queue.ConsumerID]*simConsumer{}, pendAcks: map[string][]simCopy{}, bindings: map[string]simBind{},
 		exchanges: map[string]*simExchange{}}
 	s.st.seeds = 1
@@ -440,8 +443,9 @@ func (s *crashSim) setup() {
 		}
 		_, err := b.DeclareQueueAs(&wire.QueueDeclare{Name: name, Durable: durable, Exclusive: exclusive, Args: args}, owner, "u")
 		s.must(err)
-		sq.name, sq.logged, sq.exclusive, sq.purgedAt = name, durable && !exclusive, exclusive, -1
+		sq.name, sq.key, sq.logged, sq.exclusive, sq.purgedAt = name, name, durable && !exclusive, exclusive, -1
 		s.queues[name] = sq
+		s.cur[name] = name
 		s.order = append(s.order, name)
 	}
 	randomArgs := func(sq *simQueue, dlTargets []string, dlChance int) wire.Table {
@@ -532,17 +536,17 @@ func (s *crashSim) step() {
 		s.cancel()
 	case r < 75:
 		s.down()
-	case r < 85:
+	case r < 84:
 		s.advance()
-	case r < 87:
+	case r < 86:
 		s.purge()
-	case r < 88:
+	case r < 89:
 		s.deleteQueue()
-	case r < 90:
-		s.declareLate()
-	case r < 91:
-		s.declareExchange()
 	case r < 92:
+		s.declareLate()
+	case r < 93:
+		s.declareExchange()
+	case r < 94:
 		s.deleteExchange()
 	default:
 		s.barrierAll()
@@ -594,10 +598,10 @@ func (s *crashSim) barrierQ(sq *simQueue) bool {
 		s.t.Fatalf("seed %d: a barrier on %s was not answered: %v", s.seed, sq.name, err)
 	}
 	if sq.logged {
-		for _, c := range s.pendAcks[sq.name] {
+		for _, c := range s.pendAcks[sq.key] {
 			s.copies[c].onDisk = true
 		}
-		delete(s.pendAcks, sq.name)
+		delete(s.pendAcks, sq.key)
 	}
 	return true
 }
@@ -704,7 +708,7 @@ func (s *crashSim) publish() {
 	msgs := make([]*StoredMsg, n)
 	var names []string
 	for _, q := range qs {
-		names = append(names, q.name)
+		names = append(names, s.cur[q.name])
 	}
 	var bodies []string
 	for i := range n {
@@ -757,7 +761,7 @@ func (s *crashSim) subscribe() {
 	}
 	id := s.n.b.NewConsumerID()
 	owner := uint64(1 + s.rng.IntN(3))
-	s.consumers[id] = &simConsumer{queue: sq.name, owner: owner, alive: true}
+	s.consumers[id] = &simConsumer{queue: sq.key, owner: owner, alive: true}
 	prefetch := uint32(1 + s.rng.IntN(4))
 	s.n.b.Submit(Command{Kind: CmdSubscribe, Queue: q, Sink: s.sink, Spec: queue.ConsumerSpec{ID: id, Owner: queue.OwnerID(owner), Prefetch: prefetch}, Req: 1})
 	s.logf("subscribe c%d to %s owner %d prefetch %d", id, sq.name, owner, prefetch)
@@ -784,8 +788,11 @@ func (s *crashSim) settle() {
 	s.open = slices.Delete(s.open, k, k+1)
 	c := s.consumers[d.consumer]
 	sq := s.queues[c.queue]
-	q := s.n.b.topo.lookupQueue(c.queue)
-	if q == nil || sq.deleting {
+	if sq.deleting {
+		return
+	}
+	q := s.n.b.topo.lookupQueue(sq.name)
+	if q == nil {
 		return
 	}
 	op := wire.SettleAck
@@ -828,7 +835,9 @@ func (s *crashSim) cancel() {
 	id := ids[s.rng.IntN(len(ids))]
 	c := s.consumers[id]
 	c.alive = false
-	if q := s.n.b.topo.lookupQueue(c.queue); q != nil {
+	if sq := s.queues[c.queue]; sq.deleting {
+		// Gone with its queue (a queue of that name now is another).
+	} else if q := s.n.b.topo.lookupQueue(sq.name); q != nil {
 		s.n.b.Submit(Command{Kind: CmdCancel, Queue: q, Consumer: id, Requeue: true})
 	}
 	s.logf("cancel c%d on %s", id, c.queue)
@@ -898,6 +907,15 @@ func (s *crashSim) deleteQueue() {
 	if sq == nil {
 		return
 	}
+	if s.rng.IntN(2) == 0 {
+		// Late queues first: their names are declared again.
+		for _, l := range s.live() {
+			if strings.HasPrefix(l.name, "late") {
+				sq = l
+				break
+			}
+		}
+	}
 	sq.deleting = true
 	s.unsureOf(sq.name)
 	s.logf("delete %s", sq.name)
@@ -914,15 +932,30 @@ func (s *crashSim) deleteQueue() {
 // dx, each its own answered request.
 func (s *crashSim) declareLate() {
 	name := fmt.Sprintf("late%d", len(s.order))
-	sq := &simQueue{name: name, logged: true, purgedAt: -1}
+	key := name
+	// Half the time, the name of a late queue whose delete was answered:
+	// a new queue, which none of the old one's messages may reach.
+	var reuse []*simQueue
+	for _, k := range s.order {
+		if sq := s.queues[k]; sq.deleted && strings.HasPrefix(sq.name, "late") && s.cur[sq.name] == k {
+			reuse = append(reuse, sq)
+		}
+	}
+	if len(reuse) > 0 && s.rng.IntN(2) == 0 {
+		old := reuse[s.rng.IntN(len(reuse))]
+		name = old.name
+		key = fmt.Sprintf("%s~%d", name, len(s.order))
+	}
+	sq := &simQueue{name: name, key: key, logged: true, purgedAt: -1}
 	var args wire.Table
 	if s.rng.IntN(2) == 0 {
 		sq.ttl = true
 		args = wire.Table{{Key: "message-ttl", Value: wire.Int(int64(100 + s.rng.IntN(2000)))}}
 	}
-	s.queues[name] = sq
-	s.order = append(s.order, name)
-	s.logf("declare %s ttl=%v", name, sq.ttl)
+	s.queues[key] = sq
+	s.cur[name] = key
+	s.order = append(s.order, key)
+	s.logf("declare %s (%s) ttl=%v", name, key, sq.ttl)
 	if _, err := s.n.b.DeclareQueue(wire.QueueDeclare{Name: name, Durable: true, Args: args}); err != nil {
 		if s.isFailure(err) {
 			return
@@ -930,6 +963,9 @@ func (s *crashSim) declareLate() {
 		s.t.Fatalf("seed %d: declaring %s: %v", s.seed, name, err)
 	}
 	sq.declared = true
+	if key != name {
+		s.st.redeclared++
+	}
 	s.bindings["dx>"+name+" "+name] = bindMaybe
 	if err := s.n.b.Bind(wire.Bind{Source: "dx", Destination: name, RoutingKey: name}); err != nil {
 		if s.isFailure(err) {
@@ -1134,7 +1170,7 @@ func (s *crashSim) checkTopology(b *Broker) {
 	have := map[string]bool{}
 	for _, q := range b.Queues() {
 		have[q.Name] = true
-		sq := s.queues[q.Name]
+		sq := s.queues[s.cur[q.Name]]
 		switch {
 		case sq == nil:
 			t.Errorf("seed %d: queue %s after recovery was never declared", s.seed, q.Name)
@@ -1144,9 +1180,9 @@ func (s *crashSim) checkTopology(b *Broker) {
 			t.Errorf("seed %d: queue %s is back after recovery, though its delete was answered", s.seed, q.Name)
 		}
 	}
-	for _, name := range s.order {
-		if sq := s.queues[name]; sq.logged && sq.declared && !sq.deleting && !have[name] {
-			t.Errorf("seed %d: durable queue %s (declare answered, never deleted) is gone after recovery", s.seed, name)
+	for _, key := range s.order {
+		if sq := s.queues[key]; sq.logged && sq.declared && !sq.deleting && !have[sq.name] {
+			t.Errorf("seed %d: durable queue %s (declare answered, never deleted) is gone after recovery", s.seed, key)
 		}
 	}
 	bs := map[string]bool{}
@@ -1199,7 +1235,7 @@ func (s *crashSim) drain(b *Broker) map[simCopy][]uint32 {
 			}
 			subscribed[q.name] = true
 			id := b.NewConsumerID()
-			cons[id] = q.name
+			cons[id] = s.cur[q.name]
 			b.Submit(Command{Kind: CmdSubscribe, Queue: q, Sink: k, Spec: queue.ConsumerSpec{ID: id, Owner: 1000}, Req: 1})
 		}
 		settleAll()
@@ -1239,7 +1275,7 @@ func (s *crashSim) reach(m *simMsg) map[string]bool {
 		}
 		out[q] = true
 		if sq := s.queues[q]; sq != nil && sq.dlx != "" {
-			todo = append(todo, sq.dlx)
+			todo = append(todo, s.cur[sq.dlx])
 		}
 	}
 	return out
@@ -1276,6 +1312,11 @@ func (s *crashSim) checkMessages(confirmed map[*PublishBatch]bool, found map[sim
 		s.st.found++
 		if c.path != "" {
 			s.st.dlFound++
+		}
+		if len(counts) > 1 && c.path == "" {
+			// Published once, never dead-lettered: one copy, delivered once
+			// to the drain's consumer (which settles nothing).
+			t.Errorf("seed %d: %.16q in %s delivered %d times after recovery (delivery counts %v), want once", s.seed, c.body, c.queue, len(counts), counts)
 		}
 		st := s.copies[c]
 		if st == nil {
