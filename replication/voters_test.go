@@ -81,8 +81,10 @@ func (tr *trio) step() {
 			tr.t.Fatal("the three workers never settle")
 		}
 		busy := false
-		for _, s := range tr.shards {
+		for i, s := range tr.shards {
+			sent := len(tr.wire)
 			more := s.w.Round(s.nowMs)
+			tr.checkTerms(i, tr.wire[sent:])
 			for s.w.Stats().Appends > s.w.Stats().Persisted {
 				select {
 				case fn := <-s.inbox:
@@ -111,6 +113,28 @@ func (tr *trio) step() {
 		}
 		if !busy {
 			return
+		}
+	}
+}
+
+// checkTerms: what node i sent during a round (before its write, if any,
+// is durable) carries no term its durable hard state does not have yet
+// (raft: no message goes before the latest HardState is persisted; a vote
+// request sent before the candidate's own vote is on disk lets it, after a
+// crash, vote for another candidate in the same term). Pre-vote messages
+// carry the next term without changing anything, and are exempt.
+func (tr *trio) checkTerms(i int, sent []trioMsg) {
+	durable := tr.groups[i].st.hs
+	for _, m := range sent {
+		var msg raftpb.Message
+		if err := msg.Unmarshal(m.b); err != nil {
+			tr.t.Fatal(err)
+		}
+		if msg.Type == raftpb.MsgPreVote || msg.Type == raftpb.MsgPreVoteResp {
+			continue
+		}
+		if msg.Term > durable.Term {
+			tr.t.Errorf("node %d sent %v to %d at term %d while its durable term was %d", i+1, msg.Type, msg.To, msg.Term, durable.Term)
 		}
 	}
 }
@@ -238,5 +262,26 @@ func TestFollowerAppliesOnlyStoredEntries(t *testing.T) {
 	}
 	if checked == 0 {
 		t.Fatal("nothing applied")
+	}
+}
+
+// TestVotesAfterTheirTermIsDurable: when the leader is cut off and a
+// follower campaigns, its vote requests leave only once its new term and
+// its vote for itself are on disk (trio.checkTerms, on every round), and a
+// new leader is elected.
+func TestVotesAfterTheirTermIsDurable(t *testing.T) {
+	const gid = 5
+	tr := newTrio(t, gid, func(int) Sink { return nil })
+	old := tr.elect()
+	term := tr.groups[old].Status().Term
+	tr.down[uint64(old+1)] = true
+	for tick := 0; ; tick++ {
+		if tick > 100 {
+			t.Fatal("no new leader 100 ticks after the old one was cut off")
+		}
+		tr.tick()
+		if l := tr.leader(); l >= 0 && l != old && tr.groups[l].Status().Term > term {
+			break
+		}
 	}
 }
