@@ -459,7 +459,11 @@ func (w *Worker) process(g *Group, now int64) {
 	}
 	write := len(rd.Entries) > 0 || rd.MustSync
 	if len(rd.Messages) > 0 {
-		if write {
+		if hs := rd.HardState; write && !raft.IsEmptyHardState(hs) && (hs.Term != g.st.hs.Term || hs.Vote != g.st.hs.Vote) {
+			// A new term or vote: nothing goes before it is on disk (a
+			// candidate's vote request, a new term's first append).
+			g.held = append(g.held, rd.Messages...)
+		} else if write {
 			g.sendEarly(rd.Messages)
 		} else {
 			// Nothing to write and nothing in flight: whatever these
