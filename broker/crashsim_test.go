@@ -23,10 +23,10 @@ import (
 // design/replication.md §7, the single-node crash simulation): a real
 // Broker with durable queues and a logged topology over one segment.Log on
 // a MemFS, driven by a seeded random workload, crashed at a random sync
-// point (an injected fsync failure, or a power cut while writes are in
-// flight, torn writes included), and recovered into a new Broker from what
-// survived. The invariants are checked on what the recovered broker
-// delivers when every queue is drained.
+// point (an injected fsync or write failure, or a power cut while writes
+// are in flight, torn writes included) or stopped cleanly, and recovered
+// into a new Broker from what survived. The invariants are checked on
+// what the recovered broker delivers when every queue is drained.
 //
 // A failing seed prints itself and its trace; rerun it alone with
 //
@@ -121,7 +121,7 @@ func (a *crashSimStats) add(b crashSimStats) {
 }
 
 func (a *crashSimStats) String() string {
-	return fmt.Sprintf("clean restarts %d, crashes by a failed fsync %d, by a power cut %d (torn %d); confirmed persistent copies in durable queues %d, "+
+	return fmt.Sprintf("clean restarts %d, crashes by a failed fsync or write %d, by a power cut %d (torn %d); confirmed persistent copies in durable queues %d, "+
 		"acks and rejects on disk %d, copies delivered after recovery %d (dead letters %d), queues deleted %d (names declared again %d), seeds with a queue snapshot %d",
 		a.clean, a.failSync, a.powerCut, a.torn, a.confirmed, a.ackedOnDisk, a.found, a.dlFound, a.deletedSeen, a.redeclared, a.snapshotsOnDisk)
 }
@@ -360,8 +360,13 @@ func runCrashSim(t *testing.T, seed uint64, print bool) crashSimStats {
 				break // a power cut (or a stop) now, with what the last steps left in flight
 			}
 			k := 1 + s.rng.IntN(4)
-			s.logf("arm: the %d-th fsync from now fails", k)
-			s.mem.FailSync(k)
+			if s.rng.IntN(4) == 0 {
+				s.logf("arm: the %d-th write from now fails", k)
+				s.mem.FailWrite(k)
+			} else {
+				s.logf("arm: the %d-th fsync from now fails", k)
+				s.mem.FailSync(k)
+			}
 		}
 		s.step()
 	}
