@@ -17,6 +17,7 @@ package queue
 //	*Down        Machine.Down        the owner's deliveries come back
 //	*Tick        Machine.Tick        expiry, retries, leases: a log decision
 //	*Purge       Machine.Purge       it empties the ready set
+//	*SettleDeadLetter  Machine.SettleDeadLetter  a held dead letter's targets have it
 //
 // Each command carries its time, NowMs (milliseconds), stamped once by the
 // one place that reads a clock (the shard, or a raft leader at propose).
@@ -50,6 +51,7 @@ package queue
 //	kind 5  Down       owner u64
 //	kind 6  Tick       (no body)
 //	kind 7  Purge      (no body)
+//	kind 11 SettleDeadLetter  id u64
 //
 //	message (28 bytes):
 //	0        8        12              16        24     25      26     28
@@ -81,7 +83,8 @@ package queue
 // does not know (ErrCommandVersion) rather than guess. The numbers of the
 // kinds match the durable-queue entry design (design/replication.md §1.1),
 // which reserves 8 (DeleteIf), 9 (EnqueuerDown) and 10 (Recover) for
-// commands of the log around the machine.
+// commands of the log around the machine; 11 came later, for
+// at-least-once dead-lettering.
 //
 // Decoding checks every count against the bytes left before it allocates,
 // so a command can make a decoder allocate at most a small multiple of its
@@ -110,19 +113,21 @@ const (
 	KindDown      CommandKind = 5
 	KindTick      CommandKind = 6
 	KindPurge     CommandKind = 7
+	// KindSettleDeadLetter is 11: 8 to 10 are reserved (see above).
+	KindSettleDeadLetter CommandKind = 11
 )
 
-var commandNames = [...]string{"", "enqueue", "settle", "subscribe", "cancel", "down", "tick", "purge"}
+var commandNames = [...]string{"", "enqueue", "settle", "subscribe", "cancel", "down", "tick", "purge", "", "", "", "settle-dead-letter"}
 
 func (k CommandKind) String() string {
-	if int(k) < len(commandNames) && k != 0 {
+	if int(k) < len(commandNames) && commandNames[k] != "" {
 		return commandNames[k]
 	}
 	return fmt.Sprintf("command(%d)", uint8(k))
 }
 
 // Command is one state change of a queue Machine: one of *Enqueue,
-// *Settle, *Subscribe, *Cancel, *Down, *Tick, *Purge. The set is closed
+// *Settle, *Subscribe, *Cancel, *Down, *Tick, *Purge, *SettleDeadLetter. The set is closed
 // (the method command is unexported): Machine.Apply and the encoding know
 // every member.
 type Command interface {
@@ -186,6 +191,17 @@ type Purge struct {
 	NowMs int64
 }
 
+// SettleDeadLetter ends the hold of a held dead letter: every target of
+// its republish has it (Machine.SettleDeadLetter).
+type SettleDeadLetter struct {
+	NowMs int64
+	ID    uint64
+}
+
+func (*SettleDeadLetter) Kind() CommandKind { return KindSettleDeadLetter }
+func (c *SettleDeadLetter) TimeMs() int64   { return c.NowMs }
+func (*SettleDeadLetter) command()          {}
+
 func (*Enqueue) Kind() CommandKind   { return KindEnqueue }
 func (*Settle) Kind() CommandKind    { return KindSettle }
 func (*Subscribe) Kind() CommandKind { return KindSubscribe }
@@ -235,6 +251,8 @@ func (m *Machine) Apply(cmd Command) ([]Effect, error) {
 	case *Purge:
 		_, effs := m.Purge(c.NowMs)
 		return effs, nil
+	case *SettleDeadLetter:
+		return m.SettleDeadLetter(c.NowMs, c.ID), nil
 	}
 	return nil, ErrUnknownCommand
 }

@@ -92,6 +92,9 @@ func AppendCommand(dst []byte, cmd Command) []byte {
 		dst = appendHeader(dst, KindTick, c.NowMs)
 	case *Purge:
 		dst = appendHeader(dst, KindPurge, c.NowMs)
+	case *SettleDeadLetter:
+		dst = appendHeader(dst, KindSettleDeadLetter, c.NowMs)
+		dst = le.AppendUint64(dst, c.ID)
 	default:
 		panic("queue: AppendCommand of a nil command")
 	}
@@ -251,6 +254,7 @@ type Decoder struct {
 	down   Down
 	tick   Tick
 	purge  Purge
+	sdl    SettleDeadLetter
 	msgs   []Message
 	bodies [][]byte
 }
@@ -287,6 +291,9 @@ func (d *Decoder) Decode(src []byte) (Command, error) {
 	case KindPurge:
 		d.purge = Purge{NowMs: now}
 		cmd = &d.purge
+	case KindSettleDeadLetter:
+		d.sdl = SettleDeadLetter{NowMs: now, ID: r.u64()}
+		cmd = &d.sdl
 	default:
 		r.fail("unknown kind")
 	}
@@ -327,6 +334,8 @@ func DecodeCommand(src []byte) (Command, error) {
 		cmd = &Tick{NowMs: now}
 	case KindPurge:
 		cmd = &Purge{NowMs: now}
+	case KindSettleDeadLetter:
+		cmd = &SettleDeadLetter{NowMs: now, ID: r.u64()}
 	default:
 		r.fail("unknown kind")
 	}

@@ -54,11 +54,13 @@ func randomCommandValue(r *rand.Rand, k CommandKind) Command {
 		return &Tick{NowMs: now}
 	case KindPurge:
 		return &Purge{NowMs: now}
+	case KindSettleDeadLetter:
+		return &SettleDeadLetter{NowMs: now, ID: r.Uint64()}
 	}
 	panic("no kind " + k.String())
 }
 
-var allKinds = []CommandKind{KindEnqueue, KindSettle, KindSubscribe, KindCancel, KindDown, KindTick, KindPurge}
+var allKinds = []CommandKind{KindEnqueue, KindSettle, KindSubscribe, KindCancel, KindDown, KindTick, KindPurge, KindSettleDeadLetter}
 
 // sameCommand compares two commands field by field; an Enqueue's Msgs
 // compare equal when nil and empty (the encoding does not tell them apart),
@@ -153,6 +155,7 @@ func TestCommandEncodingGolden(t *testing.T) {
 		{&Down{NowMs: -1, Owner: 9}, "01 05 ffffffffffffffff 0900000000000000"},
 		{&Tick{NowMs: 1000}, "01 06 e803000000000000"},
 		{&Purge{NowMs: 1000}, "01 07 e803000000000000"},
+		{&SettleDeadLetter{NowMs: 1000, ID: 0x10002}, "01 0b e803000000000000 0200010000000000"},
 	}
 	for _, c := range cases {
 		want, err := hex.DecodeString(string(bytes.ReplaceAll([]byte(c.want), []byte(" "), nil)))
@@ -317,6 +320,8 @@ func (g *cmdGen) next(r *rand.Rand) Command {
 		return &Down{NowMs: g.now, Owner: OwnerID(r.IntN(2))}
 	case op < 18:
 		return &Purge{NowMs: g.now}
+	case op < 19:
+		return &SettleDeadLetter{NowMs: g.now, ID: uint64(r.IntN(int(g.nextID) + 1))}
 	default:
 		return &Tick{NowMs: g.now}
 	}
@@ -346,6 +351,8 @@ func applyByMethod(m *Machine, cmd Command) ([]Effect, error) {
 		return m.Down(c.NowMs, c.Owner), nil
 	case *Tick:
 		return m.Tick(c.NowMs), nil
+	case *SettleDeadLetter:
+		return m.SettleDeadLetter(c.NowMs, c.ID), nil
 	case *Purge:
 		n, effs := m.Purge(c.NowMs)
 		removes := 0

@@ -27,6 +27,7 @@
 //	Down       an owner (connection, channel) went away: take back its deliveries
 //	Tick       time passed: expiries, retries whose wait is over, ack timeouts, queue expiry
 //	Purge      drop every ready message
+//	SettleDeadLetter  a held dead letter's targets have it: free it
 //
 // After each command the machine dispatches what it can (highest
 // consumer priority first, round-robin among equals, within prefetch) and
@@ -85,6 +86,7 @@
 //	Remove         free Msg: it is settled for good (acked, auto-acked, purged)
 //	DeadLetter     publish Msg to the queue's dead-letter exchange with a death record
 //	               for Reason (RecordDeath, DeadLetterCycle; time: the command's), then free it
+//	               (with Config.HoldDeadLetters: keep it until SettleDeadLetter; held.go)
 //	Drop           free Msg: it died for Reason with no dead-letter exchange
 //	RejectPublish  nack Msg's publisher (queue_full); the queue never took it
 //	Duplicate      confirm Msg to its publisher and free it: within the dedup window
@@ -95,7 +97,9 @@
 // Confirms are the caller's: a message Enqueue took (no RejectPublish or
 // Duplicate for it) may be confirmed once the caller has made it as
 // durable as the queue promises. Dead-lettering is at least once only if
-// the caller keeps the body until the dead-letter target has taken it.
+// the caller keeps the body until the dead-letter target has taken it:
+// Config.HoldDeadLetters keeps such dead letters in the machine's state
+// (snapshot included) until a SettleDeadLetter command (held.go).
 //
 // Errors: a command a client got wrong (an unknown consumer or delivery
 // tag, an exclusive conflict) returns a *wire.Error carrying the protocol

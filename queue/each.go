@@ -4,13 +4,15 @@ package queue
 // state: ready (in priority-level ring order, skipping entries that expired
 // in place and were already dead-lettered or dropped), parked for a retry
 // backoff (in heap order), and out with a consumer (per consumer, in tag
-// order). Each message is reported once, with its size. It reads the
+// order), and held dead letters (Config.HoldDeadLetters; in id order).
+// Each message is reported once, with its size. It reads the
 // state and changes nothing; fn must not call back into the machine.
 //
 // A durable queue rebuilds its live-entry set from it after a restore
 // (design/replication.md §2.3), so it lists exactly the messages whose
 // bodies a caller must still keep: every message for which no Remove,
-// DeadLetter, Drop, RejectPublish or Duplicate effect has been emitted.
+// DeadLetter (unless held), Drop, RejectPublish or Duplicate effect has
+// been emitted.
 // It costs O(held messages).
 func (m *Machine) EachMessage(fn func(id uint64, size uint32)) {
 	for l := range m.levels {
@@ -31,6 +33,11 @@ func (m *Machine) EachMessage(fn func(id uint64, size uint32)) {
 			if o := &c.out[i]; !o.settled {
 				fn(o.e.id, o.e.size)
 			}
+		}
+	}
+	if len(m.held) > 0 {
+		for _, id := range m.heldIDs() {
+			fn(id, m.held[id].size)
 		}
 	}
 }

@@ -80,5 +80,15 @@ func (m *Machine) checkInvariants() error {
 			return fmt.Errorf("consumer %d: cancelled and drained but still listed", c.ID)
 		}
 	}
+	if len(m.held) > 0 && !(m.cfg.HoldDeadLetters && m.cfg.DeadLetter) {
+		return fmt.Errorf("%d held dead letters in a queue that holds none", len(m.held))
+	}
+	var heldBytes int64
+	for _, h := range m.held {
+		heldBytes += int64(h.size)
+	}
+	if heldBytes != m.heldBytes {
+		return fmt.Errorf("held dead letters' bytes %d/%d (counted/kept)", heldBytes, m.heldBytes)
+	}
 	return nil
 }

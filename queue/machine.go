@@ -37,6 +37,12 @@ type Config struct {
 	AutoDelete           bool  // delete when the last consumer leaves
 	ExpiresMs            int64 // delete when unused this long; 0: never
 	DedupWindowMs        int64 // drop a message whose DedupKey was seen this recently; 0: off
+	// HoldDeadLetters: a dead letter stays held (HeldDeadLetters, not
+	// deliverable) after its DeadLetter effect, its body kept, until a
+	// SettleDeadLetter says its targets have it (at-least-once
+	// dead-lettering: a durable queue sets it). Off: the DeadLetter
+	// effect frees it at once.
+	HoldDeadLetters bool
 }
 
 // ConfigFromArgs maps declared queue arguments to a Config.
@@ -161,7 +167,8 @@ const (
 	// free its body.
 	Remove
 	// DeadLetter: publish Msg to the dead-letter exchange with a death
-	// record for Reason, then free it.
+	// record for Reason, then free it (with Config.HoldDeadLetters: keep
+	// it until a SettleDeadLetter of it, whose Remove frees it).
 	DeadLetter
 	// Drop: Msg died for Reason but there is no dead-letter exchange; free it.
 	Drop
@@ -282,6 +289,13 @@ type Machine struct {
 	dedupOrder []dedupMark      // keys in the order seen, for expiry
 	dedupHead  int
 
+	// held are the dead letters kept until their targets have them
+	// (Config.HoldDeadLetters), by id; now is the time of the command
+	// being applied (a held dead letter's death time).
+	held      map[uint64]heldDeadLetter
+	heldBytes int64
+	now       int64
+
 	effects []Effect
 	scratch []entry
 
@@ -363,7 +377,7 @@ func (m *Machine) cancel(c *consumer) {
 	}
 }
 
-func (m *Machine) begin(now int64) { m.effects = m.effects[:0]; _ = now }
+func (m *Machine) begin(now int64) { m.effects = m.effects[:0]; m.now = now }
 
 func (m *Machine) emit(e Effect) { m.effects = append(m.effects, e) }
 
@@ -706,6 +720,13 @@ func (m *Machine) kill(e entry, reason wire.DeathReason) {
 	if m.cfg.DeadLetter {
 		m.Stats.DeadLettered++
 		m.emit(Effect{Kind: DeadLetter, Msg: e.id, Reason: reason})
+		if m.cfg.HoldDeadLetters {
+			if m.held == nil {
+				m.held = map[uint64]heldDeadLetter{}
+			}
+			m.held[e.id] = heldDeadLetter{at: m.now, size: e.size, reason: reason}
+			m.heldBytes += int64(e.size)
+		}
 	} else {
 		m.Stats.Dropped++
 		m.emit(Effect{Kind: Drop, Msg: e.id, Reason: reason})

@@ -72,6 +72,7 @@ func randomMachine(r *rand.Rand) *traceEnv {
 	if r.IntN(3) == 0 {
 		cfg.DedupWindowMs = int64(1 + r.IntN(200))
 	}
+	cfg.HoldDeadLetters = r.IntN(2) == 0
 	return &traceEnv{m: New(cfg, 0), where: map[uint64]string{}}
 }
 
@@ -129,7 +130,17 @@ func randomStep(r *rand.Rand, env *traceEnv) []Effect {
 	case op == 8:
 		record(env.m.Down(env.now, OwnerID(r.IntN(2))))
 	default:
-		record(env.m.Tick(env.now))
+		// Settle a held dead letter (its targets have it), or an id that
+		// is not one, or let time pass.
+		if n, _ := env.m.HeldDeadLetters(); n > 0 && r.IntN(2) == 0 {
+			var ids []uint64
+			env.m.EachHeldDeadLetter(func(id uint64, _ wire.DeathReason, _ int64) { ids = append(ids, id) })
+			record(env.m.SettleDeadLetter(env.now, ids[r.IntN(len(ids))]))
+		} else if r.IntN(8) == 0 {
+			record(env.m.SettleDeadLetter(env.now, uint64(r.IntN(int(env.nextID)+1))))
+		} else {
+			record(env.m.Tick(env.now))
+		}
 	}
 	return out
 }

@@ -15,12 +15,17 @@ import (
 // identically to the original under any later commands, and snapshots of
 // equal machines are equal bytes. Replicas and recovery depend on that.
 //
-// Version 5 holds the retry multiplier as an integer (thousandths); version
-// 4 held it as float64 bits. Restore reads only the current version: no
-// snapshot has been persisted yet (queues are not durable), so there is
-// nothing older to read, and an old one is refused with an error that says
-// so rather than read with a guess.
-const snapshotVersion = 5
+// Version 6 adds Config.HoldDeadLetters (after DedupWindowMs) and the held
+// dead letters (after the dedup window: a count, then id, at, size,
+// reason per held dead letter, ascending ids). Version 5 holds the retry
+// multiplier as an integer (thousandths); version 4 held it as float64
+// bits. Durable queues persist snapshots since version 5, so Restore
+// reads 5 as well (as no hold and nothing held) and refuses anything
+// older with an error that says so rather than read it with a guess.
+const (
+	snapshotVersion    = 6
+	oldSnapshotVersion = 5 // the oldest version Restore reads
+)
 
 // ErrBadSnapshot is returned by Restore for input it cannot read.
 var ErrBadSnapshot = errors.New("queue: malformed snapshot")
@@ -132,6 +137,7 @@ func (m *Machine) Snapshot() []byte {
 	w.bool(c.AutoDelete)
 	w.i(c.ExpiresMs)
 	w.i(c.DedupWindowMs)
+	w.bool(c.HoldDeadLetters)
 
 	for l := range m.levels {
 		r := &m.levels[l]
@@ -188,6 +194,14 @@ func (m *Machine) Snapshot() []byte {
 		w.u(d.key)
 		w.i(d.at)
 	}
+	w.u(uint64(len(m.held)))
+	for _, id := range m.heldIDs() {
+		h := m.held[id]
+		w.u(id)
+		w.i(h.at)
+		w.u(uint64(h.size))
+		w.u(uint64(h.reason))
+	}
 
 	s := &m.Stats
 	for _, v := range []uint64{s.Enqueued, s.Delivered, s.Redelivered, s.Acked, s.Requeued, s.DeadLettered, s.Dropped, s.Rejected, s.Expired, s.Duplicates} {
@@ -201,8 +215,9 @@ func Restore(b []byte) (*Machine, error) {
 	if len(b) == 0 {
 		return nil, ErrBadSnapshot
 	}
-	if b[0] != snapshotVersion {
-		return nil, fmt.Errorf("%w: version %d; this build reads version %d only (none older was ever written to disk)", ErrBadSnapshot, b[0], snapshotVersion)
+	version := b[0]
+	if version != snapshotVersion && version != oldSnapshotVersion {
+		return nil, fmt.Errorf("%w: version %d; this build reads versions %d and %d only", ErrBadSnapshot, b[0], oldSnapshotVersion, snapshotVersion)
 	}
 	r := &snapR{b: b[1:]}
 	var c Config
@@ -227,6 +242,9 @@ func Restore(b []byte) (*Machine, error) {
 	c.AutoDelete = r.bool()
 	c.ExpiresMs = r.i()
 	c.DedupWindowMs = r.i()
+	if version >= 6 {
+		c.HoldDeadLetters = r.bool()
+	}
 	if r.err != nil {
 		return nil, r.err
 	}
@@ -300,6 +318,22 @@ func Restore(b []byte) (*Machine, error) {
 		d := dedupMark{key: r.u(), at: r.i()}
 		m.dedupOrder = append(m.dedupOrder, d)
 		m.dedupSeen[d.key] = d.at
+	}
+	if version >= 6 {
+		nh := r.n(4)
+		var last uint64
+		for k := 0; k < nh; k++ {
+			id, at, size, reason := r.u(), r.i(), r.u(), r.u()
+			if k > 0 && id <= last || size > 1<<32-1 || reason > 255 {
+				return nil, ErrBadSnapshot
+			}
+			last = id
+			if m.held == nil {
+				m.held = map[uint64]heldDeadLetter{}
+			}
+			m.held[id] = heldDeadLetter{at: at, size: uint32(size), reason: wire.DeathReason(reason)}
+			m.heldBytes += int64(size)
+		}
 	}
 	s := &m.Stats
 	for _, p := range []*uint64{&s.Enqueued, &s.Delivered, &s.Redelivered, &s.Acked, &s.Requeued, &s.DeadLettered, &s.Dropped, &s.Rejected, &s.Expired, &s.Duplicates} {

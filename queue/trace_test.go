@@ -253,11 +253,19 @@ func (env *traceEnv) account(e Effect) {
 // each message is. Messages marked unacked that came back are in the queue
 // (ready or parked) again, so compare totals: held = ready+parked+unacked.
 func (env *traceEnv) checkAccounting() error {
-	held := 0
+	held, dead := 0, 0
 	for _, w := range env.where {
 		if w == "queue" || w == "unacked" {
 			held++
 		}
+		if w == "dead-lettered" {
+			dead++
+		}
+	}
+	// Held dead letters are those dead-lettered and not yet settled
+	// (a settle's Remove marks them settled).
+	if n, _ := env.m.HeldDeadLetters(); env.m.cfg.HoldDeadLetters && n != dead || !env.m.cfg.HoldDeadLetters && n != 0 {
+		return fmt.Errorf("machine holds %d dead letters; effects account for %d (hold %v)", n, dead, env.m.cfg.HoldDeadLetters)
 	}
 	got := int(env.m.Ready()) + env.m.Parked() + env.m.Unacked()
 	if got != held {
