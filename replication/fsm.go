@@ -200,6 +200,8 @@ func (f *QueueFSM) applyCommand(i int, cmd queue.Command) error {
 		c.NowMs = now
 	case *queue.Purge:
 		c.NowMs = now
+	case *queue.SettleDeadLetter:
+		c.NowMs = now
 	}
 	effs, err := f.m.Apply(cmd)
 	switch {
@@ -220,7 +222,13 @@ func (f *QueueFSM) applyCommand(i int, cmd queue.Command) error {
 			if k+1 < len(effs) && effs[k+1].Msg == e.Msg && (effs[k+1].Kind == queue.DeadLetter || effs[k+1].Kind == queue.Drop) {
 				continue
 			}
-		case queue.Remove, queue.Drop, queue.DeadLetter, queue.Duplicate:
+		case queue.DeadLetter:
+			if f.m.IsHeldDeadLetter(e.Msg) {
+				// Held until its targets have it (queue.Config.
+				// HoldDeadLetters): the SettleDeadLetter's Remove frees it.
+				continue
+			}
+		case queue.Remove, queue.Drop, queue.Duplicate:
 		default:
 			continue
 		}

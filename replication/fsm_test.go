@@ -61,6 +61,7 @@ func randomConfig(r *rand.Rand) queue.Config {
 	if r.IntN(6) == 0 {
 		cfg.ExpiresMs = int64(1 + r.IntN(400))
 	}
+	cfg.HoldDeadLetters = r.IntN(2) == 0 // as durable queues have it
 	return cfg
 }
 
@@ -71,6 +72,17 @@ type workload struct {
 	hdrNow int64
 	seq    uint64
 	tags   map[queue.ConsumerID][]uint64
+	dead   []uint64 // the dead letters seen (to settle, if held)
+}
+
+// saw records an effect the workload's commands caused.
+func (w *workload) saw(e queue.Effect) {
+	switch e.Kind {
+	case queue.Deliver:
+		w.tags[e.Consumer] = append(w.tags[e.Consumer], e.Tag)
+	case queue.DeadLetter:
+		w.dead = append(w.dead, e.Msg)
+	}
 }
 
 func (w *workload) command() queue.Command {
@@ -118,6 +130,10 @@ func (w *workload) command() queue.Command {
 	case op < 17:
 		return &queue.Down{NowMs: junk, Owner: queue.OwnerID(r.IntN(2))}
 	case op < 19:
+		if len(w.dead) > 0 && r.IntN(2) == 0 {
+			// Its targets have it (a held one), or it was settled already.
+			return &queue.SettleDeadLetter{NowMs: junk, ID: w.dead[r.IntN(len(w.dead))]}
+		}
 		return &queue.Tick{NowMs: junk}
 	}
 	return &queue.Purge{NowMs: junk}
@@ -186,6 +202,8 @@ func direct(m *queue.Machine, index uint64, now int64, cmds []queue.Command) []s
 			cmd = &queue.Tick{NowMs: now}
 		case *queue.Purge:
 			cmd = &queue.Purge{NowMs: now}
+		case *queue.SettleDeadLetter:
+			cmd = &queue.SettleDeadLetter{NowMs: now, ID: c.ID}
 		}
 		effs, err := m.Apply(cmd)
 		ignored := err == queue.ErrUnknownTag
@@ -259,9 +277,7 @@ func TestFSMEquivalence(t *testing.T) {
 						if e.Kind == queue.Timer {
 							wake = e.At
 						}
-						if e.Kind == queue.Deliver {
-							w.tags[e.Consumer] = append(w.tags[e.Consumer], e.Tag)
-						}
+						w.saw(e)
 					}
 				}
 			}

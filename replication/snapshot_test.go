@@ -67,9 +67,7 @@ func snapshotRun(t *testing.T, seed uint64) {
 				}
 			}
 			for _, e := range a.Effects {
-				if e.Kind == queue.Deliver {
-					sg.w.tags[e.Consumer] = append(sg.w.tags[e.Consumer], e.Tag)
-				}
+				sg.w.saw(e)
 			}
 		})
 		g, err := s.w.Open(gid, raftpb.SnapshotMetadata{ConfState: voters}, fsm)

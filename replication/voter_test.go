@@ -122,9 +122,7 @@ func singleVoterRun(t *testing.T, seed uint64) {
 	w := &workload{r: r, tags: map[queue.ConsumerID][]uint64{}}
 	sink := func(a *Applied) {
 		for _, e := range a.Effects {
-			if e.Kind == queue.Deliver {
-				w.tags[e.Consumer] = append(w.tags[e.Consumer], e.Tag)
-			}
+			w.saw(e)
 		}
 	}
 	fs := segment.NewMemFS()

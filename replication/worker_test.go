@@ -117,9 +117,7 @@ func workerRun(t *testing.T, seed uint64) {
 			}
 			wg.appliedSeqs = append(wg.appliedSeqs, a.Header.Seq)
 			for _, e := range a.Effects {
-				if e.Kind == queue.Deliver {
-					wg.w.tags[e.Consumer] = append(wg.w.tags[e.Consumer], e.Tag)
-				}
+				wg.w.saw(e)
 			}
 		})
 		g, err := s.w.Open(gid, raftpb.SnapshotMetadata{ConfState: voters}, fsm)
