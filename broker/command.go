@@ -32,6 +32,10 @@ const (
 	// back a completed log write (replication.WorkerConfig.Post). Not a
 	// command of the record.
 	cmdPost CmdKind = 254
+	// cmdDLDone: every target of held dead letter dl has it (or refused
+	// it): its source queue settles it (deadletter.go). Not a command of
+	// the record.
+	cmdDLDone CmdKind = 253
 )
 
 // Command is one unit of work for a shard, as a value: no closure, nothing
@@ -68,6 +72,9 @@ type Command struct {
 	N                 int    // CmdPeek: at most this many messages
 
 	post func() // cmdPost
+	// dl: CmdPublish of a held dead letter (its target tells dl once it
+	// has it), cmdDLDone.
+	dl *dlWait
 }
 
 // Result is a shard's answer to a request command.
@@ -90,7 +97,7 @@ func (r Result) Err() error {
 func (s *shard) apply(c *Command) {
 	switch c.Kind {
 	case CmdPublish:
-		s.enqueue(c.Items, c.Batch)
+		s.enqueue(c.Items, c.Batch, c.dl)
 	case CmdSettle:
 		s.settle(c.Settles)
 	case CmdSubscribe:
@@ -122,6 +129,8 @@ func (s *shard) apply(c *Command) {
 		s.tick()
 	case cmdPost:
 		c.post()
+	case cmdDLDone:
+		s.dlDone(c.dl)
 	case CmdBarrier:
 		if q := c.Queue; q != nil && q.grp != nil && !q.gone && q.grp.Err() == nil {
 			if seq := q.grp.LastSeq(); seq > q.applSeq {

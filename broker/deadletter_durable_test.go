@@ -3,6 +3,8 @@ package broker
 import (
 	"context"
 	"fmt"
+	"reflect"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -11,6 +13,39 @@ import (
 	"github.com/warren-mq/warren/wire"
 	"go.etcd.io/raft/v3/raftpb"
 )
+
+// deathSink is a durSink that also keeps each delivery's death history.
+type deathSink struct {
+	*durSink
+	deaths [][]wire.Death
+}
+
+func newDeathSink() *deathSink { return &deathSink{durSink: newDurSink()} }
+
+func (k *deathSink) Deliver(ds []Delivery) {
+	k.mu.Lock()
+	for _, d := range ds {
+		var props wire.Properties
+		var deaths []wire.Death
+		if err := wire.ParseProperties(d.Msg.Props, &props); err == nil && props.Has(wire.PropDeaths) {
+			deaths, _ = wire.DecodeDeaths(props.Deaths)
+		}
+		k.deaths = append(k.deaths, deaths)
+	}
+	k.mu.Unlock()
+	k.durSink.Deliver(ds)
+}
+
+// wantDeath is the death history of message "m" (published via exchange
+// x with key rk) rejected in src at time at.
+func wantDeath(src string, at int64) []wire.Death {
+	return []wire.Death{{Queue: src, Reason: wire.ReasonRejected, Count: 1, FirstMs: at, LastMs: at, Exchange: "x", RoutingKeys: []string{"rk"}}}
+}
+
+// clockAt is a broker clock tests set.
+func clockAt(c *atomic.Int64) func(*Config, *MetaLogConfig) {
+	return func(cfg *Config, _ *MetaLogConfig) { cfg.Clock = c.Load }
+}
 
 // qbarrier waits until everything submitted for q before it is applied
 // (from the log, for a durable queue) and its effects handed out.
@@ -69,7 +104,9 @@ func dlPair(t *testing.T, b *Broker, dlqArgs, srcArgs wire.Table) (src, dlq *Que
 // (and send it again after recovery).
 func TestDeadLetterSurvivesCrash(t *testing.T) {
 	mem := segment.NewMemFS()
-	n := openDurNode(t, mem)
+	var clock atomic.Int64
+	clock.Store(1_000_000)
+	n := openDurNodeWith(t, mem, "/data", clockAt(&clock))
 	b := n.b
 	src, dlq := dlPair(t, b, nil, nil)
 	k := newDurSink()
@@ -93,6 +130,7 @@ func TestDeadLetterSurvivesCrash(t *testing.T) {
 	k.mu.Lock()
 	tag := k.got[0].tag
 	k.mu.Unlock()
+	clock.Store(1_000_500)
 	b.Submit(Command{Kind: CmdSettle, Settles: []SettleItem{{Q: src, Consumer: 1, Op: wire.SettleReject, QTag: tag}}})
 	qbarrier(t, src) // the reject is applied (after its sync)
 	if src.deadLettered.Load() != 1 {
@@ -120,7 +158,8 @@ func TestDeadLetterSurvivesCrash(t *testing.T) {
 	defer cancel()
 	_ = b.Stop(ctx)
 
-	n2 := openDurNode(t, img)
+	clock.Store(2_000_000)
+	n2 := openDurNodeWith(t, img, "/data", clockAt(&clock))
 	defer n2.close(t)
 	if err := n2.b.WaitRecovered(t.Context()); err != nil {
 		t.Fatal(err)
@@ -131,9 +170,16 @@ func TestDeadLetterSurvivesCrash(t *testing.T) {
 	if r, d := src2.ready.Load(), dlq2.ready.Load(); r+d == 0 {
 		t.Fatalf("after the crash the dead letter is gone from both the source (ready %d) and the target (ready %d)", r, d)
 	}
-	k2 := newDurSink()
+	k2 := newDeathSink()
 	n2.b.Submit(Command{Kind: CmdSubscribe, Queue: dlq2, Sink: k2, Spec: queue.ConsumerSpec{ID: 1, Owner: 8}, Req: 1})
 	k2.waitFor(t, "the dead letter in the target", func() bool { return len(k2.got) == 1 })
+	k2.mu.Lock()
+	defer k2.mu.Unlock()
+	// Sent again after the crash, with the history the first send had:
+	// the death's time is the reject's, not the recovery's.
+	if want := wantDeath(src.name, 1_000_500); k2.got[0].body != "m" || !reflect.DeepEqual(k2.deaths[0], want) {
+		t.Errorf("the dead letter after recovery: %q with deaths %+v, want \"m\" with %+v", k2.got[0].body, k2.deaths[0], want)
+	}
 }
 
 // TestDeadLetterNotResentAfterRestart: a dead letter its durable target
@@ -142,7 +188,9 @@ func TestDeadLetterSurvivesCrash(t *testing.T) {
 // dead-letter it again once the target has it).
 func TestDeadLetterNotResentAfterRestart(t *testing.T) {
 	mem := segment.NewMemFS()
-	n := openDurNode(t, mem)
+	var clock atomic.Int64
+	clock.Store(1_000_500)
+	n := openDurNodeWith(t, mem, "/data", clockAt(&clock))
 	b := n.b
 	src, dlq := dlPair(t, b, nil, nil)
 	k := newDurSink()
@@ -154,18 +202,21 @@ func TestDeadLetterNotResentAfterRestart(t *testing.T) {
 	tag := k.got[0].tag
 	k.mu.Unlock()
 	b.Submit(Command{Kind: CmdSettle, Settles: []SettleItem{{Q: src, Consumer: 1, Op: wire.SettleReject, QTag: tag}}})
-	kd := newDurSink()
+	kd := newDeathSink()
 	b.Submit(Command{Kind: CmdSubscribe, Queue: dlq, Sink: kd, Spec: queue.ConsumerSpec{ID: 2, Owner: 7}, Req: 2})
 	kd.waitFor(t, "the dead letter", func() bool { return len(kd.got) == 1 })
 	kd.mu.Lock()
 	dtag := kd.got[0].tag
+	if want := wantDeath(src.name, 1_000_500); !reflect.DeepEqual(kd.deaths[0], want) {
+		t.Errorf("the dead letter's deaths %+v, want %+v", kd.deaths[0], want)
+	}
 	kd.mu.Unlock()
 	b.Submit(Command{Kind: CmdSettle, Settles: []SettleItem{{Q: dlq, Consumer: 2, Op: wire.SettleAck, QTag: dtag}}})
 	qbarrier(t, dlq)
 	qbarrier(t, src)
 	n.close(t)
 
-	n2 := openDurNode(t, mem)
+	n2 := openDurNodeWith(t, mem, "/data", clockAt(&clock))
 	defer n2.close(t)
 	if err := n2.b.WaitRecovered(t.Context()); err != nil {
 		t.Fatal(err)
@@ -175,5 +226,89 @@ func TestDeadLetterNotResentAfterRestart(t *testing.T) {
 	qbarrier(t, dlq2)
 	if r, d := src2.ready.Load(), dlq2.ready.Load(); r+d != 0 {
 		t.Fatalf("after a clean restart the source has %d ready and the target %d, want 0 and 0: the acked dead letter was sent again", r, d)
+	}
+}
+
+// heldOf reads q's held dead letters and the messages its machine still
+// keeps (ready, unacked, held) on its shard.
+func heldOf(t *testing.T, q *Queue) (held, kept int) {
+	t.Helper()
+	done := make(chan struct{})
+	q.shard.submit(Command{Kind: cmdPost, post: func() {
+		held, _ = q.m.HeldDeadLetters()
+		q.m.EachMessage(func(uint64, uint32) { kept++ })
+		close(done)
+	}})
+	select {
+	case <-done:
+	case <-time.After(10 * time.Second):
+		t.Fatal("the shard did not answer")
+	}
+	return held, kept
+}
+
+// TestHeldDeadLetterBound: a target that refuses a dead letter (a full
+// reject-publish durable queue) or a dead letter that routes nowhere
+// does not keep it held in its source: it is dropped and counted, as
+// before, and the source lets it go (its log entry too), so the held
+// dead letters never grow past those in flight.
+func TestHeldDeadLetterBound(t *testing.T) {
+	var refused, unroutable atomic.Int64
+	n := openDurNodeWith(t, segment.NewMemFS(), "/data", func(c *Config, _ *MetaLogConfig) {
+		c.DeadLetterDropped = func(r DLDrop) {
+			switch r {
+			case dlTargetRefused:
+				refused.Add(1)
+			case dlUnroutable:
+				unroutable.Add(1)
+			}
+		}
+	})
+	defer n.close(t)
+	b := n.b
+	full := wire.Table{{Key: "max-length", Value: wire.Int(1)}, {Key: "overflow", Value: wire.String("reject-publish")}}
+	src, dlq := dlPair(t, b, full, nil)
+	nowhere := wire.Table{{Key: "dead-letter-exchange", Value: wire.String("dlx")}, {Key: "dead-letter-routing-key", Value: wire.String("nowhere")}}
+	if _, err := b.DeclareQueueAs(&wire.QueueDeclare{Name: "lost", Durable: true, Args: nowhere}, 0, "u"); err != nil {
+		t.Fatal(err)
+	}
+	if err := b.MetaSync(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+	lost := b.topo.lookupQueue("lost")
+	k := newDurSink()
+	filler := publish(b, dlq, k, true, "filler")
+	k.waitFor(t, "the filler's confirm", func() bool { return k.confirmed(filler) })
+
+	const count = 20
+	var bodies []string
+	for i := range count {
+		bodies = append(bodies, fmt.Sprintf("m%d", i))
+	}
+	for i, q := range []*Queue{src, lost} {
+		p := publish(b, q, k, true, bodies...)
+		k.waitFor(t, "the confirm", func() bool { return k.confirmed(p) })
+		ks := newDurSink()
+		b.Submit(Command{Kind: CmdSubscribe, Queue: q, Sink: ks, Spec: queue.ConsumerSpec{ID: queue.ConsumerID(10 + i), Owner: 7}, Req: 1})
+		ks.waitFor(t, "the deliveries", func() bool { return len(ks.got) == count })
+		ks.mu.Lock()
+		var settles []SettleItem
+		for _, d := range ks.got {
+			settles = append(settles, SettleItem{Q: q, Consumer: queue.ConsumerID(10 + i), Op: wire.SettleReject, QTag: d.tag})
+		}
+		ks.mu.Unlock()
+		b.Submit(Command{Kind: CmdSettle, Settles: settles})
+		qbarrier(t, q)   // the rejects are applied: the dead letters are sent
+		qbarrier(t, dlq) // the target refused them
+		qbarrier(t, q)   // the source settled them
+		if held, kept := heldOf(t, q); held != 0 || kept != 0 {
+			t.Errorf("%s: %d dead letters still held, %d messages kept, want 0 and 0", q.name, held, kept)
+		}
+	}
+	if r, u := refused.Load(), unroutable.Load(); r != count || u != count {
+		t.Errorf("dropped dead letters: %d refused by the full target, %d unroutable; want %d and %d", r, u, count, count)
+	}
+	if r := dlq.ready.Load(); r != 1 {
+		t.Errorf("the full target has %d ready, want 1 (the filler)", r)
 	}
 }

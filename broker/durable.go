@@ -47,6 +47,7 @@ type pendingPart struct {
 	w     *partWait // nil: confirmed at propose, or a dead letter
 	idx   []int     // batch index of each message (reject-publish queues only)
 	dl    bool      // a dead letter (no publisher)
+	dlw   *dlWait   // a held dead letter's source, told once it is applied
 	bytes int64     // its messages' bytes, counted in the stored-bytes gauge until applied
 }
 
@@ -104,6 +105,7 @@ func (s *shard) openDurable(q *Queue) {
 	}
 	s.openedGrps[gid] = struct{}{}
 	cfg := queue.ConfigFromArgs(q.args, q.autoDelete)
+	cfg.HoldDeadLetters = true // at-least-once dead-lettering (deadletter.go)
 	now := s.now
 	replayTo := dc.Log.LastIndex(gid)
 	sink := func(a *replication.Applied) { s.applied(q, a) }
@@ -179,6 +181,11 @@ func (s *shard) applied(q *Queue, a *replication.Applied) {
 	}
 	saved := s.now
 	s.now = a.NowMs
+	q.replaying = !q.ours(a)
+	if !q.replaying && !q.caughtUp {
+		q.caughtUp = true
+		s.resendHeld(q)
+	}
 	switch c := a.Command.(type) {
 	case *queue.Enqueue:
 		s.appliedEnqueue(q, a, c)
@@ -253,6 +260,9 @@ func (s *shard) appliedEnqueue(q *Queue, a *replication.Applied, c *queue.Enqueu
 		}
 	}
 	s.handle(q, a.Effects)
+	if have && p.dlw != nil {
+		p.dlw.done() // on disk here (or refused): the source may settle it
+	}
 	if have && p.w != nil {
 		if lim := s.b.cfg.QueueSoftLimit; lim > 0 && q.m.Ready() > lim && p.w.full == nil {
 			p.w.full = q
@@ -266,7 +276,7 @@ func (s *shard) appliedEnqueue(q *Queue, a *replication.Applied, c *queue.Enqueu
 // encoded into the entry and the heap copy released at once. The part's
 // confirm waits for the apply when a message is persistent or the queue
 // may refuse it (reject-publish); w collects those waits (nil: none yet).
-func (s *shard) enqueueDurable(q *Queue, items []EnqItem, batch *PublishBatch, w *partWait) *partWait {
+func (s *shard) enqueueDurable(q *Queue, items []EnqItem, batch *PublishBatch, w *partWait, dl *dlWait) *partWait {
 	rejecting := q.args.Overflow == wire.RejectPublish || q.args.Overflow == wire.RejectPublishDLX
 	wait := batch != nil && rejecting
 	buf := s.encBuf[:0]
@@ -302,12 +312,15 @@ func (s *shard) enqueueDurable(q *Queue, items []EnqItem, batch *PublishBatch, w
 		}
 	}
 	if err != nil {
+		if dl != nil {
+			dl.done()
+		}
 		return w
 	}
 	// Until applied, the entry (in raft's log and the storage's tail
 	// cache) holds the messages on the heap: they count in the gauge the
 	// memory watermark reads, as the arena they came in did.
-	p := pendingPart{dl: batch == nil, bytes: size}
+	p := pendingPart{dl: batch == nil, dlw: dl, bytes: size}
 	s.bytesDelta += p.bytes
 	if wait {
 		if w == nil {
@@ -455,6 +468,9 @@ func (s *shard) failDurable(q *Queue) {
 		s.bytesDelta -= q.pend[i].bytes
 		if w := q.pend[i].w; w != nil {
 			s.partRelease(w)
+		}
+		if d := q.pend[i].dlw; d != nil {
+			d.done()
 		}
 	}
 	q.pend, q.pendHead = nil, 0

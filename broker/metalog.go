@@ -36,6 +36,8 @@ type MetaLogConfig struct {
 // the topology is in memory only, as before.
 func (b *Broker) OpenMetaLog(ctx context.Context, cfg MetaLogConfig) error {
 	t := b.topo
+	t.restoring.Store(true)
+	defer b.topologyRestored()
 	// The log holds only changes that were within the limits when made:
 	// recovery replays them all, whatever the limits are now.
 	rec := NewMetaWithLimits(len(b.shards), noMetaLimits)

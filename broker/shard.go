@@ -68,6 +68,7 @@ type shard struct {
 	settleCmd   queue.Settle
 	tickScratch queue.Tick
 	downCmd     queue.Down
+	sdlCmd      queue.SettleDeadLetter
 	views       []*StoredMsg // messages read from logs in this batch
 	viewUsed    int
 	viewers     []*Queue // queues whose log views are held until the batch ends
@@ -158,7 +159,7 @@ func (s *shard) drain() {
 // exec applies one command at the shard's time, shown first to the
 // recorder (Config.OnApply) if there is one.
 func (s *shard) exec(c *Command) {
-	if f := s.b.cfg.OnApply; f != nil && c.Kind != cmdFire && c.Kind != cmdPost {
+	if f := s.b.cfg.OnApply; f != nil && c.Kind != cmdFire && c.Kind != cmdPost && c.Kind != cmdDLDone {
 		f(s.idx, s.now, c)
 	}
 	s.apply(c)
@@ -252,8 +253,17 @@ type EnqItem struct {
 }
 
 // enqueue applies a group of messages (already grouped by queue, in
-// publish order) and reports nacks into batch.
-func (s *shard) enqueue(items []EnqItem, batch *PublishBatch) {
+// publish order) and reports nacks into batch. dl, for a held dead letter
+// (one item), is told once its queue has it (durable: applied from the
+// log) or refused it.
+func (s *shard) enqueue(items []EnqItem, batch *PublishBatch, dl *dlWait) {
+	if dl != nil {
+		defer func() {
+			if dl != nil {
+				dl.done()
+			}
+		}()
+	}
 	msgs := s.msgScratch[:0]
 	defer func() { s.msgScratch = msgs[:0] }()
 	var full *Queue
@@ -277,7 +287,8 @@ func (s *shard) enqueue(items []EnqItem, batch *PublishBatch) {
 			continue
 		}
 		if q.grp != nil {
-			w = s.enqueueDurable(q, items[start:end], batch, w)
+			w = s.enqueueDurable(q, items[start:end], batch, w, dl)
+			dl = nil // told when applied (or failed)
 			start = end
 			continue
 		}
@@ -359,6 +370,16 @@ func (s *shard) handle(q *Queue, effs []queue.Effect) {
 		case queue.Remove, queue.Drop, queue.Duplicate, queue.RejectPublish:
 			s.free(q, e.Msg)
 		case queue.DeadLetter:
+			if q.grp != nil && q.m.IsHeldDeadLetter(e.Msg) {
+				// At-least-once: held by the machine until its targets have
+				// it (deadletter.go); a replayed one, or one while the
+				// recovered topology is not in the view yet, is sent once
+				// both are done (resendHeld).
+				if !q.replaying && !s.b.topo.restoring.Load() {
+					s.sendHeld(q, e.Msg, e.Reason, s.now)
+				}
+				continue
+			}
 			if msg := s.msgOf(q, e.Msg); msg != nil {
 				s.deadLetter(q, msg, e.Reason)
 			}
@@ -492,6 +513,13 @@ func (s *shard) dropDeadLetter(q *Queue, target string, r DLDrop) {
 // never a clock reading: a replica applying the same commands must record
 // the same history.
 func (s *shard) deadLetter(q *Queue, msg *StoredMsg, reason wire.DeathReason) {
+	s.deadLetterTo(q, msg, reason, s.now, nil)
+}
+
+// deadLetterTo is deadLetter with the death's time given (at) and, for a
+// held dead letter, its wait: each target it is sent to takes a reference
+// and tells it once it has the dead letter.
+func (s *shard) deadLetterTo(q *Queue, msg *StoredMsg, reason wire.DeathReason, at int64, dl *dlWait) {
 	dlx := q.args.DeadLetterExchange
 	view := s.b.topo.view.Load()
 	if !view.Table.HasExchange(dlx) {
@@ -509,7 +537,7 @@ func (s *shard) deadLetter(q *Queue, msg *StoredMsg, reason wire.DeathReason) {
 		deaths, _ = wire.DecodeDeaths(props.Deaths)
 		oldDeathsLen = 3 + len(props.Deaths)
 	}
-	deaths = queue.RecordDeath(deaths, q.name, reason, s.now, string(msg.Exchange), []string{string(msg.RoutingKey)})
+	deaths = queue.RecordDeath(deaths, q.name, reason, at, string(msg.Exchange), []string{string(msg.RoutingKey)})
 	if len(deaths) > 255 {
 		s.dropDeadLetter(q, dlx, dlTooLarge)
 		return
@@ -566,7 +594,10 @@ func (s *shard) deadLetter(q *Queue, msg *StoredMsg, reason wire.DeathReason) {
 		item := []EnqItem{{Q: tq, Msg: dm, Meta: meta}}
 		// Always through the inbox, even to this shard: we are inside
 		// handle() for q, and q itself may be the target.
-		tq.shard.submit(Command{Kind: CmdPublish, Items: item})
+		if dl != nil {
+			dl.n.Add(1)
+		}
+		tq.shard.submit(Command{Kind: CmdPublish, Items: item, dl: dl})
 	}
 	switch {
 	case sent > 0:

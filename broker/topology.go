@@ -63,6 +63,13 @@ type Queue struct {
 	viewing  bool
 	openSeq  uint64 // the proposal seq of the commands added at open
 	opened   bool   // they are applied: the queue has recovered
+	// Held dead letters (deadletter.go): whether what is applied is a
+	// replay of the log found at open, whether the held ones were sent
+	// again after it, and the ids sent and not yet settled.
+	replaying bool
+	caughtUp  bool
+	dlResent  bool
+	dlFlight  map[uint64]struct{}
 	// shard-owned, the shard's indexes (timers.go, down.go)
 	timerIdx int // 1 + its index in its shard's timerHeap, 0 if not in it
 }
@@ -248,6 +255,9 @@ type topology struct {
 	// view that routes to them (and through their dead-letter exchanges)
 	// is published: their shards get their creates after it (mu).
 	creating []*Queue
+	// restoring: OpenMetaLog is installing the recovered topology, not yet
+	// in the view; held dead letters wait for it (deadletter.go).
+	restoring atomic.Bool
 }
 
 // queueTotals are broker-wide sums of per-queue counters.
