@@ -177,9 +177,23 @@ func (c *conn) onQueue(ch *channel, id uint16, r *reader) error {
 		if r.err != nil {
 			return r.err
 		}
-		wargs, ae := queueArgs(args)
+		wargs, quorum, ae := queueArgs(args)
 		if ae != nil {
 			return ae
+		}
+		if quorum && !passive { // as RabbitMQ checks a quorum queue's properties
+			bad := ""
+			switch {
+			case !durable:
+				bad = "non-durable"
+			case exclusive:
+				bad = "exclusive-owner"
+			case autoDelete:
+				bad = "auto-delete"
+			}
+			if bad != "" {
+				return chErr(preconditionFailed, "PRECONDITION_FAILED - invalid property '"+bad+"' for queue '"+name+"' in vhost '/' (x-queue-type quorum)")
+			}
 		}
 		d := &wire.QueueDeclare{Name: name, Durable: durable, Exclusive: exclusive, AutoDelete: autoDelete, Passive: passive, Args: wargs}
 		var q *broker.Queue
@@ -322,8 +336,19 @@ func (c *conn) onBasic(ch *channel, id uint16, r *reader) error {
 		return nil
 	case 70:
 		return c.onGet(ch, r)
-	case 100, 110:
-		return connErr(notImplemented, "NOT_IMPLEMENTED - basic.recover is not supported by Warren's AMQP front yet: close the channel to requeue")
+	case 100, 110: // recover-async, recover
+		requeue := r.bitAt()
+		if r.err != nil {
+			return errSyntax
+		}
+		if !requeue { // as RabbitMQ: redelivery to the same consumer is not offered
+			return connErr(notImplemented, "NOT_IMPLEMENTED - requeue=false")
+		}
+		c.recover(ch)
+		if id == 110 {
+			c.reply(ch.id, classBasic, 111, nil)
+		}
+		return nil
 	case 80, 90, 120: // ack, reject, nack
 		tag := r.u64()
 		var multiple, requeue bool
@@ -348,6 +373,24 @@ func (c *conn) onBasic(ch *channel, id uint16, r *reader) error {
 		return c.settle(ch, tag, multiple, op)
 	}
 	return connErr(commandInvalid, "COMMAND_INVALID - unknown basic method "+strconv.Itoa(int(id)))
+}
+
+// recover returns every unacked delivery of the channel to its queue (to
+// be redelivered, with redelivered set); their tags are forgotten.
+func (c *conn) recover(ch *channel) {
+	var items []broker.SettleItem
+	c.mu.Lock()
+	for i := range ch.tags {
+		if e := &ch.tags[i]; e.live && e.q != nil {
+			items = append(items, broker.SettleItem{Q: e.q, Consumer: e.cid, Op: wire.SettleRequeue, QTag: e.qtag})
+		}
+	}
+	ch.tags = ch.tags[:0]
+	ch.tagBase = ch.nextTag + 1
+	c.mu.Unlock()
+	if len(items) > 0 {
+		c.srv.Submit(broker.Command{Kind: broker.CmdSettle, Settles: items})
+	}
 }
 
 // settle translates channel delivery tags into queue tags.

@@ -222,8 +222,9 @@ func withXDeath(t wire.Table, raw []byte) wire.Table {
 }
 
 // queueArgs maps RabbitMQ's queue x-arguments onto Warren's queue
-// arguments. One it does not map is refused, never ignored.
-func queueArgs(t wire.Table) (wire.Table, *amqpError) {
+// arguments. One it does not map is refused, never ignored. quorum: the
+// queue was declared with x-queue-type quorum (a durable queue in Warren).
+func queueArgs(t wire.Table) (_ wire.Table, quorum bool, _ *amqpError) {
 	var out wire.Table
 	for _, f := range t {
 		key := ""
@@ -245,26 +246,36 @@ func queueArgs(t wire.Table) (wire.Table, *amqpError) {
 		case "x-overflow":
 			key = "overflow"
 			if s := string(f.Value.Bytes); f.Value.Kind == wire.KindString && s != "drop-head" && s != "reject-publish" && s != "reject-publish-dlx" {
-				return nil, chErr(preconditionFailed, "PRECONDITION_FAILED - invalid arg 'x-overflow': '"+s+"' (want drop-head, reject-publish or reject-publish-dlx)")
+				return nil, false, chErr(preconditionFailed, "PRECONDITION_FAILED - invalid arg 'x-overflow': '"+s+"' (want drop-head, reject-publish or reject-publish-dlx)")
 			}
 		case "x-delivery-limit":
 			key = "delivery-limit"
 		case "x-single-active-consumer":
 			key = "single-active-consumer"
 		case "x-queue-type":
-			if f.Value.Kind == wire.KindString && string(f.Value.Bytes) == "classic" {
+			// Warren has one kind of queue: classic and quorum are both
+			// it (quorum ones durable, as RabbitMQ requires; Warren's
+			// durable queues are replicated when the node is).
+			switch s := string(f.Value.Bytes); {
+			case f.Value.Kind != wire.KindString:
+				return nil, false, chErr(preconditionFailed, "PRECONDITION_FAILED - invalid arg 'x-queue-type': want a string")
+			case s == "classic":
 				continue
+			case s == "quorum":
+				quorum = true
+				continue
+			default:
+				return nil, false, chErr(preconditionFailed, "PRECONDITION_FAILED - invalid arg 'x-queue-type': '"+s+"' queues are not supported by Warren (classic and quorum are)")
 			}
-			return nil, chErr(preconditionFailed, "PRECONDITION_FAILED - invalid arg 'x-queue-type': only 'classic' is supported over AMQP yet")
 		default:
-			return nil, chErr(preconditionFailed, "PRECONDITION_FAILED - unsupported queue argument '"+f.Key+"': Warren does not map it (see README, AMQP 0-9-1)")
+			return nil, false, chErr(preconditionFailed, "PRECONDITION_FAILED - unsupported queue argument '"+f.Key+"': Warren does not map it (see README, AMQP 0-9-1)")
 		}
 		out = append(out, wire.Field{Key: key, Value: f.Value})
 	}
 	if _, err := wire.ParseQueueArgs(out); err != nil {
-		return nil, chErr(preconditionFailed, "PRECONDITION_FAILED - "+reasonText(err))
+		return nil, false, chErr(preconditionFailed, "PRECONDITION_FAILED - "+reasonText(err))
 	}
-	return out, nil
+	return out, quorum, nil
 }
 
 func reasonText(err error) string {
