@@ -176,7 +176,11 @@ const maxTableDepth = 16
 var errTable = connErr(syntaxError, "SYNTAX_ERROR - malformed field table")
 
 // parseTable reads the entries of a field table (without its length).
-func parseTable(raw []byte, depth int) (wire.Table, error) {
+func parseTable(raw []byte, depth int) (wire.Table, error) { return parseTableSig(raw, depth, nil) }
+
+// parseTableSig is parseTable, appending each value's type tag to sig (if
+// not nil) in depth-first order (types.go).
+func parseTableSig(raw []byte, depth int, sig *[]byte) (wire.Table, error) {
 	if depth > maxTableDepth {
 		return nil, errTable
 	}
@@ -184,7 +188,7 @@ func parseTable(raw []byte, depth int) (wire.Table, error) {
 	var t wire.Table
 	for fr.off < len(fr.b) && fr.err == nil {
 		k := fr.shortstr()
-		v := fr.value(depth)
+		v := fr.value(depth, sig)
 		if fr.err != nil {
 			return nil, errTable
 		}
@@ -196,8 +200,12 @@ func parseTable(raw []byte, depth int) (wire.Table, error) {
 	return t, nil
 }
 
-func (r *reader) value(depth int) wire.Value {
-	switch r.u8() {
+func (r *reader) value(depth int, sig *[]byte) wire.Value {
+	tag := r.u8()
+	if sig != nil && r.err == nil {
+		*sig = append(*sig, tag)
+	}
+	switch tag {
 	case 't':
 		return wire.Bool(r.u8() != 0)
 	case 'b':
@@ -222,6 +230,9 @@ func (r *reader) value(depth int) wire.Value {
 		return wire.Float(math.Float64frombits(r.u64()))
 	case 'D':
 		scale := r.u8()
+		if sig != nil {
+			*sig = append(*sig, scale)
+		}
 		v := float64(int32(r.u32()))
 		return wire.Float(v / math.Pow10(int(scale)))
 	case 'S':
@@ -237,7 +248,7 @@ func (r *reader) value(depth int) wire.Value {
 		if r.err != nil {
 			return wire.Value{}
 		}
-		t, err := parseTable(raw, depth+1)
+		t, err := parseTableSig(raw, depth+1, sig)
 		if err != nil {
 			r.err = err
 		}
@@ -251,7 +262,7 @@ func (r *reader) value(depth int) wire.Value {
 		ar := reader{b: raw}
 		var vs []wire.Value
 		for ar.off < len(ar.b) && ar.err == nil {
-			vs = append(vs, ar.value(depth+1))
+			vs = append(vs, ar.value(depth+1, sig))
 		}
 		if ar.err != nil {
 			r.err = errTable

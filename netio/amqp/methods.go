@@ -625,14 +625,14 @@ func (c *conn) sendReturn(ch uint16, m *broker.StoredMsg) {
 	b = putShortstr(b, string(m.Exchange))
 	b = putShortstr(b, string(m.RoutingKey))
 	b = endFrame(b, st)
-	c.out = c.appendContent(b, ch, m)
+	c.out = c.appendContent(b, ch, m, 0)
 	c.flushLocked()
 	c.mu.Unlock()
 }
 
 // appendContent appends a message's content header and body frames.
-func (c *conn) appendContent(b []byte, ch uint16, m *broker.StoredMsg) []byte {
-	b = appendHeader(b, ch, m)
+func (c *conn) appendContent(b []byte, ch uint16, m *broker.StoredMsg, deliveryCount uint32) []byte {
+	b = appendHeader(b, ch, m, deliveryCount)
 	max := int(c.frameMax) - 8
 	for body := m.Body; len(body) > 0; {
 		n := min(len(body), max)
@@ -705,7 +705,7 @@ func (c *conn) Deliver(ds []broker.Delivery) {
 			b = putShortstr(b, string(d.Msg.RoutingKey))
 			b = binary.BigEndian.AppendUint32(b, uint32(max(cr.q.ReadyCount(), 0)))
 			b = endFrame(b, st)
-			c.out = c.appendContent(b, ch.id, d.Msg)
+			c.out = c.appendContent(b, ch.id, d.Msg, d.DeliveryCount)
 			continue
 		}
 		ch.nextTag++
@@ -729,7 +729,7 @@ func (c *conn) Deliver(ds []broker.Delivery) {
 		b = putShortstr(b, string(d.Msg.Exchange))
 		b = putShortstr(b, string(d.Msg.RoutingKey))
 		b = endFrame(b, st)
-		c.out = c.appendContent(b, ch.id, d.Msg)
+		c.out = c.appendContent(b, ch.id, d.Msg, d.DeliveryCount)
 	}
 	c.flushLocked()
 }

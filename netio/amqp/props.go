@@ -58,11 +58,18 @@ func parseHeader(r *reader, in *inbound) *amqpError {
 	if fl&flContentEncoding != 0 {
 		str(wire.PropContentEncoding, &p.ContentEncoding)
 	}
+	var sig []byte
 	if fl&flHeaders != 0 {
-		t := r.table()
-		if len(t) > 0 {
-			p.Headers = wire.AppendTable(nil, t)[4:]
-			p.Set(wire.PropHeaders)
+		raw := r.longstr()
+		if r.err == nil {
+			t, err := parseTableSig(raw, 0, &sig)
+			if err != nil {
+				return connErr(syntaxError, "SYNTAX_ERROR - malformed headers table")
+			}
+			if len(t) > 0 {
+				p.Headers = wire.AppendTable(nil, t)[4:]
+				p.Set(wire.PropHeaders)
+			}
 		}
 	}
 	if fl&flDeliveryMode != 0 && r.u8() == 2 {
@@ -109,6 +116,13 @@ func parseHeader(r *reader, in *inbound) *amqpError {
 	if r.err != nil {
 		return connErr(frameError, "FRAME_ERROR - malformed content header")
 	}
+	for _, tag := range sig {
+		if !canonicalTag(tag) && len(sig) <= 0xffff {
+			// Widths to keep (types.go): an unknown property to Warren.
+			p.Unknown = append([]byte{propAMQPTypes, byte(len(sig)), byte(len(sig) >> 8)}, sig...)
+			break
+		}
+	}
 	block := wire.AppendProperties(nil, &p)
 	if len(block)-2 > wire.MaxPropertiesLen {
 		return chErr(preconditionFailed, "PRECONDITION_FAILED - message properties over 65535 bytes")
@@ -122,8 +136,10 @@ func parseHeader(r *reader, in *inbound) *amqpError {
 	return nil
 }
 
-// appendHeader appends the content header frame of a stored message.
-func appendHeader(b []byte, ch uint16, m *broker.StoredMsg) []byte {
+// appendHeader appends the content header frame of a stored message;
+// deliveryCount > 1 (a redelivery) adds x-delivery-count, the deliveries
+// before this one.
+func appendHeader(b []byte, ch uint16, m *broker.StoredMsg, deliveryCount uint32) []byte {
 	var p wire.Properties
 	_ = wire.ParseProperties(m.Props, &p) // validated when it was published
 	b, start := beginFrame(b, frameHeader, ch)
@@ -141,16 +157,32 @@ func appendHeader(b []byte, ch uint16, m *broker.StoredMsg) []byte {
 	}
 	str(flContentType, p.ContentType, p.Has(wire.PropContentType))
 	str(flContentEncoding, p.ContentEncoding, p.Has(wire.PropContentEncoding))
-	if p.Has(wire.PropHeaders) || p.Has(wire.PropDeaths) {
-		var t wire.Table
+	if p.Has(wire.PropHeaders) || p.Has(wire.PropDeaths) || deliveryCount > 1 {
+		var t, extra wire.Table
 		if p.Has(wire.PropHeaders) {
 			t, _ = wire.DecodeTable(p.Headers)
 		}
+		var drop func(string) bool
 		if p.Has(wire.PropDeaths) {
-			t = withXDeath(t, p.Deaths)
+			extra = xDeath(p.Deaths)
+			if extra != nil {
+				drop = isDeathHeader
+			}
+		}
+		if deliveryCount > 1 {
+			extra = append(extra, wire.Field{Key: "x-delivery-count", Value: wire.Int(int64(deliveryCount - 1))})
+			if drop == nil {
+				drop = isDeliveryCount
+			} else {
+				drop = isDeathOrCount
+			}
+		}
+		var sig *typeSig
+		if raw := typesProp(p.Unknown); raw != nil {
+			sig = &typeSig{b: raw, ok: true}
 		}
 		fl |= flHeaders
-		b = putTable(b, t)
+		b = putTableTyped(b, t, sig, drop, extra)
 	}
 	if m.Flags&wire.Persistent != 0 {
 		fl |= flDeliveryMode
@@ -181,23 +213,27 @@ func appendHeader(b []byte, ch uint16, m *broker.StoredMsg) []byte {
 	return endFrame(b, start)
 }
 
-// withXDeath replaces the x-death header (and sets the x-first-death-*
-// ones) from Warren's death history, in RabbitMQ's format: an array of
-// tables, most recent first, each with queue, reason, count, time,
-// exchange and routing-keys.
-func withXDeath(t wire.Table, raw []byte) wire.Table {
+func isDeathHeader(k string) bool {
+	switch k {
+	case "x-death", "x-first-death-queue", "x-first-death-reason", "x-first-death-exchange":
+		return true
+	}
+	return false
+}
+
+func isDeliveryCount(k string) bool { return k == "x-delivery-count" }
+func isDeathOrCount(k string) bool  { return isDeathHeader(k) || isDeliveryCount(k) }
+
+// xDeath is the x-death header (and the x-first-death-* ones), replacing
+// the message's own, from Warren's death history, in RabbitMQ's format: an
+// array of tables, most recent first, each with queue, reason, count,
+// time, exchange and routing-keys. nil: no history.
+func xDeath(raw []byte) wire.Table {
 	ds, err := wire.DecodeDeaths(raw)
 	if err != nil || len(ds) == 0 {
-		return t
+		return nil
 	}
-	out := t[:0:0]
-	for _, f := range t {
-		switch f.Key {
-		case "x-death", "x-first-death-queue", "x-first-death-reason", "x-first-death-exchange":
-		default:
-			out = append(out, f)
-		}
-	}
+	var out wire.Table
 	arr := make([]wire.Value, len(ds))
 	for i, d := range ds {
 		keys := make([]wire.Value, len(d.RoutingKeys))
