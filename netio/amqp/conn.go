@@ -62,6 +62,8 @@ type conn struct {
 	parts    [][]broker.EnqItem
 	ctagSeq  int
 
+	stashBytes int // bytes waiting in the channels' stashes (mu)
+
 	started bool          // the protocol header was read (reader goroutine)
 	adm     connAdmission // Listener.mu
 }
@@ -80,6 +82,25 @@ type channel struct {
 	tagBase   uint64
 	nextTag   uint64
 	pub       *pending // a basic.publish waiting for its content
+
+	// The channel-wide prefetch (basic.qos global=true; 0: none): at most
+	// globalMax deliveries to its consumers with acks unacked at once.
+	// Those past it wait here, encoded (a durable queue's message is valid
+	// only during Deliver), their delivery tags given when they go out.
+	// The waiting bytes count against the outbox cap.
+	globalMax uint16
+	inflight  int // unacked deliveries to consumers with acks (tags gated)
+	stash     []byte
+	stashQ    []stashed
+	stashHead int
+}
+
+// stashed is a delivery waiting for the channel-wide prefetch.
+type stashed struct {
+	off, end, tagAt int // in channel.stash
+	cr              *consumer
+	qtag            uint64
+	dead            bool // cancelled or taken back meanwhile
 }
 
 type consumer struct {
@@ -97,10 +118,11 @@ type consumer struct {
 }
 
 type tagEntry struct {
-	q    *broker.Queue
-	cid  queue.ConsumerID
-	qtag uint64
-	live bool
+	q     *broker.Queue
+	cid   queue.ConsumerID
+	qtag  uint64
+	live  bool
+	gated bool // counted in channel.inflight
 }
 
 // pending is a basic.publish whose content is being read.
@@ -261,7 +283,7 @@ func (c *conn) signal() {
 // dropped (resource_limit), so a client that does not read cannot make the
 // broker hold more. c.mu held.
 func (c *conn) flushLocked() {
-	if len(c.out) > c.srv.MaxOutboundBytes() && !c.dead {
+	if len(c.out)+c.stashBytes > c.srv.MaxOutboundBytes() && !c.dead {
 		c.dead = true
 		c.l.log.Warn("closing AMQP connection over its outbound byte cap", "conn", c.id, "bytes", len(c.out))
 		c.out = c.out[:0]
@@ -668,6 +690,7 @@ func (c *conn) releaseChannel(ch *channel) []*consumer {
 	}
 	ch.consumers = nil
 	ch.tags = nil
+	c.resetStashLocked(ch)
 	return cons
 }
 

@@ -298,7 +298,17 @@ func (c *conn) onBasic(ch *channel, id uint16, r *reader) error {
 			return errSyntax
 		}
 		if global {
-			return connErr(notImplemented, "NOT_IMPLEMENTED - basic.qos global=true (a prefetch shared by a channel's consumers) is not supported: Warren's prefetch is per consumer")
+			// RabbitMQ 3.x: a prefetch shared by the channel's consumers,
+			// beside each consumer's own (global=false).
+			if size != 0 {
+				return connErr(notImplemented, "NOT_IMPLEMENTED - prefetch_size!=0 with global=true ("+strconv.FormatUint(uint64(size), 10)+")")
+			}
+			c.mu.Lock()
+			ch.globalMax = count
+			c.flushStashLocked(ch)
+			c.mu.Unlock()
+			c.reply(ch.id, classBasic, 11, nil)
+			return nil
 		}
 		ch.prefetch, ch.prefBytes = count, size
 		c.reply(ch.id, classBasic, 11, nil)
@@ -314,8 +324,15 @@ func (c *conn) onBasic(ch *channel, id uint16, r *reader) error {
 		c.mu.Lock()
 		cr := ch.consumers[tag]
 		delete(ch.consumers, tag)
+		var back []broker.SettleItem
+		if cr != nil {
+			back = c.unstashLocked(ch, cr, nil)
+		}
 		c.mu.Unlock()
 		if cr != nil {
+			if len(back) > 0 { // never sent: back to the queue
+				c.srv.Submit(broker.Command{Kind: broker.CmdSettle, Settles: back})
+			}
 			c.srv.Submit(broker.Command{Kind: broker.CmdCancel, Queue: cr.q, Consumer: cr.id})
 		}
 		if !noWait {
@@ -387,6 +404,8 @@ func (c *conn) recover(ch *channel) {
 	}
 	ch.tags = ch.tags[:0]
 	ch.tagBase = ch.nextTag + 1
+	ch.inflight = 0
+	items = c.unstashLocked(ch, nil, items)
 	c.mu.Unlock()
 	if len(items) > 0 {
 		c.srv.Submit(broker.Command{Kind: broker.CmdSettle, Settles: items})
@@ -416,6 +435,10 @@ func (c *conn) settle(ch *channel, tag uint64, multiple bool, op wire.SettleOp) 
 		e := &ch.tags[t-ch.tagBase]
 		if e.live {
 			e.live = false
+			if e.gated {
+				e.gated = false
+				ch.inflight--
+			}
 			if e.q != nil {
 				items = append(items, broker.SettleItem{Q: e.q, Consumer: e.cid, Op: op, QTag: e.qtag})
 			}
@@ -429,6 +452,9 @@ func (c *conn) settle(ch *channel, tag uint64, multiple bool, op wire.SettleOp) 
 	if n > 0 {
 		ch.tags = append(ch.tags[:0], ch.tags[n:]...)
 		ch.tagBase += uint64(n)
+	}
+	if ch.stashHead < len(ch.stashQ) {
+		c.flushStashLocked(ch)
 	}
 	c.mu.Unlock()
 	if len(items) > 0 {
@@ -474,6 +500,9 @@ func (c *conn) onConsume(ch *channel, r *reader) error {
 	c.byID[cr.id] = cr
 	c.mu.Unlock()
 	prefetch := uint32(ch.prefetch)
+	if g := uint32(ch.globalMax); g > 0 && !noAck && (prefetch == 0 || g < prefetch) {
+		prefetch = g // it can never have more out than the channel
+	}
 	if max := c.srv.MaxPrefetch(); prefetch == 0 || prefetch > max {
 		prefetch = max
 	}
@@ -708,30 +737,109 @@ func (c *conn) Deliver(ds []broker.Delivery) {
 			c.out = c.appendContent(b, ch.id, d.Msg, d.DeliveryCount)
 			continue
 		}
+		if !cr.autoAck && ch.globalMax > 0 && (ch.inflight >= int(ch.globalMax) || ch.stashHead < len(ch.stashQ)) {
+			// Past the channel-wide prefetch: encoded now, sent on an ack.
+			n := len(ch.stash)
+			var tagAt int
+			ch.stash, tagAt = c.appendDeliver(ch.stash, ch, cr, 0, d)
+			ch.stashQ = append(ch.stashQ, stashed{off: n, end: len(ch.stash), tagAt: tagAt, cr: cr, qtag: d.QTag})
+			c.stashBytes += len(ch.stash) - n
+			continue
+		}
 		ch.nextTag++
 		if cr.autoAck {
 			ch.tags = append(ch.tags, tagEntry{})
 			c.autoAcks = append(c.autoAcks, broker.SettleItem{Q: cr.q, Consumer: cr.id, Op: wire.SettleAck, QTag: d.QTag})
 		} else {
-			ch.tags = append(ch.tags, tagEntry{q: cr.q, cid: cr.id, qtag: d.QTag, live: true})
+			ch.tags = append(ch.tags, tagEntry{q: cr.q, cid: cr.id, qtag: d.QTag, live: true, gated: true})
+			ch.inflight++
 		}
 		if cr.autoAck && len(ch.tags) == 1 {
 			ch.tags, ch.tagBase = ch.tags[:0], ch.nextTag+1
 		}
-		b, st := method(c.out, ch.id, classBasic, 60)
-		b = putShortstr(b, cr.tag)
-		b = binary.BigEndian.AppendUint64(b, ch.nextTag)
-		if d.DeliveryCount > 1 {
-			b = append(b, 1)
-		} else {
-			b = append(b, 0)
-		}
-		b = putShortstr(b, string(d.Msg.Exchange))
-		b = putShortstr(b, string(d.Msg.RoutingKey))
-		b = endFrame(b, st)
-		c.out = c.appendContent(b, ch.id, d.Msg, d.DeliveryCount)
+		c.out, _ = c.appendDeliver(c.out, ch, cr, ch.nextTag, d)
 	}
 	c.flushLocked()
+}
+
+// appendDeliver appends basic.deliver with its content; tagAt is where
+// its delivery tag is.
+func (c *conn) appendDeliver(b []byte, ch *channel, cr *consumer, tag uint64, d *broker.Delivery) (_ []byte, tagAt int) {
+	b, st := method(b, ch.id, classBasic, 60)
+	b = putShortstr(b, cr.tag)
+	tagAt = len(b)
+	b = binary.BigEndian.AppendUint64(b, tag)
+	b = append(b, boolByte(d.DeliveryCount > 1))
+	b = putShortstr(b, string(d.Msg.Exchange))
+	b = putShortstr(b, string(d.Msg.RoutingKey))
+	b = endFrame(b, st)
+	return c.appendContent(b, ch.id, d.Msg, d.DeliveryCount), tagAt
+}
+
+// flushStashLocked sends the deliveries waiting for the channel-wide
+// prefetch that it now lets through. c.mu held.
+func (c *conn) flushStashLocked(ch *channel) {
+	sent := false
+	for ch.stashHead < len(ch.stashQ) && (ch.globalMax == 0 || ch.inflight < int(ch.globalMax)) {
+		s := &ch.stashQ[ch.stashHead]
+		ch.stashHead++
+		c.stashBytes -= s.end - s.off
+		if s.dead || ch.closing {
+			continue
+		}
+		ch.nextTag++
+		binary.BigEndian.PutUint64(ch.stash[s.tagAt:], ch.nextTag)
+		ch.tags = append(ch.tags, tagEntry{q: s.cr.q, cid: s.cr.id, qtag: s.qtag, live: true, gated: true})
+		ch.inflight++
+		c.out = append(c.out, ch.stash[s.off:s.end]...)
+		sent = true
+	}
+	if ch.stashHead == len(ch.stashQ) {
+		ch.stash, ch.stashQ, ch.stashHead = ch.stash[:0], ch.stashQ[:0], 0
+	}
+	if sent && !c.dead {
+		c.flushLocked()
+	}
+}
+
+// unstashLocked takes back the waiting deliveries of cr (nil: all of the
+// channel's), appending to items the settles that return them to their
+// queues. c.mu held.
+func (c *conn) unstashLocked(ch *channel, cr *consumer, items []broker.SettleItem) []broker.SettleItem {
+	for i := ch.stashHead; i < len(ch.stashQ); i++ {
+		s := &ch.stashQ[i]
+		if s.dead || (cr != nil && s.cr != cr) {
+			continue
+		}
+		s.dead = true
+		items = append(items, broker.SettleItem{Q: s.cr.q, Consumer: s.cr.id, Op: wire.SettleRequeue, QTag: s.qtag})
+	}
+	if cr == nil {
+		c.resetStashLocked(ch)
+	}
+	return items
+}
+
+// resetStashLocked forgets the channel's waiting deliveries. c.mu held.
+func (c *conn) resetStashLocked(ch *channel) {
+	for i := ch.stashHead; i < len(ch.stashQ); i++ {
+		c.stashBytes -= ch.stashQ[i].end - ch.stashQ[i].off
+	}
+	ch.stash, ch.stashQ, ch.stashHead = nil, nil, 0
+}
+
+// forgetStashedLocked drops the waiting deliveries of consumer id (the
+// broker cancelled it, or took one back: qtag, 0 for all). c.mu held.
+func (c *conn) forgetStashedLocked(ch *channel, id queue.ConsumerID, qtag uint64) bool {
+	for i := ch.stashHead; i < len(ch.stashQ); i++ {
+		if s := &ch.stashQ[i]; !s.dead && s.cr.id == id && (qtag == 0 || s.qtag == qtag) {
+			s.dead = true
+			if qtag != 0 {
+				return true
+			}
+		}
+	}
+	return false
 }
 
 // Subscribed answers basic.consume.
@@ -773,6 +881,7 @@ func (c *conn) Cancelled(id queue.ConsumerID, _ wire.Code, _ string) {
 		return
 	}
 	delete(cr.ch.consumers, cr.tag)
+	c.forgetStashedLocked(cr.ch, id, 0)
 	c.mu.Unlock()
 	c.reply(cr.ch.id, classBasic, 30, func(b []byte) []byte { return append(putShortstr(b, cr.tag), 1) })
 }
@@ -786,17 +895,27 @@ func (c *conn) LeaseExpired(id queue.ConsumerID, qtag uint64) {
 	if cr == nil {
 		return
 	}
-	for i := range cr.ch.tags {
-		if e := &cr.ch.tags[i]; e.live && e.cid == id && e.qtag == qtag {
+	ch := cr.ch
+	for i := range ch.tags {
+		if e := &ch.tags[i]; e.live && e.cid == id && e.qtag == qtag {
 			e.q = nil // settled by the queue: an ack of it sends nothing
+			if e.gated {
+				e.gated = false
+				ch.inflight--
+				c.flushStashLocked(ch)
+			}
 			return
 		}
 	}
+	c.forgetStashedLocked(ch, id, qtag)
 }
 
 // ConsumerGone forgets a consumer.
 func (c *conn) ConsumerGone(id queue.ConsumerID) {
 	c.mu.Lock()
+	if cr := c.byID[id]; cr != nil {
+		c.forgetStashedLocked(cr.ch, id, 0)
+	}
 	delete(c.byID, id)
 	c.mu.Unlock()
 }
