@@ -92,6 +92,17 @@
 //     logs a NodeUp at each start that drops the rest). Messages do not
 //     yet: every queue's messages are in memory.
 //
+// # Several voters (the simulation; the cluster step builds on it)
+//
+// A group may have several voters: its raft messages go out through
+// WorkerConfig.Send (a Transport) and come in through Worker.Step, and
+// Group.RaftTick drives its elections and heartbeats (a single voter is
+// never ticked). A Ready's messages that announce a new term or vote wait
+// until it is on disk, and so do acknowledgements of entries; committed
+// entries are applied only once stored. replication/sim runs three voters
+// per group in one goroutine over a seeded fake network, with crashes,
+// torn writes and partitions (TestSim; make soak-sim).
+//
 // # How the broker uses it (design phase D4, one node)
 //
 // broker/durable.go: a queue declared durable and not exclusive is a
@@ -124,6 +135,6 @@
 //   - the node-wide crash simulation with confirms (§7; the broker has
 //     restart and MemFS-crash tests of one queue, and warrend a kill -9
 //     test), a free-disk limit, restart time and RSS with a deep backlog;
-//   - everything of the cluster step (§6: transport, snapshot install,
+//   - everything of the cluster step (§6: the TCP transport, snapshot install,
 //     forwarding, enqueuer dedup, consumer resume).
 package replication

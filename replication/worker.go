@@ -30,8 +30,8 @@ import (
 // its completion back: it must run the function on the shard goroutine,
 // after the current drain (the shard's inbox).
 //
-// Single voter by default; nothing here assumes one voter except that no
-// transport exists yet: a group with peers needs Send (cluster step).
+// Single voter by default; a group with peers needs a Transport (Send,
+// and Step for what arrives) and RaftTick (transport.go).
 type Worker struct {
 	log   *segment.Log
 	cfg   WorkerConfig
