@@ -109,6 +109,7 @@ vectors:
 # RabbitMQ (classic and quorum queues), side by side. Starts its own
 # warrend on 127.0.0.1:5690. Writes bench-compare.md and bench-compare.html.
 COMPARE_DURATION ?= 10s
+COMPARE_SCENARIOS ?= throughput,persistent-1k,priority-mix,queues-1000,latency
 bench-compare:
 	$(GO) build -o bin/warrend ./cmd/warrend
 	$(GO) build -o bin/warren-loadtest ./cmd/warren-loadtest
@@ -116,8 +117,24 @@ bench-compare:
 	pid=$$!; trap "kill $$pid" EXIT; \
 	until (exec 3<>/dev/tcp/127.0.0.1/5690) 2>/dev/null; do sleep 0.1; done; \
 	bin/warren-loadtest compare --warren-url warren://guest:guest@127.0.0.1:5690 --warren-pid $$pid \
-		--amqp-pid $$(pgrep -o beam.smp || echo 0) --duration $(COMPARE_DURATION) --out bench-compare.md --html bench-compare.html
+		--amqp-pid $$(pgrep -o beam.smp || echo 0) --duration $(COMPARE_DURATION) --scenarios $(COMPARE_SCENARIOS) \
+		--out bench-compare.md --html bench-compare.html
 	@cat bench-compare.md
+
+# Durable queues (BENCHMARKS.md): persistent 1 KiB with 1 and 100 queues
+# against the raw pwrite+fdatasync rate at the same bytes per sync, and
+# latency at 10,000 msg/s (DUR per run; needs perf); then the 10 M-message
+# backlog: RssAnon and restart time, warm and cold (needs root to drop the
+# page cache; writes about 11 GB under DATA_PARENT, removed after).
+.PHONY: bench-durable bench-durable-rss
+bench-durable:
+	$(GO) build -o bin/warrend ./cmd/warrend
+	$(GO) build -o bin/warren-loadtest ./cmd/warren-loadtest
+	loadtest/bench/durable.sh
+bench-durable-rss:
+	$(GO) build -o bin/warrend ./cmd/warrend
+	$(GO) build -o bin/warren-loadtest ./cmd/warren-loadtest
+	loadtest/bench/durable-rss.sh
 
 # The hostile clients of issue 11 at full size, each beside a 2,000 msg/s
 # pair against its own warrend child (RELIABILITY.md has the results).

@@ -190,6 +190,11 @@ var Scenarios = map[string]Config{
 	"priority-mix":  {Producers: 2, Consumers: 1, Queues: 1, Size: "128", Priorities: "0-9", DurationS: 20, WarmupS: 2},
 	"queues-1000":   {Producers: 4, Consumers: 1, Queues: 1000, Size: "128", Prefetch: 100, DurationS: 20, WarmupS: 2},
 	"latency":       {Producers: 1, Consumers: 1, Queues: 1, Size: "128", Rate: 10000, DurationS: 20, WarmupS: 2},
+	// Durable queues, 1 KiB persistent messages (make bench-durable runs
+	// the first two with the broker's fdatasyncs counted beside them).
+	"persistent-1k-1q":      {Producers: 2, Consumers: 1, Queues: 1, Size: "1024", Persistent: true, DurationS: 20, WarmupS: 2},
+	"persistent-1k-100q":    {Producers: 4, Consumers: 1, Queues: 100, Size: "1024", Persistent: true, DurationS: 20, WarmupS: 2},
+	"latency-persistent-1k": {Producers: 1, Consumers: 1, Queues: 1, Size: "1024", Persistent: true, Rate: 10000, DurationS: 20, WarmupS: 2},
 	// The 1,000,000 msg/s validation: 60 s held, 128-byte transient
 	// messages, batching clients, queues as the unit of parallelism.
 	"million": {Producers: 16, Consumers: 1, Queues: 16, Size: "128", ConfirmWindow: 50000, Prefetch: 5000, AckBatch: 500, DurationS: 60, WarmupS: 5, MinRate: 1_000_000},

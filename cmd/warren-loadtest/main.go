@@ -8,6 +8,7 @@
 //	warren-loadtest --scenario million --json million.json
 //	warren-loadtest --scenario throughput --html throughput.html
 //	warren-loadtest compare --out compare.md --html compare.html
+//	warren-loadtest rawsync --dir /var/lib/warren --block 262144 --duration 5s   # the disk's raw pwrite+fdatasync rate
 //	warren-loadtest --persistent --ledger run.ledger --duration 60s   # the broker may be killed meanwhile
 //	warren-loadtest --verify run.ledger                              # after a restart: exit 3 if a confirmed message is missing
 package main
@@ -37,6 +38,9 @@ func main() {
 func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	if len(args) > 0 && args[0] == "compare" {
 		return compare(ctx, args[1:], stdout, stderr)
+	}
+	if len(args) > 0 && args[0] == "rawsync" {
+		return rawsync(args[1:], stdout, stderr)
 	}
 	fs := flag.NewFlagSet("warren-loadtest", flag.ContinueOnError)
 	fs.SetOutput(stderr)
@@ -169,6 +173,26 @@ func overlay(s, f loadtest.Config) loadtest.Config {
 		s.TLS = f.TLS
 	}
 	return s
+}
+
+// rawsync measures the disk's raw pwrite+fdatasync rate at a block size
+// (`make bench-durable` compares the log's rate with it).
+func rawsync(args []string, stdout, stderr io.Writer) int {
+	fs := flag.NewFlagSet("warren-loadtest rawsync", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	dir := fs.String("dir", ".", "a directory on the disk to measure (a temporary file is written there and removed)")
+	block := fs.Int("block", 256<<10, "bytes written before each fdatasync")
+	dur := fs.Duration("duration", 5*time.Second, "how long to measure")
+	if err := fs.Parse(args); err != nil {
+		return 2
+	}
+	r, err := loadtest.RawSync(*dir, *block, *dur)
+	if err != nil {
+		fmt.Fprintln(stderr, err)
+		return 1
+	}
+	fmt.Fprintln(stdout, r)
+	return 0
 }
 
 // compare runs the standard scenarios against Warren and RabbitMQ side by
