@@ -180,28 +180,35 @@ func (s *raftStorage) Entries(lo, hi, maxSize uint64) ([]raftpb.Entry, error) {
 			}
 			return nil, err
 		}
-		total := 0
+		// Decide what fits maxSize on the views first, then copy only
+		// that: a chunk of large entries can be many times the limit.
+		take, total, full := 0, 0, false
 		for _, e := range es {
-			total += len(e.Data)
-		}
-		buf := make([]byte, 0, total)
-		for _, e := range es {
-			o := len(buf)
-			buf = append(buf, e.Data...)
-			re, err := raftEntry(e.Index, e.Term, buf[o:len(buf):len(buf)])
+			re, err := raftEntry(e.Index, e.Term, e.Data)
 			if err != nil {
 				release()
 				return nil, fmt.Errorf("replication: group %d: %w", s.gid, err)
 			}
-			if sz := uint64(re.Size()); len(out) > 0 && size+sz > maxSize {
-				release()
-				return out[:len(out):len(out)], nil
+			if sz := uint64(re.Size()); len(out)+take > 0 && size+sz > maxSize {
+				full = true
+				break
 			} else {
 				size += sz
 			}
+			take++
+			total += len(e.Data)
+		}
+		buf := make([]byte, 0, total)
+		for _, e := range es[:take] {
+			o := len(buf)
+			buf = append(buf, e.Data...)
+			re, _ := raftEntry(e.Index, e.Term, buf[o:len(buf):len(buf)]) // checked above
 			out = append(out, re)
 		}
 		release()
+		if full {
+			return out[:len(out):len(out)], nil
+		}
 		k = n
 	}
 	if segHi < hi {
