@@ -24,7 +24,7 @@ data=$(mktemp -d "$DATA_PARENT/warren-bench-durable.XXXXXX")
 out=$(mktemp -d /tmp/warren-bench-durable-out.XXXXXX)
 "$BIN/warrend" --listen 127.0.0.1:$PORT --http 127.0.0.1:$((PORT + 10000)) --data "$data" --log-level warn &
 pid=$!
-trap 'kill $pid 2>/dev/null; wait $pid 2>/dev/null; rm -rf "$data"' EXIT
+trap 'kill $pid 2>/dev/null || true; wait $pid 2>/dev/null || true; rm -rf "$data"' EXIT
 until curl -sf http://127.0.0.1:$((PORT + 10000))/readyz >/dev/null; do sleep 0.1; done
 url=warren://guest:guest@127.0.0.1:$PORT
 wbytes() { awk '/^write_bytes/ {print $2}' /proc/$pid/io; }
