@@ -103,6 +103,7 @@ type crashSimStats struct {
 	seeds, clean, failSync, powerCut, torn   int
 	confirmed, ackedOnDisk, found, dlFound   int
 	deletedSeen, snapshotsOnDisk, redeclared int
+	segmentFiles                             int // seeds whose crash left a segment file (WAL moved)
 }
 
 func (a *crashSimStats) add(b crashSimStats) {
@@ -118,12 +119,13 @@ func (a *crashSimStats) add(b crashSimStats) {
 	a.deletedSeen += b.deletedSeen
 	a.snapshotsOnDisk += b.snapshotsOnDisk
 	a.redeclared += b.redeclared
+	a.segmentFiles += b.segmentFiles
 }
 
 func (a *crashSimStats) String() string {
 	return fmt.Sprintf("clean restarts %d, crashes by a failed fsync or write %d, by a power cut %d (torn %d); confirmed persistent copies in durable queues %d, "+
-		"acks and rejects on disk %d, copies delivered after recovery %d (dead letters %d), queues deleted %d (names declared again %d), seeds with a queue snapshot %d",
-		a.clean, a.failSync, a.powerCut, a.torn, a.confirmed, a.ackedOnDisk, a.found, a.dlFound, a.deletedSeen, a.redeclared, a.snapshotsOnDisk)
+		"acks and rejects on disk %d, copies delivered after recovery %d (dead letters %d), queues deleted %d (names declared again %d), seeds with a queue snapshot %d, with segment files %d",
+		a.clean, a.failSync, a.powerCut, a.torn, a.confirmed, a.ackedOnDisk, a.found, a.dlFound, a.deletedSeen, a.redeclared, a.snapshotsOnDisk, a.segmentFiles)
 }
 
 // simQueue is the simulation's record of a queue it declared.
@@ -312,6 +314,7 @@ type crashSim struct {
 	nex       int // late exchanges declared
 	st        crashSimStats
 	dlDrops   [NumDLDrops]atomic.Int64 // dead letters dropped, by reason (both nodes)
+	segOpts   segment.Options
 }
 
 func (s *crashSim) logf(format string, args ...any) {
@@ -340,7 +343,13 @@ func runCrashSim(t *testing.T, seed uint64, print bool) crashSimStats {
 	}()
 	s.ctx, s.stop = context.WithCancel(context.Background())
 	defer s.stop()
-	s.n = openDurNodeWith(t, s.mem, "/data", s.tweak(true))
+	if s.rng.IntN(2) == 0 {
+		// Small files: WAL rotations, moves into segment files and their
+		// compactions happen within the workload, and get crashed too.
+		s.segOpts = segment.Options{WALSize: int64(2<<10 + s.rng.IntN(14<<10)), SegmentSize: int64(1<<10 + s.rng.IntN(8<<10))}
+		s.logf("segment files: WAL %d bytes, segments %d bytes", s.segOpts.WALSize, s.segOpts.SegmentSize)
+	}
+	s.n = openDurNodeOpts(t, s.mem, "/data", s.segOpts, s.tweak(true))
 	s.sink = newSimSink()
 	s.setup()
 
@@ -1131,7 +1140,10 @@ func (s *crashSim) crashAndCheck(clean bool, torn int) {
 
 	s.logf("dead letters dropped before the crash: %v", s.takeDrops())
 	s.now.Add(1000)
-	n2 := openDurNodeWith(t, fs, "/data", s.tweak(false))
+	if names, _ := fs.List("/data"); slices.ContainsFunc(names, func(n string) bool { return strings.HasPrefix(n, "seg-") }) {
+		s.st.segmentFiles++
+	}
+	n2 := openDurNodeOpts(t, fs, "/data", s.segOpts, s.tweak(false))
 	defer n2.close(t)
 	b2 := n2.b
 	if err := b2.WaitRecovered(ctx); err != nil {

@@ -157,7 +157,13 @@ func openDurNode(t *testing.T, fs segment.FS, dir ...string) *durNode {
 // they start (a fake clock, Fatal handlers).
 func openDurNodeWith(t *testing.T, fs segment.FS, path string, tweak func(*Config, *MetaLogConfig)) *durNode {
 	t.Helper()
-	l, err := segment.Open(fs, path, segment.Options{})
+	return openDurNodeOpts(t, fs, path, segment.Options{}, tweak)
+}
+
+// openDurNodeOpts is openDurNodeWith with its log opened with opts.
+func openDurNodeOpts(t *testing.T, fs segment.FS, path string, opts segment.Options, tweak func(*Config, *MetaLogConfig)) *durNode {
+	t.Helper()
+	l, err := segment.Open(fs, path, opts)
 	if err != nil {
 		t.Fatal(err)
 	}
