@@ -1,10 +1,12 @@
 package main
 
 import (
+	"context"
 	"encoding/binary"
 	"errors"
 	"io"
 	"net"
+	"net/http"
 	"os"
 	"path/filepath"
 	"strings"
@@ -84,4 +86,44 @@ func closeCode(b []byte, code uint16) bool {
 		b = b[8+n:]
 	}
 	return false
+}
+
+// warrend's /metrics has the AMQP front's metrics beside the native ones.
+func TestAMQPMetricsOnMetricsEndpoint(t *testing.T) {
+	addr := freeAddr(t)
+	ctx, cancel := context.WithCancel(context.Background())
+	httpAddr := make(chan net.Addr, 1)
+	done := make(chan error, 1)
+	env := map[string]string{"WARREN_DATA": filepath.Join(t.TempDir(), "data"), "WARREN_DISK_FREE_LIMIT": "-1"}
+	go func() {
+		done <- run(ctx, []string{"--listen", "127.0.0.1:0", "--http", "127.0.0.1:0", "--amqp-listen", addr},
+			func(k string) string { return env[k] }, strings.NewReader(""), io.Discard, io.Discard,
+			func(_, h net.Addr) { httpAddr <- h })
+	}()
+	defer func() {
+		cancel()
+		<-done
+	}()
+	var h net.Addr
+	select {
+	case h = <-httpAddr:
+	case err := <-done:
+		t.Fatalf("warrend exited: %v", err)
+	case <-time.After(10 * time.Second):
+		t.Fatal("warrend did not start")
+	}
+	c, err := amqp091.Dial("amqp://guest:guest@" + addr + "/")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	resp, err := http.Get("http://" + h.String() + "/metrics")
+	if err != nil {
+		t.Fatal(err)
+	}
+	body, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if !strings.Contains(string(body), "\nwarren_amqp_connections 1\n") || !strings.Contains(string(body), "\nwarren_published_total ") {
+		t.Fatalf("/metrics lacks warren_amqp_connections 1 beside the native metrics:\n%s", body)
+	}
 }
