@@ -301,12 +301,16 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdin i
 	}
 	var state atomic.Int32
 	var srvp atomic.Pointer[netio.Server]
+	var amqpp atomic.Pointer[amqp.Listener]
 	var webH atomic.Pointer[console.Console]
 	mux := http.NewServeMux()
 	mux.HandleFunc("/metrics", func(w http.ResponseWriter, r *http.Request) {
 		w.Header().Set("Content-Type", "text/plain; version=0.0.4")
 		if s := srvp.Load(); s != nil {
 			s.WriteMetrics(w)
+		}
+		if a := amqpp.Load(); a != nil {
+			a.WriteMetrics(w)
 		}
 		metrics.WriteProcessMetrics(w)
 		writeDiskMetrics(w, fc.Data)
@@ -371,6 +375,7 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdin i
 			_ = srv.Close(sctx)
 			return fmt.Errorf("amqp-listen %s: %w", fc.AMQPListen, err)
 		}
+		amqpp.Store(al)
 	}
 	api := admin.New(srv.Broker, adminconn.New(srv), log, 0)
 	defer api.Close()

@@ -64,6 +64,8 @@ type conn struct {
 
 	stashBytes int // bytes waiting in the channels' stashes (mu)
 
+	published, delivered atomic.Uint64 // metrics (messages)
+
 	started bool          // the protocol header was read (reader goroutine)
 	adm     connAdmission // Listener.mu
 }

@@ -107,7 +107,8 @@ type Listener struct {
 	evictLog           ratelog.Limiter
 	refuseLog          ratelog.Limiter
 
-	met listenerMetrics
+	met                              listenerMetrics
+	closedPublished, closedDelivered uint64 // what closed connections counted (mu)
 
 	// hookAtBound, if set (tests), hears a reader stop at the unconfirmed
 	// bound with that many publishes in flight.
@@ -178,6 +179,8 @@ func (l *Listener) accept() {
 			c.serve()
 			l.mu.Lock()
 			l.forgetLocked(c)
+			l.closedPublished += c.published.Load()
+			l.closedDelivered += c.delivered.Load()
 			delete(l.conns, c)
 			l.notifyLocked()
 			l.mu.Unlock()

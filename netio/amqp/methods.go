@@ -633,6 +633,7 @@ func (c *conn) publish(ch *channel) error {
 	}
 	batch.Pending.Store(int32(parts))
 	c.unconfirmed.Add(1)
+	c.published.Add(1)
 	for si, p := range c.parts {
 		if len(p) == 0 {
 			continue
@@ -712,6 +713,7 @@ func (c *conn) Deliver(ds []broker.Delivery) {
 	if c.dead {
 		return // the connection's Down returns them
 	}
+	sent := 0
 	for i := range ds {
 		d := &ds[i]
 		cr := c.byID[d.Consumer]
@@ -735,6 +737,7 @@ func (c *conn) Deliver(ds []broker.Delivery) {
 			b = binary.BigEndian.AppendUint32(b, uint32(max(cr.q.ReadyCount(), 0)))
 			b = endFrame(b, st)
 			c.out = c.appendContent(b, ch.id, d.Msg, d.DeliveryCount)
+			sent++
 			continue
 		}
 		if !cr.autoAck && ch.globalMax > 0 && (ch.inflight >= int(ch.globalMax) || ch.stashHead < len(ch.stashQ)) {
@@ -758,7 +761,9 @@ func (c *conn) Deliver(ds []broker.Delivery) {
 			ch.tags, ch.tagBase = ch.tags[:0], ch.nextTag+1
 		}
 		c.out, _ = c.appendDeliver(c.out, ch, cr, ch.nextTag, d)
+		sent++
 	}
+	c.delivered.Add(uint64(sent))
 	c.flushLocked()
 }
 
@@ -792,6 +797,7 @@ func (c *conn) flushStashLocked(ch *channel) {
 		ch.tags = append(ch.tags, tagEntry{q: s.cr.q, cid: s.cr.id, qtag: s.qtag, live: true, gated: true})
 		ch.inflight++
 		c.out = append(c.out, ch.stash[s.off:s.end]...)
+		c.delivered.Add(1)
 		sent = true
 	}
 	if ch.stashHead == len(ch.stashQ) {

@@ -25,6 +25,38 @@ func (m *listenerMetrics) init(l *Listener) {
 		defer l.mu.Unlock()
 		return float64(l.unauthN)
 	})
+	m.set.NewGauge("warren_amqp_connections", func() float64 { return float64(l.ConnectionCount()) })
+	m.set.NewGauge("warren_amqp_channels", func() float64 {
+		n := 0
+		l.mu.Lock()
+		for c := range l.conns {
+			c.mu.Lock()
+			n += len(c.channels)
+			c.mu.Unlock()
+		}
+		l.mu.Unlock()
+		return float64(n)
+	})
+	// Counted per connection (no shared cache line per message), summed
+	// here with what closed connections counted.
+	m.set.NewGauge("warren_amqp_messages_published_total", func() float64 {
+		l.mu.Lock()
+		defer l.mu.Unlock()
+		n := l.closedPublished
+		for c := range l.conns {
+			n += c.published.Load()
+		}
+		return float64(n)
+	})
+	m.set.NewGauge("warren_amqp_messages_delivered_total", func() float64 {
+		l.mu.Lock()
+		defer l.mu.Unlock()
+		n := l.closedDelivered
+		for c := range l.conns {
+			n += c.delivered.Load()
+		}
+		return float64(n)
+	})
 }
 
 // WriteMetrics writes the AMQP front's metrics in Prometheus text format.
