@@ -91,6 +91,10 @@ func validCases() []validCase {
 			Capabilities: []string{"compression.s2", "compression.zstd"}, MaxFrame: DefaultMaxFrame, MaxChannels: 2047, HeartbeatMs: 30000}},
 		{name: "auth_plain", body: &Auth{Mechanism: "PLAIN", Response: PlainResponse("guest", "guest"),
 			Product: "warren-go", Version: "0.1.0", MaxFrame: 1 << 20, MaxChannels: 0, HeartbeatMs: 10000}},
+		// Over TLS with a verified client certificate (§5.2 EXTERNAL).
+		{name: "hello_external", body: &Hello{Product: "warren", Version: "0.1.0", Mechanisms: []string{"PLAIN", "EXTERNAL"},
+			Capabilities: []string{"compression.s2", "compression.zstd"}, MaxFrame: DefaultMaxFrame, MaxChannels: 2047, HeartbeatMs: 30000}},
+		{name: "auth_external", body: &Auth{Mechanism: "EXTERNAL", Response: []byte{}, Product: "warren-go", Version: "0.1.0", MaxFrame: 1 << 20, HeartbeatMs: 10000}},
 		{name: "auth_challenge", body: &AuthChallenge{Challenge: []byte("r=abc,s=c2FsdA==,i=4096")}},
 		{name: "auth_response", body: &AuthResponse{Response: []byte("c=biws,r=abc,p=proof")}},
 		{name: "open_ok", body: &OpenOK{ConnectionID: 42, MaxFrame: 1 << 20, MaxChannels: 2047, HeartbeatMs: 10000}},
