@@ -75,6 +75,7 @@ type Result struct {
 	Dropped    int // dropped by the network (faults and partitions)
 	Crashes    int // of which SyncFails came from a failed fsync
 	SyncFails  int
+	Restarts   int // clean ones (Worker and Log closed, reopened)
 	Partitions int
 	Leaders    int // distinct (group, term) leaders seen
 	Checks     int // snapshot comparisons at an equal index
@@ -616,10 +617,23 @@ func (s *sim) fault() {
 			n.fs.FailSync(1 + s.r.IntN(4))
 			s.tracef("node %d: a sync will fail", n.id)
 		}
-	case k < 9: // a crash between writes
+	case k < 9: // a crash between writes, or a clean restart
 		n := s.nodes[s.r.IntN(len(s.nodes))]
-		if n.up {
+		switch {
+		case !n.up:
+		case n.armed || s.r.IntN(3) > 0:
 			n.crash(s.r.IntN(2048))
+		default:
+			s.res.Restarts++
+			s.tracef("node %d restarts cleanly", n.id)
+			n.stop()
+			if err := n.log.Close(); err != nil {
+				s.fail("node %d: closing its log: %v", n.id, err)
+				return
+			}
+			if err := n.start(); err != nil {
+				s.fail("%v", err)
+			}
 		}
 	default: // segment maintenance (moves WAL entries into segment files)
 		n := s.nodes[s.r.IntN(len(s.nodes))]

@@ -50,6 +50,7 @@ func TestSim(t *testing.T) {
 		total.Publishes += res.Publishes
 		total.Crashes += res.Crashes
 		total.SyncFails += res.SyncFails
+		total.Restarts += res.Restarts
 		total.Partitions += res.Partitions
 		total.Leaders += res.Leaders
 		total.Checks += res.Checks
@@ -57,8 +58,8 @@ func TestSim(t *testing.T) {
 		total.Dropped += res.Dropped
 	}
 	el := time.Since(start)
-	t.Logf("%d seeds in %v (%.1f seeds/s): %d events, %d publishes committed, %d leaders, %d crashes (%d at a failed fsync), %d partitions, %d messages (%d dropped), %d snapshot comparisons",
-		n, el.Round(time.Millisecond), float64(n)/el.Seconds(), total.Events, total.Publishes, total.Leaders, total.Crashes, total.SyncFails, total.Partitions, total.Messages, total.Dropped, total.Checks)
+	t.Logf("%d seeds in %v (%.1f seeds/s): %d events, %d publishes committed, %d leaders, %d crashes (%d at a failed fsync), %d clean restarts, %d partitions, %d messages (%d dropped), %d snapshot comparisons",
+		n, el.Round(time.Millisecond), float64(n)/el.Seconds(), total.Events, total.Publishes, total.Leaders, total.Crashes, total.SyncFails, total.Restarts, total.Partitions, total.Messages, total.Dropped, total.Checks)
 }
 
 // TestSimDeterministic: a seed run twice does the same thing, event for
