@@ -12,7 +12,8 @@
 // proposed at the current leader.
 //
 // Checked while it runs and once healed:
-//   - at most one leader per term, over every node and incarnation;
+//   - at most one leader per term, over every node and incarnation, and
+//     one vote per node per term (its vote requests and granted votes);
 //   - log matching: two nodes' logs that hold an entry of the same index
 //     and term hold the same entries up to it;
 //   - state-machine safety: replicas' FSM snapshots (the queue.Machine
@@ -101,6 +102,7 @@ func Run(seed uint64, cfg Config) (Result, error) {
 		cfg:     cfg,
 		leaders: map[termKey]uint64{},
 		snaps:   map[termKey][]byte{},
+		votes:   map[voteKey]uint64{},
 		commits: map[uint64]commit{},
 		pool:    replication.NewPool(1),
 	}
@@ -169,6 +171,8 @@ type sim struct {
 	leaders map[termKey]uint64
 	// snaps: (group, applied index) → the FSM snapshot there.
 	snaps map[termKey][]byte
+	// votes: (group, term, voter) → the candidate it voted for.
+	votes map[voteKey]uint64
 	// commits: publish uid → where it was first applied.
 	commits map[uint64]commit
 	healed  bool
@@ -545,6 +549,14 @@ func (e endpoint) Send(gid uint64, msgs []raftpb.Message) {
 			s.fail("node %d sends a message from %d", e.from.id, m.From)
 			return
 		}
+		// One vote per node per term: a vote request is the sender's vote
+		// for itself, a granted vote response its vote for the candidate.
+		switch {
+		case m.Type == raftpb.MsgVote:
+			s.vote(gid, m.Term, m.From, m.From)
+		case m.Type == raftpb.MsgVoteResp && !m.Reject:
+			s.vote(gid, m.Term, m.From, m.To)
+		}
 		if net.cut[[2]uint64{m.From, m.To}] || s.r.IntN(100) < net.drop {
 			s.res.Dropped++
 			continue
@@ -564,6 +576,17 @@ func (e endpoint) Send(gid uint64, msgs []raftpb.Message) {
 		}
 	}
 }
+
+func (s *sim) vote(gid, term, voter, for_ uint64) {
+	k := voteKey{gid, term, voter}
+	if prev, ok := s.votes[k]; !ok {
+		s.votes[k] = for_
+	} else if prev != for_ {
+		s.fail("group %d: node %d voted for %d and for %d in term %d", gid, voter, prev, for_, term)
+	}
+}
+
+type voteKey struct{ gid, term, voter uint64 }
 
 func (net *network) deliver(to *node, gid uint64, b []byte) {
 	if !to.up {
