@@ -738,6 +738,16 @@ func (s *sim) op() bool {
 	if g == nil {
 		return false
 	}
+	if s.r.IntN(4) == 0 {
+		// Sometimes at any node that believes it leads: a deposed leader
+		// cut off by a partition proposes entries that are overwritten.
+		for _, o := range s.nodes {
+			if o.up && o != n && o.group(gs.gid).Leader() {
+				n, g = o, o.group(gs.gid)
+				break
+			}
+		}
+	}
 	r := s.r
 	c := queue.ConsumerID(1 + r.IntN(3))
 	var cmd queue.Command
