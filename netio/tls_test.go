@@ -34,7 +34,7 @@ func newTLSEnv(t *testing.T) *tlsEnv {
 	ca := testcerts.NewCA(t, "warren test CA")
 	srv := ca.Server(t, "warren test server")
 	return &tlsEnv{ca: ca, server: srv, cfg: &tls.Config{
-		MinVersion: tls.VersionTLS12, Certificates: []tls.Certificate{srv.TLS},
+		MinVersion: tls.VersionTLS10, Certificates: []tls.Certificate{srv.TLS},
 		ClientCAs: ca.Pool(), ClientAuth: tls.VerifyClientCertIfGiven,
 	}}
 }
@@ -98,7 +98,7 @@ func TestTLSEndToEnd(t *testing.T) {
 		t.Fatal(err)
 	}
 	for i := 0; i < 100; i++ {
-		ch.PublishAsync(ctx, "", client.Message{RoutingKey: "tls", Body: bytes.Repeat([]byte{byte(i)}, 100+i*300)})
+		ch.PublishAsync(ctx, "", client.Message{RoutingKey: "tls", Body: bytes.Repeat([]byte{byte(i)}, 100+i*50)})
 	}
 	if err := ch.WaitConfirms(ctx); err != nil {
 		t.Fatal(err)
@@ -107,7 +107,7 @@ func TestTLSEndToEnd(t *testing.T) {
 	must(t, err)
 	for i := 0; i < 100; i++ {
 		d := recv(t, cs)
-		if len(d.Body) != 100+i*300 || d.Body[0] != byte(i) {
+		if len(d.Body) != 100+i*50 || d.Body[0] != byte(i) {
 			t.Fatalf("message %d: %d bytes starting %d", i, len(d.Body), d.Body[0])
 		}
 		d.Ack()
@@ -115,6 +115,12 @@ func TestTLSEndToEnd(t *testing.T) {
 	infos := s.Connections()
 	if len(infos) != 1 || !strings.HasPrefix(infos[0].Remote, "127.0.0.1:") || !infos[0].TLS {
 		t.Fatalf("connections %+v, want one TLS connection from 127.0.0.1", infos)
+	}
+	// TLS 1.1 is refused, whatever the broker's tls.Config allows.
+	old := env.clientTLS(nil)
+	old.MinVersion, old.MaxVersion = tls.VersionTLS10, tls.VersionTLS11
+	if _, err := client.Dial(ctx, tlsURL(s, "guest:guest@"), client.Options{TLS: old}); err == nil {
+		t.Fatal("a TLS 1.1 client was accepted")
 	}
 	// Without the CA the server's certificate is not trusted.
 	if _, err := client.Dial(ctx, tlsURL(s, "guest:guest@")); err == nil {
