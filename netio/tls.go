@@ -119,11 +119,29 @@ func (s *Server) startTLS() error {
 	if err != nil {
 		return err
 	}
-	f := &tlsFront{srv: s, ln: ln, cfg: s.cfg.TLSConfig, stop: make(chan struct{}), done: make(chan struct{})}
+	f := &tlsFront{srv: s, ln: ln, cfg: atLeastTLS12(s.cfg.TLSConfig), stop: make(chan struct{}), done: make(chan struct{})}
 	s.tls = f
 	s.log.Info("listening (TLS)", "addr", ln.Addr().String())
 	go f.accept()
 	return nil
+}
+
+// atLeastTLS12 is cfg with TLS 1.2 as its minimum version, also in the
+// configs its GetConfigForClient returns.
+func atLeastTLS12(cfg *tls.Config) *tls.Config {
+	cfg = cfg.Clone()
+	cfg.MinVersion = max(cfg.MinVersion, tls.VersionTLS12)
+	if get := cfg.GetConfigForClient; get != nil {
+		cfg.GetConfigForClient = func(hello *tls.ClientHelloInfo) (*tls.Config, error) {
+			c, err := get(hello)
+			if c != nil && c.MinVersion < tls.VersionTLS12 {
+				c = c.Clone()
+				c.MinVersion = tls.VersionTLS12
+			}
+			return c, err
+		}
+	}
+	return cfg
 }
 
 // TLSAddr is the address of the TLS listener; nil without one.
