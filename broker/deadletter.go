@@ -122,3 +122,7 @@ func (s *shard) dlDone(w *dlWait) {
 		s.b.log.Error("durable queue: cannot settle a dead letter its targets have; it is sent again at the next start", "queue", q.name, "err", err)
 	}
 }
+
+// quiesceDLWait, if set (tests), is called when a stopping shard waits
+// for dead letters in flight.
+var quiesceDLWait func()

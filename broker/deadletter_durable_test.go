@@ -312,3 +312,73 @@ func TestHeldDeadLetterBound(t *testing.T) {
 		t.Errorf("the full target has %d ready, want 1 (the filler)", r)
 	}
 }
+
+// TestDeadLetterInFlightAtStop: a clean stop while a dead letter is on its
+// way to its target waits until the target has it and the source has
+// settled it, so the next start sends no second copy.
+func TestDeadLetterInFlightAtStop(t *testing.T) {
+	mem := segment.NewMemFS()
+	n := openDurNode(t, mem)
+	b := n.b
+	src, dlq := dlPair(t, b, nil, nil)
+	k := newDurSink()
+	p := publish(b, src, k, true, "m")
+	k.waitFor(t, "the confirm", func() bool { return k.confirmed(p) })
+	b.Submit(Command{Kind: CmdSubscribe, Queue: src, Sink: k, Spec: queue.ConsumerSpec{ID: 1, Owner: 7}, Req: 1})
+	k.waitFor(t, "the delivery", func() bool { return len(k.got) == 1 })
+
+	gate, held := make(chan struct{}), make(chan struct{})
+	dlq.shard.submit(Command{Kind: cmdPost, post: func() { close(held); <-gate }})
+	<-held
+	k.mu.Lock()
+	tag := k.got[0].tag
+	k.mu.Unlock()
+	b.Submit(Command{Kind: CmdSettle, Settles: []SettleItem{{Q: src, Consumer: 1, Op: wire.SettleReject, QTag: tag}}})
+	qbarrier(t, src) // the dead letter waits in the target shard's inbox
+
+	waiting := make(chan struct{}, 1)
+	quiesceDLWait = func() {
+		select {
+		case waiting <- struct{}{}:
+		default:
+		}
+	}
+	defer func() { quiesceDLWait = nil }()
+	stopped := make(chan error, 1)
+	go func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		defer cancel()
+		if err := b.CloseMetaLog(ctx); err != nil {
+			stopped <- err
+			return
+		}
+		stopped <- b.Stop(ctx)
+	}()
+	// The source's shard stops, or waits for its dead letter; then the
+	// target's shard goes on.
+	select {
+	case <-src.shard.done:
+	case <-waiting:
+	case <-time.After(10 * time.Second):
+		t.Fatal("the source's shard neither stopped nor waited for its dead letter")
+	}
+	close(gate)
+	if err := <-stopped; err != nil {
+		t.Fatal(err)
+	}
+	if err := n.log.Close(); err != nil {
+		t.Fatal(err)
+	}
+
+	n2 := openDurNode(t, mem)
+	defer n2.close(t)
+	if err := n2.b.WaitRecovered(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+	src2, dlq2 := n2.b.topo.lookupQueue(src.name), n2.b.topo.lookupQueue("dlq")
+	qbarrier(t, src2)
+	qbarrier(t, dlq2)
+	if r, d := src2.ready.Load(), dlq2.ready.Load(); r != 0 || d != 1 {
+		t.Fatalf("after a clean stop with a dead letter in flight and a restart: source ready %d, target ready %d; want 0 and 1 (one copy)", r, d)
+	}
+}
