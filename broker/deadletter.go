@@ -36,7 +36,9 @@ import (
 // round (a refusal is an answer: the dead letter is dropped and counted,
 // as before; it is never retried), so a source holds at most the dead
 // letters in flight, plus, after a recovery, those it resends once.
-// Nothing waits on a target that never confirms.
+// Nothing waits on a target that never confirms. A clean stop waits (at
+// most its 10 s) for the dead letters in flight to be settled, so a
+// restart sends none twice.
 //
 // Not at-least-once: an in-memory source (non-durable or exclusive) frees
 // a dead letter when it sends it, as before; a copy sent to an in-memory
@@ -67,6 +69,7 @@ func (s *shard) sendHeld(q *Queue, id uint64, reason wire.DeathReason, at int64)
 		q.dlFlight = map[uint64]struct{}{}
 	}
 	q.dlFlight[id] = struct{}{}
+	s.b.dlInflight.Add(1)
 	w := &dlWait{src: q, id: id}
 	w.n.Store(1)
 	if msg := s.msgOf(q, id); msg != nil {
@@ -109,17 +112,41 @@ func (b *Broker) topologyRestored() {
 	}
 }
 
+// logFailed hears a failed log write of a shard's worker: the node must
+// stop (Durable.Fatal). Stopping shards no longer wait for dead letters
+// in flight (some never will be settled): they are woken to see it.
+func (b *Broker) logFailed(err error) {
+	b.writeFailed.Store(true)
+	b.wakeShards()
+	if f := b.cfg.Durable.Fatal; f != nil {
+		f(err)
+	}
+}
+
 // dlDone settles a held dead letter every target has answered for.
 func (s *shard) dlDone(w *dlWait) {
 	q := w.src
 	delete(q.dlFlight, w.id)
-	if q.gone || q.grp == nil {
-		return
+	if !q.gone && q.grp != nil {
+		s.sdlCmd = queue.SettleDeadLetter{NowMs: s.now, ID: w.id}
+		if _, err := q.grp.Add(&s.sdlCmd); err != nil {
+			// The group has stopped: the next start sends it again.
+			s.b.log.Error("durable queue: cannot settle a dead letter its targets have; it is sent again at the next start", "queue", q.name, "err", err)
+		}
 	}
-	s.sdlCmd = queue.SettleDeadLetter{NowMs: s.now, ID: w.id}
-	if _, err := q.grp.Add(&s.sdlCmd); err != nil {
-		// The group has stopped: the next start sends it again.
-		s.b.log.Error("durable queue: cannot settle a dead letter its targets have; it is sent again at the next start", "queue", q.name, "err", err)
+	if s.b.dlInflight.Add(-1) == 0 {
+		s.b.wakeShards() // shards stopping wait for this (quiesce)
+	}
+}
+
+// wakeShards wakes every shard (a stopping one rechecks what it waits
+// for). Not for a hot path.
+func (b *Broker) wakeShards() {
+	for _, sh := range b.shards {
+		select {
+		case sh.wake <- struct{}{}:
+		default:
+		}
 	}
 }
 

@@ -450,7 +450,17 @@ func (s *shard) quiesce() {
 		s.now = s.b.NowMs()
 		s.finishBatch()
 		if st := s.rw.Stats(); st.Appends == st.Persisted && !s.roundMore {
-			return
+			if s.b.dlInflight.Load() == 0 || s.b.writeFailed.Load() || s.b.shardsStopped.Load() > 0 {
+				return
+			}
+			// Held dead letters on their way (from any shard): every
+			// shard goes on until their sources have settled them, so
+			// the next start does not send them twice (deadletter.go).
+			// Once a shard has stopped (the count was 0, or its wait
+			// ended) what is sent to it is not taken: no more waiting.
+			if f := quiesceDLWait; f != nil {
+				f()
+			}
 		}
 		select {
 		case <-s.wake:

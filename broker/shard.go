@@ -95,7 +95,7 @@ func newShard(b *Broker, idx int) *shard {
 func (s *shard) startWorker() {
 	dc := s.b.cfg.Durable
 	s.rw = replication.NewWorker(dc.Log, replication.WorkerConfig{
-		NodeID: 1, Shard: uint64(s.idx), Logger: s.b.log, Fatal: dc.Fatal, Snapshots: dc.Snapshots, Pool: s.b.pool,
+		NodeID: 1, Shard: uint64(s.idx), Logger: s.b.log, Fatal: s.b.logFailed, Snapshots: dc.Snapshots, Pool: s.b.pool,
 		Post: func(fn func()) { s.submit(Command{Kind: cmdPost, post: fn}) },
 	})
 }
@@ -118,6 +118,8 @@ func (s *shard) run() {
 		case <-s.stop:
 			s.drain()
 			s.quiesce()
+			s.b.shardsStopped.Add(1)
+			s.b.wakeShards()
 			return
 		case <-s.wake:
 			s.drain()
