@@ -49,6 +49,11 @@ func (x trioTransport) Send(gid uint64, msgs []raftpb.Message) {
 var _ Transport = trioTransport{}
 
 func newTrio(t *testing.T, gid uint64, sink func(node int) Sink) *trio {
+	return newTrioPaced(t, gid, sink, 0)
+}
+
+// newTrioPaced: newTrio with WorkerConfig.MaxUncommittedBytes.
+func newTrioPaced(t *testing.T, gid uint64, sink func(node int) Sink, maxUncommitted int) *trio {
 	tr := &trio{t: t, down: map[uint64]bool{}}
 	voters := raftpb.ConfState{Voters: []uint64{1, 2, 3}}
 	for i := range tr.shards {
@@ -61,6 +66,8 @@ func newTrio(t *testing.T, gid uint64, sink func(node int) Sink) *trio {
 			Post:   func(fn func()) { s.inbox <- fn },
 			Fatal:  func(err error) { s.fatal = err },
 			Send:   trioTransport{tr}.Send,
+
+			MaxUncommittedBytes: maxUncommitted,
 		})
 		t.Cleanup(s.w.Close)
 		tr.shards[i] = s
@@ -94,7 +101,9 @@ func (tr *trio) step() {
 				}
 				busy = true
 			}
-			busy = busy || more
+			// A paced group stays dirty while it waits for applies: more
+			// keeps the loop going only for a while.
+			busy = busy || more && iter < 50
 		}
 		msgs := tr.wire
 		tr.wire = nil
@@ -283,5 +292,61 @@ func TestVotesAfterTheirTermIsDurable(t *testing.T) {
 		if l := tr.leader(); l >= 0 && l != old && tr.groups[l].Status().Term > term {
 			break
 		}
+	}
+}
+
+// TestPacingAfterLostLeadership: a leader cut off by a partition proposes
+// entries that never commit (the others elect a new leader and overwrite
+// them). Its pacing (proposed bytes not yet applied, kept below half of
+// raft's uncommitted limit) must not go on counting them: once it leads
+// again, what is added to the group is proposed and applied.
+func TestPacingAfterLostLeadership(t *testing.T) {
+	const gid = 6
+	body := make([]byte, 1000)
+	applied := map[byte]bool{}
+	tr := newTrioPaced(t, gid, func(node int) Sink {
+		return func(a *Applied) {
+			if e, ok := a.Command.(*queue.Enqueue); ok {
+				applied[e.Bodies[0][0]] = true
+			}
+		}
+	}, 8<<10)
+	old := tr.elect()
+	tr.down[uint64(old+1)] = true
+	for i := range 6 {
+		b := append([]byte{byte(i)}, body...)
+		if _, err := tr.groups[old].Add(&queue.Enqueue{Msgs: make([]queue.Message, 1), Bodies: [][]byte{b}}); err != nil {
+			t.Fatal(err)
+		}
+		tr.step()
+	}
+	for tick := 0; tr.groups[old].Leader() || tr.leader() < 0; tick++ {
+		if tick > 100 {
+			t.Fatal("the cut-off leader did not step down, or no other was elected")
+		}
+		tr.tick()
+	}
+	delete(tr.down, uint64(old+1))
+	for range 3 {
+		tr.tick()
+	}
+	// The new leader hands leadership back.
+	lead := tr.leader()
+	tr.groups[lead].rn.TransferLeader(uint64(old + 1))
+	tr.shards[lead].w.mark(tr.groups[lead])
+	for tick := 0; !tr.groups[old].Leader(); tick++ {
+		if tick > 30 {
+			t.Fatal("leadership did not come back to the first leader")
+		}
+		tr.tick()
+	}
+	if _, err := tr.groups[old].Add(&queue.Enqueue{Msgs: make([]queue.Message, 1), Bodies: [][]byte{{100}}}); err != nil {
+		t.Fatal(err)
+	}
+	for range 5 {
+		tr.tick()
+	}
+	if !applied[100] {
+		t.Fatalf("a command added at the leader was not applied five ticks later (the leader counts %d bytes as proposed and unapplied)", tr.groups[old].unapplied)
 	}
 }
