@@ -433,7 +433,14 @@ func (w *Worker) process(g *Group, now int64) {
 	}
 	rd := g.rn.Ready()
 	if rd.SoftState != nil {
+		was := g.leader
 		g.leader = rd.SoftState.RaftState == raft.StateLeader
+		if g.leader && !was {
+			// A new term: nothing is proposed in it yet. What this node
+			// proposed as an earlier leader may have been overwritten and
+			// is never applied; raft forgets its size here too.
+			g.unapplied = 0
+		}
 	}
 	if !raft.IsEmptySnap(rd.Snapshot) {
 		g.fail(fmt.Errorf("replication: group %d: installing a snapshot from a leader is not built (cluster step)", g.id))
