@@ -158,31 +158,29 @@ func appendHeader(b []byte, ch uint16, m *broker.StoredMsg, deliveryCount uint32
 	str(flContentType, p.ContentType, p.Has(wire.PropContentType))
 	str(flContentEncoding, p.ContentEncoding, p.Has(wire.PropContentEncoding))
 	if p.Has(wire.PropHeaders) || p.Has(wire.PropDeaths) || deliveryCount > 1 {
-		var t, extra wire.Table
-		if p.Has(wire.PropHeaders) {
-			t, _ = wire.DecodeTable(p.Headers)
-		}
-		var drop func(string) bool
+		var extra wire.Table
+		var drop func([]byte) bool
 		if p.Has(wire.PropDeaths) {
-			extra = xDeath(p.Deaths)
+			extra = xDeath(p.Deaths) // allocates, for dead letters only
 			if extra != nil {
 				drop = isDeathHeader
 			}
 		}
 		if deliveryCount > 1 {
-			extra = append(extra, wire.Field{Key: "x-delivery-count", Value: wire.Int(int64(deliveryCount - 1))})
 			if drop == nil {
 				drop = isDeliveryCount
 			} else {
 				drop = isDeathOrCount
 			}
 		}
-		var sig *typeSig
+		var sig typeSig
+		var sigp *typeSig
 		if raw := typesProp(p.Unknown); raw != nil {
-			sig = &typeSig{b: raw, ok: true}
+			sig = typeSig{b: raw, ok: true}
+			sigp = &sig
 		}
 		fl |= flHeaders
-		b = putTableTyped(b, t, sig, drop, extra)
+		b = putHeaders(b, p.Headers, sigp, drop, extra, deliveryCount)
 	}
 	if m.Flags&wire.Persistent != 0 {
 		fl |= flDeliveryMode
@@ -199,7 +197,9 @@ func appendHeader(b []byte, ch uint16, m *broker.StoredMsg, deliveryCount uint32
 	str(flReplyTo, p.ReplyTo, p.Has(wire.PropReplyTo))
 	if p.Has(wire.PropExpiration) {
 		fl |= flExpiration
-		b = putShortstr(b, strconv.FormatUint(uint64(p.ExpirationMs), 10))
+		at := len(b)
+		b = strconv.AppendUint(append(b, 0), uint64(p.ExpirationMs), 10)
+		b[at] = byte(len(b) - at - 1)
 	}
 	str(flMessageID, p.MessageID, p.Has(wire.PropMessageID))
 	if p.Has(wire.PropTimestamp) {
@@ -213,16 +213,16 @@ func appendHeader(b []byte, ch uint16, m *broker.StoredMsg, deliveryCount uint32
 	return endFrame(b, start)
 }
 
-func isDeathHeader(k string) bool {
-	switch k {
+func isDeathHeader(k []byte) bool {
+	switch string(k) {
 	case "x-death", "x-first-death-queue", "x-first-death-reason", "x-first-death-exchange":
 		return true
 	}
 	return false
 }
 
-func isDeliveryCount(k string) bool { return k == "x-delivery-count" }
-func isDeathOrCount(k string) bool  { return isDeathHeader(k) || isDeliveryCount(k) }
+func isDeliveryCount(k []byte) bool { return string(k) == "x-delivery-count" }
+func isDeathOrCount(k []byte) bool  { return isDeathHeader(k) || isDeliveryCount(k) }
 
 // xDeath is the x-death header (and the x-first-death-* ones), replacing
 // the message's own, from Warren's death history, in RabbitMQ's format: an

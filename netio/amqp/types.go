@@ -108,35 +108,110 @@ func kindTag(k wire.Kind) byte {
 	return 'V'
 }
 
-// putTableTyped writes a table's fields as putTable does, with the types
-// sig recorded (nil: the usual ones), leaving out the fields drop names,
-// then extra's.
-func putTableTyped(b []byte, t wire.Table, sig *typeSig, drop func(string) bool, extra wire.Table) []byte {
+// Warren's table encoding (wire/table.go), read in place: the headers of
+// a stored message were validated when it was published, so a value that
+// does not parse ends the table (never a panic).
+type wreader struct {
+	b   []byte
+	bad bool
+}
+
+func (r *wreader) take(n int) []byte {
+	if r.bad || n < 0 || len(r.b) < n {
+		r.bad = true
+		return nil
+	}
+	p := r.b[:n]
+	r.b = r.b[n:]
+	return p
+}
+
+func (r *wreader) u8() byte {
+	if p := r.take(1); p != nil {
+		return p[0]
+	}
+	return 0
+}
+
+func (r *wreader) u32() uint32 {
+	if p := r.take(4); p != nil {
+		return binary.LittleEndian.Uint32(p)
+	}
+	return 0
+}
+
+func (r *wreader) u64() uint64 {
+	if p := r.take(8); p != nil {
+		return binary.LittleEndian.Uint64(p)
+	}
+	return 0
+}
+
+// value reads one value as a view (tables and arrays as their raw bytes).
+func (r *wreader) value() wire.Value {
+	v := wire.Value{Kind: wire.Kind(r.u8())}
+	switch v.Kind {
+	case wire.KindNull:
+	case wire.KindBool:
+		v.Int = int64(r.u8())
+	case wire.KindInt, wire.KindTimestamp:
+		v.Int = int64(r.u64())
+	case wire.KindFloat:
+		v.Float = math.Float64frombits(r.u64())
+	case wire.KindString, wire.KindBytes, wire.KindTable, wire.KindArray:
+		v.Bytes = r.take(int(r.u32()))
+	default:
+		r.bad = true
+	}
+	return v
+}
+
+// putHeaders writes Warren's raw table entries as an AMQP field table,
+// with the types sig recorded (nil: the usual ones), leaving out the
+// fields drop names, then extra's fields and, if deliveryCount > 1,
+// x-delivery-count. It allocates nothing.
+func putHeaders(b []byte, entries []byte, sig *typeSig, drop func([]byte) bool, extra wire.Table, deliveryCount uint32) []byte {
 	start := len(b)
 	b = append(b, 0, 0, 0, 0)
-	for i := range t {
-		if drop != nil && drop(t[i].Key) {
-			// Its types are still consumed, to keep the rest aligned.
-			mark := len(b)
-			b = putValueTyped(b, &t[i].Value, sig)[:mark]
-			continue
-		}
-		b = putShortstr(b, t[i].Key)
-		b = putValueTyped(b, &t[i].Value, sig)
-	}
+	b = putEntries(b, entries, sig, drop)
 	for i := range extra {
 		b = putShortstr(b, extra[i].Key)
 		b = putValue(b, &extra[i].Value)
+	}
+	if deliveryCount > 1 {
+		b = putShortstr(b, "x-delivery-count")
+		b = binary.BigEndian.AppendUint64(append(b, 'l'), uint64(deliveryCount-1))
 	}
 	binary.BigEndian.PutUint32(b[start:], uint32(len(b)-start-4))
 	return b
 }
 
-func putValueTyped(b []byte, v *wire.Value, sig *typeSig) []byte {
-	if sig == nil || !sig.ok {
-		return putValue(b, v)
+func putEntries(b []byte, entries []byte, sig *typeSig, drop func([]byte) bool) []byte {
+	r := wreader{b: entries}
+	for len(r.b) > 0 && !r.bad {
+		k := r.take(int(r.u8()))
+		v := r.value()
+		if r.bad {
+			break
+		}
+		if drop != nil && drop(k) {
+			// Its types are still consumed, to keep the rest aligned.
+			mark := len(b)
+			b = putValueTyped(b, &v, sig)[:mark]
+			continue
+		}
+		b = append(append(b, byte(len(k))), k...)
+		b = putValueTyped(b, &v, sig)
 	}
-	tag, scale := sig.next(v)
+	return b
+}
+
+// putValueTyped writes a value read by wreader (tables and arrays raw).
+func putValueTyped(b []byte, v *wire.Value, sig *typeSig) []byte {
+	var tag, scale byte
+	if sig != nil && sig.ok {
+		tag, scale = sig.next(v)
+	}
 	switch tag {
 	case 'b', 'B':
 		return append(b, tag, byte(v.Int))
@@ -152,16 +227,28 @@ func putValueTyped(b []byte, v *wire.Value, sig *typeSig) []byte {
 	}
 	switch v.Kind {
 	case wire.KindTable:
-		return putTableTyped(append(b, 'F'), v.Table, sig, nil, nil)
+		b = append(b, 'F')
+		start := len(b)
+		b = append(b, 0, 0, 0, 0)
+		b = putEntries(b, v.Bytes, sig, nil)
+		binary.BigEndian.PutUint32(b[start:], uint32(len(b)-start-4))
+		return b
 	case wire.KindArray:
 		b = append(b, 'A')
 		start := len(b)
 		b = append(b, 0, 0, 0, 0)
-		for i := range v.Array {
-			b = putValueTyped(b, &v.Array[i], sig)
+		ar := wreader{b: v.Bytes}
+		for len(ar.b) > 0 && !ar.bad {
+			e := ar.value()
+			if ar.bad {
+				break
+			}
+			b = putValueTyped(b, &e, sig)
 		}
 		binary.BigEndian.PutUint32(b[start:], uint32(len(b)-start-4))
 		return b
+	case wire.KindString:
+		return putLongstr(append(b, 'S'), v.Bytes)
 	}
 	return putValue(b, v)
 }
