@@ -213,7 +213,7 @@ type Server struct {
 // server's connection-side state: a connection accepted, its credentials
 // checked, authenticated, blocked or unblocked by the memory alarm, or
 // closed (once the Down of its queues and consumers has been submitted to
-// the broker), the memory alarm raised or cleared. A test waits on it, with a deadline, for a condition on that
+// the broker), a TLS handshake failed, the memory alarm raised or cleared. A test waits on it, with a deadline, for a condition on that
 // state, instead of polling with sleeps; take the channel before reading
 // the state, so a change in between is not missed.
 func (s *Server) Changed() <-chan struct{} {

@@ -217,6 +217,7 @@ func (f *tlsFront) serve(raw net.Conn) {
 		f.srv.metrics.tlsHandshakeFailures.Inc()
 		f.srv.log.Debug("TLS handshake failed", "remote", p.remote.String(), "err", err)
 		_ = raw.Close()
+		f.srv.notifyChanged()
 		return
 	}
 	st := tc.ConnectionState()
