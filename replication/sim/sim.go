@@ -2,9 +2,9 @@
 // (design/replication.md §7, "multi-node deterministic simulation"): N
 // nodes in one goroutine, each with its own segment.MemFS, segment.Log and
 // replication.Worker, running queue groups with every node a voter; a
-// seeded fake network (a replication.Transport) that delays, drops,
-// duplicates and reorders raft messages and partitions and heals the
-// nodes; a virtual clock that drives raft ticks, disk latency and the
+// seeded fake network (a replication.Transport) that delays (a few
+// messages by seconds: they arrive terms later), drops, duplicates and
+// reorders raft messages and partitions and heals the nodes; a virtual clock that drives raft ticks, disk latency and the
 // workload; nodes crashed at random syncs (the failing fsync stops segment,
 // the crash keeps synced bytes plus a torn piece of the rest, MemFS.Crash)
 // and restarted from their logs; and random queue commands (publish,
@@ -123,7 +123,7 @@ func Run(seed uint64, cfg Config) (Result, error) {
 	s.disk = 1 + s.r.IntN(20)
 	s.net = &network{s: s, cut: map[[2]uint64]bool{}}
 	if !cfg.NoFaults {
-		s.net.drop, s.net.dup = s.r.IntN(10), s.r.IntN(5) // percent
+		s.net.drop, s.net.dup, s.net.late = s.r.IntN(10), s.r.IntN(5), s.r.IntN(3) // percent
 	}
 	for id := uint64(1); id <= uint64(s.cfg.Nodes); id++ {
 		n := &node{s: s, id: id, fs: segment.NewMemFS()}
@@ -530,6 +530,7 @@ func (s *sim) flush() {
 type network struct {
 	s         *sim
 	drop, dup int // percent
+	late      int // percent of messages delayed up to 3 s more
 	cut       map[[2]uint64]bool
 }
 
@@ -572,7 +573,11 @@ func (e endpoint) Send(gid uint64, msgs []raftpb.Message) {
 		}
 		for range copies {
 			to := s.nodes[m.To-1]
-			s.at(s.now+1+int64(s.r.IntN(30)), func() { net.deliver(to, gid, b) })
+			delay := 1 + int64(s.r.IntN(30))
+			if s.r.IntN(100) < net.late {
+				delay += int64(s.r.IntN(3000)) // arrives terms later
+			}
+			s.at(s.now+delay, func() { net.deliver(to, gid, b) })
 		}
 	}
 }
@@ -675,7 +680,7 @@ func (s *sim) heal() {
 	s.healed = true
 	s.healAt = s.now
 	clear(s.net.cut)
-	s.net.drop, s.net.dup = 0, 0
+	s.net.drop, s.net.dup, s.net.late = 0, 0, 0
 	for _, n := range s.nodes {
 		n.fs.FailSync(0)
 	}
