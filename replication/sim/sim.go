@@ -4,8 +4,9 @@
 // replication.Worker, running queue groups with every node a voter; a
 // seeded fake network (a replication.Transport) that delays (a few
 // messages by seconds: they arrive terms later), drops, duplicates and
-// reorders raft messages and partitions and heals the nodes; a virtual clock that drives raft ticks, disk latency and the
-// workload; nodes crashed at random syncs (the failing fsync stops segment,
+// reorders raft messages and partitions and heals the nodes; a virtual
+// clock that drives raft ticks, disk latency and the workload; nodes
+// crashed at random syncs (the failing fsync stops segment,
 // the crash keeps synced bytes plus a torn piece of the rest, MemFS.Crash)
 // and restarted from their logs; and random queue commands (publish,
 // subscribe, cancel, settle ack/requeue/reject/extend, down, tick, purge)
