@@ -136,6 +136,11 @@ func TestDeadLetterSurvivesCrash(t *testing.T) {
 	if src.deadLettered.Load() != 1 {
 		t.Fatalf("setup: the source dead-lettered %d messages, want 1", src.deadLettered.Load())
 	}
+	// Held until the target has it: counted in the source's stats (and
+	// /metrics), not ready.
+	if st := statsOf(src); st.DeadLettersHeld != 1 || st.Ready != 0 {
+		t.Fatalf("the source while its dead letter is on its way: %d held, %d ready; want 1 and 0", st.DeadLettersHeld, st.Ready)
+	}
 	// A snapshot of the source after the reject, stored and compacted.
 	snapped := make(chan error, 1)
 	src.shard.submit(Command{Kind: cmdPost, post: func() {
@@ -303,6 +308,9 @@ func TestHeldDeadLetterBound(t *testing.T) {
 		qbarrier(t, q)   // the source settled them
 		if held, kept := heldOf(t, q); held != 0 || kept != 0 {
 			t.Errorf("%s: %d dead letters still held, %d messages kept, want 0 and 0", q.name, held, kept)
+		}
+		if st := statsOf(q); st.DeadLettersHeld != 0 {
+			t.Errorf("%s: its stats say %d dead letters held, want 0", q.name, st.DeadLettersHeld)
 		}
 	}
 	if r, u := refused.Load(), unroutable.Load(); r != count || u != count {
