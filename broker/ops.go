@@ -194,7 +194,7 @@ func statsOf(q *Queue) QueueStats {
 		Name: q.name, Ready: q.ready.Load(), Unacked: q.unacked.Load(), Consumers: q.consumers.Load(),
 		Published: q.published.Load(), Delivered: q.delivered.Load(), Acked: q.acked.Load(),
 		Redelivered: q.redelivered.Load(), DeadLettered: q.deadLettered.Load(),
-		DeadLetterDropped: q.deadLetterDropped.Load(),
+		DeadLetterDropped: q.deadLetterDropped.Load(), DeadLettersHeld: q.dlHeld.Load(),
 	}
 }
 
@@ -212,6 +212,10 @@ type QueueStats struct {
 	// DeadLetterDropped counts dead letters that went nowhere (no such
 	// exchange, routed to no queue, too large to carry their history…).
 	DeadLetterDropped uint64 `json:"dead_letter_dropped_total"`
+	// DeadLettersHeld counts the dead letters a durable queue keeps until
+	// their targets have them (at-least-once dead-lettering): in flight,
+	// or waiting to be sent again after a restart.
+	DeadLettersHeld int64 `json:"dead_letters_held"`
 }
 
 // Queues returns the current queues' counts.

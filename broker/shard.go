@@ -423,6 +423,10 @@ func (q *Queue) storeStats() {
 	q.delivered.Store(st.Delivered)
 	q.acked.Store(st.Acked)
 	q.redelivered.Store(st.Redelivered)
+	if q.grp != nil {
+		n, _ := q.m.HeldDeadLetters()
+		q.dlHeld.Store(int64(n))
+	}
 }
 
 func (s *shard) free(q *Queue, id uint64) {

@@ -39,6 +39,7 @@ type Queue struct {
 	acked, redelivered        atomic.Uint64
 	deadLettered              atomic.Uint64 // sent on to at least one queue
 	deadLetterDropped         atomic.Uint64 // went nowhere (shard.dropDeadLetter)
+	dlHeld                    atomic.Int64  // held until their targets have them (deadletter.go)
 	deleted                   atomic.Bool
 
 	// shard-owned

@@ -748,6 +748,7 @@ func (s *Server) initMetrics() {
 			fmt.Fprintf(w, "warren_queue_redelivered_total%s %d\n", l, q.Redelivered)
 			fmt.Fprintf(w, "warren_queue_dead_lettered_total%s %d\n", l, q.DeadLettered)
 			fmt.Fprintf(w, "warren_queue_dead_letter_dropped_total%s %d\n", l, q.DeadLetterDropped)
+			fmt.Fprintf(w, "warren_queue_dead_letters_held%s %d\n", l, q.DeadLettersHeld)
 		}
 	})
 }

@@ -41,6 +41,7 @@ type QueueStats struct {
 	Redelivered       uint64 `json:"redelivered_total"`
 	DeadLettered      uint64 `json:"dead_lettered_total"`
 	DeadLetterDropped uint64 `json:"dead_letter_dropped_total"`
+	DeadLettersHeld   int64  `json:"dead_letters_held"` // durable queues: dead letters kept until their targets have them
 }
 
 // Rates are per-second rates over the last sampling interval.
