@@ -350,3 +350,40 @@ func TestPacingAfterLostLeadership(t *testing.T) {
 		t.Fatalf("a command added at the leader was not applied five ticks later (the leader counts %d bytes as proposed and unapplied)", tr.groups[old].unapplied)
 	}
 }
+
+// TestTransferLeadership: the leader hands leadership to a chosen voter
+// (design §6: a node leaving gracefully moves its leaderships away first),
+// which then leads and commits.
+func TestTransferLeadership(t *testing.T) {
+	const gid = 4
+	n := 0
+	tr := newTrio(t, gid, func(int) Sink {
+		return func(a *Applied) {
+			if _, ok := a.Command.(*queue.Enqueue); ok {
+				n++
+			}
+		}
+	})
+	old := tr.elect()
+	to := (old + 2) % 3
+	tr.groups[old].TransferLeadership(uint64(to + 1))
+	for tick := 0; !tr.groups[to].Leader(); tick++ {
+		if tick > 20 {
+			t.Fatalf("node %d does not lead 20 ticks after the transfer (leader: node %d)", to+1, tr.leader()+1)
+		}
+		tr.step()
+		tr.tick()
+	}
+	if tr.groups[old].Leader() {
+		t.Fatal("the old leader still leads")
+	}
+	if _, err := tr.groups[to].Add(&queue.Enqueue{Msgs: make([]queue.Message, 1), Bodies: [][]byte{{1}}}); err != nil {
+		t.Fatal(err)
+	}
+	for range 2 {
+		tr.tick()
+	}
+	if n != 3 {
+		t.Fatalf("the new leader's publish was applied on %d of 3 nodes", n)
+	}
+}
