@@ -63,3 +63,17 @@ func (g *Group) RaftTick() {
 // follower, candidate), term, the leader it knows, and its commit and
 // applied indexes.
 func (g *Group) Status() raft.BasicStatus { return g.rn.BasicStatus() }
+
+// TransferLeadership asks the group's leader (this node) to hand
+// leadership to voter to (design §6: before a graceful shutdown, and for
+// balancing). The next rounds carry it out: the leader stops taking
+// proposals while it brings to up to date, then tells it to campaign at
+// once. It does nothing on a follower; raft abandons a transfer that has
+// not finished within an election timeout.
+func (g *Group) TransferLeadership(to uint64) {
+	if g.err != nil || g.w.failed != nil {
+		return
+	}
+	g.rn.TransferLeader(to)
+	g.w.mark(g)
+}
