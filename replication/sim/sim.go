@@ -30,9 +30,11 @@
 // appender goroutines' completions are collected as soon as they are
 // posted and run at a virtual time the seed decides).
 //
+// Leaders are also asked to transfer leadership at random.
+//
 // Not simulated: snapshots and log compaction (a lagging follower would
-// need a snapshot installed, which the cluster issue builds), conf
-// changes and leadership transfer.
+// need a snapshot installed, which the cluster issue builds) and conf
+// changes.
 package sim
 
 import (
@@ -78,6 +80,7 @@ type Result struct {
 	Crashes    int // of which SyncFails came from a failed fsync
 	SyncFails  int
 	Restarts   int // clean ones (Worker and Log closed, reopened)
+	Transfers  int // leadership transfers asked for
 	Partitions int
 	Leaders    int // distinct (group, term) leaders seen
 	Checks     int // snapshot comparisons at an equal index
@@ -620,7 +623,7 @@ func (net *network) deliver(to *node, gid uint64, b []byte) {
 // ---- faults ----
 
 func (s *sim) fault() {
-	switch k := s.r.IntN(10); {
+	switch k := s.r.IntN(11); {
 	case k < 3: // partition: a random side against the rest
 		clear(s.net.cut)
 		side := map[uint64]bool{}
@@ -664,13 +667,22 @@ func (s *sim) fault() {
 				s.fail("%v", err)
 			}
 		}
-	default: // segment maintenance (moves WAL entries into segment files)
+	case k < 10: // segment maintenance (moves WAL entries into segment files)
 		n := s.nodes[s.r.IntN(len(s.nodes))]
 		// Not with a sync failure armed: maintenance syncs several files in
 		// parallel, and which of them failed would differ from run to run.
 		if n.up && !n.armed {
 			err := n.log.Maintain()
 			s.tracef("node %d: segment maintenance: %v", n.id, err)
+		}
+	default: // a leader hands a group to another voter
+		gs := s.groups[s.r.IntN(len(s.groups))]
+		if n, g := s.leader(gs); g != nil {
+			to := uint64(1 + s.r.IntN(len(s.nodes)))
+			s.res.Transfers++
+			s.tracef("group %d: node %d transfers leadership to %d", gs.gid, n.id, to)
+			g.TransferLeadership(to)
+			n.dirty = true
 		}
 	}
 }

@@ -51,6 +51,7 @@ func TestSim(t *testing.T) {
 		total.Crashes += res.Crashes
 		total.SyncFails += res.SyncFails
 		total.Restarts += res.Restarts
+		total.Transfers += res.Transfers
 		total.Partitions += res.Partitions
 		total.Leaders += res.Leaders
 		total.Checks += res.Checks
@@ -58,8 +59,8 @@ func TestSim(t *testing.T) {
 		total.Dropped += res.Dropped
 	}
 	el := time.Since(start)
-	t.Logf("%d seeds in %v (%.1f seeds/s): %d events, %d publishes committed, %d leaders, %d crashes (%d at a failed fsync), %d clean restarts, %d partitions, %d messages (%d dropped), %d snapshot comparisons",
-		n, el.Round(time.Millisecond), float64(n)/el.Seconds(), total.Events, total.Publishes, total.Leaders, total.Crashes, total.SyncFails, total.Restarts, total.Partitions, total.Messages, total.Dropped, total.Checks)
+	t.Logf("%d seeds in %v (%.1f seeds/s): %d events, %d publishes committed, %d leaders, %d crashes (%d at a failed fsync), %d clean restarts, %d leadership transfers, %d partitions, %d messages (%d dropped), %d snapshot comparisons",
+		n, el.Round(time.Millisecond), float64(n)/el.Seconds(), total.Events, total.Publishes, total.Leaders, total.Crashes, total.SyncFails, total.Restarts, total.Transfers, total.Partitions, total.Messages, total.Dropped, total.Checks)
 }
 
 // TestSimDeterministic: a seed run twice does the same thing, event for
