@@ -5,7 +5,7 @@ PKGS     := ./...
 # Packages with goroutines or shared state run under the race detector.
 RACE_PKGS := ./queue/... ./broker/... ./netio/... ./admin/... ./client/... ./cmd/... ./segment/... ./internal/... ./replication/...
 
-.PHONY: ui all build run test test-race vet fmt-check lint bench bench-segment bench-compare bench-million bench-topology fuzz vectors tools soak-segment soak-replication soak-sim soak-kill soak-crash abuse
+.PHONY: soak ui all build run test test-race vet fmt-check lint bench bench-segment bench-compare bench-million bench-topology fuzz vectors tools soak-segment soak-replication soak-sim soak-kill soak-crash abuse
 
 all: build
 
@@ -86,10 +86,15 @@ soak-crash:
 
 # kill -9 over the wire: persistent load from warren-loadtest with --ledger,
 # the broker killed with SIGKILL KILLS times (restarted on the same data each
-# time), then --verify: no confirmed message lost; make test runs 3 kills.
+# time), then --verify: no confirmed message lost; make test runs 5 kills.
 KILLS ?= 10
 soak-kill:
 	LOADTEST_KILLS=$(KILLS) $(GO) test -count=1 -timeout 30m -run TestKill9Ledger -v ./cmd/warren-loadtest
+
+# Every durability soak in one go (hours on 2 cores): the segment engine,
+# the replication crash simulations, the three-voter simulation, the
+# node-wide crash simulation and kill -9 over the wire.
+soak: soak-segment soak-replication soak-sim soak-crash soak-kill
 
 bench-segment:
 	$(GO) test -run '^$$' -bench . -benchmem -benchtime 2s ./segment

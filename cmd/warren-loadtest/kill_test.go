@@ -89,7 +89,7 @@ func TestKill9Ledger(t *testing.T) {
 	if testing.Short() {
 		t.Skip("starts broker processes")
 	}
-	kills, perKill := 3, int64(3000)
+	kills, perKill := 5, int64(2000)
 	if v, _ := strconv.Atoi(os.Getenv("LOADTEST_KILLS")); v > 0 {
 		kills, perKill = v, 50000
 	}
