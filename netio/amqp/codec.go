@@ -176,11 +176,7 @@ const maxTableDepth = 16
 var errTable = connErr(syntaxError, "SYNTAX_ERROR - malformed field table")
 
 // parseTable reads the entries of a field table (without its length).
-func parseTable(raw []byte, depth int) (wire.Table, error) { return parseTableSig(raw, depth, nil) }
-
-// parseTableSig is parseTable, appending each value's type tag to sig (if
-// not nil) in depth-first order (types.go).
-func parseTableSig(raw []byte, depth int, sig *[]byte) (wire.Table, error) {
+func parseTable(raw []byte, depth int) (wire.Table, error) {
 	if depth > maxTableDepth {
 		return nil, errTable
 	}
@@ -188,7 +184,7 @@ func parseTableSig(raw []byte, depth int, sig *[]byte) (wire.Table, error) {
 	var t wire.Table
 	for fr.off < len(fr.b) && fr.err == nil {
 		k := fr.shortstr()
-		v := fr.value(depth, sig)
+		v := fr.value(depth)
 		if fr.err != nil {
 			return nil, errTable
 		}
@@ -200,12 +196,8 @@ func parseTableSig(raw []byte, depth int, sig *[]byte) (wire.Table, error) {
 	return t, nil
 }
 
-func (r *reader) value(depth int, sig *[]byte) wire.Value {
-	tag := r.u8()
-	if sig != nil && r.err == nil {
-		*sig = append(*sig, tag)
-	}
-	switch tag {
+func (r *reader) value(depth int) wire.Value {
+	switch r.u8() {
 	case 't':
 		return wire.Bool(r.u8() != 0)
 	case 'b':
@@ -230,9 +222,6 @@ func (r *reader) value(depth int, sig *[]byte) wire.Value {
 		return wire.Float(math.Float64frombits(r.u64()))
 	case 'D':
 		scale := r.u8()
-		if sig != nil {
-			*sig = append(*sig, scale)
-		}
 		v := float64(int32(r.u32()))
 		return wire.Float(v / math.Pow10(int(scale)))
 	case 'S':
@@ -248,7 +237,7 @@ func (r *reader) value(depth int, sig *[]byte) wire.Value {
 		if r.err != nil {
 			return wire.Value{}
 		}
-		t, err := parseTableSig(raw, depth+1, sig)
+		t, err := parseTable(raw, depth+1)
 		if err != nil {
 			r.err = err
 		}
@@ -262,7 +251,7 @@ func (r *reader) value(depth int, sig *[]byte) wire.Value {
 		ar := reader{b: raw}
 		var vs []wire.Value
 		for ar.off < len(ar.b) && ar.err == nil {
-			vs = append(vs, ar.value(depth+1, sig))
+			vs = append(vs, ar.value(depth+1))
 		}
 		if ar.err != nil {
 			r.err = errTable

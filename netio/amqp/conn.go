@@ -64,6 +64,8 @@ type conn struct {
 
 	stashBytes int // bytes waiting in the channels' stashes (mu)
 
+	sc pubScratch // parseHeader's buffers (reader goroutine)
+
 	published, delivered atomic.Uint64 // metrics (messages)
 
 	started bool          // the protocol header was read (reader goroutine)
@@ -83,7 +85,10 @@ type channel struct {
 	tags      []tagEntry // delivery tags tagBase, tagBase+1, …
 	tagBase   uint64
 	nextTag   uint64
-	pub       *pending // a basic.publish waiting for its content
+	pub       *pending // a basic.publish waiting for its content (&pubBuf)
+	pubBuf    pending
+	names     []byte // pubBuf's routing key (scratch)
+	lastEx    string // the last publish's exchange
 
 	// The channel-wide prefetch (basic.qos global=true; 0: none): at most
 	// globalMax deliveries to its consumers with acks unacked at once.
@@ -129,13 +134,14 @@ type tagEntry struct {
 
 // pending is a basic.publish whose content is being read.
 type pending struct {
-	exchange, key string
-	mandatory     bool
-	header        bool // the content header was read
-	size          uint64
-	in            inbound
-	arena         []byte // exchange, key, properties, then the body as it arrives
-	bodyAt        int
+	exchange  string
+	key       []byte
+	mandatory bool
+	header    bool // the content header was read
+	size      uint64
+	in        inbound
+	arena     []byte // exchange, key, properties, then the body as it arrives
+	bodyAt    int
 }
 
 func newConn(l *Listener, nc net.Conn) *conn {

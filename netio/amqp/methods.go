@@ -6,6 +6,7 @@ import (
 	"strings"
 	"sync/atomic"
 	"time"
+	"unsafe"
 
 	"github.com/warren-mq/warren/broker"
 	"github.com/warren-mq/warren/netio"
@@ -341,7 +342,8 @@ func (c *conn) onBasic(ch *channel, id uint16, r *reader) error {
 		return nil
 	case 40: // publish
 		r.u16()
-		ex, key := r.shortstr(), r.shortstr()
+		exB := r.take(int(r.u8()))
+		key := r.take(int(r.u8()))
 		mandatory, immediate := r.bitAt(), r.bitAt()
 		if r.err != nil {
 			return errSyntax
@@ -349,7 +351,15 @@ func (c *conn) onBasic(ch *channel, id uint16, r *reader) error {
 		if immediate {
 			return connErr(notImplemented, "NOT_IMPLEMENTED - immediate=true")
 		}
-		ch.pub = &pending{exchange: ex, key: key, mandatory: mandatory}
+		// No allocation per publish: the exchange name is the last one's
+		// string while it is the same, the key is copied out of the frame
+		// buffer into the channel's scratch, and pending is the channel's.
+		if string(exB) != ch.lastEx {
+			ch.lastEx = string(exB)
+		}
+		ch.names = append(ch.names[:0], key...)
+		ch.pubBuf = pending{exchange: ch.lastEx, key: ch.names, mandatory: mandatory}
+		ch.pub = &ch.pubBuf
 		return nil
 	case 70:
 		return c.onGet(ch, r)
@@ -525,7 +535,7 @@ func (c *conn) onHeader(ch *channel, p []byte) error {
 		ch.pub = nil
 		return chErr(preconditionFailed, "PRECONDITION_FAILED - message size "+strconv.FormatUint(size, 10)+" is larger than the configured max size "+strconv.Itoa(c.l.cfg.MaxMessageSize))
 	}
-	if ae := parseHeader(r, &pub.in); ae != nil {
+	if ae := parseHeader(r, &pub.in, &c.sc); ae != nil {
 		ch.pub = nil
 		return ae
 	}
@@ -536,6 +546,12 @@ func (c *conn) onHeader(ch *channel, p []byte) error {
 	pub.arena = append(pub.arena, pub.key...)
 	pub.arena = append(pub.arena, pub.in.props...)
 	pub.bodyAt = len(pub.arena)
+	// The properties were built in the connection's scratch: point the
+	// views publish reads at the arena's copy.
+	pub.in.props = pub.arena[len(pub.exchange)+len(pub.key) : pub.bodyAt]
+	var view wire.Properties
+	_ = wire.ParseProperties(pub.in.props, &view) // parseHeader validated it
+	pub.in.msgID, pub.in.headers = view.MessageID, view.Headers
 	if size == 0 {
 		return c.publish(ch)
 	}
@@ -598,8 +614,10 @@ func (c *conn) publish(ch *channel) error {
 	}
 	a := pub.arena
 	ne, nk, np := len(pub.exchange), len(pub.key), len(pub.in.props)
-	ar := new(broker.Arena)
-	sm := &broker.StoredMsg{Exchange: a[:ne:ne], RoutingKey: a[ne : ne+nk : ne+nk], Props: a[ne+nk : ne+nk+np : ne+nk+np],
+	blk := new(pubBlock)
+	ar := &blk.ar
+	sm := &blk.sm
+	*sm = broker.StoredMsg{Exchange: a[:ne:ne], RoutingKey: a[ne : ne+nk : ne+nk], Props: a[ne+nk : ne+nk+np : ne+nk+np],
 		Body: a[pub.bodyAt:len(a):len(a)], Arena: ar, Flags: pub.in.flags, Priority: pub.in.priority}
 	meta := queue.Message{Size: uint32(len(sm.Body)), Priority: pub.in.priority, DedupKey: broker.DedupKey(pub.in.msgID)}
 	if pub.in.expires {
@@ -619,10 +637,11 @@ func (c *conn) publish(ch *channel) error {
 	if placed == 0 && pub.mandatory {
 		c.sendReturn(ch.id, sm)
 	}
-	batch := &broker.PublishBatch{Sink: c, Ch: ch.id, FirstSeq: (ch.gen&(1<<24-1))<<40 | seq, Codes: make([]uint32, 1), Start: time.Now()}
+	batch := &blk.batch
+	batch.Sink, batch.Ch, batch.FirstSeq, batch.Codes, batch.Start = c, ch.id, (ch.gen&(1<<24-1))<<40|seq, blk.code[:], time.Now()
 	parts := 1
 	if placed > 0 {
-		ar.Cost = int64(cap(a)) + broker.StoredMsgOverhead + int64(placed)*broker.PlacementOverhead
+		ar.Cost = int64(cap(a)) + pubBlockSize + int64(placed)*broker.PlacementOverhead
 		ar.Refs.Store(int64(placed))
 		c.srv.AddStoredBytes(ar.Cost)
 		for _, p := range c.parts {
@@ -634,17 +653,38 @@ func (c *conn) publish(ch *channel) error {
 	batch.Pending.Store(int32(parts))
 	c.unconfirmed.Add(1)
 	c.published.Add(1)
+	own := true
 	for si, p := range c.parts {
 		if len(p) == 0 {
 			continue
 		}
-		items := append([]broker.EnqItem(nil), p...)
+		var items []broker.EnqItem
+		if len(p) == 1 && own { // the common case: one queue
+			blk.item[0], items, own = p[0], blk.item[:], false
+		} else {
+			items = append([]broker.EnqItem(nil), p...)
+		}
+		clear(p)
 		c.parts[si] = p[:0]
 		c.srv.Submit(broker.Command{Kind: broker.CmdPublish, Items: items, Batch: batch})
 	}
 	batch.PartDone()
 	return nil
 }
+
+// pubBlock is what one publish allocates beside its bytes, in one
+// allocation: the stored message and its arena (kept while a queue holds
+// the message), the batch (until its confirm) and the shard part's item.
+type pubBlock struct {
+	sm    broker.StoredMsg
+	ar    broker.Arena
+	batch broker.PublishBatch
+	code  [1]uint32
+	item  [1]broker.EnqItem
+}
+
+// pubBlockSize is a pubBlock's size, counted in the stored bytes.
+const pubBlockSize = int64(unsafe.Sizeof(pubBlock{}))
 
 // sendReturn sends basic.return for an unroutable mandatory message.
 func (c *conn) sendReturn(ch uint16, m *broker.StoredMsg) {

@@ -39,7 +39,7 @@ type inbound struct {
 
 // parseHeader reads a content header frame's payload after class, weight
 // and body size: the property flags and values, into Warren's properties.
-func parseHeader(r *reader, in *inbound) *amqpError {
+func parseHeader(r *reader, in *inbound, sc *pubScratch) *amqpError {
 	fl := r.u16()
 	if fl&1 != 0 {
 		return connErr(frameError, "FRAME_ERROR - property flag continuation is not supported")
@@ -58,16 +58,17 @@ func parseHeader(r *reader, in *inbound) *amqpError {
 	if fl&flContentEncoding != 0 {
 		str(wire.PropContentEncoding, &p.ContentEncoding)
 	}
-	var sig []byte
+	sc.sig = sc.sig[:0]
 	if fl&flHeaders != 0 {
 		raw := r.longstr()
 		if r.err == nil {
-			t, err := parseTableSig(raw, 0, &sig)
+			var err error
+			sc.hdr, err = appendWarrenEntries(sc.hdr[:0], raw, 0, &sc.sig)
 			if err != nil {
 				return connErr(syntaxError, "SYNTAX_ERROR - malformed headers table")
 			}
-			if len(t) > 0 {
-				p.Headers = wire.AppendTable(nil, t)[4:]
+			if len(sc.hdr) > 0 {
+				p.Headers = sc.hdr
 				p.Set(wire.PropHeaders)
 			}
 		}
@@ -116,14 +117,16 @@ func parseHeader(r *reader, in *inbound) *amqpError {
 	if r.err != nil {
 		return connErr(frameError, "FRAME_ERROR - malformed content header")
 	}
-	for _, tag := range sig {
-		if !canonicalTag(tag) && len(sig) <= 0xffff {
+	for _, tag := range sc.sig {
+		if sig := sc.sig; !canonicalTag(tag) && len(sig) <= 0xffff {
 			// Widths to keep (types.go): an unknown property to Warren.
-			p.Unknown = append([]byte{propAMQPTypes, byte(len(sig)), byte(len(sig) >> 8)}, sig...)
+			sc.unk = append(append(sc.unk[:0], propAMQPTypes, byte(len(sig)), byte(len(sig)>>8)), sig...)
+			p.Unknown = sc.unk
 			break
 		}
 	}
-	block := wire.AppendProperties(nil, &p)
+	block := wire.AppendProperties(sc.props[:0], &p)
+	sc.props = block
 	if len(block)-2 > wire.MaxPropertiesLen {
 		return chErr(preconditionFailed, "PRECONDITION_FAILED - message properties over 65535 bytes")
 	}

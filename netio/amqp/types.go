@@ -267,3 +267,123 @@ func typesProp(unknown []byte) []byte {
 	}
 	return nil
 }
+
+// pubScratch holds the buffers parseHeader builds a message's properties
+// in, reused from one publish to the next (the arena gets a copy).
+type pubScratch struct {
+	hdr, sig, unk, props []byte
+}
+
+// appendWarrenEntries transcodes an AMQP field table's entries (raw,
+// without its length) into Warren's table entries, appending each value's
+// AMQP type tag to sig (types.go) in depth-first order. It allocates only
+// to grow dst and sig.
+func appendWarrenEntries(dst, raw []byte, depth int, sig *[]byte) ([]byte, error) {
+	if depth > maxTableDepth {
+		return dst, errTable
+	}
+	r := reader{b: raw}
+	for r.off < len(r.b) && r.err == nil {
+		k := r.take(int(r.u8()))
+		if r.err != nil {
+			break
+		}
+		dst = append(append(dst, byte(len(k))), k...)
+		var err error
+		if dst, err = r.appendWarrenValue(dst, depth, sig); err != nil {
+			return dst, err
+		}
+	}
+	if r.err != nil {
+		return dst, errTable
+	}
+	return dst, nil
+}
+
+func (r *reader) appendWarrenValue(dst []byte, depth int, sig *[]byte) ([]byte, error) {
+	tag := r.u8()
+	if r.err != nil {
+		return dst, errTable
+	}
+	*sig = append(*sig, tag)
+	i64 := func(v int64) []byte {
+		return binary.LittleEndian.AppendUint64(append(dst, byte(wire.KindInt)), uint64(v))
+	}
+	f64 := func(v float64) []byte {
+		return binary.LittleEndian.AppendUint64(append(dst, byte(wire.KindFloat)), math.Float64bits(v))
+	}
+	switch tag {
+	case 't':
+		v := byte(0)
+		if r.u8() != 0 {
+			v = 1
+		}
+		dst = append(dst, byte(wire.KindBool), v)
+	case 'b':
+		dst = i64(int64(int8(r.u8())))
+	case 'B':
+		dst = i64(int64(r.u8()))
+	case 's':
+		dst = i64(int64(int16(r.u16())))
+	case 'u':
+		dst = i64(int64(r.u16()))
+	case 'I':
+		dst = i64(int64(int32(r.u32())))
+	case 'i':
+		dst = i64(int64(r.u32()))
+	case 'l', 'L':
+		dst = i64(int64(r.u64()))
+	case 'f':
+		dst = f64(float64(math.Float32frombits(r.u32())))
+	case 'd':
+		dst = f64(math.Float64frombits(r.u64()))
+	case 'D':
+		scale := r.u8()
+		*sig = append(*sig, scale)
+		dst = f64(float64(int32(r.u32())) / math.Pow10(int(scale)))
+	case 'S', 'x':
+		kind := wire.KindString
+		if tag == 'x' {
+			kind = wire.KindBytes
+		}
+		v := r.longstr()
+		dst = append(binary.LittleEndian.AppendUint32(append(dst, byte(kind)), uint32(len(v))), v...)
+	case 'T':
+		dst = binary.LittleEndian.AppendUint64(append(dst, byte(wire.KindTimestamp)), r.u64()*1000)
+	case 'V':
+		dst = append(dst, byte(wire.KindNull))
+	case 'F', 'A':
+		raw := r.longstr()
+		if r.err != nil || depth+1 > maxTableDepth {
+			return dst, errTable
+		}
+		kind := wire.KindTable
+		if tag == 'A' {
+			kind = wire.KindArray
+		}
+		dst = append(dst, byte(kind), 0, 0, 0, 0)
+		at := len(dst)
+		var err error
+		if tag == 'F' {
+			dst, err = appendWarrenEntries(dst, raw, depth+1, sig)
+		} else {
+			ar := reader{b: raw}
+			for ar.off < len(ar.b) && ar.err == nil && err == nil {
+				dst, err = ar.appendWarrenValue(dst, depth+1, sig)
+			}
+			if ar.err != nil {
+				err = errTable
+			}
+		}
+		if err != nil {
+			return dst, err
+		}
+		binary.LittleEndian.PutUint32(dst[at-4:], uint32(len(dst)-at))
+	default:
+		return dst, errTable
+	}
+	if r.err != nil {
+		return dst, errTable
+	}
+	return dst, nil
+}
