@@ -46,8 +46,8 @@ func TestEntriesCopiesOnlyWhatItReturns(t *testing.T) {
 	if len(es) != 2 || es[0].Index != 1 || len(es[1].Data) != size {
 		t.Fatalf("Entries(1, %d, two entries) returned %d entries, want 2 of %d bytes", n+1, len(es), size)
 	}
-	if got := after.TotalAlloc - before.TotalAlloc; got > 4*size {
+	if got := after.TotalAlloc - before.TotalAlloc; got > 16*size {
 		t.Fatalf("Entries allocated %d KiB to return %d entries of %d KiB (want at most %d KiB)",
-			got>>10, len(es), size>>10, 4*size>>10)
+			got>>10, len(es), size>>10, 16*size>>10)
 	}
 }

@@ -36,11 +36,14 @@ fi
 echo '{"queue_soft_limit": -1}' >"$out/warrend.json"
 echo fill >"$out/phase"
 start() {
-	"$BIN/warrend" --config "$out/warrend.json" --listen 127.0.0.1:$PORT --http $HTTP --data "$data/d" --log-level warn 2>>"$out/warrend.log" &
+	GODEBUG=gctrace=1 "$BIN/warrend" --config "$out/warrend.json" --listen 127.0.0.1:$PORT --http $HTTP --data "$data/d" --log-level warn 2>>"$out/warrend.log" &
 	pid=$!
 	echo $pid >"$out/pid"
 }
 ready() { until curl -sf http://$HTTP/readyz >/dev/null; do sleep 0.05; done; }
+# The live heap at warrend's latest garbage collection, in MB (gctrace's
+# "start->end->live MB"), from its log.
+live() { grep -E '^gc [0-9]+ ' "$out/warrend.log" | tail -1 | sed -E 's/.*->([0-9]+) MB,.*/\1/'; }
 rss() { awk '/^RssAnon/ {print $2}' /proc/$(cat "$out/pid")/status; }
 stopit() { kill -TERM $pid; wait $pid || true; }
 cpu() { awk '{printf "%.1f", ($14 + $15) / 100}' /proc/$pid/stat; }
@@ -72,6 +75,7 @@ t1=$(date +%s.%N)
 echo settle >"$out/phase"
 sleep 10
 after_fill=$(rss)
+live_fill=$(live)
 du_data=$(du -sh "$data/d" | cut -f1)
 if [ -n "${REUSE:-}" ]; then
 	# The first start was the warm restart.
@@ -103,12 +107,12 @@ fi
 t7=$(date +%s.%N)
 echo done >"$out/phase"
 kill $sampler || true
-python3 - "$out" "$(( N > 0 ? N : 1 ))" "$Q" "$t0" "$t1" "$t2" "$t3" "$t4" "$t5" "$t6" "$t7" "$after_fill" "$after_warm" "$after_cold" "$du_data" "$cpu_warm" "$cpu_cold" <<'PY'
+python3 - "$out" "$(( N > 0 ? N : 1 ))" "$Q" "$t0" "$t1" "$t2" "$t3" "$t4" "$t5" "$t6" "$t7" "$after_fill" "$after_warm" "$after_cold" "$du_data" "$cpu_warm" "$cpu_cold" "${live_fill:-0}" <<'PY'
 import sys, collections
 out, n, q = sys.argv[1], int(sys.argv[2]), sys.argv[3]
 t0, t1, t2, t3, t4, t5, t6, t7 = map(float, sys.argv[4:12])
 af, aw, ac = map(int, sys.argv[12:15])
-du, cw, cc = sys.argv[15], sys.argv[16], sys.argv[17]
+du, cw, cc, lf = sys.argv[15], sys.argv[16], sys.argv[17], sys.argv[18]
 peak, load = collections.defaultdict(int), collections.defaultdict(list)
 for line in open(out + "/rss.log"):
     f = line.split()
@@ -122,6 +126,7 @@ print(f"|---|---|---|---|---|")
 print(f"| fill (publish-only, confirmed) | {t1-t0:.1f} s ({n/(t1-t0):,.0f} msg/s) | {mib(af)} 10 s after | {mib(peak['fill'])} | {la('fill')} |")
 print(f"| restart, page cache warm: start → /readyz | **{t3-t2:.1f} s** (CPU {cw} s) | {mib(aw)} | {mib(peak['restart-warm'])} | {la('restart-warm')} |")
 print(f"| restart, page cache dropped | **{t5-t4:.1f} s** (CPU {cc} s) | {mib(ac)} | {mib(peak['restart-cold'])} | {la('restart-cold')} |")
+print(f"| live heap at the last GC of the fill (gctrace) | | {lf} MB ({int(lf)*1e6/n:.1f} B/msg) | | |")
 print(f"| drain (--verify: consume all, check the ledger) | {t7-t6:.1f} s | | {mib(peak['drain'])} | {la('drain')} |")
 PY
 [ -f "$out/drain.txt" ] && tail -3 "$out/drain.txt"
