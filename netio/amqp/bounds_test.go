@@ -87,6 +87,7 @@ func connCloseText(t *testing.T, r io.Reader) (uint16, string) {
 // long after accept is closed, with connection.close resource_error saying
 // why once it has sent the protocol header, bare before it.
 func TestHandshakeDeadline(t *testing.T) {
+	t.Parallel() // its own broker; the 0.5 s each spends stopping it overlaps
 	const limit = 300 * time.Millisecond
 	_, l, _ := start(t, amqp.Config{HandshakeTimeout: limit})
 	t.Run("after the header", func(t *testing.T) {
@@ -124,6 +125,7 @@ func TestHandshakeDeadline(t *testing.T) {
 // unauthenticated one has sent them is the newcomer refused, with
 // connection.close resource_error saying why.
 func TestUnauthenticatedCap(t *testing.T) {
+	t.Parallel() // its own broker; the 0.5 s each spends stopping it overlaps
 	_, l, url := start(t, amqp.Config{MaxUnauthenticated: 2})
 	addr := l.Addr().String()
 	a := startedConn(t, addr)
@@ -165,6 +167,7 @@ func TestUnauthenticatedCap(t *testing.T) {
 // The per-source cap: past it, a connection from the same address is
 // refused with connection.close resource_error; a closed one makes room.
 func TestPerSourceCap(t *testing.T) {
+	t.Parallel() // its own broker; the 0.5 s each spends stopping it overlaps
 	_, l, url := start(t, amqp.Config{MaxConnectionsPerSource: 2})
 	c1, err := amqp091.Dial(url)
 	if err != nil {

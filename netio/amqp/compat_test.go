@@ -33,6 +33,7 @@ func pikaPython(t *testing.T) string {
 // consume, ack, nack, reject, get, dead-lettering, priorities, recover,
 // global prefetch and refusals (compat/pika_compat.py).
 func TestPikaCompat(t *testing.T) {
+	t.Parallel() // its own broker; the 0.5 s each spends stopping it overlaps
 	py := pikaPython(t)
 	_, _, url := start(t, amqp.Config{})
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)

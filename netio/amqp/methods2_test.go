@@ -16,6 +16,7 @@ import (
 // channel, redelivered with new tags; requeue=false is refused with 540
 // not_implemented, as RabbitMQ does.
 func TestBasicRecover(t *testing.T) {
+	t.Parallel() // its own broker; the 0.5 s each spends stopping it overlaps
 	_, _, url := start(t, amqp.Config{})
 	conn, ch := dial(t, url)
 	if _, err := ch.QueueDeclare("rec", false, false, false, false, nil); err != nil {
@@ -63,6 +64,7 @@ func TestBasicRecover(t *testing.T) {
 // x-queue-type classic and quorum declare a queue (quorum: durable, as
 // RabbitMQ requires); stream is refused with 406.
 func TestQueueTypeArgument(t *testing.T) {
+	t.Parallel() // its own broker; the 0.5 s each spends stopping it overlaps
 	_, _, url := start(t, amqp.Config{})
 	conn, ch := dial(t, url)
 	if _, err := ch.QueueDeclare("cq", false, false, false, false, amqp091.Table{"x-queue-type": "classic"}); err != nil {
@@ -89,6 +91,7 @@ func TestQueueTypeArgument(t *testing.T) {
 
 // A redelivery carries x-delivery-count, the deliveries before it.
 func TestDeliveryCountHeader(t *testing.T) {
+	t.Parallel() // its own broker; the 0.5 s each spends stopping it overlaps
 	_, _, url := start(t, amqp.Config{})
 	_, ch := dial(t, url)
 	if _, err := ch.QueueDeclare("dc", false, false, false, false, nil); err != nil {
@@ -122,6 +125,7 @@ func TestDeliveryCountHeader(t *testing.T) {
 
 // Header values come back with the AMQP type they were published with.
 func TestHeaderWidthsRoundTrip(t *testing.T) {
+	t.Parallel() // its own broker; the 0.5 s each spends stopping it overlaps
 	_, _, url := start(t, amqp.Config{})
 	_, ch := dial(t, url)
 	if _, err := ch.QueueDeclare("hw", false, false, false, false, nil); err != nil {
@@ -150,6 +154,7 @@ func TestHeaderWidthsRoundTrip(t *testing.T) {
 // basic.qos global=true is a prefetch shared by the channel's consumers
 // (RabbitMQ 3.x), beside each consumer's own (global=false).
 func TestGlobalQos(t *testing.T) {
+	t.Parallel() // its own broker; the 0.5 s each spends stopping it overlaps
 	_, l, url := start(t, amqp.Config{})
 	_, ch := dial(t, url)
 	for _, q := range []string{"g1", "g2"} {

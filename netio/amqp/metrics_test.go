@@ -25,6 +25,7 @@ func metricValue(t *testing.T, text, name string) string {
 // The AMQP front's metrics: connections, channels, messages published and
 // delivered (deliver and get-ok).
 func TestAMQPMetrics(t *testing.T) {
+	t.Parallel() // its own broker; the 0.5 s each spends stopping it overlaps
 	_, l, url := start(t, amqp.Config{})
 	conn, ch := dial(t, url)
 	if _, err := conn.Channel(); err != nil {

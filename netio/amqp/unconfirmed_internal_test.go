@@ -15,6 +15,7 @@ import (
 // the soft limit plus the bound whatever the client sends; once the queue
 // drains, the rest goes through and everything is confirmed.
 func TestUnconfirmedBound(t *testing.T) {
+	t.Parallel() // its own broker; the 0.5 s each spends stopping it overlaps
 	const soft, bound, total = 10, 20, 40
 	srv, err := netio.Start(netio.Config{Addr: "127.0.0.1:0", Shards: 1, EventLoops: 1, QueueSoftLimit: soft})
 	if err != nil {
