@@ -122,6 +122,10 @@ type ConsumerSpec struct {
 	// TimeoutMs is this consumer's ack timeout (SUBSCRIBE argument
 	// consumer-timeout-ms); 0: the queue's ConsumerTimeout.
 	TimeoutMs int64
+	// Get marks a one-shot consumer standing for a get (AMQP basic.get):
+	// it is not a consumer for auto-delete (RabbitMQ deletes an
+	// auto-delete queue when its last consumer leaves, and a get is none).
+	Get bool
 }
 
 type outstanding struct {

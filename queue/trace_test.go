@@ -85,7 +85,7 @@ var traceKeys = map[string][]string{
 		"retry-initial", "retry-mult", "retry-max", "consumer-timeout", "single-active", "auto-delete", "expires",
 		"dedup", "overflow"},
 	"enqueue": {"n", "size", "p", "key", "ttl"},
-	"sub":     {"c", "owner", "prefetch", "prefetch-bytes", "prio", "auto-ack", "exclusive"},
+	"sub":     {"c", "owner", "prefetch", "prefetch-bytes", "prio", "auto-ack", "exclusive", "get"},
 	"cancel":  {"c", "requeue"},
 	"down":    {"owner"},
 	"ack":     {"c", "tag", "upto", "from"},
@@ -168,7 +168,7 @@ func (env *traceEnv) run(d *datadriven.TestData) (string, error) {
 			ID: ConsumerID(argInt(d, "c", 1)), Owner: OwnerID(argInt(d, "owner", 1)),
 			Prefetch: uint32(argInt(d, "prefetch", 0)), PrefetchBytes: uint32(argInt(d, "prefetch-bytes", 0)),
 			Priority: int16(argInt(d, "prio", 0)),
-			AutoAck:  d.HasArg("auto-ack"), Exclusive: d.HasArg("exclusive"),
+			AutoAck:  d.HasArg("auto-ack"), Exclusive: d.HasArg("exclusive"), Get: d.HasArg("get"),
 		})
 	case "cancel":
 		effs, err = env.m.Cancel(env.now, ConsumerID(argInt(d, "c", 1)), d.HasArg("requeue"))
