@@ -16,6 +16,8 @@ import (
 	"go.etcd.io/raft/v3/raftpb"
 )
 
+var _ replication.Transport = (*cluster.Transport)(nil)
+
 var secret = []byte("0123456789abcdef0123456789abcdef")
 
 // node is one cluster node in the test: a worker driven by its own shard
@@ -115,7 +117,10 @@ func newCluster(t *testing.T, gid uint64) []*node {
 			Peers:    addrs,
 			Secret:   secret,
 			Deliver: func(gid uint64, m raftpb.Message) {
-				n.inbox <- func() { _ = n.w.Step(gid, m) }
+				select {
+				case n.inbox <- func() { _ = n.w.Step(gid, m) }:
+				case <-n.stop:
+				}
 			},
 		})
 		if err != nil {
@@ -199,7 +204,7 @@ func TestThreeWorkersOverTCP(t *testing.T) {
 	})
 	ready := func() bool {
 		for _, n := range nodes {
-			var r int
+			var r int64
 			n.do(t, func() { r = n.g.FSM().Machine().Ready() })
 			if r != 2 {
 				return false

@@ -1,0 +1,690 @@
+// Package cluster carries raft messages between Warren nodes over TCP
+// (design/replication.md §6.1): a replication.Transport whose Send
+// queues each group's messages for their peer, one writer goroutine per
+// peer that sends everything queued since its last write as frames on one
+// connection it dials (the control connection; the data connection of
+// §6.1 comes with forwarding), and one reader goroutine per inbound
+// connection that hands each message to Config.Deliver.
+//
+// Nodes prove they hold the shared cluster secret by HMAC challenge and
+// response in both directions; the secret never crosses the wire. A
+// message whose From is not the authenticated peer is refused, and so is a
+// frame over the size limit, of an unknown kind, or of another protocol
+// version. Each peer's queue is bounded (Config.MaxQueueBytes): when it is
+// full, Send drops the message (raft resends what matters) and counts it,
+// so a dead or slow peer blocks no one. A lost connection is dialled
+// again with backoff (50 ms doubling to 2 s, jittered).
+package cluster
+
+import (
+	"context"
+	"crypto/hmac"
+	"crypto/rand"
+	"crypto/sha256"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"math/big"
+	"net"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"go.etcd.io/raft/v3/raftpb"
+)
+
+// Config configures a Transport.
+type Config struct {
+	NodeID uint64
+	// Listen is the address to listen on; "" listens on Peers[NodeID].
+	// Listener, if set, is used instead (tests).
+	Listen   string
+	Listener net.Listener
+	// Peers: every node of the cluster by id (this node's entry, if
+	// present, is its advertised address and is not dialled).
+	Peers map[uint64]string
+	// Secret is the shared cluster secret (at least 16 bytes); required
+	// when Peers names another node.
+	Secret []byte
+	// Deliver takes each message a peer sent for group gid. It is called
+	// on the connection's reader goroutine and may block (that connection
+	// then stops reading, and TCP pushes back on the sender).
+	Deliver func(gid uint64, m raftpb.Message)
+	// MaxQueueBytes bounds each peer's queue of messages not yet written
+	// (default 64 MiB, design §6.1); MaxFrameBytes bounds a frame, read or
+	// written (default 16 MiB; a bigger message is dropped).
+	MaxQueueBytes int
+	MaxFrameBytes int
+	Logger        *slog.Logger
+}
+
+// MinSecretLen is the shortest cluster secret accepted.
+const MinSecretLen = 16
+
+const (
+	handshakeTimeout = 5 * time.Second
+	writeTimeout     = 10 * time.Second
+	maxHandshakes    = 16 // unauthenticated connections held at once
+	minBackoff       = 50 * time.Millisecond
+	maxBackoff       = 2 * time.Second
+)
+
+// Stats are a transport's counters.
+type Stats struct {
+	Connected    int    // peers with an authenticated outgoing connection
+	Frames       uint64 // raft frames written
+	Sent         uint64 // raft messages written
+	Received     uint64 // raft messages delivered
+	Dropped      uint64 // messages dropped (queue full, unknown peer, too big, lost with a connection)
+	AuthFailures uint64 // handshakes that failed the secret check (either side)
+	Refused      uint64 // inbound connections refused (bad hello, unknown node, handshake limit, bad frame)
+}
+
+// PeerStats are one peer's.
+type PeerStats struct {
+	Connected   bool
+	QueuedBytes int
+	Sent        uint64
+	Dropped     uint64
+}
+
+// Transport is the TCP transport. Send is safe for concurrent use.
+type Transport struct {
+	cfg    Config
+	ln     net.Listener
+	peers  map[uint64]*peer
+	closed chan struct{}
+	ctx    context.Context
+	cancel context.CancelFunc
+	wg     sync.WaitGroup
+	hs     chan struct{} // handshake slots
+	log    *slog.Logger
+
+	mu      sync.Mutex
+	inbound map[uint64]net.Conn
+	conns   map[net.Conn]struct{} // inbound, for Close
+
+	frames, sent, received, dropped, authFailures, refused atomic.Uint64
+}
+
+type peer struct {
+	t    *Transport
+	id   uint64
+	addr string
+	wake chan struct{}
+
+	mu      sync.Mutex
+	pending []byte // entries: gid u64 | len u32 | message
+	count   int    // messages in pending
+	spare   []byte
+	conn    net.Conn
+
+	connected atomic.Bool
+	sent      atomic.Uint64
+	dropped   atomic.Uint64
+}
+
+// New checks cfg, listens, and starts a writer per peer (which dials at
+// once) and the accept loop.
+func New(cfg Config) (*Transport, error) {
+	if cfg.NodeID == 0 {
+		return nil, errors.New("cluster: the node id must be a number from 1 (--node-id)")
+	}
+	if cfg.Deliver == nil {
+		return nil, errors.New("cluster: Config.Deliver is required")
+	}
+	others := 0
+	for id := range cfg.Peers {
+		if id == 0 {
+			return nil, errors.New("cluster: a peer with node id 0 (ids start at 1)")
+		}
+		if id != cfg.NodeID {
+			others++
+		}
+	}
+	if others > 0 {
+		if _, ok := cfg.Peers[cfg.NodeID]; !ok {
+			return nil, fmt.Errorf("cluster: this node's id %d is not in --peers: list every node, this one included", cfg.NodeID)
+		}
+		if len(cfg.Secret) == 0 {
+			return nil, errors.New("cluster: a multi-node cluster needs a shared secret: put one (at least 16 bytes) in a file named by --cluster-secret-file, or in WARREN_CLUSTER_SECRET, the same on every node")
+		}
+		if len(cfg.Secret) < MinSecretLen {
+			return nil, fmt.Errorf("cluster: the cluster secret has %d bytes; it needs at least %d bytes", len(cfg.Secret), MinSecretLen)
+		}
+	}
+	if cfg.MaxQueueBytes <= 0 {
+		cfg.MaxQueueBytes = 64 << 20
+	}
+	if cfg.MaxFrameBytes <= 0 {
+		cfg.MaxFrameBytes = 16 << 20
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = slog.New(slog.DiscardHandler)
+	}
+	ln := cfg.Listener
+	if ln == nil {
+		addr := cfg.Listen
+		if addr == "" {
+			addr = cfg.Peers[cfg.NodeID]
+		}
+		var err error
+		if ln, err = net.Listen("tcp", addr); err != nil {
+			return nil, fmt.Errorf("cluster: listen on %s: %w", addr, err)
+		}
+	}
+	t := &Transport{cfg: cfg, ln: ln, peers: map[uint64]*peer{}, closed: make(chan struct{}),
+		hs: make(chan struct{}, maxHandshakes), log: cfg.Logger,
+		inbound: map[uint64]net.Conn{}, conns: map[net.Conn]struct{}{}}
+	t.ctx, t.cancel = context.WithCancel(context.Background())
+	for id, addr := range cfg.Peers {
+		if id == cfg.NodeID {
+			continue
+		}
+		p := &peer{t: t, id: id, addr: addr, wake: make(chan struct{}, 1)}
+		t.peers[id] = p
+	}
+	for _, p := range t.peers {
+		t.wg.Add(1)
+		go p.run()
+	}
+	t.wg.Add(1)
+	go t.accept()
+	return t, nil
+}
+
+// Addr is the address the transport listens on.
+func (t *Transport) Addr() net.Addr { return t.ln.Addr() }
+
+// Close stops the transport: the listener, every connection and
+// goroutine. What is queued is dropped.
+func (t *Transport) Close() error {
+	select {
+	case <-t.closed:
+		return nil
+	default:
+	}
+	close(t.closed)
+	t.cancel()
+	err := t.ln.Close()
+	t.mu.Lock()
+	for c := range t.conns {
+		c.Close()
+	}
+	t.mu.Unlock()
+	for _, p := range t.peers {
+		p.mu.Lock()
+		if p.conn != nil {
+			p.conn.Close()
+		}
+		p.mu.Unlock()
+	}
+	t.wg.Wait()
+	return err
+}
+
+// Send queues msgs (of group gid) for their peers (m.To) and wakes their
+// writers. It never blocks on the network: a message for a peer whose
+// queue is full, for an unknown peer, or over the frame limit is dropped
+// and counted.
+func (t *Transport) Send(gid uint64, msgs []raftpb.Message) {
+	var woken *peer
+	for i := range msgs {
+		m := &msgs[i]
+		p := t.peers[m.To]
+		size := m.Size()
+		if p == nil || 12+size+1 > t.cfg.MaxFrameBytes {
+			t.dropped.Add(1)
+			if p != nil {
+				p.dropped.Add(1)
+			}
+			continue
+		}
+		p.mu.Lock()
+		if len(p.pending)+12+size > t.cfg.MaxQueueBytes {
+			p.mu.Unlock()
+			p.dropped.Add(1)
+			t.dropped.Add(1)
+			continue
+		}
+		off := len(p.pending)
+		p.pending = grow(p.pending, 12+size)
+		binary.BigEndian.PutUint64(p.pending[off:], gid)
+		binary.BigEndian.PutUint32(p.pending[off+8:], uint32(size))
+		if _, err := m.MarshalTo(p.pending[off+12:]); err != nil {
+			p.pending = p.pending[:off]
+			p.mu.Unlock()
+			p.dropped.Add(1)
+			t.dropped.Add(1)
+			continue
+		}
+		p.count++
+		p.mu.Unlock()
+		if p != woken {
+			select {
+			case p.wake <- struct{}{}:
+			default:
+			}
+			woken = p
+		}
+	}
+}
+
+func grow(b []byte, n int) []byte {
+	if len(b)+n <= cap(b) {
+		return b[:len(b)+n]
+	}
+	nb := make([]byte, len(b)+n, 2*cap(b)+n)
+	copy(nb, b)
+	return nb
+}
+
+// Stats returns the transport's counters.
+func (t *Transport) Stats() Stats {
+	s := Stats{Frames: t.frames.Load(), Sent: t.sent.Load(), Received: t.received.Load(),
+		Dropped: t.dropped.Load(), AuthFailures: t.authFailures.Load(), Refused: t.refused.Load()}
+	for _, p := range t.peers {
+		if p.connected.Load() {
+			s.Connected++
+		}
+	}
+	return s
+}
+
+// PeerStats returns peer id's counters (zero for an unknown peer).
+func (t *Transport) PeerStats(id uint64) PeerStats {
+	p := t.peers[id]
+	if p == nil {
+		return PeerStats{}
+	}
+	p.mu.Lock()
+	q := len(p.pending)
+	p.mu.Unlock()
+	return PeerStats{Connected: p.connected.Load(), QueuedBytes: q, Sent: p.sent.Load(), Dropped: p.dropped.Load()}
+}
+
+// mac is HMAC-SHA256(secret) over the handshake: who speaks (label),
+// both nonces and both node ids, so a proof cannot be replayed on another
+// connection or reflected back.
+func (t *Transport) mac(label string, nc, ns *[nonceSize]byte, dialer, listener uint64) []byte {
+	h := hmac.New(sha256.New, t.cfg.Secret)
+	h.Write([]byte(label))
+	h.Write([]byte{version})
+	h.Write(nc[:])
+	h.Write(ns[:])
+	var ids [16]byte
+	binary.BigEndian.PutUint64(ids[:], dialer)
+	binary.BigEndian.PutUint64(ids[8:], listener)
+	h.Write(ids[:])
+	return h.Sum(nil)
+}
+
+func refuse(c net.Conn, reason string) {
+	c.Write(appendFrame(nil, kindRefuse, []byte(reason)))
+}
+
+// run is the peer's writer: dial, then write what is queued, forever.
+func (p *peer) run() {
+	defer p.t.wg.Done()
+	backoff := minBackoff
+	failing := false
+	for {
+		conn, err := p.dial()
+		if err != nil {
+			if p.isClosed() {
+				return
+			}
+			if !failing {
+				p.t.log.Warn("cluster: cannot reach peer; retrying with backoff", "peer", p.id, "addr", p.addr, "err", err)
+				failing = true
+			} else {
+				p.t.log.Debug("cluster: cannot reach peer", "peer", p.id, "err", err)
+			}
+			j, _ := rand.Int(rand.Reader, big.NewInt(int64(backoff/2)+1))
+			tm := time.NewTimer(backoff/2 + time.Duration(j.Int64()))
+			select {
+			case <-tm.C:
+			case <-p.t.closed:
+				tm.Stop()
+				return
+			}
+			backoff = min(2*backoff, maxBackoff)
+			continue
+		}
+		failing, backoff = false, minBackoff
+		p.t.log.Info("cluster: connected to peer", "peer", p.id, "addr", p.addr)
+		p.mu.Lock()
+		p.conn = conn
+		p.mu.Unlock()
+		if p.isClosed() {
+			conn.Close()
+			return
+		}
+		p.connected.Store(true)
+		// The listener sends nothing after OK but a refusal: reading
+		// notices a connection the peer closed, and closes ours so the
+		// next write fails at once.
+		go func() {
+			var b [64]byte
+			for {
+				if _, err := conn.Read(b[:]); err != nil {
+					conn.Close()
+					return
+				}
+			}
+		}()
+		err = p.write(conn)
+		p.connected.Store(false)
+		conn.Close()
+		p.mu.Lock()
+		p.conn = nil
+		p.mu.Unlock()
+		if p.isClosed() {
+			return
+		}
+		p.t.log.Warn("cluster: lost the connection to peer; reconnecting", "peer", p.id, "err", err)
+	}
+}
+
+func (p *peer) isClosed() bool {
+	select {
+	case <-p.t.closed:
+		return true
+	default:
+		return false
+	}
+}
+
+// write sends what is queued each time Send wakes it: one frame per
+// wake (several if it would pass the frame limit), with writev.
+func (p *peer) write(conn net.Conn) error {
+	var hdrs []byte
+	var bufs net.Buffers
+	for {
+		select {
+		case <-p.wake:
+		case <-p.t.closed:
+			return nil
+		}
+		p.mu.Lock()
+		buf, n := p.pending, p.count
+		p.pending, p.count = p.spare[:0], 0
+		p.spare = nil
+		p.mu.Unlock()
+		if n == 0 {
+			p.recycle(buf)
+			continue
+		}
+		// Split into frames of at most MaxFrameBytes at entry bounds.
+		hdrs, bufs = hdrs[:0], bufs[:0]
+		frames := 0
+		for start := 0; start < len(buf); {
+			end := start
+			for end < len(buf) {
+				l := 12 + int(binary.BigEndian.Uint32(buf[end+8:]))
+				if end > start && end-start+l+1 > p.t.cfg.MaxFrameBytes {
+					break
+				}
+				end += l
+			}
+			hdrs = binary.BigEndian.AppendUint32(hdrs, uint32(end-start+1))
+			hdrs = append(hdrs, kindRaft)
+			start = end
+			frames++
+		}
+		for i, start := 0, 0; i < frames; i++ {
+			l := int(binary.BigEndian.Uint32(hdrs[5*i:])) - 1
+			bufs = append(bufs, hdrs[5*i:5*i+5], buf[start:start+l])
+			start += l
+		}
+		conn.SetWriteDeadline(time.Now().Add(writeTimeout))
+		w := bufs
+		_, err := w.WriteTo(conn)
+		if err != nil {
+			p.dropped.Add(uint64(n))
+			p.t.dropped.Add(uint64(n))
+			p.recycle(buf)
+			return err
+		}
+		p.sent.Add(uint64(n))
+		p.t.sent.Add(uint64(n))
+		p.t.frames.Add(uint64(frames))
+		p.recycle(buf)
+	}
+}
+
+// recycle keeps buf as the next spare unless it is over 1 MiB.
+func (p *peer) recycle(buf []byte) {
+	if cap(buf) > 1<<20 {
+		return
+	}
+	p.mu.Lock()
+	p.spare = buf[:0]
+	p.mu.Unlock()
+}
+
+// dial connects to the peer and runs the dialer's side of the handshake.
+func (p *peer) dial() (net.Conn, error) {
+	d := net.Dialer{Timeout: handshakeTimeout}
+	conn, err := d.DialContext(p.t.ctx, "tcp", p.addr)
+	if err != nil {
+		return nil, err
+	}
+	if err := p.handshake(conn); err != nil {
+		conn.Close()
+		return nil, err
+	}
+	return conn, nil
+}
+
+func (p *peer) handshake(conn net.Conn) error {
+	t := p.t
+	conn.SetDeadline(time.Now().Add(handshakeTimeout))
+	h := hello{version: version, from: t.cfg.NodeID, to: p.id}
+	rand.Read(h.nonce[:])
+	if _, err := conn.Write(appendHello(nil, h)); err != nil {
+		return err
+	}
+	var buf []byte
+	kind, pl, err := readFrame(conn, &buf, 4096)
+	if err != nil {
+		return err
+	}
+	if kind == kindRefuse {
+		return fmt.Errorf("peer %d at %s refused this node: %s", p.id, p.addr, pl)
+	}
+	if kind != kindChall || len(pl) != 1+8+nonceSize+sha256.Size {
+		return fmt.Errorf("peer %d at %s: not a Warren cluster handshake", p.id, p.addr)
+	}
+	if pl[0] != version {
+		return fmt.Errorf("peer %d speaks cluster protocol version %d, this node %d: run the same Warren version on every node", p.id, pl[0], version)
+	}
+	if from := binary.BigEndian.Uint64(pl[1:]); from != p.id {
+		return fmt.Errorf("%s is node %d, not node %d: check --peers", p.addr, from, p.id)
+	}
+	var ns [nonceSize]byte
+	copy(ns[:], pl[9:])
+	if !hmac.Equal(pl[9+nonceSize:], t.mac("listener", &h.nonce, &ns, t.cfg.NodeID, p.id)) {
+		t.authFailures.Add(1)
+		refuse(conn, "authentication failed: the cluster secrets differ")
+		return fmt.Errorf("peer %d at %s failed authentication: its cluster secret differs from this node's", p.id, p.addr)
+	}
+	if _, err := conn.Write(appendFrame(nil, kindProof, t.mac("dialer", &h.nonce, &ns, t.cfg.NodeID, p.id))); err != nil {
+		return err
+	}
+	kind, pl, err = readFrame(conn, &buf, 4096)
+	if err != nil {
+		return err
+	}
+	if kind == kindRefuse {
+		return fmt.Errorf("peer %d at %s refused this node: %s", p.id, p.addr, pl)
+	}
+	if kind != kindOK {
+		return fmt.Errorf("peer %d at %s: unexpected frame kind %d in the handshake", p.id, p.addr, kind)
+	}
+	conn.SetDeadline(time.Time{})
+	return nil
+}
+
+func (t *Transport) accept() {
+	defer t.wg.Done()
+	for {
+		c, err := t.ln.Accept()
+		if err != nil {
+			select {
+			case <-t.closed:
+				return
+			default:
+			}
+			var ne net.Error
+			if errors.As(err, &ne) && ne.Timeout() {
+				continue
+			}
+			t.log.Error("cluster: accept failed; the cluster listener stops", "err", err)
+			return
+		}
+		select {
+		case t.hs <- struct{}{}:
+		default:
+			t.refused.Add(1)
+			c.Close()
+			continue
+		}
+		t.mu.Lock()
+		select {
+		case <-t.closed:
+			t.mu.Unlock()
+			c.Close()
+			return
+		default:
+		}
+		t.conns[c] = struct{}{}
+		t.mu.Unlock()
+		t.wg.Add(1)
+		go t.serve(c)
+	}
+}
+
+// serve runs the listener's side of the handshake on c, then reads its
+// raft frames.
+func (t *Transport) serve(c net.Conn) {
+	defer t.wg.Done()
+	defer func() {
+		c.Close()
+		t.mu.Lock()
+		delete(t.conns, c)
+		t.mu.Unlock()
+	}()
+	from, err := t.accepted(c)
+	<-t.hs
+	if err != nil {
+		t.log.Warn("cluster: refused a connection", "remote", c.RemoteAddr(), "err", err)
+		return
+	}
+	t.mu.Lock()
+	if old := t.inbound[from]; old != nil {
+		old.Close() // the peer reconnected: one inbound connection per peer
+	}
+	t.inbound[from] = c
+	t.mu.Unlock()
+	defer func() {
+		t.mu.Lock()
+		if t.inbound[from] == c {
+			delete(t.inbound, from)
+		}
+		t.mu.Unlock()
+	}()
+	var buf []byte
+	for {
+		kind, pl, err := readFrame(c, &buf, t.cfg.MaxFrameBytes)
+		if err == nil && kind != kindRaft {
+			err = fmt.Errorf("cluster: a frame of kind %d after the handshake", kind)
+		}
+		if err == nil {
+			err = eachMessage(pl, func(gid uint64, b []byte) error {
+				var m raftpb.Message
+				if err := m.Unmarshal(b); err != nil {
+					return fmt.Errorf("cluster: a raft message that does not decode: %w", err)
+				}
+				if m.From != from {
+					return fmt.Errorf("cluster: node %d sent a message from node %d", from, m.From)
+				}
+				t.received.Add(1)
+				t.cfg.Deliver(gid, m)
+				return nil
+			})
+		}
+		if err != nil {
+			if !errors.Is(err, io.EOF) && !errors.Is(err, net.ErrClosed) {
+				select {
+				case <-t.closed:
+				default:
+					t.refused.Add(1)
+					t.log.Warn("cluster: closing a peer's connection", "peer", from, "err", err)
+				}
+			}
+			return
+		}
+		if cap(buf) > 1<<20 {
+			buf = nil
+		}
+	}
+}
+
+// accepted runs the handshake; it returns the authenticated peer's id.
+func (t *Transport) accepted(c net.Conn) (uint64, error) {
+	c.SetDeadline(time.Now().Add(handshakeTimeout))
+	var buf []byte
+	kind, pl, err := readFrame(c, &buf, 4096)
+	if err != nil {
+		t.refused.Add(1)
+		return 0, err
+	}
+	if kind != kindHello {
+		t.refused.Add(1)
+		refuse(c, "expected a hello")
+		return 0, fmt.Errorf("cluster: frame kind %d before the hello", kind)
+	}
+	h, err := parseHello(pl)
+	if err == nil && h.to != t.cfg.NodeID {
+		err = fmt.Errorf("cluster: this is node %d, not node %d: check --peers on node %d", t.cfg.NodeID, h.to, h.from)
+	}
+	if err == nil && t.peers[h.from] == nil {
+		err = fmt.Errorf("cluster: node %d is not in this node's --peers", h.from)
+	}
+	if err != nil {
+		t.refused.Add(1)
+		refuse(c, err.Error())
+		return 0, err
+	}
+	var ns [nonceSize]byte
+	rand.Read(ns[:])
+	p := make([]byte, 0, 1+8+nonceSize+sha256.Size)
+	p = append(p, version)
+	p = binary.BigEndian.AppendUint64(p, t.cfg.NodeID)
+	p = append(p, ns[:]...)
+	p = append(p, t.mac("listener", &h.nonce, &ns, h.from, t.cfg.NodeID)...)
+	if _, err := c.Write(appendFrame(nil, kindChall, p)); err != nil {
+		return 0, err
+	}
+	kind, pl, err = readFrame(c, &buf, 4096)
+	if err != nil {
+		return 0, err
+	}
+	if kind == kindRefuse {
+		t.authFailures.Add(1)
+		return 0, fmt.Errorf("cluster: node %d refused this node: %s", h.from, pl)
+	}
+	if kind != kindProof || !hmac.Equal(pl, t.mac("dialer", &h.nonce, &ns, h.from, t.cfg.NodeID)) {
+		t.authFailures.Add(1)
+		refuse(c, "authentication failed: the cluster secrets differ")
+		return 0, fmt.Errorf("cluster: node %d failed authentication: its cluster secret differs from this node's", h.from)
+	}
+	if _, err := c.Write(appendFrame(nil, kindOK, nil)); err != nil {
+		return 0, err
+	}
+	c.SetDeadline(time.Time{})
+	return h.from, nil
+}
