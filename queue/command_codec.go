@@ -19,6 +19,7 @@ const (
 	msgFlagExpires   = 1 << 0
 	subFlagAutoAck   = 1 << 0
 	subFlagExclusive = 1 << 1
+	subFlagGet       = 1 << 2
 )
 
 var le = binary.LittleEndian
@@ -78,6 +79,9 @@ func AppendCommand(dst []byte, cmd Command) []byte {
 		}
 		if s.Exclusive {
 			flags |= subFlagExclusive
+		}
+		if s.Get {
+			flags |= subFlagGet
 		}
 		dst = append(dst, flags)
 		dst = le.AppendUint64(dst, uint64(s.TimeoutMs))
@@ -435,9 +439,10 @@ func decodeSubscribe(r *cmdReader, now int64) Subscribe {
 	s.Prefetch = r.u32()
 	s.PrefetchBytes = r.u32()
 	s.Priority = int16(r.u16())
-	f := r.flags(subFlagAutoAck | subFlagExclusive)
+	f := r.flags(subFlagAutoAck | subFlagExclusive | subFlagGet)
 	s.AutoAck = f&subFlagAutoAck != 0
 	s.Exclusive = f&subFlagExclusive != 0
+	s.Get = f&subFlagGet != 0
 	s.TimeoutMs = int64(r.u64())
 	return c
 }

@@ -45,7 +45,7 @@ func randomCommandValue(r *rand.Rand, k CommandKind) Command {
 	case KindSubscribe:
 		return &Subscribe{NowMs: now, Spec: ConsumerSpec{ID: ConsumerID(r.Uint64()), Owner: OwnerID(r.Uint64()),
 			Prefetch: r.Uint32(), PrefetchBytes: r.Uint32(), Priority: int16(r.Uint32()),
-			AutoAck: r.IntN(2) == 0, Exclusive: r.IntN(2) == 0, TimeoutMs: int64(r.Uint64())}}
+			AutoAck: r.IntN(2) == 0, Exclusive: r.IntN(2) == 0, TimeoutMs: int64(r.Uint64()), Get: r.IntN(2) == 0}}
 	case KindCancel:
 		return &Cancel{NowMs: now, Consumer: ConsumerID(r.Uint64()), Requeue: r.IntN(2) == 0}
 	case KindDown:
@@ -151,6 +151,8 @@ func TestCommandEncodingGolden(t *testing.T) {
 			"01 02 0200000000000000 0700000000000000 02 0a00000000000000 0c00000000000000 2c010000"},
 		{&Subscribe{NowMs: 3, Spec: ConsumerSpec{ID: 5, Owner: 6, Prefetch: 100, PrefetchBytes: 4096, Priority: -2, AutoAck: true, Exclusive: true, TimeoutMs: 30000}},
 			"01 03 0300000000000000 0500000000000000 0600000000000000 64000000 00100000 feff 03 3075000000000000"},
+		{&Subscribe{NowMs: 3, Spec: ConsumerSpec{ID: 5, Owner: 6, Prefetch: 1, Get: true}},
+			"01 03 0300000000000000 0500000000000000 0600000000000000 01000000 00000000 0000 04 0000000000000000"},
 		{&Cancel{NowMs: 4, Consumer: 5, Requeue: true}, "01 04 0400000000000000 0500000000000000 01"},
 		{&Down{NowMs: -1, Owner: 9}, "01 05 ffffffffffffffff 0900000000000000"},
 		{&Tick{NowMs: 1000}, "01 06 e803000000000000"},
@@ -222,7 +224,7 @@ func TestDecodeCommandRefusesBadInput(t *testing.T) {
 		{"01 01 0000000000000000 01 01000000" + msgHex("00") + "ffffffff", ErrMalformedCommand}, // body longer than the rest
 		{"01 01 0000000000000000 00 01000000" + msgHex("02"), ErrMalformedCommand},              // unknown message flag
 		{"01 01 0000000000000000 00 01000000 0000000000000000 00000000 00000000 0000000000000000 00 00 0100", ErrMalformedCommand},
-		{"01 03 0000000000000000 0500000000000000 0600000000000000 64000000 00100000 feff 04 3075000000000000", ErrMalformedCommand},
+		{"01 03 0000000000000000 0500000000000000 0600000000000000 64000000 00100000 feff 08 3075000000000000", ErrMalformedCommand}, // unknown subscribe flag
 		{"", ErrMalformedCommand},
 	} {
 		b, err := hex.DecodeString(string(bytes.ReplaceAll([]byte(c.hex), []byte(" "), nil)))
@@ -298,7 +300,7 @@ func (g *cmdGen) next(r *rand.Rand) Command {
 	case op < 8:
 		return &Subscribe{NowMs: g.now, Spec: ConsumerSpec{ID: c, Owner: OwnerID(c % 2), Prefetch: uint32(r.IntN(4)),
 			PrefetchBytes: uint32(r.IntN(3) * 60), Priority: int16(r.IntN(2)), AutoAck: r.IntN(6) == 0,
-			Exclusive: r.IntN(10) == 0, TimeoutMs: int64(r.IntN(3) * r.IntN(200))}}
+			Exclusive: r.IntN(10) == 0, TimeoutMs: int64(r.IntN(3) * r.IntN(200)), Get: r.IntN(5) == 0}}
 	case op < 9:
 		return &Cancel{NowMs: g.now, Consumer: c, Requeue: r.IntN(2) == 0}
 	case op < 16:

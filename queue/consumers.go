@@ -58,7 +58,7 @@ func (m *Machine) Cancel(now int64, id ConsumerID, requeue bool) ([]Effect, erro
 		m.returnAll(now, c)
 	}
 	m.lastUsed = now
-	if m.cfg.AutoDelete && m.Consumers() == 0 {
+	if m.cfg.AutoDelete && !c.Get && !m.hasConsumer() {
 		m.deleteOnce()
 	}
 	return m.finish(now), nil
@@ -75,17 +75,28 @@ func (m *Machine) Down(now int64, owner OwnerID) []Effect {
 			i++
 			continue
 		}
-		had = true
+		had = had || !c.Get
 		m.cancel(c)
 		m.returnAll(now, c)
 		m.consumers = slices.Delete(m.consumers, i, i+1)
 		delete(m.byID, c.ID)
 		m.regroup()
 	}
-	if had && m.cfg.AutoDelete && m.Consumers() == 0 {
+	if had && m.cfg.AutoDelete && !m.hasConsumer() {
 		m.deleteOnce()
 	}
 	return m.finish(now)
+}
+
+// hasConsumer reports whether an active consumer other than a get is
+// left (auto-delete's test; a scan, on a consumer leaving only).
+func (m *Machine) hasConsumer() bool {
+	for _, c := range m.consumers {
+		if !c.cancelled && !c.Get {
+			return true
+		}
+	}
+	return false
 }
 
 // deleteOnce emits DeleteQueue the first time the queue decides to go.

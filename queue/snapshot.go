@@ -15,7 +15,7 @@ import (
 // identically to the original under any later commands, and snapshots of
 // equal machines are equal bytes. Replicas and recovery depend on that.
 //
-// Version 6 adds Config.HoldDeadLetters (after DedupWindowMs) and the held
+// Version 7 adds ConsumerSpec.Get (after Exclusive). Version 6 adds Config.HoldDeadLetters (after DedupWindowMs) and the held
 // dead letters (after the dedup window: a count, then id, at, size,
 // reason per held dead letter, ascending ids). Version 5 holds the retry
 // multiplier as an integer (thousandths); version 4 held it as float64
@@ -23,7 +23,7 @@ import (
 // reads 5 as well (as no hold and nothing held) and refuses anything
 // older with an error that says so rather than read it with a guess.
 const (
-	snapshotVersion    = 6
+	snapshotVersion    = 7
 	oldSnapshotVersion = 5 // the oldest version Restore reads
 )
 
@@ -162,6 +162,7 @@ func (m *Machine) Snapshot() []byte {
 		w.i(int64(cs.Priority))
 		w.bool(cs.AutoAck)
 		w.bool(cs.Exclusive)
+		w.bool(cs.Get)
 		w.i(cs.TimeoutMs)
 		w.u(cs.seq)
 		w.bool(cs.cancelled)
@@ -216,8 +217,8 @@ func Restore(b []byte) (*Machine, error) {
 		return nil, ErrBadSnapshot
 	}
 	version := b[0]
-	if version != snapshotVersion && version != oldSnapshotVersion {
-		return nil, fmt.Errorf("%w: version %d; this build reads versions %d and %d only", ErrBadSnapshot, b[0], oldSnapshotVersion, snapshotVersion)
+	if version < oldSnapshotVersion || version > snapshotVersion {
+		return nil, fmt.Errorf("%w: version %d; this build reads versions %d to %d only", ErrBadSnapshot, b[0], oldSnapshotVersion, snapshotVersion)
 	}
 	r := &snapR{b: b[1:]}
 	var c Config
@@ -277,6 +278,9 @@ func Restore(b []byte) (*Machine, error) {
 		cs.Priority = int16(r.i())
 		cs.AutoAck = r.bool()
 		cs.Exclusive = r.bool()
+		if version >= 7 {
+			cs.Get = r.bool()
+		}
 		cs.TimeoutMs = r.i()
 		cs.seq = r.u()
 		cs.cancelled = r.bool()

@@ -1070,7 +1070,7 @@ func (c *conn) onGet(ch *channel, r *reader) error {
 	c.mu.Lock()
 	c.byID[cr.id] = cr
 	c.mu.Unlock()
-	c.srv.Submit(broker.Command{Kind: broker.CmdSubscribe, Queue: q, Sink: c, Spec: queue.ConsumerSpec{ID: cr.id, Owner: queue.OwnerID(c.id), Prefetch: 1}})
+	c.srv.Submit(broker.Command{Kind: broker.CmdSubscribe, Queue: q, Sink: c, Spec: queue.ConsumerSpec{ID: cr.id, Owner: queue.OwnerID(c.id), Prefetch: 1, Get: true}})
 	c.srv.Submit(broker.Command{Kind: broker.CmdBarrier, Queue: q, Sink: getDone{c, cr}})
 	for waiting := true; waiting; {
 		select {
