@@ -7,6 +7,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -248,5 +249,104 @@ func getJSON(t *testing.T, hs *httptest.Server, path string, out any) {
 	}
 	if err := json.NewDecoder(resp.Body).Decode(out); err != nil {
 		t.Fatal(err)
+	}
+}
+
+// TestReplaySelectedEndpoint: POST /api/queues/{name}/replay with ids
+// (as POST .../get shows them) moves those messages and no others; ids
+// with a count, or more ids than a peek can show, are refused with a 400.
+func TestReplaySelectedEndpoint(t *testing.T) {
+	e := setup(t)
+	for _, r := range []struct{ path, body string }{
+		{"/api/exchanges/dlx", `{"type":"fanout"}`},
+		{"/api/queues/orders.dlq", `{}`},
+		{"/api/queues/orders", `{"dead_letter_exchange":"dlx"}`},
+	} {
+		if st := e.do("PUT", r.path, r.body, nil); st != 200 {
+			t.Fatalf("%s: %d", r.path, st)
+		}
+	}
+	e.do("PUT", "/api/bindings", `{"exchange":"dlx","queue":"orders.dlq","routing_key":""}`, nil)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	c, err := client.Dial(ctx, warrentest.URL(e.srv))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	ch, _ := c.Channel(ctx)
+	publish(t, ch, "orders", 4) // a, b, c, d
+	cs, _ := ch.Consume(ctx, "orders", client.ConsumeOptions{Prefetch: 10})
+	for range 4 {
+		(<-cs.Deliveries()).Reject()
+	}
+	if err := cs.Cancel(ctx); err != nil {
+		t.Fatal(err)
+	}
+	expectReady(t, e.srv, ch, "orders.dlq", 4)
+
+	var got api.Messages
+	if st := e.do("POST", "/api/queues/orders.dlq/get", `{"count":10}`, &got); st != 200 || len(got.Messages) != 4 {
+		t.Fatalf("get: %d %+v", st, got)
+	}
+	var res api.ReplayResult
+	body := fmt.Sprintf(`{"ids":[%d,%d],"rate":1000}`, got.Messages[2].ID, got.Messages[1].ID)
+	if st := e.do("POST", "/api/queues/orders.dlq/replay", body, &res); st != 200 || res.Moved != 2 || res.Missing != 0 {
+		t.Fatalf("replay of c and b: %d %+v", st, res)
+	}
+	expectReady(t, e.srv, ch, "orders", 2)
+	expectReady(t, e.srv, ch, "orders.dlq", 2)
+	bodies := func(q string) string {
+		var ms api.Messages
+		e.do("POST", "/api/queues/"+q+"/get", `{"count":10}`, &ms)
+		s := ""
+		for _, m := range ms.Messages {
+			s += string(m.Body)
+		}
+		return s
+	}
+	if o, d := bodies("orders"), bodies("orders.dlq"); o != "bc" || d != "ad" {
+		t.Fatalf("after replaying c and b: orders %q, orders.dlq %q; want \"bc\" and \"ad\"", o, d)
+	}
+	if st, msg := e.errCode("POST", "/api/queues/orders.dlq/replay", fmt.Sprintf(`{"ids":[%d],"count":1}`, got.Messages[0].ID)); st != 400 || !strings.Contains(msg, "ids") {
+		t.Fatalf("ids with a count: %d %q, want a 400 about ids", st, msg)
+	}
+	ids := strings.Repeat("1,", admin.MaxReplayIDs) + "1"
+	if st, msg := e.errCode("POST", "/api/queues/orders.dlq/replay", `{"ids":[`+ids+`]}`); st != 400 || !strings.Contains(msg, "ids") {
+		t.Fatalf("%d ids: %d %q, want a 400 about ids", admin.MaxReplayIDs+1, st, msg)
+	}
+}
+
+// TestOverviewDiskAlarm: GET /api/overview says whether the disk alarm is
+// on and what the free-disk limit is, as /metrics does (warren_disk_alarm,
+// warren_disk_free_limit_bytes).
+func TestOverviewDiskAlarm(t *testing.T) {
+	const limit = 1 << 30
+	var free atomic.Int64
+	free.Store(10 << 30)
+	srv := warrentest.StartServer(t, &netio.Config{TickInterval: 5 * time.Millisecond, DiskFreeLimit: limit, DiskCheckInterval: time.Millisecond,
+		DiskFree: func() (int64, bool) { return free.Load(), true }})
+	a := admin.New(srv.Broker, warrentest.AdminConnections(srv), nil, 50*time.Millisecond)
+	t.Cleanup(a.Close)
+	hs := httptestServer(t, a)
+	var o api.Overview
+	getJSON(t, hs, "/api/overview", &o)
+	if o.DiskAlarm || o.DiskFreeLimit != limit {
+		t.Fatalf("overview with free disk: disk_alarm %v, disk_free_limit_bytes %d; want false and %d", o.DiskAlarm, o.DiskFreeLimit, limit)
+	}
+	free.Store(100 << 20)
+	deadline := time.After(10 * time.Second)
+	tick := time.NewTicker(time.Millisecond)
+	defer tick.Stop()
+	for !srv.Overview().DiskAlarm { // raised on the server's tick: poll, with a deadline
+		select {
+		case <-tick.C:
+		case <-deadline:
+			t.Fatal("the disk alarm was not raised")
+		}
+	}
+	getJSON(t, hs, "/api/overview", &o)
+	if !o.DiskAlarm || !o.FlowBlocked {
+		t.Fatalf("overview under the disk alarm: disk_alarm %v, flow_blocked %v; want both", o.DiskAlarm, o.FlowBlocked)
 	}
 }

@@ -139,3 +139,59 @@ func declareDeadLetterQueue(t *testing.T, b *Broker) {
 	must(err)
 	must(b.Bind(wire.Bind{Source: "dlx", Destination: "dlq"}))
 }
+
+// TestReplaySelected: a replay of chosen messages (by the ids a peek
+// shows) moves those and only those, wherever they are in the queue; the
+// others stay, in their order; an id the queue no longer holds is counted
+// as missing; too many ids are refused.
+func TestReplaySelected(t *testing.T) {
+	b := startBroker(t, Config{Shards: 2})
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	must := mustFunc(t)
+	declareDeadLetterQueue(t, b)
+	_, err := b.DeclareQueue(wire.QueueDeclare{Name: "orders", Args: wire.Table{{Key: "dead-letter-exchange", Value: wire.String("dlx")}}})
+	must(err)
+	orders, dlq := b.LookupQueue("orders"), b.LookupQueue("dlq")
+	publishTo(b, orders, "a", "b", "c", "d", "e")
+	rejectAll(t, b, orders, 5)
+	peeked, err := b.PeekQueue(ctx, "dlq", 10)
+	must(err)
+	if len(peeked) != 5 {
+		t.Fatalf("dlq peek shows %d messages, want 5", len(peeked))
+	}
+	ids := map[uint64]bool{}
+	for _, m := range peeked {
+		ids[m.ID] = true
+	}
+	if len(ids) != 5 {
+		t.Fatalf("peek ids %v: want 5 distinct", peeked)
+	}
+	// b and d, and an id that is not there.
+	res, err := b.ReplaySelected(ctx, "dlq", []uint64{peeked[3].ID, peeked[1].ID, 1 << 60}, 0)
+	must(err)
+	must(b.Barrier(ctx))
+	must(b.Barrier(ctx))
+	if res.Moved != 2 || res.Missing != 1 {
+		t.Fatalf("replay of b, d and a missing id: %+v, want 2 moved and 1 missing", res)
+	}
+	bodies := func(name string) string {
+		t.Helper()
+		ms, err := b.PeekQueue(ctx, name, 10)
+		must(err)
+		s := ""
+		for _, m := range ms {
+			s += string(m.Body)
+		}
+		return s
+	}
+	if got := bodies("orders"); got != "bd" {
+		t.Fatalf("orders holds %q after the replay, want \"bd\"", got)
+	}
+	if got := bodies("dlq"); got != "ace" || dlq.unacked.Load() != 0 {
+		t.Fatalf("dlq holds %q (unacked %d) after the replay, want \"ace\" and none unacked", got, dlq.unacked.Load())
+	}
+	if _, err := b.ReplaySelected(ctx, "dlq", make([]uint64, MaxReplayIDs+1), 0); err == nil {
+		t.Fatalf("a replay of %d ids was accepted, want it refused (at most %d)", MaxReplayIDs+1, MaxReplayIDs)
+	}
+}

@@ -212,16 +212,18 @@ func TestBrowser(t *testing.T) {
 	}
 	defer c.Close()
 	ch, _ := c.Channel(cctx)
-	cs, err := ch.Consume(cctx, "orders", client.ConsumeOptions{Prefetch: 1})
+	publishN(t, ch, "orders", 1) // a second message, behind the console's
+	cs, err := ch.Consume(cctx, "orders", client.ConsumeOptions{Prefetch: 2})
 	if err != nil {
 		t.Fatal(err)
 	}
 	(<-cs.Deliveries()).Reject()
+	(<-cs.Deliveries()).Reject()
 	if err := cs.Cancel(cctx); err != nil {
 		t.Fatal(err)
 	}
-	if n := ready("orders.dlq"); n != 1 {
-		t.Fatalf("orders.dlq holds %d, want the rejected message", n)
+	if n := ready("orders.dlq"); n != 2 {
+		t.Fatalf("orders.dlq holds %d, want the 2 rejected messages", n)
 	}
 	step("connections", eval(`location.hash = "#/connections"`), wait(`document.querySelector("#connections tbody tr") && document.querySelector("#channels")`), shot("connections"))
 	step("dead letters", eval(`location.hash = "#/dead-letters?queue=orders.dlq"`),
@@ -229,15 +231,31 @@ func TestBrowser(t *testing.T) {
 		chromedp.Click(chromedp.CSS("#peek")),
 		wait(`[...document.querySelectorAll(".deaths td")].some((td) => td.textContent === "rejected")`),
 		shot("dead-letters"),
-		chromedp.Click(chromedp.CSS(`input[data-index="0"]`)),
+		// The second one alone: not the head of the queue.
+		chromedp.Click(chromedp.CSS(`input[data-index="1"]`)),
 		chromedp.Click(chromedp.CSS("#replay-selected")),
 		wait(`document.querySelector('[data-replayed="1"]')`))
-	if n, m := ready("orders.dlq"), ready("orders"); n != 0 || m != 1 {
-		t.Fatalf("after the replay: orders.dlq %d, orders %d; want 0 and 1", n, m)
+	if n, m := ready("orders.dlq"), ready("orders"); n != 1 || m != 1 {
+		t.Fatalf("after the replay of the second: orders.dlq %d, orders %d; want 1 and 1", n, m)
+	}
+	peekBody := func(q string) string {
+		t.Helper()
+		ms, err := e.srv.PeekQueue(cctx, q, 10)
+		if err != nil || len(ms) != 1 {
+			t.Fatalf("peek %s: %v %v, want 1 message", q, ms, err)
+		}
+		return string(ms[0].Body)
+	}
+	if o, d := peekBody("orders"), peekBody("orders.dlq"); o == d || d != `{"order": 42}` {
+		t.Fatalf("after the replay of the second: orders holds %q, orders.dlq %q; want the console's message still in orders.dlq", o, d)
+	}
+	step("replay all", chromedp.Click(chromedp.CSS("#replay-all")), wait(`document.querySelector('[data-replayed="2"]')`))
+	if n, m := ready("orders.dlq"), ready("orders"); n != 0 || m != 2 {
+		t.Fatalf("after the replay of all: orders.dlq %d, orders %d; want 0 and 2", n, m)
 	}
 
 	// Purge it.
-	step("purge", eval(`location.hash = "#/queue/orders"`), wait(`document.querySelector('.cards[data-ready="1"]')`),
+	step("purge", eval(`location.hash = "#/queue/orders"`), wait(`document.querySelector('.cards[data-ready="2"]')`),
 		chromedp.Click(chromedp.CSS("#purge")),
 		wait(`document.getElementById("main").dataset.purged === "1"`),
 		wait(`document.querySelector('.cards[data-ready="0"]')`))
@@ -343,6 +361,14 @@ func TestBrowser(t *testing.T) {
 		renders = append(renders, r.QueuesFrame)
 	}
 	step("queues of 10,000", shot("queues-10000"))
+
+	// The overview's disk card: free space against --disk-free-limit, and
+	// the alarm when it is below.
+	step("disk", chromedp.Navigate(base+"/?poll=250#/overview"),
+		wait(`document.querySelector('[data-disk-alarm="false"]') && document.querySelector('[data-disk-alarm]').textContent.includes("limit 1.0 GiB")`))
+	e.diskFree.Store(100 << 20)
+	defer e.diskFree.Store(10 << 30) // the other tests share the broker
+	step("disk alarm", wait(`document.querySelector('[data-disk-alarm="true"]') && document.querySelector('[data-disk-alarm]').textContent.includes("ALARM")`), shot("disk-alarm"))
 	slices.Sort(renders)
 	t.Logf("queues page, 100 of 10,000 (request, answer, rows built, next frame), median of 5: %.0f ms (all: %.0f)", renders[2], renders)
 

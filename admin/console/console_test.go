@@ -8,6 +8,7 @@ import (
 	"os"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -18,9 +19,10 @@ import (
 )
 
 type env struct {
-	srv *netio.Server
-	c   *console.Console
-	hs  *httptest.Server
+	srv      *netio.Server
+	c        *console.Console
+	hs       *httptest.Server
+	diskFree atomic.Int64 // what the server reads as the data directory's free space
 }
 
 var (
@@ -73,14 +75,19 @@ func (c *cleanupTB) TempDir() string {
 
 func startEnv(t testing.TB) *env {
 	pw, _ := netio.HashPassword("viewer-pw")
-	srv := warrentest.StartServer(t, &netio.Config{Users: []netio.User{{Name: "viewer", PasswordHash: pw}}})
+	e := &env{}
+	e.diskFree.Store(10 << 30)
+	srv := warrentest.StartServer(t, &netio.Config{Users: []netio.User{{Name: "viewer", PasswordHash: pw}},
+		TickInterval: 20 * time.Millisecond, DiskFreeLimit: 1 << 30, DiskCheckInterval: time.Millisecond,
+		DiskFree: func() (int64, bool) { return e.diskFree.Load(), true }}) // faked: the browser test raises the disk alarm
 	a := admin.New(srv.Broker, warrentest.AdminConnections(srv), nil, 100*time.Millisecond)
 	t.Cleanup(a.Close)
 	a.SetDataDir(t.TempDir())
 	c := console.New(a, warrentest.AdminConnections(srv))
 	hs := httptest.NewServer(c)
 	t.Cleanup(hs.Close)
-	return &env{srv: srv, c: c, hs: hs}
+	e.srv, e.c, e.hs = srv, c, hs
+	return e
 }
 
 func (e *env) req(t *testing.T, cl *http.Client, method, path, body string, hdr map[string]string) (*http.Response, string) {
