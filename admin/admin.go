@@ -8,6 +8,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"io"
 	"log/slog"
 	"math"
@@ -143,6 +144,7 @@ func (a *API) overview() api.Overview {
 	o := api.Overview{Redelivered: redelivered, DeadLettered: deadLettered, Rates: rates, Version: c.Version, Connections: c.Connections, Channels: c.Channels,
 		Exchanges: t.Exchanges, Queues: t.Queues, Ready: t.Ready, Unacked: t.Unacked, Consumers: t.Consumers,
 		StoredMessageBytes: a.b.StoredBytes(), MemoryHighWatermark: c.MemoryHighWatermark, FlowBlocked: c.FlowBlocked,
+		DiskAlarm: c.DiskAlarm, DiskFreeLimit: c.DiskFreeLimit,
 		Published: t.Published, Delivered: t.Delivered, Acked: t.Acked}
 	if a.dataDir != "" {
 		o.DiskFree, o.DiskTotal = diskSpace(a.dataDir)
@@ -577,7 +579,7 @@ func (a *API) getMessages(w http.ResponseWriter, r *http.Request) {
 			return
 		}
 	}
-	if body.Count < 1 || body.Count > 10000 || body.Rate != 0 {
+	if body.Count < 1 || body.Count > 10000 || body.Rate != 0 || body.IDs != nil {
 		writeErr(w, &wire.Error{Code: wire.InvalidArgument, Reason: "count must be in [1, 10000]"})
 		return
 	}
@@ -605,9 +607,25 @@ func (a *API) replay(w http.ResponseWriter, r *http.Request) {
 		writeErr(w, &wire.Error{Code: wire.InvalidArgument, Reason: "count and rate must not be negative"})
 		return
 	}
+	if body.IDs != nil {
+		switch {
+		case body.Count != 0:
+			writeErr(w, &wire.Error{Code: wire.InvalidArgument, Reason: "give ids (the messages to replay) or count (how many from the head), not both"})
+			return
+		case len(body.IDs) == 0 || len(body.IDs) > MaxReplayIDs:
+			writeErr(w, &wire.Error{Code: wire.InvalidArgument, Reason: fmt.Sprintf("ids: want 1 to %d message ids (as /get shows them), got %d", MaxReplayIDs, len(body.IDs))})
+			return
+		}
+	}
 	ctx, cancel := context.WithTimeout(r.Context(), 10*time.Minute)
 	defer cancel()
-	res, err := Replay(ctx, a.b, r.PathValue("name"), body.Count, body.Rate)
+	var res ReplayResult
+	var err error
+	if body.IDs != nil {
+		res, err = ReplaySelected(ctx, a.b, r.PathValue("name"), body.IDs, body.Rate)
+	} else {
+		res, err = Replay(ctx, a.b, r.PathValue("name"), body.Count, body.Rate)
+	}
 	if err != nil && res.Moved == 0 {
 		writeErr(w, err)
 		return

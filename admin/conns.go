@@ -38,4 +38,6 @@ type ConnectionStats struct {
 	Channels            int64
 	MemoryHighWatermark int64 // bytes; 0: none
 	FlowBlocked         bool  // the memory or the disk alarm is on
+	DiskAlarm           bool  // free disk space is below DiskFreeLimit
+	DiskFreeLimit       int64 // bytes; -1: off
 }

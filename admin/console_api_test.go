@@ -308,11 +308,16 @@ func TestReplaySelectedEndpoint(t *testing.T) {
 	if o, d := bodies("orders"), bodies("orders.dlq"); o != "bc" || d != "ad" {
 		t.Fatalf("after replaying c and b: orders %q, orders.dlq %q; want \"bc\" and \"ad\"", o, d)
 	}
-	if st, msg := e.errCode("POST", "/api/queues/orders.dlq/replay", fmt.Sprintf(`{"ids":[%d],"count":1}`, got.Messages[0].ID)); st != 400 || !strings.Contains(msg, "ids") {
+	refused := func(body string) (int, string) {
+		var eb admin.ErrorBody
+		st := e.do("POST", "/api/queues/orders.dlq/replay", body, &eb)
+		return st, eb.Error.Message
+	}
+	if st, msg := refused(fmt.Sprintf(`{"ids":[%d],"count":1}`, got.Messages[0].ID)); st != 400 || !strings.Contains(msg, "ids") {
 		t.Fatalf("ids with a count: %d %q, want a 400 about ids", st, msg)
 	}
 	ids := strings.Repeat("1,", admin.MaxReplayIDs) + "1"
-	if st, msg := e.errCode("POST", "/api/queues/orders.dlq/replay", `{"ids":[`+ids+`]}`); st != 400 || !strings.Contains(msg, "ids") {
+	if st, msg := refused(`{"ids":[` + ids + `]}`); st != 400 || !strings.Contains(msg, "ids") {
 		t.Fatalf("%d ids: %d %q, want a 400 about ids", admin.MaxReplayIDs+1, st, msg)
 	}
 }

@@ -26,3 +26,15 @@ func Replay(ctx context.Context, b *broker.Broker, queue string, count int, rate
 	r, err := b.Replay(ctx, queue, count, rate)
 	return ReplayResult{Moved: r.Moved, Skipped: r.Skipped}, err
 }
+
+// MaxReplayIDs is the most messages one ReplaySelected names.
+const MaxReplayIDs = broker.MaxReplayIDs
+
+// ReplaySelected is Replay of the messages with the given ids (as POST
+// /api/queues/{name}/get shows them), wherever they are among the first
+// MaxReplayIDs of the queue (broker.Broker.ReplaySelected). Ids the queue
+// no longer holds are counted as missing.
+func ReplaySelected(ctx context.Context, b *broker.Broker, queue string, ids []uint64, rate float64) (ReplayResult, error) {
+	r, err := b.ReplaySelected(ctx, queue, ids, rate)
+	return ReplayResult{Moved: r.Moved, Skipped: r.Skipped, Missing: r.Missing}, err
+}

@@ -211,7 +211,7 @@ func (s *shard) peek(q *Queue, n int) Result {
 			continue
 		}
 		props, _ := wire.DecodeProps(m.Props)
-		out = append(out, Message{Exchange: string(m.Exchange), RoutingKey: string(m.RoutingKey), Priority: m.Priority,
+		out = append(out, Message{ID: p.ID, Exchange: string(m.Exchange), RoutingKey: string(m.RoutingKey), Priority: m.Priority,
 			Persistent: m.Flags&wire.Persistent != 0, DeliveryCount: p.DeliveryCount, FailedCount: p.FailedCount,
 			Properties: props, Body: append([]byte(nil), m.Body...)})
 	}

@@ -145,6 +145,9 @@ func (b *Broker) PurgeQueue(ctx context.Context, name string) (int64, error) {
 
 // Message is a copy of a stored message, for inspection.
 type Message struct {
+	// ID is the message's id in its queue while the broker runs: what
+	// ReplaySelected takes to name it.
+	ID            uint64      `json:"id"`
 	Exchange      string      `json:"exchange"`
 	RoutingKey    string      `json:"routing_key"`
 	Priority      uint8       `json:"priority"`

@@ -17,7 +17,12 @@ var ErrUnroutable = errors.New("broker: replayed message was unroutable; left in
 type ReplayResult struct {
 	Moved   int // republished and taken out of the dead-letter queue
 	Skipped int // with no death history: left in the queue
+	Missing int // ReplaySelected: ids the queue no longer held (taken meanwhile)
 }
+
+// MaxReplayIDs is the most messages one ReplaySelected names, and how deep
+// into the queue it looks for them: as many as a peek shows.
+const MaxReplayIDs = 10000
 
 // replayIdle is how long a replay waits for the next message before it
 // decides the queue holds fewer than it counted (others consumed them).
@@ -34,13 +39,47 @@ const replayIdle = 2 * time.Second
 // one that routes nowhere (ErrUnroutable) or is refused stops the replay,
 // and it and the rest stay where they were.
 func (b *Broker) Replay(ctx context.Context, name string, count int, rate float64) (ReplayResult, error) {
-	var res ReplayResult
+	return b.replay(ctx, name, count, nil, rate)
+}
+
+// ReplaySelected is Replay of the messages with the given ids (Message.ID,
+// as PeekQueue shows them), wherever they are among the first
+// MaxReplayIDs of the queue, in queue order. The messages ahead of and
+// between them are held by the replay's consumer until it ends and then
+// returned to the queue in their order, as a cancelled consumer's are: their
+// failed count rises by one (a queue with a delivery limit counts that).
+// Ids the queue no longer holds are counted as Missing.
+func (b *Broker) ReplaySelected(ctx context.Context, name string, ids []uint64, rate float64) (ReplayResult, error) {
+	if len(ids) == 0 {
+		return ReplayResult{}, reqErr(wire.InvalidArgument, "no message ids to replay: name them (the ids a peek shows)")
+	}
+	if len(ids) > MaxReplayIDs {
+		return ReplayResult{}, reqErr(wire.InvalidArgument, "%d message ids to replay: at most %d at a time", len(ids), MaxReplayIDs)
+	}
+	want := make(map[uint64]bool, len(ids))
+	for _, id := range ids {
+		want[id] = true
+	}
+	return b.replay(ctx, name, 0, want, rate)
+}
+
+// replay is Replay (want nil) or ReplaySelected (want the ids yet to find;
+// it is consumed).
+func (b *Broker) replay(ctx context.Context, name string, count int, want map[uint64]bool, rate float64) (res ReplayResult, err error) {
 	q := b.LookupQueue(name)
 	if q == nil {
 		return res, reqErr(wire.NotFound, "no queue %q", name)
 	}
+	// target: how many messages to take (Replay), or to look through
+	// (ReplaySelected: every one it takes is held until the end, so
+	// the prefetch covers them all).
 	target := int(q.ReadyCount())
-	if count > 0 && count < target {
+	prefetch := min(target, 256)
+	if want != nil {
+		target = min(target, MaxReplayIDs)
+		prefetch = target
+		defer func() { res.Missing = len(want) }()
+	} else if count > 0 && count < target {
 		target = count
 	}
 	if target == 0 {
@@ -48,7 +87,7 @@ func (b *Broker) Replay(ctx context.Context, name string, count int, rate float6
 	}
 	rs := &replaySink{wake: make(chan struct{}, 1), confirmed: make(chan *PublishBatch, 1), subscribed: make(chan Result, 1)}
 	id := b.NewConsumerID()
-	b.Submit(Command{Kind: CmdSubscribe, Queue: q, Sink: rs, Spec: queue.ConsumerSpec{ID: id, Prefetch: uint32(min(target, 256))}})
+	b.Submit(Command{Kind: CmdSubscribe, Queue: q, Sink: rs, Spec: queue.ConsumerSpec{ID: id, Prefetch: uint32(prefetch)}})
 	select {
 	case r := <-rs.subscribed:
 		if err := r.Err(); err != nil {
@@ -59,17 +98,25 @@ func (b *Broker) Replay(ctx context.Context, name string, count int, rate float6
 		b.Submit(Command{Kind: CmdCancel, Queue: q, Consumer: id, Requeue: true})
 		return res, ctx.Err()
 	}
-	// Whatever it holds and did not ack (skipped, refused, not reached)
-	// goes back to the queue.
+	// Whatever it holds and did not ack (skipped, not selected, refused,
+	// not reached) goes back to the queue.
 	defer b.Submit(Command{Kind: CmdCancel, Queue: q, Consumer: id, Requeue: true})
 	start := time.Now()
-	for res.Moved+res.Skipped < target {
-		d, ok, err := rs.next(ctx)
+	for seen := 0; seen < target && (want == nil || len(want) > 0); seen++ {
+		var d Delivery
+		var ok bool
+		d, ok, err = rs.next(ctx)
 		if err != nil {
 			return res, err
 		}
 		if !ok {
 			return res, nil // fewer messages than counted (consumed by others meanwhile)
+		}
+		if want != nil {
+			if !want[d.MsgID] {
+				continue
+			}
+			delete(want, d.MsgID)
 		}
 		var props wire.Properties
 		var deaths []wire.Death

@@ -368,7 +368,7 @@ func (s *shard) handle(q *Queue, effs []queue.Effect) {
 			if len(s.pending[c.sink]) == 0 {
 				s.touched = append(s.touched, c.sink)
 			}
-			s.pending[c.sink] = append(s.pending[c.sink], Delivery{Consumer: e.Consumer, QTag: e.Tag, Msg: msg, DeliveryCount: e.DeliveryCount, FailedCount: e.FailedCount})
+			s.pending[c.sink] = append(s.pending[c.sink], Delivery{Consumer: e.Consumer, QTag: e.Tag, MsgID: e.Msg, Msg: msg, DeliveryCount: e.DeliveryCount, FailedCount: e.FailedCount})
 		case queue.Remove, queue.Drop, queue.Duplicate, queue.RejectPublish:
 			s.free(q, e.Msg)
 		case queue.DeadLetter:

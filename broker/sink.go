@@ -44,6 +44,7 @@ type Sink interface {
 type Delivery struct {
 	Consumer      queue.ConsumerID
 	QTag          uint64 // the queue's delivery tag (settle by it)
+	MsgID         uint64 // the message's id in its queue (Message.ID, as a peek shows it)
 	Msg           *StoredMsg
 	DeliveryCount uint32
 	FailedCount   uint32

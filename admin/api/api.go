@@ -99,6 +99,9 @@ type Binding struct {
 type CountRequest struct {
 	Count int     `json:"count"`
 	Rate  float64 `json:"rate,omitempty"` // replay only: msgs/s, 0 = unlimited
+	// IDs (replay only, instead of Count): the messages to replay, by the
+	// ids /get shows.
+	IDs []uint64 `json:"ids,omitempty"`
 }
 
 // Deleted answers DELETE /api/queues/{name}.
@@ -115,11 +118,15 @@ type Purged struct {
 type ReplayResult struct {
 	Moved   int    `json:"moved"`
 	Skipped int    `json:"skipped"` // messages with no death history, left in the queue
+	Missing int    `json:"missing"` // ids (a replay of chosen messages) the queue no longer held
 	Error   string `json:"error,omitempty"`
 }
 
 // Message is one message as POST /api/queues/{name}/get shows it.
 type Message struct {
+	// ID names the message in its queue while the broker runs: a replay
+	// of chosen messages takes it.
+	ID            uint64      `json:"id"`
 	Exchange      string      `json:"exchange"`
 	RoutingKey    string      `json:"routing_key"`
 	Priority      uint8       `json:"priority"`
@@ -160,6 +167,10 @@ type Overview struct {
 	// available to the broker and its size (absent: unknown).
 	DiskFree  uint64 `json:"disk_free_bytes,omitempty"`
 	DiskTotal uint64 `json:"disk_total_bytes,omitempty"`
+	// DiskAlarm is on while the free space is below DiskFreeLimit
+	// (--disk-free-limit; -1: off): publishers are blocked (FlowBlocked).
+	DiskAlarm     bool  `json:"disk_alarm"`
+	DiskFreeLimit int64 `json:"disk_free_limit_bytes"`
 	// Rates are the whole broker's over the last sampling interval.
 	Rates Rates `json:"rates"`
 }

@@ -257,7 +257,7 @@ func TestBrowser(t *testing.T) {
 	// Purge it.
 	step("purge", eval(`location.hash = "#/queue/orders"`), wait(`document.querySelector('.cards[data-ready="2"]')`),
 		chromedp.Click(chromedp.CSS("#purge")),
-		wait(`document.getElementById("main").dataset.purged === "1"`),
+		wait(`document.getElementById("main").dataset.purged === "2"`),
 		wait(`document.querySelector('.cards[data-ready="0"]')`))
 	if n := ready("orders"); n != 0 {
 		t.Fatalf("orders holds %d after the purge", n)
@@ -365,7 +365,7 @@ func TestBrowser(t *testing.T) {
 	// The overview's disk card: free space against --disk-free-limit, and
 	// the alarm when it is below.
 	step("disk", chromedp.Navigate(base+"/?poll=250#/overview"),
-		wait(`document.querySelector('[data-disk-alarm="false"]') && document.querySelector('[data-disk-alarm]').textContent.includes("limit 1.0 GiB")`))
+		wait(`document.querySelector('[data-disk-alarm="false"]') && document.querySelector('[data-disk-alarm]').textContent.includes("limit 1 GiB")`))
 	e.diskFree.Store(100 << 20)
 	defer e.diskFree.Store(10 << 30) // the other tests share the broker
 	step("disk alarm", wait(`document.querySelector('[data-disk-alarm="true"]') && document.querySelector('[data-disk-alarm]').textContent.includes("ALARM")`), shot("disk-alarm"))

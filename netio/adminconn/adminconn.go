@@ -40,5 +40,5 @@ func (c conns) ListChannels() []api.Channel {
 func (c conns) ConnectionStats() admin.ConnectionStats {
 	o := c.Overview()
 	return admin.ConnectionStats{Version: o.Version, Connections: o.Connections, Channels: o.Channels,
-		MemoryHighWatermark: o.MemoryHighWatermark, FlowBlocked: o.FlowBlocked}
+		MemoryHighWatermark: o.MemoryHighWatermark, FlowBlocked: o.FlowBlocked, DiskAlarm: o.DiskAlarm, DiskFreeLimit: o.DiskFreeLimit}
 }

@@ -174,6 +174,19 @@ function meter(used, limit) {
   return h(pct > 80 ? "div.bar.hot" : "div.bar", i);
 }
 
+// The disk card: free space against --disk-free-limit (-1: off), and the
+// alarm that blocks publishers while it is below.
+function diskCard(o) {
+  const limit = o.disk_free_limit_bytes > 0 ? "limit " + bytes(o.disk_free_limit_bytes) : "no limit";
+  const c = card("Disk free", o.disk_total_bytes ? bytes(o.disk_free_bytes) : "unknown",
+    h("div.muted", (o.disk_total_bytes ? "of " + bytes(o.disk_total_bytes) + ", " : "") + limit +
+      (o.disk_alarm ? " — ALARM: publishers blocked" : "")),
+    o.disk_total_bytes ? meter(o.disk_total_bytes - o.disk_free_bytes, o.disk_total_bytes) : null);
+  c.dataset.diskAlarm = String(!!o.disk_alarm);
+  if (o.disk_alarm) c.classList.add("alarm");
+  return c;
+}
+
 function overview(main) {
   const t0 = performance.now();
   const cards = h("div.cards");
@@ -204,9 +217,7 @@ function overview(main) {
       card("Exchanges", num(o.exchanges)),
       card("Memory", bytes(o.stored_message_bytes),
         h("div.muted", mem ? "of " + bytes(mem) + " watermark" + (o.flow_blocked ? " — ALARM: publishers blocked" : "") : "no watermark"), meter(o.stored_message_bytes, mem)),
-      card("Disk free", o.disk_total_bytes ? bytes(o.disk_free_bytes) : "unknown",
-        o.disk_total_bytes ? h("div.muted", "of " + bytes(o.disk_total_bytes)) : null,
-        o.disk_total_bytes ? meter(o.disk_total_bytes - o.disk_free_bytes, o.disk_total_bytes) : null),
+      diskCard(o),
       card("Version", o.version));
     if (first) {
       first = false;
@@ -313,7 +324,7 @@ function messageView(m, i, selectable) {
   try { body = atob(m.body || ""); } catch (e) { body = m.body; }
   const deaths = p.deaths || [];
   return h("div.msg", { "data-message": i },
-    h("div.row", selectable ? h("input", { type: "checkbox", "data-index": i }) : null,
+    h("div.row", selectable ? h("input", { type: "checkbox", "data-index": i, "data-id": m.id }) : null,
       h("strong", "#" + (i + 1)),
       h("span.muted", "exchange " + (m.exchange || "(default)") + " · key " + m.routing_key + " · delivered " + m.delivery_count + "× · failed " + m.failed_count + "×")),
     h("pre", body),
@@ -489,28 +500,27 @@ function deadLetters(main, params) {
   if (!name) return () => {};
   const count = h("strong#dlq-ready");
   const rate = h("input", { type: "number", min: 0, value: 100, style: "width:80px", id: "replay-rate" });
-  const replay = async (n) => {
-    const body = { count: n, rate: +rate.value || 0 };
+  // ids: the chosen messages (as the peek shows them); none: all.
+  const replay = async (ids) => {
+    const body = ids ? { ids, rate: +rate.value || 0 } : { count: 0, rate: +rate.value || 0 };
     const r = await act("replay", () => api("POST", "/api/queues/" + enc(name) + "/replay", body));
     pane.dataset.replayed = String((+pane.dataset.replayed || 0) + r.moved);
     pane.querySelector("#peek").click();
-    toast("replayed " + r.moved + (r.skipped ? ", skipped " + r.skipped + " without death history" : "") + (r.error ? " — stopped: " + r.error : ""), !!r.error);
+    toast("replayed " + r.moved + (r.skipped ? ", skipped " + r.skipped + " without death history" : "") +
+      (r.missing ? ", " + r.missing + " no longer in the queue" : "") + (r.error ? " — stopped: " + r.error : ""), !!r.error);
   };
   pane.append(h("h2", "Queue ", h("a", { href: "#/queue/" + enc(name) }, name), " · ", count, " ready"),
     h("div.row",
       h("label", "Rate ", rate, " msg/s (0: unlimited)"),
       h("button", { type: "button", id: "replay-selected", onclick: () => {
-        const boxes = [...pane.querySelectorAll("input[data-index]")];
-        const last = boxes.reduce((m, b, i) => (b.checked ? i + 1 : m), 0);
-        if (!last) { toast("select the messages to replay", true); return; }
-        const gaps = boxes.slice(0, last).some((b) => !b.checked);
-        if (gaps) { toast("replay takes messages from the head of the queue: select a run from the first message", true); return; }
-        replay(last);
+        const ids = [...pane.querySelectorAll("input[data-id]:checked")].map((b) => +b.dataset.id);
+        if (!ids.length) { toast("select the messages to replay", true); return; }
+        replay(ids);
       } }, "Replay selected"),
       h("button.primary", { type: "button", id: "replay-all", onclick: () => {
-        if (confirmDo("Replay every message of " + name + " to where it died from?")) replay(0);
+        if (confirmDo("Replay every message of " + name + " to where it died from?")) replay(null);
       } }, "Replay all")),
-    h("p.legend-note", "Each message goes back to the exchange and routing key it died from (its newest death record), and leaves this queue only once its republish is confirmed. Replay takes messages from the head of the queue: select a run starting at the first."),
+    h("p.legend-note", "Each message goes back to the exchange and routing key it died from (its newest death record), and leaves this queue only once its republish is confirmed. Replay selected takes the messages ticked below, wherever they are among the first 10,000; the ones ahead of them are held meanwhile and go back in their order (their failed count rises by one)."),
     peekPanel(name, true));
   const stop = poller(async () => {
     const q = await api("GET", "/api/queues/" + enc(name));
