@@ -39,7 +39,7 @@ func TestClusterFlags(t *testing.T) {
 		{[]string{"--node-id", "1", "--peers", peers, "--cluster-secret-file", short}, nil, "at least 16 bytes"},
 		{[]string{"--node-id", "1", "--peers", peers, "--cluster-secret-file", empty}, nil, "is empty"},
 		{[]string{"--node-id", "1", "--peers", peers, "--cluster-secret-file", filepath.Join(dir, "nope")}, nil, "cluster secret file"},
-		{[]string{"--node-id", "1", "--peers", peers, "--cluster-listen", "nohost"}, map[string]string{"WARREN_CLUSTER_SECRET": "0123456789abcdef"}, "--cluster-listen \"nohost\""},
+		{[]string{"--node-id", "1", "--peers", peers, "--cluster-listen", "a:b:c"}, map[string]string{"WARREN_CLUSTER_SECRET": "0123456789abcdef"}, "--cluster-listen \"a:b:c\""},
 		{[]string{"--node-id", "1", "--peers", peers, "--cluster-secret-file", good}, nil, "not built yet"},
 		{nil, map[string]string{"WARREN_NODE_ID": "2", "WARREN_PEERS": peers, "WARREN_CLUSTER_SECRET": "0123456789abcdef"}, "not built yet"},
 	} {

@@ -38,6 +38,7 @@ import (
 	"github.com/warren-mq/warren/netio"
 	"github.com/warren-mq/warren/netio/adminconn"
 	"github.com/warren-mq/warren/netio/amqp"
+	"github.com/warren-mq/warren/replication/cluster"
 )
 
 func main() {
@@ -151,6 +152,10 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdin i
 	tlsKey := fs.String("tls-key", "", "PEM private key of --tls-cert (env WARREN_TLS_KEY)")
 	tlsCA := fs.String("tls-ca", "", "PEM CA certificates: clients may present a certificate it signed (mutual TLS, EXTERNAL) (env WARREN_TLS_CA)")
 	diskLimit := fs.String("disk-free-limit", "", "block publishers while the data directory's filesystem has less free space than this, e.g. 2GiB, 500MB, or -1 for off (default 2GiB; env WARREN_DISK_FREE_LIMIT)")
+	nodeID := fs.String("node-id", "", "this node's id in the cluster, a number from 1 (env WARREN_NODE_ID); with --peers")
+	clusterListen := fs.String("cluster-listen", "", fmt.Sprintf("the cluster port, HOST:PORT (default: this node's address in --peers; port %d; env WARREN_CLUSTER_LISTEN)", cluster.DefaultPort))
+	peers := fs.String("peers", "", "every node of the cluster, this one included: 1=HOST:PORT,2=HOST:PORT,... (env WARREN_PEERS); multi-node clusters are not served yet")
+	secretFile := fs.String("cluster-secret-file", "", "a file holding the shared cluster secret, at least 16 bytes (env WARREN_CLUSTER_SECRET_FILE; or the secret itself in WARREN_CLUSTER_SECRET)")
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
 			fmt.Fprint(stdout, usageHead)
@@ -242,6 +247,18 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdin i
 	}
 	if fc.HandshakeTimeoutMs < 0 {
 		return fmt.Errorf("handshake timeout %dms: want a positive number of milliseconds (0: the default, 10000)", fc.HandshakeTimeoutMs)
+	}
+	var nid, cl, pe, sf string
+	pick(*nodeID, "WARREN_NODE_ID", &nid)
+	pick(*clusterListen, "WARREN_CLUSTER_LISTEN", &cl)
+	pick(*peers, "WARREN_PEERS", &pe)
+	pick(*secretFile, "WARREN_CLUSTER_SECRET_FILE", &sf)
+	cc, err := clusterSettings(nid, cl, pe, sf, getenv)
+	if err != nil {
+		return err
+	}
+	if cc != nil && (len(cc.Peers) > 1 || cc.NodeID != 1) {
+		return fmt.Errorf("--peers: a multi-node cluster is not built yet: the node-to-node transport exists (replication/cluster), but the metadata and queue groups do not run over it; run one node without --peers (the flags given are valid: node %d, cluster port %s, %d nodes)", cc.NodeID, cc.Listen, len(cc.Peers))
 	}
 	tlsFiles, err := tlsSettings(&fc)
 	if err != nil {
