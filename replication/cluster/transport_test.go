@@ -390,3 +390,43 @@ func TestParsePeers(t *testing.T) {
 		}
 	}
 }
+
+// TestFlushBatchesPerRound: with Config.ManualFlush, Send only queues and
+// Flush hands each peer's queue to its writer: a round's messages for a
+// peer, from any number of groups, go as one frame.
+func TestFlushBatchesPerRound(t *testing.T) {
+	ls, addrs := listeners(t, 2)
+	got := make(chan raftpb.Message, 100)
+	b, err := cluster.New(cluster.Config{NodeID: 2, Listener: ls[1], Peers: addrs, Secret: secret,
+		Deliver: func(_ uint64, m raftpb.Message) { got <- m }})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer b.Close()
+	a, err := cluster.New(cluster.Config{NodeID: 1, Listener: ls[0], Peers: addrs, Secret: secret, ManualFlush: true,
+		Deliver: func(uint64, raftpb.Message) {}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer a.Close()
+	const rounds, groups = 3, 10
+	for r := 0; r < rounds; r++ {
+		for gid := uint64(1); gid <= groups; gid++ {
+			a.Send(gid, []raftpb.Message{{Type: raftpb.MsgHeartbeat, From: 1, To: 2, Term: 1, Commit: uint64(r)}})
+		}
+		a.Flush()
+		for i := 0; i < groups; i++ {
+			select {
+			case m := <-got:
+				if m.Commit != uint64(r) {
+					t.Fatalf("round %d: got a message of round %d", r, m.Commit)
+				}
+			case <-time.After(10 * time.Second):
+				t.Fatalf("round %d: %d of %d messages arrived", r, i, groups)
+			}
+		}
+	}
+	if st := a.Stats(); st.Frames != rounds || st.Sent != rounds*groups {
+		t.Fatalf("stats %+v: want %d frames carrying %d messages", st, rounds, rounds*groups)
+	}
+}
