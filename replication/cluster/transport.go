@@ -57,7 +57,12 @@ type Config struct {
 	// written (default 16 MiB; a bigger message is dropped).
 	MaxQueueBytes int
 	MaxFrameBytes int
-	Logger        *slog.Logger
+	// ManualFlush: Send only queues, and Flush (the shard, after its
+	// Round) hands every peer's queue to its writer, so a round's
+	// messages to a peer go as one frame (design §3.2, transport.flush).
+	// Without it each Send wakes the writers it queued for.
+	ManualFlush bool
+	Logger      *slog.Logger
 }
 
 // MinSecretLen is the shortest cluster secret accepted.
@@ -262,12 +267,28 @@ func (t *Transport) Send(gid uint64, msgs []raftpb.Message) {
 		}
 		p.count++
 		p.mu.Unlock()
-		if p != woken {
+		if p != woken && !t.cfg.ManualFlush {
 			select {
 			case p.wake <- struct{}{}:
 			default:
 			}
 			woken = p
+		}
+	}
+}
+
+// Flush wakes the writer of every peer with messages queued (with
+// ManualFlush: once per round, after it). Safe for concurrent use.
+func (t *Transport) Flush() {
+	for _, p := range t.peers {
+		p.mu.Lock()
+		n := p.count
+		p.mu.Unlock()
+		if n > 0 {
+			select {
+			case p.wake <- struct{}{}:
+			default:
+			}
 		}
 	}
 }

@@ -59,6 +59,7 @@ func (n *node) loop() {
 				break
 			}
 		}
+		n.tr.Flush()
 		if more {
 			select {
 			case n.inbox <- func() {}:
@@ -113,9 +114,10 @@ func newCluster(t *testing.T, gid uint64) []*node {
 		}
 		tr, err := cluster.New(cluster.Config{
 			NodeID:   n.id,
-			Listener: ls[i],
-			Peers:    addrs,
-			Secret:   secret,
+			Listener:    ls[i],
+			Peers:       addrs,
+			Secret:      secret,
+			ManualFlush: true,
 			Deliver: func(gid uint64, m raftpb.Message) {
 				select {
 				case n.inbox <- func() { _ = n.w.Step(gid, m) }:
