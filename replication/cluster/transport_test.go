@@ -113,7 +113,7 @@ func newCluster(t *testing.T, gid uint64) []*node {
 			t.Fatal(err)
 		}
 		tr, err := cluster.New(cluster.Config{
-			NodeID:   n.id,
+			NodeID:      n.id,
 			Listener:    ls[i],
 			Peers:       addrs,
 			Secret:      secret,
