@@ -181,9 +181,26 @@ func TestAlertRulesComplete(t *testing.T) {
 			}
 		}
 	}
-	for _, want := range []string{"WarrenMemoryAlarm", "WarrenDiskLow", "WarrenQueueGrowingWithoutConsumers", "WarrenDeadLettering", "WarrenPublishersBlocked"} {
+	for _, want := range []string{"WarrenMemoryAlarm", "WarrenDiskAlarm", "WarrenDiskLow", "WarrenQueueGrowingWithoutConsumers", "WarrenDeadLettering", "WarrenPublishersBlocked"} {
 		if !seen[want] {
 			t.Errorf("no rule %s", want)
+		}
+	}
+}
+
+// TestDashboardShowsDiskAlarm: the dashboard shows the disk alarm and the
+// free-disk limit beside the free space (warren_disk_alarm,
+// warren_disk_free_limit_bytes), not only the memory alarm.
+func TestDashboardShowsDiskAlarm(t *testing.T) {
+	names := map[string]bool{}
+	for _, e := range dashboardExprs(t) {
+		for _, n := range metricNames(e) {
+			names[n] = true
+		}
+	}
+	for _, want := range []string{"warren_disk_alarm", "warren_disk_free_limit_bytes", "warren_flow_blocked"} {
+		if !names[want] {
+			t.Errorf("%s does not show %s", dashboardPath, want)
 		}
 	}
 }
@@ -430,6 +447,17 @@ tests:
       - {eval_time: 35m, alertname: WarrenQueueGrowingWithoutConsumers, exp_alerts: [{exp_labels: {severity: warning, job: warren, instance: a, queue: orders}}]}
       - {eval_time: 10m, alertname: WarrenQueueGrowingWithoutConsumers, exp_alerts: []}
       - {eval_time: 35m, alertname: WarrenDeadLettering, exp_alerts: [{exp_labels: {severity: warning, job: warren, instance: a, queue: orders}}]}
+  - interval: 1m
+    input_series:
+      # c: the disk alarm (it blocks publishers too: warren_flow_blocked); d: the memory alarm alone.
+      - {series: 'warren_disk_alarm{job="warren",instance="c"}', values: '0 1x10'}
+      - {series: 'warren_flow_blocked{job="warren",instance="c"}', values: '0 1x10'}
+      - {series: 'warren_disk_alarm{job="warren",instance="d"}', values: '0x10'}
+      - {series: 'warren_flow_blocked{job="warren",instance="d"}', values: '0 1x10'}
+    alert_rule_test:
+      - {eval_time: 1m, alertname: WarrenDiskAlarm, exp_alerts: []}
+      - {eval_time: 3m, alertname: WarrenDiskAlarm, exp_alerts: [{exp_labels: {severity: critical, job: warren, instance: c}}]}
+      - {eval_time: 3m, alertname: WarrenMemoryAlarm, exp_alerts: [{exp_labels: {severity: critical, job: warren, instance: d}}]}
 `
 
 // TestAlertRulesFire runs promtoolCases with promtool (make dashboards
