@@ -432,3 +432,116 @@ func TestFlushBatchesPerRound(t *testing.T) {
 		t.Fatalf("stats %+v: want %d frames carrying %d messages", st, rounds, rounds*groups)
 	}
 }
+
+// TestReconnect: a peer that goes away and comes back on the same address
+// is dialled again (with backoff) and gets what is sent from then on; its
+// writer counts the peer connected again.
+func TestReconnect(t *testing.T) {
+	ls, addrs := listeners(t, 2)
+	got := make(chan raftpb.Message, 1000)
+	deliver := func(_ uint64, m raftpb.Message) {
+		select {
+		case got <- m:
+		default:
+		}
+	}
+	b, err := cluster.New(cluster.Config{NodeID: 2, Listener: ls[1], Peers: addrs, Secret: secret, Deliver: deliver})
+	if err != nil {
+		t.Fatal(err)
+	}
+	a, err := cluster.New(cluster.Config{NodeID: 1, Listener: ls[0], Peers: addrs, Secret: secret, Deliver: func(uint64, raftpb.Message) {}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer a.Close()
+	sendUntil := func(term uint64) {
+		t.Helper()
+		deadline := time.Now().Add(15 * time.Second)
+		for {
+			a.Send(1, []raftpb.Message{{Type: raftpb.MsgHeartbeat, From: 1, To: 2, Term: term}})
+			select {
+			case m := <-got:
+				if m.Term == term {
+					return
+				}
+			case <-time.After(10 * time.Millisecond): // pacing the sends; the loop waits on the channel
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("nothing of term %d arrived within 15 s: %+v", term, a.PeerStats(2))
+			}
+		}
+	}
+	sendUntil(1)
+	b.Close()
+	l, err := net.Listen("tcp", addrs[2])
+	if err != nil {
+		t.Skipf("cannot listen on %s again: %v", addrs[2], err)
+	}
+	b, err = cluster.New(cluster.Config{NodeID: 2, Listener: l, Peers: addrs, Secret: secret, Deliver: deliver})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer b.Close()
+	sendUntil(2)
+	if !a.PeerStats(2).Connected {
+		t.Fatal("peer 2 not counted connected after the reconnect")
+	}
+}
+
+// TestHandshakeBound: at most 16 connections may sit unauthenticated; the
+// next is closed at once and counted, and once they go a peer connects.
+func TestHandshakeBound(t *testing.T) {
+	ls, addrs := listeners(t, 2)
+	got := make(chan raftpb.Message, 100)
+	b, err := cluster.New(cluster.Config{NodeID: 2, Listener: ls[1], Peers: addrs, Secret: secret,
+		Deliver: func(_ uint64, m raftpb.Message) { got <- m }})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer b.Close()
+	var idle []net.Conn
+	for i := 0; i < 16; i++ {
+		c, err := net.Dial("tcp", addrs[2])
+		if err != nil {
+			t.Fatal(err)
+		}
+		idle = append(idle, c)
+	}
+	// The 17th is closed by the listener without a byte.
+	deadline := time.Now().Add(10 * time.Second)
+	for b.Stats().Refused == 0 {
+		c, err := net.Dial("tcp", addrs[2])
+		if err != nil {
+			t.Fatal(err)
+		}
+		c.SetReadDeadline(time.Now().Add(2 * time.Second))
+		var one [1]byte
+		_, rerr := c.Read(one[:])
+		c.Close()
+		if rerr == nil {
+			t.Fatal("a connection past the handshake bound got bytes")
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("no connection refused past 16 unauthenticated ones")
+		}
+	}
+	for _, c := range idle {
+		c.Close()
+	}
+	ls[0].Close()
+	l0, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	a, err := cluster.New(cluster.Config{NodeID: 1, Listener: l0, Peers: addrs, Secret: secret, Deliver: func(uint64, raftpb.Message) {}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer a.Close()
+	a.Send(1, []raftpb.Message{{Type: raftpb.MsgHeartbeat, From: 1, To: 2, Term: 1}})
+	select {
+	case <-got:
+	case <-time.After(15 * time.Second):
+		t.Fatalf("a peer could not connect once the idle connections closed: %+v", a.PeerStats(2))
+	}
+}
