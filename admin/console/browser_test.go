@@ -369,6 +369,15 @@ func TestBrowser(t *testing.T) {
 	e.diskFree.Store(100 << 20)
 	defer e.diskFree.Store(10 << 30) // the other tests share the broker
 	step("disk alarm", wait(`document.querySelector('[data-disk-alarm="true"]') && document.querySelector('[data-disk-alarm]').textContent.includes("ALARM")`), shot("disk-alarm"))
+	var memCard string
+	step("memory card under the disk alarm", chromedp.Func(func(ctx context.Context, tg *chromedp.Target) error {
+		var err error
+		memCard, err = chromedp.Evaluate[string](`[...document.querySelectorAll(".card")].find((c) => c.querySelector(".k").textContent === "Memory").textContent`)(ctx, tg)
+		return err
+	}))
+	if strings.Contains(memCard, "ALARM") {
+		t.Errorf("under the disk alarm alone the memory card says %q: it must not claim a memory alarm", memCard)
+	}
 	slices.Sort(renders)
 	t.Logf("queues page, 100 of 10,000 (request, answer, rows built, next frame), median of 5: %.0f ms (all: %.0f)", renders[2], renders)
 
