@@ -215,8 +215,9 @@ function overview(main) {
       card("Connections", num(o.connections), h("div.muted", num(o.channels) + " channels")),
       card("Queues", num(o.queues), h("div.muted", num(o.consumers) + " consumers")),
       card("Exchanges", num(o.exchanges)),
+      // flow_blocked is on under either alarm: the disk card shows its own.
       card("Memory", bytes(o.stored_message_bytes),
-        h("div.muted", mem ? "of " + bytes(mem) + " watermark" + (o.flow_blocked ? " — ALARM: publishers blocked" : "") : "no watermark"), meter(o.stored_message_bytes, mem)),
+        h("div.muted", mem ? "of " + bytes(mem) + " watermark" + (o.flow_blocked && !o.disk_alarm ? " — ALARM: publishers blocked" : "") : "no watermark"), meter(o.stored_message_bytes, mem)),
       diskCard(o),
       card("Version", o.version));
     if (first) {
