@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"fmt"
 	"net/http/httptest"
 	"os"
 	"os/exec"
@@ -163,4 +164,33 @@ func regexpLine(out string, words ...string) bool {
 		}
 	}
 	return false
+}
+
+// TestWarrenctlReplayIDs: dlq peek shows each message's id, and dlq replay
+// --ids replays those messages alone, wherever they are in the queue.
+func TestWarrenctlReplayIDs(t *testing.T) {
+	c := newCtl(t, nil)
+	c.ok("", "exchange", "declare", "dlx", "--type", "fanout")
+	c.ok("", "queue", "declare", "dlq")
+	c.ok("", "queue", "declare", "orders", "--dlx", "dlx")
+	c.ok("", "binding", "add", "--exchange", "dlx", "--queue", "dlq")
+	c.run("a\nb\nc\n", "publish", "--routing-key", "orders", "--lines")
+	c.ok("", "consume", "orders", "--count", "3", "--reject")
+	var peeked struct{ Messages []struct{ ID uint64 } }
+	if err := json.Unmarshal([]byte(c.ok("", "--json", "dlq", "peek", "dlq")), &peeked); err != nil || len(peeked.Messages) != 3 {
+		t.Fatalf("--json dlq peek: %+v %v", peeked, err)
+	}
+	b := fmt.Sprint(peeked.Messages[1].ID)
+	if out := c.ok("", "dlq", "peek", "dlq"); !regexpLine(out, "ID") || !regexpLine(out, b, `"b"`) {
+		t.Fatalf("dlq peek does not show the ids:\n%s", out)
+	}
+	if out := c.ok("", "dlq", "replay", "dlq", "--ids", b); !regexpLine(out, "moved", "1") {
+		t.Fatalf("dlq replay --ids %s:\n%s", b, out)
+	}
+	if out := c.ok("", "consume", "orders", "--count", "1"); out != "b\n" {
+		t.Fatalf("consume after replaying b printed %q", out)
+	}
+	if _, errs, code := c.run("", "dlq", "replay", "dlq", "--ids", "x"); code != 2 || !strings.Contains(errs, "--ids") {
+		t.Fatalf("dlq replay --ids x: exit %d %q", code, errs)
+	}
 }
