@@ -71,7 +71,7 @@ Commands:
       --timeout: give up when no message has come for this long (default 5s).
       --window: messages asked for at once (default 1000, the broker's default max_prefetch; set it
       to the broker's max_prefetch if that is lower).
-  dlq peek QUEUE [--count N] | dlq replay QUEUE [--count N] [--rate R]
+  dlq peek QUEUE [--count N] | dlq replay QUEUE [--count N | --ids ID,…] [--rate R]
       peek is queue get (nothing is delivered or counted); replay sends each message back to the
       exchange and routing key it died from.
   purge QUEUE
@@ -642,14 +642,14 @@ func (c *cli) queue(verb string, args []string) error {
 		var r api.Messages
 		_ = json.Unmarshal(raw, &r)
 		return c.show(raw, func(w *tabwriter.Writer) error {
-			fmt.Fprintln(w, "#\tEXCHANGE\tROUTING KEY\tDELIVERIES\tDIED\tBODY")
+			fmt.Fprintln(w, "#\tID\tEXCHANGE\tROUTING KEY\tDELIVERIES\tDIED\tBODY")
 			for i, m := range r.Messages {
 				died := "-"
 				if m.Properties != nil && len(m.Properties.Deaths) > 0 {
 					d := m.Properties.Deaths[0]
 					died = fmt.Sprintf("%s in %s ×%d", d.Reason, d.Queue, d.Count)
 				}
-				fmt.Fprintf(w, "%d\t%s\t%s\t%d\t%s\t%s\n", i+1, orDash(m.Exchange), m.RoutingKey, m.DeliveryCount, died, printable(m.Body))
+				fmt.Fprintf(w, "%d\t%d\t%s\t%s\t%d\t%s\t%s\n", i+1, m.ID, orDash(m.Exchange), m.RoutingKey, m.DeliveryCount, died, printable(m.Body))
 			}
 			return nil
 		})
@@ -755,6 +755,7 @@ func (c *cli) replay(args []string) error {
 	fs := flags("dlq replay")
 	count := fs.Int("count", 0, "")
 	rate := fs.Float64("rate", 0, "")
+	idList := fs.String("ids", "", "")
 	pos, err := parse(fs, args)
 	if err != nil {
 		return err
@@ -763,14 +764,27 @@ func (c *cli) replay(args []string) error {
 	if err != nil {
 		return err
 	}
+	req := api.CountRequest{Count: *count, Rate: *rate}
+	if *idList != "" {
+		for _, f := range strings.Split(*idList, ",") {
+			id, err := strconv.ParseUint(strings.TrimSpace(f), 10, 64)
+			if err != nil {
+				return usageErr{fmt.Sprintf("dlq replay --ids: %q is not a message id: give the ids dlq peek shows, separated by commas", f)}
+			}
+			req.IDs = append(req.IDs, id)
+		}
+	}
 	var raw json.RawMessage
-	if err := c.call("POST", "/api/queues/"+url.PathEscape(name)+"/replay", api.CountRequest{Count: *count, Rate: *rate}, &raw); err != nil {
+	if err := c.call("POST", "/api/queues/"+url.PathEscape(name)+"/replay", req, &raw); err != nil {
 		return err
 	}
 	var r api.ReplayResult
 	_ = json.Unmarshal(raw, &r)
 	if err := c.show(raw, func(w *tabwriter.Writer) error {
 		fmt.Fprintf(w, "moved\t%d\nskipped\t%d\n", r.Moved, r.Skipped)
+		if req.IDs != nil {
+			fmt.Fprintf(w, "missing\t%d\n", r.Missing)
+		}
 		return nil
 	}); err != nil {
 		return err
