@@ -86,7 +86,9 @@
 //     (snapshot, then replay). On one voter the caller applies a command
 //     as it adds it (the proposal order is the log order, and a failed
 //     write stops the node) and answers only once Wait says it is
-//     committed; the cluster step must move the apply to commit.
+//     committed. With several voters (MetaConfig.Peers, Step, Tick) the
+//     group applies at commit on every node instead (the broker does not
+//     run it so yet).
 //     What survives a restart now: durable exchanges, durable queues'
 //     declarations and the bindings between durable ends (the broker
 //     logs a NodeUp at each start that drops the rest). Messages do not
@@ -135,6 +137,8 @@
 //   - the node-wide crash simulation with confirms (§7; the broker has
 //     restart and MemFS-crash tests of one queue, and warrend a kill -9
 //     test), a free-disk limit, restart time and RSS with a deep backlog;
-//   - everything of the cluster step (§6: the TCP transport, snapshot install,
-//     forwarding, enqueuer dedup, consumer resume).
+//   - most of the cluster step (§6): the TCP transport is built
+//     (replication/cluster) and the metadata group runs several voters
+//     over it in tests, but nothing in the broker does; snapshot install,
+//     placement, forwarding, enqueuer dedup, consumer resume are not.
 package replication

@@ -35,9 +35,8 @@ const MetaGroupID = 2
 // commit. What waits for the commit is every reply: a caller answers only
 // once Wait(seq) returned (netio answers a run of control frames at its
 // end). Replay at recovery applies the log's commands through Machine.
-// The cluster step (followers applying at commit, a leader that can lose
-// uncommitted entries) must move the apply to commit (§4); this shortcut
-// is for the single voter only.
+// This shortcut is for the single voter only: with several voters
+// (MetaConfig.Peers) the loop applies at commit, on every node.
 //
 // The entry (this group's own format, versioned):
 //
@@ -66,7 +65,26 @@ type MetaGroup struct {
 	wake chan struct{}
 	done chan struct{}
 	buf  []byte
+
+	// Several voters (MetaConfig.Peers): what Step and Tick hand the loop,
+	// the loop's proposals not yet appended, its appended entries not yet
+	// applied, and the last applied index.
+	multi   bool
+	inMu    sync.Mutex
+	inbox   []raftpb.Message
+	ticks   int
+	props   []metaProp
+	appends []metaAppended
+	applied uint64
+	status  raft.BasicStatus // g.mu
 }
+
+type metaProp struct {
+	data *byte // the proposal's bytes: raft appends the slice it was given
+	seq  uint64
+}
+
+type metaAppended struct{ index, term, seq uint64 }
 
 // MetaConfig configures the metadata group.
 type MetaConfig struct {
@@ -88,6 +106,20 @@ type MetaConfig struct {
 	// last (design §4; default 10,000).
 	SnapshotEntries int
 	NodeID          uint64 // default 1
+	// Peers: every voter of the group, this node included (the cluster
+	// step); none or one: a single voter. With several voters the caller
+	// does NOT apply a command as it adds it: the loop applies every
+	// committed command through Machine, on every node, under Lock (an
+	// entry a leader appended can be lost with its leadership), and Wait
+	// returns once the command is applied here. Send carries the group's
+	// raft messages (a Transport), Step takes what peers send, and Tick
+	// drives elections and heartbeats. Add only on the leader (Status): a
+	// command added on a follower is dropped and its Wait never returns.
+	// Not yet: snapshot install (a follower behind the leader's snapshot
+	// stops), membership changes, retrying a proposal lost with a
+	// leadership.
+	Peers []uint64
+	Send  func(gid uint64, msgs []raftpb.Message)
 	// Fatal hears an Append failure (the node must stop and recover).
 	Fatal  func(error)
 	Logger *slog.Logger
@@ -119,7 +151,11 @@ func OpenMeta(cfg MetaConfig) (*MetaGroup, error) {
 	if cfg.Logger == nil {
 		cfg.Logger = slog.New(slog.DiscardHandler)
 	}
-	g := &MetaGroup{cfg: cfg, log: cfg.Log, changed: make(chan struct{}), wake: make(chan struct{}, 1), done: make(chan struct{})}
+	g := &MetaGroup{cfg: cfg, log: cfg.Log, changed: make(chan struct{}), wake: make(chan struct{}, 1), done: make(chan struct{}),
+		multi: len(cfg.Peers) > 1}
+	if g.multi && cfg.Send == nil {
+		return nil, errors.New("replication: metadata group: several voters need MetaConfig.Send")
+	}
 	snap, data, ok, err := cfg.Snapshots.Load(MetaGroupID)
 	if err != nil {
 		return nil, fmt.Errorf("replication: metadata group: loading its snapshot: %w", err)
@@ -129,7 +165,7 @@ func OpenMeta(cfg MetaConfig) (*MetaGroup, error) {
 			return nil, fmt.Errorf("replication: metadata group: restoring its snapshot of entry %d: %w", snap.Index, err)
 		}
 	} else {
-		snap = raftpb.SnapshotMetadata{ConfState: raftpb.ConfState{Voters: []uint64{cfg.NodeID}}}
+		snap = raftpb.SnapshotMetadata{ConfState: raftpb.ConfState{Voters: g.voters()}}
 	}
 	if g.st, err = openRaftStorage(cfg.Log, MetaGroupID, snap); err != nil {
 		return nil, err
@@ -137,8 +173,10 @@ func OpenMeta(cfg MetaConfig) (*MetaGroup, error) {
 	if g.rn, err = raft.NewRawNode(groupConfig(cfg.NodeID, g.st, snap.Index, cfg.Logger)); err != nil {
 		return nil, fmt.Errorf("replication: metadata group: %w", err)
 	}
-	if err := g.rn.Campaign(); err != nil {
-		return nil, fmt.Errorf("replication: metadata group: %w", err)
+	if !g.multi {
+		if err := g.rn.Campaign(); err != nil {
+			return nil, fmt.Errorf("replication: metadata group: %w", err)
+		}
 	}
 	if _, err := g.drive(true); err != nil {
 		return nil, err
@@ -189,10 +227,172 @@ func (g *MetaGroup) drive(replay bool) (uint64, error) {
 		}
 		if n := len(rd.CommittedEntries); n > 0 {
 			g.st.applied(rd.CommittedEntries[n-1].Index)
+			g.applied = rd.CommittedEntries[n-1].Index
 		}
 		g.rn.Advance(rd)
 	}
 	return last, nil
+}
+
+func (g *MetaGroup) voters() []uint64 {
+	if g.multi {
+		return append([]uint64(nil), g.cfg.Peers...)
+	}
+	return []uint64{g.cfg.NodeID}
+}
+
+// Step hands the group a raft message from a peer (several voters; the
+// transport's reader). Safe for concurrent use; the loop steps it.
+func (g *MetaGroup) Step(m raftpb.Message) {
+	g.inMu.Lock()
+	g.inbox = append(g.inbox, m)
+	g.inMu.Unlock()
+	g.Kick()
+}
+
+// Tick advances the group's raft clock by one tick (several voters:
+// every 100 ms). Safe for concurrent use.
+func (g *MetaGroup) Tick() {
+	if !g.multi {
+		return
+	}
+	g.inMu.Lock()
+	g.ticks++
+	g.inMu.Unlock()
+	g.Kick()
+}
+
+// Status is raft's view of the group as of the loop's last round.
+func (g *MetaGroup) Status() raft.BasicStatus {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	return g.status
+}
+
+// roundMulti is round for several voters: propose what was added (on
+// the leader), step what peers sent and the ticks, then drive.
+func (g *MetaGroup) roundMulti() error {
+	g.cfg.Lock.Lock()
+	cmds := g.pending
+	g.pending, g.spare = g.spare[:0], cmds
+	seq := g.added.Load()
+	g.cfg.Lock.Unlock()
+	if len(cmds) > 0 {
+		g.buf = append(g.buf[:0], metaEntryMagic, metaEntryVersion, 0, 0)
+		g.buf = binary.LittleEndian.AppendUint32(g.buf, uint32(len(cmds)))
+		for _, c := range cmds {
+			g.buf = binary.LittleEndian.AppendUint32(g.buf, uint32(len(c)))
+			g.buf = append(g.buf, c...)
+		}
+		clear(cmds)
+		data := append([]byte(nil), g.buf...)
+		if err := g.rn.Propose(data); err != nil {
+			g.cfg.Logger.Warn("replication: metadata group: commands dropped (this node does not lead the group)", "commands", len(cmds), "err", err)
+		} else {
+			g.props = append(g.props, metaProp{data: &data[0], seq: seq})
+		}
+	}
+	g.inMu.Lock()
+	msgs, ticks := g.inbox, g.ticks
+	g.inbox, g.ticks = nil, 0
+	g.inMu.Unlock()
+	for range ticks {
+		g.rn.Tick()
+	}
+	for _, m := range msgs {
+		if err := g.rn.Step(m); err != nil {
+			g.cfg.Logger.Debug("replication: metadata group: a peer's message refused", "type", m.Type, "from", m.From, "err", err)
+		}
+	}
+	if err := g.driveMulti(); err != nil {
+		return err
+	}
+	st := g.rn.BasicStatus()
+	g.mu.Lock()
+	g.status = st
+	g.mu.Unlock()
+	if g.entrySince >= g.cfg.SnapshotEntries || g.bytesSince >= metaSnapBytes {
+		g.cfg.Lock.Lock()
+		snap := g.cfg.Snapshot()
+		g.cfg.Lock.Unlock()
+		return g.snapshotAt(g.applied, snap)
+	}
+	return nil
+}
+
+// driveMulti handles Readys until raft has none: writes the entries and
+// hard state (one Append each, synchronous), then sends the messages
+// (after the write: nothing goes out that the disk does not have yet),
+// then applies the committed entries through Machine under Lock and moves
+// the waiters' seq past every command of this node's now applied.
+func (g *MetaGroup) driveMulti() error {
+	for g.rn.HasReady() {
+		rd := g.rn.Ready()
+		if !raft.IsEmptySnap(rd.Snapshot) {
+			return fmt.Errorf("replication: metadata group: the leader sent a snapshot (entry %d); snapshot install is not built yet: this node must be rebuilt", rd.Snapshot.Metadata.Index)
+		}
+		if len(rd.Entries) > 0 || rd.MustSync {
+			b, err := g.st.batch(rd.Entries, rd.HardState)
+			if err != nil {
+				return err
+			}
+			if err := g.log.Append(b); err != nil {
+				return err
+			}
+			if err := g.st.appended(rd.Entries, rd.HardState); err != nil {
+				return err
+			}
+		}
+		for _, e := range rd.Entries {
+			g.entrySince++
+			g.bytesSince += len(e.Data)
+			if len(g.props) > 0 && len(e.Data) > 0 && &e.Data[0] == g.props[0].data {
+				g.appends = append(g.appends, metaAppended{index: e.Index, term: e.Term, seq: g.props[0].seq})
+				g.props = g.props[1:]
+			}
+		}
+		if len(rd.Messages) > 0 {
+			g.cfg.Send(MetaGroupID, rd.Messages)
+		}
+		if len(rd.CommittedEntries) > 0 {
+			durable := uint64(0)
+			g.cfg.Lock.Lock()
+			for _, e := range rd.CommittedEntries {
+				if e.Type == raftpb.EntryNormal && len(e.Data) > 0 {
+					if err := eachMetaCommand(e.Data, func(cmd []byte) error {
+						_, err := g.cfg.Machine.Apply(e.Index, cmd)
+						return err
+					}); err != nil {
+						g.cfg.Lock.Unlock()
+						return fmt.Errorf("replication: metadata group: entry %d: %w", e.Index, err)
+					}
+				}
+				for len(g.appends) > 0 && g.appends[0].index <= e.Index {
+					// The same index and term is the same entry (raft's
+					// log matching); another term: ours was overwritten.
+					if a := g.appends[0]; a.index == e.Index && a.term == e.Term {
+						durable = a.seq
+					}
+					g.appends = g.appends[1:]
+				}
+			}
+			g.cfg.Lock.Unlock()
+			last := rd.CommittedEntries[len(rd.CommittedEntries)-1].Index
+			g.st.applied(last)
+			g.applied = last
+			if durable > 0 {
+				g.mu.Lock()
+				if durable > g.durable {
+					g.durable = durable
+					close(g.changed)
+					g.changed = make(chan struct{})
+				}
+				g.mu.Unlock()
+			}
+		}
+		g.rn.Advance(rd)
+	}
+	return nil
 }
 
 // eachMetaCommand calls fn with each command of an entry (views).
@@ -305,12 +505,20 @@ func (g *MetaGroup) loop() {
 			g.mu.Lock()
 			closing := g.failed == nil && g.closing
 			g.mu.Unlock()
-			if err := g.round(); err != nil {
+			round := g.round
+			if g.multi {
+				round = g.roundMulti
+			}
+			if err := round(); err != nil {
 				g.fail(err)
 				return
 			}
 			if !closing {
 				break // what was added since waits for its Wait or Kick
+			}
+			if g.multi {
+				g.fail(ErrMetaStopped) // a follower cannot commit what it holds
+				return
 			}
 			if g.added.Load() == g.durableSeq() {
 				g.fail(ErrMetaStopped)
@@ -383,20 +591,20 @@ func (g *MetaGroup) round() error {
 	}
 	g.mu.Unlock()
 	if snapDue {
-		return g.snapshot(snap)
+		return g.snapshotAt(g.st.last, snap)
 	}
 	return nil
 }
 
-// snapshot stores data, the state after every entry up to the last one
-// written, and compacts the log to it.
-func (g *MetaGroup) snapshot(data []byte) error {
-	at := g.st.last
+// snapshotAt stores data, the state after every entry up to at (one
+// voter: the last written, all applied at add; several: the last
+// applied), and compacts the log to it.
+func (g *MetaGroup) snapshotAt(at uint64, data []byte) error {
 	term, err := g.st.Term(at)
 	if err != nil {
 		return fmt.Errorf("replication: metadata group: term of entry %d: %w", at, err)
 	}
-	meta := raftpb.SnapshotMetadata{Index: at, Term: term, ConfState: raftpb.ConfState{Voters: []uint64{g.cfg.NodeID}}}
+	meta := raftpb.SnapshotMetadata{Index: at, Term: term, ConfState: raftpb.ConfState{Voters: g.voters()}}
 	if err := g.cfg.Snapshots.Put(MetaGroupID, meta, data); err != nil {
 		return err
 	}
