@@ -5,6 +5,7 @@ import (
 	"net"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -58,7 +59,50 @@ func (m *listMachine) list() string {
 // leader's Wait returns once they are applied there (on several voters
 // the caller does not apply at add: an entry the leader appended may be
 // lost with its leadership).
-func TestMetaThreeVotersOverTCP(t *testing.T) {
+type metaNode struct {
+	fs      *segment.MemFS
+	log     *segment.Log
+	g       atomic.Pointer[MetaGroup]
+	machine *listMachine
+	lock    *sync.Mutex
+	tr      *cluster.Transport
+}
+
+func openMetaNode(t *testing.T, n *metaNode, id uint64) {
+	t.Helper()
+	l, err := segment.Open(n.fs, "/data", segment.Options{Manual: true, WALSize: 16 << 10, SegmentSize: 32 << 10})
+	if err != nil {
+		t.Fatal(err)
+	}
+	store, err := OpenSnapStore(l)
+	if err != nil {
+		t.Fatal(err)
+	}
+	n.log, n.machine, n.lock = l, &listMachine{}, &sync.Mutex{}
+	m := n.machine
+	g, err := OpenMeta(MetaConfig{Log: l, Snapshots: store, Machine: m, Lock: n.lock,
+		Snapshot: func() []byte { b, _ := m.Snapshot(); return b },
+		NodeID:   id, Peers: []uint64{1, 2, 3}, Send: n.tr.Send,
+		Fatal: func(err error) { t.Errorf("node %d: %v", id, err) }})
+	if err != nil {
+		t.Fatal(err)
+	}
+	g.Start()
+	n.g.Store(g)
+}
+
+func closeMetaNode(n *metaNode) {
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if g := n.g.Swap(nil); g != nil {
+		g.Close(ctx)
+	}
+	n.log.Close()
+}
+
+// newMetaTrio: three metadata groups, every node a voter, over the TCP
+// transport on loopback.
+func newMetaTrio(t *testing.T) []*metaNode {
 	ls := make([]net.Listener, 3)
 	addrs := map[uint64]string{}
 	for i := range ls {
@@ -69,86 +113,81 @@ func TestMetaThreeVotersOverTCP(t *testing.T) {
 		ls[i], addrs[uint64(i+1)] = l, l.Addr().String()
 	}
 	secret := []byte("0123456789abcdef0123456789abcdef")
-	groups := make([]*MetaGroup, 3)
-	machines := make([]*listMachine, 3)
-	locks := make([]*sync.Mutex, 3)
-	for i := range groups {
-		i := i
-		log := openMemLog(t, segment.NewMemFS())
-		store, err := OpenSnapStore(log)
-		if err != nil {
-			t.Fatal(err)
-		}
-		var g *MetaGroup
-		var ready sync.WaitGroup
-		ready.Add(1)
+	nodes := make([]*metaNode, 3)
+	for i := range nodes {
+		n := &metaNode{fs: segment.NewMemFS()}
 		tr, err := cluster.New(cluster.Config{NodeID: uint64(i + 1), Listener: ls[i], Peers: addrs, Secret: secret,
 			Deliver: func(gid uint64, m raftpb.Message) {
-				ready.Wait()
-				if gid == MetaGroupID {
+				if g := n.g.Load(); g != nil && gid == MetaGroupID {
 					g.Step(m)
 				}
 			}})
 		if err != nil {
 			t.Fatal(err)
 		}
-		machines[i], locks[i] = &listMachine{}, &sync.Mutex{}
-		g, err = OpenMeta(MetaConfig{Log: log, Snapshots: store, Machine: machines[i], Lock: locks[i],
-			Snapshot: func() []byte { b, _ := machines[i].Snapshot(); return b },
-			NodeID:   uint64(i + 1), Peers: []uint64{1, 2, 3}, Send: tr.Send,
-			Fatal: func(err error) { t.Errorf("node %d: %v", i+1, err) }})
-		if err != nil {
-			t.Fatal(err)
-		}
-		ready.Done()
-		g.Start()
-		groups[i] = g
+		n.tr = tr
+		openMetaNode(t, n, uint64(i+1))
+		nodes[i] = n
 		t.Cleanup(func() {
-			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-			defer cancel()
 			tr.Close()
-			g.Close(ctx)
-			log.Close()
+			closeMetaNode(n)
 		})
 	}
-	// The raft clock: a tick every 5 ms (100 ms in a node), until cond.
-	tickUntil := func(what string, cond func() bool) {
-		t.Helper()
-		deadline := time.Now().Add(20 * time.Second)
-		tk := time.NewTicker(5 * time.Millisecond)
-		defer tk.Stop()
-		for !cond() {
-			if time.Now().After(deadline) {
-				t.Fatalf("%s: not within 20 s", what)
-			}
-			<-tk.C
-			for _, g := range groups {
+	return nodes
+}
+
+// metaTickUntil ticks every group every 5 ms (100 ms in a node) until
+// cond holds.
+func metaTickUntil(t *testing.T, nodes []*metaNode, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(20 * time.Second)
+	tk := time.NewTicker(5 * time.Millisecond)
+	defer tk.Stop()
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("%s: not within 20 s", what)
+		}
+		<-tk.C
+		for _, n := range nodes {
+			if g := n.g.Load(); g != nil {
 				g.Tick()
 			}
 		}
 	}
+}
+
+func metaLeader(t *testing.T, nodes []*metaNode) int {
 	lead := -1
-	tickUntil("a leader", func() bool {
-		for i, g := range groups {
-			if g.Status().RaftState == raft.StateLeader {
+	metaTickUntil(t, nodes, "a leader", func() bool {
+		for i, n := range nodes {
+			if g := n.g.Load(); g != nil && g.Status().RaftState == raft.StateLeader {
 				lead = i
 				return true
 			}
 		}
 		return false
 	})
-	locks[lead].Lock()
-	groups[lead].Add([]byte("declare a"))
-	seq := groups[lead].Add([]byte("declare b"))
-	locks[lead].Unlock()
+	return lead
+}
+
+// metaAdd adds cmds on node i and waits (ticking) for its Wait.
+func metaAdd(t *testing.T, nodes []*metaNode, i int, cmds ...string) {
+	t.Helper()
+	g := nodes[i].g.Load()
+	nodes[i].lock.Lock()
+	var seq uint64
+	for _, c := range cmds {
+		seq = g.Add([]byte(c))
+	}
+	nodes[i].lock.Unlock()
 	waited := make(chan error, 1)
 	go func() {
 		ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 		defer cancel()
-		waited <- groups[lead].Wait(ctx, seq)
+		waited <- g.Wait(ctx, seq)
 	}()
 	var werr error
-	tickUntil("the leader's Wait", func() bool {
+	metaTickUntil(t, nodes, "the leader's Wait", func() bool {
 		select {
 		case werr = <-waited:
 			return true
@@ -159,12 +198,51 @@ func TestMetaThreeVotersOverTCP(t *testing.T) {
 	if werr != nil {
 		t.Fatal(werr)
 	}
-	if got := machines[lead].list(); got != "declare a,declare b" {
+}
+
+// TestMetaThreeVotersOverTCP: three metadata groups with every node a
+// voter (MetaConfig.Peers), their raft messages carried by the TCP
+// transport, elect a leader as they are ticked; commands added on the
+// leader are applied at commit on all three, in the same order, and the
+// leader's Wait returns once they are applied there (on several voters
+// the caller does not apply at add: an entry the leader appended may be
+// lost with its leadership).
+func TestMetaThreeVotersOverTCP(t *testing.T) {
+	nodes := newMetaTrio(t)
+	lead := metaLeader(t, nodes)
+	metaAdd(t, nodes, lead, "declare a", "declare b")
+	if got := nodes[lead].machine.list(); got != "declare a,declare b" {
 		t.Fatalf("leader applied %q once Wait returned", got)
 	}
-	tickUntil("every node applying both", func() bool {
-		for _, m := range machines {
-			if m.list() != "declare a,declare b" {
+	metaTickUntil(t, nodes, "every node applying both", func() bool {
+		for _, n := range nodes {
+			if n.machine.list() != "declare a,declare b" {
+				return false
+			}
+		}
+		return true
+	})
+}
+
+// TestMetaVoterRestarts: a follower closed and reopened from its log
+// (a fresh machine: OpenMeta replays what its log has committed) rejoins
+// and ends with every command applied exactly once, in order.
+func TestMetaVoterRestarts(t *testing.T) {
+	nodes := newMetaTrio(t)
+	lead := metaLeader(t, nodes)
+	metaAdd(t, nodes, lead, "declare a", "declare b")
+	f := (lead + 1) % 3
+	metaTickUntil(t, nodes, "the follower applying both", func() bool { return nodes[f].machine.list() == "declare a,declare b" })
+	closeMetaNode(nodes[f])
+	openMetaNode(t, nodes[f], uint64(f+1))
+	if got := nodes[f].machine.list(); got != "" && got != "declare a" && got != "declare a,declare b" {
+		t.Fatalf("the reopened follower replayed %q", got)
+	}
+	lead = metaLeader(t, nodes)
+	metaAdd(t, nodes, lead, "declare c")
+	metaTickUntil(t, nodes, "every node applying all three", func() bool {
+		for _, n := range nodes {
+			if n.machine.list() != "declare a,declare b,declare c" {
 				return false
 			}
 		}
