@@ -178,7 +178,7 @@ func (m model) checkKept(l *Log) error {
 		for _, k := range kept {
 			es, release, err := l.EntriesView(id, k, k+1)
 			if err != nil {
-				return fmt.Errorf("group %d kept entry %d: %v", id, k, err)
+				return fmt.Errorf("group %d kept entry %d: %w", id, k, err)
 			}
 			if es[0].Term != g.stored[k].Term || !bytes.Equal(es[0].Data, g.stored[k].Data) {
 				release()
@@ -344,14 +344,16 @@ func TestCrashProperty(t *testing.T) {
 	t.Logf("%+v", tot)
 	// The run must have exercised every path it claims to.
 	if tot.Moved == 0 || tot.Compacted == 0 || tot.Deleted == 0 || tot.Sealed == 0 || tot.FailedOps == 0 ||
-		tot.FlipsReported == 0 || tot.FlipsCut == 0 {
+		tot.FlipsReported == 0 || tot.FlipsCut == 0 || tot.Footers == 0 || tot.FlipsOnRead == 0 {
 		t.Fatalf("a path was never exercised: %+v", tot)
 	}
 }
 
 type crashTotals struct {
 	Moved, Compacted, Deleted, Sealed, Pipelined uint64
+	Footers                                      uint64 // sealed files recovery loaded from their footers
 	FailedOps, FlipsReported, FlipsCut           int
+	FlipsOnRead                                  int // found on first read (a file loaded from its footer)
 }
 
 func crashOnce(t *testing.T, seed uint64, tot *crashTotals) {
@@ -400,6 +402,7 @@ func crashOnce(t *testing.T, seed uint64, tot *crashTotals) {
 	if err != nil {
 		t.Fatalf("seed %d: recovery: %v (files %v)", seed, err, files)
 	}
+	tot.Footers += l2.Stats().FootersRead
 	var match model
 	for _, c := range candidates(history, failed) {
 		if c.matchesRange(l2) == nil {
@@ -449,6 +452,14 @@ func crashOnce(t *testing.T, seed uint64, tot *crashTotals) {
 		t.Fatalf("seed %d: flipped bit at %s:%d: unexpected error %v", seed, name, off, err)
 	}
 	defer l3.Close()
+	// Not reported at open, in a sealed file loaded from its footer: the
+	// first read of the damaged record reports it.
+	for _, id := range l3.Groups() {
+		if _, err := l3.Entries(id, l3.FirstIndex(id), l3.LastIndex(id)+1); errors.Is(err, ErrCorrupt) {
+			tot.FlipsOnRead++
+			return
+		}
+	}
 	// Not reported at open: the damage was cut as a torn tail. The state
 	// must then be one the history went through, and the live entries must
 	// read back or be reported missing.

@@ -33,10 +33,11 @@
 //	| magic  | version | generation | reserved | records...
 //	+--------+---------+------------+----------+==========
 //
-// magic is "WRNWAL" or "WRNSEG"; version (u16) is 2 (version 1 lacks
-// record type 7; this build reads both and never writes a type-7 record
-// into a version-1 file: RemoveGroup starts a new WAL file first, so a
-// build that reads only version 1 refuses any file that may hold one),
+// magic is "WRNWAL" or "WRNSEG"; version (u16) is 3 (version 1 lacks
+// record type 7, version 2 the footer, type 8; this build reads all three
+// and never writes a type-7 record into a version-1 file: RemoveGroup
+// starts a new WAL file first, so a build that reads only version 1
+// refuses any file that may hold one),
 // and a file of a later version is refused with ErrVersion rather than
 // taken for damage;
 // generation is the low 32 bits of the file's sequence number (in its
@@ -54,8 +55,16 @@
 //	              commit u64, flags u64 (bit 0: hard state set), n u64, n × (segment seq u64, size u64)
 //	6 promise     group u64, segment seq u64, size u64
 //	7 remove      group u64 (version 2)
+//	8 footer      group u64, nrec u64, nrun u64, nent u64, nrec × record offset u32,
+//	              nrun × (first index u64, term u64, count u64), nent × data offset u32
+//	              (u32 arrays zero-padded to 8 bytes), footer offset u64, "WRNFOOT\0"
+//	              (version 3; segment files only, last)
 //
-// Segment files hold only entries records. All integers are
+// Segment files hold only entries records, and a sealed one ends with
+// its index footer (type 8): every entry in file order, as runs of
+// consecutive indexes of one term, and where each record starts. The
+// payload ends with the footer's own offset and a magic, so the file's
+// last 16 bytes find it. All integers are
 // little-endian. The constants are part of the format.
 //
 // # Writing
@@ -93,7 +102,13 @@
 //
 // Open lists the files. It first gathers what the WAL files promise about
 // segment sizes (checkpoints and promise records). It loads every group's
-// segment files in order; of two copies of an index, the one with the
+// segment files in order: a sealed file with an intact footer (its
+// checksum and structure check) from the footer alone, without reading
+// its records, each record then checksummed on its first read (views,
+// terms, and the compaction's copies: damage found then is ErrCorrupt
+// naming the file and record, never copied under a fresh checksum);
+// any other file (no footer: the current one, a crash while sealing, an
+// older version; or a footer that does not check) by a scan as before; of two copies of an index, the one with the
 // higher term wins (raft rewrites an index only with a higher term; equal
 // terms are the same entry). Then it replays the WAL files in order:
 // checkpoints set each group's range and hard state, entries replay with
@@ -124,10 +139,11 @@
 //
 // # Not built yet
 //
-// Opening reads every segment file whole to rebuild the index (a sealed
-// segment could carry its own index for a faster open); reads do not
-// re-verify checksums, so damage done to a file after Open is found at the
-// next Open; the mover copies each surviving entry once more than a shared
+// Opening still scans each group's current (unsealed) segment file whole,
+// and sealed files without a footer (written before version 3); reads
+// do not re-verify checksums once checked, so damage done to a file after
+// Open (or after a record's first read) is found at the next Open or first
+// read; the mover copies each surviving entry once more than a shared
 // log would, and syncs every touched segment file on each move (one
 // fdatasync per group per WAL file).
 package segment

@@ -24,12 +24,19 @@ type file struct {
 	// written counts the entries ever written (segments: live/written is
 	// the ratio that triggers compaction).
 	written int
-	sealed  bool // no more appends
-	touched bool // written by the current move (worker-owned)
-	dead    bool // scheduled for deletion
-	old     bool // written in a format version before formatVersion
-	maps    mappings
-	owner   *Log
+	sealed  bool   // no more appends
+	touched bool   // written by the current move (worker-owned)
+	dead    bool   // scheduled for deletion
+	old     bool   // written in a format version before formatVersion
+	version uint16 // its format version
+	// Segment files: what was written into it, for its footer (dropped
+	// once sealed).
+	footRecs []uint32
+	footEnts []footEnt
+	footed   bool       // ends with an index footer (sealed)
+	lazy     *lazyCheck // loaded from its footer: records are checked on first read
+	maps     mappings
+	owner    *Log
 }
 
 func (f *file) gen() uint32 { return uint32(f.seq) }

@@ -243,7 +243,7 @@ func (l *Log) moveOut(src *file) error {
 		for end < len(jobs) && jobs[end].g == jobs[start].g {
 			end++
 		}
-		ps, err := w.group(jobs[start].g, jobs[start:end], m.data)
+		ps, err := w.group(jobs[start].g, jobs[start:end], src, m.data)
 		if err != nil {
 			return err
 		}
@@ -321,7 +321,7 @@ type segWriter struct {
 
 // group writes the entries of jobs (one group's) and returns where each
 // went.
-func (w *segWriter) group(g *groupIndex, jobs []moveJob, src []byte) ([]piece, error) {
+func (w *segWriter) group(g *groupIndex, jobs []moveJob, srcFile *file, src []byte) ([]piece, error) {
 	var pieces []piece
 	recStart, count := -1, 0
 	flush := func() error {
@@ -333,6 +333,7 @@ func (w *segWriter) group(g *groupIndex, jobs []moveJob, src []byte) ([]piece, e
 		if _, err := g.seg.f.WriteAt(w.buf, g.seg.wsize); err != nil {
 			return err
 		}
+		g.seg.footRecs = append(g.seg.footRecs, uint32(g.seg.wsize))
 		g.seg.wsize += int64(len(w.buf))
 		g.seg.written += count
 		w.buf, recStart, count = w.buf[:0], -1, 0
@@ -344,6 +345,12 @@ func (w *segWriter) group(g *groupIndex, jobs []moveJob, src []byte) ([]piece, e
 				continue // dropped before the move
 			}
 			idx := j.lo + uint64(i)
+			if srcFile.lazy != nil {
+				// Never copy an unchecked record under a fresh checksum.
+				if err := srcFile.lazy.check(srcFile, src, o); err != nil {
+					return nil, err
+				}
+			}
 			got, term, data := entryAt(src, o)
 			if got != idx {
 				return nil, fmt.Errorf("segment: moving group %d: index %d found where %d was expected", g.id, got, idx)
@@ -360,6 +367,9 @@ func (w *segWriter) group(g *groupIndex, jobs []moveJob, src []byte) ([]piece, e
 					return nil, err
 				}
 				if g.seg != nil {
+					if err := w.footer(g.seg); err != nil {
+						return nil, err
+					}
 					w.sealed = append(w.sealed, g.seg)
 				}
 				if err := w.newSegment(g); err != nil {
@@ -376,6 +386,7 @@ func (w *segWriter) group(g *groupIndex, jobs []moveJob, src []byte) ([]piece, e
 			w.buf = binary.LittleEndian.AppendUint32(w.buf, uint32(len(data)))
 			off := uint32(g.seg.wsize) + uint32(len(w.buf))
 			w.buf = append(w.buf, data...)
+			g.seg.footEnts = append(g.seg.footEnts, footEnt{idx: idx, term: term, off: off})
 			count++
 			if n := len(pieces); n > 0 && pieces[n-1].f == g.seg && pieces[n-1].lo+uint64(len(pieces[n-1].offs)) == idx {
 				pieces[n-1].offs = append(pieces[n-1].offs, off)
@@ -391,11 +402,33 @@ func (w *segWriter) group(g *groupIndex, jobs []moveJob, src []byte) ([]piece, e
 	return pieces, flush()
 }
 
+// footer ends a segment file being sealed with its index (footer.go), so
+// that Open need not scan it. One too large for a record is left out:
+// the file is scanned instead.
+func (w *segWriter) footer(f *file) error {
+	recs, ents := f.footRecs, f.footEnts
+	f.footRecs, f.footEnts = nil, nil
+	if f.version < footerVersion || len(recs) == 0 ||
+		footerPayload(len(recs), footRuns(ents), len(ents)) > MaxRecord {
+		return nil
+	}
+	f.footRecs, f.footEnts = recs, ents
+	w.buf = encodeFooter(w.buf[:0], f, f.wsize)
+	f.footRecs, f.footEnts = nil, nil
+	if _, err := f.f.WriteAt(w.buf, f.wsize); err != nil {
+		return err
+	}
+	f.wsize += int64(len(w.buf))
+	f.footed = true
+	w.buf = w.buf[:0]
+	return nil
+}
+
 // newSegment starts a group's next segment file.
 func (w *segWriter) newSegment(g *groupIndex) error {
 	l := w.l
 	l.mu.Lock()
-	f := &file{seq: l.nextSeq, group: g.id, owner: l}
+	f := &file{seq: l.nextSeq, group: g.id, owner: l, version: formatVersion}
 	l.nextSeq++
 	l.mu.Unlock()
 	f.name = segName(g.id, f.seq)

@@ -123,8 +123,9 @@ const (
 	// added the remove record; this build reads versions 1 and 2, and never
 	// writes a remove record into a version-1 file (RemoveGroup starts a
 	// new WAL file first), so a build that reads only version 1 refuses
-	// every file that may hold one.
-	formatVersion    = 2
+	// every file that may hold one. Version 3 added the index footer
+	// (segment files only: footer.go); this build reads versions 1 to 3.
+	formatVersion    = 3
 	minFormatVersion = 1
 )
 
@@ -193,6 +194,7 @@ type Stats struct {
 	DeletedFiles   uint64
 	StoredEntries  int
 	SegmentsSealed uint64
+	FootersRead    uint64 // sealed segment files Open loaded from their index footers
 }
 
 type spanUndo struct {

@@ -42,6 +42,10 @@ func (l *Log) termLocked(group, index uint64) uint64 {
 	if err != nil {
 		return 0
 	}
+	if f.lazy != nil && f.lazy.check(f, m.data, off) != nil {
+		f.maps.release(m)
+		return 0
+	}
 	_, term, _ := entryAt(m.data, off)
 	f.maps.release(m)
 	return term
@@ -103,6 +107,12 @@ func (l *Log) view(group, lo, hi uint64, raftOnly bool) ([]Entry, func(), error)
 				return nil, nil, err
 			}
 			h.add(f, m)
+		}
+		if f.lazy != nil {
+			if err := f.lazy.check(f, m.data, off); err != nil {
+				h.release()
+				return nil, nil, err
+			}
 		}
 		idx, term, data := entryAt(m.data, off)
 		if idx != k {

@@ -71,10 +71,11 @@ func (l *Log) recover() error {
 				continue // removed (nothing in it)
 			}
 			g.segs = append(g.segs, f)
-			if i == len(list)-1 && f.wsize < l.opts.SegmentSize {
+			if i == len(list)-1 && f.wsize < l.opts.SegmentSize && !f.footed && f.version >= footerVersion {
 				g.seg = f
 			} else {
 				f.sealed = true
+				f.footRecs, f.footEnts = nil, nil
 			}
 		}
 	}
@@ -223,6 +224,7 @@ func (l *Log) scan(f *file, buf []byte, magic string, tornOK bool, promised int6
 		off = 0 // a damaged header: torn from the start, or corruption if records follow
 	} else {
 		f.old = v < formatVersion
+		f.version = v
 		for {
 			typ, payload, next, err := readRecord(buf, off, gen)
 			if err != nil {
@@ -327,10 +329,7 @@ func forEntries(p []byte, fn func(idx uint64, dataOff int) error) error {
 // loadSegment places a segment file's entries in the index; a copy of an
 // index replaces a stored one of a lower term.
 func (l *Log) loadSegment(g *groupIndex, f *file, promised int64) error {
-	buf, m, err := l.openAndMap(f)
-	if err != nil {
-		return err
-	}
+	var buf []byte
 	termOf := func(sf *file, off uint32) uint64 {
 		if sf == f {
 			return binary.LittleEndian.Uint64(buf[off-entryHeader+8:])
@@ -340,15 +339,33 @@ func (l *Log) loadSegment(g *groupIndex, f *file, promised int64) error {
 			return 0 // unreadable: the new copy wins
 		}
 		defer sf.maps.release(sm)
+		if sf.lazy != nil && sf.lazy.check(sf, sm.data, off) != nil {
+			return 0 // damaged: the new copy wins (a read of the old one reports it)
+		}
 		return binary.LittleEndian.Uint64(sm.data[off-entryHeader+8:])
 	}
+	// A sealed file with an intact footer is not scanned: its records are
+	// checked when first read.
+	if ok, err := l.loadFooter(g, f, termOf); ok || err != nil {
+		return err
+	}
+	buf, m, err := l.openAndMap(f)
+	if err != nil {
+		return err
+	}
 	end, err := l.scan(f, buf, segMagic, true, promised, func(typ uint8, p []byte, off int) error {
-		if typ != recEntries || binary.LittleEndian.Uint64(p) != g.id {
+		if typ == recFooter && f.version >= footerVersion && binary.LittleEndian.Uint64(p) == g.id {
+			f.footed = true // intact, though Open could not use it: sealed
+			return nil
+		}
+		if typ != recEntries || binary.LittleEndian.Uint64(p) != g.id || f.footed {
 			return fmt.Errorf("unexpected record type %d in a segment of group %d", typ, g.id)
 		}
+		f.footRecs = append(f.footRecs, uint32(off))
 		return forEntries(p, func(idx uint64, dataOff int) error {
 			term := binary.LittleEndian.Uint64(p[dataOff-entryHeader+8:])
 			g.place(idx, term, f, uint32(off+recordHeader+dataOff), termOf)
+			f.footEnts = append(f.footEnts, footEnt{idx: idx, term: term, off: uint32(off + recordHeader + dataOff)})
 			f.written++
 			return nil
 		})
@@ -457,7 +474,7 @@ func (l *Log) replay(f *file, typ uint8, p []byte, recOff int) error {
 			return errors.New("bad promise record")
 		}
 	case recRemove:
-		if len(p) != 8 || f.old {
+		if len(p) != 8 || f.version < 2 {
 			return errors.New("bad remove record")
 		}
 		l.removeLocked(binary.LittleEndian.Uint64(p))
