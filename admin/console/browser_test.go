@@ -362,6 +362,20 @@ func TestBrowser(t *testing.T) {
 	}
 	step("queues of 10,000", shot("queues-10000"))
 
+	// A fresh overview (one sample: no rates yet, one queued point) draws
+	// its time axes over a minute or so, not over years.
+	var spans []float64
+	step("fresh overview's time axes", chromedp.Navigate(base+"/?poll=60000&fresh=1#/overview"),
+		wait(`window.__warren.overviewSamples >= 1 && window.__warren.charts`),
+		chromedp.Func(func(ctx context.Context, tg *chromedp.Target) error {
+			var err error
+			spans, err = chromedp.Evaluate[[]float64](`Object.values(window.__warren.charts).map((c) => c.plot.scales.x.max - c.plot.scales.x.min)`)(ctx, tg)
+			return err
+		}), shot("overview-fresh"))
+	if len(spans) != 2 || spans[0] <= 0 || spans[0] > 600 || spans[1] <= 0 || spans[1] > 600 {
+		t.Errorf("a fresh overview's charts span %v seconds, want two spans of a minute or so (up to 600 s)", spans)
+	}
+
 	// The overview's disk card: free space against --disk-free-limit, and
 	// the alarm when it is below.
 	step("disk", chromedp.Navigate(base+"/?poll=250#/overview"),
