@@ -111,10 +111,19 @@ class RateChart {
     const width = Math.max(320, el.clientWidth || 600);
     this.plot = new uPlot({
       title, width, height: 200,
-      scales: { x: { time: true }, y: { range: (u, lo, hi) => [0, Math.max(1, hi * 1.1)] } },
+      // Fewer than two samples: the last minute, not uPlot's default span
+      // of years around a single point.
+      scales: { x: { time: true, range: (u, lo, hi) => {
+        const xs = u.data[0], n = xs ? xs.length : 0;
+        if (n > 1) return [lo, hi];
+        const t = n ? xs[0] : Date.now() / 1000;
+        return [t - 60, t];
+      } },
+        y: { range: (u, lo, hi) => [0, Math.max(1, hi * 1.1)] } },
       axes: [{}, { size: 60 }],
       series: [{}, ...series.map((s, i) => ({ label: s, stroke: colors[i], width: 1.5, points: { show: false } }))],
     }, this.data, el);
+    (perf.charts ||= {})[title] = this;
   }
   push(t, values) {
     this.data[0].push(t);
