@@ -157,15 +157,27 @@ func (e *EntryEncoder) Len() int {
 // ErrCommandTooLarge for an Enqueue larger than any entry. It panics on a
 // value queue.AppendCommand cannot encode (the caller's bug).
 func (e *EntryEncoder) Add(cmd queue.Command) error {
-	msgs := 0
+	msgs, need := 0, 64
 	if enq, ok := cmd.(*queue.Enqueue); ok {
 		msgs = len(enq.Msgs)
 		if msgs > MaxEntryMessages {
 			return ErrCommandTooLarge
 		}
+		need += msgs * 64
+		for _, b := range enq.Bodies {
+			need += 4 + len(b)
+		}
 	}
 	if e.msgs+msgs > MaxEntryMessages || e.n+1 > MaxEntryCommands {
 		return ErrEntryFull
+	}
+	if need += entryHeaderLen; cap(e.buf)-len(e.buf) < need {
+		// Room for the whole command at once, doubling: append's own
+		// growth (about 1.25× for large slices) would copy a
+		// large entry many times over.
+		nb := make([]byte, len(e.buf), max(2*cap(e.buf), len(e.buf)+need))
+		copy(nb, e.buf)
+		e.buf = nb
 	}
 	if len(e.buf) == 0 {
 		e.buf = append(e.buf, make([]byte, entryHeaderLen)...)
