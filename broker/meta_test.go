@@ -270,6 +270,9 @@ func metaCodecSeeds() []MetaCommand {
 		{Op: MetaDeleteQueue, Queue: wire.QueueDeclare{Name: "q"}, QueueID: 42},
 		{Op: MetaBind, User: "u", Bind: wire.Bind{Source: "amq.headers", Destination: "q", RoutingKey: "a.#", Args: args}},
 		{Op: MetaBind, Bind: wire.Bind{Unbind: true, ToExchange: true, Source: "s", Destination: "d", RoutingKey: "\x00\xff"}},
+		{Op: MetaPutUser, Admin: true, Account: MetaUser{Name: "carol", PasswordHash: "$2a$10$x", Tags: []string{"administrator"}}, IfAbsent: true},
+		{Op: MetaPutUser, Account: MetaUser{Name: "dave", PasswordHash: "h"}},
+		{Op: MetaDeleteUser, Account: MetaUser{Name: "carol"}},
 	}
 }
 
