@@ -181,11 +181,12 @@ func (a *API) ServeAuthenticated(w http.ResponseWriter, r *http.Request, user st
 			return
 		}
 	}
-	a.mux.ServeHTTP(w, r)
+	a.mux.ServeHTTP(w, r.WithContext(context.WithValue(r.Context(), userKey{}, user)))
 }
 
 func (a *API) routes() {
 	m := a.mux
+	a.userRoutes()
 	m.HandleFunc("GET /api/overview", func(w http.ResponseWriter, r *http.Request) { writeJSON(w, 200, a.overview()) })
 
 	m.HandleFunc("GET /api/exchanges", func(w http.ResponseWriter, r *http.Request) { writeJSON(w, 200, a.b.Exchanges()) })

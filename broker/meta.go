@@ -40,6 +40,19 @@ type Meta struct {
 	// exclusive counts the exclusive queues each connection owns (derived
 	// from queues: not in snapshots, rebuilt by Restore).
 	exclusive map[uint64]int
+	// users are the broker's accounts (issue 15): a password is only ever
+	// here as the salted hash the runtime made before the command.
+	users map[string]*MetaUser
+}
+
+// MetaUser is a broker user as the metadata state machine keeps it.
+// PasswordHash is a bcrypt hash (salted: the runtime draws the salt and
+// hashes before the command, so Apply stays pure); the password itself is
+// never in a command, the log or a snapshot.
+type MetaUser struct {
+	Name         string
+	PasswordHash string
+	Tags         []string
 }
 
 // bindSet is the bindings of one exchange or queue: a short list (most
@@ -126,6 +139,12 @@ const (
 	// and every binding to or from one of them is dropped. Logged once
 	// per start, after recovery, so a replay drops them at the same point.
 	MetaNodeUp MetaOp = 6
+	// MetaPutUser creates or replaces the user Account (its hash and
+	// tags); with IfAbsent it only creates (the config file's bootstrap
+	// users: run-time changes win afterwards).
+	MetaPutUser MetaOp = 7
+	// MetaDeleteUser removes the user Account.Name.
+	MetaDeleteUser MetaOp = 8
 )
 
 // MetaCommand is one request to the metadata state machine, as data: it
@@ -151,6 +170,10 @@ type MetaCommand struct {
 	Generated bool
 	QueueID   uint64    // MetaDeleteQueue: the queue (Queue.Name its name)
 	Bind      wire.Bind // MetaBind (Req ignored)
+	// Account is the user of MetaPutUser (MetaDeleteUser: its Name);
+	// IfAbsent makes MetaPutUser create only.
+	Account  MetaUser
+	IfAbsent bool
 }
 
 // MetaResult is what a command answers: a refusal (Code not OK, with its
@@ -203,6 +226,10 @@ const (
 	// EffDurableAccepted: a durable declare of Name (Queue.Name for a
 	// queue) was accepted, which is not yet honoured (the runtime warns).
 	EffDurableAccepted
+	// EffUserPut: the user Name was created or changed; EffUserRemoved:
+	// it is gone (the runtime closes its connections).
+	EffUserPut
+	EffUserRemoved
 )
 
 // MetaEffect is one change the runtime applies (routing, shards) after a
@@ -214,7 +241,7 @@ type MetaEffect struct {
 	Shard    int            // EffQueueCreated
 	Binding  queue.Binding  // EffBindingAdded, EffBindingRemoved
 	What     string         // EffDurableAccepted: "exchange" or "queue"
-	Name     string         // EffDurableAccepted
+	Name     string         // EffDurableAccepted; the user of EffUserPut, EffUserRemoved
 }
 
 // MetaQueue is a queue as the metadata state machine knows it.
@@ -241,6 +268,8 @@ type MetaLimits struct {
 	MaxBindings  int // bindings, to queues and to exchanges
 	// MaxExclusivePerConn: exclusive queues one connection may own.
 	MaxExclusivePerConn int
+	// MaxUsers: user accounts (the config file's included).
+	MaxUsers int
 }
 
 // DefaultMetaLimits are generous for real topologies and for the
@@ -254,10 +283,14 @@ type MetaLimits struct {
 //
 // A connection may own 10,000 exclusive queues (about 25 MB): one client
 // cannot fill max_queues alone with queues nobody else may use.
-var DefaultMetaLimits = MetaLimits{MaxQueues: 1_000_000, MaxExchanges: 100_000, MaxBindings: 4_000_000, MaxExclusivePerConn: 10_000}
+//
+// 10,000 users (a few hundred bytes each) is far more accounts than a
+// broker's applications need; a bcrypt hash is 60 bytes, tags bounded by
+// maxUserTags.
+var DefaultMetaLimits = MetaLimits{MaxQueues: 1_000_000, MaxExchanges: 100_000, MaxBindings: 4_000_000, MaxExclusivePerConn: 10_000, MaxUsers: 10_000}
 
 // noMetaLimits limits nothing (recovery replays what was made).
-var noMetaLimits = MetaLimits{MaxQueues: math.MaxInt, MaxExchanges: math.MaxInt, MaxBindings: math.MaxInt, MaxExclusivePerConn: math.MaxInt}
+var noMetaLimits = MetaLimits{MaxQueues: math.MaxInt, MaxExchanges: math.MaxInt, MaxBindings: math.MaxInt, MaxExclusivePerConn: math.MaxInt, MaxUsers: math.MaxInt}
 
 // withDefaults fills the zero (or negative) fields with the defaults.
 func (l MetaLimits) withDefaults() MetaLimits {
@@ -272,6 +305,9 @@ func (l MetaLimits) withDefaults() MetaLimits {
 	}
 	if l.MaxExclusivePerConn <= 0 {
 		l.MaxExclusivePerConn = DefaultMetaLimits.MaxExclusivePerConn
+	}
+	if l.MaxUsers <= 0 {
+		l.MaxUsers = DefaultMetaLimits.MaxUsers
 	}
 	return l
 }
@@ -316,6 +352,7 @@ func (m *Meta) reset() {
 	m.byQueue = map[string]*bindSet{}
 	m.byExDest = map[string]*bindSet{}
 	m.exclusive = map[uint64]int{}
+	m.users = map[string]*MetaUser{}
 }
 
 // forgetExclusive uncounts a removed queue's owner, if it had one.
@@ -344,6 +381,10 @@ func (m *Meta) Apply(c *MetaCommand) (MetaResult, []MetaEffect) {
 		return m.bind(c)
 	case MetaNodeUp:
 		return m.nodeUp()
+	case MetaPutUser:
+		return m.putUser(c)
+	case MetaDeleteUser:
+		return m.deleteUser(c)
 	}
 	return refuse(wire.InvalidArgument, "unknown metadata operation "+strconv.Itoa(int(c.Op))), nil
 }

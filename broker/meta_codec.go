@@ -22,8 +22,9 @@ import (
 // MetaCommandVersion is the version byte of an encoded MetaCommand.
 const MetaCommandVersion = 1
 
-// MetaSnapshotVersion is the version byte of a metadata snapshot.
-const MetaSnapshotVersion = 1
+// MetaSnapshotVersion is the version byte of a metadata snapshot. Version
+// 2 adds the users after the bindings; version 1 (no users) still reads.
+const MetaSnapshotVersion = 2
 
 // maxMetaString bounds a string in an encoded command or snapshot (names
 // are at most 255 bytes; users and routing keys are bounded by the frame
@@ -52,6 +53,11 @@ func AppendMetaCommand(dst []byte, c *MetaCommand) []byte {
 		dst = appendBinding(dst, queue.Binding{Source: c.Bind.Source, Destination: c.Bind.Destination,
 			ToExchange: c.Bind.ToExchange, Key: c.Bind.RoutingKey, Args: c.Bind.Args})
 		dst = append(dst, flagByte(c.Bind.Unbind))
+	case MetaPutUser:
+		dst = appendMetaUser(dst, &c.Account)
+		dst = append(dst, flagByte(c.IfAbsent))
+	case MetaDeleteUser:
+		dst = appendMetaStr(dst, c.Account.Name)
 	}
 	return dst
 }
@@ -84,6 +90,11 @@ func DecodeMetaCommand(b []byte) (MetaCommand, error) {
 		c.Bind = wire.Bind{Source: b.Source, Destination: b.Destination, ToExchange: b.ToExchange, RoutingKey: b.Key, Args: b.Args}
 		c.Bind.Unbind = r.flag()
 	case MetaNodeUp: // no operands
+	case MetaPutUser:
+		c.Account = r.metaUser()
+		c.IfAbsent = r.flag()
+	case MetaDeleteUser:
+		c.Account.Name = r.str()
 	default:
 		if r.err == nil {
 			r.fail("unknown metadata operation " + strconv.Itoa(int(c.Op)))
@@ -295,6 +306,11 @@ func (m *Meta) Snapshot() []byte {
 		dst = appendBinding(dst, b.b)
 		dst = appendMetaStr(dst, b.by)
 	}
+	us := m.Users()
+	dst = binary.LittleEndian.AppendUint32(dst, uint32(len(us)))
+	for i := range us {
+		dst = appendMetaUser(dst, &us[i])
+	}
 	return dst
 }
 
@@ -304,8 +320,9 @@ func (m *Meta) Restore(snap []byte) error {
 	n := &Meta{shards: m.shards, limits: m.limits}
 	n.reset()
 	r := metaReader{b: snap}
-	if v := r.u8(); r.err == nil && v != MetaSnapshotVersion {
-		return fmt.Errorf("metadata snapshot version %d: this broker reads version %d (upgrade it)", v, MetaSnapshotVersion)
+	v := r.u8()
+	if r.err == nil && (v < 1 || v > MetaSnapshotVersion) {
+		return fmt.Errorf("metadata snapshot version %d: this broker reads versions 1 to %d (upgrade it)", v, MetaSnapshotVersion)
 	}
 	n.nextID = r.u64()
 	if r.err == nil && (n.nextID == 0 || n.nextID > math.MaxUint32) {
@@ -364,6 +381,19 @@ func (m *Meta) Restore(snap []byte) error {
 			break
 		}
 		n.link(&metaBinding{key: key, b: b, by: by})
+	}
+	if v >= 2 {
+		for i, c := int(r.u32()), 0; c < i && r.err == nil; c++ {
+			u := r.metaUser()
+			if r.err != nil {
+				break
+			}
+			if _, dup := n.users[u.Name]; dup || u.Name == "" || u.PasswordHash == "" {
+				r.fail("user " + strconv.Quote(u.Name) + " twice, unnamed or without a hash")
+				break
+			}
+			n.users[u.Name] = &u
+		}
 	}
 	if err := r.end(); err != nil {
 		return err
@@ -458,7 +488,7 @@ func diffMeta(a, b *Meta) []MetaEffect {
 			effs = append(effs, MetaEffect{Kind: EffBindingAdded, Binding: nb.b})
 		}
 	}
-	return effs
+	return append(effs, diffUsers(a, b)...)
 }
 
 func sameExchange(a, b *wire.ExchangeDeclare) bool {

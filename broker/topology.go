@@ -259,6 +259,9 @@ type topology struct {
 	// restoring: OpenMetaLog is installing the recovered topology, not yet
 	// in the view; held dead letters wait for it (deadletter.go).
 	restoring atomic.Bool
+	// onUsers, if set (Broker.OnUsers), is told of every change to the
+	// users (mu held).
+	onUsers func(users []MetaUser, removed []string)
 }
 
 // queueTotals are broker-wide sums of per-queue counters.
@@ -291,7 +294,7 @@ func (t *topology) applyLocked(c *MetaCommand) MetaResult {
 // ApplyMetaEffects applies the metadata state machine's effects (mu held):
 // it is the MetaEffectSink of the broker.
 func (t *topology) ApplyMetaEffects(effs []MetaEffect) {
-	changed := false
+	changed, users := false, false
 	for i := range effs {
 		e := &effs[i]
 		switch e.Kind {
@@ -310,11 +313,17 @@ func (t *topology) ApplyMetaEffects(effs []MetaEffect) {
 		case EffDurableAccepted:
 			t.warnDurable(e.What, e.Name)
 			continue
+		case EffUserPut, EffUserRemoved:
+			users = true
+			continue
 		}
 		changed = true
 	}
 	if changed {
 		t.changedLocked()
+	}
+	if users {
+		t.usersChangedLocked(effs)
 	}
 	// A queue's shard opens it only once the routes of the whole batch
 	// are published (a control run publishes them at its end, but a queue

@@ -165,6 +165,8 @@ type Server struct {
 	cfg  Config
 	log  *slog.Logger
 	auth *authenticator
+	// userDeleted: OnUserDeleted's function, if set.
+	userDeleted atomic.Pointer[func(user string)]
 	// The broker core: topology, shards, the operator API (promoted:
 	// DeclareQueue, PeekQueue…). netio holds it; it never calls netio.
 	*broker.Broker
@@ -313,6 +315,15 @@ func Start(cfg Config) (*Server, error) {
 			_ = s.nodeLog.Close()
 			return nil, fmt.Errorf("recovering the durable queues from the log in %s: %w", cfg.DataDir, err)
 		}
+	}
+	// Users are the metadata state machine's (issue 15): the config
+	// file's are created when absent, run-time changes win afterwards.
+	if err := s.bootstrapUsers(cfg.Users); err != nil {
+		_ = s.Broker.Stop(context.Background())
+		if s.nodeLog != nil {
+			_ = s.nodeLog.Close()
+		}
+		return nil, err
 	}
 	gnetAddr := "tcp://" + listenAddr(cfg.Addr)
 	opts := []gnet.Option{gnet.WithMulticore(true), gnet.WithNumEventLoop(cfg.EventLoops), gnet.WithReusePort(false), gnet.WithReuseAddr(true),

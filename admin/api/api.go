@@ -240,3 +240,18 @@ type PublishResult struct {
 	Routed bool `json:"routed"` // some queue took the message
 	Queues int  `json:"queues"` // how many queues took it
 }
+
+// UserSettings is the body of PUT /api/users/{name}: a password (hashed
+// with bcrypt by the broker, never kept) or a bcrypt password_hash made
+// elsewhere (warrenctl hash-password), and the tags ("administrator").
+type UserSettings struct {
+	Password     *string  `json:"password,omitempty"`
+	PasswordHash string   `json:"password_hash,omitempty"`
+	Tags         []string `json:"tags"`
+}
+
+// User is a user as GET /api/users shows it: no password, no hash.
+type User struct {
+	Name string   `json:"name"`
+	Tags []string `json:"tags"`
+}

@@ -1,0 +1,102 @@
+package admin
+
+import (
+	"net/http"
+	"strconv"
+
+	"github.com/warren-mq/warren/admin/api"
+	"github.com/warren-mq/warren/broker"
+	"github.com/warren-mq/warren/wire"
+	"golang.org/x/crypto/bcrypt"
+)
+
+// Users at run time (issue 15): kept in the metadata state machine, so
+// durable with a data directory. Reading them needs the administrator tag
+// as writing does (who may log in is an operator's business).
+
+func (a *API) userRoutes() {
+	m := a.mux
+	m.HandleFunc("GET /api/users", func(w http.ResponseWriter, r *http.Request) {
+		if !a.adminOnly(w, r) {
+			return
+		}
+		us := a.b.Users()
+		out := make([]api.User, len(us))
+		for i, u := range us {
+			out[i] = api.User{Name: u.Name, Tags: nonNil(u.Tags)}
+		}
+		writeJSON(w, 200, out)
+	})
+	m.HandleFunc("GET /api/users/{name}", func(w http.ResponseWriter, r *http.Request) {
+		if !a.adminOnly(w, r) {
+			return
+		}
+		u, ok := a.b.User(r.PathValue("name"))
+		if !ok {
+			writeErr(w, &wire.Error{Code: wire.NotFound, Reason: "no user " + strconv.Quote(r.PathValue("name"))})
+			return
+		}
+		writeJSON(w, 200, api.User{Name: u.Name, Tags: nonNil(u.Tags)})
+	})
+	m.HandleFunc("PUT /api/users/{name}", a.putUser)
+	m.HandleFunc("DELETE /api/users/{name}", func(w http.ResponseWriter, r *http.Request) {
+		if err := a.b.DeleteUser(r.Context(), r.PathValue("name")); err != nil {
+			writeErr(w, err)
+			return
+		}
+		w.WriteHeader(http.StatusNoContent)
+	})
+}
+
+// adminOnly answers 403 unless the request's user is an administrator
+// (writes are checked for every endpoint in ServeAuthenticated).
+func (a *API) adminOnly(w http.ResponseWriter, r *http.Request) bool {
+	user, _ := r.Context().Value(userKey{}).(string)
+	if err := a.conns.AuthorizeOperator(user); err != nil {
+		writeErr(w, err)
+		return false
+	}
+	return true
+}
+
+type userKey struct{}
+
+func (a *API) putUser(w http.ResponseWriter, r *http.Request) {
+	var body api.UserSettings
+	if err := decode(r, &body); err != nil {
+		writeErr(w, err)
+		return
+	}
+	name := r.PathValue("name")
+	u := broker.MetaUser{Name: name, Tags: body.Tags}
+	switch {
+	case body.Password != nil && body.PasswordHash != "":
+		writeErr(w, &wire.Error{Code: wire.InvalidArgument, Reason: "give password or password_hash, not both"})
+		return
+	case body.Password != nil:
+		if *body.Password == "" || len(*body.Password) > 72 {
+			writeErr(w, &wire.Error{Code: wire.InvalidArgument, Reason: "a password is 1 to 72 bytes (bcrypt's limit)"})
+			return
+		}
+		h, err := bcrypt.GenerateFromPassword([]byte(*body.Password), bcrypt.DefaultCost) // a random salt per user
+		if err != nil {
+			writeErr(w, err)
+			return
+		}
+		u.PasswordHash = string(h)
+	case body.PasswordHash != "":
+		if _, err := bcrypt.Cost([]byte(body.PasswordHash)); err != nil {
+			writeErr(w, &wire.Error{Code: wire.InvalidArgument, Reason: "password_hash is not a bcrypt hash (make one with warrenctl hash-password): " + err.Error()})
+			return
+		}
+		u.PasswordHash = body.PasswordHash
+	default:
+		writeErr(w, &wire.Error{Code: wire.InvalidArgument, Reason: "user " + strconv.Quote(name) + " needs a password (or a bcrypt password_hash)"})
+		return
+	}
+	if err := a.b.PutUser(r.Context(), u); err != nil {
+		writeErr(w, err)
+		return
+	}
+	w.WriteHeader(http.StatusNoContent)
+}
