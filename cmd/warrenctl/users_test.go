@@ -1,0 +1,48 @@
+package main
+
+import (
+	"context"
+	"strings"
+	"testing"
+
+	"github.com/warren-mq/warren/client"
+)
+
+// warrenctl user add|list|set-password|set-tags|delete: the password comes
+// on stdin (never on the command line, where ps shows it).
+func TestWarrenctlUsers(t *testing.T) {
+	c := newCtl(t, nil)
+	c.ok("s3cret\n", "user", "add", "app", "--tags", "monitoring")
+	if out := c.ok("", "user", "list"); !regexpLine(out, "app", "monitoring") {
+		t.Fatalf("user list:\n%s", out)
+	}
+	addr := strings.TrimPrefix(c.url, "warren://guest:guest@")
+	login := func(pass string) error {
+		conn, err := client.Dial(context.Background(), "warren://app:"+pass+"@"+addr)
+		if err == nil {
+			conn.Close()
+		}
+		return err
+	}
+	if err := login("s3cret"); err != nil {
+		t.Fatalf("the new user cannot log in: %v", err)
+	}
+	c.ok("n3w\n", "user", "set-password", "app")
+	if login("s3cret") == nil || login("n3w") != nil {
+		t.Fatal("set-password did not replace the password")
+	}
+	c.ok("", "user", "set-tags", "app", "administrator", "monitoring")
+	if out := c.ok("", "user", "list"); !regexpLine(out, "app", "administrator,monitoring") {
+		t.Fatalf("set-tags:\n%s", out)
+	}
+	if login("n3w") != nil {
+		t.Fatal("set-tags changed the password")
+	}
+	if _, errs, code := c.run("", "user", "add", "nopass"); code != 1 || !strings.Contains(errs, "password") {
+		t.Fatalf("add without a password: exit %d %s", code, errs)
+	}
+	c.ok("", "user", "delete", "app")
+	if out := c.ok("", "user", "list"); strings.Contains(out, "app") {
+		t.Fatalf("deleted user listed:\n%s", out)
+	}
+}
