@@ -91,8 +91,22 @@ func (a *API) putUser(w http.ResponseWriter, r *http.Request) {
 		}
 		u.PasswordHash = body.PasswordHash
 	default:
-		writeErr(w, &wire.Error{Code: wire.InvalidArgument, Reason: "user " + strconv.Quote(name) + " needs a password (or a bcrypt password_hash)"})
-		return
+		// No password: an existing user keeps its own (set-tags); a new
+		// one needs one.
+		old, ok := a.b.User(name)
+		if !ok {
+			writeErr(w, &wire.Error{Code: wire.InvalidArgument, Reason: "user " + strconv.Quote(name) + " needs a password (or a bcrypt password_hash)"})
+			return
+		}
+		u.PasswordHash = old.PasswordHash
+		if body.Tags == nil {
+			u.Tags = old.Tags
+		}
+	}
+	if body.Tags == nil && (body.Password != nil || body.PasswordHash != "") {
+		if old, ok := a.b.User(name); ok {
+			u.Tags = old.Tags // a new password keeps the tags unless given
+		}
 	}
 	if err := a.b.PutUser(r.Context(), u); err != nil {
 		writeErr(w, err)

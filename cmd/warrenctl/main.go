@@ -59,6 +59,9 @@ Commands:
   queue list | show NAME | declare NAME [settings] | delete NAME | purge NAME | get NAME [--count N]
 {{queue settings}}  binding list | add --exchange EX (--queue Q | --to-exchange EX) --routing-key KEY | delete (same flags)
   connection list | close ID
+  user list | add NAME [--tags T1,T2] | set-password NAME | set-tags NAME [TAG...] | delete NAME
+      add and set-password read the password from stdin (one line), never from the command line.
+      Deleting a user closes its connections. The administrator tag allows every write.
   publish [--exchange EX] --routing-key KEY [--persistent] [--mandatory=false] [--priority N] [--content-type T]
           [--message-id ID] [--header k=v]... [--lines] [--file F] [BODY]   (body from stdin when absent)
       The default exchange ("") delivers to the queue named by the routing key. A message that no queue
@@ -265,6 +268,8 @@ func (c *cli) dispatch(args []string) error {
 		return c.binding(sub(1), args[min(2, len(args)):])
 	case "connection":
 		return c.connection(sub(1), args[min(2, len(args)):])
+	case "user":
+		return c.users(sub(1), args[min(2, len(args)):])
 	case "publish":
 		return c.publish(args[1:])
 	case "consume":
