@@ -189,3 +189,24 @@ func TestStopEndsTheRunAndLiveShowsTotals(t *testing.T) {
 		t.Fatalf("report %+v, live %d %d %d", r.rep, p, c, n)
 	}
 }
+
+// A publish-only run consumes nothing on purpose: what it confirmed is left
+// in the queues, not lost.
+func TestPublishOnlyIsNotALoss(t *testing.T) {
+	s := warrentest.StartServer(t, nil)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	cfg := testConfig(warrentest.URL(s))
+	cfg.Count, cfg.PublishOnly = 1000, true
+	var out bytes.Buffer
+	rep, err := Run(ctx, cfg, &out)
+	if err != nil {
+		t.Fatalf("publish-only run failed: %v\n%s", err, out.String())
+	}
+	if rep.Confirmed != 1000 || rep.Lost != 0 || bytes.Contains(out.Bytes(), []byte("LOSS")) {
+		t.Fatalf("confirmed %d lost %d, want 1000 and 0\n%s", rep.Confirmed, rep.Lost, out.String())
+	}
+	if !bytes.Contains(out.Bytes(), []byte("left in the queues")) {
+		t.Errorf("the report does not say the messages were left in the queues:\n%s", out.String())
+	}
+}
