@@ -26,14 +26,17 @@ func latency(h *hdrhistogram.Histogram) Latency {
 
 // Report is a run's result; its JSON is what --json writes.
 type Report struct {
-	Driver      string  `json:"driver"`
-	Scenario    string  `json:"scenario"`
-	DurationS   float64 `json:"duration_s"`
-	Published   int64   `json:"published"`
-	Confirmed   int64   `json:"confirmed"`
-	Nacked      int64   `json:"nacked"`
-	Consumed    int64   `json:"consumed"`
-	Lost        int64   `json:"lost"`
+	Driver    string  `json:"driver"`
+	Scenario  string  `json:"scenario"`
+	DurationS float64 `json:"duration_s"`
+	Published int64   `json:"published"`
+	Confirmed int64   `json:"confirmed"`
+	Nacked    int64   `json:"nacked"`
+	Consumed  int64   `json:"consumed"`
+	Lost      int64   `json:"lost"`
+	// Left is what a publish-only run confirmed and left in the queues on
+	// purpose: not consumed, and not lost (a ledger's --verify checks it).
+	Left        int64   `json:"left_in_queues,omitempty"`
 	Duplicates  int64   `json:"duplicates"`
 	Reordered   int64   `json:"reordered"`
 	PublishRate float64 `json:"publish_rate"`
@@ -120,6 +123,9 @@ func (r *Report) print(w io.Writer) {
 		} else {
 			fmt.Fprintf(w, "NOT HELD: needed %.0f msg/s published and consumed; got %.0f and %.0f\n", r.MinRate, r.PublishRate, r.ConsumeRate)
 		}
+	}
+	if r.Left > 0 {
+		fmt.Fprintf(w, "publish-only: %d confirmed messages left in the queues (not consumed, not lost)\n", r.Left)
 	}
 	if r.Lost > 0 {
 		fmt.Fprintf(w, "LOSS: %d confirmed messages were never consumed\n", r.Lost)

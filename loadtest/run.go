@@ -232,6 +232,12 @@ loop:
 	rep := tr.report(cfg, pubEnd.Sub(measureFrom), consEnd.Sub(measureFrom), pubAtEnd-warmPub, consumed)
 	rep.ClientCPU = perMessage(warmCPU.client, endCPU.client, consumed)
 	rep.WarmupS, rep.Series = cfg.Warmup.Seconds(), series
+	if nCons == 0 {
+		// Publish-only: nothing was meant to be consumed, so nothing
+		// unconsumed is lost; the queues keep it (for --verify, with a
+		// ledger).
+		rep.Left, rep.Lost = rep.Lost, 0
+	}
 	if warmCPU.brokerOK && endCPU.brokerOK {
 		rep.BrokerCPU = perMessage(warmCPU.broker, endCPU.broker, consumed)
 	}
@@ -245,6 +251,9 @@ loop:
 			return rep, err
 		}
 		fmt.Fprintf(out, "ledger: %d confirmed from producers %d-%d, added to %s (check with --verify)\n", rep.Confirmed, base, base+cfg.Producers-1, cfg.Ledger)
+		if rep.Left > 0 {
+			fmt.Fprintf(out, "ledger: the %d messages left in the queues are for --verify %s to consume and check\n", rep.Left, cfg.Ledger)
+		}
 		if runErr == nil || errors.Is(runErr, context.Canceled) {
 			return rep, nil // the loss verdict is --verify's
 		}
