@@ -5,12 +5,14 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"io"
 	"os"
 	"path/filepath"
 	"testing"
 	"time"
 
+	"github.com/warren-mq/warren/netio"
 	"github.com/warren-mq/warren/netio/warrentest"
 )
 
@@ -208,5 +210,44 @@ func TestPublishOnlyIsNotALoss(t *testing.T) {
 	}
 	if !bytes.Contains(out.Bytes(), []byte("left in the queues")) {
 		t.Errorf("the report does not say the messages were left in the queues:\n%s", out.String())
+	}
+}
+
+// A publish-only run into a queue past its soft limit gets its confirms
+// held back until consumers drain it, which none will: the run must still
+// end at its duration plus the drain deadline and call the unconfirmed
+// messages in flight, not lost.
+func TestPublishOnlyEndsWhenConfirmsAreHeld(t *testing.T) {
+	s := warrentest.StartServer(t, &netio.Config{QueueSoftLimit: 200})
+	ctx, cancel := context.WithTimeout(context.Background(), 15*time.Second)
+	defer cancel()
+	cfg := testConfig(warrentest.URL(s))
+	cfg.Count, cfg.Duration, cfg.DrainTimeout, cfg.PublishOnly = 0, 200*time.Millisecond, 300*time.Millisecond, true
+	cfg.Producers, cfg.Queues, cfg.ConfirmWindow = 1, 1, 100
+	cfg.Ledger = filepath.Join(t.TempDir(), "l")
+	var out bytes.Buffer
+	done := make(chan struct{})
+	var rep *Report
+	var err error
+	go func() { rep, err = Run(ctx, cfg, &out); close(done) }()
+	select {
+	case <-done:
+	case <-time.After(10 * time.Second):
+		cancel()
+		<-done
+		t.Fatalf("the run did not end 10 s after a 200 ms duration with a 300 ms drain deadline:\n%s", out.String())
+	}
+	if err != nil {
+		t.Fatalf("run failed: %v\n%s", err, out.String())
+	}
+	unconf := rep.Published - rep.Confirmed - rep.Nacked
+	if rep.Lost != 0 || unconf <= 0 {
+		t.Fatalf("published %d confirmed %d lost %d\n%s", rep.Published, rep.Confirmed, rep.Lost, out.String())
+	}
+	if !bytes.Contains(out.Bytes(), []byte(fmt.Sprintf("%d unconfirmed at the drain deadline", unconf))) {
+		t.Errorf("the report does not count the unconfirmed messages:\n%s", out.String())
+	}
+	if _, err := os.Stat(cfg.Ledger); err != nil {
+		t.Errorf("no ledger written: %v", err)
 	}
 }
