@@ -32,8 +32,11 @@ type Report struct {
 	Published int64   `json:"published"`
 	Confirmed int64   `json:"confirmed"`
 	Nacked    int64   `json:"nacked"`
-	Consumed  int64   `json:"consumed"`
-	Lost      int64   `json:"lost"`
+	// Unconfirmed were published but neither confirmed nor nacked by the
+	// drain deadline: in flight, not lost.
+	Unconfirmed int64 `json:"unconfirmed,omitempty"`
+	Consumed    int64 `json:"consumed"`
+	Lost        int64 `json:"lost"`
 	// Left is what a publish-only run confirmed and left in the queues on
 	// purpose: not consumed, and not lost (a ledger's --verify checks it).
 	Left        int64   `json:"left_in_queues,omitempty"`
@@ -77,7 +80,7 @@ func (t *tracker) report(cfg *Config, pubDur, consDur time.Duration, pubMeasured
 	pub, acked, nacked := t.totals()
 	r := &Report{
 		Driver: cfg.Driver, Scenario: cfg.Scenario, DurationS: pubDur.Seconds(),
-		Published: pub, Confirmed: acked, Nacked: nacked, Consumed: t.consumed.Load(),
+		Published: pub, Confirmed: acked, Nacked: nacked, Unconfirmed: pub - acked - nacked, Consumed: t.consumed.Load(),
 		Lost: t.lost(), Duplicates: t.dups.Load(), Reordered: t.reorder.Load(),
 		ConfirmLat: latency(merge(t.confirm)), E2ELat: latency(merge(t.e2e)),
 		Conditions: fmt.Sprintf("%d producers, %d queues × %d consumers, %s exchange, %s-byte %s messages, confirm window %d, prefetch %d, ack batch %d",
@@ -123,6 +126,9 @@ func (r *Report) print(w io.Writer) {
 		} else {
 			fmt.Fprintf(w, "NOT HELD: needed %.0f msg/s published and consumed; got %.0f and %.0f\n", r.MinRate, r.PublishRate, r.ConsumeRate)
 		}
+	}
+	if r.Unconfirmed > 0 {
+		fmt.Fprintf(w, "%d unconfirmed at the drain deadline (in flight: the broker may still hold them; not counted as lost)\n", r.Unconfirmed)
 	}
 	if r.Left > 0 {
 		fmt.Fprintf(w, "publish-only: %d confirmed messages left in the queues (not consumed, not lost)\n", r.Left)
