@@ -262,6 +262,23 @@ func TestBrowser(t *testing.T) {
 	if n := ready("orders"); n != 0 {
 		t.Fatalf("orders holds %d after the purge", n)
 	}
+	// Users: make one (it logs in), change its tags, delete it.
+	step("users", eval(`location.hash = "#/users"`), wait(`document.querySelector("#users")`),
+		chromedp.SetValue(chromedp.CSS(`#user-form input[name=name]`), "ops"),
+		chromedp.SetValue(chromedp.CSS(`#user-form input[name=password]`), "ops-pw"),
+		chromedp.SetValue(chromedp.CSS(`#user-form input[name=tags]`), "monitoring"),
+		chromedp.Click(chromedp.CSS(`#user-form button[type=submit]`)),
+		wait(`document.querySelector('tr[data-user="ops"]') && document.querySelector('tr[data-user="ops"]').textContent.includes("monitoring")`),
+		shot("users"))
+	if _, ok := e.srv.Authenticate("ops", "ops-pw", "127.0.0.1:1"); !ok {
+		t.Fatal("the user made in the console cannot log in")
+	}
+	step("delete user", chromedp.Click(chromedp.CSS(`tr[data-user="ops"] button.danger`)),
+		wait(`!document.querySelector('tr[data-user="ops"]')`))
+	if _, ok := e.srv.Authenticate("ops", "ops-pw", "127.0.0.1:1"); ok {
+		t.Fatal("the user deleted in the console still logs in")
+	}
+
 	step("exchanges", eval(`location.hash = "#/exchanges"`), wait(`document.querySelector('#bindings tbody tr')`), shot("exchanges"))
 	// Some traffic for the overview's charts: bursts published between its
 	// samples, and a consumer that acks.
