@@ -481,6 +481,47 @@ function connections(main) {
   });
 }
 
+// ---- users ----
+
+// The broker's users (an administrator's page: the API refuses others).
+// The form makes a user or replaces one (a password is always given); a
+// row's Delete removes it and closes its connections.
+function users(main) {
+  const listEl = h("div");
+  const form = h("form#user-form.row", { onsubmit: async (e) => {
+    e.preventDefault();
+    const field = (n) => e.target.elements.namedItem(n);
+    const name = field("name").value, tags = field("tags").value.split(",").map((t) => t.trim()).filter(Boolean);
+    await act("user " + name, () => api("PUT", "/api/users/" + enc(name), { password: field("password").value, tags }));
+    field("password").value = "";
+    load();
+  } },
+  h("input", { name: "name", placeholder: "name", required: true }),
+  h("input", { name: "password", type: "password", placeholder: "password", required: true, autocomplete: "new-password" }),
+  h("input", { name: "tags", placeholder: "tags, e.g. administrator, monitoring" }),
+  h("button.primary", { type: "submit" }, "Create or replace"));
+  main.append(h("h1", "Users"), listEl, h("h2", "Create a user, or set one's password and tags"), form);
+  const load = async () => {
+    let us;
+    try {
+      us = await api("GET", "/api/users");
+    } catch (e) {
+      listEl.replaceChildren(h("p.muted", e.status === 403 ? "Only an administrator sees the users." : e.message));
+      return;
+    }
+    listEl.replaceChildren(h("table#users", h("thead", h("tr", h("th", "Name"), h("th", "Tags"), h("th", ""))),
+      h("tbody", ...us.map((u) => h("tr", { "data-user": u.name }, h("td", u.name), h("td", (u.tags || []).join(", ")),
+        h("td", h("button.danger", { type: "button", onclick: async () => {
+          if (!confirmDo("Delete user " + u.name + "? Its connections are closed.")) return;
+          await act("delete user " + u.name, () => api("DELETE", "/api/users/" + enc(u.name)));
+          load();
+        } }, "Delete")))))));
+    main.dataset.loaded = "1";
+  };
+  load();
+  return () => {};
+}
+
 // ---- dead letters ----
 
 // The dead-letter queues offered are those bound from the dead-letter
@@ -599,7 +640,7 @@ function started(s) {
   route();
 }
 
-const ROUTES = { overview, queues, exchanges, connections, "dead-letters": deadLetters, publish };
+const ROUTES = { overview, queues, exchanges, connections, "dead-letters": deadLetters, publish, users };
 
 function route() {
   if (!state.csrf) return;
