@@ -251,3 +251,21 @@ func TestPublishOnlyEndsWhenConfirmsAreHeld(t *testing.T) {
 		t.Errorf("no ledger written: %v", err)
 	}
 }
+
+// An ordinary run leaves non-durable loadtest queues and exchange behind; a
+// persistent ledger run after it on the same broker must not trip over them.
+func TestLedgerRunAfterAnOrdinaryRun(t *testing.T) {
+	s := warrentest.StartServer(t, nil)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	var out bytes.Buffer
+	cfg := testConfig(warrentest.URL(s))
+	cfg.Count = 500
+	if _, err := Run(ctx, cfg, &out); err != nil {
+		t.Fatalf("ordinary run: %v\n%s", err, out.String())
+	}
+	cfg.Persistent, cfg.Ledger = true, filepath.Join(t.TempDir(), "l")
+	if _, err := Run(ctx, cfg, &out); err != nil {
+		t.Fatalf("persistent ledger run after an ordinary one: %v", err)
+	}
+}
