@@ -35,10 +35,20 @@ type topo struct {
 	binds    []string // binding key for queues[i]
 }
 
+// newTopo names the run's exchange and queues. Persistent runs use names
+// of their own (loadtest.durable.direct, loadtest-durable-0, …): an
+// ordinary run leaves non-durable queues and exchange behind, which a
+// ledger run, keeping what exists, could not redeclare durable; and an
+// ordinary run, which deletes its names first, cannot empty a persistent
+// ledger's queues.
 func newTopo(cfg *Config) *topo {
-	t := &topo{exchange: "loadtest." + cfg.ExchangeType}
+	xp, qp := "loadtest.", "loadtest-"
+	if cfg.Persistent {
+		xp, qp = "loadtest.durable.", "loadtest-durable-"
+	}
+	t := &topo{exchange: xp + cfg.ExchangeType}
 	for i := 0; i < cfg.Queues; i++ {
-		q := "loadtest-" + strconv.Itoa(i)
+		q := qp + strconv.Itoa(i)
 		t.queues = append(t.queues, q)
 		switch cfg.ExchangeType {
 		case "topic":
