@@ -263,6 +263,12 @@ type Decoder struct {
 	bodies [][]byte
 }
 
+// Release drops the views the last Decode handed out (an Enqueue's
+// bodies), so that a decoder kept between inputs does not keep the last
+// input alive (a view pins its whole buffer). What Decode returned is not
+// to be used after it. It allocates nothing.
+func (d *Decoder) Release() { clear(d.bodies) }
+
 // Decode decodes the one command src holds (all of src). Returns views:
 // see Decoder.
 func (d *Decoder) Decode(src []byte) (Command, error) {

@@ -346,6 +346,10 @@ func (d *EntryDecoder) Check(data []byte) (EntryHeader, int, error) {
 	}
 }
 
+// Release drops the views the last Check or Each handed out, so that the
+// decoder does not keep data alive (queue.Decoder.Release).
+func (d *EntryDecoder) Release() { d.dec.Release() }
+
 // Each decodes data's commands in order and calls fn with each (a view,
 // valid during the call; fn may change its fields, such as message ids).
 // data must have passed Check: Each stops at the first error, fn's or a

@@ -168,6 +168,11 @@ func (f *QueueFSM) Apply(index uint64, data []byte) (any, error) {
 	f.a = Applied{Index: index, Header: h, NowMs: now}
 	f.slot = 0
 	err = f.dec.Each(data, f.each)
+	// The decoder must not keep the entry alive until the next one: on a
+	// replay its data is a copy of a whole Ready's entries (up to 8 MiB
+	// per group, raft's MaxCommittedSizePerReady), so an idle queue would
+	// pin that much after its last apply, and 100 queues ~800 MB.
+	f.dec.Release()
 	f.a = Applied{}
 	if err != nil {
 		return nil, fmt.Errorf("entry %d: %w", index, err)

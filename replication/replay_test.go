@@ -9,13 +9,13 @@ import (
 	"go.etcd.io/raft/v3/raftpb"
 )
 
-// TestReplayRoundHoldsNoAppliedCopies: on a restart every group's first
-// Ready carries up to MaxCommittedSizePerReady (8 MiB) of committed
-// entries copied out of the log, and the new term's hard state must be
-// written, so the Ready goes with the round's Append. The entries are
-// applied before that; the round's write must not keep them alive
-// meanwhile (100 groups held ~800 MB of copies while a 10 M-message
-// backlog replayed). Here 10 groups × 4 MiB replay: after the round,
+// TestReplayRoundHoldsNoAppliedCopies: on a restart raft hands each
+// group up to MaxCommittedSizePerReady (8 MiB) of committed entries per
+// Ready, copied out of the log into one buffer per Ready. Once applied,
+// nothing may keep that buffer alive: the FSM's decoder kept views into
+// the last entry it applied, which pinned the whole buffer until the
+// group's next apply (an idle queue: forever), so 100 queues held ~800 MB
+// after a restart. Here 10 groups × 4 MiB replay in one round: after it,
 // with its write in flight, the live heap holds less than a quarter of
 // what was replayed.
 func TestReplayRoundHoldsNoAppliedCopies(t *testing.T) {
