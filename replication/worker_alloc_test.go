@@ -20,6 +20,10 @@ import (
 // entries may be too large for a small one, briefly: until it is applied).
 func TestProposalBytesAllocatedOnce(t *testing.T) {
 	t.Run("same", func(t *testing.T) { proposalBytes(t, []int{8}, 1.5) })
+	// Small entries (64 KiB: one of many queues in a round) are copied
+	// out exactly from a buffer the group keeps: 1×, not a buffer sized
+	// with room to spare per entry.
+	t.Run("small", func(t *testing.T) { proposalBytes(t, []int{1}, 1.1) })
 	t.Run("alternating", func(t *testing.T) { proposalBytes(t, []int{1, 8}, 2.5) })
 }
 
