@@ -323,7 +323,7 @@ func (g *Group) Add(cmd queue.Command) (seq uint64, err error) {
 	if g.w.failed != nil {
 		return 0, ErrWorkerStopped
 	}
-	if g.enc.buf == nil && g.encHint > 0 {
+	if g.enc.buf == nil && g.encHint > 256<<10 {
 		g.enc.buf = make([]byte, 0, g.encHint+g.encHint/4)
 	}
 	err = g.enc.Add(cmd)
@@ -343,17 +343,27 @@ func (g *Group) Add(cmd queue.Command) (seq uint64, err error) {
 func (g *Group) finish(now int64) []byte {
 	g.seq++
 	h := EntryHeader{NowMs: now, Proposer: g.w.cfg.NodeID<<48 | g.w.cfg.Shard, Seq: g.seq}
-	// The proposal takes the encoder's buffer (no copy: at 1 KiB a
-	// message, copies and the page faults of fresh buffers were most of a
-	// durable queue's CPU). The next entry's buffer is allocated at its
-	// first Add, at about the size of the last entries, so it does not
-	// grow by copies; an idle group holds none.
-	// The hint decays (a burst's size is not kept for good); raft keeps
-	// a proposal only until it is applied, so a buffer sized by the hint
-	// for a smaller entry is short-lived waste.
+	// A large entry (a round of a busy queue): the proposal takes the
+	// encoder's buffer (no copy: at 1 KiB a message, copies and the page
+	// faults of fresh buffers were most of a durable queue's CPU) and the
+	// next entry's buffer is allocated at its first Add at about this
+	// size, so it does not grow by copies. A small one is copied out
+	// exactly and the buffer kept (raft holds a proposal until it is
+	// applied: not in a buffer sized for a burst), except a burst's
+	// buffer, which not every group keeps. The hint decays: a burst's
+	// size is not kept for good.
 	data := g.enc.Finish(h)
-	g.enc = EntryEncoder{}
-	g.encHint = max(len(data), g.encHint-g.encHint/8)
+	g.encHint -= g.encHint / 8
+	if len(data) > 256<<10 {
+		g.enc = EntryEncoder{}
+		g.encHint = max(g.encHint, len(data))
+		return data
+	}
+	data = append([]byte(nil), data...)
+	g.enc.Reset()
+	if cap(g.enc.buf) > 256<<10 {
+		g.enc = EntryEncoder{}
+	}
 	return data
 }
 
