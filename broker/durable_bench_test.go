@@ -2,6 +2,7 @@ package broker
 
 import (
 	"context"
+	"fmt"
 	"os"
 	"sync"
 	"syscall"
@@ -19,7 +20,8 @@ import (
 type benchSink struct {
 	mu        sync.Mutex
 	confirmed int
-	tags      []uint64
+	tags      []SettleItem
+	queues    []*Queue // by consumer id - 1
 	changed   chan struct{}
 }
 
@@ -32,7 +34,7 @@ func (k *benchSink) poke() {
 func (k *benchSink) Deliver(ds []Delivery) {
 	k.mu.Lock()
 	for _, d := range ds {
-		k.tags = append(k.tags, d.QTag)
+		k.tags = append(k.tags, SettleItem{Q: k.queues[d.Consumer-1], Consumer: d.Consumer, Op: wire.SettleAck, QTag: d.QTag})
 	}
 	k.mu.Unlock()
 	k.poke()
@@ -56,14 +58,20 @@ func cpuNanos() int64 {
 }
 
 // BenchmarkDurablePersistent1K: persistent 1 KiB messages into one
-// durable queue through the whole broker (shard, worker round, raft,
+// durable queue (or 100) through the whole broker (shard, worker round, raft,
 // segment with its real fdatasyncs under a temp dir, or segment's MemFS
 // with WARREN_BENCH_MEMFS=1), confirmed, delivered to a consumer and
-// acked, with up to 16 batches of 64 in flight. One op is one message;
+// acked, with up to 16 batches of 64 in flight (round robin over the queues). One op is one message;
 // cpu-ns/msg is the process's CPU time (every goroutine: the broker, the
 // appender, the fsyncs) per message, the figure to compare with
 // warrend's CPU per message.
 func BenchmarkDurablePersistent1K(b *testing.B) {
+	for _, nq := range []int{1, 100} {
+		b.Run(fmt.Sprintf("queues=%d", nq), func(b *testing.B) { benchDurable(b, nq) })
+	}
+}
+
+func benchDurable(b *testing.B, nq int) {
 	const per, window = 64, 16
 	var fs segment.FS = segment.OSFS{}
 	dir := b.TempDir()
@@ -90,18 +98,26 @@ func BenchmarkDurablePersistent1K(b *testing.B) {
 		_ = br.Stop(ctx)
 		_ = l.Close()
 	}()
-	if _, err := br.DeclareQueueAs(&wire.QueueDeclare{Name: "q", Durable: true}, 0, "u"); err != nil {
-		b.Fatal(err)
-	}
-	if err := br.MetaSync(ctx); err != nil {
-		b.Fatal(err)
-	}
-	q := br.topo.lookupQueue("q")
 	k := &benchSink{changed: make(chan struct{}, 1)}
-	q.shard.submit(Command{Kind: CmdSubscribe, Queue: q, Sink: k, Spec: queue.ConsumerSpec{ID: 1, Owner: 7, Prefetch: 4 * per * window}, Req: 1})
+	qs := make([]*Queue, nq)
+	for i := range qs {
+		name := fmt.Sprintf("q%d", i)
+		if _, err := br.DeclareQueueAs(&wire.QueueDeclare{Name: name, Durable: true}, 0, "u"); err != nil {
+			b.Fatal(err)
+		}
+		if err := br.MetaSync(ctx); err != nil {
+			b.Fatal(err)
+		}
+		qs[i] = br.topo.lookupQueue(name)
+		k.queues = append(k.queues, qs[i])
+		qs[i].shard.submit(Command{Kind: CmdSubscribe, Queue: qs[i], Sink: k, Spec: queue.ConsumerSpec{ID: queue.ConsumerID(i + 1), Owner: 7, Prefetch: 4 * per * window}, Req: 1})
+	}
+	next := 0
 
 	body := make([]byte, 1024)
 	publishBatch := func() {
+		q := qs[next%nq]
+		next++
 		ar := &Arena{}
 		ar.Refs.Store(per)
 		items := make([]EnqItem, per)
@@ -115,8 +131,7 @@ func BenchmarkDurablePersistent1K(b *testing.B) {
 		batch.Pending.Store(1)
 		br.Submit(Command{Kind: CmdPublish, Items: items, Batch: batch})
 	}
-	var acks []SettleItem
-	var tags []uint64
+	var tags []SettleItem
 	sent, acked := 0, 0
 	// run publishes n messages (in batches) and waits until all are
 	// confirmed and acked.
@@ -128,13 +143,9 @@ func BenchmarkDurablePersistent1K(b *testing.B) {
 			tags, k.tags = k.tags, tags[:0]
 			k.mu.Unlock()
 			if len(tags) > 0 {
-				acks = acks[:0]
-				for _, t := range tags {
-					acks = append(acks, SettleItem{Q: q, Consumer: 1, Op: wire.SettleAck, QTag: t})
-				}
 				acked += len(tags)
-				br.Submit(Command{Kind: CmdSettle, Settles: acks})
-				acks = nil // the shard owns it now
+				br.Submit(Command{Kind: CmdSettle, Settles: tags})
+				tags = nil // the broker owns it now
 			}
 			progress := len(tags) > 0
 			for sent < target && sent-conf < per*window {
