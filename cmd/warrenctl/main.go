@@ -47,7 +47,8 @@ Global flags (before or after the command):
   --url URL    native protocol URL (env WARREN_URL; default warren://guest:guest@127.0.0.1:5680;
                warrens://… is TLS, port 5681)
   --api URL    admin API URL (env WARREN_API; default: the --url host on port 15680, or
-               https://HOST:15681 for a warrens:// URL)
+               https://HOST:15681 for a warrens:// URL); a user in it (https://USER:PASS@HOST:15681)
+               logs in to the admin API, else --url's user does (the admin API needs a password user)
   --ca FILE    PEM CA to verify the broker's TLS certificate with, on both (env WARREN_CA)
   --cert FILE, --key FILE  a client certificate for mutual TLS (env WARREN_CERT, WARREN_KEY);
                with no user in a warrens:// URL, the native protocol logs in as its CN (EXTERNAL)
@@ -95,10 +96,14 @@ type cli struct {
 	ca, cert, key string
 	tlsCfg        *tls.Config
 	user, pass    string
-	jsonOut       bool
-	stdin         io.Reader
-	out, errw     io.Writer
-	ctx           context.Context
+	// apiUser, apiPass log in to the admin API: the user in --api, else
+	// --url's.
+	apiUser, apiPass string
+	apiDefaultUser   bool // neither --url nor --api named a user
+	jsonOut          bool
+	stdin            io.Reader
+	out, errw        io.Writer
+	ctx              context.Context
 }
 
 // usageErr is a mistake on the command line (exit 2).
@@ -142,6 +147,19 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdin i
 		if strings.HasPrefix(c.url, "warrens:") {
 			c.api = "https://" + net.JoinHostPort(host, "15681")
 		}
+	}
+	c.apiUser, c.apiPass = user, pass
+	if u, err := url.Parse(c.url); err == nil && u.User == nil {
+		c.apiDefaultUser = true // guest, or a client certificate's login
+	}
+	if u, err := url.Parse(c.api); err == nil && u.User != nil {
+		c.apiDefaultUser = false
+		// Credentials in --api are the admin API's; they stay out of
+		// the URL that errors print.
+		c.apiUser = u.User.Username()
+		c.apiPass, _ = u.User.Password()
+		u.User = nil
+		c.api = u.String()
 	}
 	for _, v := range []struct {
 		dst      *string
@@ -304,7 +322,7 @@ func (c *cli) call(method, path string, body any, out any) error {
 	if err != nil {
 		return err
 	}
-	req.SetBasicAuth(c.user, c.pass)
+	req.SetBasicAuth(c.apiUser, c.apiPass)
 	req.Header.Set("Content-Type", "application/json")
 	hc := &http.Client{Timeout: 15 * time.Minute}
 	if c.tlsCfg != nil {
@@ -319,7 +337,11 @@ func (c *cli) call(method, path string, body any, out any) error {
 	if resp.StatusCode >= 300 {
 		var eb api.ErrorBody
 		if json.Unmarshal(b, &eb) == nil && eb.Error.Name != "" {
-			return fmt.Errorf("%s: %s%s", eb.Error.Name, eb.Error.Message, hint(method, path, eb.Error.Name))
+			h := hint(method, path, eb.Error.Name)
+			if eb.Error.Name == "auth_failed" && c.apiDefaultUser {
+				h = " (the admin API needs a password user, and neither --url nor --api names one, so it tried guest: a client certificate logs in only on the native protocol; give one as --api https://USER:PASS@HOST:15681)"
+			}
+			return fmt.Errorf("%s: %s%s", eb.Error.Name, eb.Error.Message, h)
 		}
 		return fmt.Errorf("admin API: %s %s: HTTP %s", method, path, resp.Status)
 	}
