@@ -66,7 +66,7 @@ func exitCode(err error) int {
 	return 1
 }
 
-const usageHead = `usage: warrend [--listen ADDR|off] [--amqp-listen ADDR] [--http ADDR|off] [--data DIR] [--config FILE] [--log-level LEVEL]
+const usageHead = `usage: warrend [--listen ADDR|off] [--amqp-listen ADDR] [--http ADDR|off (off needs --https)] [--data DIR] [--config FILE] [--log-level LEVEL]
                [--tls-listen ADDR] [--https ADDR] [--tls-cert FILE --tls-key FILE] [--tls-ca FILE]
        warrend hash-password < password      (prints a bcrypt hash for the config file)
 
@@ -137,7 +137,7 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdin i
 	fs.SetOutput(io.Discard)
 	listen := fs.String("listen", "", "native protocol address (default 127.0.0.1:5680; env WARREN_LISTEN)")
 	amqpListen := fs.String("amqp-listen", "", "AMQP 0-9-1 address, e.g. 127.0.0.1:5672 (default off; env WARREN_AMQP_LISTEN)")
-	httpAddr := fs.String("http", "", "HTTP address for /metrics, /healthz, /readyz (default 127.0.0.1:15680; env WARREN_HTTP)")
+	httpAddr := fs.String("http", "", "HTTP address for the web console (/), the admin API (/api/), /metrics, /healthz and /readyz (default 127.0.0.1:15680; env WARREN_HTTP); off serves them only over --https, which it then needs")
 	data := fs.String("data", "", "data directory (default ./warren-data; env WARREN_DATA)")
 	cfgPath := fs.String("config", "", "JSON config file (env WARREN_CONFIG)")
 	logLevel := fs.String("log-level", "", "debug, info, warn or error (env WARREN_LOG_LEVEL)")
