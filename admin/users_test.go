@@ -69,3 +69,29 @@ func TestUsersAtRunTime(t *testing.T) {
 		t.Fatalf("delete again: %d %s", st, name)
 	}
 }
+
+// PUT/GET /api/permissions/{vhost}/{user}: the vhost is "/" (%2F) until
+// virtual hosts exist; a bad regexp is refused naming it.
+func TestPermissionsAPI(t *testing.T) {
+	e := setup(t)
+	e.do("PUT", "/api/users/app", `{"password":"pw"}`, nil)
+	if st := e.do("PUT", "/api/permissions/%2F/app", `{"configure":"^app\\.","write":"^app\\.","read":".*"}`, nil); st != 204 {
+		t.Fatalf("put: %d", st)
+	}
+	var ps []map[string]any
+	if st := e.do("GET", "/api/permissions", "", &ps); st != 200 || len(ps) != 1 || ps[0]["user"] != "app" || ps[0]["vhost"] != "/" || ps[0]["configure"] != `^app\.` {
+		t.Fatalf("list: %d %v", st, ps)
+	}
+	if st, name := e.errCode("PUT", "/api/permissions/%2F/app", `{"configure":"(","write":"","read":""}`); st != 400 || name != "invalid_argument" {
+		t.Fatalf("bad regexp: %d %s", st, name)
+	}
+	if st, name := e.errCode("PUT", "/api/permissions/%2F/ghost", `{"configure":"","write":"","read":""}`); st != 404 || name != "not_found" {
+		t.Fatalf("unknown user: %d %s", st, name)
+	}
+	if st, _ := e.errCode("PUT", "/api/permissions/prod/app", `{"configure":"","write":"","read":""}`); st != 404 {
+		t.Fatalf("unknown vhost: %d", st)
+	}
+	if st := e.do("DELETE", "/api/permissions/%2F/app", "", nil); st != 204 {
+		t.Fatalf("delete: %d", st)
+	}
+}
