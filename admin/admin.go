@@ -187,6 +187,7 @@ func (a *API) ServeAuthenticated(w http.ResponseWriter, r *http.Request, user st
 func (a *API) routes() {
 	m := a.mux
 	a.userRoutes()
+	a.permissionRoutes()
 	m.HandleFunc("GET /api/overview", func(w http.ResponseWriter, r *http.Request) { writeJSON(w, 200, a.overview()) })
 
 	m.HandleFunc("GET /api/exchanges", func(w http.ResponseWriter, r *http.Request) { writeJSON(w, 200, a.b.Exchanges()) })

@@ -2,7 +2,9 @@ package admin
 
 import (
 	"net/http"
+	"net/url"
 	"strconv"
+	"strings"
 
 	"github.com/warren-mq/warren/admin/api"
 	"github.com/warren-mq/warren/broker"
@@ -113,4 +115,78 @@ func (a *API) putUser(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	w.WriteHeader(http.StatusNoContent)
+}
+
+func (a *API) permissionRoutes() {
+	m := a.mux
+	m.HandleFunc("GET /api/permissions", func(w http.ResponseWriter, r *http.Request) {
+		if !a.adminOnly(w, r) {
+			return
+		}
+		ps := a.b.Permissions()
+		out := make([]api.Permission, len(ps))
+		for i, p := range ps {
+			out[i] = api.Permission{Vhost: p.Vhost, User: p.User, Configure: p.Configure, Write: p.Write, Read: p.Read}
+		}
+		writeJSON(w, 200, out)
+	})
+	m.HandleFunc("GET /api/permissions/{rest...}", func(w http.ResponseWriter, r *http.Request) {
+		if !a.adminOnly(w, r) {
+			return
+		}
+		vhost, user, ok := vhostAndName(w, r, "/api/permissions/")
+		if !ok {
+			return
+		}
+		for _, p := range a.b.Permissions() {
+			if p.Vhost == vhost && p.User == user {
+				writeJSON(w, 200, api.Permission{Vhost: p.Vhost, User: p.User, Configure: p.Configure, Write: p.Write, Read: p.Read})
+				return
+			}
+		}
+		writeErr(w, &wire.Error{Code: wire.NotFound, Reason: "no permissions for user " + strconv.Quote(user) + " in vhost " + strconv.Quote(vhost)})
+	})
+	m.HandleFunc("PUT /api/permissions/{rest...}", func(w http.ResponseWriter, r *http.Request) {
+		vhost, user, ok := vhostAndName(w, r, "/api/permissions/")
+		if !ok {
+			return
+		}
+		var body api.Permission
+		if err := decode(r, &body); err != nil {
+			writeErr(w, err)
+			return
+		}
+		p := broker.MetaPermission{Vhost: vhost, User: user, Configure: body.Configure, Write: body.Write, Read: body.Read}
+		if err := a.b.SetPermission(r.Context(), p); err != nil {
+			writeErr(w, err)
+			return
+		}
+		w.WriteHeader(http.StatusNoContent)
+	})
+	m.HandleFunc("DELETE /api/permissions/{rest...}", func(w http.ResponseWriter, r *http.Request) {
+		vhost, user, ok := vhostAndName(w, r, "/api/permissions/")
+		if !ok {
+			return
+		}
+		if err := a.b.ClearPermission(r.Context(), vhost, user); err != nil {
+			writeErr(w, err)
+			return
+		}
+		w.WriteHeader(http.StatusNoContent)
+	})
+}
+
+// vhostAndName splits the escaped path after prefix into a vhost and a
+// name, each path-unescaped: the vhost "/" is written %2F (as RabbitMQ's
+// API has it), which the router would otherwise take for a separator.
+func vhostAndName(w http.ResponseWriter, r *http.Request, prefix string) (string, string, bool) {
+	rest, _ := strings.CutPrefix(r.URL.EscapedPath(), prefix)
+	v, n, found := strings.Cut(rest, "/")
+	vhost, err1 := url.PathUnescape(v)
+	name, err2 := url.PathUnescape(n)
+	if !found || vhost == "" || name == "" || strings.Contains(n, "/") || err1 != nil || err2 != nil {
+		writeErr(w, &wire.Error{Code: wire.InvalidArgument, Reason: "want " + prefix + "{vhost}/{user}, the vhost / written %2F"})
+		return "", "", false
+	}
+	return vhost, name, true
 }

@@ -79,7 +79,9 @@ func TestPermissionsAPI(t *testing.T) {
 		t.Fatalf("put: %d", st)
 	}
 	var ps []map[string]any
-	if st := e.do("GET", "/api/permissions", "", &ps); st != 200 || len(ps) != 1 || ps[0]["user"] != "app" || ps[0]["vhost"] != "/" || ps[0]["configure"] != `^app\.` {
+	// ps[0] is app's; viewer, a config-file user, got every permission
+	// when it was created.
+	if st := e.do("GET", "/api/permissions", "", &ps); st != 200 || len(ps) != 2 || ps[0]["user"] != "app" || ps[0]["vhost"] != "/" || ps[0]["configure"] != `^app\.` || ps[1]["user"] != "viewer" || ps[1]["write"] != ".*" {
 		t.Fatalf("list: %d %v", st, ps)
 	}
 	if st, name := e.errCode("PUT", "/api/permissions/%2F/app", `{"configure":"(","write":"","read":""}`); st != 400 || name != "invalid_argument" {

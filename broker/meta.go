@@ -43,6 +43,8 @@ type Meta struct {
 	// users are the broker's accounts (issue 15): a password is only ever
 	// here as the salted hash the runtime made before the command.
 	users map[string]*MetaUser
+	// perms are the users' permissions, by permKey(vhost, user).
+	perms map[string]*MetaPermission
 }
 
 // MetaUser is a broker user as the metadata state machine keeps it.
@@ -143,8 +145,12 @@ const (
 	// tags); with IfAbsent it only creates (the config file's bootstrap
 	// users: run-time changes win afterwards).
 	MetaPutUser MetaOp = 7
-	// MetaDeleteUser removes the user Account.Name.
+	// MetaDeleteUser removes the user Account.Name (and its permissions).
 	MetaDeleteUser MetaOp = 8
+	// MetaSetPermission sets Permission (its user must exist);
+	// MetaClearPermission removes Permission.Vhost's for Permission.User.
+	MetaSetPermission   MetaOp = 9
+	MetaClearPermission MetaOp = 10
 )
 
 // MetaCommand is one request to the metadata state machine, as data: it
@@ -174,6 +180,8 @@ type MetaCommand struct {
 	// IfAbsent makes MetaPutUser create only.
 	Account  MetaUser
 	IfAbsent bool
+	// Permission: MetaSetPermission, MetaClearPermission (Vhost, User).
+	Permission MetaPermission
 }
 
 // MetaResult is what a command answers: a refusal (Code not OK, with its
@@ -230,6 +238,8 @@ const (
 	// it is gone (the runtime closes its connections).
 	EffUserPut
 	EffUserRemoved
+	// EffPermissionsChanged: a user's permissions changed (Name).
+	EffPermissionsChanged
 )
 
 // MetaEffect is one change the runtime applies (routing, shards) after a
@@ -270,6 +280,8 @@ type MetaLimits struct {
 	MaxExclusivePerConn int
 	// MaxUsers: user accounts (the config file's included).
 	MaxUsers int
+	// MaxPermissions: permission entries (one per user per vhost).
+	MaxPermissions int
 }
 
 // DefaultMetaLimits are generous for real topologies and for the
@@ -287,10 +299,10 @@ type MetaLimits struct {
 // 10,000 users (a few hundred bytes each) is far more accounts than a
 // broker's applications need; a bcrypt hash is 60 bytes, tags bounded by
 // maxUserTags.
-var DefaultMetaLimits = MetaLimits{MaxQueues: 1_000_000, MaxExchanges: 100_000, MaxBindings: 4_000_000, MaxExclusivePerConn: 10_000, MaxUsers: 10_000}
+var DefaultMetaLimits = MetaLimits{MaxQueues: 1_000_000, MaxExchanges: 100_000, MaxBindings: 4_000_000, MaxExclusivePerConn: 10_000, MaxUsers: 10_000, MaxPermissions: 100_000}
 
 // noMetaLimits limits nothing (recovery replays what was made).
-var noMetaLimits = MetaLimits{MaxQueues: math.MaxInt, MaxExchanges: math.MaxInt, MaxBindings: math.MaxInt, MaxExclusivePerConn: math.MaxInt, MaxUsers: math.MaxInt}
+var noMetaLimits = MetaLimits{MaxQueues: math.MaxInt, MaxExchanges: math.MaxInt, MaxBindings: math.MaxInt, MaxExclusivePerConn: math.MaxInt, MaxUsers: math.MaxInt, MaxPermissions: math.MaxInt}
 
 // withDefaults fills the zero (or negative) fields with the defaults.
 func (l MetaLimits) withDefaults() MetaLimits {
@@ -308,6 +320,9 @@ func (l MetaLimits) withDefaults() MetaLimits {
 	}
 	if l.MaxUsers <= 0 {
 		l.MaxUsers = DefaultMetaLimits.MaxUsers
+	}
+	if l.MaxPermissions <= 0 {
+		l.MaxPermissions = DefaultMetaLimits.MaxPermissions
 	}
 	return l
 }
@@ -353,6 +368,7 @@ func (m *Meta) reset() {
 	m.byExDest = map[string]*bindSet{}
 	m.exclusive = map[uint64]int{}
 	m.users = map[string]*MetaUser{}
+	m.perms = map[string]*MetaPermission{}
 }
 
 // forgetExclusive uncounts a removed queue's owner, if it had one.
@@ -385,6 +401,10 @@ func (m *Meta) Apply(c *MetaCommand) (MetaResult, []MetaEffect) {
 		return m.putUser(c)
 	case MetaDeleteUser:
 		return m.deleteUser(c)
+	case MetaSetPermission:
+		return m.setPermission(c)
+	case MetaClearPermission:
+		return m.clearPermission(c)
 	}
 	return refuse(wire.InvalidArgument, "unknown metadata operation "+strconv.Itoa(int(c.Op))), nil
 }

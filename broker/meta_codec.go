@@ -23,8 +23,9 @@ import (
 const MetaCommandVersion = 1
 
 // MetaSnapshotVersion is the version byte of a metadata snapshot. Version
-// 2 adds the users after the bindings; version 1 (no users) still reads.
-const MetaSnapshotVersion = 2
+// 2 adds the users after the bindings, version 3 the permissions after
+// them; versions 1 and 2 still read.
+const MetaSnapshotVersion = 3
 
 // maxMetaString bounds a string in an encoded command or snapshot (names
 // are at most 255 bytes; users and routing keys are bounded by the frame
@@ -58,6 +59,8 @@ func AppendMetaCommand(dst []byte, c *MetaCommand) []byte {
 		dst = append(dst, flagByte(c.IfAbsent))
 	case MetaDeleteUser:
 		dst = appendMetaStr(dst, c.Account.Name)
+	case MetaSetPermission, MetaClearPermission:
+		dst = appendMetaPermission(dst, &c.Permission)
 	}
 	return dst
 }
@@ -95,6 +98,8 @@ func DecodeMetaCommand(b []byte) (MetaCommand, error) {
 		c.IfAbsent = r.flag()
 	case MetaDeleteUser:
 		c.Account.Name = r.str()
+	case MetaSetPermission, MetaClearPermission:
+		c.Permission = r.metaPermission()
 	default:
 		if r.err == nil {
 			r.fail("unknown metadata operation " + strconv.Itoa(int(c.Op)))
@@ -311,6 +316,11 @@ func (m *Meta) Snapshot() []byte {
 	for i := range us {
 		dst = appendMetaUser(dst, &us[i])
 	}
+	ps := m.Permissions()
+	dst = binary.LittleEndian.AppendUint32(dst, uint32(len(ps)))
+	for i := range ps {
+		dst = appendMetaPermission(dst, &ps[i])
+	}
 	return dst
 }
 
@@ -393,6 +403,20 @@ func (m *Meta) Restore(snap []byte) error {
 				break
 			}
 			n.users[u.Name] = &u
+		}
+	}
+	if v >= 3 {
+		for i, c := int(r.u32()), 0; c < i && r.err == nil; c++ {
+			p := r.metaPermission()
+			if r.err != nil {
+				break
+			}
+			k := permKey(p.Vhost, p.User)
+			if _, dup := n.perms[k]; dup || n.users[p.User] == nil {
+				r.fail("permissions of user " + strconv.Quote(p.User) + " twice or without the user")
+				break
+			}
+			n.perms[k] = &p
 		}
 	}
 	if err := r.end(); err != nil {

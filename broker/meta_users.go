@@ -1,6 +1,7 @@
 package broker
 
 import (
+	"regexp"
 	"slices"
 	"sort"
 	"strconv"
@@ -55,6 +56,11 @@ func (m *Meta) deleteUser(c *MetaCommand) (MetaResult, []MetaEffect) {
 		return refuse(wire.NotFound, "no user "+strconv.Quote(c.Account.Name)), nil
 	}
 	delete(m.users, c.Account.Name)
+	for k, p := range m.perms {
+		if p.User == c.Account.Name {
+			delete(m.perms, k)
+		}
+	}
 	return MetaResult{Removed: true}, []MetaEffect{{Kind: EffUserRemoved, Name: c.Account.Name}}
 }
 
@@ -90,6 +96,16 @@ func diffUsers(a, b *Meta) []MetaEffect {
 			effs = append(effs, MetaEffect{Kind: EffUserPut, Name: u.Name})
 		}
 	}
+	for _, p := range a.Permissions() {
+		if np, ok := b.perms[permKey(p.Vhost, p.User)]; !ok || *np != p {
+			effs = append(effs, MetaEffect{Kind: EffPermissionsChanged, Name: p.User})
+		}
+	}
+	for _, p := range b.Permissions() {
+		if _, ok := a.perms[permKey(p.Vhost, p.User)]; !ok {
+			effs = append(effs, MetaEffect{Kind: EffPermissionsChanged, Name: p.User})
+		}
+	}
 	return effs
 }
 
@@ -114,4 +130,88 @@ func (r *metaReader) metaUser() MetaUser {
 		u.Tags = append(u.Tags, r.str())
 	}
 	return u
+}
+
+// MetaPermission is what a user may do in a virtual host, as RabbitMQ has
+// it: regular expressions over resource names (exchanges and queues) for
+// configure (declare, delete), write (publish, a bind's destination) and
+// read (consume, get, purge, a bind's source). An empty one matches
+// nothing. Until virtual hosts exist, Vhost is "/".
+type MetaPermission struct {
+	Vhost, User            string
+	Configure, Write, Read string
+}
+
+// maxPermPattern bounds one permission's regular expression.
+const maxPermPattern = 1024
+
+func permKey(vhost, user string) string { return vhost + "\x00" + user }
+
+func (m *Meta) setPermission(c *MetaCommand) (MetaResult, []MetaEffect) {
+	p := c.Permission
+	if !c.Admin {
+		return refuse(wire.AccessRefused, "changing permissions needs the administrator tag"), nil
+	}
+	if p.Vhost != "/" {
+		return refuse(wire.NotFound, "no virtual host "+strconv.Quote(p.Vhost)+" (only \"/\" exists)"), nil
+	}
+	if _, ok := m.users[p.User]; !ok {
+		return refuse(wire.NotFound, "no user "+strconv.Quote(p.User)+" (create it first)"), nil
+	}
+	for _, x := range []struct{ what, re string }{{"configure", p.Configure}, {"write", p.Write}, {"read", p.Read}} {
+		if len(x.re) > maxPermPattern {
+			return refuse(wire.InvalidArgument, x.what+" pattern longer than "+strconv.Itoa(maxPermPattern)+" bytes"), nil
+		}
+		if _, err := regexp.Compile(x.re); err != nil {
+			return refuse(wire.InvalidArgument, x.what+" is not a regular expression (Go RE2 syntax): "+err.Error()), nil
+		}
+	}
+	k := permKey(p.Vhost, p.User)
+	old, exists := m.perms[k]
+	if exists && *old == p {
+		return MetaResult{}, nil
+	}
+	if !exists && len(m.perms) >= m.limits.MaxPermissions {
+		return refuse(wire.LimitReached, "permission limit reached: the broker holds "+strconv.Itoa(len(m.perms))+" permission entries, its max_permissions (clear some first)"), nil
+	}
+	m.perms[k] = &p
+	return MetaResult{}, []MetaEffect{{Kind: EffPermissionsChanged, Name: p.User}}
+}
+
+func (m *Meta) clearPermission(c *MetaCommand) (MetaResult, []MetaEffect) {
+	if !c.Admin {
+		return refuse(wire.AccessRefused, "changing permissions needs the administrator tag"), nil
+	}
+	k := permKey(c.Permission.Vhost, c.Permission.User)
+	if _, ok := m.perms[k]; !ok {
+		return refuse(wire.NotFound, "no permissions for user "+strconv.Quote(c.Permission.User)+" in "+strconv.Quote(c.Permission.Vhost)), nil
+	}
+	delete(m.perms, k)
+	return MetaResult{Removed: true}, []MetaEffect{{Kind: EffPermissionsChanged, Name: c.Permission.User}}
+}
+
+// Permissions lists the permission entries, by vhost then user.
+func (m *Meta) Permissions() []MetaPermission {
+	out := make([]MetaPermission, 0, len(m.perms))
+	for _, p := range m.perms {
+		out = append(out, *p)
+	}
+	sort.Slice(out, func(i, j int) bool {
+		if out[i].Vhost != out[j].Vhost {
+			return out[i].Vhost < out[j].Vhost
+		}
+		return out[i].User < out[j].User
+	})
+	return out
+}
+
+func appendMetaPermission(dst []byte, p *MetaPermission) []byte {
+	for _, s := range []string{p.Vhost, p.User, p.Configure, p.Write, p.Read} {
+		dst = appendMetaStr(dst, s)
+	}
+	return dst
+}
+
+func (r *metaReader) metaPermission() MetaPermission {
+	return MetaPermission{Vhost: r.str(), User: r.str(), Configure: r.str(), Write: r.str(), Read: r.str()}
 }

@@ -79,9 +79,9 @@ func TestMetaSnapshotV1StillReads(t *testing.T) {
 		t.Fatal(r.Err())
 	}
 	snap := m.Snapshot()
-	// Today's snapshot of a state without users is the v1 one with a
-	// zero user count: cut it, and mark it v1.
-	v1 := append([]byte{1}, snap[1:len(snap)-4]...)
+	// Today's snapshot of a state without users or permissions is the v1
+	// one with two zero counts: cut them, and mark it v1.
+	v1 := append([]byte{1}, snap[1:len(snap)-8]...)
 	n := NewMeta(1)
 	if err := n.Restore(v1); err != nil {
 		t.Fatalf("v1 snapshot: %v", err)

@@ -261,7 +261,7 @@ type topology struct {
 	restoring atomic.Bool
 	// onUsers, if set (Broker.OnUsers), is told of every change to the
 	// users (mu held).
-	onUsers func(users []MetaUser, removed []string)
+	onUsers func(users []MetaUser, perms []MetaPermission, removed []string)
 }
 
 // queueTotals are broker-wide sums of per-queue counters.
@@ -313,7 +313,7 @@ func (t *topology) ApplyMetaEffects(effs []MetaEffect) {
 		case EffDurableAccepted:
 			t.warnDurable(e.What, e.Name)
 			continue
-		case EffUserPut, EffUserRemoved:
+		case EffUserPut, EffUserRemoved, EffPermissionsChanged:
 			users = true
 			continue
 		}

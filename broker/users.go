@@ -17,20 +17,20 @@ func (t *topology) usersChangedLocked(effs []MetaEffect) {
 			removed = append(removed, e.Name)
 		}
 	}
-	t.onUsers(t.meta.Users(), removed)
+	t.onUsers(t.meta.Users(), t.meta.Permissions(), removed)
 }
 
-// OnUsers sets the function told of every change to the users: all of
-// them, and the names of those removed. It is called with the topology's
+// OnUsers sets the function told of every change to the users or their
+// permissions: all of them, and the names of the users removed. It is called with the topology's
 // lock held: it must not call back into the broker, nor block. It is
 // called once now with the current users.
-func (b *Broker) OnUsers(fn func(users []MetaUser, removed []string)) {
+func (b *Broker) OnUsers(fn func(users []MetaUser, perms []MetaPermission, removed []string)) {
 	t := b.topo
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	t.onUsers = fn
 	if fn != nil {
-		fn(t.meta.Users(), nil)
+		fn(t.meta.Users(), t.meta.Permissions(), nil)
 	}
 }
 
@@ -85,4 +85,23 @@ func (b *Broker) userCommand(ctx context.Context, c *MetaCommand) error {
 		return err
 	}
 	return t.sync(ctx)
+}
+
+// SetPermission sets a user's permissions in a vhost, as an operator.
+func (b *Broker) SetPermission(ctx context.Context, p MetaPermission) error {
+	return b.userCommand(ctx, &MetaCommand{Op: MetaSetPermission, Admin: true, Permission: p})
+}
+
+// ClearPermission removes a user's permissions in a vhost (not_found if
+// it has none there).
+func (b *Broker) ClearPermission(ctx context.Context, vhost, user string) error {
+	return b.userCommand(ctx, &MetaCommand{Op: MetaClearPermission, Admin: true, Permission: MetaPermission{Vhost: vhost, User: user}})
+}
+
+// Permissions lists the permission entries, by vhost then user.
+func (b *Broker) Permissions() []MetaPermission {
+	t := b.topo
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return t.meta.Permissions()
 }

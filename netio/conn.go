@@ -40,8 +40,10 @@ type conn struct {
 	maxChannels uint16
 	heartbeatMs atomic.Uint32
 	user        string
-	lastRecv    atomic.Int64
-	lastSend    atomic.Int64
+	// pubPerm: whether user may publish to each exchange (event loop only).
+	pubPerm  PublishPerms
+	lastRecv atomic.Int64
+	lastSend atomic.Int64
 	// blocked: the loop has stopped reading the socket (memory alarm).
 	blocked atomic.Bool
 	// gnetBuffered: bytes in gnet's outbound buffer (the socket took
@@ -726,10 +728,14 @@ func (c *conn) onPublish(ch *channel, f wire.Frame) error {
 	batch := &broker.PublishBatch{Sink: c, Ch: ch.id, FirstSeq: b.FirstSeq, Codes: make([]uint32, b.Count), Start: time.Now()}
 	view := c.srv.View()
 	exName := string(b.Exchange)
-	if !view.Table.HasExchange(exName) || view.Table.IsInternal(exName) {
+	if !view.Table.HasExchange(exName) || view.Table.IsInternal(exName) || !c.pubPerm.Allowed(c.srv, c.user, exName) {
 		code := wire.ExchangeNotFound
-		if view.Table.HasExchange(exName) {
+		switch {
+		case !view.Table.HasExchange(exName):
+		case view.Table.IsInternal(exName):
 			code = wire.ExchangeInternal
+		default:
+			code = wire.AccessRefused // no write permission (Permit)
 		}
 		for i := range batch.Codes {
 			batch.Codes[i] = uint32(code)

@@ -14,16 +14,25 @@ func (c *conn) onRequest(ch *channel, body wire.Body) error {
 	fail := func(req uint32, err error) error { return &requestErr{req: req, err: err} }
 	switch r := body.(type) {
 	case *wire.ExchangeDeclare:
+		if err := c.srv.PermitDeclare(c.user, r.Passive, "exchange", r.Name); err != nil {
+			return fail(r.Req, err)
+		}
 		if err := c.srv.DeclareExchangeAs(r, c.user); err != nil {
 			return fail(r.Req, err)
 		}
 		c.send(ch.id, &wire.OKReply{Req: r.Req})
 	case *wire.ExchangeDelete:
+		if err := c.srv.Permit(c.user, PermConfigure, "exchange", r.Name); err != nil {
+			return fail(r.Req, err)
+		}
 		if err := c.srv.DeleteExchangeAs(r, c.requester()); err != nil {
 			return fail(r.Req, err)
 		}
 		c.send(ch.id, &wire.OKReply{Req: r.Req})
 	case *wire.QueueDeclare:
+		if err := c.srv.PermitDeclare(c.user, r.Passive, "queue", r.Name); err != nil {
+			return fail(r.Req, err)
+		}
 		q, err := c.srv.DeclareQueueAs(r, c.id, c.user)
 		if err != nil {
 			return fail(r.Req, err)
@@ -46,6 +55,9 @@ func (c *conn) onRequest(ch *channel, body wire.Body) error {
 		if q.ExclusiveTo() != 0 && q.ExclusiveTo() != c.id {
 			return fail(r.Req, reqErr(wire.ResourceLocked, "queue %q is exclusive to another connection", r.Name))
 		}
+		if err := c.srv.Permit(c.user, PermConfigure, "queue", q.Name()); err != nil {
+			return fail(r.Req, err)
+		}
 		if err := c.srv.Authorize(c.user, ActDelete, q.DeclaredBy(), "queue "+strconv.Quote(q.Name())); err != nil {
 			return fail(r.Req, err)
 		}
@@ -56,11 +68,17 @@ func (c *conn) onRequest(ch *channel, body wire.Body) error {
 		if q == nil {
 			return fail(r.Req, reqErr(wire.NotFound, "no queue %q", r.Name))
 		}
+		if err := c.srv.Permit(c.user, PermRead, "queue", q.Name()); err != nil {
+			return fail(r.Req, err)
+		}
 		if err := c.srv.Authorize(c.user, ActPurge, q.DeclaredBy(), "queue "+strconv.Quote(q.Name())); err != nil {
 			return fail(r.Req, err)
 		}
 		c.srv.Submit(broker.Command{Kind: broker.CmdPurge, Queue: q, Sink: c, Req: reqRef(ch.id, r.Req)})
 	case *wire.Bind:
+		if err := c.srv.PermitBind(c.user, r.Source, r.Destination, r.ToExchange); err != nil {
+			return fail(r.Req, err)
+		}
 		if err := c.srv.BindAs(r, c.requester()); err != nil {
 			return fail(r.Req, err)
 		}
@@ -126,6 +144,9 @@ func (c *conn) onSubscribe(ch *channel, r *wire.Subscribe) error {
 	fail := func(err error) error { return &requestErr{req: r.Req, err: err} }
 	args, err := wire.ParseSubscribeArgs(r.Args)
 	if err != nil {
+		return fail(err)
+	}
+	if err := c.srv.Permit(c.user, PermRead, "queue", r.Queue); err != nil {
 		return fail(err)
 	}
 	q := c.srv.LookupQueue(r.Queue)

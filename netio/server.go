@@ -165,6 +165,9 @@ type Server struct {
 	cfg  Config
 	log  *slog.Logger
 	auth *authenticator
+	// perms: the permissions in force (perms.go); permGen counts changes.
+	perms   atomic.Pointer[permTable]
+	permGen atomic.Uint64
 	// userDeleted: OnUserDeleted's function, if set.
 	userDeleted atomic.Pointer[func(user string)]
 	// The broker core: topology, shards, the operator API (promoted:

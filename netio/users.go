@@ -14,11 +14,24 @@ import (
 func (s *Server) bootstrapUsers(users []User) error {
 	s.Broker.OnUsers(s.usersChanged)
 	mu := make([]broker.MetaUser, len(users))
+	var absent []string
 	for i, u := range users {
 		mu[i] = broker.MetaUser{Name: u.Name, PasswordHash: u.PasswordHash, Tags: u.Tags}
+		if _, ok := s.Broker.User(u.Name); !ok {
+			absent = append(absent, u.Name)
+		}
 	}
 	if err := s.Broker.EnsureUsers(context.Background(), mu); err != nil {
 		return fmt.Errorf("creating the config file's users: %w", err)
+	}
+	// A config-file user gets every permission in "/" when it is created
+	// (as RabbitMQ's default user does): what it could do before
+	// permissions existed. Run-time changes win afterwards.
+	for _, n := range absent {
+		p := broker.MetaPermission{Vhost: "/", User: n, Configure: ".*", Write: ".*", Read: ".*"}
+		if err := s.Broker.SetPermission(context.Background(), p); err != nil {
+			return fmt.Errorf("granting the config file's user %q its permissions: %w", n, err)
+		}
 	}
 	return nil
 }
@@ -26,12 +39,13 @@ func (s *Server) bootstrapUsers(users []User) error {
 // usersChanged is the broker's OnUsers hook (the topology's lock held: it
 // neither blocks nor calls back): the authenticator gets the new table,
 // and the connections of removed users are closed.
-func (s *Server) usersChanged(users []broker.MetaUser, removed []string) {
+func (s *Server) usersChanged(users []broker.MetaUser, perms []broker.MetaPermission, removed []string) {
 	us := make([]User, len(users))
 	for i, u := range users {
 		us[i] = User{Name: u.Name, PasswordHash: u.PasswordHash, Tags: u.Tags}
 	}
 	s.auth.setUsers(us)
+	s.setPerms(perms)
 	if len(removed) == 0 {
 		return
 	}

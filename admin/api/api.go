@@ -255,3 +255,14 @@ type User struct {
 	Name string   `json:"name"`
 	Tags []string `json:"tags"`
 }
+
+// Permission is a user's permissions in a vhost (PUT
+// /api/permissions/{vhost}/{user} takes configure, write and read):
+// RabbitMQ's regular expressions over resource names; "" matches nothing.
+type Permission struct {
+	Vhost     string `json:"vhost,omitempty"`
+	User      string `json:"user,omitempty"`
+	Configure string `json:"configure"`
+	Write     string `json:"write"`
+	Read      string `json:"read"`
+}

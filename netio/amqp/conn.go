@@ -25,9 +25,11 @@ var protocolHeader = []byte("AMQP\x00\x00\x09\x01")
 type conn struct {
 	l   *Listener
 	srv *netio.Server
-	nc  net.Conn
-	br  *bufio.Reader
-	id  uint64
+	// pubPerm: whether user may publish to each exchange (the reader's).
+	pubPerm netio.PublishPerms
+	nc      net.Conn
+	br      *bufio.Reader
+	id      uint64
 
 	user       string
 	admin      bool

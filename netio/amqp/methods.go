@@ -96,6 +96,9 @@ func (c *conn) onExchange(ch *channel, id uint16, r *reader) error {
 			}
 			return chErr(preconditionFailed, "PRECONDITION_FAILED - unsupported exchange argument '"+f.Key+"' (only alternate-exchange is mapped)")
 		}
+		if err := c.srv.PermitDeclare(c.user, passive, "exchange", name); err != nil { // permissions (issue 15)
+			return err
+		}
 		if passive {
 			if !c.srv.View().Table.HasExchange(name) {
 				return chErr(notFound, "NOT_FOUND - no exchange '"+name+"' in vhost '/'")
@@ -114,6 +117,9 @@ func (c *conn) onExchange(ch *channel, id uint16, r *reader) error {
 		if r.err != nil {
 			return r.err
 		}
+		if err := c.srv.Permit(c.user, netio.PermConfigure, "exchange", name); err != nil { // permissions (issue 15)
+			return err
+		}
 		err := c.control(func() error {
 			return c.srv.DeleteExchangeAs(&wire.ExchangeDelete{Name: name, IfUnused: ifUnused}, c.requester())
 		})
@@ -131,6 +137,9 @@ func (c *conn) onExchange(ch *channel, id uint16, r *reader) error {
 		args := r.table()
 		if r.err != nil {
 			return r.err
+		}
+		if err := c.srv.PermitBind(c.user, src, dst, true); err != nil { // permissions (issue 15)
+			return err
 		}
 		b := &wire.Bind{Unbind: id == 40, ToExchange: true, Destination: dst, Source: src, RoutingKey: key, Args: args}
 		if err := c.control(func() error { return c.srv.BindAs(b, c.requester()) }); err != nil {
@@ -196,6 +205,9 @@ func (c *conn) onQueue(ch *channel, id uint16, r *reader) error {
 				return chErr(preconditionFailed, "PRECONDITION_FAILED - invalid property '"+bad+"' for queue '"+name+"' in vhost '/' (x-queue-type quorum)")
 			}
 		}
+		if err := c.srv.PermitDeclare(c.user, passive, "queue", name); err != nil { // permissions (issue 15)
+			return err
+		}
 		d := &wire.QueueDeclare{Name: name, Durable: durable, Exclusive: exclusive, AutoDelete: autoDelete, Passive: passive, Args: wargs}
 		var q *broker.Queue
 		err := c.control(func() (err error) {
@@ -238,6 +250,9 @@ func (c *conn) onQueue(ch *channel, id uint16, r *reader) error {
 		if r.err != nil {
 			return r.err
 		}
+		if err := c.srv.PermitBind(c.user, ex, ch.queueName(qn), false); err != nil { // permissions (issue 15)
+			return err
+		}
 		b := &wire.Bind{Unbind: id == 50, Destination: ch.queueName(qn), Source: ex, RoutingKey: key, Args: args}
 		if err := c.control(func() error { return c.srv.BindAs(b, c.requester()) }); err != nil {
 			return err
@@ -273,6 +288,13 @@ func (c *conn) onQueue(ch *channel, id uint16, r *reader) error {
 		}
 		if x := q.ExclusiveTo(); x != 0 && x != c.id {
 			return chErr(resourceLocked, "RESOURCE_LOCKED - cannot obtain exclusive access to locked queue '"+qn+"' in vhost '/'")
+		}
+		perm := netio.PermConfigure // permissions (issue 15): delete
+		if id == 30 {
+			perm = netio.PermRead // purge
+		}
+		if err := c.srv.Permit(c.user, perm, "queue", qn); err != nil {
+			return err
 		}
 		if id == 30 {
 			if err := c.srv.Authorize(c.user, netio.ActPurge, q.DeclaredBy(), "queue "+strconv.Quote(qn)); err != nil {
@@ -481,6 +503,9 @@ func (c *conn) onConsume(ch *channel, r *reader) error {
 	if r.err != nil {
 		return r.err
 	}
+	if err := c.srv.Permit(c.user, netio.PermRead, "queue", qn); err != nil { // permissions (issue 15)
+		return err
+	}
 	var prio int16
 	for _, f := range args {
 		if f.Key == "x-priority" && f.Value.Kind == wire.KindInt && f.Value.Int >= -32768 && f.Value.Int <= 32767 {
@@ -606,6 +631,9 @@ func (c *conn) publish(ch *channel) error {
 	}
 	if view.Table.IsInternal(pub.exchange) {
 		return chErr(accessRefused, "ACCESS_REFUSED - cannot publish to internal exchange '"+pub.exchange+"' in vhost '/'")
+	}
+	if !c.pubPerm.Allowed(c.srv, c.user, pub.exchange) { // permissions (issue 15), decided once per exchange
+		return c.srv.PublishRefusal(c.user, pub.exchange)
 	}
 	var seq uint64
 	if ch.confirm {
@@ -1058,6 +1086,9 @@ func (c *conn) onGet(ch *channel, r *reader) error {
 	noAck := r.bitAt()
 	if r.err != nil {
 		return errSyntax
+	}
+	if err := c.srv.Permit(c.user, netio.PermRead, "queue", qn); err != nil { // permissions (issue 15)
+		return err
 	}
 	q := c.srv.LookupQueue(qn)
 	if q == nil {
