@@ -31,12 +31,11 @@ type file struct {
 	version uint16 // its format version
 	// Segment files: what was written into it, for its footer (dropped
 	// once sealed).
-	footRecs []uint32
-	footEnts []footEnt
-	footed   bool       // ends with an index footer (sealed)
-	lazy     *lazyCheck // loaded from its footer: records are checked on first read
-	maps     mappings
-	owner    *Log
+	foot   footIndex
+	footed bool       // ends with an index footer (sealed)
+	lazy   *lazyCheck // loaded from its footer: records are checked on first read
+	maps   mappings
+	owner  *Log
 }
 
 func (f *file) gen() uint32 { return uint32(f.seq) }

@@ -333,7 +333,7 @@ func (w *segWriter) group(g *groupIndex, jobs []moveJob, srcFile *file, src []by
 		if _, err := g.seg.f.WriteAt(w.buf, g.seg.wsize); err != nil {
 			return err
 		}
-		g.seg.footRecs = append(g.seg.footRecs, uint32(g.seg.wsize))
+		g.seg.foot.recs = append(g.seg.foot.recs, uint32(g.seg.wsize))
 		g.seg.wsize += int64(len(w.buf))
 		g.seg.written += count
 		w.buf, recStart, count = w.buf[:0], -1, 0
@@ -386,7 +386,7 @@ func (w *segWriter) group(g *groupIndex, jobs []moveJob, srcFile *file, src []by
 			w.buf = binary.LittleEndian.AppendUint32(w.buf, uint32(len(data)))
 			off := uint32(g.seg.wsize) + uint32(len(w.buf))
 			w.buf = append(w.buf, data...)
-			g.seg.footEnts = append(g.seg.footEnts, footEnt{idx: idx, term: term, off: off})
+			g.seg.foot.add(idx, term, off)
 			count++
 			if n := len(pieces); n > 0 && pieces[n-1].f == g.seg && pieces[n-1].lo+uint64(len(pieces[n-1].offs)) == idx {
 				pieces[n-1].offs = append(pieces[n-1].offs, off)
@@ -406,15 +406,13 @@ func (w *segWriter) group(g *groupIndex, jobs []moveJob, srcFile *file, src []by
 // that Open need not scan it. One too large for a record is left out:
 // the file is scanned instead.
 func (w *segWriter) footer(f *file) error {
-	recs, ents := f.footRecs, f.footEnts
-	f.footRecs, f.footEnts = nil, nil
-	if f.version < footerVersion || len(recs) == 0 ||
-		footerPayload(len(recs), footRuns(ents), len(ents)) > MaxRecord {
+	ix := f.foot
+	f.foot = footIndex{}
+	if f.version < footerVersion || len(ix.recs) == 0 ||
+		footerPayload(len(ix.recs), len(ix.runs), len(ix.offs)) > MaxRecord {
 		return nil
 	}
-	f.footRecs, f.footEnts = recs, ents
-	w.buf = encodeFooter(w.buf[:0], f, f.wsize)
-	f.footRecs, f.footEnts = nil, nil
+	w.buf = encodeFooter(w.buf[:0], f, &ix, f.wsize)
 	if _, err := f.f.WriteAt(w.buf, f.wsize); err != nil {
 		return err
 	}

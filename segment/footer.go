@@ -40,6 +40,25 @@ type footEnt struct {
 	off       uint32
 }
 
+// footIndex is what has been written into a segment file not yet sealed,
+// for its footer: 4 bytes per entry and 24 per run.
+type footIndex struct {
+	recs []uint32  // record offsets
+	runs []footRun // consecutive indexes of one term, in file order
+	offs []uint32  // each entry's data offset, in file order
+}
+
+type footRun struct{ lo, term, n uint64 }
+
+func (x *footIndex) add(idx, term uint64, off uint32) {
+	if n := len(x.runs); n > 0 && x.runs[n-1].term == term && x.runs[n-1].lo+x.runs[n-1].n == idx {
+		x.runs[n-1].n++
+	} else {
+		x.runs = append(x.runs, footRun{lo: idx, term: term, n: 1})
+	}
+	x.offs = append(x.offs, off)
+}
+
 func pad4(n int) int { return (n + 1) &^ 1 } // u32 words, padded to 8 bytes
 
 // footerPayload is the size of a footer's payload.
@@ -47,45 +66,30 @@ func footerPayload(nrec, nrun, nent int) int {
 	return 32 + 4*pad4(nrec) + 24*nrun + 4*pad4(nent) + footerTrailer
 }
 
-func footRuns(ents []footEnt) int {
-	n := 0
-	for i, e := range ents {
-		if i == 0 || e.idx != ents[i-1].idx+1 || e.term != ents[i-1].term {
-			n++
-		}
-	}
-	return n
-}
-
-// encodeFooter appends f's footer record (from what was written into it).
-func encodeFooter(dst []byte, f *file, start int64) []byte {
+// encodeFooter appends the footer record of f (its index x), which
+// starts at start.
+func encodeFooter(dst []byte, f *file, x *footIndex, start int64) []byte {
 	le := binary.LittleEndian
 	dst, s := beginRecord(dst)
 	dst = le.AppendUint64(dst, f.group)
-	dst = le.AppendUint64(dst, uint64(len(f.footRecs)))
-	dst = le.AppendUint64(dst, uint64(footRuns(f.footEnts)))
-	dst = le.AppendUint64(dst, uint64(len(f.footEnts)))
-	for _, r := range f.footRecs {
+	dst = le.AppendUint64(dst, uint64(len(x.recs)))
+	dst = le.AppendUint64(dst, uint64(len(x.runs)))
+	dst = le.AppendUint64(dst, uint64(len(x.offs)))
+	for _, r := range x.recs {
 		dst = le.AppendUint32(dst, r)
 	}
-	if len(f.footRecs)%2 != 0 {
+	if len(x.recs)%2 != 0 {
 		dst = le.AppendUint32(dst, 0)
 	}
-	ents := f.footEnts
-	for i := 0; i < len(ents); {
-		j := i + 1
-		for j < len(ents) && ents[j].idx == ents[j-1].idx+1 && ents[j].term == ents[i].term {
-			j++
-		}
-		dst = le.AppendUint64(dst, ents[i].idx)
-		dst = le.AppendUint64(dst, ents[i].term)
-		dst = le.AppendUint64(dst, uint64(j-i))
-		i = j
+	for _, r := range x.runs {
+		dst = le.AppendUint64(dst, r.lo)
+		dst = le.AppendUint64(dst, r.term)
+		dst = le.AppendUint64(dst, r.n)
 	}
-	for _, e := range ents {
-		dst = le.AppendUint32(dst, e.off)
+	for _, o := range x.offs {
+		dst = le.AppendUint32(dst, o)
 	}
-	if len(ents)%2 != 0 {
+	if len(x.offs)%2 != 0 {
 		dst = le.AppendUint32(dst, 0)
 	}
 	dst = le.AppendUint64(dst, uint64(start))

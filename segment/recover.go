@@ -75,7 +75,7 @@ func (l *Log) recover() error {
 				g.seg = f
 			} else {
 				f.sealed = true
-				f.footRecs, f.footEnts = nil, nil
+				f.foot = footIndex{}
 			}
 		}
 	}
@@ -361,11 +361,11 @@ func (l *Log) loadSegment(g *groupIndex, f *file, promised int64) error {
 		if typ != recEntries || binary.LittleEndian.Uint64(p) != g.id || f.footed {
 			return fmt.Errorf("unexpected record type %d in a segment of group %d", typ, g.id)
 		}
-		f.footRecs = append(f.footRecs, uint32(off))
+		f.foot.recs = append(f.foot.recs, uint32(off))
 		return forEntries(p, func(idx uint64, dataOff int) error {
 			term := binary.LittleEndian.Uint64(p[dataOff-entryHeader+8:])
 			g.place(idx, term, f, uint32(off+recordHeader+dataOff), termOf)
-			f.footEnts = append(f.footEnts, footEnt{idx: idx, term: term, off: uint32(off + recordHeader + dataOff)})
+			f.foot.add(idx, term, uint32(off+recordHeader+dataOff))
 			f.written++
 			return nil
 		})
