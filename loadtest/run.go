@@ -193,8 +193,13 @@ loop:
 			stop.Store(true)
 			endPub()
 		case now := <-ticker.C:
-			pub, acked, _ := tr.totals()
+			// Consumed first: every message consumed by then was
+			// published by the time of totals, so the backlog
+			// (published, not yet consumed) is not negative. It was
+			// confirmed minus consumed, which went negative whenever
+			// deliveries ran ahead of their confirms.
 			cons := tr.consumed.Load()
+			pub, _, _ := tr.totals()
 			if !warmed && now.After(measureFrom) {
 				warmed = true
 				warmPub, warmCons = pub, cons
@@ -204,7 +209,7 @@ loop:
 			p := interval(tr, now.Sub(start), now.Sub(lastAt), pub-lastPub, cons-lastCons)
 			series = append(series, p)
 			fmt.Fprintf(out, "%6.1fs  publish %9.0f/s  consume %9.0f/s  confirm p50 %7.2fms p99 %7.2fms  backlog %d\n",
-				p.T, p.PublishRate, p.ConsumeRate, p.ConfirmP50, p.ConfirmP99, acked*int64(cfg.copies())-cons)
+				p.T, p.PublishRate, p.ConsumeRate, p.ConfirmP50, p.ConfirmP99, max(0, pub*int64(cfg.copies())-cons))
 			lastPub, lastCons, lastAt = pub, cons, now
 		}
 	}
