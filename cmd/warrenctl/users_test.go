@@ -46,3 +46,20 @@ func TestWarrenctlUsers(t *testing.T) {
 		t.Fatalf("deleted user listed:\n%s", out)
 	}
 }
+
+// warrenctl permission set|list|clear over /api/permissions.
+func TestWarrenctlPermissions(t *testing.T) {
+	c := newCtl(t, nil)
+	c.ok("pw\n", "user", "add", "app")
+	c.ok("", "permission", "set", "app", "--configure", `^app\.`, "--write", `^app\.`, "--read", ".*")
+	if out := c.ok("", "permission", "list"); !regexpLine(out, "/", "app", `^app\.`, ".*") {
+		t.Fatalf("permission list:\n%s", out)
+	}
+	if _, errs, code := c.run("", "permission", "set", "app", "--configure", "("); code != 1 || !strings.Contains(errs, "configure") {
+		t.Fatalf("bad regexp: exit %d %s", code, errs)
+	}
+	c.ok("", "permission", "clear", "app")
+	if out := c.ok("", "permission", "list"); strings.Contains(out, "app") {
+		t.Fatalf("cleared permission listed:\n%s", out)
+	}
+}
