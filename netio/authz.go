@@ -23,11 +23,11 @@ var actionNames = [...]string{ActDelete: "delete", ActPurge: "purge", ActUnbind:
 
 // Authorize says whether user may do act to a resource declared by
 // declaredBy ("" for the broker's own resources and those declared
-// through the admin API). Until permissions arrive: administrators (the
-// administrator tag; guest from loopback and the broker's internal
-// client) may do anything; deleting, purging and unbinding are also
-// allowed to the user who declared the resource; declaring, binding,
-// publishing and consuming to every user. what names the resource in the
+// through the admin API). Administrators (the administrator tag; guest
+// from loopback and the broker's internal client) may do anything;
+// deleting, purging and unbinding are also allowed to the user who
+// declared the resource. Permit (perms.go) is the permission check
+// (configure, write, read) applied before it. what names the resource in the
 // refusal ("queue \"orders\"").
 func (s *Server) Authorize(user string, act Action, declaredBy, what string) error {
 	if s.isAdmin(user) {

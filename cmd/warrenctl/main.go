@@ -63,6 +63,8 @@ Commands:
   user list | add NAME [--tags T1,T2] | set-password NAME | set-tags NAME [TAG...] | delete NAME
       add and set-password read the password from stdin (one line), never from the command line.
       Deleting a user closes its connections. The administrator tag allows every write.
+  permission list | set USER [--vhost /] [--configure RE] [--write RE] [--read RE] | clear USER [--vhost /]
+      RabbitMQ's regular expressions over exchange and queue names; an omitted or empty one matches nothing.
   publish [--exchange EX] --routing-key KEY [--persistent] [--mandatory=false] [--priority N] [--content-type T]
           [--message-id ID] [--header k=v]... [--lines] [--file F] [BODY]   (body from stdin when absent)
       The default exchange ("") delivers to the queue named by the routing key. A message that no queue
@@ -288,6 +290,8 @@ func (c *cli) dispatch(args []string) error {
 		return c.connection(sub(1), args[min(2, len(args)):])
 	case "user":
 		return c.users(sub(1), args[min(2, len(args)):])
+	case "permission":
+		return c.permissions(sub(1), args[min(2, len(args)):])
 	case "publish":
 		return c.publish(args[1:])
 	case "consume":

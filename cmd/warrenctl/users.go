@@ -126,3 +126,66 @@ func splitTags(s string) []string {
 	}
 	return out
 }
+
+// permissions: warrenctl permission … over /api/permissions (issue 15).
+func (c *cli) permissions(verb string, args []string) error {
+	switch verb {
+	case "list":
+		if err := none("permission list", args); err != nil {
+			return err
+		}
+		var raw json.RawMessage
+		if err := c.call("GET", "/api/permissions", nil, &raw); err != nil {
+			return err
+		}
+		var ps []map[string]string
+		_ = json.Unmarshal(raw, &ps)
+		return c.show(raw, func(w *tabwriter.Writer) error {
+			fmt.Fprintln(w, "VHOST\tUSER\tCONFIGURE\tWRITE\tREAD")
+			for _, p := range ps {
+				fmt.Fprintf(w, "%s\t%s\t%s\t%s\t%s\n", p["vhost"], p["user"], orEmpty(p["configure"]), orEmpty(p["write"]), orEmpty(p["read"]))
+			}
+			return nil
+		})
+	case "set", "clear":
+		fs := flags("permission " + verb)
+		vhost := fs.String("vhost", "/", "virtual host")
+		var conf, write, read *string
+		if verb == "set" {
+			conf, write, read = fs.String("configure", "", ""), fs.String("write", "", ""), fs.String("read", "", "")
+		}
+		pos, err := parse(fs, args)
+		if err != nil {
+			return err
+		}
+		user, err := oneOf("permission "+verb, pos)
+		if err != nil {
+			return err
+		}
+		path := "/api/permissions/" + url.PathEscape(*vhost) + "/" + url.PathEscape(user)
+		if *vhost == "/" {
+			path = "/api/permissions/%2F/" + url.PathEscape(user)
+		}
+		if verb == "clear" {
+			if err := c.call("DELETE", path, nil, nil); err != nil {
+				return err
+			}
+			fmt.Fprintf(c.errw, "permissions of %s in %s cleared\n", user, *vhost)
+			return nil
+		}
+		if err := c.call("PUT", path, map[string]string{"configure": *conf, "write": *write, "read": *read}, nil); err != nil {
+			return err
+		}
+		fmt.Fprintf(c.errw, "permissions of %s in %s set\n", user, *vhost)
+		return nil
+	}
+	return usageErr{"permission: want list, set or clear"}
+}
+
+// orEmpty shows an empty pattern (it matches nothing) as "".
+func orEmpty(s string) string {
+	if s == "" {
+		return `""`
+	}
+	return s
+}
