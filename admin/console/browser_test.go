@@ -20,6 +20,7 @@ import (
 	"github.com/chromedp/chromedp"
 
 	"github.com/warren-mq/warren/client"
+	"github.com/warren-mq/warren/netio"
 	"github.com/warren-mq/warren/netio/warrentest"
 	"github.com/warren-mq/warren/wire"
 )
@@ -272,6 +273,32 @@ func TestBrowser(t *testing.T) {
 		shot("users"))
 	if _, ok := e.srv.Authenticate("ops", "ops-pw", "127.0.0.1:1"); !ok {
 		t.Fatal("the user made in the console cannot log in")
+	}
+	// Permissions in vhost "/": an invalid pattern shows the server's error
+	// as is; then ops may configure only ^ops\. (the broker's own check says
+	// so); then they are cleared.
+	step("permissions", wait(`document.querySelector("#perm-form")`),
+		chromedp.SetValue(chromedp.CSS(`#perm-form input[name=user]`), "ops"),
+		chromedp.SetValue(chromedp.CSS(`#perm-form input[name=configure]`), "("),
+		chromedp.Click(chromedp.CSS(`#perm-form button[type=submit]`)),
+		wait(`(document.querySelector("#perm-error") || {}).textContent === "configure is not a regular expression (Go RE2 syntax): error parsing regexp: missing closing ): `+"`(`"+`"`),
+		chromedp.SetValue(chromedp.CSS(`#perm-form input[name=configure]`), `^ops\.`),
+		chromedp.Click(chromedp.CSS(`#perm-form button[type=submit]`)),
+		wait(`(document.querySelector('tr[data-user="ops"] td[data-perm="configure"]') || {}).textContent === "^ops\\." && document.querySelector("#perm-error").hidden`),
+		shot("permissions"))
+	if err := e.srv.Permit("ops", netio.PermConfigure, "queue", "ops.orders"); err != nil {
+		t.Fatalf("ops may not configure ops.orders after the console gave it ^ops\\.: %v", err)
+	}
+	if err := e.srv.Permit("ops", netio.PermConfigure, "queue", "orders"); err == nil {
+		t.Fatal("ops may configure orders: the console's ^ops\\. does not hold")
+	}
+	if err := e.srv.Permit("ops", netio.PermWrite, "exchange", "ops.x"); err == nil {
+		t.Fatal("ops may write with an empty write pattern")
+	}
+	step("clear permissions", chromedp.Click(chromedp.CSS(`tr[data-user="ops"] button.clear-perms`)),
+		wait(`document.querySelector('tr[data-user="ops"] td[data-perm="configure"]').textContent === "—"`))
+	if err := e.srv.Permit("ops", netio.PermConfigure, "queue", "ops.orders"); err == nil {
+		t.Fatal("ops may still configure ops.orders after the console cleared its permissions")
 	}
 	step("delete user", chromedp.Click(chromedp.CSS(`tr[data-user="ops"] button.danger`)),
 		wait(`!document.querySelector('tr[data-user="ops"]')`))
