@@ -485,7 +485,10 @@ function connections(main) {
 
 // The broker's users (an administrator's page: the API refuses others).
 // The form makes a user or replaces one (a password is always given); a
-// row's Delete removes it and closes its connections.
+// row's Delete removes it and closes its connections. Each row shows the
+// user's permissions in vhost "/" (the only one); the second form sets
+// them (an invalid pattern: the server's error, as it says it), a row's
+// Clear removes them.
 function users(main) {
   const listEl = h("div");
   const form = h("form#user-form.row", { onsubmit: async (e) => {
@@ -500,22 +503,57 @@ function users(main) {
   h("input", { name: "password", type: "password", placeholder: "password", required: true, autocomplete: "new-password" }),
   h("input", { name: "tags", placeholder: "tags, e.g. administrator, monitoring" }),
   h("button.primary", { type: "submit" }, "Create or replace"));
-  main.append(h("h1", "Users"), listEl, h("h2", "Create a user, or set one's password and tags"), form);
-  const load = async () => {
-    let us;
+  const permErr = h("p#perm-error.error", { hidden: true });
+  const permForm = h("form#perm-form.row", { onsubmit: async (e) => {
+    e.preventDefault();
+    const field = (n) => e.target.elements.namedItem(n).value;
+    const name = field("user");
     try {
-      us = await api("GET", "/api/users");
+      await act("permissions of " + name, () => api("PUT", "/api/permissions/%2F/" + enc(name),
+        { configure: field("configure"), write: field("write"), read: field("read") }));
+      permErr.hidden = true;
+    } catch (err) {
+      permErr.textContent = err.message;
+      permErr.hidden = false;
+      return;
+    }
+    load();
+  } },
+  h("input", { name: "user", placeholder: "user", required: true }),
+  ...["configure", "write", "read"].map((k) => h("input.mono", { name: k, placeholder: k + " regexp" })),
+  h("button.primary", { type: "submit" }, "Set"));
+  main.append(h("h1", "Users"), listEl, h("h2", "Create a user, or set one's password and tags"), form,
+    h("h2", "Set a user's permissions in vhost /"),
+    h("p.muted", "Regular expressions (Go RE2) over queue and exchange names: configure to declare and delete, write to publish and bind to, read to consume, get, purge and bind from; the default exchange is amq.default; empty matches nothing. Administrators may do anything."),
+    permForm, permErr);
+  const load = async () => {
+    let us, ps;
+    try {
+      [us, ps] = await Promise.all([api("GET", "/api/users"), api("GET", "/api/permissions")]);
     } catch (e) {
       listEl.replaceChildren(h("p.muted", e.status === 403 ? "Only an administrator sees the users." : e.message));
       return;
     }
-    listEl.replaceChildren(h("table#users", h("thead", h("tr", h("th", "Name"), h("th", "Tags"), h("th", ""))),
-      h("tbody", ...us.map((u) => h("tr", { "data-user": u.name }, h("td", u.name), h("td", (u.tags || []).join(", ")),
-        h("td", h("button.danger", { type: "button", onclick: async () => {
+    const perms = new Map(ps.filter((p) => p.vhost === "/").map((p) => [p.user, p]));
+    const pat = (p, k) => h("td.mono", { "data-perm": k, title: p ? "" : "no permissions in /" }, !p ? "—" : p[k] === "" ? h("span.muted", "(nothing)") : p[k]);
+    listEl.replaceChildren(h("table#users", h("thead", h("tr", ...["Name", "Tags", "Configure", "Write", "Read", ""].map((x) => h("th", x)))),
+      h("tbody", ...us.map((u) => { const p = perms.get(u.name); return h("tr", { "data-user": u.name }, h("td", u.name), h("td", (u.tags || []).join(", ")),
+        pat(p, "configure"), pat(p, "write"), pat(p, "read"),
+        h("td", h("button", { type: "button", title: "Fill the permissions form", onclick: () => {
+          const f = permForm.elements;
+          f.namedItem("user").value = u.name;
+          for (const k of ["configure", "write", "read"]) f.namedItem(k).value = p ? p[k] : "";
+        } }, "Edit permissions"), " ",
+        p && h("button.clear-perms", { type: "button", onclick: async () => {
+          if (!confirmDo("Clear the permissions of " + u.name + " in /? It may then do nothing there.")) return;
+          await act("clear permissions of " + u.name, () => api("DELETE", "/api/permissions/%2F/" + enc(u.name)));
+          load();
+        } }, "Clear permissions"), " ",
+        h("button.danger", { type: "button", onclick: async () => {
           if (!confirmDo("Delete user " + u.name + "? Its connections are closed.")) return;
           await act("delete user " + u.name, () => api("DELETE", "/api/users/" + enc(u.name)));
           load();
-        } }, "Delete")))))));
+        } }, "Delete"))); }))));
     main.dataset.loaded = "1";
   };
   load();
