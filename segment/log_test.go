@@ -627,3 +627,58 @@ func TestRemoveGroupNeverInVersion1File(t *testing.T) {
 		t.Fatalf("groups %v, want [2]", g)
 	}
 }
+
+// removeHookFS runs hook once, right after the first Remove of a file
+// whose name starts with prefix.
+type removeHookFS struct {
+	*MemFS
+	prefix string
+	hook   func()
+}
+
+func (h *removeHookFS) Remove(name string) error {
+	err := h.MemFS.Remove(name)
+	if f := h.hook; f != nil && strings.HasPrefix(name[strings.LastIndexByte(name, '/')+1:], h.prefix) {
+		h.hook = nil
+		f()
+	}
+	return err
+}
+
+// TestRemoveGroupWhileDeletingDeadSegment: a group removed while
+// Maintain deletes one of its emptied segment files (after Maintain took
+// the dead list, before it forgot the file) does not get that file deleted
+// a second time by the next Maintain: that failed with "file does not
+// exist" and stopped the engine (the broker's crash simulation, seed 886:
+// a clean stop that lost the last settles, since the node had stopped).
+func TestRemoveGroupWhileDeletingDeadSegment(t *testing.T) {
+	mem := NewMemFS()
+	fs := &removeHookFS{MemFS: mem, prefix: fmt.Sprintf("seg-%016x-", 7)}
+	opts := Options{Manual: true, WALSize: 2048, SegmentSize: 1024}
+	l, err := Open(fs, "/data", opts)
+	must(t, err)
+	defer l.Close()
+	for i := uint64(0); i < 20; i++ {
+		must(t, l.Append(Batch{Group: 7, Entries: ents(1+3*i, 3+3*i, 1, "a")}, Batch{Group: 8, Entries: ents(1+3*i, 3+3*i, 1, "b")}))
+	}
+	l.Rotate()
+	must(t, l.Append(Batch{Group: 8, Entries: ents(61, 61, 1, "b")}))
+	must(t, l.Maintain()) // group 7's entries now in its sealed segment files
+	must(t, l.Compact(7, 50, nil))
+	removed := false
+	fs.hook = func() {
+		// Maintain is deleting group 7's emptied segment file(s) now.
+		removed = true
+		must(t, l.RemoveGroup(7))
+	}
+	must(t, l.Maintain())
+	if !removed {
+		t.Fatal("setup: Maintain deleted no segment file of group 7 (the compaction emptied none)")
+	}
+	if err := l.Maintain(); err != nil {
+		t.Fatalf("Maintain after the group was removed while its emptied segment file was being deleted: %v", err)
+	}
+	if err := l.Append(Batch{Group: 8, Entries: ents(62, 62, 1, "b")}); err != nil {
+		t.Fatalf("append after that Maintain: %v", err)
+	}
+}
