@@ -139,8 +139,16 @@ func (l *Log) dropRemoved() error {
 	var files []*file
 	for _, g := range gs {
 		for _, f := range g.segs {
-			if f.dead { // already scheduled: delete it here, not again later
+			if f.dead {
+				// Still on the dead list: delete it here, not again later.
+				// Off it: Maintain deleted it already (it took the list
+				// before the group was removed, then found no group to
+				// forget the file in); deleting it again would fail.
+				n := len(l.dead)
 				l.dead = slices.DeleteFunc(l.dead, func(x *file) bool { return x == f })
+				if len(l.dead) == n {
+					continue
+				}
 			}
 			f.dead, f.sealed = true, true
 			files = append(files, f)
