@@ -288,6 +288,14 @@ type crashSim struct {
 	trace []string
 	print bool
 
+	// fatal is the first failure the node reported (Fatal); armed says a
+	// failure was injected. One not injected is a bug the sim reports:
+	// otherwise its cancelled context ends the barriers early, and the
+	// checks after a clean stop count settles as on disk that never were.
+	fatal     atomic.Pointer[error]
+	armed     bool
+	fatalSeen bool // reported
+
 	queues    map[string]*simQueue // by key (simQueue.key)
 	cur       map[string]string    // a queue name → the key of its latest declaration
 	order     []string             // queue keys in declaration order
@@ -361,9 +369,11 @@ func runCrashSim(t *testing.T, seed uint64, print bool) crashSimStats {
 			}
 			k := 1 + s.rng.IntN(4)
 			if s.rng.IntN(4) == 0 {
+				s.armed = true
 				s.logf("arm: the %d-th write from now fails", k)
 				s.mem.FailWrite(k)
 			} else {
+				s.armed = true
 				s.logf("arm: the %d-th fsync from now fails", k)
 				s.mem.FailSync(k)
 			}
@@ -390,6 +400,15 @@ func runCrashSim(t *testing.T, seed uint64, print bool) crashSimStats {
 	return s.st
 }
 
+// checkFatal reports a failure of the node that the sim did not inject.
+func (s *crashSim) checkFatal(when string) {
+	s.t.Helper()
+	if p := s.fatal.Load(); p != nil && !s.armed && !s.fatalSeen {
+		s.fatalSeen = true
+		s.t.Errorf("seed %d: %s: the node stopped on a failure the sim did not inject: %v", s.seed, when, *p)
+	}
+}
+
 // tweak gives a node the simulation's clock, manual timers and Fatal.
 func (s *crashSim) tweak(first bool) func(*Config, *MetaLogConfig) {
 	return func(c *Config, m *MetaLogConfig) {
@@ -398,6 +417,7 @@ func (s *crashSim) tweak(first bool) func(*Config, *MetaLogConfig) {
 		c.DeadLetterDropped = func(r DLDrop) { s.dlDrops[r].Add(1) }
 		if first {
 			fatal := func(err error) {
+				s.fatal.CompareAndSwap(nil, &err)
 				s.stop()
 			}
 			c.Durable.Fatal = fatal
@@ -1093,6 +1113,7 @@ func (s *crashSim) takeDrops() []string {
 func (s *crashSim) crashAndCheck(clean bool, torn int) {
 	t := s.t
 	s.absorb()
+	s.checkFatal("before the crash")
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	old := s.n
@@ -1102,6 +1123,7 @@ func (s *crashSim) crashAndCheck(clean bool, torn int) {
 		// A clean stop writes everything submitted before it: every
 		// settle is on disk, every persistent message confirmed.
 		old.close(t)
+		s.checkFatal("at the clean stop")
 		s.sink.mu.Lock()
 		s.sink.frozen = true
 		confirmed = s.sink.confirmed
