@@ -4,6 +4,7 @@ import (
 	"context"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/rabbitmq/amqp091-go"
 	"github.com/warren-mq/warren/broker"
@@ -41,10 +42,20 @@ func TestPermissionsOverAMQP(t *testing.T) {
 	_, err = ch.Consume("other", "", true, false, false, false, nil)
 	refused(err, "read")
 	ch, _ = conn.Channel()
+	// The default exchange is amq.default: no write permission there. The
+	// refusal closes the channel asynchronously: read it from NotifyClose
+	// (a call made after the close arrived would only see 504).
+	closed := ch.NotifyClose(make(chan *amqp091.Error, 1))
 	if err := ch.Publish("", "app.q", false, false, amqp091.Publishing{Body: []byte("x")}); err != nil {
 		t.Fatal(err)
 	}
-	// The default exchange is amq.default: no write permission there.
-	_, err = ch.QueueDeclarePassive("app.q", false, false, false, false, nil)
-	refused(err, "write")
+	select {
+	case e := <-closed:
+		if e == nil {
+			t.Fatal("the channel closed without an error, want 403 naming \"write\"")
+		}
+		refused(e, "write")
+	case <-time.After(10 * time.Second):
+		t.Fatal("a publish without write permission did not close the channel")
+	}
 }
