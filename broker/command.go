@@ -36,6 +36,10 @@ const (
 	// it): its source queue settles it (deadletter.go). Not a command of
 	// the record.
 	cmdDLDone CmdKind = 253
+	// cmdDrop: a cluster applied a queue's deletion (cluster.go); the
+	// shard drops its copy if it has not already. Not a command of the
+	// record.
+	cmdDrop CmdKind = 252
 )
 
 // Command is one unit of work for a shard, as a value: no closure, nothing
@@ -131,6 +135,10 @@ func (s *shard) apply(c *Command) {
 		c.post()
 	case cmdDLDone:
 		s.dlDone(c.dl)
+	case cmdDrop:
+		if c.Queue.m != nil {
+			s.deleteQueue(c.Queue, "queue deleted")
+		}
 	case CmdBarrier:
 		if q := c.Queue; q != nil && q.grp != nil && !q.gone && q.grp.Err() == nil {
 			if seq := q.grp.LastSeq(); seq > q.applSeq {

@@ -6,10 +6,12 @@ import (
 	"fmt"
 	"log/slog"
 	"path/filepath"
+	"time"
 
 	"github.com/warren-mq/warren/replication"
 	"github.com/warren-mq/warren/segment"
 	"github.com/warren-mq/warren/wire"
+	"go.etcd.io/raft/v3/raftpb"
 )
 
 // MetaLogConfig says where the metadata group keeps its log.
@@ -22,6 +24,20 @@ type MetaLogConfig struct {
 	// Fatal hears a failed write of the metadata log: the node must stop
 	// and recover from the log (warrend exits non-zero).
 	Fatal func(error)
+	// A cluster (cluster.go): with several Peers (every voter, this node
+	// included) the metadata group has that many voters, NodeID is this
+	// node's, Send carries the group's raft messages, and the caller
+	// hands the group what peers send (MetaGroup().Step) and ticks it
+	// every 100 ms (MetaGroup().Tick). Timeout bounds how long a
+	// topology request waits for the cluster to apply it (0:
+	// DefaultMetaTimeout).
+	NodeID  uint64
+	Peers   []uint64
+	Send    func(gid uint64, msgs []raftpb.Message)
+	Timeout time.Duration
+	// TickEvery is the metadata group's raft tick in a cluster (0: 100 ms,
+	// design §6.5: a dead leader is replaced in 1-2 s).
+	TickEvery time.Duration
 }
 
 // OpenMetaLog makes the topology durable (design §4, on one node): it
@@ -35,6 +51,9 @@ type MetaLogConfig struct {
 // Call it once, after Start and before any topology request. Without it
 // the topology is in memory only, as before.
 func (b *Broker) OpenMetaLog(ctx context.Context, cfg MetaLogConfig) error {
+	if len(cfg.Peers) > 1 {
+		return b.openClusterMeta(cfg)
+	}
 	t := b.topo
 	t.restoring.Store(true)
 	defer b.topologyRestored()
@@ -97,6 +116,9 @@ func OpenNodeLog(dir string, logger *slog.Logger) (*segment.Log, *replication.Sn
 // requests are refused.
 func (b *Broker) CloseMetaLog(ctx context.Context) error {
 	if g := b.topo.mlog.Load(); g != nil {
+		if cl := b.topo.cl.Load(); cl != nil {
+			cl.stopTick()
+		}
 		return g.Close(ctx)
 	}
 	return nil
@@ -112,6 +134,9 @@ func (t *topology) sync(ctx context.Context) error {
 	if g == nil {
 		return nil
 	}
+	if cl := t.cl.Load(); cl != nil {
+		return t.clusterSync(ctx, cl)
+	}
 	if err := g.Wait(ctx, g.Added()); err != nil {
 		if errors.Is(err, ctx.Err()) {
 			return err
@@ -125,7 +150,7 @@ func (t *topology) sync(ctx context.Context) error {
 // say so (a refusal, or a declare of what exists, changes nothing).
 func (t *topology) logLocked(c *MetaCommand, effs []MetaEffect) {
 	g := t.mlog.Load()
-	if g == nil {
+	if g == nil || t.cl.Load() != nil {
 		return
 	}
 	for i := range effs {

@@ -252,6 +252,9 @@ type topology struct {
 	// its encoding scratch (mu).
 	mlog atomic.Pointer[replication.MetaGroup]
 	mbuf []byte
+	// cl is set in a cluster (several voters, cluster.go): every change is
+	// proposed and applied at commit.
+	cl atomic.Pointer[metaCluster]
 	// creating holds the queues a batch of effects created until the
 	// view that routes to them (and through their dead-letter exchanges)
 	// is published: their shards get their creates after it (mu).
@@ -362,6 +365,11 @@ func (t *topology) dropQueueLocked(id uint64) {
 	t.retired.delivered += q.delivered.Load()
 	t.retired.acked += q.acked.Load()
 	q.deleted.Store(true)
+	if t.cl.Load() != nil {
+		// In a cluster the deletion may come from another node: the
+		// shard drops its copy (a no-op where the shard asked for it).
+		q.shard.submit(Command{Kind: cmdDrop, Queue: q})
+	}
 }
 
 // changedLocked publishes the new routing view, or, while control runs are
@@ -445,6 +453,9 @@ func normArgs(t wire.Table) wire.Table {
 // declareExchange creates an exchange or checks an existing one; user is
 // the declaring user ("" for the admin API).
 func (t *topology) declareExchange(d *wire.ExchangeDeclare, user string) error {
+	if cl := t.cl.Load(); cl != nil {
+		return t.clusterChange(cl, &MetaCommand{Op: MetaDeclareExchange, User: user, Exchange: *d}).Err()
+	}
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	return t.applyLocked(&MetaCommand{Op: MetaDeclareExchange, NowMs: t.now(), User: user, Exchange: *d}).Err()
@@ -483,6 +494,9 @@ type Requester struct {
 // deleteExchange deletes an exchange if the requester may delete one
 // declared by whoever declared it.
 func (t *topology) deleteExchange(d *wire.ExchangeDelete, who Requester) error {
+	if cl := t.cl.Load(); cl != nil {
+		return t.clusterChange(cl, &MetaCommand{Op: MetaDeleteExchange, User: who.User, Admin: who.Admin, Conn: who.Conn, Delete: *d}).Err()
+	}
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	return t.applyLocked(&MetaCommand{Op: MetaDeleteExchange, NowMs: t.now(), User: who.User, Admin: who.Admin, Conn: who.Conn, Delete: *d}).Err()
@@ -493,6 +507,9 @@ func (t *topology) deleteExchange(d *wire.ExchangeDelete, who Requester) error {
 // for the admin API). An empty name gets a generated one, chosen here and
 // carried in the command, so a log of commands replays it.
 func (t *topology) declareQueue(d *wire.QueueDeclare, owner uint64, user string) (*Queue, error) {
+	if cl := t.cl.Load(); cl != nil {
+		return t.clusterDeclareQueue(cl, d, owner, user)
+	}
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	c := MetaCommand{Op: MetaDeclareQueue, NowMs: t.now(), User: user, Conn: owner, Queue: *d}
@@ -515,6 +532,9 @@ func (t *topology) declareQueue(d *wire.QueueDeclare, owner uint64, user string)
 // removeQueue unlists a queue and its bindings; the caller (its shard)
 // tells the shard.
 func (t *topology) removeQueue(q *Queue) bool {
+	if cl := t.cl.Load(); cl != nil {
+		return t.clusterRemove(cl, q)
+	}
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	if t.queues[uint64(q.id)] != q {
@@ -542,6 +562,9 @@ func (t *topology) lookupQueue(name string) *Queue {
 // bind adds or removes a binding; who may remove one declared by another
 // if it is an administrator.
 func (t *topology) bind(b *wire.Bind, who Requester) error {
+	if cl := t.cl.Load(); cl != nil {
+		return t.clusterChange(cl, &MetaCommand{Op: MetaBind, User: who.User, Admin: who.Admin, Conn: who.Conn, Bind: *b}).Err()
+	}
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	return t.applyLocked(&MetaCommand{Op: MetaBind, NowMs: t.now(), User: who.User, Admin: who.Admin, Conn: who.Conn, Bind: *b}).Err()

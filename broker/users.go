@@ -77,6 +77,9 @@ func (b *Broker) DeleteUser(ctx context.Context, name string) error {
 
 func (b *Broker) userCommand(ctx context.Context, c *MetaCommand) error {
 	t := b.topo
+	if cl := t.cl.Load(); cl != nil {
+		return t.clusterChange(cl, c).Err()
+	}
 	t.mu.Lock()
 	c.NowMs = t.now()
 	err := t.applyLocked(c).Err()

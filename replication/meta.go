@@ -8,6 +8,7 @@ import (
 	"log/slog"
 	"sync"
 	"sync/atomic"
+	"time"
 
 	"github.com/warren-mq/warren/segment"
 	"go.etcd.io/raft/v3"
@@ -42,6 +43,10 @@ const MetaGroupID = 2
 //
 //	entry := 'M' u8 | version u8 (=1) | reserved [2]u8 (0) | n u32 | n × (len u32 | command)
 //
+// and with several voters version 2, which names its origin (MetaConfig.Done):
+//
+//	entry := 'M' u8 | 2 u8 | reserved [2]u8 (0) | n u32 | node u64 | epoch u64 | first seq u64 | n × (len u32 | command)
+//
 // where each command is the owner's encoding (broker.AppendMetaCommand).
 type MetaGroup struct {
 	cfg MetaConfig
@@ -73,18 +78,10 @@ type MetaGroup struct {
 	inMu    sync.Mutex
 	inbox   []raftpb.Message
 	ticks   int
-	props   []metaProp
-	appends []metaAppended
+	epoch   uint64 // this incarnation's tag on its entries (origin node, epoch)
 	applied uint64
 	status  raft.BasicStatus // g.mu
 }
-
-type metaProp struct {
-	data *byte // the proposal's bytes: raft appends the slice it was given
-	seq  uint64
-}
-
-type metaAppended struct{ index, term, seq uint64 }
 
 // MetaConfig configures the metadata group.
 type MetaConfig struct {
@@ -113,13 +110,21 @@ type MetaConfig struct {
 	// entry a leader appended can be lost with its leadership), and Wait
 	// returns once the command is applied here. Send carries the group's
 	// raft messages (a Transport), Step takes what peers send, and Tick
-	// drives elections and heartbeats. Add only on the leader (Status): a
-	// command added on a follower is dropped and its Wait never returns.
-	// Not yet: snapshot install (a follower behind the leader's snapshot
-	// stops), membership changes, retrying a proposal lost with a
-	// leadership.
+	// drives elections and heartbeats. Add on any node: the loop holds
+	// what was added while no leader is known, then proposes it, and raft
+	// forwards a follower's proposal to the leader. Each entry carries its
+	// origin (node, incarnation, first seq), so the origin's Wait(seq)
+	// returns once the entry is applied here, and Done is told each of its
+	// commands' results. A proposal lost with a leadership (forwarded to a
+	// leader that lost it) is resolved when a later one of this node's is
+	// applied (Wait returns, Done is never told: not applied), or not at
+	// all: bound Wait with a context. Not yet: snapshot install (a follower
+	// behind the leader's snapshot stops), membership changes.
 	Peers []uint64
 	Send  func(gid uint64, msgs []raftpb.Message)
+	// Done (several voters) is told, under Lock, of each command this node
+	// added, by seq, once it is applied here, with Machine.Apply's result.
+	Done func(seq uint64, res any)
 	// Fatal hears an Append failure (the node must stop and recover).
 	Fatal  func(error)
 	Logger *slog.Logger
@@ -132,7 +137,11 @@ var ErrMetaStopped = errors.New("replication: the metadata group is stopped")
 const (
 	metaEntryMagic   = 'M'
 	metaEntryVersion = 1
-	metaSnapBytes    = 8 << 20
+	// metaEntryVersionOrigin (several voters) adds the origin after n:
+	// node u64 | epoch u64 | seq of the first command u64.
+	metaEntryVersionOrigin = 2
+	metaOriginHeader       = 32
+	metaSnapBytes          = 8 << 20
 )
 
 // OpenMeta recovers the metadata group from the log: cfg.Machine is
@@ -170,7 +179,14 @@ func OpenMeta(cfg MetaConfig) (*MetaGroup, error) {
 	if g.st, err = openRaftStorage(cfg.Log, MetaGroupID, snap); err != nil {
 		return nil, err
 	}
-	if g.rn, err = raft.NewRawNode(groupConfig(cfg.NodeID, g.st, snap.Index, cfg.Logger)); err != nil {
+	rc := groupConfig(cfg.NodeID, g.st, snap.Index, cfg.Logger)
+	if g.multi {
+		// Metadata commands carry their own time (the proposer stamps
+		// them): a follower's proposals may go to the leader.
+		rc.DisableProposalForwarding = false
+		g.epoch = uint64(time.Now().UnixNano()) | 1
+	}
+	if g.rn, err = raft.NewRawNode(rc); err != nil {
 		return nil, fmt.Errorf("replication: metadata group: %w", err)
 	}
 	if !g.multi {
@@ -262,6 +278,9 @@ func (g *MetaGroup) Tick() {
 	g.Kick()
 }
 
+// Voters is how many voters the group has.
+func (g *MetaGroup) Voters() int { return len(g.voters()) }
+
 // Status is raft's view of the group as of the loop's last round.
 func (g *MetaGroup) Status() raft.BasicStatus {
 	g.mu.Lock()
@@ -269,29 +288,10 @@ func (g *MetaGroup) Status() raft.BasicStatus {
 	return g.status
 }
 
-// roundMulti is round for several voters: propose what was added (on
-// the leader), step what peers sent and the ticks, then drive.
+// roundMulti is round for several voters: step what peers sent and the
+// ticks, propose what was added (once a leader is known: raft forwards a
+// follower's proposal to it), then drive.
 func (g *MetaGroup) roundMulti() error {
-	g.cfg.Lock.Lock()
-	cmds := g.pending
-	g.pending, g.spare = g.spare[:0], cmds
-	seq := g.added.Load()
-	g.cfg.Lock.Unlock()
-	if len(cmds) > 0 {
-		g.buf = append(g.buf[:0], metaEntryMagic, metaEntryVersion, 0, 0)
-		g.buf = binary.LittleEndian.AppendUint32(g.buf, uint32(len(cmds)))
-		for _, c := range cmds {
-			g.buf = binary.LittleEndian.AppendUint32(g.buf, uint32(len(c)))
-			g.buf = append(g.buf, c...)
-		}
-		clear(cmds)
-		data := append([]byte(nil), g.buf...)
-		if err := g.rn.Propose(data); err != nil {
-			g.cfg.Logger.Warn("replication: metadata group: commands dropped (this node does not lead the group)", "commands", len(cmds), "err", err)
-		} else {
-			g.props = append(g.props, metaProp{data: &data[0], seq: seq})
-		}
-	}
 	g.inMu.Lock()
 	msgs, ticks := g.inbox, g.ticks
 	g.inbox, g.ticks = nil, 0
@@ -302,6 +302,33 @@ func (g *MetaGroup) roundMulti() error {
 	for _, m := range msgs {
 		if err := g.rn.Step(m); err != nil {
 			g.cfg.Logger.Debug("replication: metadata group: a peer's message refused", "type", m.Type, "from", m.From, "err", err)
+		}
+	}
+	if g.rn.BasicStatus().Lead != raft.None {
+		g.cfg.Lock.Lock()
+		cmds := g.pending
+		g.pending = nil
+		seq := g.added.Load()
+		g.cfg.Lock.Unlock()
+		if len(cmds) > 0 {
+			first := seq - uint64(len(cmds)) + 1
+			data := []byte{metaEntryMagic, metaEntryVersionOrigin, 0, 0}
+			data = binary.LittleEndian.AppendUint32(data, uint32(len(cmds)))
+			data = binary.LittleEndian.AppendUint64(data, g.cfg.NodeID)
+			data = binary.LittleEndian.AppendUint64(data, g.epoch)
+			data = binary.LittleEndian.AppendUint64(data, first)
+			for _, c := range cmds {
+				data = binary.LittleEndian.AppendUint32(data, uint32(len(c)))
+				data = append(data, c...)
+			}
+			if err := g.rn.Propose(data); err != nil {
+				// Not appended anywhere (a transfer, or the leader just
+				// went): held for the next round.
+				g.cfg.Logger.Debug("replication: metadata group: proposal held for the next round", "commands", len(cmds), "err", err)
+				g.cfg.Lock.Lock()
+				g.pending = append(cmds, g.pending...)
+				g.cfg.Lock.Unlock()
+			}
 		}
 	}
 	if err := g.driveMulti(); err != nil {
@@ -323,8 +350,8 @@ func (g *MetaGroup) roundMulti() error {
 // driveMulti handles Readys until raft has none: writes the entries and
 // hard state (one Append each, synchronous), then sends the messages
 // (after the write: nothing goes out that the disk does not have yet),
-// then applies the committed entries through Machine under Lock and moves
-// the waiters' seq past every command of this node's now applied.
+// then applies the committed entries through Machine under Lock, tells
+// Done of this node's commands, and moves the waiters' seq past them.
 func (g *MetaGroup) driveMulti() error {
 	for g.rn.HasReady() {
 		rd := g.rn.Ready()
@@ -346,10 +373,6 @@ func (g *MetaGroup) driveMulti() error {
 		for _, e := range rd.Entries {
 			g.entrySince++
 			g.bytesSince += len(e.Data)
-			if len(g.props) > 0 && len(e.Data) > 0 && &e.Data[0] == g.props[0].data {
-				g.appends = append(g.appends, metaAppended{index: e.Index, term: e.Term, seq: g.props[0].seq})
-				g.props = g.props[1:]
-			}
 		}
 		if len(rd.Messages) > 0 {
 			g.cfg.Send(MetaGroupID, rd.Messages)
@@ -358,22 +381,24 @@ func (g *MetaGroup) driveMulti() error {
 			durable := uint64(0)
 			g.cfg.Lock.Lock()
 			for _, e := range rd.CommittedEntries {
-				if e.Type == raftpb.EntryNormal && len(e.Data) > 0 {
-					if err := eachMetaCommand(e.Data, func(cmd []byte) error {
-						_, err := g.cfg.Machine.Apply(e.Index, cmd)
-						return err
-					}); err != nil {
-						g.cfg.Lock.Unlock()
-						return fmt.Errorf("replication: metadata group: entry %d: %w", e.Index, err)
-					}
+				if e.Type != raftpb.EntryNormal || len(e.Data) == 0 {
+					continue
 				}
-				for len(g.appends) > 0 && g.appends[0].index <= e.Index {
-					// The same index and term is the same entry (raft's
-					// log matching); another term: ours was overwritten.
-					if a := g.appends[0]; a.index == e.Index && a.term == e.Term {
-						durable = a.seq
+				node, epoch, seq := metaOrigin(e.Data)
+				mine := node == g.cfg.NodeID && epoch == g.epoch
+				if err := eachMetaCommand(e.Data, func(cmd []byte) error {
+					res, err := g.cfg.Machine.Apply(e.Index, cmd)
+					if err == nil && mine {
+						if g.cfg.Done != nil {
+							g.cfg.Done(seq, res)
+						}
+						durable = seq
+						seq++
 					}
-					g.appends = g.appends[1:]
+					return err
+				}); err != nil {
+					g.cfg.Lock.Unlock()
+					return fmt.Errorf("replication: metadata group: entry %d: %w", e.Index, err)
 				}
 			}
 			g.cfg.Lock.Unlock()
@@ -395,19 +420,36 @@ func (g *MetaGroup) driveMulti() error {
 	return nil
 }
 
+// metaOrigin is the origin of an entry with one (version 2): its node,
+// that node's incarnation, and the seq of its first command; zeros for
+// version 1.
+func metaOrigin(b []byte) (node, epoch, seq uint64) {
+	if len(b) < metaOriginHeader || b[1] != metaEntryVersionOrigin {
+		return 0, 0, 0
+	}
+	return binary.LittleEndian.Uint64(b[8:]), binary.LittleEndian.Uint64(b[16:]), binary.LittleEndian.Uint64(b[24:])
+}
+
 // eachMetaCommand calls fn with each command of an entry (views).
 func eachMetaCommand(b []byte, fn func([]byte) error) error {
 	if len(b) < 8 || b[0] != metaEntryMagic {
 		return errors.New("not a metadata entry")
 	}
-	if b[1] != metaEntryVersion {
-		return fmt.Errorf("metadata entry version %d: this build reads %d (a newer Warren wrote it: upgrade)", b[1], metaEntryVersion)
+	if b[1] != metaEntryVersion && b[1] != metaEntryVersionOrigin {
+		return fmt.Errorf("metadata entry version %d: this build reads %d and %d (a newer Warren wrote it: upgrade)", b[1], metaEntryVersion, metaEntryVersionOrigin)
 	}
 	if b[2]|b[3] != 0 {
 		return errors.New("metadata entry: reserved bytes are not zero")
 	}
 	n := binary.LittleEndian.Uint32(b[4:])
-	b = b[8:]
+	if b[1] == metaEntryVersionOrigin {
+		if len(b) < metaOriginHeader {
+			return errors.New("metadata entry: its origin is cut short")
+		}
+		b = b[metaOriginHeader:]
+	} else {
+		b = b[8:]
+	}
 	for range n {
 		if len(b) < 4 || uint64(binary.LittleEndian.Uint32(b)) > uint64(len(b)-4) {
 			return errors.New("metadata entry: a command runs past its end")

@@ -1,0 +1,272 @@
+package broker
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/warren-mq/warren/replication"
+	"github.com/warren-mq/warren/wire"
+	"go.etcd.io/raft/v3/raftpb"
+)
+
+// The topology of a cluster (design §4 on several nodes): every change
+// is a command proposed to the metadata group, whose voters are every
+// node; it is applied at commit on every node through the same
+// MetaMachine and sink (topology.ApplyMetaEffects), and the request is
+// answered once it is applied on the node that made it, with the result
+// that apply gave. On one node nothing here runs: a change is applied as
+// it is added (applyLocked), as before.
+
+// DefaultMetaTimeout bounds how long a topology request waits for the
+// cluster to apply it (MetaLogConfig.Timeout).
+const DefaultMetaTimeout = 10 * time.Second
+
+// metaCluster is the topology's state in a cluster (topology.mu).
+type metaCluster struct {
+	g       *replication.MetaGroup
+	timeout time.Duration
+	waiting map[uint64]struct{}   // seqs a request waits for
+	results map[uint64]MetaResult // their results, once applied here
+	stop    chan struct{}         // stops the ticker
+	stopped chan struct{}
+}
+
+func (cl *metaCluster) tick(every time.Duration) {
+	defer close(cl.stopped)
+	tk := time.NewTicker(every)
+	defer tk.Stop()
+	for {
+		select {
+		case <-tk.C:
+			cl.g.Tick()
+		case <-cl.stop:
+			return
+		}
+	}
+}
+
+func (cl *metaCluster) stopTick() {
+	select {
+	case <-cl.stop:
+	default:
+		close(cl.stop)
+	}
+	<-cl.stopped
+}
+
+// clusterMachine applies committed commands: while OpenMetaLog recovers,
+// to the recovered state; then to the live topology (the loop holds
+// topology.mu), publishing the routing view after each.
+type clusterMachine struct {
+	t    *topology
+	live bool
+	rec  *MetaMachine
+}
+
+func (m *clusterMachine) Apply(index uint64, cmd []byte) (any, error) {
+	if !m.live {
+		return m.rec.Apply(index, cmd)
+	}
+	t := m.t
+	res, err := (&MetaMachine{Meta: t.meta, Sink: t}).Apply(index, cmd)
+	if t.dirty.Load() {
+		t.publishLocked()
+	}
+	return res, err
+}
+
+func (m *clusterMachine) Snapshot() ([]byte, error) {
+	if !m.live {
+		return m.rec.Snapshot()
+	}
+	return m.t.meta.Snapshot(), nil
+}
+
+func (m *clusterMachine) Restore(index uint64, snap []byte) error {
+	if !m.live {
+		return m.rec.Restore(index, snap)
+	}
+	return errors.New("broker: a snapshot install of the metadata is not built yet")
+}
+
+// openClusterMeta is OpenMetaLog with several voters: it recovers the
+// state the log holds committed, installs it, and starts the group. It
+// does not wait for a leader (there may be none until the other nodes
+// start): Broker.MetaStatus says when this node has one and is caught up.
+// No NodeUp is logged: non-durable entities outlive a node's restart in a
+// cluster (not built yet: dropping a node's own).
+func (b *Broker) openClusterMeta(cfg MetaLogConfig) error {
+	t := b.topo
+	t.restoring.Store(true)
+	defer b.topologyRestored()
+	rec := NewMetaWithLimits(len(b.shards), noMetaLimits)
+	m := &clusterMachine{t: t, rec: &MetaMachine{Meta: rec}}
+	cl := &metaCluster{timeout: cfg.Timeout, waiting: map[uint64]struct{}{}, results: map[uint64]MetaResult{},
+		stop: make(chan struct{}), stopped: make(chan struct{})}
+	if cl.timeout <= 0 {
+		cl.timeout = DefaultMetaTimeout
+	}
+	g, err := replication.OpenMeta(replication.MetaConfig{
+		Log: cfg.Log, Snapshots: cfg.Snapshots, Machine: m,
+		Lock: &t.mu, Snapshot: func() []byte { return t.meta.Snapshot() },
+		SnapshotEntries: cfg.SnapshotEntries, Fatal: cfg.Fatal, Logger: b.log,
+		NodeID: cfg.NodeID, Peers: cfg.Peers, Send: cfg.Send,
+		Done: func(seq uint64, res any) {
+			if _, ok := cl.waiting[seq]; ok {
+				r, _ := res.(MetaResult)
+				cl.results[seq] = r
+			}
+		},
+	})
+	if err != nil {
+		return err
+	}
+	cl.g = g
+	t.mu.Lock()
+	err = (&MetaMachine{Meta: t.meta, Sink: t}).Restore(0, rec.Snapshot())
+	if err == nil {
+		m.live = true
+		t.mlog.Store(g)
+		t.cl.Store(cl)
+	}
+	t.mu.Unlock()
+	if err != nil {
+		return fmt.Errorf("broker: installing the recovered topology: %w", err)
+	}
+	t.publishIfDirty()
+	g.Start()
+	every := cfg.TickEvery
+	if every <= 0 {
+		every = 100 * time.Millisecond
+	}
+	go cl.tick(every)
+	b.log.Info("topology recovered (cluster)", "node", cfg.NodeID, "voters", cfg.Peers, "exchanges", rec.NumExchanges(),
+		"queues", rec.NumQueues(), "bindings", rec.NumBindings())
+	return nil
+}
+
+// StepRaft hands this node's raft group gid a message a peer sent (a
+// cluster transport's Deliver): the metadata group's; others are dropped
+// (no replicated queue groups yet).
+func (b *Broker) StepRaft(gid uint64, m raftpb.Message) {
+	if gid == replication.MetaGroupID {
+		if g := b.topo.mlog.Load(); g != nil {
+			g.Step(m)
+		}
+	}
+}
+
+// MetaGroup is the metadata group (nil before OpenMetaLog): a cluster's
+// transport hands it what peers send (Step) and ticks it (Tick).
+func (b *Broker) MetaGroup() *replication.MetaGroup { return b.topo.mlog.Load() }
+
+// MetaStatus is the metadata group's state on this node.
+type MetaStatus struct {
+	Node    uint64 `json:"node"`
+	Leader  uint64 `json:"leader"` // 0: none known
+	Term    uint64 `json:"term"`
+	Commit  uint64 `json:"commit"`
+	Applied uint64 `json:"applied"`
+	Voters  int    `json:"voters"`
+}
+
+// MetaStatus says who leads the metadata group and how far this node has
+// applied it (ok false without a metadata log).
+func (b *Broker) MetaStatus() (MetaStatus, bool) {
+	g := b.topo.mlog.Load()
+	if g == nil {
+		return MetaStatus{}, false
+	}
+	st := g.Status()
+	return MetaStatus{Node: st.ID, Leader: st.Lead, Term: st.Term, Commit: st.Commit, Applied: st.Applied, Voters: g.Voters()}, true
+}
+
+// clusterChange proposes c and waits until it is applied here (or lost,
+// or the timeout): the request's answer in a cluster.
+func (t *topology) clusterChange(cl *metaCluster, c *MetaCommand) MetaResult {
+	t.mu.Lock()
+	c.NowMs = t.now()
+	t.mbuf = AppendMetaCommand(t.mbuf[:0], c)
+	seq := cl.g.Add(t.mbuf)
+	cl.waiting[seq] = struct{}{}
+	t.mu.Unlock()
+	ctx, cancel := context.WithTimeout(context.Background(), cl.timeout)
+	err := cl.g.Wait(ctx, seq)
+	cancel()
+	t.mu.Lock()
+	res, ok := cl.results[seq]
+	delete(cl.results, seq)
+	delete(cl.waiting, seq)
+	t.mu.Unlock()
+	switch {
+	case ok:
+		return res
+	case err == nil:
+		return refuse(wire.PreconditionFailed, "the change was lost with a change of the cluster's metadata leader and not applied: retry it")
+	case errors.Is(err, context.DeadlineExceeded):
+		lead := "none known"
+		if l := cl.g.Status().Lead; l != 0 {
+			lead = fmt.Sprintf("node %d", l)
+		}
+		return refuse(wire.PreconditionFailed, fmt.Sprintf("the cluster did not apply the change within %v (metadata leader: %s); it may still be applied", cl.timeout, lead))
+	default:
+		return refuse(wire.InternalError, "the metadata group stopped: "+err.Error())
+	}
+}
+
+// clusterRemove proposes a queue's deletion without waiting (its shard
+// asks, and deletes its own copy at once); every node drops the queue
+// when the deletion is applied there.
+func (t *topology) clusterRemove(cl *metaCluster, q *Queue) bool {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if t.queues[uint64(q.id)] != q {
+		return false
+	}
+	c := MetaCommand{Op: MetaDeleteQueue, NowMs: t.now(), Queue: wire.QueueDeclare{Name: q.name}, QueueID: uint64(q.id)}
+	t.mbuf = AppendMetaCommand(t.mbuf[:0], &c)
+	cl.g.Add(t.mbuf)
+	cl.g.Kick()
+	return true
+}
+
+// clusterSync waits until every change this node proposed is applied here
+// (bounded by the cluster timeout).
+func (t *topology) clusterSync(ctx context.Context, cl *metaCluster) error {
+	ctx, cancel := context.WithTimeout(ctx, cl.timeout)
+	defer cancel()
+	if err := cl.g.Wait(ctx, cl.g.Added()); err != nil {
+		return &wire.Error{Code: wire.InternalError, Reason: "the cluster has not applied the topology change: " + err.Error()}
+	}
+	return nil
+}
+
+// clusterDeclareQueue is declareQueue in a cluster: a generated name is
+// drawn here and carried in the command, as on one node.
+func (t *topology) clusterDeclareQueue(cl *metaCluster, d *wire.QueueDeclare, owner uint64, user string) (*Queue, error) {
+	c := MetaCommand{Op: MetaDeclareQueue, User: user, Conn: owner, Queue: *d}
+	if d.Name == "" && !d.Passive {
+		if _, err := wire.ParseQueueArgs(d.Args); err != nil {
+			return nil, err
+		}
+		t.mu.Lock()
+		for c.Queue.Name == "" || t.meta.HasQueue(c.Queue.Name) {
+			c.Queue.Name = generatedQueueName()
+		}
+		t.mu.Unlock()
+		c.Generated = true
+	}
+	r := t.clusterChange(cl, &c)
+	if err := r.Err(); err != nil {
+		return nil, err
+	}
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	q := t.queues[r.QueueID]
+	if q == nil {
+		return nil, reqErr(wire.NotFound, "queue %q was deleted as it was declared", c.Queue.Name)
+	}
+	return q, nil
+}

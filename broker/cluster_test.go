@@ -1,0 +1,271 @@
+package broker
+
+import (
+	"context"
+	"net"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/warren-mq/warren/replication"
+	"github.com/warren-mq/warren/replication/cluster"
+	"github.com/warren-mq/warren/segment"
+	"github.com/warren-mq/warren/wire"
+	"go.etcd.io/raft/v3/raftpb"
+)
+
+// clusterNode is one broker of an in-process cluster: its log on its own
+// MemFS (kept across a restart) and its TCP transport on loopback.
+type clusterNode struct {
+	id   uint64
+	addr string
+	fs   *segment.MemFS
+	b    atomic.Pointer[Broker]
+	log  *segment.Log
+	tr   *cluster.Transport
+	up   bool
+}
+
+type testCluster struct {
+	t     *testing.T
+	nodes []*clusterNode
+	peers map[uint64]string
+}
+
+const clusterTestSecret = "0123456789abcdef0123456789abcdef"
+
+func newTestCluster(t *testing.T, n int) *testCluster {
+	c := &testCluster{t: t, peers: map[uint64]string{}}
+	ls := make([]net.Listener, n)
+	for i := range ls {
+		l, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			t.Fatal(err)
+		}
+		ls[i] = l
+		c.peers[uint64(i+1)] = l.Addr().String()
+		c.nodes = append(c.nodes, &clusterNode{id: uint64(i + 1), addr: l.Addr().String(), fs: segment.NewMemFS()})
+	}
+	for i, nd := range c.nodes {
+		c.start(nd, ls[i])
+	}
+	t.Cleanup(func() {
+		for _, nd := range c.nodes {
+			c.stop(nd)
+		}
+	})
+	return c
+}
+
+// start opens the node's broker on its log, its transport on ln (nil:
+// listen again on its address), and its metadata group.
+func (c *testCluster) start(nd *clusterNode, ln net.Listener) {
+	t := c.t
+	t.Helper()
+	if ln == nil {
+		var err error
+		deadline := time.Now().Add(10 * time.Second)
+		for ln, err = net.Listen("tcp", nd.addr); err != nil; ln, err = net.Listen("tcp", nd.addr) {
+			if time.Now().After(deadline) {
+				t.Fatalf("node %d: listening again on %s: %v", nd.id, nd.addr, err)
+			}
+			time.Sleep(20 * time.Millisecond) // the port is being released: poll
+		}
+	}
+	tr, err := cluster.New(cluster.Config{NodeID: nd.id, Listener: ln, Peers: c.peers, Secret: []byte(clusterTestSecret),
+		Deliver: func(gid uint64, m raftpb.Message) {
+			if b := nd.b.Load(); b != nil {
+				b.StepRaft(gid, m)
+			}
+		}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	l, err := segment.Open(nd.fs, "/data", segment.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	store, err := replication.OpenSnapStore(l)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b := New(Config{Shards: 2})
+	b.Start()
+	nd.b.Store(b)
+	ids := make([]uint64, 0, len(c.peers))
+	for id := range c.peers {
+		ids = append(ids, id)
+	}
+	if err := b.OpenMetaLog(context.Background(), MetaLogConfig{Log: l, Snapshots: store, NodeID: nd.id, Peers: ids,
+		Send: tr.Send, TickEvery: 10 * time.Millisecond, Timeout: 20 * time.Second,
+		Fatal: func(err error) { t.Errorf("node %d: %v", nd.id, err) }}); err != nil {
+		t.Fatal(err)
+	}
+	nd.log, nd.tr, nd.up = l, tr, true
+}
+
+// stop closes the node as a crash of its process would end its part in
+// the cluster: transport first (its peers lose it), then the broker.
+func (c *testCluster) stop(nd *clusterNode) {
+	if !nd.up {
+		return
+	}
+	nd.up = false
+	nd.tr.Close()
+	b := nd.b.Swap(nil)
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	_ = b.CloseMetaLog(ctx)
+	_ = b.Stop(ctx)
+	_ = nd.log.Close()
+}
+
+// leader waits for a node that is up to lead the metadata group, with
+// every node that is up knowing it.
+func (c *testCluster) leader() *clusterNode {
+	c.t.Helper()
+	var lead uint64
+	c.waitFor("a metadata leader every node up knows", func() bool {
+		lead = 0
+		for _, nd := range c.nodes {
+			if !nd.up {
+				continue
+			}
+			st, _ := nd.b.Load().MetaStatus()
+			if st.Leader == 0 || (lead != 0 && st.Leader != lead) {
+				return false
+			}
+			lead = st.Leader
+		}
+		return c.nodes[lead-1].up
+	})
+	return c.nodes[lead-1]
+}
+
+func (c *testCluster) waitFor(what string, cond func() bool) {
+	c.t.Helper()
+	deadline := time.Now().Add(20 * time.Second)
+	for !cond() {
+		if time.Now().After(deadline) {
+			c.t.Fatalf("%s: not within 20 s", what)
+		}
+		time.Sleep(5 * time.Millisecond) // polling with a deadline
+	}
+}
+
+// sees waits until node nd's topology has every line of want.
+func (c *testCluster) sees(nd *clusterNode, want ...string) {
+	c.t.Helper()
+	c.waitFor("node "+string(rune('0'+nd.id))+" sees "+strings.Join(want, "; "), func() bool {
+		s := topoSummary(nd.b.Load())
+		for _, w := range want {
+			if !strings.Contains(s, w) {
+				return false
+			}
+		}
+		return true
+	})
+}
+
+// TestClusterTopology: three brokers whose metadata group has every node
+// a voter, over the TCP transport on loopback. Topology declared on one
+// node (a follower, whose proposals go to the leader, and the leader) is
+// applied on all three and answered once applied on the node asked;
+// with the leader closed the other two elect another and still take
+// changes; the closed node restarts from its log and catches up.
+func TestClusterTopology(t *testing.T) {
+	c := newTestCluster(t, 3)
+	lead := c.leader()
+	follower := c.nodes[lead.id%3]
+	fb := follower.b.Load()
+	if err := fb.DeclareExchangeAs(&wire.ExchangeDeclare{Name: "ex", Kind: wire.ExchangeTopic, Durable: true}, ""); err != nil {
+		t.Fatal(err)
+	}
+	q, err := fb.DeclareQueueAs(&wire.QueueDeclare{Name: "q1"}, 0, "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if q == nil || q.Name() != "q1" {
+		t.Fatalf("declare answered %v before the queue was applied here", q)
+	}
+	if err := fb.BindAs(&wire.Bind{Source: "ex", Destination: "q1", RoutingKey: "a.*"}, Requester{Admin: true}); err != nil {
+		t.Fatal(err)
+	}
+	// Answered once applied on the node asked: it reads its own writes.
+	if s := topoSummary(fb); !strings.Contains(s, `binding ex -> q1 (x=false) "a.*"`) {
+		t.Fatalf("node %d answered before applying:\n%s", follower.id, s)
+	}
+	// A refusal is the apply's, answered on the node that asked.
+	err = fb.DeclareExchangeAs(&wire.ExchangeDeclare{Name: "ex", Kind: wire.ExchangeFanout, Durable: true}, "")
+	if e, ok := err.(*wire.Error); !ok || e.Code != wire.PreconditionFailed {
+		t.Fatalf("redeclaring ex with another kind: %v, want PRECONDITION_FAILED", err)
+	}
+	for _, nd := range c.nodes {
+		c.sees(nd, "exchange ex topic durable=true", "queue q1 durable=false", `binding ex -> q1 (x=false) "a.*"`)
+	}
+	// A queue deleted on one node goes on every node (its shard too).
+	if _, err := lead.b.Load().DeclareQueueAs(&wire.QueueDeclare{Name: "gone"}, 0, ""); err != nil {
+		t.Fatal(err)
+	}
+	c.sees(follower, "queue gone") // another node's change: seen once applied here
+	if _, err := fb.DeleteQueue(context.Background(), "gone", false, false); err != nil {
+		t.Fatal(err)
+	}
+	for _, nd := range c.nodes {
+		b := nd.b.Load()
+		c.waitFor("queue gone deleted everywhere", func() bool {
+			return !strings.Contains(topoSummary(b), "queue gone") && b.LookupQueue("gone") == nil
+		})
+	}
+
+	// The leader goes: the other two elect one and take changes.
+	c.stop(lead)
+	lead2 := c.leader()
+	if lead2 == lead {
+		t.Fatal("the closed node still leads")
+	}
+	other := c.nodes[0]
+	for _, nd := range c.nodes {
+		if nd.up && nd != lead2 {
+			other = nd
+		}
+	}
+	if _, err := other.b.Load().DeclareQueueAs(&wire.QueueDeclare{Name: "q2", Durable: true}, 0, ""); err != nil {
+		t.Fatal(err)
+	}
+	if err := lead2.b.Load().BindAs(&wire.Bind{Source: "ex", Destination: "q2", RoutingKey: "b.#"}, Requester{Admin: true}); err != nil {
+		t.Fatal(err)
+	}
+	for _, nd := range []*clusterNode{lead2, other} {
+		c.sees(nd, "queue q2 durable=true", `binding ex -> q2 (x=false) "b.#"`)
+	}
+
+	// The old leader restarts from its log and catches up.
+	c.start(lead, nil)
+	c.sees(lead, "exchange ex topic durable=true", "queue q1 durable=false", "queue q2 durable=true",
+		`binding ex -> q1 (x=false) "a.*"`, `binding ex -> q2 (x=false) "b.#"`)
+	if _, err := lead.b.Load().DeclareQueueAs(&wire.QueueDeclare{Name: "q3"}, 0, ""); err != nil {
+		t.Fatal(err)
+	}
+	for _, nd := range c.nodes {
+		c.sees(nd, "queue q3 durable=false")
+	}
+}
+
+// TestClusterNoQuorum: a topology request on a node that cannot reach a
+// majority is answered with a clear error once the timeout passes, never
+// dropped silently.
+func TestClusterNoQuorum(t *testing.T) {
+	c := newTestCluster(t, 3)
+	c.leader()
+	c.stop(c.nodes[1])
+	c.stop(c.nodes[2])
+	b := c.nodes[0].b.Load()
+	// Short timeout for this request: the node's configured one is 20 s.
+	b.topo.cl.Load().timeout = 300 * time.Millisecond
+	err := b.DeclareExchangeAs(&wire.ExchangeDeclare{Name: "lonely", Kind: wire.ExchangeDirect}, "")
+	if err == nil || !strings.Contains(err.Error(), "did not apply the change") {
+		t.Fatalf("declare without a quorum: %v, want the cluster's timeout", err)
+	}
+}
