@@ -45,6 +45,10 @@ type Meta struct {
 	users map[string]*MetaUser
 	// perms are the users' permissions, by permKey(vhost, user).
 	perms map[string]*MetaPermission
+	// vhosts are the virtual hosts (meta_vhosts.go); vqueues counts each
+	// one's queues (derived: not in snapshots).
+	vhosts  map[string]*MetaVhost
+	vqueues map[string]int
 }
 
 // MetaUser is a broker user as the metadata state machine keeps it.
@@ -151,6 +155,10 @@ const (
 	// MetaClearPermission removes Permission.Vhost's for Permission.User.
 	MetaSetPermission   MetaOp = 9
 	MetaClearPermission MetaOp = 10
+	// MetaPutVhost creates the vhost Vhost or sets its limits (IfAbsent:
+	// creates only); MetaDeleteVhost removes Vhost.Name and everything in it.
+	MetaPutVhost    MetaOp = 11
+	MetaDeleteVhost MetaOp = 12
 )
 
 // MetaCommand is one request to the metadata state machine, as data: it
@@ -182,6 +190,8 @@ type MetaCommand struct {
 	IfAbsent bool
 	// Permission: MetaSetPermission, MetaClearPermission (Vhost, User).
 	Permission MetaPermission
+	// Vhost: MetaPutVhost, MetaDeleteVhost (Name).
+	Vhost MetaVhost
 }
 
 // MetaResult is what a command answers: a refusal (Code not OK, with its
@@ -240,6 +250,10 @@ const (
 	EffUserRemoved
 	// EffPermissionsChanged: a user's permissions changed (Name).
 	EffPermissionsChanged
+	// EffVhostPut: the vhost Name was created or its limits changed;
+	// EffVhostRemoved: it is gone (the runtime closes its connections).
+	EffVhostPut
+	EffVhostRemoved
 )
 
 // MetaEffect is one change the runtime applies (routing, shards) after a
@@ -369,6 +383,8 @@ func (m *Meta) reset() {
 	m.exclusive = map[uint64]int{}
 	m.users = map[string]*MetaUser{}
 	m.perms = map[string]*MetaPermission{}
+	m.vhosts = map[string]*MetaVhost{DefaultVhost: {Name: DefaultVhost}}
+	m.vqueues = map[string]int{}
 }
 
 // forgetExclusive uncounts a removed queue's owner, if it had one.
@@ -405,6 +421,10 @@ func (m *Meta) Apply(c *MetaCommand) (MetaResult, []MetaEffect) {
 		return m.setPermission(c)
 	case MetaClearPermission:
 		return m.clearPermission(c)
+	case MetaPutVhost:
+		return m.putVhost(c)
+	case MetaDeleteVhost:
+		return m.deleteVhost(c)
 	}
 	return refuse(wire.InvalidArgument, "unknown metadata operation "+strconv.Itoa(int(c.Op))), nil
 }
@@ -421,7 +441,7 @@ func allowed(c *MetaCommand, declaredBy, act, what string) (MetaResult, bool) {
 
 func (m *Meta) declareExchange(c *MetaCommand) (MetaResult, []MetaEffect) {
 	d := &c.Exchange
-	if d.Name == "" {
+	if LocalName(d.Name) == "" {
 		return refuse(wire.NotAllowed, "the default exchange cannot be declared"), nil
 	}
 	old, exists := m.exchanges[d.Name]
@@ -431,16 +451,19 @@ func (m *Meta) declareExchange(c *MetaCommand) (MetaResult, []MetaEffect) {
 		}
 		return MetaResult{}, nil
 	}
-	if err := validName(d.Name); err != nil {
+	if err := checkLocalName(d.Name); err != nil {
 		return refuseErr(err), nil
 	}
-	if err := validName(d.Alternate); err != nil {
+	if err := checkLocalName(d.Alternate); err != nil {
 		return refuseErr(err), nil
+	}
+	if r, ok := m.checkVhostOf(d.Name); !ok {
+		return r, nil
 	}
 	if d.Kind < wire.ExchangeDirect || d.Kind > wire.ExchangeConsistentHash {
 		return refuse(wire.InvalidArgument, "unknown exchange type "+d.Kind.String()), nil
 	}
-	if !exists && strings.HasPrefix(d.Name, reservedPrefix) {
+	if !exists && strings.HasPrefix(LocalName(d.Name), reservedPrefix) {
 		return refuse(wire.AccessRefused, "exchange name "+strconv.Quote(d.Name)+": the prefix amq. is reserved for the broker; choose another name"), nil
 	}
 	var effs []MetaEffect
@@ -484,7 +507,7 @@ func sameArgs(a, b wire.Table) bool {
 
 func (m *Meta) deleteExchange(c *MetaCommand) (MetaResult, []MetaEffect) {
 	d := &c.Delete
-	if d.Name == "" || (len(d.Name) > 4 && d.Name[:4] == "amq.") {
+	if ln := LocalName(d.Name); ln == "" || (len(ln) > 4 && ln[:4] == "amq.") {
 		return refuse(wire.NotAllowed, "exchange "+strconv.Quote(d.Name)+" cannot be deleted"), nil
 	}
 	ex, ok := m.exchanges[d.Name]
@@ -512,27 +535,30 @@ func (m *Meta) declareQueue(c *MetaCommand) (MetaResult, []MetaEffect) {
 	name := d.Name
 	switch {
 	case c.Generated:
-		if d.Passive || name == "" {
+		if d.Passive || LocalName(name) == "" {
 			return refuse(wire.InvalidArgument, "a generated queue name needs a name and an active declare"), nil
 		}
 		if _, taken := m.queues[name]; taken {
 			return refuse(wire.InternalError, "generated queue name "+strconv.Quote(name)+" is in use; declare again"), nil
 		}
-	case name == "":
+	case LocalName(name) == "":
 		if d.Passive {
 			return refuse(wire.InvalidArgument, "passive declare needs a name"), nil
 		}
 		return refuse(wire.InvalidArgument, "queue declare without a name reached the metadata state machine: the broker picks a name first"), nil
 	default:
-		if err := validName(name); err != nil {
+		if err := checkLocalName(name); err != nil {
 			return refuseErr(err), nil
 		}
-		if !d.Passive && strings.HasPrefix(name, reservedPrefix) {
+		if !d.Passive && strings.HasPrefix(LocalName(name), reservedPrefix) {
 			return refuse(wire.AccessRefused, "queue name "+strconv.Quote(name)+": the prefix amq. is reserved for the broker; declare with an empty name to get a generated one"), nil
 		}
 	}
 	if err := validName(args.DeadLetterExchange); err != nil {
 		return refuseErr(err), nil
+	}
+	if r, ok := m.checkVhostOf(name); !ok {
+		return r, nil
 	}
 	var effs []MetaEffect
 	if d.Durable && !d.Passive {
@@ -563,6 +589,9 @@ func (m *Meta) declareQueue(c *MetaCommand) (MetaResult, []MetaEffect) {
 	if len(m.queues) >= m.limits.MaxQueues {
 		return limitReason("queue", len(m.queues), "max_queues", "max-queues"), nil
 	}
+	if r, ok := m.vhostQueueLimit(name); !ok {
+		return r, nil
+	}
 	id, ok := m.takeID()
 	if !ok {
 		return refuse(wire.LimitReached, "every queue id is in use (2^32-1 queues); delete some"), effs
@@ -576,6 +605,7 @@ func (m *Meta) declareQueue(c *MetaCommand) (MetaResult, []MetaEffect) {
 		m.exclusive[c.Conn]++
 	}
 	m.queues[name] = q
+	m.countQueue(name, 1)
 	return MetaResult{QueueID: q.id, Name: name}, append(effs, MetaEffect{Kind: EffQueueCreated, Queue: q.public(args), Shard: m.ShardOf(name)})
 }
 
@@ -622,6 +652,7 @@ func (m *Meta) deleteQueue(c *MetaCommand) (MetaResult, []MetaEffect) {
 		return refuse(wire.NotFound, "no queue "+strconv.Quote(c.Queue.Name)), nil
 	}
 	delete(m.queues, c.Queue.Name)
+	m.countQueue(c.Queue.Name, -1)
 	delete(m.ids, q.id)
 	m.forgetExclusive(q.exclusive)
 	m.unlinkAll(m.byQueue[c.Queue.Name])
@@ -648,6 +679,7 @@ func (m *Meta) nodeUp() (MetaResult, []MetaEffect) {
 			continue
 		}
 		delete(m.queues, q.Name)
+		m.countQueue(q.Name, -1)
 		delete(m.ids, q.ID)
 		m.forgetExclusive(q.Exclusive)
 		m.unlinkAll(m.byQueue[q.Name])
@@ -660,7 +692,7 @@ func (m *Meta) bind(c *MetaCommand) (MetaResult, []MetaEffect) {
 	b := &c.Bind
 	src, ok := m.exchanges[b.Source]
 	if !ok {
-		if b.Source == "" {
+		if LocalName(b.Source) == "" {
 			return refuse(wire.NotAllowed, "the default exchange cannot be bound"), nil
 		}
 		return refuse(wire.NotFound, "no exchange "+strconv.Quote(b.Source)), nil

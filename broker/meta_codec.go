@@ -24,8 +24,9 @@ const MetaCommandVersion = 1
 
 // MetaSnapshotVersion is the version byte of a metadata snapshot. Version
 // 2 adds the users after the bindings, version 3 the permissions after
-// them; versions 1 and 2 still read.
-const MetaSnapshotVersion = 3
+// them, version 4 the virtual hosts after those; versions 1 to 3 still
+// read (with "/" the only vhost).
+const MetaSnapshotVersion = 4
 
 // maxMetaString bounds a string in an encoded command or snapshot (names
 // are at most 255 bytes; users and routing keys are bounded by the frame
@@ -61,6 +62,11 @@ func AppendMetaCommand(dst []byte, c *MetaCommand) []byte {
 		dst = appendMetaStr(dst, c.Account.Name)
 	case MetaSetPermission, MetaClearPermission:
 		dst = appendMetaPermission(dst, &c.Permission)
+	case MetaPutVhost:
+		dst = appendMetaVhost(dst, &c.Vhost)
+		dst = append(dst, flagByte(c.IfAbsent))
+	case MetaDeleteVhost:
+		dst = appendMetaStr(dst, c.Vhost.Name)
 	}
 	return dst
 }
@@ -100,6 +106,11 @@ func DecodeMetaCommand(b []byte) (MetaCommand, error) {
 		c.Account.Name = r.str()
 	case MetaSetPermission, MetaClearPermission:
 		c.Permission = r.metaPermission()
+	case MetaPutVhost:
+		c.Vhost = r.metaVhost()
+		c.IfAbsent = r.flag()
+	case MetaDeleteVhost:
+		c.Vhost.Name = r.str()
 	default:
 		if r.err == nil {
 			r.fail("unknown metadata operation " + strconv.Itoa(int(c.Op)))
@@ -321,6 +332,11 @@ func (m *Meta) Snapshot() []byte {
 	for i := range ps {
 		dst = appendMetaPermission(dst, &ps[i])
 	}
+	vs := m.Vhosts()
+	dst = binary.LittleEndian.AppendUint32(dst, uint32(len(vs)))
+	for i := range vs {
+		dst = appendMetaVhost(dst, &vs[i])
+	}
 	return dst
 }
 
@@ -370,6 +386,7 @@ func (m *Meta) Restore(snap []byte) error {
 		ids[id] = true
 		n.ids[id] = struct{}{}
 		n.queues[d.Name] = &metaQueue{id: id, decl: d, exclusive: excl, by: by}
+		n.countQueue(d.Name, 1)
 		if excl != 0 {
 			n.exclusive[excl]++
 		}
@@ -417,6 +434,19 @@ func (m *Meta) Restore(snap []byte) error {
 				break
 			}
 			n.perms[k] = &p
+		}
+	}
+	if v >= 4 {
+		for i, c := int(r.u32()), 0; c < i && r.err == nil; c++ {
+			vh := r.metaVhost()
+			if r.err != nil {
+				break
+			}
+			if checkVhostName(vh.Name) != nil {
+				r.fail("virtual host " + strconv.Quote(vh.Name) + ": not a vhost name")
+				break
+			}
+			n.vhosts[vh.Name] = &vh
 		}
 	}
 	if err := r.end(); err != nil {
@@ -512,7 +542,8 @@ func diffMeta(a, b *Meta) []MetaEffect {
 			effs = append(effs, MetaEffect{Kind: EffBindingAdded, Binding: nb.b})
 		}
 	}
-	return append(effs, diffUsers(a, b)...)
+	effs = append(effs, diffUsers(a, b)...)
+	return append(effs, diffVhosts(a, b)...)
 }
 
 func sameExchange(a, b *wire.ExchangeDeclare) bool {

@@ -273,6 +273,8 @@ func metaCodecSeeds() []MetaCommand {
 		{Op: MetaPutUser, Admin: true, Account: MetaUser{Name: "carol", PasswordHash: "$2a$10$x", Tags: []string{"administrator"}}, IfAbsent: true},
 		{Op: MetaPutUser, Account: MetaUser{Name: "dave", PasswordHash: "h"}},
 		{Op: MetaDeleteUser, Account: MetaUser{Name: "carol"}},
+		{Op: MetaPutVhost, Admin: true, Vhost: MetaVhost{Name: "v", MaxQueues: 3, MaxConnections: 1 << 40}, IfAbsent: true},
+		{Op: MetaDeleteVhost, Admin: true, Vhost: MetaVhost{Name: "v"}},
 	}
 }
 

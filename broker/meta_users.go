@@ -136,7 +136,7 @@ func (r *metaReader) metaUser() MetaUser {
 // it: regular expressions over resource names (exchanges and queues) for
 // configure (declare, delete), write (publish, a bind's destination) and
 // read (consume, get, purge, a bind's source). An empty one matches
-// nothing. Until virtual hosts exist, Vhost is "/".
+// nothing. Names are the client's, within Vhost.
 type MetaPermission struct {
 	Vhost, User            string
 	Configure, Write, Read string
@@ -152,8 +152,8 @@ func (m *Meta) setPermission(c *MetaCommand) (MetaResult, []MetaEffect) {
 	if !c.Admin {
 		return refuse(wire.AccessRefused, "changing permissions needs the administrator tag"), nil
 	}
-	if p.Vhost != "/" {
-		return refuse(wire.NotFound, "no virtual host "+strconv.Quote(p.Vhost)+" (only \"/\" exists)"), nil
+	if _, ok := m.vhosts[p.Vhost]; !ok {
+		return refuse(wire.NotFound, "no virtual host "+strconv.Quote(p.Vhost)+" (create it first: PUT /api/vhosts/{vhost})"), nil
 	}
 	if _, ok := m.users[p.User]; !ok {
 		return refuse(wire.NotFound, "no user "+strconv.Quote(p.User)+" (create it first)"), nil

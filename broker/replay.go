@@ -136,7 +136,7 @@ func (b *Broker) replay(ctx context.Context, name string, count int, want map[ui
 				}
 			}
 		}
-		if err := b.republish(ctx, rs, d.Msg, &props, deaths[0]); err != nil {
+		if err := b.republish(ctx, rs, d.Msg, &props, deaths[0], VhostOf(q.name)); err != nil {
 			return res, err
 		}
 		b.Submit(Command{Kind: CmdSettle, Settles: []SettleItem{{Q: q, Consumer: id, Op: wire.SettleAck, QTag: d.QTag}}})
@@ -148,15 +148,16 @@ func (b *Broker) replay(ctx context.Context, name string, count int, want map[ui
 // republish publishes a copy of msg to the exchange and routing key of
 // death, as a mandatory publish would go, and waits until every queue it
 // was routed to has taken it.
-func (b *Broker) republish(ctx context.Context, rs *replaySink, msg *StoredMsg, props *wire.Properties, death wire.Death) error {
+func (b *Broker) republish(ctx context.Context, rs *replaySink, msg *StoredMsg, props *wire.Properties, death wire.Death, vhost string) error {
 	view := b.View()
-	if !view.Table.HasExchange(death.Exchange) {
+	ex := QualifyName(vhost, death.Exchange) // the history names it in the queue's vhost
+	if !view.Table.HasExchange(ex) {
 		return reqErr(wire.ExchangeNotFound, "no exchange %q to replay to", death.Exchange)
 	}
-	if view.Table.IsInternal(death.Exchange) {
+	if view.Table.IsInternal(ex) {
 		return reqErr(wire.ExchangeInternal, "exchange %q is internal", death.Exchange)
 	}
-	n, code, err := b.publishCopy(ctx, view, rs, death.Exchange, death.RoutingKeys[0], msg.Props, props, msg.Body, msg.Flags&^wire.Mandatory, msg.Priority)
+	n, code, err := b.publishCopy(ctx, view, rs, ex, death.RoutingKeys[0], msg.Props, props, msg.Body, msg.Flags&^wire.Mandatory, msg.Priority)
 	switch {
 	case err != nil:
 		return err

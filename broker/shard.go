@@ -526,9 +526,10 @@ func (s *shard) deadLetter(q *Queue, msg *StoredMsg, reason wire.DeathReason) {
 // held dead letter, its wait: each target it is sent to takes a reference
 // and tells it once it has the dead letter.
 func (s *shard) deadLetterTo(q *Queue, msg *StoredMsg, reason wire.DeathReason, at int64, dl *dlWait) {
-	dlx := q.args.DeadLetterExchange
+	dlx := q.args.DeadLetterExchange // the client's name, in the queue's vhost
+	dlxName := QualifyName(VhostOf(q.name), dlx)
 	view := s.b.topo.view.Load()
-	if !view.Table.HasExchange(dlx) {
+	if !view.Table.HasExchange(dlxName) {
 		s.dropDeadLetter(q, dlx, dlNoExchange)
 		return
 	}
@@ -543,7 +544,7 @@ func (s *shard) deadLetterTo(q *Queue, msg *StoredMsg, reason wire.DeathReason, 
 		deaths, _ = wire.DecodeDeaths(props.Deaths)
 		oldDeathsLen = 3 + len(props.Deaths)
 	}
-	deaths = queue.RecordDeath(deaths, q.name, reason, at, string(msg.Exchange), []string{string(msg.RoutingKey)})
+	deaths = queue.RecordDeath(deaths, LocalName(q.name), reason, at, string(msg.Exchange), []string{string(msg.RoutingKey)})
 	if len(deaths) > 255 {
 		s.dropDeadLetter(q, dlx, dlTooLarge)
 		return
@@ -573,7 +574,7 @@ func (s *shard) deadLetterTo(q *Queue, msg *StoredMsg, reason wire.DeathReason, 
 	buf = append(append(append(append(buf, dlx...), rk...), newProps...), msg.Body...)
 	i, j, k := len(dlx), len(dlx)+len(rk), len(dlx)+len(rk)+len(newProps)
 	dm := &StoredMsg{Exchange: buf[:i:i], RoutingKey: buf[i:j:j], Props: buf[j:k:k], Body: buf[k:], Arena: &Arena{}, Flags: msg.Flags, Priority: msg.Priority}
-	targets, _ := view.Table.Route(nil, dlx, dm.RoutingKey, props.Headers)
+	targets, _ := view.Table.Route(nil, dlxName, dm.RoutingKey, props.Headers)
 	sent, cycles := 0, 0
 	var tqs []*Queue
 	for _, ref := range targets {
@@ -583,7 +584,7 @@ func (s *shard) deadLetterTo(q *Queue, msg *StoredMsg, reason wire.DeathReason, 
 		}
 		// The history includes this death: a rejection just now means a
 		// client decided, so the loop is not a cycle.
-		if queue.DeadLetterCycle(deaths, tq.name) {
+		if queue.DeadLetterCycle(deaths, LocalName(tq.name)) {
 			cycles++
 			continue
 		}

@@ -265,6 +265,9 @@ type topology struct {
 	// onUsers, if set (Broker.OnUsers), is told of every change to the
 	// users (mu held).
 	onUsers func(users []MetaUser, perms []MetaPermission, removed []string)
+	// onVhosts, if set (Broker.OnVhosts), is told of every change to the
+	// vhosts (mu held).
+	onVhosts []func(vhosts []MetaVhost, removed []string)
 }
 
 // queueTotals are broker-wide sums of per-queue counters.
@@ -297,7 +300,7 @@ func (t *topology) applyLocked(c *MetaCommand) MetaResult {
 // ApplyMetaEffects applies the metadata state machine's effects (mu held):
 // it is the MetaEffectSink of the broker.
 func (t *topology) ApplyMetaEffects(effs []MetaEffect) {
-	changed, users := false, false
+	changed, users, vhosts := false, false, false
 	for i := range effs {
 		e := &effs[i]
 		switch e.Kind {
@@ -319,6 +322,9 @@ func (t *topology) ApplyMetaEffects(effs []MetaEffect) {
 		case EffUserPut, EffUserRemoved, EffPermissionsChanged:
 			users = true
 			continue
+		case EffVhostPut, EffVhostRemoved:
+			vhosts = true
+			continue
 		}
 		changed = true
 	}
@@ -327,6 +333,9 @@ func (t *topology) ApplyMetaEffects(effs []MetaEffect) {
 	}
 	if users {
 		t.usersChangedLocked(effs)
+	}
+	if vhosts {
+		t.vhostsChangedLocked(effs)
 	}
 	// A queue's shard opens it only once the routes of the whole batch
 	// are published (a control run publishes them at its end, but a queue
@@ -513,12 +522,12 @@ func (t *topology) declareQueue(d *wire.QueueDeclare, owner uint64, user string)
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	c := MetaCommand{Op: MetaDeclareQueue, NowMs: t.now(), User: user, Conn: owner, Queue: *d}
-	if d.Name == "" && !d.Passive {
+	if prefix := d.Name; LocalName(prefix) == "" && !d.Passive {
 		if _, err := wire.ParseQueueArgs(d.Args); err != nil {
 			return nil, err // refused before a name is drawn, as ever
 		}
-		for c.Queue.Name == "" || t.meta.HasQueue(c.Queue.Name) {
-			c.Queue.Name = generatedQueueName()
+		for c.Queue.Name == prefix || t.meta.HasQueue(c.Queue.Name) {
+			c.Queue.Name = prefix + generatedQueueName() // in the vhost of the prefix
 		}
 		c.Generated = true
 	}

@@ -1,6 +1,7 @@
 package queue
 
 import (
+	"bytes"
 	"math"
 	"slices"
 
@@ -179,7 +180,21 @@ func (n *tnode) change(ed *pedit, words []string, d dest, add bool) *tnode {
 // nothing once dst has room.
 func (t *Table) Route(dst []QueueRef, exchange string, routingKey, headers []byte) ([]QueueRef, bool) {
 	if exchange == "" {
+		if bytes.IndexByte(routingKey, VhostSep) >= 0 {
+			return dst, true // another vhost's queue: no key in "/" names it
+		}
 		if ref, ok := pmapGetBytes(t.queues, hashBytes(routingKey), routingKey); ok {
+			dst = append(dst, ref)
+		}
+		return dst, true
+	}
+	if exchange[len(exchange)-1] == VhostSep {
+		// A virtual host's default exchange ("vhost" VhostSep): the queue
+		// of that vhost named by the key, whose name is the exchange's
+		// followed by the key (on the stack: names are at most 255 bytes).
+		var buf [2 * 256]byte
+		name := append(append(buf[:0], exchange...), routingKey...)
+		if ref, ok := pmapGetBytes(t.queues, hashBytes(name), name); ok {
 			dst = append(dst, ref)
 		}
 		return dst, true
@@ -239,11 +254,19 @@ func (c *rex) routeDirectly(dst []QueueRef, key, headers []byte) (out []QueueRef
 	return appendRefs(dst, s.m.root), true
 }
 
-// HasExchange reports whether exchange exists (the default always does).
+// HasExchange reports whether exchange exists (the default always does,
+// and so does a virtual host's: its name followed by VhostSep).
 func (t *Table) HasExchange(name string) bool {
 	_, ok := t.exchanges.get(hashName(name), name)
-	return ok || name == ""
+	return ok || name == "" || name[len(name)-1] == VhostSep
 }
+
+// VhostSep separates a virtual host's name from a resource's in the
+// broker's internal names ("vhost" VhostSep "name"; the default vhost's
+// resources keep their plain names). It is a control character, which no
+// name a client gives may contain, so two vhosts' names never meet; the
+// broker (broker.QualifyName) builds and strips these names.
+const VhostSep = '\x1f'
 
 // IsInternal reports whether exchange is internal (fed only by
 // exchange-to-exchange bindings, not by publishers).

@@ -67,7 +67,16 @@ type Auth struct {
 	MaxFrame     uint32   `json:"max_frame"`
 	MaxChannels  uint16   `json:"max_channels"`
 	HeartbeatMs  uint32   `json:"heartbeat_ms"`
+	// Vhost is the virtual host to open (spec §5.4), a str8 after the
+	// other fields, present only when the broker's HELLO lists the
+	// capability CapVhosts: empty (or absent) means "/". A v1 client that
+	// ignores the capability sends none.
+	Vhost string `json:"vhost,omitempty"`
 }
+
+// CapVhosts is the HELLO capability of a broker with virtual hosts: it
+// reads AUTH's vhost field.
+const CapVhosts = "vhosts"
 
 func (*Auth) FrameType() Type { return TypeAuth }
 func (a *Auth) appendPayload(dst []byte) []byte {
@@ -78,7 +87,11 @@ func (a *Auth) appendPayload(dst []byte) []byte {
 	dst = appendStrList(dst, a.Capabilities)
 	dst = appendU32(dst, a.MaxFrame)
 	dst = appendU16(dst, a.MaxChannels)
-	return appendU32(dst, a.HeartbeatMs)
+	dst = appendU32(dst, a.HeartbeatMs)
+	if a.Vhost != "" {
+		dst = appendStr8(dst, a.Vhost)
+	}
+	return dst
 }
 func (a *Auth) decodePayload(r *reader) {
 	a.Mechanism = string(r.str8())
@@ -89,6 +102,13 @@ func (a *Auth) decodePayload(r *reader) {
 	a.MaxFrame = r.u32()
 	a.MaxChannels = r.u16()
 	a.HeartbeatMs = r.u32()
+	if !r.end() {
+		if v := r.str8(); len(v) > 0 {
+			a.Vhost = string(v)
+		} else {
+			r.fail(errVhostEmpty) // one encoding per AUTH: "/" is no field
+		}
+	}
 }
 
 // PlainResponse builds the PLAIN mechanism's response: NUL user NUL password

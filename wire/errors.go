@@ -182,6 +182,7 @@ var (
 	errPropOrder      = &Error{FrameError, "property ids not strictly ascending"}
 	errPropertySize   = &Error{FrameError, "property value has the wrong size"}
 	errPropertyEmpty  = &Error{FrameError, "property present with an empty value (leave an empty property out)"}
+	errVhostEmpty     = &Error{FrameError, "AUTH vhost field present and empty (leave it out for \"/\")"}
 	errCount          = &Error{FrameError, "count does not match the entries"}
 	errEmptyBatch     = &Error{FrameError, "batch with no entries"}
 	errSettleOp       = &Error{FrameError, "unknown settlement op"}
