@@ -1,5 +1,7 @@
 package queue
 
+import "sort"
+
 // EachMessage calls fn for every message the queue holds, whatever its
 // state: ready (in priority-level ring order, skipping entries that expired
 // in place and were already dead-lettered or dropped), parked for a retry
@@ -50,4 +52,29 @@ func (m *Machine) EachOwner(fn func(OwnerID)) {
 	for _, c := range m.consumers {
 		fn(c.Owner)
 	}
+}
+
+// Outstanding calls fn, in tag order, with a Deliver effect for each of
+// consumer id's deliveries still out (not settled) whose tag is above
+// afterTag: the same Consumer, Tag, Msg, DeliveryCount and FailedCount as
+// the Deliver that handed it out. A new leader re-emits them for a
+// consumer that resumes (design/replication.md §6.4, consumer resume):
+// the origin node sends the last tag it delivered, and the leader sends
+// what follows. It reads the state and changes nothing (no counter
+// moves, no lease restarts); fn must not call back into the machine. It
+// returns ErrUnknownConsumer when the queue has no consumer id (a
+// cancelled one with deliveries still out is known). O(log out + listed).
+func (m *Machine) Outstanding(id ConsumerID, afterTag uint64, fn func(Effect)) error {
+	c := m.byID[id]
+	if c == nil {
+		return ErrUnknownConsumer
+	}
+	out := c.out[c.head:]
+	i := sort.Search(len(out), func(i int) bool { return out[i].tag > afterTag })
+	for ; i < len(out); i++ {
+		if o := &out[i]; !o.settled {
+			fn(Effect{Kind: Deliver, Consumer: c.ID, Tag: o.tag, Msg: o.e.id, DeliveryCount: o.e.deliveries, FailedCount: o.e.failed})
+		}
+	}
+	return nil
 }
