@@ -1,5 +1,13 @@
 package netio
 
+import (
+	"context"
+	"errors"
+	"net"
+
+	"github.com/panjf2000/gnet/v2"
+)
+
 // What another protocol front (netio/amqp) uses of the server beside the
 // broker core it embeds: the same connection ids, users, limits and memory
 // alarm as the native protocol.
@@ -21,3 +29,52 @@ func (s *Server) MaxOutboundBytes() int { return s.cfg.MaxOutboundBytes }
 
 // IsAdmin reports whether user has the administrator tag (or is guest).
 func (s *Server) IsAdmin(user string) bool { return s.isAdmin(user) }
+
+// Another front's connections are served by the native engine's loops
+// (Enroll): the Server's event handler passes their events to the
+// FrontConn carried as the connection's context, so one set of loops (and
+// one busy-ratio metric) serves every protocol.
+
+// FrontConn is a connection of another protocol front. Its methods run on
+// the connection's event loop, with gnet's rules: OnTraffic loops over the
+// complete frames buffered and leaves the rest; bytes from Peek/Next die at
+// Discard.
+type FrontConn interface {
+	OnOpen(gc gnet.Conn) (out []byte, action gnet.Action)
+	OnTraffic(gc gnet.Conn) gnet.Action
+	OnClose(gc gnet.Conn, err error)
+}
+
+// ReadGate takes one connection's socket out of its loop's read interest
+// and puts it back (the native protocol's flow control, pause.go), for a
+// front's connection. The zero value is ready; one per connection.
+type ReadGate struct{ epfd int }
+
+// ErrClosing: the server is closing (or closed) and takes no connection.
+var ErrClosing = errors.New("netio: the server is closing")
+
+// Enroll hands nc, an accepted TCP connection, to an event loop with fc as
+// its handler; it returns once fc.OnOpen has run (or the connection could
+// not be enrolled; nc is closed either way: the loop serves its own copy
+// of the descriptor).
+func (s *Server) Enroll(nc net.Conn, fc FrontConn) error {
+	defer nc.Close()
+	select {
+	case <-s.loopsUp: // the engine's loop list is built (first tick)
+	case <-s.stopped:
+		return ErrClosing
+	}
+	if s.closing.Load() {
+		return ErrClosing
+	}
+	res, err := s.eng.Register(gnet.NewNetConnContext(gnet.NewContext(context.Background(), fc), nc))
+	if err != nil {
+		return err
+	}
+	select {
+	case r := <-res:
+		return r.Err
+	case <-s.stopped:
+		return ErrClosing
+	}
+}

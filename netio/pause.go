@@ -50,25 +50,33 @@ func loopEpollFd(gc gnet.Conn) (int, error) {
 // setReadInterest turns reading of c's socket on or off, keeping write
 // interest while gnet has bytes waiting to go out. Loop goroutine only:
 // gnet changes the same registration from there.
-func (c *conn) setReadInterest(read bool) error {
-	if c.epfd < 0 {
+func (c *conn) setReadInterest(read bool) error { return setReadInterest(c.gc, &c.epfd, read) }
+
+// Set turns reading of gc's socket on or off (another front's connection,
+// served by the same loops: netio/amqp). Loop goroutine only.
+func (g *ReadGate) Set(gc gnet.Conn, read bool) error { return setReadInterest(gc, &g.epfd, read) }
+
+// setReadInterest: epfd caches the loop's epoll fd (0: not looked up yet,
+// -1: unavailable).
+func setReadInterest(gc gnet.Conn, epfd *int, read bool) error {
+	if *epfd < 0 {
 		return errNoPoller
 	}
-	if c.epfd == 0 {
-		fd, err := loopEpollFd(c.gc)
+	if *epfd == 0 {
+		fd, err := loopEpollFd(gc)
 		if err != nil {
-			c.epfd = -1
+			*epfd = -1
 			return err
 		}
-		c.epfd = fd
+		*epfd = fd
 	}
 	var ev uint32
 	if read {
 		ev = unix.EPOLLIN | unix.EPOLLPRI
 	}
-	if c.gc.OutboundBuffered() > 0 {
+	if gc.OutboundBuffered() > 0 {
 		ev |= unix.EPOLLOUT
 	}
-	fd := c.gc.Fd()
-	return unix.EpollCtl(c.epfd, unix.EPOLL_CTL_MOD, fd, &unix.EpollEvent{Fd: int32(fd), Events: ev})
+	fd := gc.Fd()
+	return unix.EpollCtl(*epfd, unix.EPOLL_CTL_MOD, fd, &unix.EpollEvent{Fd: int32(fd), Events: ev})
 }

@@ -338,11 +338,11 @@ func Start(cfg Config) (*Server, error) {
 		s.privateDir, tlsErr = os.MkdirTemp("", "warren-noplain-")
 		gnetAddr = "unix://" + filepath.Join(s.privateDir, "refused.sock")
 	}
+	// Engine.Register (the TLS front, other fronts: Enroll) picks a loop
+	// from another goroutine than the acceptor's: round-robin is not safe
+	// for that, least-connections only reads.
+	opts = append(opts, gnet.WithLoadBalancing(gnet.LeastConnections))
 	if cfg.TLSAddr != "" && tlsErr == nil {
-		// Engine.Register picks a loop from another goroutine than the
-		// acceptor's: round-robin is not safe for that, least-connections
-		// only reads.
-		opts = append(opts, gnet.WithLoadBalancing(gnet.LeastConnections))
 		tlsErr = s.startTLS()
 	}
 	if tlsErr != nil {
@@ -433,6 +433,9 @@ func (s *Server) OnOpen(gc gnet.Conn) ([]byte, gnet.Action) {
 	if s.closing.Load() {
 		return nil, gnet.Close
 	}
+	if fc, ok := gc.Context().(FrontConn); ok { // another front's (Enroll)
+		return fc.OnOpen(gc)
+	}
 	c := s.newConn(gc)
 	if s.cfg.DisablePlain && c.tls == nil {
 		return nil, gnet.Close // the private socket of an engine without a plain listener
@@ -457,8 +460,11 @@ func (s *Server) OnOpen(gc gnet.Conn) ([]byte, gnet.Action) {
 func (s *Server) OnClose(gc gnet.Conn, err error) gnet.Action {
 	c, _ := gc.Context().(*conn)
 	if c == nil {
-		if p, ok := gc.Context().(*tlsPeer); ok { // refused in OnOpen
+		switch p := gc.Context().(type) {
+		case *tlsPeer: // refused in OnOpen
 			p.brokerClosed()
+		case FrontConn:
+			p.OnClose(gc, err)
 		}
 		return gnet.None
 	}
@@ -479,10 +485,16 @@ func (s *Server) OnClose(gc gnet.Conn, err error) gnet.Action {
 
 func (s *Server) OnTraffic(gc gnet.Conn) gnet.Action {
 	c, _ := gc.Context().(*conn)
-	if c == nil {
-		return gnet.Close
-	}
 	start := time.Now()
+	if c == nil {
+		fc, ok := gc.Context().(FrontConn)
+		if !ok {
+			return gnet.Close
+		}
+		a := fc.OnTraffic(gc)
+		s.metrics.busyNanos.Add(int64(time.Since(start)))
+		return a
+	}
 	a := c.onTraffic()
 	s.metrics.busyNanos.Add(int64(time.Since(start)))
 	return a

@@ -155,17 +155,6 @@ func (l *Listener) evictedConn(c *conn) bool {
 	return c.adm.evicted
 }
 
-// evict closes c, the oldest connection waiting to send its credentials,
-// to admit a newer one: its reader's wait ends now, and it tells the
-// client why (serve).
-func (c *conn) evict() {
-	_ = c.nc.SetReadDeadline(time.Now())
-	if ok, n := c.l.evictLog.Allow(time.Now()); ok {
-		c.l.log.Info("AMQP connection not yet authenticated closed to admit a new one (max_unauthenticated_connections)",
-			"max_unauthenticated_connections", c.l.cfg.MaxUnauthenticated, "more_since_last_line", n)
-	}
-}
-
 func (l *Listener) unauthReason() string {
 	return "RESOURCE_ERROR - too many unauthenticated connections (max_unauthenticated_connections " +
 		strconv.Itoa(l.cfg.MaxUnauthenticated) + "): the oldest that has not sent its credentials is closed to admit a new one"
@@ -211,10 +200,11 @@ func (l *Listener) refuse(nc net.Conn, reason string) {
 	}()
 }
 
-// sourceOf is a connection's source address, unmapped.
-func sourceOf(nc net.Conn) netip.Addr {
+// addrPortOf is a connection's peer address, unmapped.
+func addrPortOf(nc net.Conn) netip.AddrPort {
 	if a, ok := nc.RemoteAddr().(*net.TCPAddr); ok {
-		return a.AddrPort().Addr().Unmap()
+		ap := a.AddrPort()
+		return netip.AddrPortFrom(ap.Addr().Unmap(), ap.Port())
 	}
-	return netip.Addr{}
+	return netip.AddrPort{}
 }

@@ -3,7 +3,7 @@ package amqp
 import (
 	"context"
 	"encoding/binary"
-	"net"
+	"net/netip"
 	"testing"
 	"time"
 
@@ -33,9 +33,7 @@ func benchConnT(b testing.TB) (*conn, *netio.Server) {
 		_ = l.Close()
 		_ = srv.Close(ctx)
 	})
-	a, z := net.Pipe()
-	b.Cleanup(func() { a.Close(); z.Close() })
-	c := newConn(l, a)
+	c := newConn(l, netip.MustParseAddrPort("127.0.0.1:1"))
 	c.user = "guest"
 	c.channels[1] = &channel{id: 1, gen: 1, consumers: map[string]*consumer{}, tagBase: 1}
 	return c, srv

@@ -1,17 +1,17 @@
 package amqp
 
 import (
-	"bufio"
 	"bytes"
+	"context"
 	"encoding/binary"
 	"errors"
-	"io"
-	"net"
+	"net/netip"
 	"strconv"
 	"sync"
 	"sync/atomic"
 	"time"
 
+	"github.com/panjf2000/gnet/v2"
 	"github.com/warren-mq/warren/broker"
 	"github.com/warren-mq/warren/netio"
 	"github.com/warren-mq/warren/queue"
@@ -20,58 +20,103 @@ import (
 
 var protocolHeader = []byte("AMQP\x00\x00\x09\x01")
 
-// conn is one AMQP connection. The reader goroutine (serve) owns the
-// handshake fields and reading; mu guards what shards and the writer touch.
+// Connection states.
+const (
+	stHeader    uint32 = iota // waiting for the protocol header (and a PROXY header before it, if trusted)
+	stHandshake               // connection.start sent: start-ok, tune-ok and open expected (conn.hs)
+	stOpen
+	stClosing // connection.close sent (or the socket is being closed): only close-ok is looked for
+)
+
+// Handshake steps (conn.hs), each answered by one off-loop run.
+const (
+	hsStartOK = iota
+	hsTuneOK
+	hsOpen
+)
+
+// conn is one AMQP connection, served by one of netio's event loops (a
+// netio.FrontConn). The loop reads and decodes; the fast methods (publish
+// with its content, ack, nack, reject, heartbeats) are handled on it, and
+// every other method (declares, binds, consume, get, …, and the handshake)
+// in a run off the loop (startRun), during which the loop reads nothing
+// more of the connection, so frames keep their order. Fields the frame
+// handlers use are owned by whichever of the two holds the connection (the
+// busy flag hands it over); mu guards what shards, the tick and the write
+// callback touch.
 type conn struct {
 	l   *Listener
 	srv *netio.Server
-	// pubPerm: whether user may publish to each exchange (the reader's).
+	// pubPerm: whether user may publish to each exchange.
 	pubPerm netio.PublishPerms
-	nc      net.Conn
-	br      *bufio.Reader
 	id      uint64
+	remote  string         // the client's address as "ip:port" (after a PROXY header, the one it names)
+	src     netip.AddrPort // the same
 
 	user       string
 	admin      bool
 	frameMax   uint32
 	channelMax uint16
-	heartbeat  time.Duration
-	buf        []byte // the reader's frame buffer
+	heartbeat  time.Duration // set before open-ok; read by the tick once stOpen
+	hs         int           // handshake step
 
 	// The method being handled, for the class and method ids of an error.
 	curClass, curMethod uint16
 
-	mu        sync.Mutex
-	out       []byte
-	autoAcks  []broker.SettleItem // written auto-ack deliveries, settled once written
-	dead      bool                // the socket is gone or over its outbox cap: drop output
-	finishing bool                // write what is queued, then stop
-	channels  map[uint16]*channel
-	byID      map[queue.ConsumerID]*consumer
-	chanGen   uint64
+	state      atomic.Uint32
+	started    atomic.Bool // the protocol header was read
+	opened     atomic.Bool // open-ok was sent: it may own queues and consumers
+	busy       atomic.Bool // a run of frames is being handled off the loop
+	timedOut   atomic.Bool // the tick closed it at the handshake deadline
+	acceptedAt int64       // unix ms
+	closeBy    atomic.Int64
+	lastRecv   atomic.Int64 // unix ms
+	lastSend   atomic.Int64
 
-	wake       chan struct{} // the writer has output (cap 1)
-	writerDone chan struct{}
-	lastWrite  atomic.Int64 // unix ms
+	// Reading paused (loop-owned but held, read by the tick): waitConfirm
+	// at the unconfirmed bound (Confirm wakes the loop), alarmHeld by the
+	// memory alarm (the tick wakes it), busyPaused behind a long off-loop
+	// run.
+	gate        netio.ReadGate
+	paused      bool
+	held        atomic.Bool
+	waitConfirm atomic.Bool
+	alarmHeld   atomic.Bool
+	proxyDone   bool // the PROXY header, if trusted peers are set, was read
 
-	stopped     atomic.Bool // the connection is ending: waits in the reader give up
+	mu              sync.Mutex
+	gc              gnet.Conn // set by OnOpen
+	closeOnOpen     bool      // closed before the loop had it
+	out             []byte
+	spare, inflight []byte
+	flushing        bool
+	closeAfterFlush bool
+	autoAcks        []broker.SettleItem // deliveries to auto-ack consumers, settled once written
+	inflightAcks    []broker.SettleItem
+	heldAcks        []broker.SettleItem // written, not settled: gnet holds over autoAckBufferedMax for the socket
+	acksHeld        atomic.Bool
+	dead            bool // the socket is gone, closing or over its outbox cap: drop output
+	channels        map[uint16]*channel
+	byID            map[queue.ConsumerID]*consumer
+	chanGen         uint64
+	flushedCB       gnet.AsyncCallback
+
+	stopped     atomic.Bool // the connection is ending: waits in off-loop runs give up
 	blockedCap  bool        // the client takes connection.blocked/unblocked
 	unconfirmed atomic.Int64
-	confirmed   chan struct{} // a confirm arrived (cap 1)
 
-	// Publish scratch (reader goroutine).
+	// Publish scratch (loop).
 	routeBuf []queue.QueueRef
 	parts    [][]broker.EnqItem
 	ctagSeq  int
 
 	stashBytes int // bytes waiting in the channels' stashes (mu)
 
-	sc pubScratch // parseHeader's buffers (reader goroutine)
+	sc pubScratch // parseHeader's buffers (loop)
 
 	published, delivered atomic.Uint64 // metrics (messages)
 
-	started bool          // the protocol header was read (reader goroutine)
-	adm     connAdmission // Listener.mu
+	adm connAdmission // Listener.mu
 }
 
 type channel struct {
@@ -146,64 +191,17 @@ type pending struct {
 	bodyAt    int
 }
 
-func newConn(l *Listener, nc net.Conn) *conn {
-	return &conn{l: l, srv: l.srv, nc: nc, br: bufio.NewReaderSize(nc, 64<<10), id: l.srv.NewConnID(),
-		frameMax: l.cfg.FrameMax, channels: map[uint16]*channel{}, byID: map[queue.ConsumerID]*consumer{},
-		wake: make(chan struct{}, 1), writerDone: make(chan struct{}), confirmed: make(chan struct{}, 1),
-		parts: make([][]broker.EnqItem, l.srv.Shards())}
-}
+var _ netio.FrontConn = (*conn)(nil)
 
-// serve runs the connection to its end.
-func (c *conn) serve() {
-	go c.writer()
-	opened := false
-	defer func() {
-		c.finish()
-		if opened {
-			c.mu.Lock()
-			for _, ch := range c.channels {
-				ch.closing = true
-			}
-			c.mu.Unlock()
-			c.srv.Submit(broker.Command{Kind: broker.CmdDown, Owner: c.id})
-		}
-	}()
-	// The handshake deadline was set at accept.
-	if err := c.handshake(); err != nil {
-		switch {
-		case c.l.evictedConn(c):
-			err = errEvicted
-			if c.started {
-				err = connErr(resourceError, c.l.unauthReason())
-			}
-		case isTimeout(err):
-			c.l.met.handshakeTimeouts.Inc()
-			if c.started {
-				err = connErr(resourceError, c.l.handshakeReason())
-			}
-		}
-		c.fail(err)
-		return
-	}
-	opened = true
-	_ = c.nc.SetReadDeadline(time.Time{})
-	c.l.opened(c)
-	for {
-		if c.heartbeat > 0 {
-			_ = c.nc.SetReadDeadline(time.Now().Add(2 * c.heartbeat))
-		}
-		typ, chID, p, err := c.readFrame()
-		if err == nil {
-			err = c.handle(typ, chID, p)
-		}
-		if err != nil {
-			if errors.Is(err, errClientClosed) {
-				return
-			}
-			c.fail(err)
-			return
-		}
-	}
+func newConn(l *Listener, remote netip.AddrPort) *conn {
+	now := time.Now().UnixMilli()
+	c := &conn{l: l, srv: l.srv, id: l.srv.NewConnID(), remote: remote.String(), src: remote, acceptedAt: now,
+		frameMax: l.cfg.FrameMax, channels: map[uint16]*channel{}, byID: map[queue.ConsumerID]*consumer{},
+		parts: make([][]broker.EnqItem, l.srv.Shards())}
+	c.flushedCB = c.flushed
+	c.lastRecv.Store(now)
+	c.lastSend.Store(now)
+	return c
 }
 
 var errClientClosed = errors.New("amqp: the client closed the connection")
@@ -212,37 +210,302 @@ var errClientClosed = errors.New("amqp: the client closed the connection")
 // came too late).
 var errEvicted = errors.New("amqp: evicted at the unauthenticated cap")
 
-func isTimeout(err error) bool {
-	var ne net.Error
-	return errors.As(err, &ne) && ne.Timeout()
+// OnOpen runs on the loop once the connection is enrolled.
+func (c *conn) OnOpen(gc gnet.Conn) ([]byte, gnet.Action) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.gc = gc
+	if c.closeOnOpen {
+		return nil, gnet.Close
+	}
+	return nil, gnet.None
+}
+
+// OnClose runs on the loop when the socket is gone: what the connection
+// held goes back to its queues, then it leaves the listener's count.
+func (c *conn) OnClose(gnet.Conn, error) {
+	c.stopped.Store(true)
+	c.state.Store(stClosing)
+	c.mu.Lock()
+	c.dead = true
+	for _, ch := range c.channels {
+		ch.closing = true
+	}
+	c.mu.Unlock()
+	if c.opened.Load() {
+		c.srv.Submit(broker.Command{Kind: broker.CmdDown, Owner: c.id})
+	}
+	c.l.forget(c)
+}
+
+// OnTraffic handles every complete frame buffered for the connection, on
+// its loop.
+func (c *conn) OnTraffic(gc gnet.Conn) gnet.Action {
+	c.lastRecv.Store(time.Now().UnixMilli())
+	if c.busy.Load() {
+		// Its frames are being worked through off the loop; what follows
+		// waits, and past busyPauseBytes it waits in the kernel.
+		if gc.InboundBuffered() > busyPauseBytes {
+			c.pause(gc)
+		}
+		return gnet.None
+	}
+	if c.waitConfirm.Load() && c.unconfirmed.Load() >= int64(c.l.cfg.MaxUnconfirmed) {
+		c.pause(gc)
+		return gnet.None
+	}
+	if c.alarmHeld.Load() && c.srv.MemoryAlarm() && c.state.Load() == stOpen {
+		c.pause(gc)
+		return gnet.None
+	}
+	c.resume(gc)
+	for {
+		st := c.state.Load()
+		if st == stHeader {
+			if len(c.l.cfg.ProxyTrusted) > 0 && !c.proxyDone && !c.proxyStep(gc) {
+				return gnet.None
+			}
+			buf, err := gc.Peek(len(protocolHeader))
+			if err != nil {
+				return gnet.None
+			}
+			if !bytes.Equal(buf, protocolHeader) {
+				c.state.Store(stClosing)
+				_, _ = gc.Discard(-1)
+				c.mu.Lock()
+				c.out = append(c.out, protocolHeader...)
+				c.finishLocked()
+				c.mu.Unlock()
+				return gnet.None
+			}
+			_, _ = gc.Discard(len(protocolHeader))
+			c.started.Store(true)
+			c.state.Store(stHandshake)
+			c.hs = hsStartOK
+			c.sendStart()
+			continue
+		}
+		hdr, err := gc.Peek(7)
+		if err != nil {
+			return gnet.None
+		}
+		typ, chID := hdr[0], binary.BigEndian.Uint16(hdr[1:])
+		n := binary.BigEndian.Uint32(hdr[3:])
+		if uint64(n)+8 > uint64(c.frameMax) {
+			if st == stClosing {
+				_, _ = gc.Discard(-1)
+				return gnet.None
+			}
+			c.fail(connErr(frameError, "FRAME_ERROR - frame of "+strconv.FormatUint(uint64(n)+8, 10)+" bytes is over the negotiated frame-max "+strconv.FormatUint(uint64(c.frameMax), 10)))
+			_, _ = gc.Discard(-1)
+			return gnet.None
+		}
+		size := int(n) + 8
+		if gc.InboundBuffered() < size {
+			return gnet.None
+		}
+		buf, err := gc.Peek(size)
+		if err != nil {
+			return gnet.None
+		}
+		p := buf[7 : 7+n]
+		if st == stClosing {
+			if typ == frameMethod && chID == 0 && len(p) >= 4 && binary.BigEndian.Uint16(p) == classConnection && binary.BigEndian.Uint16(p[2:]) == 51 {
+				c.closeAfterOutput() // the close-ok we waited for
+				_, _ = gc.Discard(-1)
+				return gnet.None
+			}
+			_, _ = gc.Discard(size)
+			continue
+		}
+		if buf[size-1] != frameEnd {
+			c.fail(connErr(frameError, "FRAME_ERROR - frame end byte is 0x"+strconv.FormatUint(uint64(buf[size-1]), 16)+", want 0xce"))
+			_, _ = gc.Discard(-1)
+			return gnet.None
+		}
+		if st == stHandshake || slowFrame(typ, chID, p) {
+			c.startRun(gc, st == stHandshake)
+			return gnet.None
+		}
+		if typ == frameMethod && binary.BigEndian.Uint16(p) == classBasic && binary.BigEndian.Uint16(p[2:]) == 40 && c.mustWait(gc) {
+			return gnet.None // the publish stays in the buffer
+		}
+		err = c.handle(typ, chID, p)
+		_, _ = gc.Discard(size)
+		if err != nil {
+			c.fail(err)
+			if c.state.Load() == stClosing {
+				return gnet.None
+			}
+		}
+	}
+}
+
+// busyPauseBytes: past this many bytes buffered behind an off-loop run,
+// the socket leaves the read interest until the run is done.
+const busyPauseBytes = 1 << 20
+
+// offLoopMax bounds the frames one off-loop run takes.
+const offLoopMax = 256
+
+// slowFrame: a frame handled off the loop. Methods on channels other than
+// publish, ack, reject and nack can take time (a topology change waits for
+// the metadata log; basic.get for the queue's shard); content, heartbeats
+// and connection methods on channel 0 are cheap.
+func slowFrame(typ uint8, chID uint16, p []byte) bool {
+	if typ != frameMethod || chID == 0 || len(p) < 4 {
+		return false
+	}
+	if binary.BigEndian.Uint16(p) != classBasic {
+		return true
+	}
+	switch binary.BigEndian.Uint16(p[2:]) {
+	case 40, 80, 90, 120:
+		return false
+	}
+	return true
+}
+
+// startRun copies the run of complete slow frames at the head of the
+// inbound buffer (at least one; during the handshake exactly one) and
+// handles them on a goroutine; the loop reads nothing more of the
+// connection until it is done. Loop goroutine.
+func (c *conn) startRun(gc gnet.Conn, handshake bool) {
+	var run []byte
+	for k := 0; k < offLoopMax; k++ {
+		hdr, err := gc.Peek(7)
+		if err != nil {
+			break
+		}
+		n := binary.BigEndian.Uint32(hdr[3:])
+		size := int(n) + 8
+		if uint64(size) > uint64(c.frameMax) || gc.InboundBuffered() < size {
+			break
+		}
+		buf, err := gc.Peek(size)
+		if err != nil || buf[size-1] != frameEnd {
+			break
+		}
+		if k > 0 && (handshake || !slowFrame(buf[0], binary.BigEndian.Uint16(buf[1:]), buf[7:7+n])) {
+			break // the loop deals with it when it goes on
+		}
+		run = append(run, buf...)
+		_, _ = gc.Discard(size)
+	}
+	c.busy.Store(true)
+	go c.runOff(gc, run, handshake)
+}
+
+// runOff handles a run of frames as the loop would have, then wakes the
+// loop to read on.
+func (c *conn) runOff(gc gnet.Conn, run []byte, handshake bool) {
+	defer func() {
+		c.busy.Store(false)
+		_ = gc.Wake(nil)
+	}()
+	for len(run) > 0 && c.state.Load() != stClosing {
+		typ, chID := run[0], binary.BigEndian.Uint16(run[1:])
+		n := int(binary.BigEndian.Uint32(run[3:]))
+		p := run[7 : 7+n]
+		run = run[n+8:]
+		var err error
+		if handshake {
+			err = c.handshakeStep(typ, chID, p)
+		} else {
+			err = c.handle(typ, chID, p)
+		}
+		if err != nil {
+			c.fail(err)
+			return
+		}
+	}
+}
+
+// mustWait: a publish must not be read now, the connection being at its
+// bound of unconfirmed publishes (Confirm wakes it) or the memory alarm on
+// (the tick wakes it); reading pauses meanwhile. Loop goroutine.
+func (c *conn) mustWait(gc gnet.Conn) bool {
+	if n := c.unconfirmed.Load(); n >= int64(c.l.cfg.MaxUnconfirmed) {
+		if hook := c.l.hookAtBound.Load(); hook != nil {
+			(*hook)(n)
+		}
+		c.waitConfirm.Store(true)
+		if c.unconfirmed.Load() >= int64(c.l.cfg.MaxUnconfirmed) { // else a confirm came in between
+			c.pause(gc)
+			return true
+		}
+		c.waitConfirm.Store(false)
+	}
+	if c.srv.MemoryAlarm() {
+		if !c.alarmHeld.Load() {
+			c.alarmHeld.Store(true)
+			c.sendBlocked(true)
+		}
+		c.pause(gc)
+		return true
+	}
+	if c.alarmHeld.Load() {
+		c.alarmHeld.Store(false)
+		c.sendBlocked(false)
+	}
+	return false
+}
+
+// pause takes the socket out of the loop's read interest (again: gnet
+// re-arms it when a write has to wait). Loop goroutine.
+func (c *conn) pause(gc gnet.Conn) {
+	c.paused = true
+	c.held.Store(true)
+	_ = c.gate.Set(gc, false)
+	if gc.InboundBuffered() > int(c.frameMax)+busyPauseBytes+4<<20 {
+		// Only where reads cannot be paused, or a client that keeps the
+		// broker writing to it fast.
+		c.l.log.Warn("closing an AMQP connection that kept sending while it was not read", "conn", c.id, "buffered", gc.InboundBuffered())
+		c.sendConnClose(&amqpError{code: resourceError, text: "RESOURCE_ERROR - kept sending while the broker did not read the connection"})
+	}
+}
+
+// resume reads the socket again. Loop goroutine.
+func (c *conn) resume(gc gnet.Conn) {
+	if !c.paused {
+		return
+	}
+	c.paused = false
+	c.held.Store(false)
+	c.waitConfirm.Store(false)
+	_ = c.gate.Set(gc, true)
+	// Its heartbeats were not read meanwhile: the clock restarts.
+	c.lastRecv.Store(time.Now().UnixMilli())
 }
 
 // fail ends the connection after err: a protocol error is told to the
-// client with connection.close (its close-ok is awaited briefly), an I/O
-// error just closes.
+// client with connection.close (its close-ok is awaited for a second),
+// anything else just closes once the output is written.
 func (c *conn) fail(err error) {
 	var ae *amqpError
 	if !errors.As(err, &ae) {
-		return // I/O: nobody to tell
+		c.closeAfterOutput() // client closed, evicted, I/O: nobody to tell
+		return
 	}
 	if ae.class == 0 {
 		ae.class, ae.method = c.curClass, c.curMethod
 	}
 	c.sendConnClose(ae)
-	// Wait briefly for close-ok, discarding everything else.
-	_ = c.nc.SetReadDeadline(time.Now().Add(time.Second))
-	for {
-		typ, chID, p, err := c.readFrame()
-		if err != nil {
-			return
-		}
-		if typ == frameMethod && chID == 0 && len(p) >= 4 && binary.BigEndian.Uint16(p) == classConnection && binary.BigEndian.Uint16(p[2:]) == 51 {
+}
+
+// sendConnClose sends connection.close and waits (closeWaitMs) for its
+// close-ok, reading nothing else. Any goroutine.
+func (c *conn) sendConnClose(ae *amqpError) {
+	if c.state.Swap(stClosing) == stClosing {
+		c.mu.Lock()
+		done := c.dead
+		c.mu.Unlock()
+		if done {
 			return
 		}
 	}
-}
-
-func (c *conn) sendConnClose(ae *amqpError) {
+	c.stopped.Store(true)
+	c.closeBy.Store(time.Now().UnixMilli() + closeWaitMs)
 	c.l.log.Info("AMQP connection error", "conn", c.id, "code", ae.code, "text", ae.text)
 	c.mu.Lock()
 	b, st := method(c.out, 0, classConnection, 50)
@@ -255,166 +518,251 @@ func (c *conn) sendConnClose(ae *amqpError) {
 	c.mu.Unlock()
 }
 
+// closeWaitMs: how long a connection.close waits for its close-ok.
+const closeWaitMs = 1000
+
 // forceClose closes the connection from the broker's side (shutdown).
 func (c *conn) forceClose(code uint16, text string) {
-	c.stopped.Store(true)
 	c.sendConnClose(&amqpError{code: code, text: text, conn: true})
-	c.mu.Lock()
-	c.finishing = true
-	c.mu.Unlock()
-	c.signal()
-	select {
-	case <-c.writerDone:
-	case <-time.After(5 * time.Second):
-	}
-	_ = c.nc.Close()
+	c.closeAfterOutput()
 }
 
-// finish writes what is queued, then closes the socket.
-func (c *conn) finish() {
+// closeAfterOutput closes the socket once what is queued is written. Any
+// goroutine.
+func (c *conn) closeAfterOutput() {
 	c.stopped.Store(true)
-	_ = c.nc.SetWriteDeadline(time.Now().Add(5 * time.Second)) // a peer that does not read cannot hold us
+	c.state.Store(stClosing)
 	c.mu.Lock()
-	c.finishing = true
+	c.finishLocked()
 	c.mu.Unlock()
-	c.signal()
-	<-c.writerDone
-	_ = c.nc.Close()
 }
 
-func (c *conn) signal() {
-	select {
-	case c.wake <- struct{}{}:
-	default:
+// finishLocked drops further output and closes the socket after what is
+// queued. c.mu held.
+func (c *conn) finishLocked() {
+	if c.dead && c.gc != nil {
+		return
+	}
+	c.flushLocked()
+	c.dead = true
+	if c.gc == nil {
+		c.closeOnOpen = true
+		return
+	}
+	if c.flushing {
+		c.closeAfterFlush = true // flushed closes, after our bytes
+		return
+	}
+	_ = c.gc.CloseWithCallback(nil)
+}
+
+// closeNow closes the socket without writing what is queued. Any goroutine.
+func (c *conn) closeNow() {
+	c.stopped.Store(true)
+	c.state.Store(stClosing)
+	c.mu.Lock()
+	c.dead = true
+	gc := c.gc
+	if gc == nil {
+		c.closeOnOpen = true
+	}
+	c.mu.Unlock()
+	if gc != nil {
+		_ = gc.Close()
 	}
 }
 
-// flushLocked wakes the writer; past the outbox cap the connection is
-// dropped (resource_limit), so a client that does not read cannot make the
-// broker hold more. c.mu held.
+// flushLocked starts a write of the outbox if none is in flight (one at a
+// time; what is appended meanwhile goes with the next); past the outbox cap
+// the connection is dropped (resource_limit), so a client that does not
+// read cannot make the broker hold more. c.mu held.
 func (c *conn) flushLocked() {
-	if len(c.out)+c.stashBytes > c.srv.MaxOutboundBytes() && !c.dead {
-		c.dead = true
+	if c.dead {
+		return
+	}
+	if len(c.out)+c.stashBytes > c.srv.MaxOutboundBytes() {
 		c.l.log.Warn("closing AMQP connection over its outbound byte cap", "conn", c.id, "bytes", len(c.out))
 		c.out = c.out[:0]
+		c.dead = true
 		c.stopped.Store(true)
-		go c.nc.Close()
+		if c.gc != nil {
+			_ = c.gc.Close()
+		} else {
+			c.closeOnOpen = true
+		}
 		return
 	}
-	c.signal()
+	if c.flushing || len(c.out) == 0 || c.gc == nil {
+		return
+	}
+	c.flushing = true
+	c.inflight, c.out = c.out, c.spare[:0]
+	c.spare = nil
+	c.inflightAcks, c.autoAcks = c.autoAcks, c.inflightAcks[:0]
+	c.lastSend.Store(time.Now().UnixMilli())
+	if err := c.gc.AsyncWrite(c.inflight, c.flushedCB); err != nil {
+		c.flushing = false
+	}
 }
 
-// writer writes the outbox in batches, sends heartbeats when idle and
-// settles auto-ack deliveries once they are written.
-func (c *conn) writer() {
-	defer close(c.writerDone)
-	var spare []byte
-	var tick <-chan time.Time
-	var ticker *time.Ticker
-	defer func() {
-		if ticker != nil {
-			ticker.Stop()
-		}
-	}()
-	hbSet := false
-	for {
-		select {
-		case <-c.wake:
-		case <-tick:
-			if time.Now().UnixMilli()-c.lastWrite.Load() >= c.heartbeat.Milliseconds()/2 {
-				c.mu.Lock()
-				c.out = append(c.out, frameHeartbeat, 0, 0, 0, 0, 0, 0, frameEnd)
-				c.mu.Unlock()
-			}
-		}
-		if !hbSet && c.heartbeatSet() {
-			hbSet = true
-			ticker = time.NewTicker(c.heartbeat / 2)
-			tick = ticker.C
-		}
+// flushed runs on the loop once the in-flight bytes are in the socket (or
+// gnet's buffer): it recycles the buffer, settles the auto-ack deliveries
+// that went out and starts the next write.
+func (c *conn) flushed(gc gnet.Conn, err error) error {
+	if c.paused {
+		_ = c.gate.Set(gc, false) // gnet re-arms reading when a write has to wait
+	}
+	// gnet takes what the socket cannot (its buffer has no bound): a peer
+	// that stops reading shows up here, and is cut off past the cap.
+	if err == nil && gc.OutboundBuffered() > c.srv.MaxOutboundBytes() {
+		c.l.log.Warn("closing an AMQP connection that stopped reading", "conn", c.id, "buffered", gc.OutboundBuffered())
 		c.mu.Lock()
-		buf, acks, finishing, dead := c.out, c.autoAcks, c.finishing, c.dead
-		c.out, c.autoAcks = spare[:0], nil
+		c.dead, c.flushing = true, false
+		c.out, c.inflight = c.out[:0], nil
 		c.mu.Unlock()
-		if len(buf) > 0 && !dead {
-			if finishing {
-				_ = c.nc.SetWriteDeadline(time.Now().Add(5 * time.Second))
-			}
-			if _, err := c.nc.Write(buf); err != nil {
-				c.mu.Lock()
-				c.dead = true
-				c.mu.Unlock()
-				c.stopped.Store(true)
-				_ = c.nc.Close()
-			}
-			c.lastWrite.Store(time.Now().UnixMilli())
-		}
-		spare = buf
-		if len(acks) > 0 {
-			c.srv.Submit(broker.Command{Kind: broker.CmdSettle, Settles: acks})
-		}
-		if finishing {
-			return
-		}
+		c.stopped.Store(true)
+		_ = gc.Close()
+		return nil
 	}
-}
-
-// heartbeatSet: the handshake has fixed a heartbeat (read by the writer
-// after a wake; the handshake sets it before it sends open-ok).
-func (c *conn) heartbeatSet() bool {
 	c.mu.Lock()
-	defer c.mu.Unlock()
-	return c.heartbeat > 0
+	c.spare, c.inflight = c.inflight[:0], nil
+	acks := c.inflightAcks
+	c.inflightAcks = nil
+	c.flushing = false
+	if err == nil && !c.closeAfterFlush {
+		c.flushLocked()
+	} else if c.closeAfterFlush && len(c.out) > 0 && err == nil {
+		// the final frames appended behind the write in flight
+		c.flushing = true
+		c.inflight, c.out = c.out, nil
+		if gc.AsyncWrite(c.inflight, c.flushedCB) != nil {
+			c.flushing = false
+		}
+	}
+	if c.closeAfterFlush && !c.flushing {
+		c.closeAfterFlush = false
+		_ = gc.CloseWithCallback(nil)
+	}
+	// Auto-ack deliveries are settled once their bytes are (nearly) in the
+	// socket: while gnet holds over autoAckBufferedMax for it they wait,
+	// so a stalled reader holds its window and the queue keeps the rest. A
+	// failed write settles nothing: the connection's Down returns them.
+	var held []broker.SettleItem
+	switch {
+	case err != nil || c.dead && c.gc == nil:
+		acks = acks[:0]
+	case gc.OutboundBuffered() > autoAckBufferedMax:
+		c.heldAcks = append(c.heldAcks, acks...)
+		acks = acks[:0]
+		if len(c.heldAcks) > 0 {
+			c.acksHeld.Store(true)
+		}
+	case len(c.heldAcks) > 0:
+		held, c.heldAcks = c.heldAcks, nil
+		c.acksHeld.Store(false)
+	}
+	c.mu.Unlock()
+	if len(held) > 0 {
+		c.srv.Submit(broker.Command{Kind: broker.CmdSettle, Settles: held})
+	}
+	if len(acks) > 0 {
+		c.srv.Submit(broker.Command{Kind: broker.CmdSettle, Settles: acks}) // copied by the broker
+	}
+	c.mu.Lock()
+	if c.inflightAcks == nil {
+		c.inflightAcks = acks[:0]
+	}
+	c.mu.Unlock()
+	return nil
 }
 
-// readFrame reads one whole frame; its payload is valid until the next.
-func (c *conn) readFrame() (typ uint8, ch uint16, payload []byte, err error) {
-	var h [7]byte
-	if _, err = io.ReadFull(c.br, h[:]); err != nil {
-		return
+// autoAckBufferedMax bounds the output gnet may hold for a connection
+// while its auto-ack deliveries are still settled as written.
+const autoAckBufferedMax = 256 << 10
+
+// ackCheck settles held auto-acks once gnet's buffer for the connection is
+// back under autoAckBufferedMax. Runs on the connection's loop (the tick
+// asks for it).
+type ackCheck struct{ c *conn }
+
+func (a ackCheck) Run(context.Context) error {
+	c := a.c
+	c.mu.Lock()
+	if c.dead || len(c.heldAcks) == 0 || c.gc.OutboundBuffered() > autoAckBufferedMax {
+		c.mu.Unlock()
+		return nil
 	}
-	typ, ch = h[0], binary.BigEndian.Uint16(h[1:])
-	n := binary.BigEndian.Uint32(h[3:])
-	if uint64(n)+8 > uint64(c.frameMax) {
-		return 0, 0, nil, connErr(frameError, "FRAME_ERROR - frame of "+strconv.FormatUint(uint64(n)+8, 10)+" bytes is over the negotiated frame-max "+strconv.FormatUint(uint64(c.frameMax), 10))
-	}
-	if cap(c.buf) < int(n)+1 {
-		c.buf = make([]byte, n+1)
-	}
-	c.buf = c.buf[:n+1]
-	if _, err = io.ReadFull(c.br, c.buf); err != nil {
-		return
-	}
-	if c.buf[n] != frameEnd {
-		return 0, 0, nil, connErr(frameError, "FRAME_ERROR - frame end byte is 0x"+strconv.FormatUint(uint64(c.buf[n]), 16)+", want 0xce")
-	}
-	return typ, ch, c.buf[:n], nil
+	held := c.heldAcks
+	c.heldAcks = nil
+	c.acksHeld.Store(false)
+	c.mu.Unlock()
+	c.srv.Submit(broker.Command{Kind: broker.CmdSettle, Settles: held})
+	return nil
 }
 
-// readMethod reads the next frame and wants the given connection method.
-func (c *conn) readMethod(class, id uint16) (*reader, error) {
-	for {
-		typ, ch, p, err := c.readFrame()
-		if err != nil {
-			return nil, err
+// tick is the listener tick's look at one connection (its goroutine):
+// the handshake deadline, a close-ok not coming, heartbeats both ways,
+// the memory alarm clearing, auto-acks held.
+func (c *conn) tick(now int64) {
+	c.mu.Lock()
+	gc := c.gc
+	c.mu.Unlock()
+	switch c.state.Load() {
+	case stClosing:
+		if by := c.closeBy.Load(); by != 0 && now > by {
+			c.closeAfterOutput()
 		}
-		if typ == frameHeartbeat {
-			continue
+		return
+	case stHeader, stHandshake:
+		if now-c.acceptedAt > c.l.cfg.HandshakeTimeout.Milliseconds() && c.timedOut.CompareAndSwap(false, true) {
+			c.l.met.handshakeTimeouts.Inc()
+			if c.started.Load() {
+				c.sendConnClose(&amqpError{code: resourceError, text: c.l.handshakeReason(), class: classConnection})
+			} else {
+				c.closeNow()
+			}
 		}
-		if typ != frameMethod || ch != 0 || len(p) < 4 {
-			return nil, connErr(unexpectedFrame, "UNEXPECTED_FRAME - expected a connection method during the handshake")
-		}
-		cl, m := binary.BigEndian.Uint16(p), binary.BigEndian.Uint16(p[2:])
-		c.curClass, c.curMethod = cl, m
-		if cl == classConnection && m == 50 { // close during the handshake
-			c.sendCloseOK()
-			return nil, errClientClosed
-		}
-		if cl != class || m != id {
-			return nil, connErr(commandInvalid, "COMMAND_INVALID - expected connection method "+strconv.Itoa(int(id))+" during the handshake")
-		}
-		return &reader{b: p[4:]}, nil
+		return
 	}
+	if gc == nil {
+		return
+	}
+	if c.alarmHeld.Load() && !c.srv.MemoryAlarm() {
+		_ = gc.Wake(nil)
+	}
+	if c.acksHeld.Load() {
+		_ = gc.EventLoop().Execute(context.Background(), ackCheck{c})
+	}
+	hb := c.heartbeat.Milliseconds()
+	if hb == 0 {
+		return
+	}
+	if !c.busy.Load() && !c.held.Load() && now-c.lastRecv.Load() > 2*hb {
+		c.l.log.Info("AMQP peer missed heartbeats", "conn", c.id)
+		c.closeNow()
+		return
+	}
+	if now-c.lastSend.Load() >= hb/2 {
+		c.mu.Lock()
+		c.out = append(c.out, frameHeartbeat, 0, 0, 0, 0, 0, 0, frameEnd)
+		c.flushLocked()
+		c.mu.Unlock()
+	}
+}
+
+// evict closes c, the oldest connection waiting to send its credentials,
+// to admit a newer one, telling the client why if it sent its protocol
+// header.
+func (c *conn) evict() {
+	if ok, n := c.l.evictLog.Allow(time.Now()); ok {
+		c.l.log.Info("AMQP connection not yet authenticated closed to admit a new one (max_unauthenticated_connections)",
+			"max_unauthenticated_connections", c.l.cfg.MaxUnauthenticated, "more_since_last_line", n)
+	}
+	if c.started.Load() {
+		c.sendConnClose(&amqpError{code: resourceError, text: c.l.unauthReason(), class: classConnection, method: 11})
+		return
+	}
+	c.closeNow()
 }
 
 func (c *conn) sendCloseOK() {
@@ -425,19 +773,8 @@ func (c *conn) sendCloseOK() {
 	c.mu.Unlock()
 }
 
-func (c *conn) handshake() error {
-	var hdr [8]byte
-	if _, err := io.ReadFull(c.br, hdr[:]); err != nil {
-		return err
-	}
-	if !bytes.Equal(hdr[:], protocolHeader) {
-		c.mu.Lock()
-		c.out = append(c.out, protocolHeader...)
-		c.mu.Unlock()
-		return errors.New("amqp: wrong protocol header")
-	}
-	c.started = true
-	// connection.start
+// sendStart sends connection.start. Loop goroutine.
+func (c *conn) sendStart() {
 	c.mu.Lock()
 	b, st := method(c.out, 0, classConnection, 10)
 	b = append(b, 0, 9)
@@ -459,11 +796,38 @@ func (c *conn) handshake() error {
 	c.out = endFrame(b, st)
 	c.flushLocked()
 	c.mu.Unlock()
+}
 
-	r, err := c.readMethod(classConnection, 11) // start-ok
-	if err != nil {
-		return err
+// handshakeStep handles one frame of the handshake (off the loop): the
+// method expected at step c.hs.
+func (c *conn) handshakeStep(typ uint8, ch uint16, p []byte) error {
+	if typ == frameHeartbeat {
+		return nil
 	}
+	if typ != frameMethod || ch != 0 || len(p) < 4 {
+		return connErr(unexpectedFrame, "UNEXPECTED_FRAME - expected a connection method during the handshake")
+	}
+	cl, m := binary.BigEndian.Uint16(p), binary.BigEndian.Uint16(p[2:])
+	c.curClass, c.curMethod = cl, m
+	if cl == classConnection && m == 50 { // close during the handshake
+		c.sendCloseOK()
+		return errClientClosed
+	}
+	want := [...]uint16{hsStartOK: 11, hsTuneOK: 31, hsOpen: 40}[c.hs]
+	if cl != classConnection || m != want {
+		return connErr(commandInvalid, "COMMAND_INVALID - expected connection method "+strconv.Itoa(int(want))+" during the handshake")
+	}
+	r := &reader{b: p[4:]}
+	switch c.hs {
+	case hsStartOK:
+		return c.onStartOK(r)
+	case hsTuneOK:
+		return c.onTuneOK(r)
+	}
+	return c.onOpen(r)
+}
+
+func (c *conn) onStartOK(r *reader) error {
 	if !c.l.credentialsSent(c) {
 		return errEvicted
 	}
@@ -496,13 +860,12 @@ func (c *conn) handshake() error {
 	default:
 		return connErr(accessRefused, "ACCESS_REFUSED - unsupported mechanism "+strconv.Quote(mech)+": use PLAIN or AMQPLAIN")
 	}
-	remote := c.nc.RemoteAddr().String()
 	if !ok {
 		return connErr(accessRefused, "ACCESS_REFUSED - malformed "+mech+" response")
 	}
-	tags, authed := c.srv.Authenticate(user, pass, remote)
+	tags, authed := c.srv.Authenticate(user, pass, c.remote)
 	if !authed {
-		return connErr(accessRefused, "ACCESS_REFUSED - "+c.srv.AuthRefusal(user, remote))
+		return connErr(accessRefused, "ACCESS_REFUSED - "+c.srv.AuthRefusal(user, c.remote))
 	}
 	c.user = user
 	for _, t := range tags {
@@ -510,20 +873,19 @@ func (c *conn) handshake() error {
 			c.admin = true
 		}
 	}
-	// connection.tune
-	c.mu.Lock()
-	b, st = method(c.out, 0, classConnection, 30)
-	b = binary.BigEndian.AppendUint16(b, c.l.cfg.ChannelMax)
-	b = binary.BigEndian.AppendUint32(b, c.l.cfg.FrameMax)
-	b = binary.BigEndian.AppendUint16(b, c.l.cfg.Heartbeat)
-	c.out = endFrame(b, st)
-	c.flushLocked()
-	c.mu.Unlock()
-
-	r, err = c.readMethod(classConnection, 31) // tune-ok
-	if err != nil {
-		return err
+	if c.state.Load() == stClosing {
+		return nil
 	}
+	c.hs = hsTuneOK
+	c.reply(0, classConnection, 30, func(b []byte) []byte {
+		b = binary.BigEndian.AppendUint16(b, c.l.cfg.ChannelMax)
+		b = binary.BigEndian.AppendUint32(b, c.l.cfg.FrameMax)
+		return binary.BigEndian.AppendUint16(b, c.l.cfg.Heartbeat)
+	})
+	return nil
+}
+
+func (c *conn) onTuneOK(r *reader) error {
 	chMax, fMax, hb := r.u16(), r.u32(), r.u16()
 	if r.err != nil {
 		return r.err
@@ -538,10 +900,14 @@ func (c *conn) handshake() error {
 	if fMax != 0 && fMax < c.frameMax {
 		c.frameMax = fMax
 	}
-	r, err = c.readMethod(classConnection, 40) // open
-	if err != nil {
-		return err
+	if hb != 0 {
+		c.heartbeat = time.Duration(hb) * time.Second
 	}
+	c.hs = hsOpen
+	return nil
+}
+
+func (c *conn) onOpen(r *reader) error {
 	vhost := r.shortstr()
 	if r.err != nil {
 		return r.err
@@ -549,19 +915,16 @@ func (c *conn) handshake() error {
 	if vhost != "/" && vhost != "" {
 		return connErr(notAllowed, "NOT_ALLOWED - vhost "+strconv.Quote(vhost)+" not found: Warren has one virtual host, \"/\"")
 	}
-	c.mu.Lock()
-	if hb != 0 {
-		c.heartbeat = time.Duration(hb) * time.Second
+	c.opened.Store(true)
+	c.lastRecv.Store(time.Now().UnixMilli())
+	if !c.state.CompareAndSwap(stHandshake, stOpen) {
+		return nil // closed meanwhile (the handshake deadline)
 	}
-	b, st = method(c.out, 0, classConnection, 41)
-	b = putShortstr(b, "")
-	c.out = endFrame(b, st)
-	c.flushLocked()
-	c.mu.Unlock()
+	c.l.opened(c)
+	c.reply(0, classConnection, 41, func(b []byte) []byte { return putShortstr(b, "") })
 	return nil
 }
 
-// handle handles one frame of an open connection.
 func (c *conn) handle(typ uint8, chID uint16, p []byte) error {
 	switch typ {
 	case frameHeartbeat:
@@ -729,4 +1092,13 @@ func (c *conn) control(f func() error) error {
 
 func (c *conn) requester() broker.Requester {
 	return broker.Requester{User: c.user, Admin: c.admin, Conn: c.id}
+}
+
+// proxyStep reads a PROXY protocol header before the protocol header (the
+// PROXY protocol is on). It reports whether the protocol header may be
+// read now; false: wait for more bytes, or the connection was refused.
+// Loop goroutine.
+func (c *conn) proxyStep(gc gnet.Conn) bool {
+	c.proxyDone = true
+	return true
 }

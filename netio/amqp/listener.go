@@ -8,12 +8,17 @@
 // and uses the netio.Server it runs beside (users, ids, limits); nothing
 // below netio imports it.
 //
-// Each connection is served by two goroutines, a reader (blocking reads of
-// whole frames, bounded by the negotiated frame-max) and a writer (one
-// outbox, bounded, written in batches), not by gnet's event loops: gnet
-// serves one listener per engine here, and sharing netio's loops would mean
-// reshaping netio's OnTraffic around two protocols. Moving it onto a gnet
-// engine of its own is open work (see README, AMQP 0-9-1).
+// Connections are served by the native protocol's gnet event loops: the
+// listener accepts (one goroutine), applies the admission bounds and hands
+// each connection to netio's engine (netio.Server.Enroll), which passes its
+// events to the connection (a netio.FrontConn, conn.go). On the loop:
+// reading, framing, publishes with their content, acks, heartbeats; the
+// output goes out through one outbox per connection, one write in flight
+// (gnet's AsyncWrite). Methods that may wait (topology changes, which wait
+// for the metadata log; basic.get; the handshake's authentication) run off
+// the loop, in order, while the loop reads nothing more of that
+// connection. One tick goroutine per listener (tickInterval) looks after
+// deadlines: the handshake's, heartbeats, a close-ok not coming.
 package amqp
 
 import (
@@ -47,7 +52,11 @@ type Config struct {
 	// MaxConnectionsPerSource caps the connections from one IP address;
 	// 0: no cap.
 	MaxConnectionsPerSource int
-	Logger                  *slog.Logger
+	// ProxyTrusted lists the peers (CIDRs) whose PROXY protocol header (v1
+	// or v2) is read before the protocol header, as on the native
+	// listener; empty: the PROXY protocol is off.
+	ProxyTrusted []netip.Prefix
+	Logger       *slog.Logger
 }
 
 func (c *Config) fill() {
@@ -98,6 +107,7 @@ type Listener struct {
 	closed  bool
 	changed chan struct{} // closed when the connection count changes
 	wg      sync.WaitGroup
+	stop    chan struct{} // closed by Close: the tick ends
 
 	// Admission (admission.go), guarded by mu.
 	unauthN            int
@@ -110,10 +120,13 @@ type Listener struct {
 	met                              listenerMetrics
 	closedPublished, closedDelivered uint64 // what closed connections counted (mu)
 
-	// hookAtBound, if set (tests), hears a reader stop at the unconfirmed
-	// bound with that many publishes in flight.
-	hookAtBound func(inFlight int64)
+	// hookAtBound, if set (tests), hears a connection stop reading at the
+	// unconfirmed bound with that many publishes in flight (loop).
+	hookAtBound atomic.Pointer[func(inFlight int64)]
 }
+
+// tickInterval: how often the listener's tick looks at its connections.
+const tickInterval = 100 * time.Millisecond
 
 // Listen starts accepting AMQP connections on cfg.Addr.
 func Listen(srv *netio.Server, cfg Config) (*Listener, error) {
@@ -123,10 +136,12 @@ func Listen(srv *netio.Server, cfg Config) (*Listener, error) {
 		return nil, err
 	}
 	l := &Listener{srv: srv, cfg: cfg, ln: ln, log: cfg.Logger, conns: map[*conn]struct{}{}, changed: make(chan struct{}),
-		perSource: map[netip.Addr]int{}, evictLog: ratelog.Limiter{Every: 10 * time.Second}, refuseLog: ratelog.Limiter{Every: 10 * time.Second}}
+		stop: make(chan struct{}), perSource: map[netip.Addr]int{}, evictLog: ratelog.Limiter{Every: 10 * time.Second},
+		refuseLog: ratelog.Limiter{Every: 10 * time.Second}}
 	l.met.init(l)
-	l.wg.Add(1)
+	l.wg.Add(2)
 	go l.accept()
+	go l.tick()
 	l.log.Info("AMQP 0-9-1 listening", "addr", ln.Addr().String())
 	return l, nil
 }
@@ -149,42 +164,74 @@ func (l *Listener) accept() {
 			time.Sleep(10 * time.Millisecond) // EMFILE and the like: do not spin
 			continue
 		}
-		src := sourceOf(nc)
+		remote := addrPortOf(nc)
 		l.mu.Lock()
 		if l.closed {
 			l.mu.Unlock()
 			_ = nc.Close()
 			continue
 		}
-		victim, refusal := l.admitLocked(src)
+		victim, refusal := l.admitLocked(remote.Addr())
 		if refusal != "" {
 			l.mu.Unlock()
 			l.refuse(nc, refusal)
 			continue
 		}
-		c := newConn(l, nc)
-		// The handshake deadline, set before the connection can be
-		// evicted (evict moves it to now).
-		_ = nc.SetReadDeadline(time.Now().Add(l.cfg.HandshakeTimeout))
-		l.linkLocked(c, src)
+		c := newConn(l, remote)
+		l.linkLocked(c, remote.Addr())
 		l.conns[c] = struct{}{}
 		l.notifyLocked()
-		l.wg.Add(1)
 		l.mu.Unlock()
 		if victim != nil {
 			victim.evict()
 		}
-		go func() {
-			defer l.wg.Done()
-			c.serve()
-			l.mu.Lock()
-			l.forgetLocked(c)
-			l.closedPublished += c.published.Load()
-			l.closedDelivered += c.delivered.Load()
-			delete(l.conns, c)
-			l.notifyLocked()
-			l.mu.Unlock()
-		}()
+		if err := l.srv.Enroll(nc, c); err != nil {
+			if !errors.Is(err, netio.ErrClosing) {
+				l.log.Warn("AMQP connection dropped: cannot hand it to an event loop", "remote", remote.String(), "err", err)
+			}
+			c.stopped.Store(true)
+			l.forget(c)
+		}
+	}
+}
+
+// forget drops a connection whose socket is gone.
+func (l *Listener) forget(c *conn) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if _, ok := l.conns[c]; !ok {
+		return
+	}
+	l.forgetLocked(c)
+	l.closedPublished += c.published.Load()
+	l.closedDelivered += c.delivered.Load()
+	delete(l.conns, c)
+	l.notifyLocked()
+}
+
+// tick looks after every connection's deadlines (conn.tick) until Close.
+func (l *Listener) tick() {
+	defer l.wg.Done()
+	t := time.NewTicker(tickInterval)
+	defer t.Stop()
+	var conns []*conn
+	for {
+		select {
+		case <-l.stop:
+			return
+		case <-t.C:
+		}
+		l.mu.Lock()
+		conns = conns[:0]
+		for c := range l.conns {
+			conns = append(conns, c)
+		}
+		l.mu.Unlock()
+		now := time.Now().UnixMilli()
+		for _, c := range conns {
+			c.tick(now)
+		}
+		clear(conns)
 	}
 }
 
@@ -217,8 +264,12 @@ func (l *Listener) WaitConnections(ctx context.Context, n int) error {
 	}
 }
 
+// closeGrace bounds how long Close waits for its connections' sockets to
+// close (their connection.close written).
+const closeGrace = 5 * time.Second
+
 // Close stops accepting, closes every connection with connection_forced
-// and waits for their goroutines.
+// and waits for them to be gone (for closeGrace at most).
 func (l *Listener) Close() error {
 	l.mu.Lock()
 	if l.closed {
@@ -232,8 +283,18 @@ func (l *Listener) Close() error {
 	}
 	l.mu.Unlock()
 	err := l.ln.Close()
+	close(l.stop)
 	for _, c := range conns {
 		c.forceClose(connectionForced, "CONNECTION_FORCED - broker shutting down")
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), closeGrace)
+	defer cancel()
+	if werr := l.WaitConnections(ctx, 0); werr != nil {
+		l.mu.Lock()
+		for c := range l.conns {
+			c.closeNow()
+		}
+		l.mu.Unlock()
 	}
 	l.wg.Wait()
 	return err

@@ -600,31 +600,9 @@ func (c *conn) onBody(ch *channel, p []byte) error {
 func (c *conn) publish(ch *channel) error {
 	pub := ch.pub
 	ch.pub = nil
-	// Bounds on what this connection makes the broker hold: publishes in
-	// flight, and the memory alarm (the connection is not read meanwhile,
-	// so TCP stops the client).
-	if n := c.unconfirmed.Load(); n >= int64(c.l.cfg.MaxUnconfirmed) && c.l.hookAtBound != nil {
-		c.l.hookAtBound(n)
-	}
-	for c.unconfirmed.Load() >= int64(c.l.cfg.MaxUnconfirmed) {
-		if c.stopped.Load() {
-			return errClientClosed
-		}
-		select {
-		case <-c.confirmed:
-		case <-time.After(100 * time.Millisecond):
-		}
-	}
-	if c.srv.MemoryAlarm() {
-		c.sendBlocked(true)
-		for c.srv.MemoryAlarm() {
-			if c.stopped.Load() {
-				return errClientClosed
-			}
-			time.Sleep(50 * time.Millisecond) // the alarm has no event to wait on; checked at the tick's pace
-		}
-		c.sendBlocked(false)
-	}
+	// The bounds on what this connection makes the broker hold (its
+	// publishes in flight, the memory alarm) were checked before the
+	// basic.publish was read (conn.mustWait).
 	view := c.srv.View()
 	if !view.Table.HasExchange(pub.exchange) {
 		return chErr(notFound, "NOT_FOUND - no exchange '"+pub.exchange+"' in vhost '/'")
@@ -747,10 +725,8 @@ func (c *conn) appendContent(b []byte, ch uint16, m *broker.StoredMsg, deliveryC
 
 // Confirm sends basic.ack or basic.nack for a publish in confirm mode.
 func (c *conn) Confirm(b *broker.PublishBatch) {
-	c.unconfirmed.Add(-1)
-	select {
-	case c.confirmed <- struct{}{}:
-	default:
+	if c.unconfirmed.Add(-1) < int64(c.l.cfg.MaxUnconfirmed) && c.waitConfirm.CompareAndSwap(true, false) {
+		_ = c.gc.Wake(nil) // the loop reads on (c.gc was set before the publish)
 	}
 	seq, gen := b.FirstSeq&(1<<40-1), b.FirstSeq>>40
 	if seq == 0 {

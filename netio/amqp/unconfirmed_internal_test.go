@@ -26,12 +26,14 @@ func TestUnconfirmedBound(t *testing.T) {
 		t.Fatal(err)
 	}
 	atBound := make(chan int64, 64)
-	l.hookAtBound = func(n int64) {
+	hook := func(n int64) {
 		select {
 		case atBound <- n:
 		default:
 		}
 	}
+	l.hookAtBound.Store(&hook)
+
 	defer func() {
 		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 		defer cancel()
