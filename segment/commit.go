@@ -175,6 +175,8 @@ func (l *Log) applyLocked(us []update, f *file, base int64) {
 			g.compact(u.idx, u.term)
 		case recRemove:
 			l.removeLocked(u.group)
+		case recLive:
+			g.place(u.idx, u.term, f, uint32(base+u.off), l.termAt)
 		}
 	}
 }
@@ -415,19 +417,21 @@ func (l *Log) checkpointLocked(gen uint32) []byte {
 }
 
 // writeOp appends one control record (truncate, compact) durably.
-func (l *Log) writeOp(typ uint8, gid, arg uint64) error {
+// For a compaction, term is that of arg (0: the stored entry's, if any).
+func (l *Log) writeOp(typ uint8, gid, arg, term uint64) error {
 	l.mu.Lock()
 	if err := l.usableLocked(); err != nil {
 		l.mu.Unlock()
 		return err
 	}
 	s := l.shadow(gid)
-	var term uint64
 	if typ == recTruncate {
 		s.truncate(arg)
 	} else {
 		s.compact(arg)
-		term = l.termLocked(gid, arg)
+		if term == 0 {
+			term = l.termLocked(gid, arg)
+		}
 	}
 	l.undo = l.undo[:0]
 	l.setShadow(gid, s)

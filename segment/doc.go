@@ -33,8 +33,10 @@
 //	| magic  | version | generation | reserved | records...
 //	+--------+---------+------------+----------+==========
 //
-// magic is "WRNWAL" or "WRNSEG"; version (u16) is 3 (version 1 lacks
-// record type 7, version 2 the footer, type 8; this build reads all three
+// magic is "WRNWAL" or "WRNSEG"; version (u16) is 4 (version 1 lacks
+// record type 7, version 2 the footer, type 8, version 3 the live record,
+// type 9, which goes only into a version-4 WAL file: an older one is
+// sealed first; this build reads all four
 // and never writes a type-7 record into a version-1 file: RemoveGroup
 // starts a new WAL file first, so a build that reads only version 1
 // refuses any file that may hold one),
@@ -55,6 +57,8 @@
 //	              commit u64, flags u64 (bit 0: hard state set), n u64, n × (segment seq u64, size u64)
 //	6 promise     group u64, segment seq u64, size u64
 //	7 remove      group u64 (version 2)
+//	9 live        as entries (type 1), stored below the group's raft log, placed
+//	              by the higher-term rule, not appended (version 4; WAL only)
 //	8 footer      group u64, nrec u64, nrun u64, nent u64, nrec × record offset u32,
 //	              nrun × (first index u64, term u64, count u64), nent × data offset u32
 //	              (u32 arrays zero-padded to 8 bytes), footer offset u64, "WRNFOOT\0"
@@ -117,6 +121,12 @@
 // the id after it start a new group) and leaves its segment files to the
 // worker. Last, every group's raft log [first, last] must be wholly
 // stored.
+//
+// Installing a snapshot (a raft follower far behind): CompactAt moves the
+// raft log past the snapshot's index with its term given (the entry need
+// not be stored), and AppendLive then stores the snapshot's live entries
+// the node did not hold below it, sparse (live records, replayed in WAL
+// order like everything else, so an older truncate never cuts them).
 //
 // Removing a group: RemoveGroup writes a remove record and, once it is
 // durable, forgets the group. The worker deletes every segment file of a

@@ -124,8 +124,10 @@ const (
 	// writes a remove record into a version-1 file (RemoveGroup starts a
 	// new WAL file first), so a build that reads only version 1 refuses
 	// every file that may hold one. Version 3 added the index footer
-	// (segment files only: footer.go); this build reads versions 1 to 3.
-	formatVersion    = 3
+	// (segment files only: footer.go). Version 4 added the live record
+	// (AppendLive; WAL files only). This build reads versions 1 to 4.
+	formatVersion    = 4
+	liveVersion      = 4
 	minFormatVersion = 1
 )
 
@@ -281,7 +283,7 @@ func (l *Log) Truncate(group, from uint64) error {
 	if from == 0 {
 		return errors.New("segment: Truncate from index 0: raft's indexes start at 1")
 	}
-	return l.writeOp(recTruncate, group, from)
+	return l.writeOp(recTruncate, group, from, 0)
 }
 
 // Compact moves the start of a group's raft log past upTo (durably: the
@@ -299,6 +301,11 @@ func (l *Log) Truncate(group, from uint64) error {
 // stored, so an entry lost to damage is reported (ErrCorrupt, naming the
 // group) rather than missed at read time.
 func (l *Log) Compact(group, upTo uint64, live []uint64) error {
+	return l.compact(group, upTo, 0, live)
+}
+
+// compact is Compact and CompactAt; term 0: the stored entry's, if any.
+func (l *Log) compact(group, upTo, term uint64, live []uint64) error {
 	if !slices.IsSorted(live) {
 		return errors.New("segment: Compact: live indexes must be sorted ascending")
 	}
@@ -312,7 +319,7 @@ func (l *Log) Compact(group, upTo uint64, live []uint64) error {
 	}
 	if s := l.shadow(group); upTo >= s.first {
 		l.mu.Unlock()
-		if err := l.writeOp(recCompact, group, upTo); err != nil {
+		if err := l.writeOp(recCompact, group, upTo, term); err != nil {
 			return err
 		}
 		l.mu.Lock()

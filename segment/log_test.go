@@ -314,7 +314,7 @@ func TestNewerFormatVersionIsRefused(t *testing.T) {
 	must(t, l.Close())
 	name := "/data/" + walName(1)
 	size := fs.FileSize(name)
-	fs.Corrupt(name, 6, 2) // version 2 → 6
+	fs.Corrupt(name, 6, 1) // version 4 → 6
 	if _, err := Open(fs, "/data", Options{}); !errors.Is(err, ErrVersion) {
 		t.Fatalf("got %v, want ErrVersion", err)
 	}
@@ -617,7 +617,8 @@ func TestRemoveGroupNeverInVersion1File(t *testing.T) {
 	must(t, l.Append(Batch{Group: 1, Entries: ents(1, 3, 1, "a")}, Batch{Group: 2, Entries: ents(1, 3, 1, "b")}))
 	must(t, l.Close())
 	name := "/data/" + walName(1)
-	fs.Corrupt(name, 6, 1) // version 3 → 1
+	fs.Corrupt(name, 6, 2) // version 4 → 0
+	fs.Corrupt(name, 6, 0) // → 1
 	l = mustOpen(t, fs)
 	must(t, l.RemoveGroup(1))
 	must(t, l.Close())

@@ -49,6 +49,11 @@ const (
 	// segment files (deleted by the worker before any WAL file that could
 	// hold the group's records). Format version 2.
 	recRemove uint8 = 7
+	// recLive: as recEntries, but the entries are stored below the group's
+	// raft log, sparse (AppendLive: a snapshot install's live entries),
+	// placed by recovery's rule (the higher term wins), not appended.
+	// Format version 4.
+	recLive uint8 = 9
 )
 
 // appendFileHeader appends a file's 16-byte header: magic, format

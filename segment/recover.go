@@ -452,6 +452,16 @@ func (l *Log) replay(f *file, typ uint8, p []byte, recOff int) error {
 		return forEntries(p, func(idx uint64, dataOff int) error {
 			return g.put(idx, f, uint32(recOff+recordHeader+dataOff))
 		})
+	case recLive:
+		if len(p) < 12 || f.version < liveVersion {
+			return errors.New("bad live record")
+		}
+		g := l.grp(binary.LittleEndian.Uint64(p))
+		return forEntries(p, func(idx uint64, dataOff int) error {
+			term := binary.LittleEndian.Uint64(p[dataOff-entryHeader+8:])
+			g.place(idx, term, f, uint32(recOff+recordHeader+dataOff), l.termAt)
+			return nil
+		})
 	case recHardState:
 		if len(p) != 32 {
 			return errors.New("bad hard state record")
