@@ -110,18 +110,22 @@ fuzz:
 vectors:
 	$(GO) test ./wire -run TestVectors -update
 
-# Standard scenarios against Warren and, when it answers on 127.0.0.1:5672,
-# RabbitMQ (classic and quorum queues), side by side. Starts its own
-# warrend on 127.0.0.1:5690. Writes bench-compare.md and bench-compare.html.
+# Standard scenarios against Warren (its native protocol, and its AMQP
+# 0-9-1 listener driven by the same AMQP client as RabbitMQ) and, when it
+# answers on 127.0.0.1:5672, RabbitMQ (classic and quorum queues), side by
+# side, with the ratios of the same run and the load average. Starts its
+# own warrend on 127.0.0.1:5690 (AMQP on 5691). Writes bench-compare.md and
+# bench-compare.html.
 COMPARE_DURATION ?= 10s
 COMPARE_SCENARIOS ?= throughput,persistent-1k,priority-mix,queues-1000,latency
 bench-compare:
 	$(GO) build -o bin/warrend ./cmd/warrend
 	$(GO) build -o bin/warren-loadtest ./cmd/warren-loadtest
-	@bin/warrend --listen 127.0.0.1:5690 --http 127.0.0.1:15690 --data $$(mktemp -d) --log-level warn & \
+	@bin/warrend --listen 127.0.0.1:5690 --amqp-listen 127.0.0.1:5691 --http 127.0.0.1:15690 --data $$(mktemp -d) --log-level warn & \
 	pid=$$!; trap "kill $$pid" EXIT; \
-	until (exec 3<>/dev/tcp/127.0.0.1/5690) 2>/dev/null; do sleep 0.1; done; \
+	until (exec 3<>/dev/tcp/127.0.0.1/5691) 2>/dev/null; do sleep 0.1; done; \
 	bin/warren-loadtest compare --warren-url warren://guest:guest@127.0.0.1:5690 --warren-pid $$pid \
+		--warren-amqp-url amqp://guest:guest@127.0.0.1:5691/ \
 		--amqp-pid $$(pgrep -o beam.smp || echo 0) --duration $(COMPARE_DURATION) --scenarios $(COMPARE_SCENARIOS) \
 		--out bench-compare.md --html bench-compare.html
 	@cat bench-compare.md

@@ -95,3 +95,43 @@ func reachable(raw string) bool {
 	c.Close()
 	return true
 }
+
+// WriteRatios writes, per scenario, how each pair of targets (a, b) of
+// the same comparison run compare: a's consume rate over b's (above 1: a
+// moves more) and a's publish→deliver p99 over b's (below 1: a is
+// faster). A pair of which either was not run is left out.
+func WriteRatios(out io.Writer, results []CompareResult, pairs [][2]string) {
+	type key struct{ scenario, label string }
+	reps := map[key]*Report{}
+	var scenarios []string
+	for _, r := range results {
+		if r.Report != nil {
+			reps[key{r.Scenario, r.Label}] = r.Report
+		}
+		if len(scenarios) == 0 || scenarios[len(scenarios)-1] != r.Scenario {
+			scenarios = append(scenarios, r.Scenario)
+		}
+	}
+	wrote := false
+	for _, s := range scenarios {
+		for _, p := range pairs {
+			a, b := reps[key{s, p[0]}], reps[key{s, p[1]}]
+			if a == nil || b == nil {
+				continue
+			}
+			if !wrote {
+				fmt.Fprintln(out, "\n| scenario | a ÷ b | consume msg/s | publish→deliver p99 |")
+				fmt.Fprintln(out, "|---|---|---|---|")
+				wrote = true
+			}
+			fmt.Fprintf(out, "| %s | %s ÷ %s | %s | %s |\n", s, p[0], p[1], ratio(a.ConsumeRate, b.ConsumeRate), ratio(a.E2ELat.P99, b.E2ELat.P99))
+		}
+	}
+}
+
+func ratio(a, b float64) string {
+	if b <= 0 || a <= 0 {
+		return "–"
+	}
+	return fmt.Sprintf("%.2f×", a/b)
+}

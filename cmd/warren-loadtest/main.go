@@ -202,6 +202,7 @@ func compare(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	fs.SetOutput(stderr)
 	wurl := fs.String("warren-url", "warren://guest:guest@127.0.0.1:5680", "Warren broker")
 	aurl := fs.String("amqp-url", "amqp://guest:guest@127.0.0.1:5672/", "RabbitMQ broker")
+	wamqp := fs.String("warren-amqp-url", "", "Warren's AMQP 0-9-1 listener (--amqp-listen), driven by the same AMQP client as RabbitMQ; empty: not compared")
 	scen := fs.String("scenarios", "throughput,persistent-1k,priority-mix,queues-1000,latency", "comma-separated scenarios")
 	dur := fs.Duration("duration", 0, "override each scenario's duration")
 	outPath := fs.String("out", "", "write the markdown table here (default stdout)")
@@ -221,12 +222,21 @@ func compare(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		defer f.Close()
 		out = f
 	}
-	targets := []loadtest.CompareTarget{
-		{Label: "Warren", Driver: "warren", URL: *wurl, PID: *wpid},
-		{Label: "RabbitMQ classic", Driver: "amqp", URL: *aurl, QueueType: "classic", PID: *apid},
-		{Label: "RabbitMQ quorum", Driver: "amqp", URL: *aurl, QueueType: "quorum", PID: *apid},
+	targets := []loadtest.CompareTarget{{Label: "Warren", Driver: "warren", URL: *wurl, PID: *wpid}}
+	if *wamqp != "" {
+		targets = append(targets, loadtest.CompareTarget{Label: "Warren AMQP", Driver: "amqp", URL: *wamqp, PID: *wpid})
 	}
+	targets = append(targets,
+		loadtest.CompareTarget{Label: "RabbitMQ classic", Driver: "amqp", URL: *aurl, QueueType: "classic", PID: *apid},
+		loadtest.CompareTarget{Label: "RabbitMQ quorum", Driver: "amqp", URL: *aurl, QueueType: "quorum", PID: *apid})
+	// The machine may be shared: its load average goes with the numbers.
+	fmt.Fprintf(out, "Load average (1, 5, 15 min) at the start: %s\n\n", loadAvg())
 	results, err := loadtest.Compare(ctx, strings.Split(*scen, ","), targets, *dur, stderr, out)
+	loadtest.WriteRatios(out, results, [][2]string{
+		{"Warren AMQP", "RabbitMQ classic"}, {"Warren AMQP", "RabbitMQ quorum"},
+		{"Warren", "RabbitMQ classic"}, {"Warren", "Warren AMQP"},
+	})
+	fmt.Fprintf(out, "\nLoad average (1, 5, 15 min) at the end: %s\n", loadAvg())
 	if *htmlPath != "" && len(results) > 0 {
 		if werr := loadtest.WriteCompareHTMLFile(*htmlPath, results); werr != nil {
 			fmt.Fprintln(stderr, werr)
@@ -238,4 +248,18 @@ func compare(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		return 1
 	}
 	return 0
+}
+
+// loadAvg is /proc/loadavg's first three fields ("?" where it cannot be
+// read).
+func loadAvg() string {
+	b, err := os.ReadFile("/proc/loadavg")
+	if err != nil {
+		return "?"
+	}
+	f := strings.Fields(string(b))
+	if len(f) < 3 {
+		return "?"
+	}
+	return strings.Join(f[:3], ", ")
 }
