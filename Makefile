@@ -5,7 +5,7 @@ PKGS     := ./...
 # Packages with goroutines or shared state run under the race detector.
 RACE_PKGS := ./queue/... ./broker/... ./netio/... ./admin/... ./client/... ./cmd/... ./segment/... ./internal/... ./replication/...
 
-.PHONY: soak ui all build run test test-race vet fmt-check lint bench bench-segment bench-compare bench-million bench-topology fuzz vectors tools soak-segment soak-replication soak-sim soak-kill soak-crash abuse
+.PHONY: soak ui all build run test test-race vet fmt-check lint bench bench-segment bench-compare bench-million bench-topology fuzz vectors tools soak-segment soak-replication soak-sim soak-kill soak-crash abuse jepsen
 
 all: build
 
@@ -155,6 +155,21 @@ AMQP_COMPAT_PORT ?= 5697
 amqp-compat:
 	$(GO) build -o bin/warrend ./cmd/warrend
 	GO=$(GO) AMQP_COMPAT_PORT=$(AMQP_COMPAT_PORT) netio/amqp/compat/run.sh bin/warrend
+
+# The fault harness (loadtest/jepsen, RELIABILITY.md): warrend processes
+# under confirmed persistent load and acking consumers (random requeue,
+# cancel, reconnect) while each fault class runs for JEPSEN_TIME (kill -9,
+# SIGSTOP/SIGCONT, power loss, a flipped bit, a truncated segment file;
+# partitions with --nodes 3), then healed, drained and checked; ends with
+# lost=N duplicated=N invented=N and fails when lost or invented is not 0.
+# JEPSEN_FLAGS="--classes kill,pause --rate 2000" narrows or loads it;
+# make test runs a short version (TestShortRun).
+JEPSEN_TIME ?= 60s
+JEPSEN_FLAGS ?=
+jepsen:
+	$(GO) build -o bin/warrend ./cmd/warrend
+	$(GO) build -o bin/warren-jepsen ./cmd/warren-jepsen
+	bin/warren-jepsen --warrend bin/warrend --time $(JEPSEN_TIME) $(JEPSEN_FLAGS)
 
 # The hostile clients of issue 11 at full size, each beside a 2,000 msg/s
 # pair against its own warrend child (RELIABILITY.md has the results).

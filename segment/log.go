@@ -219,7 +219,7 @@ type update struct {
 
 // Open opens (creating if needed) the log in dir and recovers its state.
 func Open(fs FS, dir string, opts Options) (*Log, error) {
-	fs = chooseFS(fs) // OSFS is a PowerLossFS after UsePowerLoss
+	fs, opts = testHooks(fs, opts) // UsePowerLoss, UseTestSizes
 	if err := opts.defaults(); err != nil {
 		return nil, err
 	}

@@ -82,15 +82,31 @@ func UsePowerLoss() *PowerLossFS {
 	return p
 }
 
-// chooseFS is Open's hook: OSFS becomes the PowerLossFS once UsePowerLoss
-// was called.
-func chooseFS(fsys FS) FS {
+var testSizes atomic.Pointer[[2]int64]
+
+// UseTestSizes makes every Open from now on that leaves Options.WALSize
+// or Options.SegmentSize unset (0) use these instead (0 keeps the
+// default): small files make a short test rotate WAL files and write
+// segment files (warrend's WARREN_TEST_WAL_SIZE, WARREN_TEST_SEGMENT_SIZE).
+func UseTestSizes(wal, seg int64) { testSizes.Store(&[2]int64{wal, seg}) }
+
+// testHooks is Open's hook: OSFS becomes the PowerLossFS once
+// UsePowerLoss was called, and UseTestSizes fills in file sizes.
+func testHooks(fsys FS, opts Options) (FS, Options) {
 	if _, ok := fsys.(OSFS); ok {
 		if p := powerLoss.Load(); p != nil {
-			return p
+			fsys = p
 		}
 	}
-	return fsys
+	if ts := testSizes.Load(); ts != nil {
+		if opts.WALSize == 0 {
+			opts.WALSize = ts[0]
+		}
+		if opts.SegmentSize == 0 {
+			opts.SegmentSize = ts[1]
+		}
+	}
+	return fsys, opts
 }
 
 // dirLocked returns dir's state, first deleting the files the journal

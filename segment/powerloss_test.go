@@ -229,3 +229,20 @@ func TestPowerLossKill9(t *testing.T) {
 		l.Close()
 	}
 }
+
+// TestTestSizes: UseTestSizes fills in the file sizes an Open leaves
+// unset, and only those; UsePowerLoss swaps OSFS and nothing else.
+func TestTestSizes(t *testing.T) {
+	defer testSizes.Store(nil)
+	UseTestSizes(1<<20, 0)
+	if _, o := testHooks(OSFS{}, Options{}); o.WALSize != 1<<20 || o.SegmentSize != 0 {
+		t.Fatalf("unset sizes: %+v", o)
+	}
+	if _, o := testHooks(OSFS{}, Options{WALSize: 5, SegmentSize: 7}); o.WALSize != 5 || o.SegmentSize != 7 {
+		t.Fatalf("sizes the caller chose were changed: %+v", o)
+	}
+	m := NewMemFS()
+	if f, _ := testHooks(m, Options{}); f != FS(m) {
+		t.Fatal("a MemFS was swapped")
+	}
+}

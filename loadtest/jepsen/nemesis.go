@@ -1,0 +1,288 @@
+package jepsen
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"os"
+	"sort"
+	"strings"
+	"syscall"
+	"time"
+)
+
+// nemesis applies one class of fault, again and again, for a while.
+type nemesis struct {
+	cfg   *Config
+	cl    *cluster
+	c     *clients
+	r     *rand.Rand
+	res   *Result
+	class string
+}
+
+func (nm *nemesis) pick() *node { return nm.cl.nodes[nm.r.IntN(len(nm.cl.nodes))] }
+
+func (nm *nemesis) sleep(ctx context.Context, d time.Duration) {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+	case <-t.C:
+	}
+}
+
+func (nm *nemesis) note(format string, args ...any) {
+	nm.res.Notes = append(nm.res.Notes, fmt.Sprintf(format, args...))
+}
+
+func (nm *nemesis) fail(format string, args ...any) {
+	nm.res.Failed = append(nm.res.Failed, fmt.Sprintf(format, args...))
+}
+
+// run applies faults until d has passed: a quiet spell of load, the
+// fault, then the wait until every client moves again (the recovery time,
+// from the fault's start).
+func (nm *nemesis) run(ctx context.Context, d time.Duration) {
+	end := time.Now().Add(d)
+	nm.sleep(ctx, time.Duration(300+nm.r.IntN(500))*time.Millisecond)
+	for ctx.Err() == nil && time.Now().Before(end) {
+		for _, n := range nm.cl.nodes {
+			if _, unexpected := n.running(); unexpected != nil {
+				nm.fail("%v", unexpected)
+				if err := n.start(ctx, 60*time.Second); err != nil {
+					nm.fail("restarting it: %v", err)
+					return
+				}
+			}
+		}
+		start := time.Now()
+		if err := nm.fault(ctx); err != nil {
+			nm.fail("%v", err)
+			return
+		}
+		nm.res.Events++
+		if rec, ok := nm.recovered(ctx, start, 30*time.Second); ok {
+			nm.res.Recovery = append(nm.res.Recovery, rec)
+		} else {
+			nm.fail("event %d: the clients did not all move again within 30 s", nm.res.Events)
+		}
+		nm.sleep(ctx, time.Duration(200+nm.r.IntN(800))*time.Millisecond)
+	}
+}
+
+// recovered waits until every producer had a confirm and every consumer
+// a delivery after since.
+func (nm *nemesis) recovered(ctx context.Context, since time.Time, limit time.Duration) (time.Duration, bool) {
+	deadline := since.Add(limit)
+	s := since.UnixNano()
+	for ctx.Err() == nil && time.Now().Before(deadline) {
+		all := true
+		last := int64(0)
+		for i := range nm.c.lastConfirm {
+			v := nm.c.lastConfirm[i].Load()
+			all = all && v > s
+			last = max(last, v)
+		}
+		for i := range nm.cfg.Consumers {
+			v := nm.c.lastDeliver[i].Load()
+			all = all && v > s
+			last = max(last, v)
+		}
+		if all {
+			return time.Duration(last - s), true
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	return 0, false
+}
+
+func (nm *nemesis) fault(ctx context.Context) error {
+	switch nm.class {
+	case "kill", "powerloss":
+		n := nm.pick()
+		n.kill()
+		nm.sleep(ctx, time.Duration(nm.r.IntN(300))*time.Millisecond)
+		return n.start(ctx, 60*time.Second)
+	case "pause":
+		n := nm.pick()
+		n.signal(syscall.SIGSTOP)
+		nm.sleep(ctx, time.Duration(1000+nm.r.IntN(1500))*time.Millisecond)
+		n.signal(syscall.SIGCONT)
+		return nil
+	case "bitflip", "truncate":
+		return nm.damage(ctx, nm.pick())
+	case "partition":
+		n := nm.pick()
+		nm.cl.net.Isolate(n.id)
+		nm.sleep(ctx, time.Duration(1000+nm.r.IntN(3000))*time.Millisecond)
+		nm.cl.net.Heal()
+		return nil
+	case "partition-oneway":
+		a := nm.pick()
+		b := nm.pick()
+		for b == a {
+			b = nm.pick()
+		}
+		nm.cl.net.Cut(a.id, b.id)
+		nm.sleep(ctx, time.Duration(1000+nm.r.IntN(3000))*time.Millisecond)
+		nm.cl.net.Heal()
+		return nil
+	}
+	return fmt.Errorf("jepsen: no nemesis for %q", nm.class)
+}
+
+// damage stops n, flips a bit in (bitflip) or truncates (truncate) one of
+// its log files and starts it again. The node must either refuse to start,
+// naming the damaged file (then the undamaged copy is put back, as a
+// rebuild from peers would, and it starts), or start with nothing
+// confirmed lost (the checker's verdict at the end).
+func (nm *nemesis) damage(ctx context.Context, n *node) error {
+	n.kill()
+	files, err := n.logFiles()
+	if err != nil {
+		return err
+	}
+	// Newest WAL: its tail is what a torn write looks like, so only its
+	// first 80 % is damaged (intact records must follow the damage).
+	var names []string
+	newestWAL := ""
+	for f := range files {
+		names = append(names, f)
+		if b := baseName(f); strings.HasPrefix(b, "wal-") && b > baseName(newestWAL) {
+			newestWAL = f
+		}
+	}
+	sort.Strings(names)
+	var targets []string
+	for _, f := range names {
+		if strings.HasPrefix(baseName(f), "seg-") {
+			targets = append(targets, f)
+		}
+	}
+	if len(targets) == 0 || nm.r.IntN(3) == 0 {
+		for _, f := range names {
+			if strings.HasPrefix(baseName(f), "wal-") && (f != newestWAL || nm.class == "bitflip") {
+				targets = append(targets, f)
+			}
+		}
+	}
+	if len(targets) == 0 {
+		nm.note("event %d: no segment or sealed WAL file to %s yet (the newest WAL's tail cannot be told from a torn write); restarted undamaged", nm.res.Events+1, nm.class)
+		return n.start(ctx, 60*time.Second)
+	}
+	target := targets[nm.r.IntN(len(targets))]
+	size := files[target]
+	limit := size
+	if target == newestWAL {
+		limit = max(17, size*8/10)
+	}
+	backup := n.dir + ".undamaged"
+	if err := copyDir(n.dir, backup); err != nil {
+		return err
+	}
+	defer os.RemoveAll(backup)
+	var what string
+	if nm.class == "bitflip" {
+		off := 16 + nm.r.Int64N(limit-16)
+		bit := uint(nm.r.IntN(8))
+		if err := flipBit(target, off, bit); err != nil {
+			return err
+		}
+		what = fmt.Sprintf("bit %d of byte %d of %s (%d B)", bit, off, baseName(target), size)
+	} else {
+		to := 16 + nm.r.Int64N(limit-16)
+		if err := os.Truncate(target, to); err != nil {
+			return err
+		}
+		what = fmt.Sprintf("%s truncated from %d to %d B", baseName(target), size, to)
+	}
+	// The first start after the damage is on ports no client knows: if
+	// the node takes the damage for good data, nothing confirmed meets it
+	// before the verdict; if it refuses (to start, or a queue), the
+	// undamaged copy goes back exactly as it was.
+	logFrom := n.logSize()
+	saved := [2]string{n.listen, n.http}
+	if n.listen, err = freePort(); err == nil {
+		n.http, err = freePort()
+	}
+	if err != nil {
+		n.listen, n.http = saved[0], saved[1]
+		return err
+	}
+	err = n.start(ctx, 60*time.Second)
+	n.kill()
+	n.listen, n.http = saved[0], saved[1]
+	ev := nm.res.Events + 1
+	var se *startError
+	refused := ""
+	switch {
+	case err == nil:
+		if line := refusal(n.logSince(logFrom)); line != "" {
+			refused = "started, one queue refused: " + line
+		} else {
+			nm.note("event %d: %s: started, nothing refused (the damage was not read at start)", ev, what)
+			return n.start(ctx, 60*time.Second)
+		}
+	case errors.As(err, &se):
+		refused = "refused to start: " + lastLines(se.log, 1)
+	default:
+		return err
+	}
+	named, queue := mentions(refused, target)
+	q := "no queue named"
+	if queue != "" {
+		q = "names queue " + queue
+	}
+	nm.note("event %d: %s: %s (names the file: %v; %s)", ev, what, refused, named, q)
+	if !named {
+		nm.fail("event %d: the refusal does not name the damaged file %s", ev, baseName(target))
+	}
+	// The rebuild: the undamaged copy back (a cluster would fetch it from
+	// the peers).
+	if err := os.RemoveAll(n.dir); err != nil {
+		return err
+	}
+	if err := os.Rename(backup, n.dir); err != nil {
+		return err
+	}
+	return n.start(ctx, 60*time.Second)
+}
+
+// refusal returns the first log line where warrend refuses damaged data
+// while it runs (a durable queue not recovered, or a corrupt log read).
+func refusal(log string) string {
+	for _, l := range strings.Split(log, "\n") {
+		if strings.Contains(l, "level=ERROR") && (strings.Contains(l, "corrupt") || strings.Contains(l, "not recovered")) {
+			return l
+		}
+	}
+	return ""
+}
+
+func baseName(p string) string {
+	if i := strings.LastIndexByte(p, '/'); i >= 0 {
+		return p[i+1:]
+	}
+	return p
+}
+
+// healAll resumes every paused node, starts every stopped one and heals
+// every link.
+func (nm *nemesis) healAll(ctx context.Context) {
+	if nm.cl.net != nil {
+		nm.cl.net.Heal()
+	}
+	for _, n := range nm.cl.nodes {
+		n.signal(syscall.SIGCONT)
+		if up, unexpected := n.running(); !up {
+			if unexpected != nil {
+				nm.fail("%v", unexpected)
+			}
+			if err := n.start(ctx, 60*time.Second); err != nil {
+				nm.fail("restarting node %d to drain: %v", n.id, err)
+			}
+		}
+	}
+}
