@@ -181,21 +181,22 @@ func (a *API) ServeAuthenticated(w http.ResponseWriter, r *http.Request, user st
 			return
 		}
 	}
-	a.mux.ServeHTTP(w, r.WithContext(context.WithValue(r.Context(), userKey{}, user)))
+	a.mux.ServeHTTP(w, withVhostSegments(r).WithContext(context.WithValue(r.Context(), userKey{}, user)))
 }
 
 func (a *API) routes() {
 	m := a.mux
 	a.userRoutes()
 	a.permissionRoutes()
+	a.vhostRoutes()
 	m.HandleFunc("GET /api/overview", func(w http.ResponseWriter, r *http.Request) { writeJSON(w, 200, a.overview()) })
 
-	m.HandleFunc("GET /api/exchanges", func(w http.ResponseWriter, r *http.Request) { writeJSON(w, 200, a.b.Exchanges()) })
-	m.HandleFunc("GET /api/exchanges/{name}", a.getExchange)
-	m.HandleFunc("PUT /api/exchanges/{name}", a.putExchange)
-	m.HandleFunc("DELETE /api/exchanges/{name}", func(w http.ResponseWriter, r *http.Request) {
-		if err := a.b.DeleteExchange(r.PathValue("name"), r.URL.Query().Get("if_unused") == "true"); err != nil {
-			writeErr(w, err)
+	m.HandleFunc("GET /api/exchanges", a.listExchanges)
+	a.handle("GET /api/exchanges/{name}", a.getExchange)
+	a.handle("PUT /api/exchanges/{name}", a.putExchange)
+	a.handle("DELETE /api/exchanges/{name}", func(w http.ResponseWriter, r *http.Request) {
+		if err := a.b.DeleteExchange(qname(r), r.URL.Query().Get("if_unused") == "true"); err != nil {
+			writeErr(w, localErr(err))
 			return
 		}
 		w.WriteHeader(http.StatusNoContent)
@@ -205,49 +206,37 @@ func (a *API) routes() {
 	m.HandleFunc("GET /api/channels", func(w http.ResponseWriter, r *http.Request) {
 		writeJSON(w, 200, nonNil(a.conns.ListChannels()))
 	})
-	m.HandleFunc("POST /api/exchanges/{name}/publish", a.publish)
-	m.HandleFunc("GET /api/queues/{name}", func(w http.ResponseWriter, r *http.Request) {
-		info, ok := a.b.Queue(r.PathValue("name"))
+	a.handle("POST /api/exchanges/{name}/publish", a.publish)
+	a.handle("GET /api/queues/{name}", func(w http.ResponseWriter, r *http.Request) {
+		info, ok := a.b.Queue(qname(r))
 		if !ok {
 			writeErr(w, &wire.Error{Code: wire.NotFound, Reason: "no queue " + strconv.Quote(r.PathValue("name"))})
 			return
 		}
 		writeJSON(w, 200, a.queue(info))
 	})
-	m.HandleFunc("PUT /api/queues/{name}", a.putQueue)
-	m.HandleFunc("DELETE /api/queues/{name}", func(w http.ResponseWriter, r *http.Request) {
+	a.handle("PUT /api/queues/{name}", a.putQueue)
+	a.handle("DELETE /api/queues/{name}", func(w http.ResponseWriter, r *http.Request) {
 		q := r.URL.Query()
-		n, err := a.b.DeleteQueue(r.Context(), r.PathValue("name"), q.Get("if_unused") == "true", q.Get("if_empty") == "true")
+		n, err := a.b.DeleteQueue(r.Context(), qname(r), q.Get("if_unused") == "true", q.Get("if_empty") == "true")
 		if err != nil {
-			writeErr(w, err)
+			writeErr(w, localErr(err))
 			return
 		}
 		writeJSON(w, 200, api.Deleted{Messages: n})
 	})
-	m.HandleFunc("POST /api/queues/{name}/purge", func(w http.ResponseWriter, r *http.Request) {
-		n, err := a.b.PurgeQueue(r.Context(), r.PathValue("name"))
+	a.handle("POST /api/queues/{name}/purge", func(w http.ResponseWriter, r *http.Request) {
+		n, err := a.b.PurgeQueue(r.Context(), qname(r))
 		if err != nil {
-			writeErr(w, err)
+			writeErr(w, localErr(err))
 			return
 		}
 		writeJSON(w, 200, api.Purged{Messages: n})
 	})
-	m.HandleFunc("POST /api/queues/{name}/get", a.getMessages)
-	m.HandleFunc("POST /api/queues/{name}/replay", a.replay)
+	a.handle("POST /api/queues/{name}/get", a.getMessages)
+	a.handle("POST /api/queues/{name}/replay", a.replay)
 
-	m.HandleFunc("GET /api/bindings", func(w http.ResponseWriter, r *http.Request) {
-		var out []api.Binding
-		for _, b := range a.b.Bindings() {
-			bj := api.Binding{Exchange: b.Source, RoutingKey: b.RoutingKey, Arguments: tableToJSON(b.Args)}
-			if b.ToExchange {
-				bj.DestinationExchange = b.Destination
-			} else {
-				bj.Queue = b.Destination
-			}
-			out = append(out, bj)
-		}
-		writeJSON(w, 200, nonNil(out))
-	})
+	m.HandleFunc("GET /api/bindings", a.listBindings)
 	m.HandleFunc("PUT /api/bindings", func(w http.ResponseWriter, r *http.Request) { a.binding(w, r, false) })
 	m.HandleFunc("DELETE /api/bindings", func(w http.ResponseWriter, r *http.Request) { a.binding(w, r, true) })
 
@@ -473,10 +462,10 @@ func tableToJSON(t wire.Table) map[string]any {
 // ---- exchanges ----
 
 func (a *API) getExchange(w http.ResponseWriter, r *http.Request) {
-	name := r.PathValue("name")
+	name, qn := r.PathValue("name"), qname(r)
 	for _, e := range a.b.Exchanges() {
-		if e.Name == name {
-			writeJSON(w, 200, api.Exchange(e))
+		if e.Name == qn {
+			writeJSON(w, 200, localExchange(e))
 			return
 		}
 	}
@@ -499,10 +488,9 @@ func (a *API) putExchange(w http.ResponseWriter, r *http.Request) {
 		writeErr(w, err)
 		return
 	}
-	name := r.PathValue("name")
-	if err := a.b.DeclareExchange(wire.ExchangeDeclare{Name: name, Kind: kind, Durable: body.Durable, AutoDelete: body.AutoDelete,
-		Internal: body.Internal, Alternate: body.Alternate, Args: args}); err != nil {
-		writeErr(w, err)
+	if err := a.b.DeclareExchange(wire.ExchangeDeclare{Name: qname(r), Kind: kind, Durable: body.Durable, AutoDelete: body.AutoDelete,
+		Internal: body.Internal, Alternate: qualify(r, body.Alternate), Args: args}); err != nil {
+		writeErr(w, localErr(err))
 		return
 	}
 	a.getExchange(w, r)
@@ -525,12 +513,13 @@ func (a *API) binding(w http.ResponseWriter, r *http.Request, unbind bool) {
 		writeErr(w, err)
 		return
 	}
-	wb := wire.Bind{Unbind: unbind, Source: b.Exchange, Destination: b.Queue, RoutingKey: b.RoutingKey, Args: args}
+	vh := reqVhost(r)
+	wb := wire.Bind{Unbind: unbind, Source: broker.QualifyName(vh, b.Exchange), Destination: broker.QualifyName(vh, b.Queue), RoutingKey: b.RoutingKey, Args: args}
 	if b.DestinationExchange != "" {
-		wb.Destination, wb.ToExchange = b.DestinationExchange, true
+		wb.Destination, wb.ToExchange = broker.QualifyName(vh, b.DestinationExchange), true
 	}
 	if err := a.b.Bind(wb); err != nil {
-		writeErr(w, err)
+		writeErr(w, localErr(err))
 		return
 	}
 	if unbind {
@@ -548,6 +537,7 @@ func (a *API) queue(info broker.QueueInfo) api.Queue {
 	a.mu.Lock()
 	r := a.rates[info.Name]
 	a.mu.Unlock()
+	info.Name = broker.LocalName(info.Name)
 	return api.Queue{QueueStats: api.QueueStats(info.QueueStats), Exclusive: info.Exclusive,
 		QueueSettings: api.QueueSettings{Durable: info.Durable, AutoDelete: info.AutoDelete, QueueArgs: api.QueueArgsOf(info.Declared)}, Rates: r}
 }
@@ -562,9 +552,9 @@ func (a *API) putQueue(w http.ResponseWriter, r *http.Request) {
 		writeErr(w, err)
 		return
 	}
-	name := r.PathValue("name")
+	name := qname(r)
 	if _, err := a.b.DeclareQueue(wire.QueueDeclare{Name: name, Durable: qs.Durable, AutoDelete: qs.AutoDelete, Args: qs.Table()}); err != nil {
-		writeErr(w, err)
+		writeErr(w, localErr(err))
 		return
 	}
 	info, _ := a.b.Queue(name)
@@ -585,9 +575,9 @@ func (a *API) getMessages(w http.ResponseWriter, r *http.Request) {
 		writeErr(w, &wire.Error{Code: wire.InvalidArgument, Reason: "count must be in [1, 10000]"})
 		return
 	}
-	msgs, err := a.b.PeekQueue(r.Context(), r.PathValue("name"), body.Count)
+	msgs, err := a.b.PeekQueue(r.Context(), qname(r), body.Count)
 	if err != nil {
-		writeErr(w, err)
+		writeErr(w, localErr(err))
 		return
 	}
 	out := api.Messages{Messages: make([]api.Message, len(msgs))}
@@ -624,12 +614,12 @@ func (a *API) replay(w http.ResponseWriter, r *http.Request) {
 	var res ReplayResult
 	var err error
 	if body.IDs != nil {
-		res, err = ReplaySelected(ctx, a.b, r.PathValue("name"), body.IDs, body.Rate)
+		res, err = ReplaySelected(ctx, a.b, qname(r), body.IDs, body.Rate)
 	} else {
-		res, err = Replay(ctx, a.b, r.PathValue("name"), body.Count, body.Rate)
+		res, err = Replay(ctx, a.b, qname(r), body.Count, body.Rate)
 	}
 	if err != nil && res.Moved == 0 {
-		writeErr(w, err)
+		writeErr(w, localErr(err))
 		return
 	}
 	if err != nil {

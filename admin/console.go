@@ -63,13 +63,13 @@ func (a *API) listQueues(w http.ResponseWriter, r *http.Request) {
 	q := r.URL.Query()
 	for k, v := range q {
 		switch k {
-		case "page", "page_size", "sort", "order", "name":
+		case "page", "page_size", "sort", "order", "name", "vhost":
 			if len(v) > 1 {
 				writeErr(w, badParam(k, "give it once"))
 				return
 			}
 		default:
-			writeErr(w, badParam(k, "unknown parameter; GET /api/queues takes page, page_size, sort, order and name"))
+			writeErr(w, badParam(k, "unknown parameter; GET /api/queues takes page, page_size, sort, order, name and vhost"))
 			return
 		}
 	}
@@ -109,7 +109,7 @@ func (a *API) listQueues(w http.ResponseWriter, r *http.Request) {
 		writeErr(w, badParam("order", "want asc or desc"))
 		return
 	}
-	stats := a.b.AppendQueueStats(nil)
+	stats := inVhost(a.b.AppendQueueStats(nil), reqVhost(r))
 	total := len(stats)
 	filter := strings.ToLower(q.Get("name"))
 	byRate := strings.HasPrefix(q.Get("sort"), "rates.")
@@ -225,6 +225,7 @@ func (a *API) publish(w http.ResponseWriter, r *http.Request) {
 	if exchange == "amq.default" {
 		exchange = ""
 	}
+	exchange = broker.QualifyName(reqVhost(r), exchange) // "" in a vhost: its default exchange
 	props := wire.AppendProps(nil, body.Properties)[2:]
 	ctx, cancel := context.WithTimeout(r.Context(), 30*time.Second)
 	defer cancel()

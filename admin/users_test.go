@@ -43,6 +43,10 @@ func TestUsersAtRunTime(t *testing.T) {
 		t.Fatalf("no password: %d %s", st, name)
 	}
 
+	// Without permissions in "/" it could not open it (vhosts_test.go).
+	if st := e.do("PUT", "/api/permissions/%2F/app", `{"configure":".*","write":".*","read":".*"}`, nil); st != 204 {
+		t.Fatalf("put permissions: %d", st)
+	}
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	url := "warren://app:s3cret@" + e.srv.Addr().String()

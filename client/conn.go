@@ -21,6 +21,7 @@ import (
 	"net/url"
 	"os"
 	"slices"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -51,6 +52,10 @@ type Options struct {
 	// broker offers it. ServerName defaults to the URL's host. LoadTLS
 	// builds one from PEM files.
 	TLS *tls.Config
+	// Vhost is the virtual host to open ("" or "/": the default). The
+	// URL's path names one too (warren://host/staging; "/" written %2F),
+	// as an AMQP URI does; this field, when set, wins.
+	Vhost string
 }
 
 // Conn is a connection to a broker. It is safe for concurrent use.
@@ -95,7 +100,8 @@ func ParseURL(raw string) (addr, user, pass string, err error) {
 
 type parsedURL struct {
 	addr, host, user, pass string
-	tls                    bool // warrens://
+	vhost                  string // the path, without its leading "/"
+	tls                    bool   // warrens://
 	userGiven              bool
 }
 
@@ -123,6 +129,7 @@ func parseURL(raw string) (parsedURL, error) {
 		p.user = u.User.Username()
 		p.pass, _ = u.User.Password()
 	}
+	p.vhost = strings.TrimPrefix(u.Path, "/") // decoded: %2F is "/"
 	return p, nil
 }
 
@@ -144,6 +151,9 @@ func Dial(ctx context.Context, rawURL string, opts ...Options) (*Conn, error) {
 	}
 	if o.Name == "" {
 		o.Name = "warren-go"
+	}
+	if o.Vhost == "" {
+		o.Vhost = pu.vhost
 	}
 	var d net.Dialer
 	nc, err := d.DialContext(ctx, "tcp", pu.addr)
@@ -266,6 +276,13 @@ func (c *Conn) handshake(user, pass string, external bool) error {
 				"(a certificate from a CA it trusts, tls_ca), or put a user and password in the URL")
 		}
 		auth.Mechanism, auth.Response = "EXTERNAL", nil // the certificate's CN is the user
+	}
+	if v := c.opts.Vhost; v != "" && v != "/" {
+		// Sent only to a broker that reads it (spec §5.4).
+		if !slices.Contains(hello.Capabilities, wire.CapVhosts) {
+			return fmt.Errorf("client: virtual host %q asked for, and the broker has no virtual hosts (its HELLO does not list %q)", v, wire.CapVhosts)
+		}
+		auth.Vhost = v
 	}
 	if _, err := c.nc.Write(wire.AppendFrame(nil, 0, auth)); err != nil {
 		return err

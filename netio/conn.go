@@ -40,6 +40,7 @@ type conn struct {
 	maxChannels uint16
 	heartbeatMs atomic.Uint32
 	user        string
+	vhost       string // the vhost it opened ("" before AUTH, or if it was refused)
 	// pubPerm: whether user may publish to each exchange (event loop only).
 	pubPerm  PublishPerms
 	lastRecv atomic.Int64
@@ -246,7 +247,7 @@ func (c *conn) onTraffic() gnet.Action {
 			}
 			c.send(0, &wire.Hello{
 				Product: "warren", Version: Version, Mechanisms: mechs,
-				Capabilities: []string{"compression.s2", "compression.zstd"},
+				Capabilities: []string{"compression.s2", "compression.zstd", wire.CapVhosts},
 				MaxFrame:     c.srv.cfg.MaxFrame, MaxChannels: c.srv.cfg.MaxChannels, HeartbeatMs: c.srv.cfg.HeartbeatMs,
 			})
 			continue
@@ -699,8 +700,12 @@ func (c *conn) onClose() {
 		}
 		ch.closed = true
 	}
+	vhost := c.vhost // set under mu by open, once
 	c.mu.Unlock()
 	c.srv.metrics.channels.Add(int64(-n))
+	if vhost != "" {
+		c.srv.CloseVhost(vhost)
+	}
 	if !c.opened.Load() {
 		// Never authenticated, so it owns no queue, consumer or delivery:
 		// a Down would be a pass over every queue of every shard for
@@ -727,8 +732,8 @@ func (c *conn) onPublish(ch *channel, f wire.Frame) error {
 	c.srv.metrics.published.Add(int(b.Count))
 	batch := &broker.PublishBatch{Sink: c, Ch: ch.id, FirstSeq: b.FirstSeq, Codes: make([]uint32, b.Count), Start: time.Now()}
 	view := c.srv.View()
-	exName := string(b.Exchange)
-	if !view.Table.HasExchange(exName) || view.Table.IsInternal(exName) || !c.pubPerm.Allowed(c.srv, c.user, exName) {
+	exName := c.qn(string(b.Exchange))
+	if !view.Table.HasExchange(exName) || view.Table.IsInternal(exName) || !c.pubPerm.AllowedIn(c.srv, c.vhostName(), c.user, string(b.Exchange)) {
 		code := wire.ExchangeNotFound
 		switch {
 		case !view.Table.HasExchange(exName):
@@ -736,6 +741,7 @@ func (c *conn) onPublish(ch *channel, f wire.Frame) error {
 			code = wire.ExchangeInternal
 		default:
 			code = wire.AccessRefused // no write permission (Permit)
+			c.srv.auditRefusal(c.user, c.vhostName(), "write", "exchange", exchangeResource(string(b.Exchange)))
 		}
 		for i := range batch.Codes {
 			batch.Codes[i] = uint32(code)

@@ -14,28 +14,37 @@ func (c *conn) onRequest(ch *channel, body wire.Body) error {
 	fail := func(req uint32, err error) error { return &requestErr{req: req, err: err} }
 	switch r := body.(type) {
 	case *wire.ExchangeDeclare:
-		if err := c.srv.PermitDeclare(c.user, r.Passive, "exchange", r.Name); err != nil {
+		if err := c.srv.PermitDeclareIn(c.vhostName(), c.user, r.Passive, "exchange", r.Name, r.Alternate); err != nil {
 			return fail(r.Req, err)
 		}
-		if err := c.srv.DeclareExchangeAs(r, c.user); err != nil {
-			return fail(r.Req, err)
+		d := *r
+		d.Name = c.qn(r.Name)
+		if r.Alternate != "" {
+			d.Alternate = c.qn(r.Alternate) // resolved in the vhost
+		}
+		if err := c.srv.DeclareExchangeAs(&d, c.user); err != nil {
+			return fail(r.Req, c.local(err))
 		}
 		c.send(ch.id, &wire.OKReply{Req: r.Req})
 	case *wire.ExchangeDelete:
-		if err := c.srv.Permit(c.user, PermConfigure, "exchange", r.Name); err != nil {
+		if err := c.srv.PermitIn(c.vhostName(), c.user, PermConfigure, "exchange", r.Name); err != nil {
 			return fail(r.Req, err)
 		}
-		if err := c.srv.DeleteExchangeAs(r, c.requester()); err != nil {
-			return fail(r.Req, err)
+		d := *r
+		d.Name = c.qn(r.Name)
+		if err := c.srv.DeleteExchangeAs(&d, c.requester()); err != nil {
+			return fail(r.Req, c.local(err))
 		}
 		c.send(ch.id, &wire.OKReply{Req: r.Req})
 	case *wire.QueueDeclare:
-		if err := c.srv.PermitDeclare(c.user, r.Passive, "queue", r.Name); err != nil {
+		if err := c.srv.PermitDeclareIn(c.vhostName(), c.user, r.Passive, "queue", r.Name, dlxOf(r.Args)); err != nil {
 			return fail(r.Req, err)
 		}
-		q, err := c.srv.DeclareQueueAs(r, c.id, c.user)
+		d := *r
+		d.Name = c.qn(r.Name) // "": a generated name in the vhost
+		q, err := c.srv.DeclareQueueAs(&d, c.id, c.user)
 		if err != nil {
-			return fail(r.Req, err)
+			return fail(r.Req, c.local(err))
 		}
 		if r.Passive {
 			// Answered by the queue's owner, after everything submitted
@@ -46,41 +55,43 @@ func (c *conn) onRequest(ch *channel, body wire.Body) error {
 			c.srv.Submit(broker.Command{Kind: broker.CmdBarrier, Queue: q, Sink: passiveDeclare{c, q}, Req: reqRef(ch.id, r.Req)})
 			return nil
 		}
-		c.send(ch.id, &wire.QueueDeclareOK{Req: r.Req, Name: q.Name(), Messages: uint64(q.ReadyCount()), Consumers: uint32(q.ConsumerCount())})
+		c.send(ch.id, &wire.QueueDeclareOK{Req: r.Req, Name: broker.LocalName(q.Name()), Messages: uint64(q.ReadyCount()), Consumers: uint32(q.ConsumerCount())})
 	case *wire.QueueDelete:
-		q := c.srv.LookupQueue(r.Name)
+		q := c.srv.LookupQueue(c.qn(r.Name))
 		if q == nil {
 			return fail(r.Req, reqErr(wire.NotFound, "no queue %q", r.Name))
 		}
 		if q.ExclusiveTo() != 0 && q.ExclusiveTo() != c.id {
 			return fail(r.Req, reqErr(wire.ResourceLocked, "queue %q is exclusive to another connection", r.Name))
 		}
-		if err := c.srv.Permit(c.user, PermConfigure, "queue", q.Name()); err != nil {
+		if err := c.srv.PermitIn(c.vhostName(), c.user, PermConfigure, "queue", r.Name); err != nil {
 			return fail(r.Req, err)
 		}
-		if err := c.srv.Authorize(c.user, ActDelete, q.DeclaredBy(), "queue "+strconv.Quote(q.Name())); err != nil {
+		if err := c.srv.Authorize(c.user, ActDelete, q.DeclaredBy(), "queue "+strconv.Quote(r.Name)); err != nil {
 			return fail(r.Req, err)
 		}
 		c.srv.Submit(broker.Command{Kind: broker.CmdDelete, Queue: q, Sink: c, Req: reqRef(ch.id, r.Req),
 			IfUnused: r.IfUnused, IfEmpty: r.IfEmpty, Reason: "queue deleted"})
 	case *wire.QueuePurge:
-		q := c.srv.LookupQueue(r.Name)
+		q := c.srv.LookupQueue(c.qn(r.Name))
 		if q == nil {
 			return fail(r.Req, reqErr(wire.NotFound, "no queue %q", r.Name))
 		}
-		if err := c.srv.Permit(c.user, PermRead, "queue", q.Name()); err != nil {
+		if err := c.srv.PermitIn(c.vhostName(), c.user, PermRead, "queue", r.Name); err != nil {
 			return fail(r.Req, err)
 		}
-		if err := c.srv.Authorize(c.user, ActPurge, q.DeclaredBy(), "queue "+strconv.Quote(q.Name())); err != nil {
+		if err := c.srv.Authorize(c.user, ActPurge, q.DeclaredBy(), "queue "+strconv.Quote(r.Name)); err != nil {
 			return fail(r.Req, err)
 		}
 		c.srv.Submit(broker.Command{Kind: broker.CmdPurge, Queue: q, Sink: c, Req: reqRef(ch.id, r.Req)})
 	case *wire.Bind:
-		if err := c.srv.PermitBind(c.user, r.Source, r.Destination, r.ToExchange); err != nil {
+		if err := c.srv.PermitBindIn(c.vhostName(), c.user, r.Source, r.Destination, r.ToExchange); err != nil {
 			return fail(r.Req, err)
 		}
-		if err := c.srv.BindAs(r, c.requester()); err != nil {
-			return fail(r.Req, err)
+		d := *r
+		d.Source, d.Destination = c.qn(r.Source), c.qn(r.Destination)
+		if err := c.srv.BindAs(&d, c.requester()); err != nil {
+			return fail(r.Req, c.local(err))
 		}
 		c.send(ch.id, &wire.OKReply{Req: r.Req})
 	case *wire.Subscribe:
@@ -109,7 +120,7 @@ func reqRef(ch uint16, req uint32) uint64 { return uint64(ch)<<32 | uint64(req) 
 func (c *conn) Answer(ref uint64, r broker.Result) {
 	ch, req := uint16(ref>>32), uint32(ref)
 	if r.Code != wire.OK {
-		c.sendError(ch, req, r.Code, r.Reason)
+		c.sendError(ch, req, r.Code, c.localText(r.Reason))
 		return
 	}
 	c.send(ch, &wire.OKReply{Req: req, Count: uint64(r.N)})
@@ -127,10 +138,10 @@ type passiveDeclare struct {
 func (p passiveDeclare) Answer(ref uint64, _ broker.Result) {
 	ch, req := uint16(ref>>32), uint32(ref)
 	if p.q.Gone() {
-		p.sendError(ch, req, wire.NotFound, "no queue "+strconv.Quote(p.q.Name()))
+		p.sendError(ch, req, wire.NotFound, "no queue "+strconv.Quote(broker.LocalName(p.q.Name())))
 		return
 	}
-	p.send(ch, &wire.QueueDeclareOK{Req: req, Name: p.q.Name(), Messages: uint64(p.q.ReadyCount()), Consumers: uint32(p.q.ConsumerCount())})
+	p.send(ch, &wire.QueueDeclareOK{Req: req, Name: broker.LocalName(p.q.Name()), Messages: uint64(p.q.ReadyCount()), Consumers: uint32(p.q.ConsumerCount())})
 }
 
 // requester is who this connection is, for the topology's permission
@@ -146,10 +157,10 @@ func (c *conn) onSubscribe(ch *channel, r *wire.Subscribe) error {
 	if err != nil {
 		return fail(err)
 	}
-	if err := c.srv.Permit(c.user, PermRead, "queue", r.Queue); err != nil {
+	if err := c.srv.PermitIn(c.vhostName(), c.user, PermRead, "queue", r.Queue); err != nil {
 		return fail(err)
 	}
-	q := c.srv.LookupQueue(r.Queue)
+	q := c.srv.LookupQueue(c.qn(r.Queue))
 	if q == nil {
 		return fail(reqErr(wire.NotFound, "no queue %q", r.Queue))
 	}
@@ -270,8 +281,22 @@ func (c *conn) onExternal(a *wire.Auth, maxFrame uint32) error {
 	return nil
 }
 
-// open finishes an accepted AUTH: OPEN_OK with the negotiated limits.
+// open finishes an accepted AUTH: OPEN_OK with the negotiated limits,
+// once the vhost it names admits the user (OpenVhost).
 func (c *conn) open(user string, a *wire.Auth, maxFrame uint32) {
+	vhost, err := c.srv.OpenVhost(a.Vhost, user)
+	if err != nil {
+		c.closeWith(wire.CodeOf(err), reasonOf(err))
+		return
+	}
+	c.mu.Lock()
+	if c.closed {
+		c.mu.Unlock()
+		c.srv.CloseVhost(vhost)
+		return
+	}
+	c.vhost = vhost // onClose uncounts it
+	c.mu.Unlock()
 	c.user = user
 	c.maxFrame = maxFrame
 	c.maxChannels = wire.Negotiate(c.srv.cfg.MaxChannels, a.MaxChannels)

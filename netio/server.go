@@ -170,6 +170,7 @@ type Server struct {
 	permGen atomic.Uint64
 	// userDeleted: OnUserDeleted's function, if set.
 	userDeleted atomic.Pointer[func(user string)]
+	vh          vhostState // virtual hosts at run time (vhosts.go)
 	// The broker core: topology, shards, the operator API (promoted:
 	// DeclareQueue, PeekQueue…). netio holds it; it never calls netio.
 	*broker.Broker

@@ -12,6 +12,7 @@ import (
 // durable with a data directory) the authenticator's, from now on, and
 // creates the config file's users that do not exist yet.
 func (s *Server) bootstrapUsers(users []User) error {
+	s.initVhosts()
 	s.Broker.OnUsers(s.usersChanged)
 	mu := make([]broker.MetaUser, len(users))
 	var absent []string

@@ -256,6 +256,22 @@ type User struct {
 	Tags []string `json:"tags"`
 }
 
+// VhostSettings is the body of PUT /api/vhosts/{name}: the vhost's
+// limits (0: none beyond the broker's).
+type VhostSettings struct {
+	MaxQueues      int64 `json:"max_queues,omitempty"`
+	MaxConnections int64 `json:"max_connections,omitempty"`
+}
+
+// Vhost is one virtual host, as GET /api/vhosts lists it: its limits and
+// what it holds.
+type Vhost struct {
+	Name string `json:"name"`
+	VhostSettings
+	Queues      int `json:"queues"`
+	Connections int `json:"connections"`
+}
+
 // Permission is a user's permissions in a vhost (PUT
 // /api/permissions/{vhost}/{user} takes configure, write and read):
 // RabbitMQ's regular expressions over resource names; "" matches nothing.

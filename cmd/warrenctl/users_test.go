@@ -24,6 +24,11 @@ func TestWarrenctlUsers(t *testing.T) {
 		}
 		return err
 	}
+	// A user opens a vhost only with permissions there.
+	if err := login("s3cret"); err == nil || !strings.Contains(err.Error(), "virtual host") {
+		t.Fatalf("a user without permissions opened \"/\": %v", err)
+	}
+	c.ok("", "permission", "set", "app", "--configure", ".*", "--write", ".*", "--read", ".*")
 	if err := login("s3cret"); err != nil {
 		t.Fatalf("the new user cannot log in: %v", err)
 	}
