@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"net"
+	"net/netip"
 
 	"github.com/panjf2000/gnet/v2"
 )
@@ -77,4 +78,21 @@ func (s *Server) Enroll(nc net.Conn, fc FrontConn) error {
 	case <-s.stopped:
 		return ErrClosing
 	}
+}
+
+// ParseProxyHeader reads a PROXY protocol header (v1 or v2, proxyproto.go)
+// at the start of b, for another front's listener. isProxy: b starts, or
+// may start (too few bytes to tell), with a PROXY signature; then n == 0
+// with a nil error means more bytes are needed. src is invalid for a
+// header that names no client (v1 UNKNOWN, v2 LOCAL): the peer's own
+// address stands.
+func ParseProxyHeader(b []byte) (isProxy bool, n int, src netip.AddrPort, err error) {
+	switch proxySignature(b) {
+	case sigNone:
+		return false, 0, src, nil
+	case sigPartial:
+		return true, 0, src, nil
+	}
+	n, src, err = parseProxyHeader(b)
+	return true, n, src, err
 }

@@ -385,7 +385,8 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdin i
 		al, err = amqp.Listen(srv, amqp.Config{Addr: fc.AMQPListen, Logger: log,
 			// The native listener's connection bounds, counted separately.
 			MaxConnections: fc.MaxConnections, HandshakeTimeout: time.Duration(fc.HandshakeTimeoutMs) * time.Millisecond,
-			MaxUnauthenticated: fc.MaxUnauthenticated, MaxConnectionsPerSource: fc.MaxConnectionsPerSource})
+			MaxUnauthenticated: fc.MaxUnauthenticated, MaxConnectionsPerSource: fc.MaxConnectionsPerSource,
+			ProxyTrusted: proxyTrusted})
 		if err != nil {
 			sctx, cancel := context.WithTimeout(context.Background(), 15*time.Second)
 			defer cancel()

@@ -24,7 +24,11 @@ import (
 //     closing the oldest connection that has not sent its credentials
 //     (start-ok) yet; only when every one has sent them is the newcomer
 //     refused.
-//   - Per-source cap (Config.MaxConnectionsPerSource, off by default).
+//   - Per-source cap (Config.MaxConnectionsPerSource, off by default). A
+//     trusted proxy's connection (Config.ProxyTrusted) is counted on the
+//     client's address its PROXY header names, once it is read
+//     (conn.proxyStep); refused then, it gets the 506 in place of
+//     connection.start.
 //
 // A refused newcomer gets connection.close 506 with the reason in place of
 // connection.start (after its protocol header, read for at most a second
@@ -53,10 +57,8 @@ func (l *Listener) admitLocked(src netip.Addr) (victim *conn, refusal string) {
 		l.met.refusedMax.Inc()
 		return nil, "RESOURCE_ERROR - connection limit of " + strconv.Itoa(l.cfg.MaxConnections) + " reached (max_connections)"
 	}
-	if m := l.cfg.MaxConnectionsPerSource; m > 0 && l.perSource[src] >= m {
-		l.met.refusedPerSource.Inc()
-		return nil, "RESOURCE_ERROR - connection limit of " + strconv.Itoa(m) + " per source address reached for " +
-			src.String() + " (max_connections_per_source)"
+	if r := l.overSourceLocked(src); r != "" && !l.trusted(src) { // a proxy's: counted on the client's address (admitSource)
+		return nil, r
 	}
 	if l.unauthN >= l.cfg.MaxUnauthenticated {
 		if l.waitHead == nil {
@@ -72,13 +74,53 @@ func (l *Listener) admitLocked(src netip.Addr) (victim *conn, refusal string) {
 	return victim, ""
 }
 
+// overSourceLocked: the refusal of one more connection from src at the
+// per-source cap, "" under it. l.mu held.
+func (l *Listener) overSourceLocked(src netip.Addr) string {
+	if m := l.cfg.MaxConnectionsPerSource; m > 0 && l.perSource[src] >= m {
+		l.met.refusedPerSource.Inc()
+		return "RESOURCE_ERROR - connection limit of " + strconv.Itoa(m) + " per source address reached for " +
+			src.String() + " (max_connections_per_source)"
+	}
+	return ""
+}
+
+// trusted: src is a trusted proxy (Config.ProxyTrusted).
+func (l *Listener) trusted(src netip.Addr) bool {
+	for _, p := range l.cfg.ProxyTrusted {
+		if p.Contains(src) {
+			return true
+		}
+	}
+	return false
+}
+
+// admitSource counts a proxied connection against its client's address
+// (c.src, from the PROXY header, or the proxy's own without one): the
+// refusal past the per-source cap, "" if admitted. Loop goroutine.
+func (l *Listener) admitSource(c *conn) string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if r := l.overSourceLocked(c.src.Addr()); r != "" {
+		return r
+	}
+	l.countSourceLocked(c, c.src.Addr())
+	return ""
+}
+
+func (l *Listener) countSourceLocked(c *conn, src netip.Addr) {
+	if l.cfg.MaxConnectionsPerSource > 0 {
+		c.adm.src = src
+		l.perSource[src]++
+		c.adm.srcCounted = true
+	}
+}
+
 // linkLocked counts an admitted connection. l.mu held.
 func (l *Listener) linkLocked(c *conn, src netip.Addr) {
 	a := &c.adm
-	a.src = src
-	if l.cfg.MaxConnectionsPerSource > 0 {
-		l.perSource[src]++
-		a.srcCounted = true
+	if !c.viaProxy {
+		l.countSourceLocked(c, src)
 	}
 	a.unauth, a.waiting = true, true
 	a.wprev = l.waitTail

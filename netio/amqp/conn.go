@@ -83,6 +83,11 @@ type conn struct {
 	waitConfirm atomic.Bool
 	alarmHeld   atomic.Bool
 	proxyDone   bool // the PROXY header, if trusted peers are set, was read
+	viaProxy    bool // the peer is a trusted proxy: a PROXY header may come first
+	// refusal: the connection is refused (the per-source cap, on the
+	// source a PROXY header named); it is told so in place of
+	// connection.start.
+	refusal string
 
 	mu              sync.Mutex
 	gc              gnet.Conn // set by OnOpen
@@ -195,7 +200,7 @@ var _ netio.FrontConn = (*conn)(nil)
 
 func newConn(l *Listener, remote netip.AddrPort) *conn {
 	now := time.Now().UnixMilli()
-	c := &conn{l: l, srv: l.srv, id: l.srv.NewConnID(), remote: remote.String(), src: remote, acceptedAt: now,
+	c := &conn{l: l, srv: l.srv, id: l.srv.NewConnID(), remote: remote.String(), src: remote, acceptedAt: now, viaProxy: l.trusted(remote.Addr()),
 		frameMax: l.cfg.FrameMax, channels: map[uint16]*channel{}, byID: map[queue.ConsumerID]*consumer{},
 		parts: make([][]broker.EnqItem, l.srv.Shards())}
 	c.flushedCB = c.flushed
@@ -280,6 +285,10 @@ func (c *conn) OnTraffic(gc gnet.Conn) gnet.Action {
 			}
 			_, _ = gc.Discard(len(protocolHeader))
 			c.started.Store(true)
+			if c.refusal != "" {
+				c.sendConnClose(&amqpError{code: resourceError, text: c.refusal})
+				return gnet.None
+			}
 			c.state.Store(stHandshake)
 			c.hs = hsStartOK
 			c.sendStart()
@@ -1099,6 +1108,44 @@ func (c *conn) requester() broker.Requester {
 // read now; false: wait for more bytes, or the connection was refused.
 // Loop goroutine.
 func (c *conn) proxyStep(gc gnet.Conn) bool {
+	n := gc.InboundBuffered()
+	if n == 0 {
+		return false
+	}
+	b, err := gc.Peek(n)
+	if err != nil {
+		return false
+	}
+	isProxy, hlen, src, err := netio.ParseProxyHeader(b)
+	if isProxy && hlen == 0 && err == nil {
+		return false // the rest of it (the handshake deadline bounds the wait)
+	}
+	if !c.viaProxy {
+		if isProxy {
+			// Only a trusted proxy may say where a client comes from, or
+			// any client could claim to be 127.0.0.1.
+			c.l.met.refusedProxy.Inc()
+			c.l.log.Warn("AMQP: PROXY header from an untrusted address: refused", "conn", c.id, "remote", c.remote)
+			c.closeNow()
+			return false
+		}
+		c.proxyDone = true
+		return true
+	}
+	if err != nil {
+		c.l.log.Warn("AMQP: malformed PROXY header: refused", "conn", c.id, "remote", c.remote, "err", err)
+		c.closeNow()
+		return false
+	}
+	if hlen > 0 { // none: a trusted peer may also connect directly (Discard(0) would drop everything)
+		_, _ = gc.Discard(hlen)
+	}
+	if src.IsValid() {
+		src = netip.AddrPortFrom(src.Addr().Unmap(), src.Port())
+		c.src, c.remote = src, src.String()
+	}
 	c.proxyDone = true
+	// The per-source cap counts the client's address, known only now.
+	c.refusal = c.l.admitSource(c)
 	return true
 }

@@ -11,6 +11,7 @@ import (
 type listenerMetrics struct {
 	set                                         *metrics.Set
 	refusedMax, refusedPerSource, refusedUnauth *metrics.Counter
+	refusedProxy                                *metrics.Counter
 	handshakeTimeouts                           *metrics.Counter
 }
 
@@ -19,6 +20,7 @@ func (m *listenerMetrics) init(l *Listener) {
 	m.refusedMax = m.set.NewCounter(`warren_amqp_connections_refused_total{reason="max_connections"}`)
 	m.refusedPerSource = m.set.NewCounter(`warren_amqp_connections_refused_total{reason="per_source"}`)
 	m.refusedUnauth = m.set.NewCounter(`warren_amqp_connections_refused_total{reason="unauthenticated"}`)
+	m.refusedProxy = m.set.NewCounter(`warren_amqp_connections_refused_total{reason="proxy_untrusted"}`)
 	m.handshakeTimeouts = m.set.NewCounter("warren_amqp_handshake_timeouts_total")
 	m.set.NewGauge("warren_amqp_connections_unauthenticated", func() float64 {
 		l.mu.Lock()
