@@ -5,7 +5,7 @@ PKGS     := ./...
 # Packages with goroutines or shared state run under the race detector.
 RACE_PKGS := ./queue/... ./broker/... ./netio/... ./admin/... ./client/... ./cmd/... ./segment/... ./internal/... ./replication/...
 
-.PHONY: soak ui all build run test test-race vet fmt-check lint bench bench-segment bench-compare bench-million bench-topology fuzz vectors tools soak-segment soak-replication soak-sim soak-kill soak-crash abuse jepsen
+.PHONY: soak ui all build run cluster cluster-stop test test-race vet fmt-check lint bench bench-segment bench-compare bench-million bench-topology fuzz vectors tools soak-segment soak-replication soak-sim soak-kill soak-crash abuse jepsen
 
 all: build
 
@@ -20,6 +20,16 @@ build:
 # 127.0.0.1:15680, data in ./warren-data.
 run:
 	$(GO) run ./cmd/warrend
+
+# Three nodes on loopback (README: Cluster quick start): node N serves
+# the native protocol on 127.0.0.1:5680+10(N-1), HTTP on 15680+10(N-1),
+# the cluster port on 5682+10(N-1), data in ./warren-data/nodeN; prints
+# the ports once every node is ready. cluster-stop stops them (SIGTERM).
+cluster: build
+	ops/cluster/cluster.sh start
+
+cluster-stop:
+	ops/cluster/cluster.sh stop
 
 # Rebuild the web console's vendored assets from npm (uPlot and its
 # license into admin/console/assets/vendor); they are committed, so

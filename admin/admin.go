@@ -40,6 +40,8 @@ type API struct {
 	prevT time.Time
 	rates map[string]Rates
 	total Rates // the whole broker's, over the last interval
+
+	clusterNodes func() []ClusterNode // cluster.go (SetClusterNodes)
 }
 
 // Rates are per-second rates over the last sampling interval.
@@ -189,6 +191,7 @@ func (a *API) routes() {
 	a.userRoutes()
 	a.permissionRoutes()
 	a.vhostRoutes()
+	a.clusterRoutes()
 	m.HandleFunc("GET /api/overview", func(w http.ResponseWriter, r *http.Request) { writeJSON(w, 200, a.overview()) })
 
 	m.HandleFunc("GET /api/exchanges", a.listExchanges)

@@ -270,3 +270,32 @@ func (t *topology) clusterDeclareQueue(cl *metaCluster, d *wire.QueueDeclare, ow
 	}
 	return q, nil
 }
+
+// MetaReady says whether this node can serve topology: without a cluster,
+// once the metadata log is open; in a cluster, once the metadata group
+// has a leader and this node has applied every entry it knows committed.
+func (b *Broker) MetaReady() bool {
+	st, ok := b.MetaStatus()
+	if !ok {
+		return false
+	}
+	if b.topo.cl.Load() == nil {
+		return true
+	}
+	return st.Leader != 0 && st.Commit > 0 && st.Applied >= st.Commit
+}
+
+// WaitMetaReady waits until MetaReady (polling every 20 ms; in a cluster
+// the other nodes may still be starting).
+func (b *Broker) WaitMetaReady(ctx context.Context) error {
+	tk := time.NewTicker(20 * time.Millisecond)
+	defer tk.Stop()
+	for !b.MetaReady() {
+		select {
+		case <-tk.C:
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+	}
+	return nil
+}

@@ -24,6 +24,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/warren-mq/warren/wire"
+	"go.etcd.io/raft/v3/raftpb"
 )
 
 // Version is the broker's version, sent in HELLO.
@@ -99,6 +100,18 @@ type Config struct {
 	// Fatal hears that a write of the log failed: the node must stop and
 	// recover from the log (warrend exits non-zero). nil: logged only.
 	Fatal func(error)
+	// A cluster (several nodes, with a DataDir): NodeID is this node's
+	// id, MetaPeers every node's (this one included), RaftSend carries
+	// raft messages to the peers (a cluster.Transport), and OnBroker is
+	// given the broker before its recovery, so the transport can hand it
+	// what peers send (Broker.StepRaft). Start returns once the metadata
+	// group has a leader and this node has applied what it committed
+	// (Broker.WaitMetaReady), or ClusterCtx is done.
+	NodeID     uint64
+	MetaPeers  []uint64
+	RaftSend   func(gid uint64, msgs []raftpb.Message)
+	OnBroker   func(*broker.Broker)
+	ClusterCtx context.Context
 
 	// clock is the broker's one clock source (ms), which stamps the
 	// shards' commands; nil: the wall clock. Tests set a fake one.
@@ -296,7 +309,7 @@ func Start(cfg Config) (*Server, error) {
 		if fatal == nil {
 			fatal = func(err error) { s.log.Error("the log stopped; restart to recover", "err", err) }
 		}
-		metaCfg = broker.MetaLogConfig{Log: l, Snapshots: store, Fatal: fatal}
+		metaCfg = broker.MetaLogConfig{Log: l, Snapshots: store, Fatal: fatal, NodeID: cfg.NodeID, Peers: cfg.MetaPeers, Send: cfg.RaftSend}
 		durable = &broker.DurableConfig{Log: l, Snapshots: store, Fatal: fatal}
 		s.nodeLog = l
 	}
@@ -306,12 +319,30 @@ func Start(cfg Config) (*Server, error) {
 		DeadLetterDropped: func(r broker.DLDrop) { s.metrics.dlDropped[r].Inc() }, Durable: durable})
 	s.initMetrics()
 	s.Broker.Start()
+	if cfg.OnBroker != nil {
+		cfg.OnBroker(s.Broker)
+	}
 	if s.nodeLog != nil {
 		// Recovery: the listener opens only after it.
 		if err := s.Broker.OpenMetaLog(context.Background(), metaCfg); err != nil {
 			_ = s.Broker.Stop(context.Background())
 			_ = s.nodeLog.Close()
 			return nil, fmt.Errorf("recovering the topology from the log in %s: %w", cfg.DataDir, err)
+		}
+		if len(cfg.MetaPeers) > 1 {
+			s.log.Info("waiting for the cluster's metadata group: a leader, and this node caught up", "node", cfg.NodeID, "nodes", len(cfg.MetaPeers))
+			ctx := cfg.ClusterCtx
+			if ctx == nil {
+				ctx = context.Background()
+			}
+			if err := s.Broker.WaitMetaReady(ctx); err != nil {
+				_ = s.Broker.CloseMetaLog(context.Background())
+				_ = s.Broker.Stop(context.Background())
+				_ = s.nodeLog.Close()
+				return nil, fmt.Errorf("waiting for the cluster: %w", err)
+			}
+			st, _ := s.Broker.MetaStatus()
+			s.log.Info("the cluster's metadata group is ready", "leader", st.Leader, "term", st.Term, "applied", st.Applied)
 		}
 		// And the durable queues' messages, before anyone can ask.
 		if err := s.Broker.WaitRecovered(context.Background()); err != nil {

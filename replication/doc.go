@@ -138,7 +138,10 @@
 //     restart and MemFS-crash tests of one queue, and warrend a kill -9
 //     test), a free-disk limit, restart time and RSS with a deep backlog;
 //   - most of the cluster step (§6): the TCP transport is built
-//     (replication/cluster) and the metadata group runs several voters
-//     over it in tests, but nothing in the broker does; snapshot install,
-//     placement, forwarding, enqueuer dedup, consumer resume are not.
+//     (replication/cluster) and the broker runs the metadata group with
+//     every node a voter over it (MetaConfig.Peers: proposals forwarded to
+//     the leader, applied at commit on every node, each entry naming its
+//     origin so the proposer's Wait and Done see its own commands); queue
+//     groups with several voters, snapshot install, placement, forwarding,
+//     enqueuer dedup and consumer resume are not.
 package replication

@@ -197,6 +197,7 @@ func OpenMeta(cfg MetaConfig) (*MetaGroup, error) {
 	if _, err := g.drive(true); err != nil {
 		return nil, err
 	}
+	g.status = g.rn.BasicStatus()
 	if ok && snap.Index > 0 {
 		if err := cfg.Log.Compact(MetaGroupID, snap.Index, nil); err != nil {
 			return nil, fmt.Errorf("replication: metadata group: %w", err)
@@ -625,7 +626,9 @@ func (g *MetaGroup) round() error {
 	if c := g.rn.BasicStatus().Commit; c < g.st.last {
 		return fmt.Errorf("replication: metadata group: entry %d not committed after its write (commit %d)", g.st.last, c)
 	}
+	st := g.rn.BasicStatus()
 	g.mu.Lock()
+	g.status = st
 	if seq > g.durable {
 		g.durable = seq
 		close(g.changed)

@@ -81,6 +81,7 @@ Commands:
       peek is queue get (nothing is delivered or counted); replay sends each message back to the
       exchange and routing key it died from.
   purge QUEUE
+  cluster status   (the nodes, the metadata group's leader and term, and how far this node has applied it)
 
 Exit codes: 0 success, 1 failure, 2 usage error.
 `
@@ -292,6 +293,8 @@ func (c *cli) dispatch(args []string) error {
 		return c.users(sub(1), args[min(2, len(args)):])
 	case "permission":
 		return c.permissions(sub(1), args[min(2, len(args)):])
+	case "cluster":
+		return c.cluster(sub(1), args[min(2, len(args)):])
 	case "publish":
 		return c.publish(args[1:])
 	case "consume":

@@ -4,12 +4,19 @@ import (
 	"bytes"
 	"errors"
 	"fmt"
+	"log/slog"
+	"maps"
 	"net"
 	"os"
+	"slices"
 	"strconv"
 	"strings"
+	"sync/atomic"
 
+	"github.com/warren-mq/warren/admin"
+	"github.com/warren-mq/warren/broker"
 	"github.com/warren-mq/warren/replication/cluster"
+	"go.etcd.io/raft/v3/raftpb"
 )
 
 // clusterConfig is what the cluster flags say (nil: a single node).
@@ -86,4 +93,70 @@ func clusterSettings(nodeID, listen, peers, secretFile string, getenv func(strin
 		}
 	}
 	return cc, nil
+}
+
+// clusterNode is this node's part in a multi-node cluster: the transport
+// to its peers, which hands what they send to the broker once it exists.
+type clusterNode struct {
+	cc *clusterConfig
+	tr *cluster.Transport
+	b  atomic.Pointer[broker.Broker]
+}
+
+// startCluster opens the cluster port and starts dialling the peers
+// (the secret was checked by clusterSettings).
+func startCluster(cc *clusterConfig, log *slog.Logger) (*clusterNode, error) {
+	cn := &clusterNode{cc: cc}
+	tr, err := cluster.New(cluster.Config{NodeID: cc.NodeID, Listen: cc.Listen, Peers: cc.Peers, Secret: cc.Secret, Logger: log,
+		Deliver: func(gid uint64, m raftpb.Message) {
+			if b := cn.b.Load(); b != nil {
+				b.StepRaft(gid, m)
+			}
+		}})
+	if err != nil {
+		return nil, err
+	}
+	cn.tr = tr
+	log.Info("cluster transport listening", "node", cc.NodeID, "cluster_listen", tr.Addr().String(), "nodes", len(cc.Peers))
+	return cn, nil
+}
+
+func (cn *clusterNode) close() { _ = cn.tr.Close() }
+
+func (cn *clusterNode) id() uint64 {
+	if cn == nil {
+		return 0
+	}
+	return cn.cc.NodeID
+}
+
+// ids is every node's id, sorted.
+func (cn *clusterNode) ids() []uint64 {
+	if cn == nil {
+		return nil
+	}
+	return slices.Sorted(maps.Keys(cn.cc.Peers))
+}
+
+func (cn *clusterNode) send() func(gid uint64, msgs []raftpb.Message) {
+	if cn == nil {
+		return nil
+	}
+	return cn.tr.Send
+}
+
+func (cn *clusterNode) setBroker(b *broker.Broker) {
+	if cn != nil {
+		cn.b.Store(b)
+	}
+}
+
+// nodes is what GET /api/cluster lists.
+func (cn *clusterNode) nodes() []admin.ClusterNode {
+	out := make([]admin.ClusterNode, 0, len(cn.cc.Peers))
+	for id, addr := range cn.cc.Peers {
+		self := id == cn.cc.NodeID
+		out = append(out, admin.ClusterNode{ID: id, ClusterAddr: addr, Self: self, Connected: self || cn.tr.PeerStats(id).Connected})
+	}
+	return out
 }

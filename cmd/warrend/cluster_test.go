@@ -10,9 +10,8 @@ import (
 )
 
 // TestClusterFlags: --node-id, --peers, --cluster-listen and the cluster
-// secret are validated with errors that say what to do; a valid
-// multi-node configuration is refused plainly, since the metadata and
-// queue groups do not run over the transport yet.
+// secret are validated with errors that say what to do (a valid
+// multi-node configuration starts: TestClusterChildren).
 func TestClusterFlags(t *testing.T) {
 	dir := t.TempDir()
 	good := filepath.Join(dir, "secret")
@@ -40,8 +39,7 @@ func TestClusterFlags(t *testing.T) {
 		{[]string{"--node-id", "1", "--peers", peers, "--cluster-secret-file", empty}, nil, "is empty"},
 		{[]string{"--node-id", "1", "--peers", peers, "--cluster-secret-file", filepath.Join(dir, "nope")}, nil, "cluster secret file"},
 		{[]string{"--node-id", "1", "--peers", peers, "--cluster-listen", "a:b:c"}, map[string]string{"WARREN_CLUSTER_SECRET": "0123456789abcdef"}, "--cluster-listen \"a:b:c\""},
-		{[]string{"--node-id", "1", "--peers", peers, "--cluster-secret-file", good}, nil, "not built yet"},
-		{nil, map[string]string{"WARREN_NODE_ID": "2", "WARREN_PEERS": peers, "WARREN_CLUSTER_SECRET": "0123456789abcdef"}, "not built yet"},
+		{[]string{"--node-id", "2", "--peers", "2=127.0.0.1:5692"}, nil, "a single node is node 1"},
 	} {
 		env := func(k string) string { return c.env[k] }
 		args := append([]string{"--data", t.TempDir(), "--listen", "127.0.0.1:0", "--http", "off"}, c.args...)

@@ -240,7 +240,7 @@ func TestCorruptMetaLogRefusesToStart(t *testing.T) {
 // serves, and 503 again while it shuts down.
 func TestReadyz(t *testing.T) {
 	var state atomic.Int32
-	srv := httptest.NewServer(readyzHandler(&state))
+	srv := httptest.NewServer(readyzHandler(&state, nil))
 	defer srv.Close()
 	get := func() (int, string) {
 		resp, err := http.Get(srv.URL)

@@ -154,7 +154,7 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdin i
 	diskLimit := fs.String("disk-free-limit", "", "block publishers while the data directory's filesystem has less free space than this, e.g. 2GiB, 500MB, or -1 for off (default 2GiB; env WARREN_DISK_FREE_LIMIT)")
 	nodeID := fs.String("node-id", "", "this node's id in the cluster, a number from 1 (env WARREN_NODE_ID); with --peers")
 	clusterListen := fs.String("cluster-listen", "", fmt.Sprintf("the cluster port, HOST:PORT (default: this node's address in --peers; port %d; env WARREN_CLUSTER_LISTEN)", cluster.DefaultPort))
-	peers := fs.String("peers", "", "every node of the cluster, this one included: 1=HOST:PORT,2=HOST:PORT,... (env WARREN_PEERS); multi-node clusters are not served yet")
+	peers := fs.String("peers", "", "every node of the cluster, this one included: 1=HOST:PORT,2=HOST:PORT,... (env WARREN_PEERS); the topology is replicated to every node, queues are not yet (README: Cluster quick start)")
 	secretFile := fs.String("cluster-secret-file", "", "a file holding the shared cluster secret, at least 16 bytes (env WARREN_CLUSTER_SECRET_FILE; or the secret itself in WARREN_CLUSTER_SECRET)")
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
@@ -257,8 +257,11 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdin i
 	if err != nil {
 		return err
 	}
-	if cc != nil && (len(cc.Peers) > 1 || cc.NodeID != 1) {
-		return fmt.Errorf("--peers: a multi-node cluster is not built yet: the node-to-node transport exists (replication/cluster), but the metadata and queue groups do not run over it; run one node without --peers (the flags given are valid: node %d, cluster port %s, %d nodes)", cc.NodeID, cc.Listen, len(cc.Peers))
+	if cc != nil && len(cc.Peers) == 1 && cc.NodeID != 1 {
+		return fmt.Errorf("--peers names only node %d: a single node is node 1 (list every node of a cluster, this one included)", cc.NodeID)
+	}
+	if cc != nil && len(cc.Peers) == 1 {
+		cc = nil // a cluster of one: the single node
 	}
 	tlsFiles, err := tlsSettings(&fc)
 	if err != nil {
@@ -333,7 +336,10 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdin i
 		writeDiskMetrics(w, fc.Data)
 	})
 	mux.HandleFunc("/healthz", func(w http.ResponseWriter, r *http.Request) { io.WriteString(w, "ok\n") })
-	mux.Handle("/readyz", readyzHandler(&state))
+	mux.Handle("/readyz", readyzHandler(&state, func() bool {
+		s := srvp.Load()
+		return cc == nil || (s != nil && s.Broker.MetaReady())
+	}))
 	web := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if c := webH.Load(); c != nil {
 			c.ServeHTTP(w, r)
@@ -360,6 +366,13 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdin i
 	}
 
 	fatal := make(chan error, 1)
+	var cn *clusterNode
+	if cc != nil {
+		if cn, err = startCluster(cc, log); err != nil {
+			return err
+		}
+		defer cn.close()
+	}
 	log.Info("recovering", "data", fc.Data)
 	srv, err := netio.Start(netio.Config{
 		Addr: fc.Listen, DisablePlain: fc.Listen == "off", TLSAddr: fc.TLSListen, TLSConfig: tlsConfig(tlsFiles), Users: fc.Users, DisableGuest: fc.DisableGuest, MaxConnections: fc.MaxConnections,
@@ -375,6 +388,7 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdin i
 			}
 		},
 		MaxQueues: fc.MaxQueues, MaxExchanges: fc.MaxExchanges, MaxBindings: fc.MaxBindings, MaxExclusivePerConnection: fc.MaxExclusive,
+		NodeID: cn.id(), MetaPeers: cn.ids(), RaftSend: cn.send(), OnBroker: cn.setBroker, ClusterCtx: ctx,
 	})
 	if err != nil {
 		return err
@@ -397,6 +411,9 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdin i
 	}
 	api := admin.New(srv.Broker, adminconn.New(srv), log, 0)
 	defer api.Close()
+	if cn != nil {
+		api.SetClusterNodes(cn.nodes)
+	}
 	api.SetDataDir(fc.Data)
 	// The web console at /, and the admin API for its sessions and for
 	// HTTP Basic credentials (503 until recovery is done).
@@ -447,15 +464,22 @@ const (
 	stateStopping          // shutting down
 )
 
-// readyzHandler answers /readyz: 503 while recovering or stopping, 200
-// while serving.
-func readyzHandler(state *atomic.Int32) http.Handler {
+// readyzHandler answers /readyz: 503 while recovering or stopping, or
+// while the cluster's metadata group has no leader or this node has not
+// applied what it committed (metaReady false), 200 while serving.
+func readyzHandler(state *atomic.Int32, metaReady func() bool) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		switch state.Load() {
 		case stateRecovering:
 			http.Error(w, "recovering: the broker is not serving yet", http.StatusServiceUnavailable)
 		case stateStopping:
 			http.Error(w, "shutting down", http.StatusServiceUnavailable)
+		case stateReady:
+			if metaReady != nil && !metaReady() {
+				http.Error(w, "the cluster's metadata group has no leader, or this node is catching up", http.StatusServiceUnavailable)
+				return
+			}
+			io.WriteString(w, "ready\n")
 		default:
 			io.WriteString(w, "ready\n")
 		}
