@@ -103,7 +103,21 @@
 // until it is on disk, and so do acknowledgements of entries; committed
 // entries are applied only once stored. replication/sim runs three voters
 // per group in one goroutine over a seeded fake network, with crashes,
-// torn writes and partitions (TestSim; make soak-sim).
+// torn writes, partitions and snapshots (TestSim; make soak-sim).
+//
+// Snapshot install (install.go, design §6.7): a follower that needs
+// entries its leader compacted away gets the leader's latest snapshot
+// and only the live entries above its Match (WorkerConfig.SendSnapshot,
+// a SnapshotTransport; Worker.StepSnapshot on the other side, and
+// Worker.ReportSnapshot back to the sender). It cuts its divergent
+// suffix, stores the snapshot with the entries it lacks (an install
+// record), compacts its log to the snapshot (segment.Log.CompactAt) and
+// writes those entries below it (segment.Log.AppendLive), off the shard;
+// then restores its FSM (WorkerConfig.Installed hears it) and answers the
+// leader. Worker.Recover finishes an install a crash interrupted
+// (TestInstallSurvivesACrashAtEverySync). A group compacting its log
+// switches its storage to the snapshot before segment drops anything, so
+// raft never asks segment for a dropped entry.
 //
 // # How the broker uses it (design phase D4, one node)
 //
@@ -142,6 +156,12 @@
 //     every node a voter over it (MetaConfig.Peers: proposals forwarded to
 //     the leader, applied at commit on every node, each entry naming its
 //     origin so the proposer's Wait and Done see its own commands); queue
-//     groups with several voters, snapshot install, placement, forwarding,
-//     enqueuer dedup and consumer resume are not.
+//     groups with several voters, placement, forwarding, enqueuer dedup
+//     and consumer resume are not (the queue side of resume is:
+//     queue.Machine.Outstanding), and the transport does not carry
+//     snapshots yet (SnapshotTransport). An install record keeps the
+//     entries it wrote a second time in the snapshot store until the
+//     group's next snapshot; a cluster leader compacts to its own applied
+//     index whatever its followers' Match (a laggard then needs a
+//     snapshot).
 package replication

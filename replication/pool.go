@@ -16,6 +16,7 @@ type Pool struct {
 	size   int
 	active int
 	peak   int
+	inline bool
 }
 
 // NewPool starts a pool of n goroutines (n ≥ 1).
@@ -52,8 +53,16 @@ func (p *Pool) loop() {
 	}
 }
 
+// NewInlinePool returns a pool that runs each job at once, on the
+// goroutine that calls Go (deterministic simulations: replication/sim).
+func NewInlinePool() *Pool { return &Pool{inline: true} }
+
 // Go queues job.
 func (p *Pool) Go(job func()) {
+	if p.inline {
+		job()
+		return
+	}
 	p.mu.Lock()
 	p.jobs = append(p.jobs, job)
 	p.mu.Unlock()
@@ -69,6 +78,9 @@ func (p *Pool) Peak() int {
 
 // Close runs the queued jobs, then stops the goroutines.
 func (p *Pool) Close() {
+	if p.inline {
+		return
+	}
 	p.mu.Lock()
 	p.closed = true
 	p.mu.Unlock()

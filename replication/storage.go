@@ -359,3 +359,15 @@ func (s *raftStorage) compacted(meta raftpb.SnapshotMetadata) error {
 	s.trimTail(meta.Index)
 	return nil
 }
+
+// installed records that a leader's snapshot described by meta is
+// installed (segment compacted to it, what followed cut): the log now
+// starts right after it and is empty.
+func (s *raftStorage) installed(meta raftpb.SnapshotMetadata) {
+	s.snap = meta
+	s.first, s.last = meta.Index+1, meta.Index
+	s.terms = s.terms[:0]
+	clear(s.conv[:cap(s.conv)])
+	s.tail, s.tailBytes = nil, 0
+	s.hs.Commit = max(s.hs.Commit, meta.Index) // as a restart would find it
+}

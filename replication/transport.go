@@ -36,6 +36,9 @@ func (w *Worker) Step(gid uint64, m raftpb.Message) error {
 	if w.failed != nil {
 		return ErrWorkerStopped
 	}
+	if m.Type == raftpb.MsgSnap {
+		return fmt.Errorf("replication: group %d: a MsgSnap from %d without its data: snapshots come through StepSnapshot", gid, m.From)
+	}
 	if err := g.rn.Step(m); err != nil {
 		return fmt.Errorf("replication: group %d: %v from %d: %w", gid, m.Type, m.From, err)
 	}

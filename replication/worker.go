@@ -62,6 +62,15 @@ type WorkerConfig struct {
 	// Send carries raft messages to peers (cluster step; nil on a single
 	// node, where a group has no peers to talk to).
 	Send func(gid uint64, msgs []raftpb.Message)
+	// SendSnapshot streams a snapshot (raft's MsgSnap, the data, the live
+	// entries the follower lacks) to a peer (install.go, design §6.7);
+	// nil: raft hears that every snapshot failed. It needs Snapshots (the
+	// store the data is read from).
+	SendSnapshot func(gid uint64, s *SnapshotMessage)
+	// Installed (optional) hears, on the shard, that a group installed a
+	// leader's snapshot: its FSM jumped to meta.Index, and the commands
+	// up to it were never applied here.
+	Installed func(g *Group, meta raftpb.SnapshotMetadata)
 	// Fatal is told, on the shard goroutine, that an Append failed: the
 	// engine has stopped (segment.ErrStopped) and the node must exit and
 	// recover (design §3.2, the fsyncgate rule).
@@ -90,6 +99,9 @@ type WorkerStats struct {
 	Proposals uint64 // entries proposed
 	Dropped   uint64 // proposals raft refused (no leader, transfer, size)
 	Applied   uint64 // entries applied
+	// SnapshotsSent: snapshots handed to SendSnapshot; SnapshotsInstalled:
+	// leaders' snapshots installed here.
+	SnapshotsSent, SnapshotsInstalled uint64
 }
 
 // submission is one round's writes: one Append.
@@ -148,6 +160,11 @@ type Group struct {
 	// nothing of the group is in flight (a write, a snapshot).
 	removed  bool
 	removing func()
+	// staged: a leader's snapshot stepped and not yet installed or
+	// refused (StepSnapshot); resume: the rest of a Ready whose snapshot
+	// was installed, handled in the next round.
+	staged *SnapshotMessage
+	resume *raft.Ready
 }
 
 // ErrGroupRemoved: the group was removed (its queue deleted); it takes no
@@ -439,6 +456,12 @@ func (w *Worker) process(g *Group, now int64) {
 	if g.inflight {
 		return
 	}
+	if g.resume != nil {
+		rd := *g.resume
+		g.resume = nil
+		w.handle(g, rd, now)
+		return
+	}
 	if !g.rn.HasReady() {
 		if g.forceHS && !raft.IsEmptyHardState(g.pendingHS) {
 			g.forceHS = false
@@ -464,9 +487,16 @@ func (w *Worker) process(g *Group, now int64) {
 		}
 	}
 	if !raft.IsEmptySnap(rd.Snapshot) {
-		g.fail(fmt.Errorf("replication: group %d: installing a snapshot from a leader is not built (cluster step)", g.id))
+		g.install(rd) // then the rest of rd (resume)
 		return
 	}
+	g.staged = nil // raft did not take it (or there was none)
+	w.handle(g, rd, now)
+}
+
+// handle applies, sends and writes what a Ready holds (its snapshot, if
+// any, installed already).
+func (w *Worker) handle(g *Group, rd raft.Ready, now int64) {
 	// raft's order: a Ready's entries are stored before its committed
 	// entries are applied. Those stored already apply now; the rest (a
 	// follower handed entries the others committed) once this Ready's
@@ -603,6 +633,16 @@ func (g *Group) sendEarly(msgs []raftpb.Message) {
 }
 
 func (g *Group) send(msgs []raftpb.Message) {
+	n := 0
+	for _, m := range msgs {
+		if m.Type == raftpb.MsgSnap {
+			g.sendSnapshot(m) // with its data and live entries (install.go)
+			continue
+		}
+		msgs[n] = m
+		n++
+	}
+	msgs = msgs[:n]
 	if len(msgs) == 0 {
 		return
 	}
@@ -624,12 +664,7 @@ func (g *Group) fail(err error) {
 func (w *Worker) persisted(sub *submission) {
 	w.stats.Persisted++
 	if sub.err != nil {
-		if w.failed == nil {
-			w.failed = sub.err
-			if w.cfg.Fatal != nil {
-				w.cfg.Fatal(sub.err)
-			}
-		}
+		w.stop(sub.err)
 		return
 	}
 	for i, g := range sub.groups {
@@ -666,6 +701,16 @@ func (w *Worker) persisted(sub *submission) {
 	clear(sub.readies)
 	*sub = submission{batches: sub.batches[:0], groups: sub.groups[:0], readies: sub.readies[:0], hss: sub.hss[:0], hsOnly: sub.hsOnly[:0]}
 	w.free = append(w.free, sub)
+}
+
+// stop stops the worker for good after a failed write and tells Fatal.
+func (w *Worker) stop(err error) {
+	if w.failed == nil {
+		w.failed = err
+		if w.cfg.Fatal != nil {
+			w.cfg.Fatal(err)
+		}
+	}
 }
 
 // appender makes each round's writes durable, one Append per round, and
@@ -882,15 +927,23 @@ func (g *Group) maybeCompact() {
 	}
 	g.compactAfter = nil
 	w := g.w
+	// The storage starts after the snapshot from now on, before segment
+	// drops anything: raft must never ask segment for an entry the
+	// compaction may have dropped (a leader sending to a follower;
+	// ErrUnavailable there panics raft). The snapshot is durable in the
+	// store already, and raft sends it instead.
+	if err := g.st.compacted(p.meta); err != nil {
+		g.snapping = false
+		p.done(p.meta, err)
+		g.maybeRemove()
+		return
+	}
 	w.cfg.Pool.Go(func() {
 		err := w.log.Compact(g.id, p.meta.Index, p.live)
 		w.cfg.Post(func() {
 			g.snapping = false
 			if err == nil && g.removed {
 				err = ErrGroupRemoved
-			}
-			if err == nil {
-				err = g.st.compacted(p.meta)
 			}
 			p.done(p.meta, err)
 			g.maybeRemove()
@@ -912,7 +965,11 @@ func (w *Worker) Recover(gid uint64, store *SnapStore, voters raftpb.ConfState, 
 		return nil, fmt.Errorf("replication: group %d: loading its snapshot: %w", gid, err)
 	}
 	var fsm *QueueFSM
+	var install []segment.Entry
 	if ok {
+		if data, install, err = splitInstall(data); err != nil {
+			return nil, fmt.Errorf("replication: group %d: %w", gid, err)
+		}
 		if fsm, err = RestoreQueueFSM(meta.Index, data, sink); err != nil {
 			return nil, fmt.Errorf("replication: group %d: %w", gid, err)
 		}
@@ -925,7 +982,15 @@ func (w *Worker) Recover(gid uint64, store *SnapStore, voters raftpb.ConfState, 
 		return nil, err
 	}
 	if meta.Index > 0 {
-		if err := w.log.Compact(gid, meta.Index, fsm.LiveEntries(nil, meta.Index)); err != nil {
+		live := fsm.LiveEntries(nil, meta.Index)
+		if install != nil {
+			// A leader's snapshot: redo what a crash may have left undone
+			// of its install (install.go), then the same check.
+			err = completeInstall(w.log, gid, meta, live, install)
+		} else {
+			err = w.log.Compact(gid, meta.Index, live)
+		}
+		if err != nil {
 			g.fail(err)
 			delete(w.ids, gid)
 			return nil, fmt.Errorf("replication: group %d: %w", gid, err)

@@ -32,9 +32,18 @@
 //
 // Leaders are also asked to transfer leadership at random.
 //
-// Not simulated: snapshots and log compaction (a lagging follower would
-// need a snapshot installed, which the cluster issue builds) and conf
-// changes.
+// Snapshots: every node takes its own (the worker's policy, and at
+// random) into its SnapStore and compacts its log to them; nodes restart
+// from their latest snapshot (Worker.Recover). A follower that needs
+// entries its leader compacted away gets the leader's snapshot with the
+// live entries it lacks over the same network (delayed, dropped,
+// partitioned; the sender hears whether it arrived) and installs it
+// (replication/install.go), crashes included: the checks above then
+// hold across installs (an installed FSM must be byte-equal to the others
+// at its index; a publish at or below a node's snapshot is checked by
+// that equality rather than by its apply).
+//
+// Not simulated: conf changes.
 package sim
 
 import (
@@ -46,6 +55,7 @@ import (
 	"fmt"
 	"io"
 	"math/rand/v2"
+	"runtime"
 	"slices"
 	"time"
 
@@ -84,6 +94,9 @@ type Result struct {
 	Partitions int
 	Leaders    int // distinct (group, term) leaders seen
 	Checks     int // snapshot comparisons at an equal index
+	Snapshots  int // snapshots taken (compacting the log)
+	Installs   int // leaders' snapshots installed by a follower
+	SnapsSent  int // snapshots a leader sent
 }
 
 const (
@@ -108,7 +121,8 @@ func Run(seed uint64, cfg Config) (Result, error) {
 		snaps:   map[termKey][]byte{},
 		votes:   map[voteKey]uint64{},
 		commits: map[uint64]commit{},
-		pool:    replication.NewPool(1),
+		pool:    replication.NewInlinePool(),
+		g:       goid(),
 	}
 	defer s.pool.Close()
 	// raft draws its randomized election timeouts from crypto/rand.Reader
@@ -182,6 +196,26 @@ type sim struct {
 	healed  bool
 	healAt  int64
 	disk    int // disk latency: 0..disk-1 ms per Append
+	g       uint64
+}
+
+// goid is the calling goroutine's id. The simulation runs on one
+// goroutine; the appenders post from theirs. Completions the worker posts
+// from the simulation's own goroutine (the inline pool's: snapshot
+// writes, compactions, installs) are run later as events, in the order
+// posted.
+func goid() uint64 {
+	var b [32]byte
+	s := b[:runtime.Stack(b[:], false)]
+	s = bytes.TrimPrefix(s, []byte("goroutine "))
+	var id uint64
+	for _, c := range s {
+		if c < '0' || c > '9' {
+			break
+		}
+		id = id*10 + uint64(c-'0')
+	}
+	return id
 }
 
 type termKey struct{ gid, n uint64 }
@@ -344,6 +378,11 @@ type node struct {
 	applied map[uint64]map[uint64]uint64
 	// checked: per group, the applied index last compared.
 	checked map[uint64]uint64
+	// base: per group, the snapshot index this incarnation started from
+	// or last installed (publishes at or below it were not applied here).
+	base  map[uint64]uint64
+	store *replication.SnapStore
+	later []func() // completions posted from the simulation's goroutine
 }
 
 func (n *node) clock() int64 { return n.s.now + n.skew }
@@ -355,6 +394,13 @@ func (n *node) start() error {
 		return fmt.Errorf("node %d: segment.Open after a crash: %w", n.id, err)
 	}
 	n.log = l
+	store, err := replication.OpenSnapStore(l)
+	if err != nil {
+		return fmt.Errorf("node %d: opening its snapshot store: %w", n.id, err)
+	}
+	n.store = store
+	n.later = nil
+	n.base = map[uint64]uint64{}
 	n.inbox = make(chan func(), 16)
 	n.fatal = nil
 	n.armed = false
@@ -363,10 +409,29 @@ func (n *node) start() error {
 	n.checked = map[uint64]uint64{}
 	n.w = replication.NewWorker(l, replication.WorkerConfig{
 		NodeID: n.id,
-		Post:   func(fn func()) { n.inbox <- fn },
-		Fatal:  func(err error) { n.fatal = err },
-		Send:   endpoint{s.net, n}.Send,
-		Pool:   s.pool,
+		Post: func(fn func()) {
+			if goid() == s.g {
+				n.later = append(n.later, fn)
+				return
+			}
+			n.inbox <- fn
+		},
+		Fatal:        func(err error) { n.fatal = err },
+		Send:         endpoint{s.net, n}.Send,
+		SendSnapshot: endpoint{s.net, n}.SendSnapshot,
+		Snapshots:    store,
+		SnapshotDone: func(g *replication.Group, meta raftpb.SnapshotMetadata, err error) {
+			if err == nil {
+				s.res.Snapshots++
+				s.tracef("node %d group %d: snapshot at %d", n.id, g.ID(), meta.Index)
+			}
+		},
+		Installed: func(g *replication.Group, meta raftpb.SnapshotMetadata) {
+			s.res.Installs++
+			n.base[g.ID()] = meta.Index
+			s.tracef("node %d group %d: installed the leader's snapshot at %d (term %d)", n.id, g.ID(), meta.Index, meta.Term)
+		},
+		Pool: s.pool,
 	})
 	n.groups = n.groups[:0]
 	voters := raftpb.ConfState{}
@@ -375,11 +440,11 @@ func (n *node) start() error {
 	}
 	for _, gs := range s.groups {
 		n.applied[gs.gid] = map[uint64]uint64{}
-		fsm := replication.NewQueueFSM(queue.New(gs.cfg, 0), 0, n.sink(gs))
-		g, err := n.w.Open(gs.gid, raftpb.SnapshotMetadata{ConfState: voters}, fsm)
+		g, err := n.w.Recover(gs.gid, store, voters, func() *queue.Machine { return queue.New(gs.cfg, 0) }, n.sink(gs))
 		if err != nil {
-			return fmt.Errorf("node %d: opening group %d: %w", n.id, gs.gid, err)
+			return fmt.Errorf("node %d: recovering group %d: %w", n.id, gs.gid, err)
 		}
+		n.base[gs.gid] = g.FSM().AppliedIndex()
 		n.groups = append(n.groups, g)
 	}
 	n.up = true
@@ -518,10 +583,36 @@ func (s *sim) flush() {
 				any = true
 				n.round()
 			}
+			n.schedule()
 		}
 		if !any {
 			return
 		}
+	}
+}
+
+// schedule runs the completions the node's worker posted from the
+// simulation's goroutine (the inline pool's) as events after a disk
+// latency, in the order posted.
+func (n *node) schedule() {
+	s := n.s
+	later := n.later
+	n.later = nil
+	for _, fn := range later {
+		n.diskAt = max(n.diskAt, s.now+int64(s.r.IntN(s.disk)))
+		inc := n.inc
+		s.at(n.diskAt, func() {
+			if n.inc != inc || !n.up {
+				return // crashed meanwhile: the completion is lost
+			}
+			fn()
+			n.dirty = true
+			if n.fatal != nil {
+				s.tracef("node %d: %v", n.id, n.fatal)
+				s.res.SyncFails++
+				n.crash(s.r.IntN(3) * s.r.IntN(4096))
+			}
+		})
 	}
 }
 
@@ -586,6 +677,65 @@ func (e endpoint) Send(gid uint64, msgs []raftpb.Message) {
 	}
 }
 
+// SendSnapshot carries a snapshot with its live entries as one message
+// (copied: nothing shared between nodes), subject to the same delays,
+// drops and partitions; the sender hears whether it was delivered.
+func (e endpoint) SendSnapshot(gid uint64, sm *replication.SnapshotMessage) {
+	net, s := e.net, e.net.s
+	from, inc := e.from, e.from.inc
+	s.res.Messages++
+	s.res.SnapsSent++
+	m := sm.Msg
+	s.tracef("group %d: node %d sends its snapshot at %d to %d (%d live entries)", gid, m.From, m.Snapshot.Metadata.Index, m.To, len(sm.Entries))
+	report := func(ok bool) {
+		if from.inc == inc && from.up {
+			from.w.ReportSnapshot(gid, m.To, ok)
+			from.dirty = true
+		}
+	}
+	to := s.nodes[m.To-1]
+	delay := 1 + int64(s.r.IntN(30))
+	if net.cut[[2]uint64{m.From, m.To}] || s.r.IntN(100) < net.drop {
+		s.res.Dropped++
+		s.at(s.now+delay, func() { report(false) })
+		return
+	}
+	b, err := m.Marshal()
+	if err != nil {
+		s.fail("marshal %v: %v", m.Type, err)
+		return
+	}
+	data := bytes.Clone(sm.Data)
+	ents := make([]segment.Entry, len(sm.Entries))
+	for i, x := range sm.Entries {
+		ents[i] = segment.Entry{Index: x.Index, Term: x.Term, Data: bytes.Clone(x.Data)}
+	}
+	if s.r.IntN(100) < net.late {
+		delay += int64(s.r.IntN(3000))
+	}
+	s.at(s.now+delay, func() {
+		if !to.up || net.cut[[2]uint64{m.From, m.To}] {
+			s.res.Dropped++
+			report(false)
+			return
+		}
+		var got raftpb.Message
+		if err := got.Unmarshal(b); err != nil {
+			s.fail("unmarshal: %v", err)
+			return
+		}
+		if err := to.w.StepSnapshot(gid, &replication.SnapshotMessage{Msg: got, Data: data, Entries: ents}); err != nil {
+			if !errors.Is(err, replication.ErrWorkerStopped) {
+				s.fail("node %d: step a snapshot from %d: %v", to.id, m.From, err)
+			}
+			report(false)
+			return
+		}
+		to.dirty = true
+		report(true)
+	})
+}
+
 func (s *sim) vote(gid, term, voter, for_ uint64) {
 	k := voteKey{gid, term, voter}
 	if prev, ok := s.votes[k]; !ok {
@@ -623,7 +773,7 @@ func (net *network) deliver(to *node, gid uint64, b []byte) {
 // ---- faults ----
 
 func (s *sim) fault() {
-	switch k := s.r.IntN(11); {
+	switch k := s.r.IntN(13); {
 	case k < 3: // partition: a random side against the rest
 		clear(s.net.cut)
 		side := map[uint64]bool{}
@@ -675,6 +825,23 @@ func (s *sim) fault() {
 			err := n.log.Maintain()
 			s.tracef("node %d: segment maintenance: %v", n.id, err)
 		}
+	case k < 11: // a node snapshots a group and compacts its log
+		n := s.nodes[s.r.IntN(len(s.nodes))]
+		gs := s.groups[s.r.IntN(len(s.groups))]
+		if !n.up {
+			break
+		}
+		g := n.group(gs.gid)
+		err := g.Snapshot(n.store, func(meta raftpb.SnapshotMetadata, err error) {
+			s.tracef("node %d group %d: snapshot at %d: %v", n.id, gs.gid, meta.Index, err)
+			if err == nil {
+				s.res.Snapshots++
+			}
+		})
+		if err != nil {
+			s.tracef("node %d group %d: snapshot: %v", n.id, gs.gid, err)
+		}
+		n.dirty = true
 	default: // a leader hands a group to another voter
 		gs := s.groups[s.r.IntN(len(s.groups))]
 		if n, g := s.leader(gs); g != nil {
@@ -942,19 +1109,26 @@ func logsMatch(a, b *node, gid uint64) error {
 	if err != nil {
 		return err
 	}
-	if len(ea) == 0 || len(eb) == 0 || ea[0].Index != 1 || eb[0].Index != 1 {
-		return nil // no compaction in the simulation: every log starts at 1
+	if len(ea) == 0 || len(eb) == 0 {
+		return nil
 	}
-	n := min(len(ea), len(eb))
-	k := n - 1
-	for k >= 0 && ea[k].Term != eb[k].Term {
-		k--
-	}
-	for i := 0; i <= k; i++ {
-		if ea[i].Index != eb[i].Index || ea[i].Term != eb[i].Term || !bytes.Equal(ea[i].Data, eb[i].Data) {
-			return fmt.Errorf("log matching: nodes %d and %d agree on entry %d (term %d) but differ at entry %d (terms %d, %d; %d and %d bytes)",
-				a.id, b.id, ea[k].Index, ea[k].Term, ea[i].Index, ea[i].Term, eb[i].Term, len(ea[i].Data), len(eb[i].Data))
+	// Compared where both logs hold entries (each starts after its own
+	// snapshot).
+	lo := max(ea[0].Index, eb[0].Index)
+	hi := min(ea[len(ea)-1].Index, eb[len(eb)-1].Index)
+	at := func(es []segment.Entry, i uint64) segment.Entry { return es[i-es[0].Index] }
+	for k := hi; k >= lo && k > 0; k-- {
+		if at(ea, k).Term != at(eb, k).Term {
+			continue
 		}
+		for i := lo; i <= k; i++ {
+			x, y := at(ea, i), at(eb, i)
+			if x.Index != i || y.Index != i || x.Term != y.Term || !bytes.Equal(x.Data, y.Data) {
+				return fmt.Errorf("log matching: nodes %d and %d agree on entry %d (term %d) but differ at entry %d (terms %d, %d; %d and %d bytes)",
+					a.id, b.id, k, at(ea, k).Term, i, x.Term, y.Term, len(x.Data), len(y.Data))
+			}
+		}
+		break
 	}
 	return nil
 }
@@ -1009,6 +1183,9 @@ func (s *sim) checkFinal() {
 	for _, uid := range uids {
 		c := s.commits[uid]
 		for _, n := range s.nodes {
+			if c.index <= n.base[c.gid] {
+				continue // in the snapshot it started from or installed (its state was compared)
+			}
 			if at, ok := n.applied[c.gid][uid]; !ok || at != c.index {
 				s.fail("publish %d, committed at group %d entry %d, is not applied on node %d (found at %d, %v)", uid, c.gid, c.index, n.id, at, ok)
 				return

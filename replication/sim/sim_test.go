@@ -57,10 +57,16 @@ func TestSim(t *testing.T) {
 		total.Checks += res.Checks
 		total.Messages += res.Messages
 		total.Dropped += res.Dropped
+		total.Snapshots += res.Snapshots
+		total.Installs += res.Installs
+		total.SnapsSent += res.SnapsSent
 	}
 	el := time.Since(start)
-	t.Logf("%d seeds in %v (%.1f seeds/s): %d events, %d publishes committed, %d leaders, %d crashes (%d at a failed fsync), %d clean restarts, %d leadership transfers, %d partitions, %d messages (%d dropped), %d snapshot comparisons",
-		n, el.Round(time.Millisecond), float64(n)/el.Seconds(), total.Events, total.Publishes, total.Leaders, total.Crashes, total.SyncFails, total.Restarts, total.Transfers, total.Partitions, total.Messages, total.Dropped, total.Checks)
+	t.Logf("%d seeds in %v (%.1f seeds/s): %d events, %d publishes committed, %d leaders, %d crashes (%d at a failed fsync), %d clean restarts, %d leadership transfers, %d partitions, %d messages (%d dropped), %d snapshot comparisons, %d snapshots taken, %d sent, %d installed",
+		n, el.Round(time.Millisecond), float64(n)/el.Seconds(), total.Events, total.Publishes, total.Leaders, total.Crashes, total.SyncFails, total.Restarts, total.Transfers, total.Partitions, total.Messages, total.Dropped, total.Checks, total.Snapshots, total.SnapsSent, total.Installs)
+	if n >= 10 && (total.Snapshots == 0 || total.Installs == 0) {
+		t.Fatalf("%d seeds took %d snapshots and installed %d: the run does not exercise snapshot install", n, total.Snapshots, total.Installs)
+	}
 }
 
 // TestSimDeterministic: a seed run twice does the same thing, event for
