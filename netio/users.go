@@ -78,7 +78,19 @@ func (s *Server) closeUsers(gone map[string]bool) {
 	}
 }
 
-// OnUserDeleted sets a function told of each user deleted at run time,
+// OnUserDeleted adds a function told of each user deleted at run time,
 // after the native connections of that user are closed: another front
-// (netio/amqp) closes its own.
-func (s *Server) OnUserDeleted(fn func(user string)) { s.userDeleted.Store(&fn) }
+// (netio/amqp) closes its own. Each one added is told.
+func (s *Server) OnUserDeleted(fn func(user string)) {
+	for {
+		old := s.userDeleted.Load()
+		both := fn
+		if old != nil {
+			prev := *old
+			both = func(user string) { prev(user); fn(user) }
+		}
+		if s.userDeleted.CompareAndSwap(old, &both) {
+			return
+		}
+	}
+}

@@ -39,7 +39,7 @@ import (
 
 // usage is the help text; its queue settings line is written from wire's
 // queue-argument descriptors (queueSettingsUsage).
-var usage = strings.Replace(usageText, "{{queue settings}}", queueSettingsUsage(), 1)
+var usage = strings.Replace(strings.Replace(usageText, "{{queue settings}}", queueSettingsUsage(), 1), "{{vhost}}", vhostUsage, 1)
 
 const usageText = `warrenctl — operate a Warren broker
 
@@ -65,7 +65,7 @@ Commands:
       Deleting a user closes its connections. The administrator tag allows every write.
   permission list | set USER [--vhost /] [--configure RE] [--write RE] [--read RE] | clear USER [--vhost /]
       RabbitMQ's regular expressions over exchange and queue names; an omitted or empty one matches nothing.
-  publish [--exchange EX] --routing-key KEY [--persistent] [--mandatory=false] [--priority N] [--content-type T]
+{{vhost}}  publish [--exchange EX] --routing-key KEY [--persistent] [--mandatory=false] [--priority N] [--content-type T]
           [--message-id ID] [--header k=v]... [--lines] [--file F] [BODY]   (body from stdin when absent)
       The default exchange ("") delivers to the queue named by the routing key. A message that no queue
       takes fails the command (exit 1); --mandatory=false lets it be dropped silently instead.
@@ -295,6 +295,8 @@ func (c *cli) dispatch(args []string) error {
 		return c.permissions(sub(1), args[min(2, len(args)):])
 	case "cluster":
 		return c.cluster(sub(1), args[min(2, len(args)):])
+	case "vhost":
+		return c.vhosts(sub(1), args[min(2, len(args)):])
 	case "publish":
 		return c.publish(args[1:])
 	case "consume":

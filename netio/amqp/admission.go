@@ -162,6 +162,9 @@ func (l *Listener) releaseUnauthLocked(c *conn) {
 // forgetLocked releases what a closed connection counted against.
 func (l *Listener) forgetLocked(c *conn) {
 	l.releaseUnauthLocked(c)
+	if c.vhost != "" {
+		l.srv.CloseVhost(c.vhost)
+	}
 	if c.adm.srcCounted {
 		if n := l.perSource[c.adm.src] - 1; n > 0 {
 			l.perSource[c.adm.src] = n

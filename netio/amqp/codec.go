@@ -6,6 +6,7 @@ import (
 	"math"
 	"strings"
 
+	"github.com/warren-mq/warren/broker"
 	"github.com/warren-mq/warren/wire"
 )
 
@@ -96,7 +97,7 @@ func errOf(err error) *amqpError {
 	}
 	var we *wire.Error
 	if errors.As(err, &we) {
-		return chErr(replyCodeOf(we.Code), strings.ToUpper(we.Code.String())+" - "+we.Reason)
+		return chErr(replyCodeOf(we.Code), strings.ToUpper(we.Code.String())+" - "+broker.LocalText(we.Reason))
 	}
 	return chErr(internalError, err.Error())
 }

@@ -53,12 +53,16 @@ type conn struct {
 	remote  string         // the client's address as "ip:port" (after a PROXY header, the one it names)
 	src     netip.AddrPort // the same
 
-	user       string
-	admin      bool
-	frameMax   uint32
-	channelMax uint16
-	heartbeat  time.Duration // set before open-ok; read by the tick once stOpen
-	hs         int           // handshake step
+	user  string
+	vhost string // opened by connection.open (vhost.go); l.mu to change
+	// exLocal, exQual: the last publish exchange and its internal name
+	// (pubExchange).
+	exLocal, exQual string
+	admin           bool
+	frameMax        uint32
+	channelMax      uint16
+	heartbeat       time.Duration // set before open-ok; read by the tick once stOpen
+	hs              int           // handshake step
 
 	// The method being handled, for the class and method ids of an error.
 	curClass, curMethod uint16
@@ -921,8 +925,12 @@ func (c *conn) onOpen(r *reader) error {
 	if r.err != nil {
 		return r.err
 	}
-	if vhost != "/" && vhost != "" {
-		return connErr(notAllowed, "NOT_ALLOWED - vhost "+strconv.Quote(vhost)+" not found: Warren has one virtual host, \"/\"")
+	v, err := c.srv.OpenVhost(vhost, c.user)
+	if err != nil {
+		return connErr(notAllowed, "NOT_ALLOWED - "+errText(err))
+	}
+	if !c.l.setVhost(c, v) {
+		return nil // closed meanwhile
 	}
 	c.opened.Store(true)
 	c.lastRecv.Store(time.Now().UnixMilli())

@@ -139,6 +139,7 @@ func Listen(srv *netio.Server, cfg Config) (*Listener, error) {
 		stop: make(chan struct{}), perSource: map[netip.Addr]int{}, evictLog: ratelog.Limiter{Every: 10 * time.Second},
 		refuseLog: ratelog.Limiter{Every: 10 * time.Second}}
 	l.met.init(l)
+	l.followDeletes()
 	l.wg.Add(2)
 	go l.accept()
 	go l.tick()

@@ -96,12 +96,16 @@ func (c *conn) onExchange(ch *channel, id uint16, r *reader) error {
 			}
 			return chErr(preconditionFailed, "PRECONDITION_FAILED - unsupported exchange argument '"+f.Key+"' (only alternate-exchange is mapped)")
 		}
-		if err := c.srv.PermitDeclare(c.user, passive, "exchange", name); err != nil { // permissions (issue 15)
+		if err := c.srv.PermitDeclareIn(c.vh(), c.user, passive, "exchange", name, d.Alternate); err != nil { // permissions (issue 15)
 			return err
 		}
+		d.Name = c.qn(name)
+		if d.Alternate != "" {
+			d.Alternate = c.qn(d.Alternate)
+		}
 		if passive {
-			if !c.srv.View().Table.HasExchange(name) {
-				return chErr(notFound, "NOT_FOUND - no exchange '"+name+"' in vhost '/'")
+			if !c.srv.View().Table.HasExchange(d.Name) {
+				return chErr(notFound, "NOT_FOUND - no exchange '"+name+"' in vhost '"+c.vh()+"'")
 			}
 		} else if err := c.control(func() error { return c.srv.DeclareExchangeAs(d, c.user) }); err != nil {
 			return err
@@ -117,11 +121,11 @@ func (c *conn) onExchange(ch *channel, id uint16, r *reader) error {
 		if r.err != nil {
 			return r.err
 		}
-		if err := c.srv.Permit(c.user, netio.PermConfigure, "exchange", name); err != nil { // permissions (issue 15)
+		if err := c.srv.PermitIn(c.vh(), c.user, netio.PermConfigure, "exchange", name); err != nil { // permissions (issue 15)
 			return err
 		}
 		err := c.control(func() error {
-			return c.srv.DeleteExchangeAs(&wire.ExchangeDelete{Name: name, IfUnused: ifUnused}, c.requester())
+			return c.srv.DeleteExchangeAs(&wire.ExchangeDelete{Name: c.qn(name), IfUnused: ifUnused}, c.requester())
 		})
 		if err != nil && !isCode(err, wire.NotFound) { // deleting what is not there is ok, as in RabbitMQ
 			return err
@@ -138,10 +142,10 @@ func (c *conn) onExchange(ch *channel, id uint16, r *reader) error {
 		if r.err != nil {
 			return r.err
 		}
-		if err := c.srv.PermitBind(c.user, src, dst, true); err != nil { // permissions (issue 15)
+		if err := c.srv.PermitBindIn(c.vh(), c.user, src, dst, true); err != nil { // permissions (issue 15)
 			return err
 		}
-		b := &wire.Bind{Unbind: id == 40, ToExchange: true, Destination: dst, Source: src, RoutingKey: key, Args: args}
+		b := &wire.Bind{Unbind: id == 40, ToExchange: true, Destination: c.qn(dst), Source: c.qn(src), RoutingKey: key, Args: args}
 		if err := c.control(func() error { return c.srv.BindAs(b, c.requester()) }); err != nil {
 			return err
 		}
@@ -205,10 +209,14 @@ func (c *conn) onQueue(ch *channel, id uint16, r *reader) error {
 				return chErr(preconditionFailed, "PRECONDITION_FAILED - invalid property '"+bad+"' for queue '"+name+"' in vhost '/' (x-queue-type quorum)")
 			}
 		}
-		if err := c.srv.PermitDeclare(c.user, passive, "queue", name); err != nil { // permissions (issue 15)
+		dlx := ""
+		if qa, err := wire.ParseQueueArgs(wargs); err == nil {
+			dlx = qa.DeadLetterExchange
+		}
+		if err := c.srv.PermitDeclareIn(c.vh(), c.user, passive, "queue", name, dlx); err != nil { // permissions (issue 15)
 			return err
 		}
-		d := &wire.QueueDeclare{Name: name, Durable: durable, Exclusive: exclusive, AutoDelete: autoDelete, Passive: passive, Args: wargs}
+		d := &wire.QueueDeclare{Name: c.qn(name), Durable: durable, Exclusive: exclusive, AutoDelete: autoDelete, Passive: passive, Args: wargs}
 		var q *broker.Queue
 		err := c.control(func() (err error) {
 			q, err = c.srv.DeclareQueueAs(d, c.id, c.user)
@@ -216,14 +224,14 @@ func (c *conn) onQueue(ch *channel, id uint16, r *reader) error {
 		})
 		if err != nil {
 			if passive && isCode(err, wire.NotFound) {
-				return chErr(notFound, "NOT_FOUND - no queue '"+name+"' in vhost '/'")
+				return chErr(notFound, "NOT_FOUND - no queue '"+name+"' in vhost '"+c.vh()+"'")
 			}
 			return err
 		}
 		if x := q.ExclusiveTo(); x != 0 && x != c.id {
-			return chErr(resourceLocked, "RESOURCE_LOCKED - cannot obtain exclusive access to locked queue '"+q.Name()+"' in vhost '/'")
+			return chErr(resourceLocked, "RESOURCE_LOCKED - cannot obtain exclusive access to locked queue '"+broker.LocalName(q.Name())+"' in vhost '"+c.vh()+"'")
 		}
-		ch.lastQueue = q.Name()
+		ch.lastQueue = broker.LocalName(q.Name())
 		if passive && !noWait {
 			// Answered by the queue's shard after everything submitted
 			// before it, as netio does: the counts are exact, and this
@@ -233,7 +241,7 @@ func (c *conn) onQueue(ch *channel, id uint16, r *reader) error {
 		}
 		if !noWait {
 			c.reply(ch.id, classQueue, 11, func(b []byte) []byte {
-				b = putShortstr(b, q.Name())
+				b = putShortstr(b, broker.LocalName(q.Name()))
 				b = binary.BigEndian.AppendUint32(b, uint32(q.ReadyCount()))
 				return binary.BigEndian.AppendUint32(b, uint32(q.ConsumerCount()))
 			})
@@ -250,10 +258,10 @@ func (c *conn) onQueue(ch *channel, id uint16, r *reader) error {
 		if r.err != nil {
 			return r.err
 		}
-		if err := c.srv.PermitBind(c.user, ex, ch.queueName(qn), false); err != nil { // permissions (issue 15)
+		if err := c.srv.PermitBindIn(c.vh(), c.user, ex, ch.queueName(qn), false); err != nil { // permissions (issue 15)
 			return err
 		}
-		b := &wire.Bind{Unbind: id == 50, Destination: ch.queueName(qn), Source: ex, RoutingKey: key, Args: args}
+		b := &wire.Bind{Unbind: id == 50, Destination: c.qn(ch.queueName(qn)), Source: c.qn(ex), RoutingKey: key, Args: args}
 		if err := c.control(func() error { return c.srv.BindAs(b, c.requester()) }); err != nil {
 			return err
 		}
@@ -272,7 +280,7 @@ func (c *conn) onQueue(ch *channel, id uint16, r *reader) error {
 		if r.err != nil {
 			return r.err
 		}
-		q := c.srv.LookupQueue(qn)
+		q := c.srv.LookupQueue(c.qn(qn))
 		ref := (ch.gen&(1<<32-1))<<32 | uint64(ch.id)<<8
 		if noWait {
 			ref |= ansNoWait
@@ -284,16 +292,16 @@ func (c *conn) onQueue(ch *channel, id uint16, r *reader) error {
 				}
 				return nil
 			}
-			return chErr(notFound, "NOT_FOUND - no queue '"+qn+"' in vhost '/'")
+			return chErr(notFound, "NOT_FOUND - no queue '"+qn+"' in vhost '"+c.vh()+"'")
 		}
 		if x := q.ExclusiveTo(); x != 0 && x != c.id {
-			return chErr(resourceLocked, "RESOURCE_LOCKED - cannot obtain exclusive access to locked queue '"+qn+"' in vhost '/'")
+			return chErr(resourceLocked, "RESOURCE_LOCKED - cannot obtain exclusive access to locked queue '"+qn+"' in vhost '"+c.vh()+"'")
 		}
 		perm := netio.PermConfigure // permissions (issue 15): delete
 		if id == 30 {
 			perm = netio.PermRead // purge
 		}
-		if err := c.srv.Permit(c.user, perm, "queue", qn); err != nil {
+		if err := c.srv.PermitIn(c.vh(), c.user, perm, "queue", qn); err != nil {
 			return err
 		}
 		if id == 30 {
@@ -503,7 +511,7 @@ func (c *conn) onConsume(ch *channel, r *reader) error {
 	if r.err != nil {
 		return r.err
 	}
-	if err := c.srv.Permit(c.user, netio.PermRead, "queue", qn); err != nil { // permissions (issue 15)
+	if err := c.srv.PermitIn(c.vh(), c.user, netio.PermRead, "queue", qn); err != nil { // permissions (issue 15)
 		return err
 	}
 	var prio int16
@@ -514,12 +522,12 @@ func (c *conn) onConsume(ch *channel, r *reader) error {
 		}
 		return chErr(preconditionFailed, "PRECONDITION_FAILED - unsupported consumer argument '"+f.Key+"' (only x-priority is mapped)")
 	}
-	q := c.srv.LookupQueue(qn)
+	q := c.srv.LookupQueue(c.qn(qn))
 	if q == nil {
-		return chErr(notFound, "NOT_FOUND - no queue '"+qn+"' in vhost '/'")
+		return chErr(notFound, "NOT_FOUND - no queue '"+qn+"' in vhost '"+c.vh()+"'")
 	}
 	if x := q.ExclusiveTo(); x != 0 && x != c.id {
-		return chErr(resourceLocked, "RESOURCE_LOCKED - cannot obtain exclusive access to locked queue '"+qn+"' in vhost '/'")
+		return chErr(resourceLocked, "RESOURCE_LOCKED - cannot obtain exclusive access to locked queue '"+qn+"' in vhost '"+c.vh()+"'")
 	}
 	c.mu.Lock()
 	if tag == "" {
@@ -604,14 +612,15 @@ func (c *conn) publish(ch *channel) error {
 	// publishes in flight, the memory alarm) were checked before the
 	// basic.publish was read (conn.mustWait).
 	view := c.srv.View()
-	if !view.Table.HasExchange(pub.exchange) {
-		return chErr(notFound, "NOT_FOUND - no exchange '"+pub.exchange+"' in vhost '/'")
+	exName := c.pubExchange(pub.exchange)
+	if !view.Table.HasExchange(exName) {
+		return chErr(notFound, "NOT_FOUND - no exchange '"+pub.exchange+"' in vhost '"+c.vh()+"'")
 	}
-	if view.Table.IsInternal(pub.exchange) {
-		return chErr(accessRefused, "ACCESS_REFUSED - cannot publish to internal exchange '"+pub.exchange+"' in vhost '/'")
+	if view.Table.IsInternal(exName) {
+		return chErr(accessRefused, "ACCESS_REFUSED - cannot publish to internal exchange '"+pub.exchange+"' in vhost '"+c.vh()+"'")
 	}
-	if !c.pubPerm.Allowed(c.srv, c.user, pub.exchange) { // permissions (issue 15), decided once per exchange
-		return c.srv.PublishRefusal(c.user, pub.exchange)
+	if !c.pubPerm.AllowedIn(c.srv, c.vh(), c.user, pub.exchange) { // permissions (issue 15), decided once per exchange
+		return c.srv.PublishRefusalIn(c.vh(), c.user, pub.exchange)
 	}
 	var seq uint64
 	if ch.confirm {
@@ -629,7 +638,7 @@ func (c *conn) publish(ch *channel) error {
 	if pub.in.expires {
 		meta.ExpirationMs, meta.HasExpiration = pub.in.expMs, true
 	}
-	c.routeBuf, _ = view.Table.Route(c.routeBuf[:0], pub.exchange, sm.RoutingKey, pub.in.headers)
+	c.routeBuf, _ = view.Table.Route(c.routeBuf[:0], exName, sm.RoutingKey, pub.in.headers)
 	placed := 0
 	for _, ref := range c.routeBuf {
 		q := view.Queue(ref)
@@ -1032,13 +1041,13 @@ func (p passiveDeclare) Answer(ref uint64, _ broker.Result) {
 		return
 	}
 	if p.q.Gone() {
-		ae := chErr(notFound, "NOT_FOUND - no queue '"+p.q.Name()+"' in vhost '/'")
+		ae := chErr(notFound, "NOT_FOUND - no queue '"+broker.LocalName(p.q.Name())+"' in vhost '"+p.vh()+"'")
 		ae.class, ae.method = classQueue, 10
 		p.closeChannelFromShard(ch, ae)
 		return
 	}
 	p.reply(chID, classQueue, 11, func(b []byte) []byte {
-		b = putShortstr(b, p.q.Name())
+		b = putShortstr(b, broker.LocalName(p.q.Name()))
 		b = binary.BigEndian.AppendUint32(b, uint32(p.q.ReadyCount()))
 		return binary.BigEndian.AppendUint32(b, uint32(p.q.ConsumerCount()))
 	})
@@ -1063,15 +1072,15 @@ func (c *conn) onGet(ch *channel, r *reader) error {
 	if r.err != nil {
 		return errSyntax
 	}
-	if err := c.srv.Permit(c.user, netio.PermRead, "queue", qn); err != nil { // permissions (issue 15)
+	if err := c.srv.PermitIn(c.vh(), c.user, netio.PermRead, "queue", qn); err != nil { // permissions (issue 15)
 		return err
 	}
-	q := c.srv.LookupQueue(qn)
+	q := c.srv.LookupQueue(c.qn(qn))
 	if q == nil {
-		return chErr(notFound, "NOT_FOUND - no queue '"+qn+"' in vhost '/'")
+		return chErr(notFound, "NOT_FOUND - no queue '"+qn+"' in vhost '"+c.vh()+"'")
 	}
 	if x := q.ExclusiveTo(); x != 0 && x != c.id {
-		return chErr(resourceLocked, "RESOURCE_LOCKED - cannot obtain exclusive access to locked queue '"+qn+"' in vhost '/'")
+		return chErr(resourceLocked, "RESOURCE_LOCKED - cannot obtain exclusive access to locked queue '"+qn+"' in vhost '"+c.vh()+"'")
 	}
 	cr := &consumer{id: c.srv.NewConsumerID(), ch: ch, q: q, autoAck: noAck, noWait: true, get: make(chan struct{})}
 	c.mu.Lock()
