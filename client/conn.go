@@ -278,7 +278,7 @@ func (c *Conn) handshake(user, pass string, external bool) error {
 		auth.Mechanism, auth.Response = "EXTERNAL", nil // the certificate's CN is the user
 	}
 	if v := c.opts.Vhost; v != "" && v != "/" {
-		// Sent only to a broker that reads it (spec §5.4).
+		// Sent only to a broker that reads it (spec §5.2.1).
 		if !slices.Contains(hello.Capabilities, wire.CapVhosts) {
 			return fmt.Errorf("client: virtual host %q asked for, and the broker has no virtual hosts (its HELLO does not list %q)", v, wire.CapVhosts)
 		}

@@ -67,7 +67,7 @@ type Auth struct {
 	MaxFrame     uint32   `json:"max_frame"`
 	MaxChannels  uint16   `json:"max_channels"`
 	HeartbeatMs  uint32   `json:"heartbeat_ms"`
-	// Vhost is the virtual host to open (spec §5.4), a str8 after the
+	// Vhost is the virtual host to open (spec §5.2.1), a str8 after the
 	// other fields, present only when the broker's HELLO lists the
 	// capability CapVhosts: empty (or absent) means "/". A v1 client that
 	// ignores the capability sends none.

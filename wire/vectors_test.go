@@ -95,7 +95,7 @@ func validCases() []validCase {
 		{name: "hello_external", body: &Hello{Product: "warren", Version: "0.1.0", Mechanisms: []string{"PLAIN", "EXTERNAL"},
 			Capabilities: []string{"compression.s2", "compression.zstd"}, MaxFrame: DefaultMaxFrame, MaxChannels: 2047, HeartbeatMs: 30000}},
 		{name: "auth_external", body: &Auth{Mechanism: "EXTERNAL", Response: []byte{}, Product: "warren-go", Version: "0.1.0", MaxFrame: 1 << 20, HeartbeatMs: 10000}},
-		// A broker with virtual hosts lists "vhosts" (§5.4); the client
+		// A broker with virtual hosts lists "vhosts" (§5.2.1); the client
 		// then names one in AUTH's trailing vhost field.
 		{name: "hello_vhosts", body: &Hello{Product: "warren", Version: "0.1.0", Mechanisms: []string{"PLAIN"},
 			Capabilities: []string{"compression.s2", "compression.zstd", "vhosts"}, MaxFrame: DefaultMaxFrame, MaxChannels: 2047, HeartbeatMs: 30000}},
@@ -204,7 +204,7 @@ func invalidCases() []invalidVector {
 		{Name: "bad_flags", Hex: hex.EncodeToString(frame(TypeHeartbeat, 0x80, 0)), Code: BadFlags},
 		{Name: "bad_codec", Hex: hex.EncodeToString(frame(TypePublish, 0x03, 1, u64b(1), u32b(1), s8(""))), Code: BadFlags},
 		{Name: "truncated_close", Hex: hex.EncodeToString(frame(TypeClose, 0, 0, u16b(411), u16b(10), []byte("short"))), Code: FrameError},
-		// §5.4: an AUTH vhost field that is present must not be empty.
+		// §5.2.1: an AUTH vhost field that is present must not be empty.
 		{Name: "auth_empty_vhost", Hex: hex.EncodeToString(frame(TypeAuth, 0, 0, s8("PLAIN"), u32b(0), s8("c"), s8("1"), u8s(0),
 			u32b(1<<20), u16b(0), u32b(0), s8(""))), Code: FrameError},
 		{Name: "trailing_bytes", Hex: hex.EncodeToString(frame(TypeHeartbeat, 0, 0, u8s(0))), Code: FrameError},
