@@ -796,7 +796,7 @@ func (s *Server) initMetrics() {
 	})
 	m.set.RegisterMetricsWriter(func(w io.Writer) {
 		for _, q := range s.Queues() {
-			l := `{queue="` + promLabelValue(q.Name) + `"}`
+			l := queueLabels(q.Name)
 			fmt.Fprintf(w, "warren_queue_ready%s %d\n", l, q.Ready)
 			fmt.Fprintf(w, "warren_queue_unacked%s %d\n", l, q.Unacked)
 			fmt.Fprintf(w, "warren_queue_consumers%s %d\n", l, q.Consumers)
@@ -868,6 +868,8 @@ type ConnInfo struct {
 	AutoAcksHeld int `json:"auto_acks_held"`
 	// TLS: the connection came through the TLS listener.
 	TLS bool `json:"tls"`
+	// Vhost: the virtual host it opened ("" before it opened one).
+	Vhost string `json:"vhost,omitempty"`
 }
 
 // Connections lists the open connections.
@@ -884,8 +886,9 @@ func (s *Server) Connections() []ConnInfo {
 		n := len(c.channels)
 		ob := int64(len(c.out)) + c.gnetBuffered.Load()
 		held := len(c.heldAcks)
+		vhost := c.vhost
 		c.mu.Unlock()
-		info := ConnInfo{ID: c.id, Channels: n, Blocked: c.blocked.Load(), OutboundBytes: ob, AutoAcksHeld: held, TLS: c.tls != nil}
+		info := ConnInfo{ID: c.id, Channels: n, Blocked: c.blocked.Load(), OutboundBytes: ob, AutoAcksHeld: held, TLS: c.tls != nil, Vhost: vhost}
 		if remote := c.remoteAddr(); remote.IsValid() {
 			info.Remote = remote.String()
 		}

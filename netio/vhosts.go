@@ -191,3 +191,14 @@ func dlxOf(args wire.Table) string {
 	}
 	return a.DeadLetterExchange
 }
+
+// queueLabels are a queue's labels in /metrics: {queue="name"} in "/", as
+// before vhosts, and {queue="name",vhost="v"} in another vhost (never the
+// internal name, whose separator is a control character).
+func queueLabels(internal string) string {
+	v, n := broker.SplitName(internal)
+	if v == broker.DefaultVhost {
+		return `{queue="` + promLabelValue(n) + `"}`
+	}
+	return `{queue="` + promLabelValue(n) + `",vhost="` + promLabelValue(v) + `"}`
+}

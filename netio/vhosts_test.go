@@ -63,6 +63,12 @@ func TestVhostsNative(t *testing.T) {
 			t.Fatalf("queue q: %+v %v, want %d messages", qi, err, c.want)
 		}
 	}
+	if v := metricValue(s, `warren_queue_ready{queue="q",vhost="v"}`); v != 1 {
+		t.Fatalf(`warren_queue_ready{queue="q",vhost="v"} = %v, want 1`, v)
+	}
+	if v := metricValue(s, `warren_queue_ready{queue="q"}`); v != 0 {
+		t.Fatalf(`warren_queue_ready{queue="q"} = %v, want 0`, v)
+	}
 	gen, err := app.DeclareQueue(ctx, "", client.QueueOptions{Exclusive: true})
 	if err != nil || !strings.HasPrefix(gen.Name, "amq.gen-") {
 		t.Fatalf("a generated name in v is answered as the client's: %+v %v", gen, err)
@@ -86,6 +92,15 @@ func TestVhostsNative(t *testing.T) {
 	}
 	if n := s.VhostConnections("v"); n != 2 {
 		t.Fatalf("v counts %d connections, want 2", n)
+	}
+	inV := 0
+	for _, ci := range s.Connections() {
+		if ci.Vhost == "v" {
+			inV++
+		}
+	}
+	if inV != 2 {
+		t.Fatalf("Connections lists %d in v, want 2", inV)
 	}
 
 	if err := s.Broker.DeleteVhost(ctx, "v"); err != nil {

@@ -192,6 +192,8 @@ type Connection struct {
 	AutoAcksHeld int `json:"auto_acks_held"`
 	// TLS: the connection came through the TLS listener.
 	TLS bool `json:"tls"`
+	// Vhost: the virtual host it opened.
+	Vhost string `json:"vhost,omitempty"`
 }
 
 // QueuePage is GET /api/queues with page or page_size: one page of the
