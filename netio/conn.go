@@ -41,6 +41,12 @@ type conn struct {
 	heartbeatMs atomic.Uint32
 	user        string
 	vhost       string // the vhost it opened ("" before AUTH, or if it was refused)
+	// pubEx: the last publish exchange, as sent and internal (pubExchange;
+	// loop-owned).
+	pubEx struct {
+		set             bool
+		local, internal string
+	}
 	// pubPerm: whether user may publish to each exchange (event loop only).
 	pubPerm  PublishPerms
 	lastRecv atomic.Int64
@@ -732,8 +738,8 @@ func (c *conn) onPublish(ch *channel, f wire.Frame) error {
 	c.srv.metrics.published.Add(int(b.Count))
 	batch := &broker.PublishBatch{Sink: c, Ch: ch.id, FirstSeq: b.FirstSeq, Codes: make([]uint32, b.Count), Start: time.Now()}
 	view := c.srv.View()
-	exName := c.qn(string(b.Exchange))
-	if !view.Table.HasExchange(exName) || view.Table.IsInternal(exName) || !c.pubPerm.AllowedIn(c.srv, c.vhostName(), c.user, string(b.Exchange)) {
+	exLocal, exName := c.pubExchange(b.Exchange)
+	if !view.Table.HasExchange(exName) || view.Table.IsInternal(exName) || !c.pubPerm.AllowedIn(c.srv, c.vhostName(), c.user, exLocal) {
 		code := wire.ExchangeNotFound
 		switch {
 		case !view.Table.HasExchange(exName):
@@ -741,7 +747,7 @@ func (c *conn) onPublish(ch *channel, f wire.Frame) error {
 			code = wire.ExchangeInternal
 		default:
 			code = wire.AccessRefused // no write permission (Permit)
-			c.srv.auditRefusal(c.user, c.vhostName(), "write", "exchange", exchangeResource(string(b.Exchange)))
+			c.srv.auditRefusal(c.user, c.vhostName(), "write", "exchange", exchangeResource(exLocal))
 		}
 		for i := range batch.Codes {
 			batch.Codes[i] = uint32(code)

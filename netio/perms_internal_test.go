@@ -42,3 +42,29 @@ func TestPublishPermsCached(t *testing.T) {
 		t.Fatal("a change of permissions was not seen")
 	}
 }
+
+// In a vhost, a run of publish batches to one exchange resolves its
+// internal name and its permission without allocating.
+func TestVhostPublishPathAllocatesNothing(t *testing.T) {
+	s, err := Start(Config{Addr: "127.0.0.1:0"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = s.Close(context.Background()) }()
+	c := &conn{srv: s, vhost: "v"}
+	ex := []byte("orders")
+	var pp PublishPerms
+	run := func() {
+		local, internal := c.pubExchange(ex)
+		if internal != "v\x1forders" || !pp.AllowedIn(s, "v", "guest", local) {
+			t.Fatalf("pubExchange: %q %q", local, internal)
+		}
+	}
+	run()
+	if n := testing.AllocsPerRun(1000, run); n != 0 {
+		t.Fatalf("%v allocations per batch", n)
+	}
+	if _, internal := c.pubExchange([]byte("other")); internal != "v\x1fother" {
+		t.Fatalf("another exchange: %q", internal)
+	}
+}

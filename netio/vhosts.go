@@ -202,3 +202,15 @@ func queueLabels(internal string) string {
 	}
 	return `{queue="` + promLabelValue(n) + `",vhost="` + promLabelValue(v) + `"}`
 }
+
+// pubExchange is a PUBLISH's exchange as the client named it and its
+// internal name, kept from the last batch: a run of batches to one
+// exchange allocates neither. Loop goroutine.
+func (c *conn) pubExchange(ex []byte) (local, internal string) {
+	if !c.pubEx.set || string(ex) != c.pubEx.local {
+		c.pubEx.local = string(ex)
+		c.pubEx.internal = c.qn(c.pubEx.local)
+		c.pubEx.set = true
+	}
+	return c.pubEx.local, c.pubEx.internal
+}
