@@ -42,6 +42,11 @@ type API struct {
 	total Rates // the whole broker's, over the last interval
 
 	clusterNodes func() []ClusterNode // cluster.go (SetClusterNodes)
+
+	// PasswordCost is the bcrypt cost of the hashes PUT /api/users makes
+	// from a password (0: bcrypt.DefaultCost). Tests lower it: a cost-10
+	// check under the race detector on a loaded machine takes seconds.
+	PasswordCost int
 }
 
 // Rates are per-second rates over the last sampling interval.

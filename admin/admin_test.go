@@ -18,6 +18,7 @@ import (
 	"github.com/warren-mq/warren/netio"
 	"github.com/warren-mq/warren/netio/warrentest"
 	"github.com/warren-mq/warren/wire"
+	"golang.org/x/crypto/bcrypt"
 )
 
 type env struct {
@@ -27,9 +28,12 @@ type env struct {
 }
 
 func setup(t *testing.T) *env {
-	pw, _ := netio.HashPassword("viewer-pw")
-	srv := warrentest.StartServer(t, &netio.Config{Users: []netio.User{{Name: "viewer", PasswordHash: pw}}})
+	// Hashes at bcrypt's lowest cost: the default one takes seconds per
+	// check under the race detector on a busy machine.
+	pw, _ := bcrypt.GenerateFromPassword([]byte("viewer-pw"), bcrypt.MinCost)
+	srv := warrentest.StartServer(t, &netio.Config{Users: []netio.User{{Name: "viewer", PasswordHash: string(pw)}}})
 	a := admin.New(srv.Broker, warrentest.AdminConnections(srv), nil, 50*time.Millisecond)
+	a.PasswordCost = bcrypt.MinCost
 	t.Cleanup(a.Close)
 	hs := httptest.NewServer(a)
 	t.Cleanup(hs.Close)

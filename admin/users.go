@@ -80,7 +80,11 @@ func (a *API) putUser(w http.ResponseWriter, r *http.Request) {
 			writeErr(w, &wire.Error{Code: wire.InvalidArgument, Reason: "a password is 1 to 72 bytes (bcrypt's limit)"})
 			return
 		}
-		h, err := bcrypt.GenerateFromPassword([]byte(*body.Password), bcrypt.DefaultCost) // a random salt per user
+		cost := a.PasswordCost
+		if cost == 0 {
+			cost = bcrypt.DefaultCost
+		}
+		h, err := bcrypt.GenerateFromPassword([]byte(*body.Password), cost) // a random salt per user
 		if err != nil {
 			writeErr(w, err)
 			return

@@ -47,7 +47,7 @@ func TestUsersAtRunTime(t *testing.T) {
 	if st := e.do("PUT", "/api/permissions/%2F/app", `{"configure":".*","write":".*","read":".*"}`, nil); st != 204 {
 		t.Fatalf("put permissions: %d", st)
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	url := "warren://app:s3cret@" + e.srv.Addr().String()
 	c, err := client.Dial(ctx, url)
