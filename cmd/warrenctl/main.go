@@ -45,7 +45,8 @@ const usageText = `warrenctl — operate a Warren broker
 
 Global flags (before or after the command):
   --url URL    native protocol URL (env WARREN_URL; default warren://guest:guest@127.0.0.1:5680;
-               warrens://… is TLS, port 5681)
+               warrens://… is TLS, port 5681); its path names the virtual host the exchange, queue,
+               binding, publish, consume and dlq commands work in (…:5680/staging; none or %2F: "/")
   --api URL    admin API URL (env WARREN_API; default: the --url host on port 15680, or
                https://HOST:15681 for a warrens:// URL); a user in it (https://USER:PASS@HOST:15681)
                logs in to the admin API, else --url's user does (the admin API needs a password user)
@@ -103,6 +104,10 @@ type cli struct {
 	// --url's.
 	apiUser, apiPass string
 	apiDefaultUser   bool // neither --url nor --api named a user
+	// vhost is the virtual host --url's path names ("/" when none):
+	// resource commands ask the admin API about it (inVhost) and the
+	// native protocol opens it.
+	vhost     string
 	jsonOut          bool
 	stdin            io.Reader
 	out, errw        io.Writer
@@ -152,8 +157,14 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdin i
 		}
 	}
 	c.apiUser, c.apiPass = user, pass
-	if u, err := url.Parse(c.url); err == nil && u.User == nil {
-		c.apiDefaultUser = true // guest, or a client certificate's login
+	c.vhost = "/"
+	if u, err := url.Parse(c.url); err == nil {
+		if u.User == nil {
+			c.apiDefaultUser = true // guest, or a client certificate's login
+		}
+		if v := strings.TrimPrefix(u.Path, "/"); v != "" {
+			c.vhost = v // decoded: %2F is "/"
+		}
 	}
 	if u, err := url.Parse(c.api); err == nil && u.User != nil {
 		c.apiDefaultUser = false
@@ -367,6 +378,7 @@ func (c *cli) call(method, path string, body any, out any) error {
 // hint says what to do about an admin API error, from the request that
 // got it.
 func hint(method, path, code string) string {
+	path, _, _ = strings.Cut(path, "?") // ?vhost=
 	kind, name, _ := strings.Cut(strings.TrimPrefix(path, "/api/"), "/")
 	name, _, _ = strings.Cut(name, "/")
 	if n, err := url.PathUnescape(name); err == nil {
@@ -531,7 +543,7 @@ func (c *cli) exchange(verb string, args []string) error {
 			return err
 		}
 		var raw json.RawMessage
-		if err := c.call("GET", "/api/exchanges", nil, &raw); err != nil {
+		if err := c.call("GET", c.inVhost("/api/exchanges"), nil, &raw); err != nil {
 			return err
 		}
 		var xs []api.Exchange
@@ -562,7 +574,7 @@ func (c *cli) exchange(verb string, args []string) error {
 			return usageErr{"exchange declare: --type is required"}
 		}
 		body := api.ExchangeSettings{Type: *typ, Durable: *durable, AutoDelete: *autoDel, Internal: *internal, Alternate: *alt}
-		if err := c.call("PUT", "/api/exchanges/"+url.PathEscape(name), body, nil); err != nil {
+		if err := c.call("PUT", c.inVhost("/api/exchanges/"+url.PathEscape(name)), body, nil); err != nil {
 			return err
 		}
 		fmt.Fprintf(c.errw, "exchange %s declared\n", name)
@@ -572,7 +584,7 @@ func (c *cli) exchange(verb string, args []string) error {
 		if err != nil {
 			return err
 		}
-		if err := c.call("DELETE", "/api/exchanges/"+url.PathEscape(name), nil, nil); err != nil {
+		if err := c.call("DELETE", c.inVhost("/api/exchanges/"+url.PathEscape(name)), nil, nil); err != nil {
 			return err
 		}
 		fmt.Fprintf(c.errw, "exchange %s deleted\n", name)
@@ -595,7 +607,7 @@ func (c *cli) queue(verb string, args []string) error {
 			return err
 		}
 		var raw json.RawMessage
-		if err := c.call("GET", "/api/queues", nil, &raw); err != nil {
+		if err := c.call("GET", c.inVhost("/api/queues"), nil, &raw); err != nil {
 			return err
 		}
 		var qs []api.Queue
@@ -614,7 +626,7 @@ func (c *cli) queue(verb string, args []string) error {
 			return err
 		}
 		var raw json.RawMessage
-		if err := c.call("GET", "/api/queues/"+url.PathEscape(name), nil, &raw); err != nil {
+		if err := c.call("GET", c.inVhost("/api/queues/"+url.PathEscape(name)), nil, &raw); err != nil {
 			return err
 		}
 		return c.showFields(raw)
@@ -633,7 +645,7 @@ func (c *cli) queue(verb string, args []string) error {
 			return err
 		}
 		body := api.QueueSettings{Durable: *durable, AutoDelete: *autoDel, QueueArgs: api.QueueArgsOf(set)}
-		if err := c.call("PUT", "/api/queues/"+url.PathEscape(name), body, nil); err != nil {
+		if err := c.call("PUT", c.inVhost("/api/queues/"+url.PathEscape(name)), body, nil); err != nil {
 			return err
 		}
 		fmt.Fprintf(c.errw, "queue %s declared\n", name)
@@ -644,7 +656,7 @@ func (c *cli) queue(verb string, args []string) error {
 			return err
 		}
 		var r api.Deleted
-		if err := c.call("DELETE", "/api/queues/"+url.PathEscape(name), nil, &r); err != nil {
+		if err := c.call("DELETE", c.inVhost("/api/queues/"+url.PathEscape(name)), nil, &r); err != nil {
 			return err
 		}
 		fmt.Fprintf(c.errw, "queue %s deleted (%d messages)\n", name, r.Messages)
@@ -655,7 +667,7 @@ func (c *cli) queue(verb string, args []string) error {
 			return err
 		}
 		var r api.Purged
-		if err := c.call("POST", "/api/queues/"+url.PathEscape(name)+"/purge", nil, &r); err != nil {
+		if err := c.call("POST", c.inVhost("/api/queues/"+url.PathEscape(name)+"/purge"), nil, &r); err != nil {
 			return err
 		}
 		fmt.Fprintf(c.out, "%d\n", r.Messages)
@@ -672,7 +684,7 @@ func (c *cli) queue(verb string, args []string) error {
 			return err
 		}
 		var raw json.RawMessage
-		if err := c.call("POST", "/api/queues/"+url.PathEscape(name)+"/get", api.CountRequest{Count: *count}, &raw); err != nil {
+		if err := c.call("POST", c.inVhost("/api/queues/"+url.PathEscape(name)+"/get"), api.CountRequest{Count: *count}, &raw); err != nil {
 			return err
 		}
 		var r api.Messages
@@ -707,7 +719,7 @@ func (c *cli) binding(verb string, args []string) error {
 			return err
 		}
 		var raw json.RawMessage
-		if err := c.call("GET", "/api/bindings", nil, &raw); err != nil {
+		if err := c.call("GET", c.inVhost("/api/bindings"), nil, &raw); err != nil {
 			return err
 		}
 		var bs []api.Binding
@@ -743,7 +755,7 @@ func (c *cli) binding(verb string, args []string) error {
 	if verb == "delete" {
 		method, did = "DELETE", "deleted"
 	}
-	if err := c.call(method, "/api/bindings", body, nil); err != nil {
+	if err := c.call(method, c.inVhost("/api/bindings"), body, nil); err != nil {
 		return err
 	}
 	dest := "queue " + strconv.Quote(*q)
@@ -811,7 +823,7 @@ func (c *cli) replay(args []string) error {
 		}
 	}
 	var raw json.RawMessage
-	if err := c.call("POST", "/api/queues/"+url.PathEscape(name)+"/replay", req, &raw); err != nil {
+	if err := c.call("POST", c.inVhost("/api/queues/"+url.PathEscape(name)+"/replay"), req, &raw); err != nil {
 		return err
 	}
 	var r api.ReplayResult
@@ -829,6 +841,15 @@ func (c *cli) replay(args []string) error {
 		return errors.New("replay stopped early: " + r.Error)
 	}
 	return nil
+}
+
+// inVhost is path (an admin API resource path) in the virtual host --url
+// names: "/"'s paths need nothing, another's take ?vhost=.
+func (c *cli) inVhost(path string) string {
+	if c.vhost == "/" {
+		return path
+	}
+	return path + "?vhost=" + url.QueryEscape(c.vhost)
 }
 
 // ---- native protocol ----

@@ -35,3 +35,38 @@ func TestWarrenctlVhosts(t *testing.T) {
 		t.Fatalf("deleting /: exit %d %s", code, errs)
 	}
 }
+
+// --url's path names the vhost the resource commands work in: a queue
+// declared, bound, published to, consumed from, listed and deleted in
+// staging is staging's, and / never sees it.
+func TestWarrenctlCommandsInVhost(t *testing.T) {
+	c := newCtl(t, nil)
+	c.ok("", "vhost", "add", "staging")
+	st := &ctl{t: t, url: c.url + "/staging", api: c.api}
+	st.ok("", "exchange", "declare", "ev", "--type", "direct")
+	st.ok("", "queue", "declare", "jobs")
+	st.ok("", "binding", "add", "--exchange", "ev", "--queue", "jobs", "--routing-key", "k")
+	st.ok("", "publish", "--exchange", "ev", "--routing-key", "k", "hello")
+	if out := st.ok("", "queue", "list"); !regexpLine(out, "jobs", "1") {
+		t.Fatalf("queue list in staging:\n%s", out)
+	}
+	if out := c.ok("", "queue", "list"); strings.Contains(out, "jobs") {
+		t.Fatalf("staging's queue listed in /:\n%s", out)
+	}
+	if _, errs, code := c.run("", "queue", "show", "jobs"); code != 1 || !strings.Contains(errs, "not_found") {
+		t.Fatalf("staging's queue shown in /: exit %d %s", code, errs)
+	}
+	if out := st.ok("", "binding", "list"); !strings.Contains(out, "jobs") {
+		t.Fatalf("binding list in staging:\n%s", out)
+	}
+	if out := st.ok("", "exchange", "list"); !strings.Contains(out, "ev") {
+		t.Fatalf("exchange list in staging:\n%s", out)
+	}
+	if out := st.ok("", "consume", "jobs"); strings.TrimSpace(out) != "hello" {
+		t.Fatalf("consume in staging: %q", out)
+	}
+	st.ok("", "queue", "delete", "jobs")
+	if out := st.ok("", "queue", "list"); strings.Contains(out, "jobs") {
+		t.Fatalf("deleted queue listed:\n%s", out)
+	}
+}
