@@ -108,10 +108,10 @@ type cli struct {
 	// resource commands ask the admin API about it (inVhost) and the
 	// native protocol opens it.
 	vhost     string
-	jsonOut          bool
-	stdin            io.Reader
-	out, errw        io.Writer
-	ctx              context.Context
+	jsonOut   bool
+	stdin     io.Reader
+	out, errw io.Writer
+	ctx       context.Context
 }
 
 // usageErr is a mistake on the command line (exit 2).
