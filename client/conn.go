@@ -9,6 +9,14 @@
 // delivered to Publish waiters and NotifyConfirm handlers. Acks are batched
 // the same way: Delivery.Ack only records the tag; the writer sends them as
 // ranges.
+//
+// A URL is warren://user:pass@host:port/vhost (warrens:// over TLS; ports
+// 5680 and 5681 by default, guest/guest and the vhost "/" when left out).
+// Its host part may list several nodes of a cluster, comma-separated:
+// warren://app:secret@h1:5680,h2:5690,h3:5700/staging, with the same
+// credentials, vhost and TLS settings for all. Dial connects to the first
+// that answers, in order; a Session (Connect) fails over between them when
+// its node goes, and restores its topology and consumers on the next.
 package client
 
 import (
@@ -21,6 +29,7 @@ import (
 	"net/url"
 	"os"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -62,6 +71,8 @@ type Options struct {
 type Conn struct {
 	nc   net.Conn
 	opts Options
+	addr string // the node's host:port
+	node int    // its index in the URL's node list
 
 	maxFrame    uint32
 	maxChannels uint16
@@ -92,48 +103,114 @@ type Conn struct {
 
 // ParseURL splits warren://user:pass@host:port (or warrens://, the same
 // over TLS) into its parts (port 5680, or 5681 for warrens://, by default;
-// guest/guest when no user is given).
+// guest/guest when no user is given). Of a URL that names several nodes it
+// returns the first node's address.
 func ParseURL(raw string) (addr, user, pass string, err error) {
 	u, err := parseURL(raw)
-	return u.addr, u.user, u.pass, err
+	if err != nil {
+		return "", "", "", err
+	}
+	return u.nodes[0].addr, u.user, u.pass, nil
 }
+
+// urlForm is the URL's grammar, for errors.
+const urlForm = "warren://[user:pass@]host[:port][,host[:port]...][/vhost] (warrens:// for TLS)"
 
 type parsedURL struct {
-	addr, host, user, pass string
-	vhost                  string // the path, without its leading "/"
-	tls                    bool   // warrens://
-	userGiven              bool
+	nodes      []node // at least one
+	user, pass string
+	vhost      string // the path, without its leading "/"
+	tls        bool   // warrens://
+	userGiven  bool
 }
 
+// node is one broker address of a URL.
+type node struct {
+	addr string // host:port, the port defaulted
+	host string // the host alone: TLS verifies the server's name against it
+}
+
+// parseURL reads a warren:// or warrens:// URL whose host part may be a
+// comma-separated list of nodes (as RabbitMQ's and NATS's clients take
+// them). Each node is parsed as a URL of its own with the shared scheme,
+// userinfo and path, so a node is whatever net/url accepts as a host (a
+// name, an IPv4 address, a bracketed IPv6 one, with or without a port).
 func parseURL(raw string) (parsedURL, error) {
 	var p parsedURL
-	u, err := url.Parse(raw)
-	if err != nil {
-		return p, fmt.Errorf("client: bad url: %w", err)
+	scheme, rest, ok := strings.Cut(raw, "://")
+	if !ok {
+		return p, fmt.Errorf("client: bad url: want %s", urlForm)
 	}
 	port := "5680"
-	switch u.Scheme {
+	switch strings.ToLower(scheme) {
 	case "warren":
 	case "warrens":
 		p.tls, port = true, "5681"
 	default:
-		return p, fmt.Errorf("client: url scheme must be warren:// or warrens:// (TLS), got %q", u.Scheme)
+		return p, fmt.Errorf("client: url scheme must be warren:// or warrens:// (TLS), got %q", scheme)
 	}
-	p.host, p.addr = u.Hostname(), u.Host
-	if u.Port() == "" {
-		p.addr = net.JoinHostPort(u.Hostname(), port)
+	// The authority ends where the path, query or fragment starts, and its
+	// userinfo at its last "@", as net/url reads them: a comma in a
+	// password or a path is theirs, not the node list's.
+	end := strings.IndexAny(rest, "/?#")
+	if end < 0 {
+		end = len(rest)
 	}
-	p.user, p.pass = "guest", "guest"
-	if u.User != nil {
-		p.userGiven = true
-		p.user = u.User.Username()
-		p.pass, _ = u.User.Password()
+	authority, tail := rest[:end], rest[end:]
+	userinfo, hostList := "", authority
+	if i := strings.LastIndex(authority, "@"); i >= 0 {
+		userinfo, hostList = authority[:i+1], authority[i+1:]
 	}
-	p.vhost = strings.TrimPrefix(u.Path, "/") // decoded: %2F is "/"
+	hosts := strings.Split(hostList, ",")
+	for i, h := range hosts {
+		where := ""
+		if len(hosts) > 1 {
+			if h == "" {
+				return p, fmt.Errorf("client: bad url: node %d of %d is empty (want %s)", i+1, len(hosts), urlForm)
+			}
+			where = fmt.Sprintf(": node %d of %d (%q)", i+1, len(hosts), h)
+		}
+		u, err := url.Parse(scheme + "://" + userinfo + h + tail)
+		if err != nil {
+			var ue *url.Error
+			if errors.As(err, &ue) {
+				err = ue.Err // ue.URL would print the password
+			}
+			return p, fmt.Errorf("client: bad url%s: %w", where, err)
+		}
+		if u.Hostname() == "" {
+			return p, fmt.Errorf("client: bad url%s: names no host (want %s)", where, urlForm)
+		}
+		n := node{host: u.Hostname(), addr: u.Host}
+		if u.Port() == "" {
+			n.addr = net.JoinHostPort(n.host, port)
+		} else if pn, err := strconv.Atoi(u.Port()); err != nil || pn < 1 || pn > 65535 {
+			return p, fmt.Errorf("client: bad url%s: port %s is not in 1..65535", where, u.Port())
+		}
+		p.nodes = append(p.nodes, n)
+		if i == 0 {
+			p.user, p.pass = "guest", "guest"
+			if u.User != nil {
+				p.userGiven = true
+				p.user = u.User.Username()
+				p.pass, _ = u.User.Password()
+			}
+			p.vhost = strings.TrimPrefix(u.Path, "/") // decoded: %2F is "/"
+		}
+	}
 	return p, nil
 }
 
-// Dial connects and authenticates. The context bounds the handshake.
+// Dial connects and authenticates. The context bounds the whole attempt.
+//
+// A URL that names several nodes (warren://u:p@h1:5680,h2:5690/vhost) is
+// tried node by node, in order, until one completes the handshake: a node
+// that refuses the connection, times out or fails the handshake is passed
+// over, and the error, if none answers, names each node's failure (an
+// errors.Is or errors.As reaches every one of them). When the context has
+// a deadline, each node gets an equal share of the time left (at least
+// minNodeDial), as net.Dialer shares it among a name's addresses, so one
+// silent node does not use up the rest's time.
 func Dial(ctx context.Context, rawURL string, opts ...Options) (*Conn, error) {
 	pu, err := parseURL(rawURL)
 	if err != nil {
@@ -143,6 +220,10 @@ func Dial(ctx context.Context, rawURL string, opts ...Options) (*Conn, error) {
 	if len(opts) > 0 {
 		o = opts[0]
 	}
+	return dialNodes(ctx, &pu, o.withDefaults(&pu), 0)
+}
+
+func (o Options) withDefaults(pu *parsedURL) Options {
 	if o.Heartbeat == 0 {
 		o.Heartbeat = 10 * time.Second
 	}
@@ -155,8 +236,54 @@ func Dial(ctx context.Context, rawURL string, opts ...Options) (*Conn, error) {
 	if o.Vhost == "" {
 		o.Vhost = pu.vhost
 	}
+	return o
+}
+
+// minNodeDial is the least time a node of several gets when the context's
+// deadline is shared among them (net.Dialer's saneMinimum).
+const minNodeDial = 2 * time.Second
+
+// dialNodes tries pu's nodes in order from first, wrapping around, and
+// returns the first connection made.
+func dialNodes(ctx context.Context, pu *parsedURL, o Options, first int) (*Conn, error) {
+	n := len(pu.nodes)
+	if n == 1 {
+		return dialNode(ctx, pu, 0, o)
+	}
+	var errs []error
+	for k := 0; k < n; k++ {
+		i := (first + k) % n
+		nctx, cancel := ctx, context.CancelFunc(func() {})
+		if dl, ok := ctx.Deadline(); ok && k < n-1 {
+			share := time.Until(dl) / time.Duration(n-k)
+			if share < minNodeDial {
+				share = minNodeDial
+			}
+			nctx, cancel = context.WithTimeout(ctx, share)
+		}
+		c, err := dialNode(nctx, pu, i, o)
+		cancel()
+		if err == nil {
+			return c, nil
+		}
+		errs = append(errs, fmt.Errorf("%s: %w", pu.nodes[i].addr, err))
+		if ctx.Err() != nil {
+			break
+		}
+	}
+	format := "client: no node of %d answered: " + strings.TrimSuffix(strings.Repeat("%w; ", len(errs)), "; ")
+	args := []any{n}
+	for _, e := range errs {
+		args = append(args, e)
+	}
+	return nil, fmt.Errorf(format, args...)
+}
+
+// dialNode connects to pu's node i and completes the handshake.
+func dialNode(ctx context.Context, pu *parsedURL, i int, o Options) (*Conn, error) {
+	nd := pu.nodes[i]
 	var d net.Dialer
-	nc, err := d.DialContext(ctx, "tcp", pu.addr)
+	nc, err := d.DialContext(ctx, "tcp", nd.addr)
 	if err != nil {
 		return nil, err
 	}
@@ -167,17 +294,17 @@ func Dial(ctx context.Context, rawURL string, opts ...Options) (*Conn, error) {
 			cfg = &tls.Config{}
 		}
 		if cfg.ServerName == "" {
-			cfg.ServerName = pu.host
+			cfg.ServerName = nd.host
 		}
 		external = !pu.userGiven && (len(cfg.Certificates) > 0 || cfg.GetClientCertificate != nil)
 		tc := tls.Client(nc, cfg)
 		if err := tc.HandshakeContext(ctx); err != nil {
 			nc.Close()
-			return nil, fmt.Errorf("client: TLS handshake with %s: %w", pu.addr, err)
+			return nil, fmt.Errorf("client: TLS handshake with %s: %w", nd.addr, err)
 		}
 		nc = tc
 	}
-	c := &Conn{nc: nc, opts: o, channels: map[uint16]*Channel{}, done: make(chan struct{}), flowOn: true, settles: map[*Channel]struct{}{}}
+	c := &Conn{nc: nc, opts: o, addr: nd.addr, node: i, channels: map[uint16]*Channel{}, done: make(chan struct{}), flowOn: true, settles: map[*Channel]struct{}{}}
 	c.wcond = sync.NewCond(&c.wmu)
 	c.flowCond = sync.NewCond(&c.mu)
 	if dl, ok := ctx.Deadline(); ok {
@@ -204,6 +331,10 @@ func Dial(ctx context.Context, rawURL string, opts ...Options) (*Conn, error) {
 	}
 	return c, nil
 }
+
+// Addr is the address (host:port) of the node this connection is to: of a
+// URL that names several, the one that answered.
+func (c *Conn) Addr() string { return c.addr }
 
 // readFrame reads one whole frame (handshake only; later the reader loop
 // buffers).

@@ -11,6 +11,14 @@ import (
 // reconnects with backoff, declares the topology again and restarts the
 // consumers, whose handlers carry on.
 //
+// Given a URL that names several nodes (warren://u:p@h1:5680,h2:5690), it
+// fails over between them: each reconnect tries every node once, starting
+// with the one after the node it lost and wrapping around, so a dead node
+// is tried last; rounds that reach none back off from 50 ms to 5 s. Addr
+// says which node it is on. On a node that does not hold the topology (a
+// separate broker, or a cluster whose queue died with the node) the
+// topology is declared afresh, as on a reconnect to the same node.
+//
 // Publishes are never dropped silently: a publish not confirmed when the
 // connection was lost fails with ErrConnectionLost (Publish returns it;
 // PublishAsync's confirm handler gets it), and the application decides
@@ -18,8 +26,8 @@ import (
 // redelivered by the broker (Redelivered is set); their old tags are dead,
 // and acking them is a no-op.
 type Session struct {
-	url  string
-	opts Options
+	url  parsedURL
+	opts Options // with Dial's defaults
 
 	mu         sync.Mutex
 	conn       *Conn
@@ -49,13 +57,19 @@ type sessionConsumer struct {
 	current *Consumer
 }
 
-// Connect dials and returns a self-healing session.
+// Connect dials (trying the URL's nodes in order, as Dial does) and
+// returns a self-healing session.
 func Connect(ctx context.Context, url string, opts ...Options) (*Session, error) {
-	s := &Session{url: url, names: map[string]string{}, done: make(chan struct{})}
+	pu, err := parseURL(url)
+	if err != nil {
+		return nil, err
+	}
+	s := &Session{url: pu, names: map[string]string{}, done: make(chan struct{})}
 	if len(opts) > 0 {
 		s.opts = opts[0]
 	}
-	c, ch, err := s.dial(ctx)
+	s.opts = s.opts.withDefaults(&pu)
+	c, ch, err := s.dial(ctx, 0)
 	if err != nil {
 		return nil, err
 	}
@@ -64,8 +78,9 @@ func Connect(ctx context.Context, url string, opts ...Options) (*Session, error)
 	return s, nil
 }
 
-func (s *Session) dial(ctx context.Context) (*Conn, *Channel, error) {
-	c, err := Dial(ctx, s.url, s.opts)
+// dial connects to the first node that answers, trying them from first.
+func (s *Session) dial(ctx context.Context, first int) (*Conn, *Channel, error) {
+	c, err := dialNodes(ctx, &s.url, s.opts, first)
 	if err != nil {
 		return nil, nil, err
 	}
@@ -125,6 +140,8 @@ func (s *Session) watch() {
 		}
 		s.ready = make(chan struct{})
 		s.mu.Unlock()
+		// The lost node is tried last: it is the likeliest to be down.
+		next := (c.node + 1) % len(s.url.nodes)
 		backoff := 50 * time.Millisecond
 		for attempt := 1; ; attempt++ {
 			select {
@@ -134,8 +151,13 @@ func (s *Session) watch() {
 			}
 			backoff = min(backoff*2, 5*time.Second)
 			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-			err := s.restore(ctx)
+			node, err := s.restore(ctx, next)
 			cancel()
+			if node >= 0 {
+				// Connected, and then failed to restore: that node next
+				// round only after the others.
+				next = (node + 1) % len(s.url.nodes)
+			}
 			if err == nil {
 				s.mu.Lock()
 				s.reconnects++
@@ -150,11 +172,12 @@ func (s *Session) watch() {
 	}
 }
 
-// restore dials, replays the topology and restarts the consumers.
-func (s *Session) restore(ctx context.Context) error {
-	c, ch, err := s.dial(ctx)
+// restore dials (from node first), replays the topology and restarts the
+// consumers. It returns the node it connected to, or -1 if none answered.
+func (s *Session) restore(ctx context.Context, first int) (int, error) {
+	c, ch, err := s.dial(ctx, first)
 	if err != nil {
-		return err
+		return -1, err
 	}
 	s.mu.Lock()
 	steps := append([]step(nil), s.steps...)
@@ -163,17 +186,17 @@ func (s *Session) restore(ctx context.Context) error {
 	for _, st := range steps {
 		if err := st.run(ctx, ch, s); err != nil {
 			c.Close()
-			return err
+			return c.node, err
 		}
 	}
 	for _, sc := range cons {
 		if err := s.start(ctx, ch, sc); err != nil {
 			c.Close()
-			return err
+			return c.node, err
 		}
 	}
 	s.install(c, ch)
-	return nil
+	return c.node, nil
 }
 
 // channel waits until connected and returns the current channel.
@@ -332,6 +355,14 @@ func (s *Session) NotifyReturn(fn func(Return)) {
 	s.mu.Lock()
 	s.returnFn = fn
 	s.mu.Unlock()
+}
+
+// Addr is the address (host:port) of the node the session is connected
+// to, or was last connected to while it reconnects.
+func (s *Session) Addr() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.conn.addr
 }
 
 // Reconnects is how many times the session has reconnected.
