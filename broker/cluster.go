@@ -102,6 +102,7 @@ func (b *Broker) openClusterMeta(cfg MetaLogConfig) error {
 	t.restoring.Store(true)
 	defer b.topologyRestored()
 	rec := NewMetaWithLimits(len(b.shards), noMetaLimits)
+	rec.SetNodes(cfg.Peers)
 	m := &clusterMachine{t: t, rec: &MetaMachine{Meta: rec}}
 	cl := &metaCluster{timeout: cfg.Timeout, waiting: map[uint64]struct{}{}, results: map[uint64]MetaResult{},
 		stop: make(chan struct{}), stopped: make(chan struct{})}
@@ -125,6 +126,7 @@ func (b *Broker) openClusterMeta(cfg MetaLogConfig) error {
 	}
 	cl.g = g
 	t.mu.Lock()
+	t.meta.SetNodes(cfg.Peers)
 	err = (&MetaMachine{Meta: t.meta, Sink: t}).Restore(0, rec.Snapshot())
 	if err == nil {
 		m.live = true

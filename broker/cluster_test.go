@@ -2,6 +2,7 @@ package broker
 
 import (
 	"context"
+	"fmt"
 	"net"
 	"strings"
 	"sync/atomic"
@@ -239,6 +240,17 @@ func TestClusterTopology(t *testing.T) {
 	}
 	for _, nd := range []*clusterNode{lead2, other} {
 		c.sees(nd, "queue q2 durable=true", `binding ex -> q2 (x=false) "b.#"`)
+	}
+	// Placed by the metadata group: the same replicas and preferred
+	// leader on every node (three nodes, the default of 3 replicas).
+	var place string
+	for _, nd := range []*clusterNode{lead2, other} {
+		info, _ := nd.b.Load().Queue("q2")
+		p := fmt.Sprint(info.Replicas, info.Leader)
+		if len(info.Replicas) != 3 || info.Leader == 0 || place != "" && p != place {
+			t.Fatalf("node %d places q2 on %s (another node: %q)", nd.id, p, place)
+		}
+		place = p
 	}
 
 	// The old leader restarts from its log and catches up.

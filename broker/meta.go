@@ -49,6 +49,12 @@ type Meta struct {
 	// one's queues (derived: not in snapshots).
 	vhosts  map[string]*MetaVhost
 	vqueues map[string]int
+	// nodes are the cluster's node ids (configuration, like shards: not in
+	// snapshots; placement.go); replicaN and prefN count each node's
+	// replicas and preferred leaderships (derived from queues).
+	nodes    []uint64
+	replicaN map[uint64]int
+	prefN    map[uint64]int
 }
 
 // MetaUser is a broker user as the metadata state machine keeps it.
@@ -122,6 +128,8 @@ type metaQueue struct {
 	decl      wire.QueueDeclare // Req 0, Passive false, Name set; its arguments parse (checked at declare)
 	exclusive uint64            // owning connection, 0 if not exclusive
 	by        string
+	replicas  []uint64 // the nodes holding it, sorted (placement.go); none for a queue that is not placed
+	leader    uint64   // its preferred leader, one of replicas
 }
 
 type metaBinding struct {
@@ -276,6 +284,11 @@ type MetaQueue struct {
 	Args       wire.QueueArgs
 	Exclusive  uint64 // owning connection, 0 if not exclusive
 	DeclaredBy string
+	// Replicas are the nodes holding the queue, sorted, and Leader the
+	// one preferred to lead it (placement.go); none for a non-durable or
+	// exclusive queue.
+	Replicas []uint64
+	Leader   uint64
 }
 
 // MetaLimits bound how many queues, exchanges and bindings the broker
@@ -385,6 +398,8 @@ func (m *Meta) reset() {
 	m.perms = map[string]*MetaPermission{}
 	m.vhosts = map[string]*MetaVhost{DefaultVhost: {Name: DefaultVhost}}
 	m.vqueues = map[string]int{}
+	m.replicaN = map[uint64]int{}
+	m.prefN = map[uint64]int{}
 }
 
 // forgetExclusive uncounts a removed queue's owner, if it had one.
@@ -592,6 +607,11 @@ func (m *Meta) declareQueue(c *MetaCommand) (MetaResult, []MetaEffect) {
 	if r, ok := m.vhostQueueLimit(name); !ok {
 		return r, nil
 	}
+	if placed(d) {
+		if r, ok := m.checkReplicas(name, args); !ok {
+			return r, nil
+		}
+	}
 	id, ok := m.takeID()
 	if !ok {
 		return refuse(wire.LimitReached, "every queue id is in use (2^32-1 queues); delete some"), effs
@@ -603,6 +623,9 @@ func (m *Meta) declareQueue(c *MetaCommand) (MetaResult, []MetaEffect) {
 	if d.Exclusive && c.Conn != 0 {
 		q.exclusive = c.Conn
 		m.exclusive[c.Conn]++
+	}
+	if placed(d) {
+		m.place(q, int(args.Replicas))
 	}
 	m.queues[name] = q
 	m.countQueue(name, 1)
@@ -634,7 +657,8 @@ func (m *Meta) takeID() (uint64, bool) {
 func (m *Meta) ShardOf(name string) int { return int(xxhash.Sum64String(name) % uint64(m.shards)) }
 
 func (q *metaQueue) public(args wire.QueueArgs) MetaQueue {
-	return MetaQueue{ID: q.id, Name: q.decl.Name, Decl: q.decl, Args: args, Exclusive: q.exclusive, DeclaredBy: q.by}
+	return MetaQueue{ID: q.id, Name: q.decl.Name, Decl: q.decl, Args: args, Exclusive: q.exclusive, DeclaredBy: q.by,
+		Replicas: slices.Clone(q.replicas), Leader: q.leader}
 }
 
 // parsed is the queue with its arguments parsed (they parsed at declare).
@@ -652,6 +676,7 @@ func (m *Meta) deleteQueue(c *MetaCommand) (MetaResult, []MetaEffect) {
 		return refuse(wire.NotFound, "no queue "+strconv.Quote(c.Queue.Name)), nil
 	}
 	delete(m.queues, c.Queue.Name)
+	m.count(q, -1)
 	m.countQueue(c.Queue.Name, -1)
 	delete(m.ids, q.id)
 	m.forgetExclusive(q.exclusive)
@@ -678,6 +703,7 @@ func (m *Meta) nodeUp() (MetaResult, []MetaEffect) {
 		if q.Decl.Durable && q.Exclusive == 0 && !q.Decl.Exclusive {
 			continue
 		}
+		m.count(m.queues[q.Name], -1)
 		delete(m.queues, q.Name)
 		m.countQueue(q.Name, -1)
 		delete(m.ids, q.ID)

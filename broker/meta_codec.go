@@ -24,9 +24,12 @@ const MetaCommandVersion = 1
 
 // MetaSnapshotVersion is the version byte of a metadata snapshot. Version
 // 2 adds the users after the bindings, version 3 the permissions after
-// them, version 4 the virtual hosts after those; versions 1 to 3 still
+// them, version 4 the virtual hosts after those, version 5 each queue's
+// placement (its replicas and preferred leader, after its declaring user:
+// an older snapshot's durable queues are placed as it is restored, in
+// name order, as if declared so); versions 1 to 4 still
 // read (with "/" the only vhost).
-const MetaSnapshotVersion = 4
+const MetaSnapshotVersion = 5
 
 // maxMetaString bounds a string in an encoded command or snapshot (names
 // are at most 255 bytes; users and routing keys are bounded by the frame
@@ -298,8 +301,12 @@ func (r *metaReader) end() error {
 
 // Snapshot encodes the whole state, deterministically: the same state
 // gives the same bytes (exchanges and queues by name, bindings by key).
-func (m *Meta) Snapshot() []byte {
-	dst := []byte{MetaSnapshotVersion}
+func (m *Meta) Snapshot() []byte { return m.snapshotAt(MetaSnapshotVersion) }
+
+// snapshotAt encodes the state in snapshot version v, 4 or 5 (tests
+// make version 4 snapshots with it: 4 has no placement).
+func (m *Meta) snapshotAt(v byte) []byte {
+	dst := []byte{v}
 	dst = binary.LittleEndian.AppendUint64(dst, m.nextID)
 	exs := m.Exchanges()
 	dst = binary.LittleEndian.AppendUint32(dst, uint32(len(exs)))
@@ -315,6 +322,13 @@ func (m *Meta) Snapshot() []byte {
 		dst = appendQueueDecl(dst, &q.Decl, false, false)
 		dst = binary.LittleEndian.AppendUint64(dst, q.Exclusive)
 		dst = appendMetaStr(dst, q.DeclaredBy)
+		if v >= 5 {
+			dst = append(dst, byte(len(q.Replicas)))
+			for _, n := range q.Replicas {
+				dst = binary.LittleEndian.AppendUint64(dst, n)
+			}
+			dst = binary.LittleEndian.AppendUint64(dst, q.Leader)
+		}
 	}
 	bs := m.sortedBindings()
 	dst = binary.LittleEndian.AppendUint32(dst, uint32(len(bs)))
@@ -343,7 +357,7 @@ func (m *Meta) Snapshot() []byte {
 // Restore replaces the state with a snapshot's. On an error the state is
 // unchanged.
 func (m *Meta) Restore(snap []byte) error {
-	n := &Meta{shards: m.shards, limits: m.limits}
+	n := &Meta{shards: m.shards, limits: m.limits, nodes: m.nodes}
 	n.reset()
 	r := metaReader{b: snap}
 	v := r.u8()
@@ -372,7 +386,24 @@ func (m *Meta) Restore(snap []byte) error {
 		d, gen := r.queueDecl()
 		excl := r.u64()
 		by := r.str()
+		var replicas []uint64
+		var leader uint64
+		if v >= 5 {
+			k := int(r.u8())
+			if k > maxReplicas {
+				r.fail("queue " + strconv.Quote(d.Name) + ": " + strconv.Itoa(k) + " replicas")
+				break
+			}
+			for range k {
+				replicas = append(replicas, r.u64())
+			}
+			leader = r.u64()
+		}
 		if r.err != nil {
+			break
+		}
+		if !placedOK(&d, replicas, leader, v) {
+			r.fail("queue " + strconv.Quote(d.Name) + ": replicas " + fmt.Sprint(replicas) + " with preferred leader " + strconv.FormatUint(leader, 10) + " are not a placement")
 			break
 		}
 		if _, err := wire.ParseQueueArgs(d.Args); err != nil {
@@ -385,10 +416,21 @@ func (m *Meta) Restore(snap []byte) error {
 		}
 		ids[id] = true
 		n.ids[id] = struct{}{}
-		n.queues[d.Name] = &metaQueue{id: id, decl: d, exclusive: excl, by: by}
+		q := &metaQueue{id: id, decl: d, exclusive: excl, by: by, replicas: replicas, leader: leader}
+		n.queues[d.Name] = q
+		n.count(q, 1)
 		n.countQueue(d.Name, 1)
 		if excl != 0 {
 			n.exclusive[excl]++
+		}
+	}
+	if v < 5 && r.err == nil {
+		// Placed as if declared in name order (deterministic: every node
+		// restoring this snapshot places them alike).
+		for _, mq := range n.Queues() {
+			if q := n.queues[mq.Name]; placed(&q.decl) {
+				n.place(q, int(mq.Args.Replicas))
+			}
 		}
 	}
 	for i, c := int(r.u32()), 0; c < i && r.err == nil; c++ {

@@ -112,6 +112,7 @@ func (m *Meta) deleteVhost(c *MetaCommand) (MetaResult, []MetaEffect) {
 		if !strings.HasPrefix(q.Name, prefix) {
 			continue
 		}
+		m.count(m.queues[q.Name], -1)
 		delete(m.queues, q.Name)
 		delete(m.ids, q.ID)
 		m.countQueue(q.Name, -1)

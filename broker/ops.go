@@ -198,6 +198,7 @@ func statsOf(q *Queue) QueueStats {
 		Published: q.published.Load(), Delivered: q.delivered.Load(), Acked: q.acked.Load(),
 		Redelivered: q.redelivered.Load(), DeadLettered: q.deadLettered.Load(),
 		DeadLetterDropped: q.deadLetterDropped.Load(), DeadLettersHeld: q.dlHeld.Load(),
+		Leader: q.leaderID(), Replicas: q.replicas,
 	}
 }
 
@@ -219,6 +220,11 @@ type QueueStats struct {
 	// their targets have them (at-least-once dead-lettering): in flight,
 	// or waiting to be sent again after a restart.
 	DeadLettersHeld int64 `json:"dead_letters_held"`
+	// Leader is the node leading a durable queue, as this node knows it
+	// (0: none known), and Replicas the nodes holding it (placement.go);
+	// both absent for a queue that is not placed (non-durable, exclusive).
+	Leader   uint64   `json:"leader,omitempty"`
+	Replicas []uint64 `json:"replica_nodes,omitempty"`
 }
 
 // Queues returns the current queues' counts.

@@ -33,6 +33,8 @@ type Queue struct {
 	exclusive  uint64 // owning connection id, 0 if not exclusive
 	declaredBy string // the declaring user, "" for the admin API (Authorize)
 	autoDelete bool
+	replicas   []uint64 // the nodes holding it (placement.go), sorted; never changed
+	prefLeader uint64   // the replica preferred to lead it
 
 	ready, unacked, consumers atomic.Int64
 	published, delivered      atomic.Uint64
@@ -353,7 +355,7 @@ func (t *topology) ApplyMetaEffects(effs []MetaEffect) {
 func (t *topology) createQueueLocked(e *MetaEffect) {
 	mq := &e.Queue
 	q := &Queue{name: mq.Name, id: queue.QueueRef(mq.ID), decl: mq.Decl, args: mq.Args, exclusive: mq.Exclusive,
-		declaredBy: mq.DeclaredBy, autoDelete: mq.Decl.AutoDelete}
+		declaredBy: mq.DeclaredBy, autoDelete: mq.Decl.AutoDelete, replicas: mq.Replicas, prefLeader: mq.Leader}
 	q.shardIdx = e.Shard % len(t.shards)
 	q.shard = t.shards[q.shardIdx]
 	t.queues[mq.ID] = q

@@ -42,6 +42,12 @@ type QueueStats struct {
 	DeadLettered      uint64 `json:"dead_lettered_total"`
 	DeadLetterDropped uint64 `json:"dead_letter_dropped_total"`
 	DeadLettersHeld   int64  `json:"dead_letters_held"` // durable queues: dead letters kept until their targets have them
+	// Leader is the node leading a durable queue (as this node knows it;
+	// 0: none known) and Replicas the nodes holding it; both absent for
+	// a queue every node keeps its own copy of (non-durable, exclusive).
+	// ("replicas" is the declared count, QueueArgs.Replicas.)
+	Leader   uint64   `json:"leader,omitempty"`
+	Replicas []uint64 `json:"replica_nodes,omitempty"`
 }
 
 // Rates are per-second rates over the last sampling interval.

@@ -613,10 +613,10 @@ func (c *cli) queue(verb string, args []string) error {
 		var qs []api.Queue
 		_ = json.Unmarshal(raw, &qs)
 		return c.show(raw, func(w *tabwriter.Writer) error {
-			fmt.Fprintln(w, "NAME\tREADY\tUNACKED\tCONSUMERS\tPUBLISH/S\tDELIVER/S\tACK/S")
+			fmt.Fprintln(w, "NAME\tREADY\tUNACKED\tCONSUMERS\tPUBLISH/S\tDELIVER/S\tACK/S\tLEADER\tREPLICAS")
 			for _, q := range qs {
-				fmt.Fprintf(w, "%s\t%d\t%d\t%d\t%s\t%s\t%s\n", q.Name, q.Ready, q.Unacked, q.Consumers,
-					fmtVal(q.Rates.Publish), fmtVal(q.Rates.Deliver), fmtVal(q.Rates.Ack))
+				fmt.Fprintf(w, "%s\t%d\t%d\t%d\t%s\t%s\t%s\t%s\t%s\n", q.Name, q.Ready, q.Unacked, q.Consumers,
+					fmtVal(q.Rates.Publish), fmtVal(q.Rates.Deliver), fmtVal(q.Rates.Ack), nodeOrDash(q.Leader), nodesOrDash(q.Replicas))
 			}
 			return nil
 		})
@@ -1162,4 +1162,24 @@ func (c *cli) settle(ds []*client.Delivery, requeue, reject bool) {
 			_ = d.Ack()
 		}
 	}
+}
+
+// nodeOrDash shows a node id, or "-" for none.
+func nodeOrDash(id uint64) string {
+	if id == 0 {
+		return "-"
+	}
+	return strconv.FormatUint(id, 10)
+}
+
+// nodesOrDash shows node ids as 1,2,3, or "-" for none.
+func nodesOrDash(ids []uint64) string {
+	if len(ids) == 0 {
+		return "-"
+	}
+	s := make([]string, len(ids))
+	for i, id := range ids {
+		s[i] = strconv.FormatUint(id, 10)
+	}
+	return strings.Join(s, ",")
 }
