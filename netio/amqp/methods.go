@@ -79,6 +79,7 @@ func (c *conn) onExchange(ch *channel, id uint16, r *reader) error {
 			return r.err
 		}
 		d := &wire.ExchangeDeclare{Name: name, Durable: durable, AutoDelete: autoDelete, Internal: internal, Passive: passive}
+		asked := kind
 		if kind == "x-consistent-hash" { // the RabbitMQ plugin's name
 			kind = "consistent-hash"
 		}
@@ -108,6 +109,11 @@ func (c *conn) onExchange(ch *channel, id uint16, r *reader) error {
 				return chErr(notFound, "NOT_FOUND - no exchange '"+name+"' in vhost '"+c.vh()+"'")
 			}
 		} else if err := c.control(func() error { return c.srv.DeclareExchangeAs(d, c.user) }); err != nil {
+			if isCode(err, wire.PreconditionFailed) {
+				if ae := c.exchangeInequivalent(name, asked, d); ae != nil {
+					return ae
+				}
+			}
 			return err
 		}
 		if !noWait {
@@ -191,7 +197,7 @@ func (c *conn) onQueue(ch *channel, id uint16, r *reader) error {
 		if r.err != nil {
 			return r.err
 		}
-		wargs, quorum, ae := queueArgs(args)
+		wargs, quorum, ae := queueArgs(args, c.rs("queue", name))
 		if ae != nil {
 			return ae
 		}
@@ -206,7 +212,7 @@ func (c *conn) onQueue(ch *channel, id uint16, r *reader) error {
 				bad = "auto-delete"
 			}
 			if bad != "" {
-				return chErr(preconditionFailed, "PRECONDITION_FAILED - invalid property '"+bad+"' for queue '"+name+"' in vhost '/' (x-queue-type quorum)")
+				return chErr(preconditionFailed, "PRECONDITION_FAILED - invalid property '"+bad+"' for "+c.rs("queue", name))
 			}
 		}
 		dlx := ""
@@ -226,10 +232,18 @@ func (c *conn) onQueue(ch *channel, id uint16, r *reader) error {
 			if passive && isCode(err, wire.NotFound) {
 				return chErr(notFound, "NOT_FOUND - no queue '"+name+"' in vhost '"+c.vh()+"'")
 			}
+			if isCode(err, wire.ResourceLocked) {
+				return c.errExclusive(name)
+			}
+			if !passive && isCode(err, wire.PreconditionFailed) {
+				if ae := c.queueInequivalent(name, durable, autoDelete, exclusive, args); ae != nil {
+					return ae
+				}
+			}
 			return err
 		}
 		if x := q.ExclusiveTo(); x != 0 && x != c.id {
-			return chErr(resourceLocked, "RESOURCE_LOCKED - cannot obtain exclusive access to locked queue '"+broker.LocalName(q.Name())+"' in vhost '"+c.vh()+"'")
+			return c.errExclusive(broker.LocalName(q.Name()))
 		}
 		ch.lastQueue = broker.LocalName(q.Name())
 		if passive && !noWait {
@@ -295,7 +309,7 @@ func (c *conn) onQueue(ch *channel, id uint16, r *reader) error {
 			return chErr(notFound, "NOT_FOUND - no queue '"+qn+"' in vhost '"+c.vh()+"'")
 		}
 		if x := q.ExclusiveTo(); x != 0 && x != c.id {
-			return chErr(resourceLocked, "RESOURCE_LOCKED - cannot obtain exclusive access to locked queue '"+qn+"' in vhost '"+c.vh()+"'")
+			return c.errExclusive(qn)
 		}
 		perm := netio.PermConfigure // permissions (issue 15): delete
 		if id == 30 {
@@ -516,18 +530,22 @@ func (c *conn) onConsume(ch *channel, r *reader) error {
 	}
 	var prio int16
 	for _, f := range args {
-		if f.Key == "x-priority" && f.Value.Kind == wire.KindInt && f.Value.Int >= -32768 && f.Value.Int <= 32767 {
-			prio = int16(f.Value.Int)
-			continue
+		switch {
+		case f.Key != "x-priority":
+			return chErr(preconditionFailed, "PRECONDITION_FAILED - unsupported consumer argument '"+f.Key+"' for "+c.rs("queue", qn)+" (only x-priority is mapped)")
+		case f.Value.Kind != wire.KindInt:
+			return chErr(preconditionFailed, "PRECONDITION_FAILED - invalid arg 'x-priority' for "+c.rs("queue", qn)+": \"expected integer, got "+amqpTypeName(f.Value)+"\"")
+		case f.Value.Int < -32768 || f.Value.Int > 32767:
+			return chErr(preconditionFailed, "PRECONDITION_FAILED - invalid arg 'x-priority' for "+c.rs("queue", qn)+": \"expected an integer in [-32768, 32767]\"")
 		}
-		return chErr(preconditionFailed, "PRECONDITION_FAILED - unsupported consumer argument '"+f.Key+"' (only x-priority is mapped)")
+		prio = int16(f.Value.Int)
 	}
 	q := c.srv.LookupQueue(c.qn(qn))
 	if q == nil {
 		return chErr(notFound, "NOT_FOUND - no queue '"+qn+"' in vhost '"+c.vh()+"'")
 	}
 	if x := q.ExclusiveTo(); x != 0 && x != c.id {
-		return chErr(resourceLocked, "RESOURCE_LOCKED - cannot obtain exclusive access to locked queue '"+qn+"' in vhost '"+c.vh()+"'")
+		return c.errExclusive(qn)
 	}
 	c.mu.Lock()
 	if tag == "" {
@@ -1080,7 +1098,7 @@ func (c *conn) onGet(ch *channel, r *reader) error {
 		return chErr(notFound, "NOT_FOUND - no queue '"+qn+"' in vhost '"+c.vh()+"'")
 	}
 	if x := q.ExclusiveTo(); x != 0 && x != c.id {
-		return chErr(resourceLocked, "RESOURCE_LOCKED - cannot obtain exclusive access to locked queue '"+qn+"' in vhost '"+c.vh()+"'")
+		return c.errExclusive(qn)
 	}
 	cr := &consumer{id: c.srv.NewConsumerID(), ch: ch, q: q, autoAck: noAck, noWait: true, get: make(chan struct{})}
 	c.mu.Lock()

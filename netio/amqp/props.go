@@ -2,7 +2,9 @@ package amqp
 
 import (
 	"encoding/binary"
+	"slices"
 	"strconv"
+	"strings"
 
 	"github.com/warren-mq/warren/broker"
 	"github.com/warren-mq/warren/wire"
@@ -260,60 +262,93 @@ func xDeath(raw []byte) wire.Table {
 		wire.Field{Key: "x-first-death-exchange", Value: wire.String(first.Exchange)})
 }
 
+// queueArgMap pairs RabbitMQ's queue arguments with Warren's, in the
+// order RabbitMQ 3.10 compares a redeclare's (a classic queue's list;
+// x-delivery-limit, which RabbitMQ applies to quorum queues only, is
+// last). x-queue-type quorum is Warren's replicas (below).
+var queueArgMap = [...]struct{ amqp, warren string }{
+	{"x-expires", "expires"},
+	{"x-message-ttl", "message-ttl"},
+	{"x-dead-letter-exchange", "dead-letter-exchange"},
+	{"x-dead-letter-routing-key", "dead-letter-routing-key"},
+	{"x-max-length", "max-length"},
+	{"x-max-length-bytes", "max-length-bytes"},
+	{"x-max-priority", "max-priority"},
+	{"x-overflow", "overflow"},
+	{"x-single-active-consumer", "single-active-consumer"},
+	{"x-queue-type", "replicas"},
+	{"x-delivery-limit", "delivery-limit"},
+}
+
+// quorumReplicas is the replicas a quorum queue is declared with: copies
+// on three nodes, RabbitMQ's usual quorum group.
+const quorumReplicas = 3
+
 // queueArgs maps RabbitMQ's queue x-arguments onto Warren's queue
-// arguments. One it does not map is refused, never ignored. quorum: the
-// queue was declared with x-queue-type quorum (a durable queue in Warren).
-func queueArgs(t wire.Table) (_ wire.Table, quorum bool, _ *amqpError) {
+// arguments, in Warren's order (wire.QueueArgDescs: a redeclare compares
+// them as declared, and a client's table may come in any order). One it
+// does not map is refused, never ignored. x-queue-type classic is the
+// same as none; quorum is a durable queue with replicas 3 (quorum is
+// set), which is how a redeclare tells the two apart. rs names the queue
+// in refusals as RabbitMQ does ("queue 'q' in vhost '/'").
+func queueArgs(t wire.Table, rs string) (_ wire.Table, quorum bool, _ *amqpError) {
 	var out wire.Table
+	invalid := func(key, why string) *amqpError {
+		return chErr(preconditionFailed, "PRECONDITION_FAILED - invalid arg '"+key+"' for "+rs+": "+why)
+	}
 	for _, f := range t {
 		key := ""
-		switch f.Key {
-		case "x-max-priority":
-			key = "max-priority"
-		case "x-message-ttl":
-			key = "message-ttl"
-		case "x-expires":
-			key = "expires"
-		case "x-dead-letter-exchange":
-			key = "dead-letter-exchange"
-		case "x-dead-letter-routing-key":
-			key = "dead-letter-routing-key"
-		case "x-max-length":
-			key = "max-length"
-		case "x-max-length-bytes":
-			key = "max-length-bytes"
-		case "x-overflow":
-			key = "overflow"
-			if s := string(f.Value.Bytes); f.Value.Kind == wire.KindString && s != "drop-head" && s != "reject-publish" && s != "reject-publish-dlx" {
-				return nil, false, chErr(preconditionFailed, "PRECONDITION_FAILED - invalid arg 'x-overflow': '"+s+"' (want drop-head, reject-publish or reject-publish-dlx)")
+		for _, m := range queueArgMap {
+			if m.amqp == f.Key {
+				key = m.warren
 			}
-		case "x-delivery-limit":
-			key = "delivery-limit"
-		case "x-single-active-consumer":
-			key = "single-active-consumer"
-		case "x-queue-type":
+		}
+		switch {
+		case key == "":
+			return nil, false, chErr(preconditionFailed, "PRECONDITION_FAILED - unsupported queue argument '"+f.Key+"' for "+rs+": Warren does not map it (see README, AMQP 0-9-1)")
+		case f.Key == "x-overflow":
+			if s := string(f.Value.Bytes); f.Value.Kind == wire.KindString && s != "drop-head" && s != "reject-publish" && s != "reject-publish-dlx" {
+				return nil, false, invalid(f.Key, strconv.Quote("unsupported overflow '"+s+"' (drop-head, reject-publish and reject-publish-dlx are)"))
+			}
+		case f.Key == "x-queue-type":
 			// Warren has one kind of queue: classic and quorum are both
-			// it (quorum ones durable, as RabbitMQ requires; Warren's
-			// durable queues are replicated when the node is).
+			// it (quorum ones durable, as RabbitMQ requires, with
+			// replicas 3: copies in a cluster).
 			switch s := string(f.Value.Bytes); {
 			case f.Value.Kind != wire.KindString:
-				return nil, false, chErr(preconditionFailed, "PRECONDITION_FAILED - invalid arg 'x-queue-type': want a string")
+				return nil, false, invalid(f.Key, strconv.Quote("expected string, got "+amqpTypeName(f.Value)))
 			case s == "classic":
 				continue
 			case s == "quorum":
 				quorum = true
 				continue
 			default:
-				return nil, false, chErr(preconditionFailed, "PRECONDITION_FAILED - invalid arg 'x-queue-type': '"+s+"' queues are not supported by Warren (classic and quorum are)")
+				return nil, false, invalid(f.Key, strconv.Quote("unsupported queue type '"+s+"'"))
 			}
-		default:
-			return nil, false, chErr(preconditionFailed, "PRECONDITION_FAILED - unsupported queue argument '"+f.Key+"': Warren does not map it (see README, AMQP 0-9-1)")
 		}
 		out = append(out, wire.Field{Key: key, Value: f.Value})
 	}
-	if _, err := wire.ParseQueueArgs(out); err != nil {
-		return nil, false, chErr(preconditionFailed, "PRECONDITION_FAILED - "+reasonText(err))
+	if quorum {
+		out = append(out, wire.Field{Key: "replicas", Value: wire.Int(quorumReplicas)})
 	}
+	if _, err := wire.ParseQueueArgs(out); err != nil {
+		reason := reasonText(err)
+		for _, m := range queueArgMap { // "queue argument max-priority: want …"
+			if rest, ok := strings.CutPrefix(reason, "queue argument "+m.warren+": "); ok {
+				return nil, false, invalid(m.amqp, strconv.Quote(rest))
+			}
+		}
+		return nil, false, chErr(preconditionFailed, "PRECONDITION_FAILED - "+reason)
+	}
+	order := func(k string) int {
+		for i, d := range wire.QueueArgDescs() {
+			if d.Key == k {
+				return i
+			}
+		}
+		return -1
+	}
+	slices.SortStableFunc(out, func(a, b wire.Field) int { return order(a.Key) - order(b.Key) })
 	return out, quorum, nil
 }
 

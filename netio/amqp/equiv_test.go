@@ -1,0 +1,178 @@
+package amqp_test
+
+import (
+	"errors"
+	"testing"
+
+	amqp091 "github.com/rabbitmq/amqp091-go"
+	"github.com/warren-mq/warren/netio/amqp"
+)
+
+// qdecl is one queue.declare's settings.
+type qdecl struct {
+	durable, autoDelete, exclusive bool
+	args                           amqp091.Table
+}
+
+// A redeclare that differs is refused with RabbitMQ's reply code and
+// words (each text below is what RabbitMQ 3.10 answered to the same
+// declares, amqp091-go sending ints as signedint), the first difference
+// in RabbitMQ's order: exclusive, durable, auto_delete, then the
+// arguments. x-queue-type classic is the same as none; quorum is kept.
+func TestRedeclareEquivalenceAsRabbitMQ(t *testing.T) {
+	t.Parallel() // its own broker; the 0.5 s each spends stopping it overlaps
+	_, _, url := start(t, amqp.Config{})
+	conn, _ := dial(t, url)
+	quorum := amqp091.Table{"x-queue-type": "quorum"}
+	classic := amqp091.Table{"x-queue-type": "classic"}
+	for _, tc := range []struct {
+		name        string
+		first, then qdecl
+		code        int
+		text        string
+	}{
+		{"e.durable", qdecl{}, qdecl{durable: true}, 406,
+			"PRECONDITION_FAILED - inequivalent arg 'durable' for queue 'e.durable' in vhost '/': received 'true' but current is 'false'"},
+		{"e.autodel", qdecl{}, qdecl{autoDelete: true}, 406,
+			"PRECONDITION_FAILED - inequivalent arg 'auto_delete' for queue 'e.autodel' in vhost '/': received 'true' but current is 'false'"},
+		{"e.c-to-q", qdecl{durable: true}, qdecl{durable: true, args: quorum}, 406,
+			"PRECONDITION_FAILED - inequivalent arg 'x-queue-type' for queue 'e.c-to-q' in vhost '/': received the value 'quorum' of type 'longstr' but current is none"},
+		{"e.q-to-none", qdecl{durable: true, args: quorum}, qdecl{durable: true}, 406,
+			"PRECONDITION_FAILED - inequivalent arg 'x-queue-type' for queue 'e.q-to-none' in vhost '/': received none but current is the value 'quorum' of type 'longstr'"},
+		{"e.q-to-c", qdecl{durable: true, args: quorum}, qdecl{durable: true, args: classic}, 406,
+			"PRECONDITION_FAILED - inequivalent arg 'x-queue-type' for queue 'e.q-to-c' in vhost '/': received 'classic' but current is 'quorum'"},
+		{"e.q-to-q", qdecl{durable: true, args: quorum}, qdecl{durable: true, args: quorum}, 0, ""},
+		{"e.none-to-c", qdecl{durable: true}, qdecl{durable: true, args: classic}, 0, ""},
+		{"e.c-to-none", qdecl{durable: true, args: classic}, qdecl{durable: true}, 0, ""},
+		{"e.ttl", qdecl{args: amqp091.Table{"x-message-ttl": int32(1000)}}, qdecl{args: amqp091.Table{"x-message-ttl": int32(2000)}}, 406,
+			"PRECONDITION_FAILED - inequivalent arg 'x-message-ttl' for queue 'e.ttl' in vhost '/': received '2000' but current is '1000'"},
+		{"e.ttl-width", qdecl{args: amqp091.Table{"x-message-ttl": int32(1000)}}, qdecl{args: amqp091.Table{"x-message-ttl": int64(1000)}}, 0, ""},
+		{"e.maxlen-none", qdecl{args: amqp091.Table{"x-max-length": int32(10)}}, qdecl{}, 406,
+			"PRECONDITION_FAILED - inequivalent arg 'x-max-length' for queue 'e.maxlen-none' in vhost '/': received none but current is the value '10' of type 'signedint'"},
+		{"e.none-prio", qdecl{}, qdecl{args: amqp091.Table{"x-max-priority": int32(5)}}, 406,
+			"PRECONDITION_FAILED - inequivalent arg 'x-max-priority' for queue 'e.none-prio' in vhost '/': received the value '5' of type 'signedint' but current is none"},
+		{"e.dlx", qdecl{args: amqp091.Table{"x-dead-letter-exchange": "a"}}, qdecl{args: amqp091.Table{"x-dead-letter-exchange": "b"}}, 406,
+			"PRECONDITION_FAILED - inequivalent arg 'x-dead-letter-exchange' for queue 'e.dlx' in vhost '/': received 'b' but current is 'a'"},
+		{"e.sac", qdecl{args: amqp091.Table{"x-single-active-consumer": true}}, qdecl{args: amqp091.Table{"x-single-active-consumer": false}}, 406,
+			"PRECONDITION_FAILED - inequivalent arg 'x-single-active-consumer' for queue 'e.sac' in vhost '/': received 'false' but current is 'true'"},
+		{"e.excl", qdecl{autoDelete: true}, qdecl{autoDelete: true, exclusive: true}, 405,
+			"RESOURCE_LOCKED - cannot obtain exclusive access to locked queue 'e.excl' in vhost '/'. It could be originally declared on another connection or the exclusive property value does not match that of the original declaration."},
+	} {
+		ch, err := conn.Channel()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := ch.QueueDeclare(tc.name, tc.first.durable, tc.first.autoDelete, tc.first.exclusive, false, tc.first.args); err != nil {
+			t.Fatalf("%s: first declare: %v", tc.name, err)
+		}
+		_, err = ch.QueueDeclare(tc.name, tc.then.durable, tc.then.autoDelete, tc.then.exclusive, false, tc.then.args)
+		if tc.code == 0 {
+			if err != nil {
+				t.Errorf("%s: redeclare: %v, want it accepted", tc.name, err)
+			}
+			continue
+		}
+		var e *amqp091.Error
+		if !errors.As(err, &e) || e.Code != tc.code || e.Reason != tc.text {
+			t.Errorf("%s: redeclare: %v\nwant (%d) %q", tc.name, err, tc.code, tc.text)
+		}
+	}
+	// Another connection's exclusive queue: the same 405.
+	ch, _ := conn.Channel()
+	if _, err := ch.QueueDeclare("e.mine", false, true, true, false, nil); err != nil {
+		t.Fatal(err)
+	}
+	_, other := dial(t, url)
+	_, err := other.QueueDeclare("e.mine", false, true, true, false, nil)
+	var e *amqp091.Error
+	if want := "RESOURCE_LOCKED - cannot obtain exclusive access to locked queue 'e.mine' in vhost '/'. It could be originally declared on another connection or the exclusive property value does not match that of the original declaration."; !errors.As(err, &e) || e.Code != 405 || e.Reason != want {
+		t.Errorf("another connection's exclusive queue: %v\nwant (405) %q", err, want)
+	}
+}
+
+// amqp091-go writes a table in Go's map order, a new one each time: a
+// redeclare with the same arguments in another order is the same
+// declaration (it was refused as "in order or repetition").
+func TestRedeclareArgumentsInAnyOrder(t *testing.T) {
+	t.Parallel() // its own broker; the 0.5 s each spends stopping it overlaps
+	_, _, url := start(t, amqp.Config{})
+	_, ch := dial(t, url)
+	args := amqp091.Table{"x-message-ttl": int32(60000), "x-max-length": int32(100), "x-max-priority": int32(5),
+		"x-dead-letter-exchange": "dlx", "x-overflow": "reject-publish", "x-expires": int32(600000)}
+	for i := 0; i < 20; i++ { // 720 orders: 20 in one order by chance is about 1 in 10^57
+		if _, err := ch.QueueDeclare("anyorder", false, false, false, false, args); err != nil {
+			t.Fatalf("declare %d: %v", i, err)
+		}
+	}
+}
+
+// Exchanges: type, durable, auto_delete, internal, alternate-exchange, in
+// RabbitMQ's words.
+func TestExchangeRedeclareEquivalenceAsRabbitMQ(t *testing.T) {
+	t.Parallel() // its own broker; the 0.5 s each spends stopping it overlaps
+	_, _, url := start(t, amqp.Config{})
+	conn, _ := dial(t, url)
+	type xdecl struct {
+		kind                          string
+		durable, autoDelete, internal bool
+		args                          amqp091.Table
+	}
+	for _, tc := range []struct {
+		name        string
+		first, then xdecl
+		text        string
+	}{
+		{"x.type", xdecl{kind: "direct"}, xdecl{kind: "fanout"},
+			"PRECONDITION_FAILED - inequivalent arg 'type' for exchange 'x.type' in vhost '/': received 'fanout' but current is 'direct'"},
+		{"x.durable", xdecl{kind: "direct"}, xdecl{kind: "direct", durable: true},
+			"PRECONDITION_FAILED - inequivalent arg 'durable' for exchange 'x.durable' in vhost '/': received 'true' but current is 'false'"},
+		{"x.autodel", xdecl{kind: "direct", autoDelete: true}, xdecl{kind: "direct"},
+			"PRECONDITION_FAILED - inequivalent arg 'auto_delete' for exchange 'x.autodel' in vhost '/': received 'false' but current is 'true'"},
+		{"x.internal", xdecl{kind: "direct", internal: true}, xdecl{kind: "direct"},
+			"PRECONDITION_FAILED - inequivalent arg 'internal' for exchange 'x.internal' in vhost '/': received 'false' but current is 'true'"},
+		{"x.ae", xdecl{kind: "direct"}, xdecl{kind: "direct", args: amqp091.Table{"alternate-exchange": "ae"}},
+			"PRECONDITION_FAILED - inequivalent arg 'alternate-exchange' for exchange 'x.ae' in vhost '/': received the value 'ae' of type 'longstr' but current is none"},
+	} {
+		ch, err := conn.Channel()
+		if err != nil {
+			t.Fatal(err)
+		}
+		f, n := tc.first, tc.then
+		if err := ch.ExchangeDeclare(tc.name, f.kind, f.durable, f.autoDelete, f.internal, false, f.args); err != nil {
+			t.Fatalf("%s: first declare: %v", tc.name, err)
+		}
+		err = ch.ExchangeDeclare(tc.name, n.kind, n.durable, n.autoDelete, n.internal, false, n.args)
+		var e *amqp091.Error
+		if !errors.As(err, &e) || e.Code != 406 || e.Reason != tc.text {
+			t.Errorf("%s: redeclare: %v\nwant (406) %q", tc.name, err, tc.text)
+		}
+	}
+}
+
+// Invalid arguments name the argument and the queue as RabbitMQ does.
+func TestInvalidArgumentsAsRabbitMQ(t *testing.T) {
+	t.Parallel() // its own broker; the 0.5 s each spends stopping it overlaps
+	_, _, url := start(t, amqp.Config{})
+	conn, ch := dial(t, url)
+	check := func(err error, code int, text string) {
+		t.Helper()
+		var e *amqp091.Error
+		if !errors.As(err, &e) || e.Code != code || e.Reason != text {
+			t.Errorf("%v\nwant (%d) %q", err, code, text)
+		}
+		ch, _ = conn.Channel()
+	}
+	_, err := ch.QueueDeclare("qq", false, false, false, false, amqp091.Table{"x-queue-type": "quorum"})
+	check(err, 406, "PRECONDITION_FAILED - invalid property 'non-durable' for queue 'qq' in vhost '/'")
+	_, err = ch.QueueDeclare("qq", true, false, true, false, amqp091.Table{"x-queue-type": "quorum"})
+	check(err, 406, "PRECONDITION_FAILED - invalid property 'exclusive-owner' for queue 'qq' in vhost '/'")
+	_, err = ch.QueueDeclare("qq", true, true, false, false, amqp091.Table{"x-queue-type": "quorum"})
+	check(err, 406, "PRECONDITION_FAILED - invalid property 'auto-delete' for queue 'qq' in vhost '/'")
+	_, err = ch.QueueDeclare("sq", true, false, false, false, amqp091.Table{"x-queue-type": "bogus"})
+	check(err, 406, "PRECONDITION_FAILED - invalid arg 'x-queue-type' for queue 'sq' in vhost '/': \"unsupported queue type 'bogus'\"")
+	if _, err := ch.QueueDeclare("cp", false, true, false, false, nil); err != nil {
+		t.Fatal(err)
+	}
+	_, err = ch.Consume("cp", "", false, false, false, false, amqp091.Table{"x-priority": "high"})
+	check(err, 406, "PRECONDITION_FAILED - invalid arg 'x-priority' for queue 'cp' in vhost '/': \"expected integer, got longstr\"")
+}
