@@ -22,6 +22,10 @@ func (s *Server) NewConnID() uint64 { return s.connSeq.Add(1) }
 // on, or the stored bytes are over the high-watermark).
 func (s *Server) MemoryAlarm() bool { return s.memoryAlarm() }
 
+// DiskAlarm reports whether the disk alarm is on (free disk space below
+// the limit): with MemoryAlarm, why publishers wait.
+func (s *Server) DiskAlarm() bool { return s.diskAlarm.Load() }
+
 // MaxPrefetch is the cap on a consumer's unacked deliveries.
 func (s *Server) MaxPrefetch() uint32 { return s.cfg.MaxPrefetch }
 

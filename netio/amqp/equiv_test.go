@@ -1,10 +1,15 @@
 package amqp_test
 
 import (
+	"context"
 	"errors"
+	"runtime"
+	"sync/atomic"
 	"testing"
+	"time"
 
 	amqp091 "github.com/rabbitmq/amqp091-go"
+	"github.com/warren-mq/warren/netio"
 	"github.com/warren-mq/warren/netio/amqp"
 )
 
@@ -175,4 +180,130 @@ func TestInvalidArgumentsAsRabbitMQ(t *testing.T) {
 	}
 	_, err = ch.Consume("cp", "", false, false, false, false, amqp091.Table{"x-priority": "high"})
 	check(err, 406, "PRECONDITION_FAILED - invalid arg 'x-priority' for queue 'cp' in vhost '/': \"expected integer, got longstr\"")
+}
+
+// queue.unbind and exchange.unbind of a binding that is not there are
+// answered with unbind-ok, as RabbitMQ 3.10 answers them (a cleanup that
+// runs twice must not lose its channel).
+func TestUnbindIsIdempotent(t *testing.T) {
+	t.Parallel() // its own broker; the 0.5 s each spends stopping it overlaps
+	_, _, url := start(t, amqp.Config{})
+	_, ch := dial(t, url)
+	if _, err := ch.QueueDeclare("ub.q", false, true, false, false, nil); err != nil {
+		t.Fatal(err)
+	}
+	if err := ch.ExchangeDeclare("ub.x", "direct", false, true, false, false, nil); err != nil {
+		t.Fatal(err)
+	}
+	if err := ch.QueueUnbind("ub.q", "k", "ub.x", nil); err != nil {
+		t.Errorf("queue.unbind of no binding: %v", err)
+	}
+	if err := ch.QueueUnbind("ub.q", "k", "ub.none", nil); err != nil {
+		t.Errorf("queue.unbind from no exchange: %v", err)
+	}
+	if err := ch.ExchangeUnbind("ub.x", "k", "amq.direct", false, nil); err != nil {
+		t.Errorf("exchange.unbind of no binding: %v", err)
+	}
+	if _, err := ch.QueueDeclarePassive("ub.q", false, true, false, false, nil); err != nil {
+		t.Errorf("the channel was closed: %v", err)
+	}
+}
+
+// A headers binding's arguments come in Go's map order from amqp091-go:
+// an unbind with the same arguments removes the binding whatever their
+// order (it removed none, and bindings piled up).
+func TestBindingArgumentsInAnyOrder(t *testing.T) {
+	t.Parallel() // its own broker; the 0.5 s each spends stopping it overlaps
+	_, _, url := start(t, amqp.Config{})
+	_, ch := dial(t, url)
+	if _, err := ch.QueueDeclare("hb.q", false, true, false, false, nil); err != nil {
+		t.Fatal(err)
+	}
+	if err := ch.ExchangeDeclare("hb.x", "headers", false, true, false, false, nil); err != nil {
+		t.Fatal(err)
+	}
+	args := amqp091.Table{"x-match": "all", "a": "1", "b": "2", "c": "3", "d": "4"}
+	for i := 0; i < 10; i++ {
+		if err := ch.QueueBind("hb.q", "", "hb.x", false, args); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := ch.QueueUnbind("hb.q", "", "hb.x", args); err != nil {
+		t.Fatal(err)
+	}
+	if err := ch.Confirm(false); err != nil {
+		t.Fatal(err)
+	}
+	confirms := ch.NotifyPublish(make(chan amqp091.Confirmation, 1))
+	if err := ch.PublishWithContext(context.Background(), "hb.x", "", false, false,
+		amqp091.Publishing{Headers: amqp091.Table{"a": "1", "b": "2", "c": "3", "d": "4"}, Body: []byte("x")}); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-confirms:
+	case <-time.After(deadline):
+		t.Fatal("no confirm")
+	}
+	if _, ok, err := ch.Get("hb.q", true); err != nil || ok {
+		t.Fatalf("get after the unbind: got a message=%v, %v; want none (the binding is gone)", ok, err)
+	}
+}
+
+// Under the disk alarm a publishing connection is blocked as under the
+// memory alarm, and connection.blocked says why as RabbitMQ does: "low
+// on disk".
+func TestBlockedUnderDiskAlarm(t *testing.T) {
+	t.Parallel() // its own broker; the 0.5 s each spends stopping it overlaps
+	var free atomic.Int64
+	free.Store(1 << 20) // below the limit from the start
+	srv, _, url := startWith(t, netio.Config{TickInterval: 5 * time.Millisecond, DiskFreeLimit: 1 << 30,
+		DiskCheckInterval: time.Millisecond, DiskFree: func() (int64, bool) { return free.Load(), true }}, amqp.Config{})
+	for end := time.Now().Add(deadline); !srv.DiskAlarm(); { // raised on the server's first tick
+		if time.Now().After(end) {
+			t.Fatal("the disk alarm is not on")
+		}
+		runtime.Gosched()
+	}
+	conn, ch := dial(t, url)
+	blocked := conn.NotifyBlocked(make(chan amqp091.Blocking, 4))
+	if _, err := ch.QueueDeclare("d", false, false, false, false, nil); err != nil {
+		t.Fatal(err)
+	}
+	if err := ch.Confirm(false); err != nil {
+		t.Fatal(err)
+	}
+	confirms := ch.NotifyPublish(make(chan amqp091.Confirmation, 1))
+	if err := ch.PublishWithContext(context.Background(), "", "d", false, false, amqp091.Publishing{Body: []byte("x")}); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case b := <-blocked:
+		if !b.Active || b.Reason != "low on disk" {
+			t.Fatalf("got %+v, want connection.blocked \"low on disk\"", b)
+		}
+	case <-time.After(deadline):
+		t.Fatal("no connection.blocked")
+	}
+	select {
+	case c := <-confirms:
+		t.Fatalf("confirmed under the disk alarm: %+v", c)
+	default:
+	}
+	free.Store(10 << 30)
+	select {
+	case b := <-blocked:
+		if b.Active {
+			t.Fatalf("got %+v, want connection.unblocked", b)
+		}
+	case <-time.After(deadline):
+		t.Fatal("no connection.unblocked")
+	}
+	select {
+	case c := <-confirms:
+		if !c.Ack {
+			t.Fatalf("nacked: %+v", c)
+		}
+	case <-time.After(deadline):
+		t.Fatal("no confirm after the alarm cleared")
+	}
 }

@@ -2,6 +2,7 @@ package amqp
 
 import (
 	"encoding/binary"
+	"slices"
 	"strconv"
 	"strings"
 	"sync/atomic"
@@ -151,8 +152,8 @@ func (c *conn) onExchange(ch *channel, id uint16, r *reader) error {
 		if err := c.srv.PermitBindIn(c.vh(), c.user, src, dst, true); err != nil { // permissions (issue 15)
 			return err
 		}
-		b := &wire.Bind{Unbind: id == 40, ToExchange: true, Destination: c.qn(dst), Source: c.qn(src), RoutingKey: key, Args: args}
-		if err := c.control(func() error { return c.srv.BindAs(b, c.requester()) }); err != nil {
+		b := &wire.Bind{Unbind: id == 40, ToExchange: true, Destination: c.qn(dst), Source: c.qn(src), RoutingKey: key, Args: bindArgs(args)}
+		if err := c.control(func() error { return c.srv.BindAs(b, c.requester()) }); err != nil && !(b.Unbind && isCode(err, wire.NotFound)) {
 			return err
 		}
 		if !noWait {
@@ -165,6 +166,16 @@ func (c *conn) onExchange(ch *channel, id uint16, r *reader) error {
 		return nil
 	}
 	return connErr(commandInvalid, "COMMAND_INVALID - unknown exchange method "+strconv.Itoa(int(id)))
+}
+
+// bindArgs puts a binding's arguments in key order: a binding is the same
+// one whatever order a client's table came in (amqp091-go writes Go's map
+// order), for a bind (no second binding) and an unbind (it is found).
+// Unbinding what is not there (binding, exchange or queue) is ok, as
+// RabbitMQ 3.10 answers it.
+func bindArgs(t wire.Table) wire.Table {
+	slices.SortStableFunc(t, func(a, b wire.Field) int { return strings.Compare(a.Key, b.Key) })
+	return t
 }
 
 func isCode(err error, code wire.Code) bool {
@@ -275,8 +286,8 @@ func (c *conn) onQueue(ch *channel, id uint16, r *reader) error {
 		if err := c.srv.PermitBindIn(c.vh(), c.user, ex, ch.queueName(qn), false); err != nil { // permissions (issue 15)
 			return err
 		}
-		b := &wire.Bind{Unbind: id == 50, Destination: c.qn(ch.queueName(qn)), Source: c.qn(ex), RoutingKey: key, Args: args}
-		if err := c.control(func() error { return c.srv.BindAs(b, c.requester()) }); err != nil {
+		b := &wire.Bind{Unbind: id == 50, Destination: c.qn(ch.queueName(qn)), Source: c.qn(ex), RoutingKey: key, Args: bindArgs(args)}
+		if err := c.control(func() error { return c.srv.BindAs(b, c.requester()) }); err != nil && !(b.Unbind && isCode(err, wire.NotFound)) {
 			return err
 		}
 		if !noWait {
@@ -1036,7 +1047,11 @@ func (c *conn) sendBlocked(on bool) {
 		return
 	}
 	if on {
-		c.reply(0, classConnection, 60, func(b []byte) []byte { return putShortstr(b, "low on memory") })
+		why := "low on memory" // RabbitMQ's words
+		if c.srv.DiskAlarm() {
+			why = "low on disk"
+		}
+		c.reply(0, classConnection, 60, func(b []byte) []byte { return putShortstr(b, why) })
 		return
 	}
 	c.reply(0, classConnection, 61, nil)
