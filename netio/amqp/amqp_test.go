@@ -274,8 +274,8 @@ func TestRefusals(t *testing.T) {
 		t.Fatal(err)
 	}
 	// not_implemented is a connection error, as RabbitMQ sends it.
-	if err := ch.Tx(); amqpCode(err) != 540 {
-		t.Fatalf("tx.select: %v, want 540 not_implemented", err)
+	if err := ch.Qos(1, 1, true); amqpCode(err) != 540 {
+		t.Fatalf("basic.qos global with a prefetch size: %v, want 540 not_implemented", err)
 	}
 }
 

@@ -31,7 +31,7 @@ func pikaPython(t *testing.T) string {
 // The short version of make amqp-compat: a real third-party client, pika,
 // through declare, bind, publish with confirms, mandatory returns,
 // consume, ack, nack, reject, get, dead-lettering, priorities, recover,
-// global prefetch and refusals (compat/pika_compat.py).
+// global prefetch, refusals and transactions (compat/pika_compat.py).
 func TestPikaCompat(t *testing.T) {
 	t.Parallel() // its own broker; the 0.5 s each spends stopping it overlaps
 	py := pikaPython(t)

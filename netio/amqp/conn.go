@@ -121,6 +121,8 @@ type conn struct {
 
 	stashBytes int // bytes waiting in the channels' stashes (mu)
 
+	txHeld, txHeldBytes int // publishes held by the channels' transactions (mu)
+
 	sc pubScratch // parseHeader's buffers (loop)
 
 	published, delivered atomic.Uint64 // metrics (messages)
@@ -156,6 +158,15 @@ type channel struct {
 	stash     []byte
 	stashQ    []stashed
 	stashHead int
+
+	// Transactions (tx.select; tx.go): publishes and settles held until
+	// tx.commit, and the commits whose publishes their queues have not
+	// all taken yet, oldest first (commit-ok goes out in order).
+	tx        bool
+	txPubs    []*pending
+	txSettles []broker.SettleItem
+	txSeq     uint64 // the last commit's number
+	txOpen    []txCommit
 }
 
 // stashed is a delivery waiting for the channel-wide prefetch.
@@ -1081,6 +1092,7 @@ func (c *conn) releaseChannel(ch *channel) []*consumer {
 	ch.consumers = nil
 	ch.tags = nil
 	c.resetStashLocked(ch)
+	c.dropTxLocked(ch) // held settles: the consumers' cancels return those messages
 	return cons
 }
 

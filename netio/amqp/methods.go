@@ -57,6 +57,9 @@ func (c *conn) onMethod(ch *channel, class, id uint16, r *reader) error {
 			if r.err != nil {
 				return errSyntax
 			}
+			if ch.tx {
+				return chErr(preconditionFailed, "PRECONDITION_FAILED - cannot switch from tx to confirm mode")
+			}
 			ch.confirm = true
 			if !noWait {
 				c.reply(ch.id, classConfirm, 11, nil)
@@ -64,7 +67,7 @@ func (c *conn) onMethod(ch *channel, class, id uint16, r *reader) error {
 			return nil
 		}
 	case classTx:
-		return connErr(notImplemented, "NOT_IMPLEMENTED - transactions (tx.*) are not supported by Warren: use publisher confirms (confirm.select)")
+		return c.onTx(ch, id)
 	}
 	return connErr(commandInvalid, "COMMAND_INVALID - unknown method "+strconv.Itoa(int(class))+"."+strconv.Itoa(int(id)))
 }
@@ -521,6 +524,10 @@ func (c *conn) settle(ch *channel, tag uint64, multiple bool, op wire.SettleOp) 
 	if ch.stashHead < len(ch.stashQ) {
 		c.flushStashLocked(ch)
 	}
+	if ch.tx { // until tx.commit
+		ch.txSettles = append(ch.txSettles, items...)
+		items = nil
+	}
 	c.mu.Unlock()
 	if len(items) > 0 {
 		c.srv.Submit(broker.Command{Kind: broker.CmdSettle, Settles: items})
@@ -651,11 +658,21 @@ func (c *conn) publish(ch *channel) error {
 	if !c.pubPerm.AllowedIn(c.srv, c.vh(), c.user, pub.exchange) { // permissions (issue 15), decided once per exchange
 		return c.srv.PublishRefusalIn(c.vh(), c.user, pub.exchange)
 	}
+	if ch.tx {
+		return c.hold(ch, pub)
+	}
 	var seq uint64
 	if ch.confirm {
 		ch.pubSeq++
 		seq = ch.pubSeq
 	}
+	c.enqueue(ch, pub, view, exName, seq)
+	return nil
+}
+
+// enqueue routes a publish and hands each shard its part; seq is its
+// confirm's number (0: none), or in tx mode its commit's.
+func (c *conn) enqueue(ch *channel, pub *pending, view *broker.RouteView, exName string, seq uint64) {
 	a := pub.arena
 	ne, nk, np := len(pub.exchange), len(pub.key), len(pub.in.props)
 	blk := new(pubBlock)
@@ -713,7 +730,6 @@ func (c *conn) publish(ch *channel) error {
 		c.srv.Submit(broker.Command{Kind: broker.CmdPublish, Items: items, Batch: batch})
 	}
 	batch.PartDone()
-	return nil
 }
 
 // pubBlock is what one publish allocates beside its bytes, in one
@@ -775,6 +791,10 @@ func (c *conn) Confirm(b *broker.PublishBatch) {
 	defer c.mu.Unlock()
 	ch := c.channels[b.Ch]
 	if c.dead || ch == nil || ch.gen&(1<<24-1) != gen || ch.closing { // FirstSeq keeps the generation's low 24 bits
+		return
+	}
+	if ch.tx { // seq is its commit's
+		c.txConfirmedLocked(ch, seq)
 		return
 	}
 	id := uint16(80)
