@@ -160,7 +160,7 @@ bench-durable-rss:
 # (/usr/bin/python3 with python3-pika), then amqp091-go's own integration
 # tests, unmodified, from the version in go.mod; a failure not listed with
 # its reason in netio/amqp/compat/amqp091-known-failures.txt fails it.
-# make test runs the pika part (TestPikaCompat).
+# make test runs both, against its own listener (TestPikaCompat, TestAMQP091Suite).
 AMQP_COMPAT_PORT ?= 5697
 amqp-compat:
 	$(GO) build -o bin/warrend ./cmd/warrend
