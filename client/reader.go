@@ -123,20 +123,7 @@ func (c *Conn) dispatch(f wire.Frame, dec *wire.Decompressor) error {
 			cs.deliverBatch(ch, b.Deliveries())
 			return nil
 		}
-		it := b.Deliveries()
-		var d wire.Delivery
-		for it.Next(&d) {
-			// One copy per delivery: the application owns what it gets.
-			buf := make([]byte, len(d.Body)+len(d.Properties))
-			copy(buf, d.Body)
-			copy(buf[len(d.Body):], d.Properties)
-			cs.deliver(&Delivery{
-				Tag: d.Tag, Redelivered: d.Flags&wire.Redelivered != 0, DeliveryCount: d.DeliveryCount,
-				FailedCount: d.FailedCount, Persistent: d.Flags&wire.DeliveredPersistent != 0, Priority: d.Priority,
-				Exchange: intern(&cs.lastEx, d.Exchange), RoutingKey: intern(&cs.lastRK, d.RoutingKey),
-				Body: buf[:len(d.Body):len(d.Body)], rawProps: buf[len(d.Body):], ch: ch,
-			})
-		}
+		cs.deliverCopies(ch, b.Deliveries())
 	case wire.TypeReturn:
 		var b wire.ReturnBatch
 		if err := wire.DecodeReturn(f, &b); err != nil {
