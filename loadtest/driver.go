@@ -10,8 +10,9 @@ type driver interface {
 	// setup declares the exchange, the queues and their bindings afresh.
 	setup(ctx context.Context, cfg *Config, t *topo) error
 	producer(ctx context.Context, cfg *Config, onConfirm func(first, last uint64, ok bool)) (producer, error)
-	// consumer starts consuming queue; handle runs for every message on
-	// the consumer's own goroutine.
+	// consumer starts consuming queue; handle runs for every message, one
+	// at a time per consumer (for Warren, on the connection's reader
+	// goroutine), and body is valid only until it returns.
 	consumer(ctx context.Context, cfg *Config, queue string, handle func(body []byte)) (closer, error)
 	close()
 }
