@@ -4,7 +4,6 @@ import (
 	"encoding/binary"
 	"errors"
 	"math"
-	"strings"
 
 	"github.com/warren-mq/warren/broker"
 	"github.com/warren-mq/warren/wire"
@@ -89,6 +88,52 @@ func replyCodeOf(c wire.Code) uint16 {
 	return internalError
 }
 
+// replyName is a reply code's name, which RabbitMQ puts before every
+// reply text ("NOT_FOUND - no queue 'q' in vhost '/'").
+func replyName(code uint16) string {
+	switch code {
+	case contentTooLarge:
+		return "CONTENT_TOO_LARGE"
+	case noRoute:
+		return "NO_ROUTE"
+	case connectionForced:
+		return "CONNECTION_FORCED"
+	case accessRefused:
+		return "ACCESS_REFUSED"
+	case notFound:
+		return "NOT_FOUND"
+	case resourceLocked:
+		return "RESOURCE_LOCKED"
+	case preconditionFailed:
+		return "PRECONDITION_FAILED"
+	case frameError:
+		return "FRAME_ERROR"
+	case syntaxError:
+		return "SYNTAX_ERROR"
+	case commandInvalid:
+		return "COMMAND_INVALID"
+	case channelError:
+		return "CHANNEL_ERROR"
+	case unexpectedFrame:
+		return "UNEXPECTED_FRAME"
+	case resourceError:
+		return "RESOURCE_ERROR"
+	case notAllowed:
+		return "NOT_ALLOWED"
+	case notImplemented:
+		return "NOT_IMPLEMENTED"
+	}
+	return "INTERNAL_ERROR"
+}
+
+// brokerErr is a refusal by the broker (code, reason) as a channel error:
+// the reply code RabbitMQ sends in the same case, named as RabbitMQ names
+// it, then the broker's reason.
+func brokerErr(code wire.Code, reason string) *amqpError {
+	rc := replyCodeOf(code)
+	return chErr(rc, replyName(rc)+" - "+reason)
+}
+
 // errOf is an error from the broker as a channel error.
 func errOf(err error) *amqpError {
 	var ae *amqpError
@@ -97,7 +142,7 @@ func errOf(err error) *amqpError {
 	}
 	var we *wire.Error
 	if errors.As(err, &we) {
-		return chErr(replyCodeOf(we.Code), strings.ToUpper(we.Code.String())+" - "+broker.LocalText(we.Reason))
+		return brokerErr(we.Code, broker.LocalText(we.Reason))
 	}
 	return chErr(internalError, err.Error())
 }

@@ -512,6 +512,8 @@ func (c *conn) fail(err error) {
 		return
 	}
 	if ae.class == 0 {
+		cp := *ae // it may be a shared one (errSyntax)
+		ae = &cp
 		ae.class, ae.method = c.curClass, c.curMethod
 	}
 	c.sendConnClose(ae)
@@ -1051,6 +1053,8 @@ func (c *conn) chanResult(ch *channel, err error) error {
 	}
 	ae := errOf(err)
 	if ae.class == 0 {
+		cp := *ae // it may be a shared one (errSyntax)
+		ae = &cp
 		ae.class, ae.method = c.curClass, c.curMethod
 	}
 	if ae.conn || ae.code == notImplemented || ae.code >= 500 {

@@ -307,3 +307,83 @@ func TestBlockedUnderDiskAlarm(t *testing.T) {
 		t.Fatal("no confirm after the alarm cleared")
 	}
 }
+
+// Refusals with RabbitMQ's reply codes and words (each text is what
+// RabbitMQ 3.10.8 answered to the same calls).
+func TestRefusalsInRabbitMQWords(t *testing.T) {
+	t.Parallel() // its own broker; the 0.5 s each spends stopping it overlaps
+	_, _, url := start(t, amqp.Config{})
+	conn, ch := dial(t, url)
+	check := func(what string, err error, code int, text string) {
+		t.Helper()
+		var e *amqp091.Error
+		if !errors.As(err, &e) || e.Code != code || e.Reason != text {
+			t.Errorf("%s: %v\nwant (%d) %q", what, err, code, text)
+		}
+		if conn.IsClosed() {
+			conn, ch = dial(t, url)
+			return
+		}
+		ch, _ = conn.Channel()
+	}
+	const defaultEx = "ACCESS_REFUSED - operation not permitted on the default exchange"
+	check("delete amq.direct", ch.ExchangeDelete("amq.direct", false, false), 403,
+		"ACCESS_REFUSED - deletion of system exchange 'amq.direct' in vhost '/' not allowed")
+	check("delete the default exchange", ch.ExchangeDelete("", false, false), 403, defaultEx)
+	if _, err := ch.QueueDeclare("r.q", false, true, false, false, nil); err != nil {
+		t.Fatal(err)
+	}
+	check("bind to the default exchange", ch.QueueBind("r.q", "k", "", false, nil), 403, defaultEx)
+	check("unbind from the default exchange", ch.QueueUnbind("r.q", "k", "", nil), 403, defaultEx)
+	check("bind an exchange to the default one", ch.ExchangeBind("amq.direct", "k", "", false, nil), 403, defaultEx)
+	check("declare amq.foo", ch.ExchangeDeclare("amq.foo", "direct", false, false, false, false, nil), 403,
+		"ACCESS_REFUSED - exchange name 'amq.foo' contains reserved prefix 'amq.*'")
+	_, err := ch.QueueDeclare("amq.foo", false, true, false, false, nil)
+	check("declare queue amq.foo", err, 403, "ACCESS_REFUSED - queue name 'amq.foo' contains reserved prefix 'amq.*'")
+	_, err = ch.QueueDeclarePassive("", false, false, false, false, nil)
+	check("passive declare of ''", err, 404, "NOT_FOUND - no queue '' in vhost '/'")
+
+	if _, err := ch.QueueDeclare("r.full", false, true, false, false, nil); err != nil {
+		t.Fatal(err)
+	}
+	publishConfirmed(t, ch, "", "r.full", amqp091.Publishing{Body: []byte("x")})
+	_, err = ch.QueueDelete("r.full", false, true, false)
+	check("delete if-empty", err, 406, "PRECONDITION_FAILED - queue 'r.full' in vhost '/' not empty")
+	if _, err := ch.QueueDeclare("r.used", false, false, false, false, nil); err != nil {
+		t.Fatal(err)
+	}
+	consCh, _ := conn.Channel()
+	if _, err := consCh.Consume("r.used", "a", false, false, false, false, nil); err != nil {
+		t.Fatal(err)
+	}
+	_, err = ch.QueueDelete("r.used", true, false, false)
+	check("delete if-unused", err, 406, "PRECONDITION_FAILED - queue 'r.used' in vhost '/' in use")
+	_, err = ch.Consume("r.used", "b", false, true, false, false, nil)
+	check("exclusive consume of a queue in use", err, 403, "ACCESS_REFUSED - queue 'r.used' in vhost '/' in exclusive use")
+	if _, err := ch.QueueDeclare("r.ec", false, true, false, false, nil); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := consCh.Consume("r.ec", "x", false, true, false, false, nil); err != nil {
+		t.Fatal(err)
+	}
+	_, err = ch.Consume("r.ec", "y", false, false, false, false, nil)
+	check("consume beside an exclusive consumer", err, 403, "ACCESS_REFUSED - queue 'r.ec' in vhost '/' in exclusive use")
+
+	if err := ch.ExchangeDeclare("r.bx", "direct", false, false, false, false, nil); err != nil {
+		t.Fatal(err)
+	}
+	if err := ch.QueueBind("r.q", "k", "r.bx", false, nil); err != nil {
+		t.Fatal(err)
+	}
+	check("exchange delete if-unused", ch.ExchangeDelete("r.bx", true, false), 406,
+		"PRECONDITION_FAILED - exchange 'r.bx' in vhost '/' in use")
+
+	if _, err := ch.QueueDeclare("r.excl", false, true, true, false, nil); err != nil {
+		t.Fatal(err)
+	}
+	_, other := dial(t, url)
+	check("bind another connection's exclusive queue", other.QueueBind("r.excl", "k", "amq.direct", false, nil), 405,
+		"RESOURCE_LOCKED - cannot obtain exclusive access to locked queue 'r.excl' in vhost '/'. It could be originally declared on another connection or the exclusive property value does not match that of the original declaration.")
+
+	check("channel.flow active=false", ch.Flow(false), 540, "NOT_IMPLEMENTED - active=false")
+}

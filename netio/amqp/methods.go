@@ -17,6 +17,10 @@ import (
 
 var errSyntax = connErr(syntaxError, "SYNTAX_ERROR - malformed method arguments")
 
+// errDefaultExchange refuses to bind to, from or delete the default
+// exchange, in RabbitMQ's words.
+var errDefaultExchange = chErr(accessRefused, "ACCESS_REFUSED - operation not permitted on the default exchange")
+
 // onMethod handles a method on an open channel.
 func (c *conn) onMethod(ch *channel, class, id uint16, r *reader) error {
 	switch class {
@@ -28,7 +32,7 @@ func (c *conn) onMethod(ch *channel, class, id uint16, r *reader) error {
 				return errSyntax
 			}
 			if !active {
-				return connErr(notImplemented, "NOT_IMPLEMENTED - channel.flow active=false is not supported")
+				return connErr(notImplemented, "NOT_IMPLEMENTED - active=false")
 			}
 			c.reply(ch.id, classChannel, 21, func(b []byte) []byte { return append(b, 1) })
 			return nil
@@ -113,6 +117,9 @@ func (c *conn) onExchange(ch *channel, id uint16, r *reader) error {
 				return chErr(notFound, "NOT_FOUND - no exchange '"+name+"' in vhost '"+c.vh()+"'")
 			}
 		} else if err := c.control(func() error { return c.srv.DeclareExchangeAs(d, c.user) }); err != nil {
+			if isCode(err, wire.AccessRefused) && strings.HasPrefix(name, "amq.") {
+				return chErr(accessRefused, "ACCESS_REFUSED - exchange name '"+name+"' contains reserved prefix 'amq.*'")
+			}
 			if isCode(err, wire.PreconditionFailed) {
 				if ae := c.exchangeInequivalent(name, asked, d); ae != nil {
 					return ae
@@ -134,9 +141,20 @@ func (c *conn) onExchange(ch *channel, id uint16, r *reader) error {
 		if err := c.srv.PermitIn(c.vh(), c.user, netio.PermConfigure, "exchange", name); err != nil { // permissions (issue 15)
 			return err
 		}
+		switch {
+		case name == "":
+			return errDefaultExchange
+		case strings.HasPrefix(name, "amq."):
+			if c.srv.View().Table.HasExchange(c.qn(name)) {
+				return chErr(accessRefused, "ACCESS_REFUSED - deletion of system exchange '"+name+"' in vhost '"+c.vh()+"' not allowed")
+			}
+		}
 		err := c.control(func() error {
 			return c.srv.DeleteExchangeAs(&wire.ExchangeDelete{Name: c.qn(name), IfUnused: ifUnused}, c.requester())
 		})
+		if ifUnused && isCode(err, wire.PreconditionFailed) {
+			return chErr(preconditionFailed, "PRECONDITION_FAILED - "+c.rs("exchange", name)+" in use")
+		}
 		if err != nil && !isCode(err, wire.NotFound) { // deleting what is not there is ok, as in RabbitMQ
 			return err
 		}
@@ -154,6 +172,9 @@ func (c *conn) onExchange(ch *channel, id uint16, r *reader) error {
 		}
 		if err := c.srv.PermitBindIn(c.vh(), c.user, src, dst, true); err != nil { // permissions (issue 15)
 			return err
+		}
+		if src == "" || dst == "" {
+			return errDefaultExchange
 		}
 		b := &wire.Bind{Unbind: id == 40, ToExchange: true, Destination: c.qn(dst), Source: c.qn(src), RoutingKey: key, Args: bindArgs(args)}
 		if err := c.control(func() error { return c.srv.BindAs(b, c.requester()) }); err != nil && !(b.Unbind && isCode(err, wire.NotFound)) {
@@ -211,6 +232,11 @@ func (c *conn) onQueue(ch *channel, id uint16, r *reader) error {
 		if r.err != nil {
 			return r.err
 		}
+		if passive && name == "" { // the channel's last queue, as RabbitMQ reads it
+			if name = ch.lastQueue; name == "" {
+				return chErr(notFound, "NOT_FOUND - no queue '' in vhost '"+c.vh()+"'")
+			}
+		}
 		wargs, quorum, ae := queueArgs(args, c.rs("queue", name))
 		if ae != nil {
 			return ae
@@ -248,6 +274,9 @@ func (c *conn) onQueue(ch *channel, id uint16, r *reader) error {
 			}
 			if isCode(err, wire.ResourceLocked) {
 				return c.errExclusive(name)
+			}
+			if isCode(err, wire.AccessRefused) && strings.HasPrefix(name, "amq.") {
+				return chErr(accessRefused, "ACCESS_REFUSED - queue name '"+name+"' contains reserved prefix 'amq.*'")
 			}
 			if !passive && isCode(err, wire.PreconditionFailed) {
 				if ae := c.queueInequivalent(name, durable, autoDelete, exclusive, args); ae != nil {
@@ -288,6 +317,14 @@ func (c *conn) onQueue(ch *channel, id uint16, r *reader) error {
 		}
 		if err := c.srv.PermitBindIn(c.vh(), c.user, ex, ch.queueName(qn), false); err != nil { // permissions (issue 15)
 			return err
+		}
+		if ex == "" {
+			return errDefaultExchange
+		}
+		if q := c.srv.LookupQueue(c.qn(ch.queueName(qn))); q != nil {
+			if x := q.ExclusiveTo(); x != 0 && x != c.id {
+				return c.errExclusive(ch.queueName(qn))
+			}
 		}
 		b := &wire.Bind{Unbind: id == 50, Destination: c.qn(ch.queueName(qn)), Source: c.qn(ex), RoutingKey: key, Args: bindArgs(args)}
 		if err := c.control(func() error { return c.srv.BindAs(b, c.requester()) }); err != nil && !(b.Unbind && isCode(err, wire.NotFound)) {
@@ -342,7 +379,7 @@ func (c *conn) onQueue(ch *channel, id uint16, r *reader) error {
 		if err := c.srv.Authorize(c.user, netio.ActDelete, q.DeclaredBy(), "queue "+strconv.Quote(qn)); err != nil {
 			return err
 		}
-		c.srv.Submit(broker.Command{Kind: broker.CmdDelete, Queue: q, Sink: c, Req: ref | ansDelete,
+		c.srv.Submit(broker.Command{Kind: broker.CmdDelete, Queue: q, Sink: deleteAnswer{c, qn}, Req: ref | ansDelete,
 			IfUnused: ifUnused, IfEmpty: ifEmpty, Reason: "queue deleted"})
 		return nil
 	}
@@ -962,7 +999,10 @@ func (c *conn) Subscribed(id queue.ConsumerID, _ uint32, code wire.Code, reason 
 		delete(c.byID, id)
 		delete(cr.ch.consumers, cr.tag)
 		c.mu.Unlock()
-		ae := chErr(replyCodeOf(code), strings.ToUpper(code.String())+" - "+reason)
+		ae := brokerErr(code, reason)
+		if code == wire.ResourceLocked { // an exclusive consumer, or consumers where one would be
+			ae = chErr(accessRefused, "ACCESS_REFUSED - "+c.rs("queue", broker.LocalName(cr.q.Name()))+" in exclusive use")
+		}
 		ae.class, ae.method = classBasic, 20
 		c.closeChannelFromShard(cr.ch, ae)
 		return
@@ -1028,6 +1068,24 @@ func (c *conn) ConsumerGone(id queue.ConsumerID) {
 	c.mu.Unlock()
 }
 
+// deleteAnswer answers a queue.delete, naming the queue in a refusal as
+// RabbitMQ does (a Sink for one CmdDelete).
+type deleteAnswer struct {
+	*conn
+	name string
+}
+
+func (d deleteAnswer) Answer(ref uint64, r broker.Result) {
+	if r.Code == wire.PreconditionFailed { // if-empty or if-unused
+		why := " in use"
+		if strings.Contains(r.Reason, "not empty") {
+			why = " not empty"
+		}
+		r.Reason = d.rs("queue", d.name) + why
+	}
+	d.conn.Answer(ref, r)
+}
+
 // Answer answers queue.purge and queue.delete.
 func (c *conn) Answer(ref uint64, r broker.Result) {
 	gen, chID, kind := ref>>32, uint16(ref>>8), ref&0xff
@@ -1041,7 +1099,7 @@ func (c *conn) Answer(ref uint64, r broker.Result) {
 		if r.Code == wire.NotFound && kind&ansDelete != 0 {
 			r = broker.Result{} // deleted meanwhile: ok, as in RabbitMQ
 		} else {
-			ae := chErr(replyCodeOf(r.Code), strings.ToUpper(r.Code.String())+" - "+r.Reason)
+			ae := brokerErr(r.Code, r.Reason)
 			ae.class, ae.method = classQueue, 30
 			if kind&ansDelete != 0 {
 				ae.method = 40
