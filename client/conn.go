@@ -210,7 +210,8 @@ func parseURL(raw string) (parsedURL, error) {
 // errors.Is or errors.As reaches every one of them). When the context has
 // a deadline, each node gets an equal share of the time left (at least
 // minNodeDial), as net.Dialer shares it among a name's addresses, so one
-// silent node does not use up the rest's time.
+// silent node does not use up the rest's time; without a deadline, a node
+// that never answers holds Dial until the system gives up connecting.
 func Dial(ctx context.Context, rawURL string, opts ...Options) (*Conn, error) {
 	pu, err := parseURL(rawURL)
 	if err != nil {

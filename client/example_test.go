@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"log"
+	"strings"
 	"time"
 
 	"github.com/warren-mq/warren/client"
@@ -136,4 +137,39 @@ func ExampleConnect() {
 	sess.Publish(ctx, "", client.Message{RoutingKey: "jobs", Body: []byte("resize image 42")})
 	fmt.Println(<-done)
 	// Output: resize image 42
+}
+
+// A URL may name several nodes: the session fails over between them and
+// declares its topology and restarts its consumers on the node it reaches.
+func ExampleConnect_failover() {
+	url1, stop1 := startBroker()
+	url2, stop2 := startBroker()
+	defer stop2()
+	// warren://guest:guest@host1:port1,host2:port2 (the second URL's host
+	// added to the first's list).
+	url := url1 + "," + strings.TrimPrefix(url2, "warren://guest:guest@")
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	sess, err := client.Connect(ctx, url)
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer sess.Close()
+	moved := make(chan struct{}, 1)
+	sess.OnReconnect = func(int) { moved <- struct{}{} }
+	sess.DeclareQueue(ctx, "jobs", client.QueueOptions{})
+	done := make(chan string, 1)
+	sess.Consume(ctx, "jobs", client.ConsumeOptions{Prefetch: 100}, func(d *client.Delivery) {
+		done <- string(d.Body)
+		d.Ack()
+	})
+	first := sess.Addr()
+	stop1() // the first node goes away
+	<-moved
+	fmt.Println("moved to another node:", sess.Addr() != first)
+	sess.Publish(ctx, "", client.Message{RoutingKey: "jobs", Body: []byte("resize image 43")})
+	fmt.Println(<-done)
+	// Output:
+	// moved to another node: true
+	// resize image 43
 }
