@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/warren-mq/warren/queue"
 	"github.com/warren-mq/warren/replication"
 	"github.com/warren-mq/warren/wire"
 	"go.etcd.io/raft/v3/raftpb"
@@ -31,6 +32,9 @@ type metaCluster struct {
 	results map[uint64]MetaResult // their results, once applied here
 	stop    chan struct{}         // stops the ticker
 	stopped chan struct{}
+	// tickQueues ticks the replicated queue groups with the metadata
+	// group (nil without them).
+	tickQueues func()
 }
 
 func (cl *metaCluster) tick(every time.Duration) {
@@ -41,6 +45,9 @@ func (cl *metaCluster) tick(every time.Duration) {
 		select {
 		case <-tk.C:
 			cl.g.Tick()
+			if cl.tickQueues != nil {
+				cl.tickQueues()
+			}
 		case <-cl.stop:
 			return
 		}
@@ -109,6 +116,9 @@ func (b *Broker) openClusterMeta(cfg MetaLogConfig) error {
 	if cl.timeout <= 0 {
 		cl.timeout = DefaultMetaTimeout
 	}
+	if dc := b.cfg.Durable; dc != nil && dc.NodeID != 0 {
+		cl.tickQueues = b.tickGroups
+	}
 	g, err := replication.OpenMeta(replication.MetaConfig{
 		Log: cfg.Log, Snapshots: cfg.Snapshots, Machine: m,
 		Lock: &t.mu, Snapshot: func() []byte { return t.meta.Snapshot() },
@@ -150,12 +160,38 @@ func (b *Broker) openClusterMeta(cfg MetaLogConfig) error {
 }
 
 // StepRaft hands this node's raft group gid a message a peer sent (a
-// cluster transport's Deliver): the metadata group's; others are dropped
-// (no replicated queue groups yet).
+// cluster transport's Deliver): the metadata group's, or a replicated
+// queue's, stepped on its shard. A message for a group not open here (its
+// queue not applied here yet, or deleted) is dropped: raft resends.
 func (b *Broker) StepRaft(gid uint64, m raftpb.Message) {
 	if gid == replication.MetaGroupID {
 		if g := b.topo.mlog.Load(); g != nil {
 			g.Step(m)
+		}
+		return
+	}
+	if gid < QueueGroupBase || gid-QueueGroupBase > 1<<32 || b.cfg.Durable == nil {
+		return
+	}
+	q := b.topo.slots.get(queue.QueueRef(gid - QueueGroupBase))
+	if q == nil {
+		return
+	}
+	s := q.shard
+	s.submit(Command{Kind: cmdPost, post: func() {
+		if g := q.grp; g != nil && !q.gone && g.ID() == gid {
+			if err := s.rw.Step(gid, m); err != nil {
+				s.b.log.Debug("replicated queue: raft message dropped", "group", gid, "err", err)
+			}
+		}
+	}})
+}
+
+// tickGroups ticks every shard's replicated queue groups (raft's clock).
+func (b *Broker) tickGroups() {
+	for _, s := range b.shards {
+		if s.rw != nil {
+			s.submit(Command{Kind: cmdPost, post: s.rw.RaftTick})
 		}
 	}
 }

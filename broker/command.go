@@ -115,6 +115,11 @@ func (s *shard) apply(c *Command) {
 	case CmdDelete:
 		c.Sink.Answer(c.Req, s.deleteIf(c.Queue, c.IfUnused, c.IfEmpty, c.Reason))
 	case CmdPurge:
+		if q := c.Queue; !q.gone && (q.remote || !q.leads()) {
+			code, reason := q.notHere()
+			c.Sink.Answer(c.Req, Result{Code: code, Reason: reason})
+			return
+		}
 		if q := c.Queue; q.grp != nil && !q.gone {
 			// Answered at apply.
 			q.purges = append(q.purges, pendingReq{sink: c.Sink, req: c.Req})
@@ -136,7 +141,7 @@ func (s *shard) apply(c *Command) {
 	case cmdDLDone:
 		s.dlDone(c.dl)
 	case cmdDrop:
-		if c.Queue.m != nil {
+		if c.Queue.m != nil || c.Queue.remote {
 			s.deleteQueue(c.Queue, "queue deleted")
 		}
 	case CmdBarrier:
@@ -176,6 +181,10 @@ func noQueue(q *Queue) Result {
 // deleteIf deletes a queue unless a condition refuses it.
 func (s *shard) deleteIf(q *Queue, ifUnused, ifEmpty bool, reason string) Result {
 	switch {
+	case q.remote && !q.gone && (ifUnused || ifEmpty):
+		code, reason := q.notHere()
+		return Result{Code: code, Reason: reason + "; if-unused and if-empty are checked there"}
+	case q.remote && !q.gone:
 	case q.gone || q.m == nil:
 		return noQueue(q)
 	case ifUnused && q.m.Consumers() > 0:

@@ -26,6 +26,12 @@ type DurableConfig struct {
 	// Fatal hears a failed log write: the node must stop and recover from
 	// the log (warrend exits non-zero).
 	Fatal func(error)
+	// In a cluster of several nodes: NodeID is this node's id and Send
+	// carries the queue groups' raft messages to the peers (the cluster
+	// transport); durable queues are then replicated groups over their
+	// placed replicas (replicated.go). NodeID 0: one node.
+	NodeID uint64
+	Send   func(gid uint64, msgs []raftpb.Message)
 }
 
 // QueueGroupBase is the segment group of the durable queue whose Meta id
@@ -98,6 +104,9 @@ func (s *shard) partRelease(w *partWait) {
 // Down for each is its first command, so what they held is ready again
 // (redelivered) before anything else is applied.
 func (s *shard) openDurable(q *Queue) {
+	if s.openReplicated(q) {
+		return
+	}
 	dc := s.b.cfg.Durable
 	gid := queueGroup(q.id)
 	if s.openedGrps == nil {
@@ -164,8 +173,11 @@ func (s *shard) logOwners(gid, lo, hi uint64, owners []queue.OwnerID) []queue.Ow
 
 // ours reports whether an applied entry was proposed in this incarnation
 // (after what the log held when the queue was opened): only those have
-// pending confirms and requests here.
-func (q *Queue) ours(a *replication.Applied) bool { return a.Index > q.replayTo }
+// pending confirms and requests here; of a replicated queue, only those
+// this node proposed (another leader's are not).
+func (q *Queue) ours(a *replication.Applied) bool {
+	return a.Index > q.replayTo && (!q.replicated || a.Header.Proposer == q.proposer)
+}
 
 // applied carries out one applied command of a durable queue's log, at
 // the time the entry stamps.
@@ -175,6 +187,9 @@ func (s *shard) applied(q *Queue, a *replication.Applied) {
 	}
 	if !q.opened && q.ours(a) && a.Header.Seq >= q.openSeq {
 		q.opened = true // the Downs and Tick added at open are applied
+	}
+	if !q.opened && q.replicated && a.Index >= q.openCommit {
+		q.opened = true // what it knew committed at open is applied
 	}
 	if q.ours(a) && a.Header.Seq > q.applSeq {
 		q.applSeq = a.Header.Seq

@@ -147,6 +147,12 @@ func placedOK(d *wire.QueueDeclare, replicas []uint64, leader uint64, version by
 	return true
 }
 
-// leaderID is the node leading the queue as this node knows it: its
-// preferred leader until replicated queue groups report their own.
-func (q *Queue) leaderID() uint64 { return q.prefLeader }
+// leaderID is the node leading the queue as this node knows it: on one
+// node, this one; in a cluster, what its raft group last said (on a node
+// without a replica, its preferred leader).
+func (q *Queue) leaderID() uint64 {
+	if q.inCluster {
+		return q.lead.Load()
+	}
+	return q.prefLeader
+}

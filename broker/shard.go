@@ -29,8 +29,9 @@ type shard struct {
 	done      chan struct{}
 
 	// shard-owned
-	queues map[*Queue]struct{}
-	now    int64 // ms, stamped once per drained batch
+	queues  map[*Queue]struct{}
+	byGroup map[uint64]*Queue // replicated queues by group id (replicated.go)
+	now     int64             // ms, stamped once per drained batch
 	// timers orders the queues waiting for a Tick by wake time; the timer
 	// is armed for armedAt (0: not armed), the earliest of them.
 	timers     timerHeap
@@ -95,8 +96,10 @@ func newShard(b *Broker, idx int) *shard {
 func (s *shard) startWorker() {
 	dc := s.b.cfg.Durable
 	s.rw = replication.NewWorker(dc.Log, replication.WorkerConfig{
-		NodeID: 1, Shard: uint64(s.idx), Logger: s.b.log, Fatal: s.b.logFailed, Snapshots: dc.Snapshots, Pool: s.b.pool,
-		Post: func(fn func()) { s.submit(Command{Kind: cmdPost, post: fn}) },
+		NodeID: s.nodeID(), Shard: uint64(s.idx), Logger: s.b.log, Fatal: s.b.logFailed, Snapshots: dc.Snapshots, Pool: s.b.pool,
+		Post:          func(fn func()) { s.submit(Command{Kind: cmdPost, post: fn}) },
+		Send:          dc.Send,
+		LeaderChanged: s.leaderChanged,
 	})
 }
 
@@ -221,6 +224,9 @@ func (s *shard) tickQueue(q *Queue) {
 		return
 	}
 	s.timers.remove(q)
+	if !q.leads() {
+		return // its leader ticks it
+	}
 	if q.grp != nil {
 		s.tickScratch = queue.Tick{NowMs: s.now}
 		_, _ = q.grp.Add(&s.tickScratch) // applied from the log
@@ -276,7 +282,7 @@ func (s *shard) enqueue(items []EnqItem, batch *PublishBatch, dl *dlWait) {
 		for end < len(items) && items[end].Q == q {
 			end++
 		}
-		if q.gone || q.m == nil {
+		if q.gone || q.m == nil || !q.leads() {
 			for _, it := range items[start:end] {
 				s.release(it.Msg)
 				if batch != nil {
@@ -377,12 +383,14 @@ func (s *shard) handle(q *Queue, effs []queue.Effect) {
 				// it (deadletter.go); a replayed one, or one while the
 				// recovered topology is not in the view yet, is sent once
 				// both are done (resendHeld).
-				if !q.replaying && !s.b.topo.restoring.Load() {
+				if !q.replaying && q.leads() && !s.b.topo.restoring.Load() {
 					s.sendHeld(q, e.Msg, e.Reason, s.now)
 				}
 				continue
 			}
-			if msg := s.msgOf(q, e.Msg); msg != nil {
+			if !q.leads() {
+				// Its leader dead-letters it.
+			} else if msg := s.msgOf(q, e.Msg); msg != nil {
 				s.deadLetter(q, msg, e.Reason)
 			}
 			s.free(q, e.Msg)
@@ -394,6 +402,9 @@ func (s *shard) handle(q *Queue, effs []queue.Effect) {
 		case queue.Timer:
 			s.timers.set(q, e.At)
 		case queue.DeleteQueue:
+			if !q.leads() {
+				continue // the leader deletes it (a follower may lag behind)
+			}
 			q.storeStats() // final counts, for the broker-wide totals
 			if s.b.topo.removeQueue(q) {
 				s.deleteQueue(q, "queue deleted (auto-delete or expiry)")
@@ -451,6 +462,13 @@ func (s *shard) deleteQueue(q *Queue, reason string) int64 {
 	q.gone = true
 	s.timers.remove(q)
 	s.conns.forget(q)
+	if q.grp != nil && s.byGroup[q.grp.ID()] == q {
+		delete(s.byGroup, q.grp.ID())
+	}
+	if q.m == nil { // a replicated queue with no replica here
+		delete(s.queues, q)
+		return 0
+	}
 	n := int64(q.m.Ready())
 	// In consumer id order, not the map's: a replica applying the same
 	// commands hands out the same effects in the same order.
@@ -618,6 +636,11 @@ func (s *shard) deadLetterTo(q *Queue, msg *StoredMsg, reason wire.DeathReason, 
 
 // subscribe adds a consumer and answers through its sink.
 func (s *shard) subscribe(q *Queue, k Sink, spec queue.ConsumerSpec, req uint32) {
+	if !q.gone && (q.remote || !q.leads()) {
+		code, reason := q.notHere()
+		k.Subscribed(spec.ID, req, code, reason)
+		return
+	}
 	if q.gone || q.m == nil {
 		k.Subscribed(spec.ID, req, wire.NotFound, "no queue "+q.name)
 		return

@@ -75,6 +75,7 @@ type Queue struct {
 	dlFlight  map[uint64]struct{}
 	// shard-owned, the shard's indexes (timers.go, down.go)
 	timerIdx int // 1 + its index in its shard's timerHeap, 0 if not in it
+	replicatedState
 }
 
 // StoredMsg is one message held by a queue. Its slices point into the arena
@@ -358,6 +359,7 @@ func (t *topology) createQueueLocked(e *MetaEffect) {
 		declaredBy: mq.DeclaredBy, autoDelete: mq.Decl.AutoDelete, replicas: mq.Replicas, prefLeader: mq.Leader}
 	q.shardIdx = e.Shard % len(t.shards)
 	q.shard = t.shards[q.shardIdx]
+	q.inCluster = len(mq.Replicas) > 0 && q.shard.clustered()
 	t.queues[mq.ID] = q
 	t.slots.set(q.id, q)
 	t.routes.AddQueue(q.name, q.id)

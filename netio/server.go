@@ -311,6 +311,9 @@ func Start(cfg Config) (*Server, error) {
 		}
 		metaCfg = broker.MetaLogConfig{Log: l, Snapshots: store, Fatal: fatal, NodeID: cfg.NodeID, Peers: cfg.MetaPeers, Send: cfg.RaftSend}
 		durable = &broker.DurableConfig{Log: l, Snapshots: store, Fatal: fatal}
+		if len(cfg.MetaPeers) > 1 {
+			durable.NodeID, durable.Send = cfg.NodeID, cfg.RaftSend
+		}
 		s.nodeLog = l
 	}
 	s.Broker = broker.New(broker.Config{Shards: cfg.Shards, QueueSoftLimit: cfg.QueueSoftLimit, Logger: cfg.Logger, Clock: cfg.clock,

@@ -80,3 +80,28 @@ func (g *Group) TransferLeadership(to uint64) {
 	g.rn.TransferLeader(to)
 	g.w.mark(g)
 }
+
+// RaftTick ticks every group with peers (RaftTick): call it every tick
+// (100 ms in production) on the shard goroutine.
+func (w *Worker) RaftTick() {
+	for _, g := range w.ids {
+		g.RaftTick()
+	}
+}
+
+// Campaign makes this node stand for election in the group at once (the
+// preferred leader of a new replicated group, design §6.2). With PreVote a
+// node that cannot win (the others hear a leader) disrupts nothing.
+func (g *Group) Campaign() error {
+	if g.err != nil {
+		return g.err
+	}
+	if err := g.rn.Campaign(); err != nil {
+		return fmt.Errorf("replication: group %d: %w", g.id, err)
+	}
+	g.w.mark(g)
+	return nil
+}
+
+// Lead is the group's leader as this node last heard (0: none known).
+func (g *Group) Lead() uint64 { return g.lead }

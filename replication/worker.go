@@ -84,6 +84,11 @@ type WorkerConfig struct {
 	// Pool runs snapshot writes and compactions (shared among the node's
 	// workers); nil: the worker makes its own of 4, closed by Close.
 	Pool *Pool
+	// LeaderChanged (optional) hears, on the shard during a round, that
+	// the group's raft state or the leader it knows changed: lead is the
+	// leader (0: none known), leader whether it is this node. Commands
+	// added from it go into the group's next proposal.
+	LeaderChanged func(g *Group, lead uint64, leader bool)
 	// MaxUncommittedBytes is raft's limit on a group's uncommitted entry
 	// bytes (0: 64 MiB, design §3.7); the worker paces proposals below
 	// half of it.
@@ -128,6 +133,7 @@ type Group struct {
 	full    [][]byte // entries finished early (encoder caps), proposed next round
 	seq     uint64
 	leader  bool
+	lead    uint64 // the leader raft last reported (0: none known)
 	queued  bool
 	// inflight: a Ready whose write is with the appender.
 	inflight bool
@@ -170,6 +176,11 @@ type Group struct {
 // ErrGroupRemoved: the group was removed (its queue deleted); it takes no
 // more commands.
 var ErrGroupRemoved = errors.New("replication: the group was removed (its queue was deleted)")
+
+// ErrNotLeader: a group with peers takes commands only on its leader
+// (design §1.3: the leader stamps them); a follower's would never be
+// proposed.
+var ErrNotLeader = errors.New("replication: this node does not lead the group")
 
 // ErrWorkerStopped: an Append failed earlier; the worker takes no more
 // work (the node must restart and recover).
@@ -337,6 +348,9 @@ func (g *Group) Add(cmd queue.Command) (seq uint64, err error) {
 	if g.err != nil {
 		return 0, g.err
 	}
+	if !g.leader && (len(g.conf.Voters) > 1 || len(g.conf.Learners) > 0) {
+		return 0, ErrNotLeader
+	}
 	if g.w.failed != nil {
 		return 0, ErrWorkerStopped
 	}
@@ -485,6 +499,18 @@ func (w *Worker) process(g *Group, now int64) {
 			// is never applied; raft forgets its size here too.
 			g.unapplied = 0
 		}
+		if was && !g.leader {
+			// Commands buffered for a proposal this node may no longer
+			// make: dropped (their waiters hear LeaderChanged).
+			clear(g.full)
+			g.full = g.full[:0]
+			g.enc.Reset()
+		}
+		if f := w.cfg.LeaderChanged; f != nil && (g.lead != rd.SoftState.Lead || was != g.leader) {
+			g.lead = rd.SoftState.Lead
+			f(g, g.lead, g.leader)
+		}
+		g.lead = rd.SoftState.Lead
 	}
 	if !raft.IsEmptySnap(rd.Snapshot) {
 		g.install(rd) // then the rest of rd (resume)

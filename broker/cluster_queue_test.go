@@ -1,0 +1,120 @@
+package broker
+
+import (
+	"fmt"
+	"slices"
+	"strings"
+	"testing"
+
+	"github.com/warren-mq/warren/queue"
+	"github.com/warren-mq/warren/wire"
+)
+
+// TestClusterReplicatedQueue: a durable queue with three replicas is a
+// raft group over the three nodes. Persistent messages published with
+// confirms at its leader, and acks of some of them, are committed on a
+// majority; a follower refuses to serve the queue (a nacked publish, a
+// refused subscribe, naming the leader). With the leader stopped, another
+// replica is elected, and a consumer there gets every confirmed message
+// not acked, those the dead leader had delivered unacked as redelivered;
+// none lost. The stopped node restarts and catches up as a follower.
+func TestClusterReplicatedQueue(t *testing.T) {
+	c := newTestCluster(t, 3)
+	c.leader()
+	if _, err := c.nodes[0].b.Load().DeclareQueueAs(&wire.QueueDeclare{Name: "rq", Durable: true}, 0, ""); err != nil {
+		t.Fatal(err)
+	}
+	for _, nd := range c.nodes {
+		c.sees(nd, "queue rq durable=true")
+	}
+	lead := c.queueLeader("rq")
+	lq := lead.b.Load().topo.lookupQueue("rq")
+	k := newDurSink()
+	var bodies []string
+	for i := range 20 {
+		bodies = append(bodies, fmt.Sprintf("m%d", i))
+	}
+	batch := publish(lead.b.Load(), lq, k, true, bodies...)
+	k.waitFor(t, "the confirm at the leader", func() bool { return k.confirmed(batch) })
+	for i, code := range batch.Codes {
+		if code != 0 {
+			t.Fatalf("message %d nacked (%d) at the leader", i, code)
+		}
+	}
+	lq.shard.submit(Command{Kind: CmdSubscribe, Queue: lq, Sink: k, Spec: queue.ConsumerSpec{ID: 1, Owner: 7, Prefetch: 5}, Req: 1})
+	k.waitFor(t, "five deliveries at the leader", func() bool { return len(k.got) == 5 })
+	k.mu.Lock()
+	acked := []uint64{k.got[0].tag, k.got[1].tag}
+	k.mu.Unlock()
+	for _, tag := range acked {
+		lead.b.Load().Submit(Command{Kind: CmdSettle, Settles: []SettleItem{{Q: lq, Consumer: 1, Op: wire.SettleAck, QTag: tag}}})
+	}
+	// Its confirm says the acks before it are committed too.
+	sync := publish(lead.b.Load(), lq, k, true, "m20")
+	k.waitFor(t, "the acks' commit", func() bool { return k.confirmed(sync) && len(k.got) == 7 })
+
+	// A follower serves nothing of the queue.
+	var follower *clusterNode
+	for _, nd := range c.nodes {
+		if nd != lead {
+			follower = nd
+		}
+	}
+	fq := follower.b.Load().topo.lookupQueue("rq")
+	fk := newDurSink()
+	nack := publish(follower.b.Load(), fq, fk, true, "refused")
+	fk.waitFor(t, "the follower's answer", func() bool { return fk.confirmed(nack) })
+	if nack.Codes[0] != uint32(wire.InternalNack) {
+		t.Fatalf("a publish at a follower: code %d, want a nack", nack.Codes[0])
+	}
+	fr := &recSink{}
+	fq.shard.submit(Command{Kind: CmdSubscribe, Queue: fq, Sink: fr, Spec: queue.ConsumerSpec{ID: 2, Owner: 8}, Req: 2})
+	barrier(t, fq.shard)
+	fr.mu.Lock()
+	subs := slices.Clone(fr.subs)
+	fr.mu.Unlock()
+	if len(subs) != 1 || subs[0] != wire.PreconditionFailed {
+		t.Fatalf("a subscribe at a follower answered %v, want PRECONDITION_FAILED", subs)
+	}
+
+	// The leader goes.
+	c.stop(lead)
+	lead2 := c.queueLeader("rq")
+	if lead2 == lead {
+		t.Fatal("the stopped node still leads")
+	}
+	nq := lead2.b.Load().topo.lookupQueue("rq")
+	k2 := newDurSink()
+	nq.shard.submit(Command{Kind: CmdSubscribe, Queue: nq, Sink: k2, Spec: queue.ConsumerSpec{ID: 3, Owner: 9}, Req: 3})
+	k2.waitFor(t, "19 deliveries at the new leader", func() bool { return len(k2.got) >= 19 })
+	barrier(t, nq.shard)
+	k2.mu.Lock()
+	var got []string
+	for _, d := range k2.got {
+		got = append(got, fmt.Sprintf("%s/%d", d.body, d.count))
+	}
+	k2.mu.Unlock()
+	slices.Sort(got)
+	var want []string
+	for i := 2; i <= 20; i++ {
+		n := 1
+		if i < 7 {
+			n = 2 // delivered unacked at the dead leader (prefetch 5, then 2 more after the acks)
+		}
+		want = append(want, fmt.Sprintf("m%d/%d", i, n))
+	}
+	slices.Sort(want)
+	if strings.Join(got, " ") != strings.Join(want, " ") {
+		t.Fatalf("at the new leader the consumer got\n%v\nwant\n%v", got, want)
+	}
+
+	// The stopped node restarts and follows: it applies what was
+	// committed while it was down (19 delivered to the new consumer, none acked yet).
+	c.start(lead, nil)
+	c.sees(lead, "queue rq durable=true")
+	c.waitFor("the restarted node's copy of rq caught up", func() bool {
+		info, _ := lead.b.Load().Queue("rq")
+		want, _ := lead2.b.Load().Queue("rq")
+		return info.Leader == lead2.id && info.Ready == want.Ready && info.Unacked == want.Unacked && info.Unacked == 19
+	})
+}

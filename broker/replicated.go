@@ -1,0 +1,203 @@
+package broker
+
+import (
+	"maps"
+	"slices"
+	"strconv"
+	"sync/atomic"
+
+	"github.com/warren-mq/warren/queue"
+	"github.com/warren-mq/warren/replication"
+	"github.com/warren-mq/warren/wire"
+	"go.etcd.io/raft/v3/raftpb"
+)
+
+// Replicated durable queues (issue 14, design replication.md §6.2): in a
+// cluster (DurableConfig.NodeID set) a durable, non-exclusive queue is a
+// raft group whose voters are its replicas, as the metadata group placed
+// them. Every replica opens the group from the same metadata entry (a new
+// group: no log, ConfState{Voters: replicas}); the preferred leader
+// campaigns at once. Raft messages travel over the cluster transport,
+// routed by group id (Broker.StepRaft), and every shard ticks its groups
+// with the metadata group's ticker.
+//
+// Only the node leading a queue serves it: publishes, consumers, purges.
+// Elsewhere a publish to it is nacked and a subscribe refused naming the
+// leader (proxying to the leader is not built yet). A persistent
+// publish is confirmed once its entry is applied here, so committed on a
+// majority of the replicas. Followers apply every entry (their state is
+// the leader's) and carry out no effect that leaves the queue: no
+// deliveries, no dead letters, no deletion on expiry.
+//
+// On becoming leader a node proposes a Down for every owner the queue's
+// state holds: only the leader has consumers, and it had none before it
+// led, so each belongs to a connection of an earlier leader (or an
+// earlier incarnation); what they held becomes ready again, redelivered.
+// On losing leadership it nacks the publishes still waiting for an apply
+// (they may or may not be in the log: at-least-once, the publisher
+// resends), refuses the waiting subscribes and purges, and cancels its
+// consumers of the queue (their unacked deliveries return to the queue
+// through the next leader's Down).
+
+// clustered reports whether durable queues are replicated groups.
+func (s *shard) clustered() bool { return s.b.cfg.Durable != nil && s.b.cfg.Durable.NodeID != 0 }
+
+// nodeID is this node's id (1 outside a cluster).
+func (s *shard) nodeID() uint64 {
+	if s.clustered() {
+		return s.b.cfg.Durable.NodeID
+	}
+	return 1
+}
+
+// proposer is what this shard's entries carry as their proposer
+// (replication.EntryHeader.Proposer).
+func (s *shard) proposer() uint64 { return s.nodeID()<<48 | uint64(s.idx) }
+
+// leads reports whether this node serves q: always for a queue that is
+// not a replicated group, else while it leads the group.
+func (q *Queue) leads() bool { return q.grp == nil || !q.replicated || q.grp.Leader() }
+
+// notHere is the refusal of a request for a replicated queue this node
+// does not lead.
+func (q *Queue) notHere() (wire.Code, string) {
+	lead := "no leader is known yet: retry shortly"
+	if l := q.lead.Load(); l != 0 {
+		lead = "connect to node " + strconv.FormatUint(l, 10) + ", which leads it"
+	}
+	what := "this node does not lead it"
+	if q.remote {
+		what = "this node holds no replica of it"
+	}
+	return wire.PreconditionFailed, "queue " + strconv.Quote(LocalName(q.name)) + ": " + what + "; " + lead + " (forwarding to a queue's leader is not built yet)"
+}
+
+// openReplicated opens q's group in a cluster: with its replicas as the
+// voters when new. A node that is not a replica opens nothing (remote).
+// It reports whether it handled q (false: not a cluster).
+func (s *shard) openReplicated(q *Queue) (handled bool) {
+	if !s.clustered() {
+		return false
+	}
+	dc := s.b.cfg.Durable
+	if !slices.Contains(q.replicas, dc.NodeID) {
+		q.remote, q.opened = true, true
+		q.lead.Store(q.prefLeader)
+		return true
+	}
+	gid := queueGroup(q.id)
+	if s.openedGrps == nil {
+		s.openedGrps = map[uint64]struct{}{}
+	}
+	s.openedGrps[gid] = struct{}{}
+	cfg := queue.ConfigFromArgs(q.args, q.autoDelete)
+	cfg.HoldDeadLetters = true
+	now := s.now
+	replayTo := dc.Log.LastIndex(gid)
+	sink := func(a *replication.Applied) { s.applied(q, a) }
+	g, err := s.rw.Recover(gid, dc.Snapshots, raftpb.ConfState{Voters: q.replicas}, func() *queue.Machine { return queue.New(cfg, now) }, sink)
+	if err != nil {
+		s.b.log.Error("replicated queue not opened: it refuses publishes and consumers until a restart opens it", "queue", q.name, "group", gid, "err", err)
+		q.opened = true
+		return true
+	}
+	q.grp, q.m, q.replayTo, q.replicated, q.proposer = g, g.FSM().Machine(), replayTo, true, s.proposer()
+	q.cons = map[queue.ConsumerID]consumer{}
+	q.subs = map[queue.ConsumerID]pendingReq{}
+	if s.byGroup == nil {
+		s.byGroup = map[uint64]*Queue{}
+	}
+	s.byGroup[gid] = q
+	// Recovered once what this node knew committed is applied (the
+	// entries are in its own log).
+	q.openCommit = g.Status().Commit
+	q.opened = g.FSM().AppliedIndex() >= q.openCommit
+	q.storeStats()
+	if q.prefLeader == dc.NodeID {
+		if err := g.Campaign(); err != nil {
+			s.b.log.Warn("replicated queue: campaign failed", "queue", q.name, "err", err)
+		}
+	}
+	return true
+}
+
+// leaderChanged is the worker's LeaderChanged: q's group has a new leader,
+// or this node's part changed.
+func (s *shard) leaderChanged(g *replication.Group, lead uint64, leader bool) {
+	q := s.byGroup[g.ID()]
+	if q == nil || q.gone || q.grp != g {
+		return
+	}
+	q.lead.Store(lead)
+	switch {
+	case leader && !q.leading:
+		q.leading = true
+		var owners []queue.OwnerID
+		q.m.EachOwner(func(o queue.OwnerID) { owners = append(owners, o) })
+		slices.Sort(owners)
+		for _, o := range slices.Compact(owners) {
+			s.downCmd = queue.Down{NowMs: s.now, Owner: o}
+			_, _ = g.Add(&s.downCmd)
+		}
+		// Arms the queue's timer once applied; the held dead letters are
+		// sent again once the first entry of this term is applied here.
+		_, _ = g.Add(&queue.Tick{NowMs: s.now})
+		q.caughtUp, q.dlResent = false, false
+		s.b.log.Info("replicated queue: this node leads it", "queue", q.name)
+	case !leader && q.leading:
+		q.leading = false
+		s.stepDown(q)
+	}
+}
+
+// stepDown ends what this node served of q as its leader.
+func (s *shard) stepDown(q *Queue) {
+	s.timers.remove(q)
+	q.caughtUp = false
+	for i := q.pendHead; i < len(q.pend); i++ {
+		p := &q.pend[i]
+		s.bytesDelta -= p.bytes
+		if p.w != nil {
+			for _, k := range p.idx {
+				p.w.batch.Nack(k, wire.InternalNack)
+			}
+			s.partRelease(p.w)
+		}
+		if p.dl {
+			s.dropDeadLetter(nil, q.name, dlTargetRefused)
+		}
+		if p.dlw != nil {
+			p.dlw.done()
+		}
+	}
+	q.pend, q.pendHead = nil, 0
+	code, reason := q.notHere()
+	for id, p := range q.subs {
+		p.sink.Subscribed(id, uint32(p.req), code, reason)
+	}
+	clear(q.subs)
+	for _, p := range q.purges {
+		p.sink.Answer(p.req, Result{Code: code, Reason: reason})
+	}
+	q.purges = nil
+	for _, id := range slices.Sorted(maps.Keys(q.cons)) {
+		c := q.cons[id]
+		delete(q.cons, id)
+		s.conns.dropConsumer(c.owner, q)
+		c.sink.Cancelled(id, code, reason)
+		c.sink.ConsumerGone(id)
+	}
+	s.flushEffects()
+	s.b.log.Info("replicated queue: this node no longer leads it", "queue", q.name, "leader", q.lead.Load())
+}
+
+// replicatedState is the part of a Queue a replicated group adds.
+type replicatedState struct {
+	inCluster  bool          // a placed queue in a cluster (set before its shard sees it)
+	replicated bool          // a replicated group (a cluster's durable queue with a replica here)
+	remote     bool          // a cluster's durable queue with no replica on this node
+	leading    bool          // shard-owned: this node leads the group
+	openCommit uint64        // the commit index the group had on disk when opened
+	lead       atomic.Uint64 // the leader as this node last heard (0: none known)
+	proposer   uint64        // the proposer its entries from this node carry
+}
