@@ -204,15 +204,28 @@ func (cs *Consumer) OnLeaseExpired(fn func(tags []uint64)) {
 	cs.mu.Unlock()
 }
 
-// Cancel stops the consumer. Deliveries already received can still be
-// settled.
+// Cancel stops the consumer and closes Deliveries(). Deliveries the
+// application already took stay its own to settle; those it had not taken
+// yet (still in Deliveries()) go back to the queue, as a requeue does
+// (counted as a failed delivery), so no message waits unseen on this
+// channel until it closes. The broker sends nothing for the consumer after
+// it answered the CANCEL. An auto-ack consumer's untaken deliveries are
+// dropped: the broker counted them settled when it sent them.
 func (cs *Consumer) Cancel(ctx context.Context) error {
 	_, err := cs.ch.request(ctx, func(req uint32) wire.Body { return &wire.Cancel{Req: req, ConsumerTag: cs.Tag} })
 	cs.ch.mu.Lock()
 	delete(cs.ch.consumers, cs.Tag)
 	cs.ch.mu.Unlock()
 	cs.stop(nil)
-	return err
+	if err != nil {
+		return err // not cancelled by this request (the broker had, or the connection went)
+	}
+	for d := range cs.feed { // closed by stop: ends once it is empty
+		if !cs.autoAck {
+			_ = d.Nack(true)
+		}
+	}
+	return nil
 }
 
 func (cs *Consumer) stop(err error) {
@@ -232,8 +245,8 @@ func (cs *Consumer) stop(err error) {
 // consumer's feed, each with its own copy of its body and properties
 // (reader goroutine). It blocks while the feed is full: the reader then
 // stops reading and TCP pushes back on the broker, which is what an
-// auto-ack consumer relies on. Once the consumer has stopped, the rest are
-// dropped (the broker takes back what was not acked).
+// auto-ack consumer relies on. Once the consumer has stopped, the rest go
+// back to the queue (giveBack).
 //
 // The feed's read lock is taken once per frame, and a delivery goes in
 // with a plain non-blocking send while the feed has room: a two-way select
@@ -244,6 +257,7 @@ func (cs *Consumer) deliverCopies(ch *Channel, it wire.DeliveryIter) {
 	var d wire.Delivery
 	for it.Next(&d) {
 		if cs.stopped.Load() {
+			cs.giveBack(ch, &d, it)
 			return
 		}
 		// One copy per delivery: the application owns what it gets.
@@ -264,6 +278,23 @@ func (cs *Consumer) deliverCopies(ch *Channel, it wire.DeliveryIter) {
 		select {
 		case cs.feed <- dd:
 		case <-cs.done:
+			cs.giveBack(ch, &d, it)
+			return
+		}
+	}
+}
+
+// giveBack requeues d and the rest of it, deliveries that came for a
+// consumer cancelled meanwhile (Cancel): the application never sees them.
+// An auto-ack consumer's are dropped, settled already; on a connection
+// that is closing the settle fails and the broker takes them back anyway.
+func (cs *Consumer) giveBack(ch *Channel, d *wire.Delivery, it wire.DeliveryIter) {
+	if cs.autoAck {
+		return
+	}
+	for {
+		_ = ch.settle(wire.SettleRequeue, d.Tag, d.Tag, 0)
+		if !it.Next(d) {
 			return
 		}
 	}
@@ -281,13 +312,16 @@ func intern(s *string, b []byte) string {
 // deliverBatch hands one DELIVER frame's deliveries to a ConsumeBatch
 // handler without copying (reader goroutine), then releases them.
 func (cs *Consumer) deliverBatch(ch *Channel, it wire.DeliveryIter) {
+	var d wire.Delivery
 	select {
 	case <-cs.done:
+		if it.Next(&d) {
+			cs.giveBack(ch, &d, it)
+		}
 		return
 	default:
 	}
 	ds := cs.scratch[:0]
-	var d wire.Delivery
 	for it.Next(&d) {
 		ds = append(ds, Delivery{
 			Tag: d.Tag, Redelivered: d.Flags&wire.Redelivered != 0, DeliveryCount: d.DeliveryCount,

@@ -157,6 +157,10 @@ type consumerRef struct {
 	q        *broker.Queue
 	autoAck  bool
 	chTags   map[uint64]uint64 // queue tag → channel tag, for lease expiry
+	// cancelled: the client's CANCEL was answered (c.mu). Deliveries the
+	// queue makes before it applies the cancel go back to it (Deliver):
+	// nothing is sent for the consumer after its OK.
+	cancelled bool
 }
 
 func (s *Server) newConn(gc gnet.Conn) *conn {

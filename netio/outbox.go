@@ -235,10 +235,11 @@ func (a ackCheck) Run(context.Context) error {
 // order, all under one lock (Sink). Called on the shard goroutine.
 func (c *conn) Deliver(ds []broker.Delivery) {
 	c.mu.Lock()
-	defer c.mu.Unlock()
 	if c.closed {
+		c.mu.Unlock()
 		return // the connection's Down returns them
 	}
+	var back []broker.SettleItem // to consumers the client cancelled
 	for start := 0; start < len(ds); {
 		id := ds[start].Consumer
 		end := start + 1
@@ -249,6 +250,17 @@ func (c *conn) Deliver(ds []broker.Delivery) {
 		if cr == nil || cr.ch.closed {
 			start = end
 			continue // the channel's cancel returns them
+		}
+		if cr.cancelled {
+			// Made after the client's CANCEL was answered and before its
+			// queue applied it (a durable queue's cancel waits for the log):
+			// the client expects nothing more for the consumer, so they go
+			// back to the queue now, not when the channel closes.
+			for _, d := range ds[start:end] {
+				back = append(back, broker.SettleItem{Q: cr.q, Consumer: cr.id, Op: wire.SettleRequeue, QTag: d.QTag})
+			}
+			start = end
+			continue
 		}
 		ch := cr.ch
 		out, mark := wire.BeginDeliver(c.out, ch.id, cr.tagBytes)
@@ -282,6 +294,8 @@ func (c *conn) Deliver(ds []broker.Delivery) {
 		start = end
 	}
 	c.flushLocked()
+	c.mu.Unlock()
+	c.srv.settleAcross(back)
 }
 
 // LeaseExpired tells a consumer a delivery was taken back (Sink).

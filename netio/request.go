@@ -100,6 +100,9 @@ func (c *conn) onRequest(ch *channel, body wire.Body) error {
 		c.mu.Lock()
 		cr := ch.consumers[r.ConsumerTag]
 		delete(ch.consumers, r.ConsumerTag)
+		if cr != nil {
+			cr.cancelled = true
+		}
 		c.mu.Unlock()
 		if cr == nil {
 			return fail(r.Req, reqErr(wire.NotFound, "no consumer %q on this channel", r.ConsumerTag))
