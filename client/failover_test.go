@@ -3,6 +3,7 @@ package client_test
 import (
 	"context"
 	"errors"
+	"io"
 	"net"
 	"strings"
 	"sync"
@@ -205,4 +206,32 @@ func TestSessionReportsUnconfirmedAcrossFailover(t *testing.T) {
 		t.Fatalf("node 2 holds %d queues", n)
 	}
 	t.Logf("%d taken (%d confirmed, %d reported lost), %d refused by PublishAsync", taken, acked, lost, refused)
+}
+
+// Close stops a reconnect in flight: a session closed while it waits on a
+// silent node neither waits out that node's share of the time nor goes on
+// to connect to the next one.
+func TestSessionCloseStopsAReconnect(t *testing.T) {
+	a, b := warrentest.StartServer(t, nil), warrentest.StartServer(t, nil)
+	silent, err := net.Listen("tcp", "127.0.0.1:0")
+	must(t, err)
+	defer silent.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	sess, err := client.Connect(ctx, nodesURL(a.Addr().String(), silent.Addr().String(), b.Addr().String()))
+	must(t, err)
+	closeServer(t, a)
+	// The reconnect tries the silent node next, with a third of its 10 s.
+	nc, err := silent.Accept()
+	must(t, err)
+	defer nc.Close()
+	must(t, sess.Close())
+	// The client hangs up on the silent node at once, not after its share.
+	must(t, nc.SetReadDeadline(time.Now().Add(2*time.Second)))
+	if _, err := io.Copy(io.Discard, nc); err != nil { // nil at EOF
+		t.Fatalf("the closed session still waits on the silent node: %v", err)
+	}
+	if n := b.ConnectionCount(); n != 0 {
+		t.Fatalf("the closed session connected to the next node (%d connections)", n)
+	}
 }

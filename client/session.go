@@ -40,6 +40,8 @@ type Session struct {
 	returnFn   func(Return)
 	closed     bool
 	done       chan struct{}
+	ctx        context.Context // cancelled by Close: ends a reconnect in flight
+	cancel     context.CancelFunc
 	reconnects int
 
 	// OnReconnect, if set, is called after each successful reconnect.
@@ -65,12 +67,14 @@ func Connect(ctx context.Context, url string, opts ...Options) (*Session, error)
 		return nil, err
 	}
 	s := &Session{url: pu, names: map[string]string{}, done: make(chan struct{})}
+	s.ctx, s.cancel = context.WithCancel(context.Background())
 	if len(opts) > 0 {
 		s.opts = opts[0]
 	}
 	s.opts = s.opts.withDefaults(&pu)
 	c, ch, err := s.dial(ctx, 0)
 	if err != nil {
+		s.cancel()
 		return nil, err
 	}
 	s.install(c, ch)
@@ -92,8 +96,13 @@ func (s *Session) dial(ctx context.Context, first int) (*Conn, *Channel, error) 
 	return c, ch, nil
 }
 
-func (s *Session) install(c *Conn, ch *Channel) {
+// install makes c and ch the session's; false if it was closed meanwhile.
+func (s *Session) install(c *Conn, ch *Channel) bool {
 	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.closed {
+		return false
+	}
 	s.conn, s.ch = c, ch
 	ch.NotifyConfirm(s.onConfirm)
 	ch.NotifyReturn(s.onReturn)
@@ -101,7 +110,7 @@ func (s *Session) install(c *Conn, ch *Channel) {
 		s.ready = make(chan struct{})
 	}
 	close(s.ready)
-	s.mu.Unlock()
+	return true
 }
 
 func (s *Session) onConfirm(first, last uint64, err error) {
@@ -150,7 +159,7 @@ func (s *Session) watch() {
 			case <-time.After(backoff):
 			}
 			backoff = min(backoff*2, 5*time.Second)
-			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+			ctx, cancel := context.WithTimeout(s.ctx, 10*time.Second)
 			node, err := s.restore(ctx, next)
 			cancel()
 			if node >= 0 {
@@ -195,7 +204,10 @@ func (s *Session) restore(ctx context.Context, first int) (int, error) {
 			return c.node, err
 		}
 	}
-	s.install(c, ch)
+	if !s.install(c, ch) {
+		c.Close() // the session was closed while this one was restored
+		return c.node, ErrClosed
+	}
 	return c.node, nil
 }
 
@@ -381,6 +393,7 @@ func (s *Session) Close() error {
 	}
 	s.closed = true
 	close(s.done)
+	s.cancel()
 	c := s.conn
 	s.mu.Unlock()
 	return c.Close()
