@@ -71,14 +71,16 @@ func Full() Sizes {
 
 // Small is the scaled-down suite of `make test`: each probe for a few
 // seconds at small sizes, with bounds generous enough for a loaded 2-core
-// machine yet well below what a broker without the fixes reaches.
+// machine yet well below what a broker without the fixes reaches (the
+// pair's p99 bound was 250 ms until auth-storm read 256 ms with the fix
+// at load average 4.3; without it, 672 ms on a quiet machine).
 func Small() Sizes {
 	return Sizes{
 		Duration: 3 * time.Second, WatermarkBytes: 128 * MiB, HandshakeWait: 3 * time.Second,
 		PartialSockets: 10, IdleSockets: 1100, IdleMaxConnections: 1050, SlowlorisSockets: 10,
 		SlowlorisByte: 50 * time.Millisecond, AuthLoops: 16, StalledConsumers: 4, FeederRate: 20000,
 		StalledAllowance: 56 * MiB, Declares: 2500,
-		P99Bound: 250 * time.Millisecond, MaxGap: 2 * time.Second, ResumeBound: 3 * time.Second,
+		P99Bound: 400 * time.Millisecond, MaxGap: 2 * time.Second, ResumeBound: 3 * time.Second,
 		// A 1 s handshake deadline, so the handshake probes take seconds.
 		BrokerConfig: map[string]any{"handshake_timeout_ms": 1000},
 	}
