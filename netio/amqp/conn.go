@@ -165,6 +165,7 @@ type channel struct {
 	tx        bool
 	txPubs    []*pending
 	txSettles []broker.SettleItem
+	txGets    []int  // the txSettles of basic.get's messages
 	txSeq     uint64 // the last commit's number
 	txOpen    []txCommit
 }
@@ -197,6 +198,7 @@ type tagEntry struct {
 	qtag  uint64
 	live  bool
 	gated bool // counted in channel.inflight
+	get   bool // a basic.get's: no consumer's cancel returns it
 }
 
 // pending is a basic.publish whose content is being read.
@@ -1083,20 +1085,36 @@ func (c *conn) closeChannel(ch *channel, ae *amqpError) {
 	}
 }
 
-// releaseChannel marks a channel closing and returns its consumers.
+// releaseChannel marks a channel closing, returns its consumers to
+// cancel (with requeue) and submits the return of what its basic.gets
+// took and it did not ack (no consumer's cancel returns those).
 func (c *conn) releaseChannel(ch *channel) []*consumer {
 	c.mu.Lock()
-	defer c.mu.Unlock()
 	ch.closing = true
 	ch.pub = nil
 	cons := make([]*consumer, 0, len(ch.consumers))
 	for _, cr := range ch.consumers {
 		cons = append(cons, cr)
 	}
+	var back []broker.SettleItem
+	for _, e := range ch.tags {
+		if e.live && e.get && e.q != nil {
+			back = append(back, broker.SettleItem{Q: e.q, Consumer: e.cid, Op: wire.SettleRequeue, QTag: e.qtag})
+		}
+	}
+	for _, i := range ch.txGets { // acked in a transaction not committed
+		it := ch.txSettles[i]
+		it.Op = wire.SettleRequeue
+		back = append(back, it)
+	}
 	ch.consumers = nil
 	ch.tags = nil
 	c.resetStashLocked(ch)
-	c.dropTxLocked(ch) // held settles: the consumers' cancels return those messages
+	c.dropTxLocked(ch) // the other held settles: the consumers' cancels return those messages
+	c.mu.Unlock()
+	if len(back) > 0 {
+		c.srv.Submit(broker.Command{Kind: broker.CmdSettle, Settles: back})
+	}
 	return cons
 }
 

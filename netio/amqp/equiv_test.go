@@ -387,3 +387,93 @@ func TestRefusalsInRabbitMQWords(t *testing.T) {
 
 	check("channel.flow active=false", ch.Flow(false), 540, "NOT_IMPLEMENTED - active=false")
 }
+
+// A basic.get with no-ack takes one message and leaves the next one as it
+// was: not delivered, so not redelivered (the get's consumer was handed
+// the next one as the ack freed its prefetch, and its cancel requeued it,
+// counted as a delivery).
+func TestGetNoAckLeavesTheNextUndelivered(t *testing.T) {
+	t.Parallel() // its own broker; the 0.5 s each spends stopping it overlaps
+	_, _, url := start(t, amqp.Config{})
+	_, ch := dial(t, url)
+	if _, err := ch.QueueDeclare("g", false, true, false, false, nil); err != nil {
+		t.Fatal(err)
+	}
+	for _, b := range []string{"0", "1", "2"} {
+		publishConfirmed(t, ch, "", "g", amqp091.Publishing{Body: []byte(b)})
+	}
+	for i, want := range []string{"0", "1", "2"} {
+		m, ok, err := ch.Get("g", true)
+		if err != nil || !ok || string(m.Body) != want || m.Redelivered || m.Headers["x-delivery-count"] != nil || int(m.MessageCount) != 2-i {
+			t.Fatalf("get %d: %v %v body %q redelivered=%v headers %v count %d; want %q, not redelivered, %d left",
+				i, ok, err, m.Body, m.Redelivered, m.Headers, m.MessageCount, want, 2-i)
+		}
+	}
+}
+
+// What a basic.get took and the channel did not ack goes back to the
+// queue when the channel closes (it stayed out until the connection
+// closed), also when its ack was held by an uncommitted transaction.
+func TestGetUnackedReturnsOnChannelClose(t *testing.T) {
+	t.Parallel() // its own broker; the 0.5 s each spends stopping it overlaps
+	_, _, url := start(t, amqp.Config{})
+	conn, ch := dial(t, url)
+	if _, err := ch.QueueDeclare("gc", false, true, false, false, nil); err != nil {
+		t.Fatal(err)
+	}
+	publishConfirmed(t, ch, "", "gc", amqp091.Publishing{Body: []byte("x")})
+	for _, tx := range []bool{false, true} {
+		other, err := conn.Channel()
+		if err != nil {
+			t.Fatal(err)
+		}
+		m, ok, err := other.Get("gc", false)
+		if err != nil || !ok {
+			t.Fatalf("get (tx=%v): %v %v", tx, ok, err)
+		}
+		if tx {
+			if err := other.Tx(); err != nil {
+				t.Fatal(err)
+			}
+			if err := m.Ack(false); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if err := other.Close(); err != nil {
+			t.Fatal(err)
+		}
+		m, ok, err = ch.Get("gc", false)
+		if err != nil || !ok || !m.Redelivered {
+			t.Fatalf("get after the channel closed (tx=%v): %v %v redelivered=%v; want the message back, redelivered", tx, ok, err, m.Redelivered)
+		}
+		if err := m.Reject(true); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
+// A publish's user-id must be the connection's user, as RabbitMQ checks
+// it (consumers may trust it).
+func TestPublishUserIDIsChecked(t *testing.T) {
+	t.Parallel() // its own broker; the 0.5 s each spends stopping it overlaps
+	_, _, url := start(t, amqp.Config{})
+	_, ch := dial(t, url)
+	if _, err := ch.QueueDeclare("u", false, true, false, false, nil); err != nil {
+		t.Fatal(err)
+	}
+	if c := publishConfirmed(t, ch, "", "u", amqp091.Publishing{UserId: "guest", Body: []byte("x")}); !c.Ack {
+		t.Fatalf("user-id guest: %+v", c)
+	}
+	closed := ch.NotifyClose(make(chan *amqp091.Error, 1))
+	if err := ch.PublishWithContext(context.Background(), "", "u", false, false, amqp091.Publishing{UserId: "mallory", Body: []byte("x")}); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case e := <-closed:
+		if want := "PRECONDITION_FAILED - user_id property set to 'mallory' but authenticated user was 'guest'"; e == nil || e.Code != 406 || e.Reason != want {
+			t.Fatalf("user-id mallory: %v, want (406) %q", e, want)
+		}
+	case <-time.After(deadline):
+		t.Fatal("a publish with another user's user-id was taken")
+	}
+}

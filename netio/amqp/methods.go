@@ -546,6 +546,9 @@ func (c *conn) settle(ch *channel, tag uint64, multiple bool, op wire.SettleOp) 
 			}
 			if e.q != nil {
 				items = append(items, broker.SettleItem{Q: e.q, Consumer: e.cid, Op: op, QTag: e.qtag})
+				if ch.tx && e.get {
+					ch.txGets = append(ch.txGets, len(ch.txSettles)+len(items)-1)
+				}
 			}
 		}
 	}
@@ -657,7 +660,7 @@ func (c *conn) onHeader(ch *channel, p []byte) error {
 	pub.in.props = pub.arena[len(pub.exchange)+len(pub.key) : pub.bodyAt]
 	var view wire.Properties
 	_ = wire.ParseProperties(pub.in.props, &view) // parseHeader validated it
-	pub.in.msgID, pub.in.headers = view.MessageID, view.Headers
+	pub.in.msgID, pub.in.userID, pub.in.headers = view.MessageID, view.UserID, view.Headers
 	if size == 0 {
 		return c.publish(ch)
 	}
@@ -684,6 +687,9 @@ func (c *conn) publish(ch *channel) error {
 	// The bounds on what this connection makes the broker hold (its
 	// publishes in flight, the memory alarm) were checked before the
 	// basic.publish was read (conn.mustWait).
+	if len(pub.in.userID) > 0 && string(pub.in.userID) != c.user { // consumers may trust it, as in RabbitMQ
+		return chErr(preconditionFailed, "PRECONDITION_FAILED - user_id property set to '"+string(pub.in.userID)+"' but authenticated user was '"+c.user+"'")
+	}
 	view := c.srv.View()
 	exName := c.pubExchange(pub.exchange)
 	if !view.Table.HasExchange(exName) {
@@ -867,7 +873,7 @@ func (c *conn) Deliver(ds []broker.Delivery) {
 			cr.got = true
 			ch.nextTag++
 			cr.getTag, cr.getQTag = ch.nextTag, d.QTag
-			ch.tags = append(ch.tags, tagEntry{q: cr.q, cid: cr.id, qtag: d.QTag, live: !cr.autoAck})
+			ch.tags = append(ch.tags, tagEntry{q: cr.q, cid: cr.id, qtag: d.QTag, live: !cr.autoAck, get: true})
 			b, st := method(c.out, ch.id, classBasic, 71)
 			b = binary.BigEndian.AppendUint64(b, ch.nextTag)
 			b = append(b, boolByte(d.DeliveryCount > 1))
@@ -1212,10 +1218,14 @@ func (c *conn) onGet(ch *channel, r *reader) error {
 	c.mu.Lock()
 	got, qtag := cr.got, cr.getQTag
 	c.mu.Unlock()
+	// Cancelled first: its prefetch of 1 is full while it holds its
+	// message, so nothing more is handed to it (an ack first freed it,
+	// the queue handed it the next message and the cancel requeued that
+	// one, counted as delivered).
+	c.srv.Submit(broker.Command{Kind: broker.CmdCancel, Queue: q, Consumer: cr.id, Requeue: !got})
 	if got && noAck {
 		c.srv.Submit(broker.Command{Kind: broker.CmdSettle, Settles: []broker.SettleItem{{Q: q, Consumer: cr.id, Op: wire.SettleAck, QTag: qtag}}})
 	}
-	c.srv.Submit(broker.Command{Kind: broker.CmdCancel, Queue: q, Consumer: cr.id, Requeue: !got || noAck})
 	return nil
 }
 

@@ -36,6 +36,7 @@ type inbound struct {
 	expires  bool
 	expMs    uint32
 	msgID    []byte // a view into props
+	userID   []byte // a view into props
 	headers  []byte // raw Warren table entries, a view into props
 }
 

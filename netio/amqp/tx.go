@@ -46,7 +46,6 @@ func (c *conn) onTx(ch *channel, id uint16) error {
 		}
 		c.mu.Lock()
 		settles := ch.txSettles
-		ch.txSettles = nil
 		c.dropTxLocked(ch)
 		c.mu.Unlock()
 		for i := range settles {
@@ -85,7 +84,7 @@ func (c *conn) hold(ch *channel, pub *pending) error {
 func (c *conn) commit(ch *channel) {
 	c.mu.Lock()
 	pubs, settles := ch.txPubs, ch.txSettles
-	ch.txPubs, ch.txSettles = nil, nil
+	ch.txPubs, ch.txSettles, ch.txGets = nil, nil, nil
 	for _, p := range pubs {
 		c.txHeld--
 		c.txHeldBytes -= cap(p.arena)
@@ -144,5 +143,5 @@ func (c *conn) dropTxLocked(ch *channel) {
 		c.txHeld--
 		c.txHeldBytes -= cap(p.arena)
 	}
-	ch.txPubs, ch.txSettles = nil, nil
+	ch.txPubs, ch.txSettles, ch.txGets = nil, nil, nil
 }
