@@ -817,6 +817,8 @@ func (c *conn) sendStart() {
 			{Key: "exchange_exchange_bindings", Value: wire.Bool(true)},
 			{Key: "per_consumer_qos", Value: wire.Bool(true)},
 			{Key: "connection.blocked", Value: wire.Bool(true)},
+			{Key: "consumer_priorities", Value: wire.Bool(true)},
+			{Key: "authentication_failure_close", Value: wire.Bool(true)},
 		})},
 	})
 	b = putLongstr(b, []byte("PLAIN AMQPLAIN"))
