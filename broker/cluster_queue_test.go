@@ -8,6 +8,7 @@ import (
 
 	"github.com/warren-mq/warren/queue"
 	"github.com/warren-mq/warren/wire"
+	"go.etcd.io/raft/v3/raftpb"
 )
 
 // TestClusterReplicatedQueue: a durable queue with three replicas is a
@@ -117,4 +118,82 @@ func TestClusterReplicatedQueue(t *testing.T) {
 		want, _ := lead2.b.Load().Queue("rq")
 		return info.Leader == lead2.id && info.Ready == want.Ready && info.Unacked == want.Unacked && info.Unacked == 19
 	})
+}
+
+// TestClusterSnapshotInstall: a replica that was down while its leader
+// snapshotted and compacted the queue's log gets the snapshot (with the
+// live entries it lacks) over the transport, installs it and follows
+// again: with the other follower stopped, a publish is confirmed, which
+// needs the restarted replica's vote.
+func TestClusterSnapshotInstall(t *testing.T) {
+	c := newTestCluster(t, 3)
+	c.leader()
+	if _, err := c.nodes[0].b.Load().DeclareQueueAs(&wire.QueueDeclare{Name: "rq", Durable: true}, 0, ""); err != nil {
+		t.Fatal(err)
+	}
+	for _, nd := range c.nodes {
+		c.sees(nd, "queue rq durable=true")
+	}
+	lead := c.queueLeader("rq")
+	var behind, other *clusterNode
+	for _, nd := range c.nodes {
+		switch {
+		case nd == lead:
+		case behind == nil:
+			behind = nd
+		default:
+			other = nd
+		}
+	}
+	c.stop(behind)
+	lb := lead.b.Load()
+	lq := lb.topo.lookupQueue("rq")
+	k := newDurSink()
+	var bodies []string
+	for i := range 10 {
+		bodies = append(bodies, fmt.Sprintf("m%d", i))
+	}
+	batch := publish(lb, lq, k, true, bodies...)
+	k.waitFor(t, "the confirm", func() bool { return k.confirmed(batch) })
+	lq.shard.submit(Command{Kind: CmdSubscribe, Queue: lq, Sink: k, Spec: queue.ConsumerSpec{ID: 1, Owner: 7, Prefetch: 3}, Req: 1})
+	k.waitFor(t, "three deliveries", func() bool { return len(k.got) == 3 })
+	k.mu.Lock()
+	tag := k.got[0].tag
+	k.mu.Unlock()
+	lb.Submit(Command{Kind: CmdSettle, Settles: []SettleItem{{Q: lq, Consumer: 1, Op: wire.SettleAck, QTag: tag}}})
+	sync := publish(lb, lq, k, true, "m10")
+	k.waitFor(t, "the ack's commit", func() bool { return k.confirmed(sync) && len(k.got) == 4 })
+
+	// The leader snapshots and compacts: the stopped replica's next entry
+	// is gone from its log.
+	snapped := make(chan error, 1)
+	lq.shard.submit(Command{Kind: cmdPost, post: func() {
+		err := lq.grp.Snapshot(lb.cfg.Durable.Snapshots, func(_ raftpb.SnapshotMetadata, err error) { snapped <- err })
+		if err != nil {
+			snapped <- err
+		}
+	}})
+	if err := <-snapped; err != nil {
+		t.Fatal(err)
+	}
+
+	c.start(behind, nil)
+	c.sees(behind, "queue rq durable=true")
+	want, _ := lb.Queue("rq")
+	c.waitFor("the restarted replica installed the snapshot and caught up", func() bool {
+		got, _ := behind.b.Load().Queue("rq")
+		return got.Ready == want.Ready && got.Unacked == want.Unacked && got.Leader == lead.id
+	})
+	bq := behind.b.Load().topo.lookupQueue("rq")
+	installs := make(chan uint64, 1)
+	bq.shard.submit(Command{Kind: cmdPost, post: func() { installs <- bq.shard.rw.Stats().SnapshotsInstalled }})
+	if n := <-installs; n != 1 {
+		t.Fatalf("the restarted replica installed %d snapshots, want 1", n)
+	}
+	c.stop(other)
+	last := publish(lb, lq, k, true, "m11")
+	k.waitFor(t, "a confirm with the restarted replica as the majority", func() bool { return k.confirmed(last) })
+	if last.Codes[0] != 0 {
+		t.Fatalf("m11 nacked (%d)", last.Codes[0])
+	}
 }

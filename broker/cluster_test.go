@@ -79,6 +79,11 @@ func (c *testCluster) start(nd *clusterNode, ln net.Listener) {
 			if b := nd.b.Load(); b != nil {
 				b.StepRaft(gid, m)
 			}
+		},
+		DeliverSnapshot: func(gid uint64, s *cluster.Snapshot) {
+			if b := nd.b.Load(); b != nil {
+				b.StepSnapshot(gid, (*SnapshotMessage)(s))
+			}
 		}})
 	if err != nil {
 		t.Fatal(err)
@@ -92,7 +97,9 @@ func (c *testCluster) start(nd *clusterNode, ln net.Listener) {
 		t.Fatal(err)
 	}
 	fatal := func(err error) { t.Errorf("node %d: %v", nd.id, err) }
-	b := New(Config{Shards: 2, Durable: &DurableConfig{Log: l, Snapshots: store, Fatal: fatal, NodeID: nd.id, Send: tr.Send}})
+	b := New(Config{Shards: 2, Durable: &DurableConfig{Log: l, Snapshots: store, Fatal: fatal, NodeID: nd.id, Send: tr.Send, SendSnapshot: func(gid uint64, s *SnapshotMessage, done func(bool)) {
+		tr.SendSnapshot(gid, (*cluster.Snapshot)(s), done)
+	}}})
 	b.Start()
 	nd.b.Store(b)
 	ids := make([]uint64, 0, len(c.peers))

@@ -32,6 +32,10 @@ type DurableConfig struct {
 	// placed replicas (replicated.go). NodeID 0: one node.
 	NodeID uint64
 	Send   func(gid uint64, msgs []raftpb.Message)
+	// SendSnapshot (optional) carries a snapshot to install to a peer
+	// that fell behind a leader's log (cluster.Transport.SendSnapshot);
+	// done hears whether it was sent. Without it such a peer stays behind.
+	SendSnapshot func(gid uint64, s *replication.SnapshotMessage, done func(ok bool))
 }
 
 // QueueGroupBase is the segment group of the durable queue whose Meta id

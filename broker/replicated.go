@@ -201,3 +201,56 @@ type replicatedState struct {
 	lead       atomic.Uint64 // the leader as this node last heard (0: none known)
 	proposer   uint64        // the proposer its entries from this node carry
 }
+
+// sendSnapshot adapts the transport's SendSnapshot to the worker's (nil
+// without one: raft hears that every snapshot failed).
+func (s *shard) sendSnapshot(send func(uint64, *replication.SnapshotMessage, func(bool))) func(uint64, *replication.SnapshotMessage) {
+	if send == nil {
+		return nil
+	}
+	return func(gid uint64, m *replication.SnapshotMessage) {
+		to := m.Msg.To
+		send(gid, m, func(ok bool) {
+			// Written (raft probes the follower, which asks again if it
+			// did not install it) or dropped (raft retries).
+			s.submit(Command{Kind: cmdPost, post: func() { s.rw.ReportSnapshot(gid, to, ok) }})
+		})
+	}
+}
+
+// installed is the worker's Installed: q's group jumped to a leader's
+// snapshot, a new machine the queue now reads.
+func (s *shard) installed(g *replication.Group, meta raftpb.SnapshotMetadata) {
+	q := s.byGroup[g.ID()]
+	if q == nil || q.gone || q.grp != g {
+		return
+	}
+	q.m = g.FSM().Machine()
+	q.opened = true
+	q.storeStats()
+	s.b.log.Info("replicated queue: installed the leader's snapshot", "queue", q.name, "index", meta.Index)
+}
+
+// StepSnapshot hands a replicated queue's group a snapshot its leader sent
+// (the cluster transport's DeliverSnapshot), on its shard.
+func (b *Broker) StepSnapshot(gid uint64, m *replication.SnapshotMessage) {
+	if gid < QueueGroupBase || gid-QueueGroupBase > 1<<32 || b.cfg.Durable == nil {
+		return
+	}
+	q := b.topo.slots.get(queue.QueueRef(gid - QueueGroupBase))
+	if q == nil {
+		return
+	}
+	s := q.shard
+	s.submit(Command{Kind: cmdPost, post: func() {
+		if g := q.grp; g != nil && !q.gone && g.ID() == gid {
+			if err := s.rw.StepSnapshot(gid, m); err != nil {
+				s.b.log.Warn("replicated queue: a leader's snapshot not taken", "queue", q.name, "err", err)
+			}
+		}
+	}})
+}
+
+// SnapshotMessage is a snapshot a leader sends a follower to install
+// (replication.SnapshotMessage; named here for netio and warrend).
+type SnapshotMessage = replication.SnapshotMessage

@@ -100,6 +100,8 @@ func (s *shard) startWorker() {
 		Post:          func(fn func()) { s.submit(Command{Kind: cmdPost, post: fn}) },
 		Send:          dc.Send,
 		LeaderChanged: s.leaderChanged,
+		Installed:     s.installed,
+		SendSnapshot:  s.sendSnapshot(dc.SendSnapshot),
 	})
 }
 

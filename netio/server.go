@@ -107,11 +107,14 @@ type Config struct {
 	// what peers send (Broker.StepRaft). Start returns once the metadata
 	// group has a leader and this node has applied what it committed
 	// (Broker.WaitMetaReady), or ClusterCtx is done.
-	NodeID     uint64
-	MetaPeers  []uint64
-	RaftSend   func(gid uint64, msgs []raftpb.Message)
-	OnBroker   func(*broker.Broker)
-	ClusterCtx context.Context
+	NodeID    uint64
+	MetaPeers []uint64
+	RaftSend  func(gid uint64, msgs []raftpb.Message)
+	// RaftSendSnapshot sends a replicated queue's snapshot to a peer
+	// that fell behind (cluster.Transport.SendSnapshot).
+	RaftSendSnapshot func(gid uint64, s *broker.SnapshotMessage, done func(ok bool))
+	OnBroker         func(*broker.Broker)
+	ClusterCtx       context.Context
 
 	// clock is the broker's one clock source (ms), which stamps the
 	// shards' commands; nil: the wall clock. Tests set a fake one.
@@ -312,7 +315,7 @@ func Start(cfg Config) (*Server, error) {
 		metaCfg = broker.MetaLogConfig{Log: l, Snapshots: store, Fatal: fatal, NodeID: cfg.NodeID, Peers: cfg.MetaPeers, Send: cfg.RaftSend}
 		durable = &broker.DurableConfig{Log: l, Snapshots: store, Fatal: fatal}
 		if len(cfg.MetaPeers) > 1 {
-			durable.NodeID, durable.Send = cfg.NodeID, cfg.RaftSend
+			durable.NodeID, durable.Send, durable.SendSnapshot = cfg.NodeID, cfg.RaftSend, cfg.RaftSendSnapshot
 		}
 		s.nodeLog = l
 	}

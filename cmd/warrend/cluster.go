@@ -112,6 +112,11 @@ func startCluster(cc *clusterConfig, log *slog.Logger) (*clusterNode, error) {
 			if b := cn.b.Load(); b != nil {
 				b.StepRaft(gid, m)
 			}
+		},
+		DeliverSnapshot: func(gid uint64, s *cluster.Snapshot) {
+			if b := cn.b.Load(); b != nil {
+				b.StepSnapshot(gid, (*broker.SnapshotMessage)(s))
+			}
 		}})
 	if err != nil {
 		return nil, err
@@ -143,6 +148,15 @@ func (cn *clusterNode) send() func(gid uint64, msgs []raftpb.Message) {
 		return nil
 	}
 	return cn.tr.Send
+}
+
+func (cn *clusterNode) sendSnapshot() func(gid uint64, s *broker.SnapshotMessage, done func(bool)) {
+	if cn == nil {
+		return nil
+	}
+	return func(gid uint64, s *broker.SnapshotMessage, done func(bool)) {
+		cn.tr.SendSnapshot(gid, (*cluster.Snapshot)(s), done)
+	}
 }
 
 func (cn *clusterNode) setBroker(b *broker.Broker) {

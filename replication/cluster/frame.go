@@ -16,8 +16,10 @@ const (
 	kindOK     = 4 // listener → dialer: authenticated
 	kindRefuse = 5 // either way: a reason, then the connection closes
 	kindRaft   = 6 // n × (gid u64 | len u32 | raftpb.Message)
+	kindSnap   = 7 // a snapshot to install (snapshot.go)
 
-	version   = 1
+	// version 2 adds kindSnap.
+	version   = 2
 	nonceSize = 32
 	magic     = "WRNC"
 )
@@ -41,7 +43,7 @@ func readFrame(r io.Reader, buf *[]byte, max int) (byte, []byte, error) {
 		return 0, nil, err
 	}
 	kind := hdr[4]
-	if kind < kindHello || kind > kindRaft {
+	if kind < kindHello || kind > kindSnap {
 		return 0, nil, fmt.Errorf("cluster: a frame of unknown kind %d", kind)
 	}
 	if cap(*buf) < int(n-1) {

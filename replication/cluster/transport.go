@@ -4,7 +4,8 @@
 // peer that sends everything queued since its last write as frames on one
 // connection it dials (the control connection; the data connection of
 // §6.1 comes with forwarding), and one reader goroutine per inbound
-// connection that hands each message to Config.Deliver.
+// connection that hands each message to Config.Deliver, and each
+// snapshot to install (SendSnapshot, snapshot.go) to DeliverSnapshot.
 //
 // Nodes prove they hold the shared cluster secret by HMAC challenge and
 // response in both directions; the secret never crosses the wire. A
@@ -52,6 +53,9 @@ type Config struct {
 	// on the connection's reader goroutine and may block (that connection
 	// then stops reading, and TCP pushes back on the sender).
 	Deliver func(gid uint64, m raftpb.Message)
+	// DeliverSnapshot takes each snapshot a peer sent (SendSnapshot) on
+	// the same goroutine; nil drops them.
+	DeliverSnapshot func(gid uint64, s *Snapshot)
 	// MaxQueueBytes bounds each peer's queue of messages not yet written
 	// (default 64 MiB, design §6.1); MaxFrameBytes bounds a frame, read or
 	// written (default 16 MiB; a bigger message is dropped).
@@ -120,11 +124,13 @@ type peer struct {
 	addr string
 	wake chan struct{}
 
-	mu      sync.Mutex
-	pending []byte // entries: gid u64 | len u32 | message
-	count   int    // messages in pending
-	spare   []byte
-	conn    net.Conn
+	mu        sync.Mutex
+	pending   []byte // entries: gid u64 | len u32 | message
+	count     int    // messages in pending
+	snaps     []pendingSnap
+	snapBytes int
+	spare     []byte
+	conn      net.Conn
 
 	connected atomic.Bool
 	sent      atomic.Uint64
@@ -433,7 +439,13 @@ func (p *peer) write(conn net.Conn) error {
 		buf, n := p.pending, p.count
 		p.pending, p.count = p.spare[:0], 0
 		p.spare = nil
+		snaps := p.snaps
+		p.snaps, p.snapBytes = nil, 0
 		p.mu.Unlock()
+		if err := p.writeSnaps(conn, snaps); err != nil {
+			p.recycle(buf)
+			return err
+		}
 		if n == 0 {
 			p.recycle(buf)
 			continue
@@ -620,10 +632,12 @@ func (t *Transport) serve(c net.Conn) {
 	var buf []byte
 	for {
 		kind, pl, err := readFrame(c, &buf, t.cfg.MaxFrameBytes)
-		if err == nil && kind != kindRaft {
+		if err == nil && kind != kindRaft && kind != kindSnap {
 			err = fmt.Errorf("cluster: a frame of kind %d after the handshake", kind)
 		}
-		if err == nil {
+		if err == nil && kind == kindSnap {
+			err = t.deliverSnapshot(from, pl)
+		} else if err == nil {
 			err = eachMessage(pl, func(gid uint64, b []byte) error {
 				var m raftpb.Message
 				if err := m.Unmarshal(b); err != nil {
