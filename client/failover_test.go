@@ -235,3 +235,38 @@ func TestSessionCloseStopsAReconnect(t *testing.T) {
 		t.Fatalf("the closed session connected to the next node (%d connections)", n)
 	}
 }
+
+// A node that answers but refuses the topology (here a queue of the same
+// name declared otherwise) is passed over: the next round starts after it.
+func TestSessionPassesOverANodeThatRefusesTheTopology(t *testing.T) {
+	servers := []*netio.Server{warrentest.StartServer(t, nil), warrentest.StartServer(t, nil), warrentest.StartServer(t, nil)}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	other, err := client.Dial(ctx, warrentest.URL(servers[1]))
+	must(t, err)
+	och, err := other.Channel(ctx)
+	must(t, err)
+	_, err = och.DeclareQueue(ctx, "orders", client.QueueOptions{AutoDelete: true})
+	must(t, err)
+	// och keeps the auto-delete queue alive on node 2.
+
+	sess, err := client.Connect(ctx, nodesURL(servers[0].Addr().String(), servers[1].Addr().String(), servers[2].Addr().String()))
+	must(t, err)
+	defer sess.Close()
+	reconnected := make(chan int, 4)
+	sess.OnReconnect = func(n int) { reconnected <- n }
+	_, err = sess.DeclareQueue(ctx, "orders", client.QueueOptions{})
+	must(t, err)
+	closeServer(t, servers[0])
+	select {
+	case attempt := <-reconnected:
+		if attempt != 2 {
+			t.Errorf("reconnected at attempt %d, want 2 (node 2 refused the first)", attempt)
+		}
+	case <-ctx.Done():
+		t.Fatal("no reconnect")
+	}
+	if got, want := sess.Addr(), servers[2].Addr().String(); got != want {
+		t.Fatalf("session on %s, want node 3 %s", got, want)
+	}
+}

@@ -162,9 +162,9 @@ func (s *Session) watch() {
 			ctx, cancel := context.WithTimeout(s.ctx, 10*time.Second)
 			node, err := s.restore(ctx, next)
 			cancel()
-			if node >= 0 {
-				// Connected, and then failed to restore: that node next
-				// round only after the others.
+			if err != nil && node >= 0 {
+				// It answered and then failed to restore (a declare or
+				// consume refused there): the others first next round.
 				next = (node + 1) % len(s.url.nodes)
 			}
 			if err == nil {
