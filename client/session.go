@@ -271,7 +271,12 @@ func (s *Session) DeclareExchange(ctx context.Context, name, kind string, o Exch
 // server-named queue gets a new name on each connection; the session
 // tracks it, so use the name returned here everywhere in the session.
 func (s *Session) DeclareQueue(ctx context.Context, name string, o QueueOptions) (QueueInfo, error) {
+	// info is the first run's answer. Only that run writes it: it runs
+	// before do records the step, so the replays after reconnects, which
+	// see firstDone set, happen after it (do and restore pass the step
+	// through s.mu) and leave info, which the caller reads, alone.
 	var info QueueInfo
+	firstDone := false
 	first := ""
 	err := s.do(ctx, step{run: func(ctx context.Context, ch *Channel, s *Session) error {
 		i, err := ch.DeclareQueue(ctx, name, o)
@@ -286,7 +291,9 @@ func (s *Session) DeclareQueue(ctx context.Context, name string, o QueueOptions)
 			s.names[first] = i.Name
 			s.mu.Unlock()
 		}
-		info = i
+		if !firstDone {
+			info, firstDone = i, true
+		}
 		return nil
 	}})
 	return info, err
