@@ -67,6 +67,15 @@ type Broker struct {
 	sweepErr      error
 }
 
+// poolSize is how many snapshot writes and compactions of durable queues
+// run at once. Each blocks its goroutine for a group commit, and those
+// running together share one, so a small pool is the limit when many
+// queues snapshot: with 4, 100 busy queues' snapshots queued behind one
+// another for 0.8 s on average, the log they should have freed was moved into
+// segment files meanwhile, and the node wrote every body twice
+// (BENCHMARKS.md, durable queues: the second write).
+const poolSize = 32
+
 // New makes a broker; Start runs its shards.
 func New(cfg Config) *Broker {
 	if cfg.Shards < 1 {
@@ -77,7 +86,7 @@ func New(cfg Config) *Broker {
 	}
 	b := &Broker{cfg: cfg, log: cfg.Logger}
 	if cfg.Durable != nil {
-		b.pool = replication.NewPool(4)
+		b.pool = replication.NewPool(poolSize)
 	}
 	for i := range b.dlDropLog {
 		b.dlDropLog[i].Every = 10 * time.Second

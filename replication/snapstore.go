@@ -33,14 +33,34 @@ const SnapStoreGroup = 1
 // restart, or a refresh that rewrites an old snapshot forward).
 //
 // Safe for concurrent use; Put blocks until the snapshot is durable (run it
-// off the shard goroutine).
+// off the shard goroutine). Concurrent Puts and Forgets share their
+// writes: one caller appends every snapshot queued meanwhile in one
+// Append and compacts group 1 once for all of them (the others wait), so
+// a node snapshotting many queues pays two group commits per batch of
+// snapshots, not two per snapshot one after another.
 type SnapStore struct {
 	log *segment.Log
 
-	mu     sync.Mutex
-	next   uint64 // the next index of group 1
-	latest map[uint64]*storedSnap
-	buf    []byte
+	mu      sync.Mutex
+	cond    *sync.Cond // a batch was written (or writing ended)
+	next    uint64     // the next index of group 1
+	latest  map[uint64]*storedSnap
+	queued  []*snapWrite // waiting for the next batch
+	writing []*snapWrite // the batch being written (nil: none)
+	buf     []byte
+	ents    []segment.Entry
+
+	queuedHook func() // tests: called (under mu) when a write is queued
+}
+
+// snapWrite is one Put (or Forget: meta.Index 0) waiting to be written.
+type snapWrite struct {
+	gid  uint64
+	meta raftpb.SnapshotMetadata
+	conf []byte
+	data []byte
+	done bool
+	err  error
 }
 
 type storedSnap struct {
@@ -65,6 +85,7 @@ var ErrBadSnapStore = errors.New("replication: malformed snapshot store entry")
 // it with the latest complete snapshot of each group known.
 func OpenSnapStore(log *segment.Log) (*SnapStore, error) {
 	s := &SnapStore{log: log, latest: map[uint64]*storedSnap{}}
+	s.cond = sync.NewCond(&s.mu)
 	first, last := log.FirstIndex(SnapStoreGroup), log.LastIndex(SnapStoreGroup)
 	s.next = last + 1
 	var cur struct {
@@ -190,95 +211,160 @@ func (s *SnapStore) Load(gid uint64) (meta raftpb.SnapshotMetadata, data []byte,
 // what no group needs any more.
 func (s *SnapStore) Forget(gid uint64) error {
 	s.mu.Lock()
-	defer s.mu.Unlock()
-	if s.latest[gid] == nil {
+	if s.latest[gid] == nil && !s.queuedFor(gid) {
+		s.mu.Unlock()
 		return nil
 	}
-	b := []byte{snapChunkVersion, 0, 0, 0, 0, 0, 0, 0}
-	b = le.AppendUint64(b, gid)
-	b = le.AppendUint64(b, 0) // index 0: no snapshot
-	b = le.AppendUint64(b, 0)
-	b = le.AppendUint32(b, 0)
-	b = le.AppendUint32(b, 1)
-	if err := s.log.Append(segment.Batch{Group: SnapStoreGroup, Entries: []segment.Entry{{Index: s.next, Term: 1, Data: b}}}); err != nil {
-		return err
-	}
-	s.next++
-	delete(s.latest, gid)
-	return s.compactLocked()
+	return s.writeLocked(&snapWrite{gid: gid})
 }
 
-// compactLocked lets segment drop group 1's entries below the oldest
-// snapshot still latest for some group.
-func (s *SnapStore) compactLocked() error {
+// queuedFor reports whether a write for gid is queued or being written.
+func (s *SnapStore) queuedFor(gid uint64) bool {
+	for _, w := range s.queued {
+		if w.gid == gid {
+			return true
+		}
+	}
+	for _, w := range s.writing {
+		if w.gid == gid {
+			return true
+		}
+	}
+	return false
+}
+
+// compactTo is the group-1 index below which no group's latest snapshot
+// lies (0: nothing to compact).
+func (s *SnapStore) compactTo() uint64 {
 	oldest := s.next
 	for _, l := range s.latest {
 		oldest = min(oldest, l.at)
 	}
 	if oldest > s.log.FirstIndex(SnapStoreGroup) {
-		return s.log.Compact(SnapStoreGroup, oldest-1, nil)
+		return oldest - 1
 	}
-	return nil
+	return 0
 }
 
 // Put makes data, group gid's snapshot described by meta, durable in the
 // store, replacing the group's previous one, then lets segment drop what
 // no group needs any more. It blocks for the write (one group commit) and
-// the compaction record (one more).
+// the compaction record (one more), both shared with the Puts queued
+// alongside it.
 func (s *SnapStore) Put(gid uint64, meta raftpb.SnapshotMetadata, data []byte) error {
 	conf, err := meta.ConfState.Marshal()
 	if err != nil {
 		return err
 	}
-	n := max(1, (len(data)+snapChunk-1)/snapChunk)
 	s.mu.Lock()
-	defer s.mu.Unlock()
 	if meta.Index == 0 {
+		s.mu.Unlock()
 		return fmt.Errorf("replication: group %d: a snapshot of entry 0", gid)
 	}
 	if l := s.latest[gid]; l != nil && l.meta.Index > meta.Index {
+		s.mu.Unlock()
 		return fmt.Errorf("replication: group %d: snapshot of entry %d is older than the stored one (%d)", gid, meta.Index, l.meta.Index)
 	}
+	return s.writeLocked(&snapWrite{gid: gid, meta: meta, conf: conf, data: data})
+}
+
+// writeLocked queues w and waits until it is written: the first waiter
+// that finds no batch being written writes everything queued (w's and
+// others'), then compacts group 1. s.mu is held on entry, released on
+// return.
+func (s *SnapStore) writeLocked(w *snapWrite) error {
+	s.queued = append(s.queued, w)
+	if s.queuedHook != nil {
+		s.queuedHook()
+	}
+	for !w.done {
+		if s.writing != nil {
+			s.cond.Wait()
+			continue
+		}
+		s.writeBatchLocked()
+	}
+	s.mu.Unlock()
+	return w.err
+}
+
+// writeBatchLocked appends every queued write in one Append (in queue
+// order: a later snapshot of a group replaces an earlier one), records
+// them as the latest, and compacts group 1. s.mu is held; it is released
+// while the log is written.
+func (s *SnapStore) writeBatchLocked() {
+	batch := s.queued
+	s.queued = nil
+	s.writing = batch
 	at := s.next
-	entries := make([]segment.Entry, n)
-	ends := make([]int, n)
-	s.buf = s.buf[:0]
+	s.buf, s.ents = s.buf[:0], s.ents[:0]
+	var ends []int
+	firsts := make([]uint64, len(batch))
+	for k, w := range batch {
+		firsts[k] = at + uint64(len(ends))
+		ends = s.encode(w, ends)
+	}
+	start := 0
+	for i, end := range ends { // sliced once the buffer stopped moving
+		s.ents = append(s.ents, segment.Entry{Index: at + uint64(i), Term: 1, Data: s.buf[start:end:end]})
+		start = end
+	}
+	s.mu.Unlock()
+	err := s.log.Append(segment.Batch{Group: SnapStoreGroup, Entries: s.ents})
+	s.mu.Lock()
+	if err == nil {
+		s.next = at + uint64(len(ends))
+		for k, w := range batch {
+			if w.meta.Index == 0 {
+				delete(s.latest, w.gid)
+			} else if l := s.latest[w.gid]; l == nil || l.meta.Index <= w.meta.Index {
+				s.latest[w.gid] = &storedSnap{at: firsts[k], meta: w.meta}
+			}
+		}
+		if upTo := s.compactTo(); upTo > 0 {
+			s.mu.Unlock()
+			err = s.log.Compact(SnapStoreGroup, upTo, nil)
+			s.mu.Lock()
+		}
+	}
+	clear(s.ents)
+	if cap(s.buf) > 1<<20 {
+		// A deep queue's snapshot buffer is not kept between snapshots
+		// (it would hold ~30 B per queued message on the heap for good).
+		s.buf, s.ents = nil, nil
+	}
+	for _, w := range batch {
+		w.done, w.err = true, err
+	}
+	s.writing = nil
+	s.cond.Broadcast()
+}
+
+// encode appends w's chunks to s.buf (a Forget's tombstone: one chunk of
+// a snapshot of index 0, no data) and their ends to ends.
+func (s *SnapStore) encode(w *snapWrite, ends []int) []int {
+	n := max(1, (len(w.data)+snapChunk-1)/snapChunk)
 	for i := range n {
 		start := len(s.buf)
 		s.buf = append(s.buf, snapChunkVersion, 0, 0, 0)
 		cl := 0
 		if i == 0 {
-			cl = len(conf)
+			cl = len(w.conf)
 		}
 		s.buf = le.AppendUint32(s.buf, uint32(cl))
-		s.buf = le.AppendUint64(s.buf, gid)
-		s.buf = le.AppendUint64(s.buf, meta.Index)
-		s.buf = le.AppendUint64(s.buf, meta.Term)
+		s.buf = le.AppendUint64(s.buf, w.gid)
+		s.buf = le.AppendUint64(s.buf, w.meta.Index)
+		s.buf = le.AppendUint64(s.buf, w.meta.Term)
 		s.buf = le.AppendUint32(s.buf, uint32(i))
 		s.buf = le.AppendUint32(s.buf, uint32(n))
 		if i == 0 {
-			s.buf = append(s.buf, conf...)
+			s.buf = append(s.buf, w.conf...)
 		}
 		for (len(s.buf)-start)%8 != 0 {
 			s.buf = append(s.buf, 0)
 		}
-		s.buf = append(s.buf, data[min(i*snapChunk, len(data)):min((i+1)*snapChunk, len(data))]...)
-		ends[i] = len(s.buf)
+		s.buf = append(s.buf, w.data[min(i*snapChunk, len(w.data)):min((i+1)*snapChunk, len(w.data))]...)
+		ends = append(ends, len(s.buf))
 	}
-	start := 0
-	for i := range entries { // sliced once the buffer stopped moving
-		entries[i] = segment.Entry{Index: at + uint64(i), Term: 1, Data: s.buf[start:ends[i]:ends[i]]}
-		start = ends[i]
-	}
-	if err := s.log.Append(segment.Batch{Group: SnapStoreGroup, Entries: entries}); err != nil {
-		return err
-	}
-	s.next = at + uint64(n)
-	s.latest[gid] = &storedSnap{at: at, meta: meta}
-	if cap(s.buf) > 1<<20 {
-		// A deep queue's snapshot buffer is not kept between snapshots
-		// (it would hold ~30 B per queued message on the heap for good).
-		s.buf = nil
-	}
-	return s.compactLocked()
+	return ends
 }

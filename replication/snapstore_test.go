@@ -3,6 +3,7 @@ package replication
 import (
 	"bytes"
 	"errors"
+	"sync/atomic"
 	"testing"
 
 	"github.com/warren-mq/warren/segment"
@@ -138,4 +139,108 @@ func TestSnapStoreForget(t *testing.T) {
 	if m, ok := s.Latest(4); !ok || m.Index != 9 {
 		t.Fatalf("group 4: %+v %v", m, ok)
 	}
+}
+
+// gateFS, once armed, blocks the first Sync of any file until gate is
+// closed.
+type gateFS struct {
+	*segment.MemFS
+	first   chan struct{} // closed when the first Sync is waiting
+	gate    chan struct{}
+	armed   atomic.Bool
+	started atomic.Bool
+}
+
+func (g *gateFS) Open(name string) (segment.File, error) {
+	f, err := g.MemFS.Open(name)
+	return gateFile{f, g}, err
+}
+
+type gateFile struct {
+	segment.File
+	g *gateFS
+}
+
+// Map: segment reads through read-only mappings of the MemFS file.
+func (f gateFile) Map(size int64) ([]byte, func() error, error) {
+	return f.File.(interface {
+		Map(int64) ([]byte, func() error, error)
+	}).Map(size)
+}
+
+func (f gateFile) Sync() error {
+	if f.g.armed.Load() && f.g.started.CompareAndSwap(false, true) {
+		close(f.g.first)
+		<-f.g.gate
+	}
+	return f.File.Sync()
+}
+
+// TestSnapStoreSharesWrites: Puts that arrive while another is being
+// written are written together, in one Append and one compaction, and
+// every one of them is the latest of its group, also after a reopen.
+func TestSnapStoreSharesWrites(t *testing.T) {
+	mem := segment.NewMemFS()
+	fs := &gateFS{MemFS: mem, first: make(chan struct{}), gate: make(chan struct{})}
+	l, err := segment.Open(fs, "/data", segment.Options{Manual: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	s, err := OpenSnapStore(l)
+	if err != nil {
+		t.Fatal(err)
+	}
+	const n = 20
+	queued := make(chan struct{}, n)
+	s.queuedHook = func() { queued <- struct{}{} }
+	fs.armed.Store(true)
+	cs := raftpb.ConfState{Voters: []uint64{1}}
+	errs := make(chan error, n)
+	put := func(gid uint64) {
+		errs <- s.Put(gid, raftpb.SnapshotMetadata{Index: gid * 10, Term: 1, ConfState: cs}, bytes.Repeat([]byte{byte(gid)}, int(gid)))
+	}
+	go put(100) // its write holds the disk until the gate opens
+	<-queued
+	<-fs.first
+	syncs0 := l.Stats().Syncs
+	for gid := uint64(101); gid < 100+n; gid++ {
+		go put(gid)
+	}
+	for range n - 1 {
+		<-queued // every other Put is queued behind the first write
+	}
+	close(fs.gate)
+	for range n {
+		if err := <-errs; err != nil {
+			t.Fatal(err)
+		}
+	}
+	// The first Put's write and compaction, then one write and one
+	// compaction for the other 19 together.
+	if syncs := l.Stats().Syncs - syncs0; syncs > 4 {
+		t.Fatalf("%d group commits for %d Puts: they were not written together", syncs, n)
+	}
+	check := func(s *SnapStore) {
+		t.Helper()
+		for gid := uint64(100); gid < 100+n; gid++ {
+			meta, data, ok, err := s.Load(gid)
+			if err != nil || !ok || meta.Index != gid*10 || !bytes.Equal(data, bytes.Repeat([]byte{byte(gid)}, int(gid))) {
+				t.Fatalf("group %d: %v %v %+v %d bytes", gid, ok, err, meta, len(data))
+			}
+		}
+	}
+	check(s)
+	if err := l.Close(); err != nil {
+		t.Fatal(err)
+	}
+	l, err = segment.Open(mem, "/data", segment.Options{Manual: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	s, err = OpenSnapStore(l)
+	if err != nil {
+		t.Fatal(err)
+	}
+	check(s)
 }

@@ -54,7 +54,7 @@ func (l *Log) Append(batches ...Batch) error {
 		return err
 	}
 	for l.failed == nil && !l.closed && ((len(l.pending) > maxPending && l.inflight > 0) ||
-		(!l.opts.Manual && len(l.wals) >= l.opts.MaxSealedWALs)) {
+		(!l.opts.Manual && len(l.wals)-l.opts.MoveLag >= l.opts.MaxSealedWALs)) {
 		// The next write takes what is pending: bound it. And let the
 		// worker catch up when it is behind.
 		l.cond.Wait()
@@ -273,6 +273,7 @@ func (l *Log) commitLocked() error {
 			l.applyCond.Wait() // apply in order
 		}
 		l.stats.Syncs++
+		l.stats.WALBytes += uint64(len(head) + len(buf))
 		if err != nil {
 			// Any write or fsync failure stops the engine: the page cache
 			// may have dropped the data, so continuing could lie.

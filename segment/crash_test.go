@@ -313,7 +313,7 @@ func candidates(history []op, failed *op) []model {
 
 func crashOpts(r *rand.Rand) Options {
 	return Options{Manual: true, WALSize: int64(512 + r.IntN(4096)), SegmentSize: int64(512 + r.IntN(4096)),
-		CompactBelow: 0.2 + 0.6*r.Float64()}
+		CompactBelow: 0.2 + 0.6*r.Float64(), MoveLag: r.IntN(3)}
 }
 
 // TestCrashProperty: random appends (with suffix overwrites by a new

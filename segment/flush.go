@@ -44,7 +44,7 @@ func (l *Log) Maintain() error {
 			l.mu.Unlock()
 			return err
 		}
-		if len(l.wals) == 0 {
+		if len(l.wals) <= l.opts.MoveLag {
 			l.mu.Unlock()
 			break
 		}
@@ -308,8 +308,10 @@ func (l *Log) moveOut(src *file) error {
 	}
 	if src.wal {
 		l.stats.Moved += uint64(n)
+		l.stats.MovedBytes += w.bytes
 	} else {
 		l.stats.Compacted += uint64(n)
+		l.stats.CompactedBytes += w.bytes
 	}
 	for _, s := range w.sealed {
 		l.maybeDead(s)
@@ -325,6 +327,7 @@ type segWriter struct {
 	touched []*file // files written, to sync
 	sealed  []*file // files filled up (sealed once the copies are synced)
 	created bool
+	bytes   uint64 // written, headers and footers included
 }
 
 // group writes the entries of jobs (one group's) and returns where each
@@ -341,6 +344,7 @@ func (w *segWriter) group(g *groupIndex, jobs []moveJob, srcFile *file, src []by
 		if _, err := g.seg.f.WriteAt(w.buf, g.seg.wsize); err != nil {
 			return err
 		}
+		w.bytes += uint64(len(w.buf))
 		g.seg.foot.recs = append(g.seg.foot.recs, uint32(g.seg.wsize))
 		g.seg.wsize += int64(len(w.buf))
 		g.seg.written += count
@@ -424,6 +428,7 @@ func (w *segWriter) footer(f *file) error {
 	if _, err := f.f.WriteAt(w.buf, f.wsize); err != nil {
 		return err
 	}
+	w.bytes += uint64(len(w.buf))
 	f.wsize += int64(len(w.buf))
 	f.footed = true
 	w.buf = w.buf[:0]
@@ -446,6 +451,7 @@ func (w *segWriter) newSegment(g *groupIndex) error {
 	if _, err := h.WriteAt(appendFileHeader(nil, segMagic, f.gen()), 0); err != nil {
 		return err
 	}
+	w.bytes += fileHeader
 	f.wsize = fileHeader
 	g.seg = f
 	w.created = true

@@ -59,13 +59,29 @@ type Options struct {
 	// Tests use it to place maintenance deterministically.
 	Manual bool
 	// MaxSealedWALs bounds how far the worker may fall behind: while this
-	// many sealed WAL files wait to be moved, appends wait (default 2). Disk
-	// use stays bounded and the append rate is what the disk sustains with
-	// the moves, not a burst. Not applied with Manual.
+	// many sealed WAL files beyond MoveLag wait to be moved, appends wait
+	// (default 2). Disk use stays bounded and the append rate is what the
+	// disk sustains with the moves, not a burst. Not applied with Manual.
 	MaxSealedWALs int
+	// MoveLag is how many of the newest sealed WAL files Maintain leaves
+	// where they are: their entries are read from the WAL file meanwhile,
+	// and those the owner compacts before the file's turn comes (consumed
+	// messages, log covered by a snapshot) are never copied into segment
+	// files. Without it a WAL file is moved as soon as it is sealed, and
+	// every entry still live in its last few megabytes — messages in
+	// flight, log not yet snapshotted — is written a second time. Costs:
+	// up to MoveLag more WAL files on disk and replayed by Open. Default 2
+	// (0 with Manual, where the owner places maintenance); negative: none.
+	MoveLag int
 }
 
 const maxFileSize = 1 << 30 // offsets in the index are uint32
+
+// defaultMoveLag: with 64 MiB WAL files, an entry is moved at the
+// earliest 128 MiB of appends after it was written — about half a second
+// at this machine's disk rate, longer than a consumer that keeps up
+// takes to ack it and its queue to snapshot past it (BENCHMARKS.md).
+const defaultMoveLag = 2
 
 func (o *Options) defaults() error {
 	if o.Logger == nil {
@@ -82,6 +98,12 @@ func (o *Options) defaults() error {
 	}
 	if o.MaxSealedWALs == 0 {
 		o.MaxSealedWALs = 2
+	}
+	switch {
+	case o.MoveLag < 0:
+		o.MoveLag = 0
+	case o.MoveLag == 0 && !o.Manual:
+		o.MoveLag = defaultMoveLag
 	}
 	if o.WALSize < 0 || o.WALSize > maxFileSize || o.SegmentSize < 0 || o.SegmentSize > maxFileSize {
 		return fmt.Errorf("segment: WALSize and SegmentSize must be at most %d", maxFileSize)
@@ -186,17 +208,21 @@ type Log struct {
 
 // Stats are counters for benchmarks and metrics.
 type Stats struct {
-	Syncs          uint64 // WAL fdatasyncs
-	Pipelined      uint64 // WAL writes started while an earlier one was in flight
-	Records        uint64 // WAL records written
-	WALFiles       int    // WAL files on disk
-	SegmentFiles   int    // segment files on disk
-	Moved          uint64 // entries copied from the WAL into segments
-	Compacted      uint64 // entries copied by segment compaction
-	DeletedFiles   uint64
-	StoredEntries  int
-	SegmentsSealed uint64
-	FootersRead    uint64 // sealed segment files Open loaded from their index footers
+	Syncs        uint64 // WAL fdatasyncs
+	Pipelined    uint64 // WAL writes started while an earlier one was in flight
+	Records      uint64 // WAL records written
+	WALFiles     int    // WAL files on disk
+	SegmentFiles int    // segment files on disk
+	Moved        uint64 // entries copied from the WAL into segments
+	Compacted    uint64 // entries copied by segment compaction
+	// WALBytes, MovedBytes, CompactedBytes: bytes written to WAL files
+	// (records, headers and checkpoints), to segment files by moves out of
+	// the WAL, and to segment files by compaction (records and footers).
+	WALBytes, MovedBytes, CompactedBytes uint64
+	DeletedFiles                         uint64
+	StoredEntries                        int
+	SegmentsSealed                       uint64
+	FootersRead                          uint64 // sealed segment files Open loaded from their index footers
 }
 
 type spanUndo struct {
