@@ -86,3 +86,30 @@ func TestSnapshotPolicy(t *testing.T) {
 		t.Fatal("the idle rule snapshotted a queue with nothing to reclaim")
 	}
 }
+
+// TestSnapshotDueCostRule: a snapshot is due once the log it frees is
+// snapReclaimFactor times the last snapshot's size (at least 1 MiB), not
+// before: each snapshot is written whole, and a queue holding many
+// messages has a large one.
+func TestSnapshotDueCostRule(t *testing.T) {
+	g := &Group{fsm: NewQueueFSM(queue.New(queue.Config{}, 0), 0, nil)}
+	g.lastSnapAt = 1 // the idle rule is not what this tests
+	for _, c := range []struct {
+		last, reclaim uint64
+		due           bool
+	}{
+		{0, 1<<20 - 1, false},
+		{0, 1 << 20, true},
+		{1 << 20, 2 << 20, false}, // twice its size: not yet
+		{1 << 20, 8<<20 - 1, false},
+		{1 << 20, 8 << 20, true},
+		{100 << 10, 1 << 20, true}, // the 1 MiB floor
+	} {
+		g.lastSnapSize = int(c.last)
+		g.deadAt, g.bytesAt = 0, 0
+		g.fsm.live.deadBytes = c.reclaim
+		if due := g.SnapshotDue(2); due != c.due {
+			t.Errorf("last snapshot %d B, %d B reclaimable: due %v, want %v", c.last, c.reclaim, due, c.due)
+		}
+	}
+}

@@ -890,8 +890,9 @@ func (w *Worker) NextWake() (int64, bool) {
 }
 
 // SnapshotDue applies the snapshot policy of design §2.4 at time now (ms):
-// a snapshot is due when it frees more log than it writes (the log bytes
-// that died since the last one reach max(1 MiB, twice its size)), when
+// a snapshot is due when it frees much more log than it writes (the log
+// bytes that died since the last one reach max(1 MiB, snapReclaimFactor
+// times its size)), when
 // enough log was applied since to bound a replay (max(64 MiB, four times
 // its size)), or when some log is reclaimable and the last snapshot is 5 s
 // old (idle clean-up).
@@ -902,10 +903,21 @@ func (g *Group) SnapshotDue(now int64) bool {
 	reclaim := g.fsm.DeadBytes() - g.deadAt
 	since := g.fsm.AppliedBytes() - g.bytesAt
 	last := uint64(g.lastSnapSize)
-	return reclaim >= max(1<<20, 2*last) ||
+	return reclaim >= max(1<<20, snapReclaimFactor*last) ||
 		since >= max(64<<20, 4*last) ||
 		(reclaim > 0 && now-g.lastSnapAt >= 5000)
 }
+
+// snapReclaimFactor: a snapshot is taken once the log it frees is this
+// many times its size. Every snapshot is written in full (48 B per held
+// message), so the factor bounds what snapshots add to the log's writes:
+// with 2, a queue holding 20,000 messages in flight wrote a 1 MB snapshot
+// per 2 MB of bodies consumed, a quarter more than the bodies themselves
+// (BENCHMARKS.md, durable queues). The dead log waits longer for its
+// snapshot; it is still freed before its WAL file is moved into segment
+// files (segment.Options.MoveLag: 128 MiB of appends later) unless the
+// snapshot is over 16 MiB (some 350,000 held messages).
+const snapReclaimFactor = 8
 
 // autoSnapshot takes a snapshot the policy asked for.
 func (g *Group) autoSnapshot() {
