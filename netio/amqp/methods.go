@@ -177,6 +177,8 @@ func (c *conn) onExchange(ch *channel, id uint16, r *reader) error {
 			return errDefaultExchange
 		}
 		b := &wire.Bind{Unbind: id == 40, ToExchange: true, Destination: c.qn(dst), Source: c.qn(src), RoutingKey: key, Args: bindArgs(args)}
+		// Unbinding what is not there (binding, exchange or queue) is ok,
+		// as RabbitMQ 3.10 answers it.
 		if err := c.control(func() error { return c.srv.BindAs(b, c.requester()) }); err != nil && !(b.Unbind && isCode(err, wire.NotFound)) {
 			return err
 		}
@@ -195,8 +197,6 @@ func (c *conn) onExchange(ch *channel, id uint16, r *reader) error {
 // bindArgs puts a binding's arguments in key order: a binding is the same
 // one whatever order a client's table came in (amqp091-go writes Go's map
 // order), for a bind (no second binding) and an unbind (it is found).
-// Unbinding what is not there (binding, exchange or queue) is ok, as
-// RabbitMQ 3.10 answers it.
 func bindArgs(t wire.Table) wire.Table {
 	slices.SortStableFunc(t, func(a, b wire.Field) int { return strings.Compare(a.Key, b.Key) })
 	return t
@@ -327,6 +327,7 @@ func (c *conn) onQueue(ch *channel, id uint16, r *reader) error {
 			}
 		}
 		b := &wire.Bind{Unbind: id == 50, Destination: c.qn(ch.queueName(qn)), Source: c.qn(ex), RoutingKey: key, Args: bindArgs(args)}
+		// Unbinding what is not there is ok, as above.
 		if err := c.control(func() error { return c.srv.BindAs(b, c.requester()) }); err != nil && !(b.Unbind && isCode(err, wire.NotFound)) {
 			return err
 		}
