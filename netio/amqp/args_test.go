@@ -151,19 +151,17 @@ func publishConfirmed(t *testing.T, ch *amqp091.Channel, ex, key string, p amqp0
 
 // The server's capabilities are what it does: RabbitMQ's clients look at
 // them (consumer_priorities: x-priority is honoured;
-// authentication_failure_close: a refused login gets connection.close).
+// authentication_failure_close: a refused login gets connection.close;
+// direct_reply_to: amq.rabbitmq.reply-to).
 func TestServerCapabilities(t *testing.T) {
 	t.Parallel() // its own broker; the 0.5 s each spends stopping it overlaps
 	_, _, url := start(t, amqp.Config{})
 	conn, _ := dial(t, url)
 	caps, _ := conn.Properties["capabilities"].(amqp091.Table)
 	for _, c := range []string{"publisher_confirms", "basic.nack", "consumer_cancel_notify", "exchange_exchange_bindings",
-		"per_consumer_qos", "connection.blocked", "consumer_priorities", "authentication_failure_close"} {
+		"per_consumer_qos", "connection.blocked", "consumer_priorities", "authentication_failure_close", "direct_reply_to"} {
 		if caps[c] != true {
 			t.Errorf("capability %s: %v, want true (capabilities %v)", c, caps[c], caps)
 		}
-	}
-	if caps["direct_reply_to"] == true {
-		t.Error("direct_reply_to advertised: amq.rabbitmq.reply-to is not built")
 	}
 }

@@ -168,6 +168,8 @@ type channel struct {
 	txGets    []int  // the txSettles of basic.get's messages
 	txSeq     uint64 // the last commit's number
 	txOpen    []txCommit
+
+	reply *replyConsumer // its consumer of amq.rabbitmq.reply-to (replyto.go)
 }
 
 // stashed is a delivery waiting for the channel-wide prefetch.
@@ -250,10 +252,17 @@ func (c *conn) OnClose(gnet.Conn, error) {
 	c.state.Store(stClosing)
 	c.mu.Lock()
 	c.dead = true
+	var replies []*replyConsumer
 	for _, ch := range c.channels {
 		ch.closing = true
+		if ch.reply != nil {
+			replies = append(replies, ch.reply)
+		}
 	}
 	c.mu.Unlock()
+	for _, rc := range replies {
+		c.dropReply(rc)
+	}
 	if c.opened.Load() {
 		c.srv.Submit(broker.Command{Kind: broker.CmdDown, Owner: c.id})
 	}
@@ -819,6 +828,7 @@ func (c *conn) sendStart() {
 			{Key: "connection.blocked", Value: wire.Bool(true)},
 			{Key: "consumer_priorities", Value: wire.Bool(true)},
 			{Key: "authentication_failure_close", Value: wire.Bool(true)},
+			{Key: "direct_reply_to", Value: wire.Bool(true)},
 		})},
 	})
 	b = putLongstr(b, []byte("PLAIN AMQPLAIN"))
@@ -1113,7 +1123,9 @@ func (c *conn) releaseChannel(ch *channel) []*consumer {
 	ch.tags = nil
 	c.resetStashLocked(ch)
 	c.dropTxLocked(ch) // the other held settles: the consumers' cancels return those messages
+	rc := ch.reply
 	c.mu.Unlock()
+	c.dropReply(rc)
 	if len(back) > 0 {
 		c.srv.Submit(broker.Command{Kind: broker.CmdSettle, Settles: back})
 	}

@@ -120,6 +120,10 @@ type Listener struct {
 	met                              listenerMetrics
 	closedPublished, closedDelivered uint64 // what closed connections counted (mu)
 
+	// Direct reply-to (replyto.go): the reply consumers by their names.
+	replyMu sync.Mutex
+	replies map[string]*replyConsumer
+
 	// hookAtBound, if set (tests), hears a connection stop reading at the
 	// unconfirmed bound with that many publishes in flight (loop).
 	hookAtBound atomic.Pointer[func(inFlight int64)]
@@ -135,7 +139,7 @@ func Listen(srv *netio.Server, cfg Config) (*Listener, error) {
 	if err != nil {
 		return nil, err
 	}
-	l := &Listener{srv: srv, cfg: cfg, ln: ln, log: cfg.Logger, conns: map[*conn]struct{}{}, changed: make(chan struct{}),
+	l := &Listener{srv: srv, cfg: cfg, ln: ln, log: cfg.Logger, conns: map[*conn]struct{}{}, replies: map[string]*replyConsumer{}, changed: make(chan struct{}),
 		stop: make(chan struct{}), perSource: map[netip.Addr]int{}, evictLog: ratelog.Limiter{Every: 10 * time.Second},
 		refuseLog: ratelog.Limiter{Every: 10 * time.Second}}
 	l.met.init(l)

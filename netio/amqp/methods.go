@@ -232,6 +232,12 @@ func (c *conn) onQueue(ch *channel, id uint16, r *reader) error {
 		if r.err != nil {
 			return r.err
 		}
+		if passive && name == replyQueue { // direct reply-to is there (Spring AMQP asks)
+			if !noWait {
+				c.reply(ch.id, classQueue, 11, func(b []byte) []byte { return binary.BigEndian.AppendUint64(putShortstr(b, name), 0) })
+			}
+			return nil
+		}
 		if passive && name == "" { // the channel's last queue, as RabbitMQ reads it
 			if name = ch.lastQueue; name == "" {
 				return chErr(notFound, "NOT_FOUND - no queue '' in vhost '"+c.vh()+"'")
@@ -419,6 +425,15 @@ func (c *conn) onBasic(ch *channel, id uint16, r *reader) error {
 			return errSyntax
 		}
 		c.mu.Lock()
+		if rc := ch.reply; rc != nil && rc.tag == tag {
+			ch.reply = nil
+			c.mu.Unlock()
+			c.dropReply(rc)
+			if !noWait {
+				c.reply(ch.id, classBasic, 31, func(b []byte) []byte { return putShortstr(b, tag) })
+			}
+			return nil
+		}
 		cr := ch.consumers[tag]
 		delete(ch.consumers, tag)
 		var back []broker.SettleItem
@@ -584,6 +599,9 @@ func (c *conn) onConsume(ch *channel, r *reader) error {
 	if r.err != nil {
 		return r.err
 	}
+	if qn == replyQueue {
+		return c.onReplyConsume(ch, tag, noAck, noWait)
+	}
 	if err := c.srv.PermitIn(c.vh(), c.user, netio.PermRead, "queue", qn); err != nil { // permissions (issue 15)
 		return err
 	}
@@ -645,7 +663,11 @@ func (c *conn) onHeader(ch *channel, p []byte) error {
 		ch.pub = nil
 		return chErr(preconditionFailed, "PRECONDITION_FAILED - message size "+strconv.FormatUint(size, 10)+" is larger than the configured max size "+strconv.Itoa(c.l.cfg.MaxMessageSize))
 	}
-	if ae := parseHeader(r, &pub.in, &c.sc); ae != nil {
+	replyName := ""
+	if ch.reply != nil {
+		replyName = ch.reply.name
+	}
+	if ae := parseHeader(r, &pub.in, &c.sc, replyName); ae != nil {
 		ch.pub = nil
 		return ae
 	}
@@ -704,6 +726,10 @@ func (c *conn) publish(ch *channel) error {
 	}
 	if ch.tx {
 		return c.hold(ch, pub)
+	}
+	if isReplyKey(pub.exchange, pub.key) {
+		c.replyPublish(ch, pub)
+		return nil
 	}
 	var seq uint64
 	if ch.confirm {

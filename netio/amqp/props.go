@@ -42,7 +42,10 @@ type inbound struct {
 
 // parseHeader reads a content header frame's payload after class, weight
 // and body size: the property flags and values, into Warren's properties.
-func parseHeader(r *reader, in *inbound, sc *pubScratch) *amqpError {
+//
+// replyName is the channel's direct reply-to name ("": none), which
+// stands for a reply-to of amq.rabbitmq.reply-to.
+func parseHeader(r *reader, in *inbound, sc *pubScratch, replyName string) *amqpError {
 	fl := r.u16()
 	if fl&1 != 0 {
 		return connErr(frameError, "FRAME_ERROR - property flag continuation is not supported")
@@ -87,6 +90,12 @@ func parseHeader(r *reader, in *inbound, sc *pubScratch) *amqpError {
 	}
 	if fl&flReplyTo != 0 {
 		str(wire.PropReplyTo, &p.ReplyTo)
+		if string(p.ReplyTo) == replyQueue {
+			if replyName == "" {
+				return chErr(preconditionFailed, "PRECONDITION_FAILED - fast reply consumer does not exist")
+			}
+			p.ReplyTo = []byte(replyName)
+		}
 	}
 	if fl&flExpiration != 0 {
 		s := r.shortstr()

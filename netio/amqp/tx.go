@@ -90,13 +90,23 @@ func (c *conn) commit(ch *channel) {
 		c.txHeldBytes -= cap(p.arena)
 	}
 	ch.txSeq++
-	ch.txOpen = append(ch.txOpen, txCommit{seq: ch.txSeq, left: len(pubs)})
+	stored := 0 // direct replies are not stored: nothing confirms them
+	for _, p := range pubs {
+		if !isReplyKey(p.exchange, p.key) {
+			stored++
+		}
+	}
+	ch.txOpen = append(ch.txOpen, txCommit{seq: ch.txSeq, left: stored})
 	c.mu.Unlock()
 	if len(settles) > 0 {
 		c.srv.Submit(broker.Command{Kind: broker.CmdSettle, Settles: settles})
 	}
 	view := c.srv.View()
 	for _, p := range pubs {
+		if isReplyKey(p.exchange, p.key) {
+			c.replyPublish(ch, p) // not in confirm mode: it only delivers
+			continue
+		}
 		c.enqueue(ch, p, view, c.pubExchange(p.exchange), ch.txSeq)
 	}
 	c.mu.Lock()
