@@ -61,6 +61,16 @@ func TestClusterReplicatedQueue(t *testing.T) {
 			follower = nd
 		}
 	}
+	// Each node's part and indexes (admin API, /metrics): the follower
+	// applies what the leader committed.
+	li, _ := lead.b.Load().Queue("rq")
+	if li.RaftRole != "leader" || li.RaftApplied == 0 || li.RaftCommit < li.RaftApplied {
+		t.Fatalf("at the leader: role %q, commit %d, applied %d", li.RaftRole, li.RaftCommit, li.RaftApplied)
+	}
+	c.waitFor("the follower applied what the leader did", func() bool {
+		fi, _ := follower.b.Load().Queue("rq")
+		return fi.RaftRole == "follower" && fi.RaftApplied >= li.RaftApplied && fi.Ready == li.Ready
+	})
 	fq := follower.b.Load().topo.lookupQueue("rq")
 	fk := newDurSink()
 	nack := publish(follower.b.Load(), fq, fk, true, "refused")

@@ -193,13 +193,15 @@ func (b *Broker) Queue(name string) (QueueInfo, bool) {
 }
 
 func statsOf(q *Queue) QueueStats {
-	return QueueStats{
+	st := QueueStats{
 		Name: q.name, Ready: q.ready.Load(), Unacked: q.unacked.Load(), Consumers: q.consumers.Load(),
 		Published: q.published.Load(), Delivered: q.delivered.Load(), Acked: q.acked.Load(),
 		Redelivered: q.redelivered.Load(), DeadLettered: q.deadLettered.Load(),
 		DeadLetterDropped: q.deadLetterDropped.Load(), DeadLettersHeld: q.dlHeld.Load(),
 		Leader: q.leaderID(), Replicas: q.replicas,
 	}
+	q.raftStats(&st)
+	return st
 }
 
 // QueueStats is a point-in-time view of one queue.
@@ -225,6 +227,14 @@ type QueueStats struct {
 	// both absent for a queue that is not placed (non-durable, exclusive).
 	Leader   uint64   `json:"leader,omitempty"`
 	Replicas []uint64 `json:"replica_nodes,omitempty"`
+	// RaftRole is this node's part in the queue's raft group ("leader",
+	// "follower", or "none": no replica here), RaftCommit the group's
+	// commit index as this node knows it and RaftApplied what this node
+	// applied (their difference: its commit lag); a replicated queue in
+	// a cluster only.
+	RaftRole    string `json:"raft_role,omitempty"`
+	RaftCommit  uint64 `json:"raft_commit_index,omitempty"`
+	RaftApplied uint64 `json:"raft_applied_index,omitempty"`
 }
 
 // Queues returns the current queues' counts.

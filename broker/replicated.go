@@ -102,6 +102,7 @@ func (s *shard) openReplicated(q *Queue) (handled bool) {
 		return true
 	}
 	q.grp, q.m, q.replayTo, q.replicated, q.proposer = g, g.FSM().Machine(), replayTo, true, s.proposer()
+	q.group.Store(g)
 	q.cons = map[queue.ConsumerID]consumer{}
 	q.subs = map[queue.ConsumerID]pendingReq{}
 	if s.byGroup == nil {
@@ -200,6 +201,26 @@ type replicatedState struct {
 	openCommit uint64        // the commit index the group had on disk when opened
 	lead       atomic.Uint64 // the leader as this node last heard (0: none known)
 	proposer   uint64        // the proposer its entries from this node carry
+	group      atomic.Pointer[replication.Group] // grp, for readers off the shard (raftStats)
+}
+
+// raftStats fills the raft fields of a queue's stats: its role on this
+// node, the commit index and what this node applied (a replicated queue
+// in a cluster only).
+func (q *Queue) raftStats(st *QueueStats) {
+	if !q.inCluster {
+		return
+	}
+	g := q.group.Load()
+	if g == nil {
+		st.RaftRole = "none" // no replica here
+		return
+	}
+	st.RaftRole = "follower"
+	if q.lead.Load() == q.shard.nodeID() {
+		st.RaftRole = "leader"
+	}
+	st.RaftCommit, st.RaftApplied = g.Indexes()
 }
 
 // sendSnapshot adapts the transport's SendSnapshot to the worker's (nil

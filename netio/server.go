@@ -813,6 +813,17 @@ func (s *Server) initMetrics() {
 			fmt.Fprintf(w, "warren_queue_dead_lettered_total%s %d\n", l, q.DeadLettered)
 			fmt.Fprintf(w, "warren_queue_dead_letter_dropped_total%s %d\n", l, q.DeadLetterDropped)
 			fmt.Fprintf(w, "warren_queue_dead_letters_held%s %d\n", l, q.DeadLettersHeld)
+			if q.RaftRole != "" {
+				// A replicated queue in a cluster: its leader as this node
+				// knows it (0: none), whether this node leads it, and this
+				// node's commit lag (commit index − applied index).
+				fmt.Fprintf(w, "warren_queue_leader%s %d\n", l, q.Leader)
+				fmt.Fprintf(w, "warren_queue_replicas%s %d\n", l, len(q.Replicas))
+				fmt.Fprintf(w, "warren_queue_raft_is_leader%s %d\n", l, b2i(q.RaftRole == "leader"))
+				fmt.Fprintf(w, "warren_queue_raft_commit_index%s %d\n", l, q.RaftCommit)
+				fmt.Fprintf(w, "warren_queue_raft_applied_index%s %d\n", l, q.RaftApplied)
+				fmt.Fprintf(w, "warren_queue_raft_commit_lag%s %d\n", l, q.RaftCommit-min(q.RaftCommit, q.RaftApplied))
+			}
 		}
 	})
 }
@@ -917,4 +928,11 @@ func (s *Server) CloseConnection(id uint64, reason string) bool {
 	}
 	c.closeWith(wire.ConnectionForced, reason)
 	return true
+}
+
+func b2i(b bool) int {
+	if b {
+		return 1
+	}
+	return 0
 }

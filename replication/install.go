@@ -250,6 +250,7 @@ func (g *Group) installed(rd raft.Ready, meta raftpb.SnapshotMetadata, data []by
 		return
 	}
 	g.st.installed(meta)
+	g.appliedIdx.Store(meta.Index)
 	g.conf = meta.ConfState
 	g.lastSnapSize, g.lastSnapAt = 0, w.now
 	g.deadAt, g.bytesAt = g.fsm.DeadBytes(), g.fsm.AppliedBytes()

@@ -105,3 +105,10 @@ func (g *Group) Campaign() error {
 
 // Lead is the group's leader as this node last heard (0: none known).
 func (g *Group) Lead() uint64 { return g.lead }
+
+// Indexes are the group's commit index as raft last reported it and the
+// index its FSM has applied (snapshots included once applied entries
+// follow). Safe for concurrent use (metrics, the admin API).
+func (g *Group) Indexes() (commit, applied uint64) {
+	return g.commitIdx.Load(), g.appliedIdx.Load()
+}

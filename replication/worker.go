@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"log/slog"
 	"sync"
+	"sync/atomic"
 
 	"github.com/warren-mq/warren/queue"
 	"github.com/warren-mq/warren/segment"
@@ -134,6 +135,9 @@ type Group struct {
 	seq     uint64
 	leader  bool
 	lead    uint64 // the leader raft last reported (0: none known)
+	// commitIdx and appliedIdx mirror raft's commit index and the FSM's
+	// applied index for readers on other goroutines (Indexes).
+	commitIdx, appliedIdx atomic.Uint64
 	queued  bool
 	// inflight: a Ready whose write is with the appender.
 	inflight bool
@@ -303,6 +307,8 @@ func (w *Worker) Open(gid uint64, snap raftpb.SnapshotMetadata, fsm *QueueFSM) (
 		return nil, fmt.Errorf("replication: group %d: %w", gid, err)
 	}
 	g := &Group{w: w, id: gid, rn: rn, st: st, fsm: fsm, conf: snap.ConfState}
+	g.appliedIdx.Store(snap.Index)
+	g.commitIdx.Store(rn.BasicStatus().Commit)
 	if v := snap.ConfState.Voters; len(v) == 1 && v[0] == w.cfg.NodeID && len(snap.ConfState.Learners) == 0 {
 		if err := rn.Campaign(); err != nil {
 			return nil, fmt.Errorf("replication: group %d: %w", gid, err)
@@ -512,6 +518,9 @@ func (w *Worker) process(g *Group, now int64) {
 		}
 		g.lead = rd.SoftState.Lead
 	}
+	if !raft.IsEmptyHardState(rd.HardState) {
+		g.commitIdx.Store(rd.HardState.Commit)
+	}
 	if !raft.IsEmptySnap(rd.Snapshot) {
 		g.install(rd) // then the rest of rd (resume)
 		return
@@ -638,6 +647,7 @@ func (g *Group) apply(ents []raftpb.Entry) error {
 	}
 	if n := len(ents); n > 0 {
 		g.st.applied(ents[n-1].Index)
+		g.appliedIdx.Store(ents[n-1].Index)
 	}
 	return nil
 }

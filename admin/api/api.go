@@ -48,6 +48,13 @@ type QueueStats struct {
 	// ("replicas" is the declared count, QueueArgs.Replicas.)
 	Leader   uint64   `json:"leader,omitempty"`
 	Replicas []uint64 `json:"replica_nodes,omitempty"`
+	// RaftRole is the answering node's part in the queue's raft group
+	// ("leader", "follower", "none": no replica there); RaftCommit and
+	// RaftApplied its commit index and applied index (the difference is
+	// its commit lag). Replicated queues in a cluster only.
+	RaftRole    string `json:"raft_role,omitempty"`
+	RaftCommit  uint64 `json:"raft_commit_index,omitempty"`
+	RaftApplied uint64 `json:"raft_applied_index,omitempty"`
 }
 
 // Rates are per-second rates over the last sampling interval.
