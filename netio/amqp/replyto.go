@@ -1,7 +1,6 @@
 package amqp
 
 import (
-	"bytes"
 	"crypto/rand"
 	"encoding/base64"
 	"encoding/binary"
@@ -78,7 +77,7 @@ func (c *conn) dropReply(rc *replyConsumer) {
 
 // isReplyKey says a default-exchange publish is a direct reply.
 func isReplyKey(exchange string, key []byte) bool {
-	return exchange == "" && bytes.HasPrefix(key, []byte(replyPrefix))
+	return exchange == "" && len(key) > len(replyPrefix) && string(key[:len(replyPrefix)]) == replyPrefix
 }
 
 // sendReply delivers a publish to the reply consumer its routing key
