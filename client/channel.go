@@ -459,7 +459,8 @@ func (c *Conn) sealLocked() {
 // NotifyConfirm registers fn for confirms: each call covers sequence
 // numbers first..last with err nil (ack) or the nack's *Error. When the
 // connection is lost, fn gets every sequence number still unconfirmed, as
-// ranges, with ErrConnectionLost: nothing published is left unreported.
+// ranges, with ErrConnectionLost: nothing published is left unreported,
+// and nothing is reported twice (a confirm read after the loss is not).
 // fn runs on the reader goroutine (or the one that saw the loss) and must
 // not block.
 func (ch *Channel) NotifyConfirm(fn func(first, last uint64, err error)) {
@@ -510,6 +511,13 @@ func (ch *Channel) onConfirm(r wire.ConfirmRange) {
 		err = &wire.Error{Code: r.Code, Reason: nackReason(r.Code)}
 	}
 	ch.mu.Lock()
+	if ch.err != nil {
+		// Torn down (by the writer or heartbeater) while the reader still
+		// dispatched what it had read: fail reported every unconfirmed
+		// number lost, and each is reported once.
+		ch.mu.Unlock()
+		return
+	}
 	for s := r.First; s <= r.Last; s++ {
 		if s >= ch.outBase && s-ch.outBase < uint64(len(ch.outstanding)) {
 			ch.outstanding[s-ch.outBase] = false
