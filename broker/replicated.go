@@ -194,13 +194,13 @@ func (s *shard) stepDown(q *Queue) {
 
 // replicatedState is the part of a Queue a replicated group adds.
 type replicatedState struct {
-	inCluster  bool          // a placed queue in a cluster (set before its shard sees it)
-	replicated bool          // a replicated group (a cluster's durable queue with a replica here)
-	remote     bool          // a cluster's durable queue with no replica on this node
-	leading    bool          // shard-owned: this node leads the group
-	openCommit uint64        // the commit index the group had on disk when opened
-	lead       atomic.Uint64 // the leader as this node last heard (0: none known)
-	proposer   uint64        // the proposer its entries from this node carry
+	inCluster  bool                              // a placed queue in a cluster (set before its shard sees it)
+	replicated bool                              // a replicated group (a cluster's durable queue with a replica here)
+	remote     bool                              // a cluster's durable queue with no replica on this node
+	leading    bool                              // shard-owned: this node leads the group
+	openCommit uint64                            // the commit index the group had on disk when opened
+	lead       atomic.Uint64                     // the leader as this node last heard (0: none known)
+	proposer   uint64                            // the proposer its entries from this node carry
 	group      atomic.Pointer[replication.Group] // grp, for readers off the shard (raftStats)
 }
 

@@ -138,7 +138,7 @@ type Group struct {
 	// commitIdx and appliedIdx mirror raft's commit index and the FSM's
 	// applied index for readers on other goroutines (Indexes).
 	commitIdx, appliedIdx atomic.Uint64
-	queued  bool
+	queued                bool
 	// inflight: a Ready whose write is with the appender.
 	inflight bool
 	// pendingHS: a commit-only hard state not yet written (written with
