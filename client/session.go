@@ -57,6 +57,7 @@ type sessionConsumer struct {
 	opts    ConsumeOptions
 	handler func(*Delivery)
 	current *Consumer
+	handled chan struct{} // closed when the goroutine running handler for current ends
 }
 
 // Connect dials (trying the URL's nodes in order, as Dial does) and
@@ -310,7 +311,9 @@ func (s *Session) Bind(ctx context.Context, b Binding) error {
 	}})
 }
 
-// Consume runs handler for every delivery from queue, across reconnects.
+// Consume runs handler for every delivery from queue, across reconnects,
+// on a goroutine of its own: one call at a time, and after a reconnect
+// only once the handler is done with what the lost connection delivered.
 func (s *Session) Consume(ctx context.Context, queue string, o ConsumeOptions, handler func(*Delivery)) error {
 	ch, err := s.channel(ctx)
 	if err != nil {
@@ -332,7 +335,16 @@ func (s *Session) start(ctx context.Context, ch *Channel, sc *sessionConsumer) e
 		return err
 	}
 	sc.current = cs
+	// One handler call at a time, across reconnects too: this
+	// connection's deliveries wait until the handler is done with what
+	// the last one had delivered.
+	prev, done := sc.handled, make(chan struct{})
+	sc.handled = done
 	go func() {
+		defer close(done)
+		if prev != nil {
+			<-prev
+		}
 		for d := range cs.Deliveries() {
 			sc.handler(d)
 		}
