@@ -14,17 +14,19 @@ import (
 // Snapshot install over the transport (design §6.7): raft's MsgSnap
 // carries only the descriptor; the leader's worker loads the snapshot's
 // data and the live entries the follower lacks (replication.
-// SnapshotMessage, here Snapshot), and SendSnapshot sends them as one frame of kind
-// kindSnap on the peer's connection:
+// SnapshotMessage, here Snapshot), and SendSnapshot sends them on the
+// peer's connection, encoded as
 //
 //	gid u64 | msgLen u32 | raftpb.Message (MsgSnap) | dataLen u32 | data |
 //	n u32 | n × (index u64 | term u64 | len u32 | entry data)
 //
-// The receiver hands it to Config.DeliverSnapshot (the group's
-// Worker.StepSnapshot). A snapshot larger than a frame (MaxFrameBytes,
-// 16 MiB by default: a queue holding more than that in messages) is not
-// sent: streaming one in chunks is not built, and the follower stays
-// behind (logged).
+// cut into frames of kind kindSnap, each `last u8 | bytes`, written one
+// after the other (no other frame between them). The receiver joins them
+// and hands the snapshot to Config.DeliverSnapshot (the group's
+// Worker.StepSnapshot). A snapshot is held whole in memory on both sides:
+// one over Config.MaxSnapshotBytes (256 MiB by default: a queue holding
+// more than that in messages) is not sent, and the follower stays behind
+// (logged); streaming it from the log is not built.
 
 // Snapshot is a snapshot to install: raft's MsgSnap, the FSM image and
 // the live entries the follower lacks. Its fields are those of
@@ -47,15 +49,15 @@ func (t *Transport) SendSnapshot(gid uint64, s *Snapshot, done func(ok bool)) {
 		return
 	}
 	pl := appendSnapshot(nil, gid, s)
-	if len(pl)+1 > t.cfg.MaxFrameBytes {
+	if len(pl) > t.cfg.MaxSnapshotBytes {
 		t.dropped.Add(1)
 		p.dropped.Add(1)
-		t.log.Warn("cluster: a snapshot too large to send (streaming it in chunks is not built): the follower stays behind", "group", gid, "peer", p.id, "bytes", len(pl), "max_frame_bytes", t.cfg.MaxFrameBytes)
+		t.log.Warn("cluster: a snapshot too large to send: the follower stays behind", "group", gid, "peer", p.id, "bytes", len(pl), "max_snapshot_bytes", t.cfg.MaxSnapshotBytes)
 		done(false)
 		return
 	}
 	p.mu.Lock()
-	if len(p.pending)+p.snapBytes+len(pl) > t.cfg.MaxQueueBytes {
+	if p.snapBytes+len(pl) > t.cfg.MaxSnapshotBytes {
 		p.mu.Unlock()
 		t.dropped.Add(1)
 		p.dropped.Add(1)
@@ -165,10 +167,16 @@ func parseSnapshot(p []byte) (uint64, *Snapshot, error) {
 // sender; after a failed write the rest are dropped too.
 func (p *peer) writeSnaps(conn net.Conn, snaps []pendingSnap) error {
 	var err error
+	chunk := p.t.cfg.MaxFrameBytes - 2 // kind and the last flag
 	for _, s := range snaps {
-		if err == nil {
+		for off := 0; err == nil && off < len(s.payload); off += chunk {
+			end := min(off+chunk, len(s.payload))
+			last := byte(0)
+			if end == len(s.payload) {
+				last = 1
+			}
 			conn.SetWriteDeadline(time.Now().Add(writeTimeout))
-			bufs := net.Buffers{appendFrameHeader(nil, kindSnap, len(s.payload)), s.payload}
+			bufs := net.Buffers{append(appendFrameHeader(nil, kindSnap, end-off+1), last), s.payload[off:end]}
 			_, err = bufs.WriteTo(conn)
 		}
 		if err != nil {
@@ -187,7 +195,25 @@ func appendFrameHeader(b []byte, kind byte, n int) []byte {
 	return append(b, kind)
 }
 
-// deliverSnapshot decodes a snapshot frame from peer from and hands it on.
+// snapFrame takes one kindSnap frame from peer from into *joined, and
+// once it is the last one decodes the snapshot and hands it on.
+func (t *Transport) snapFrame(from uint64, pl []byte, joined *[]byte) error {
+	if len(pl) < 1 || pl[0] > 1 {
+		return errSnapFrame
+	}
+	if len(*joined)+len(pl)-1 > t.cfg.MaxSnapshotBytes {
+		return fmt.Errorf("cluster: node %d sent a snapshot over the %d-byte limit", from, t.cfg.MaxSnapshotBytes)
+	}
+	*joined = append(*joined, pl[1:]...)
+	if pl[0] == 0 {
+		return nil
+	}
+	whole := *joined
+	*joined = nil
+	return t.deliverSnapshot(from, whole)
+}
+
+// deliverSnapshot decodes a snapshot from peer from and hands it on.
 func (t *Transport) deliverSnapshot(from uint64, pl []byte) error {
 	gid, s, err := parseSnapshot(pl)
 	if err != nil {

@@ -61,6 +61,9 @@ type Config struct {
 	// written (default 16 MiB; a bigger message is dropped).
 	MaxQueueBytes int
 	MaxFrameBytes int
+	// MaxSnapshotBytes bounds a snapshot to install, sent or received
+	// (default 256 MiB; snapshot.go): it is held whole in memory.
+	MaxSnapshotBytes int
 	// ManualFlush: Send only queues, and Flush (the shard, after its
 	// Round) hands every peer's queue to its writer, so a round's
 	// messages to a peer go as one frame (design §3.2, transport.flush).
@@ -171,6 +174,9 @@ func New(cfg Config) (*Transport, error) {
 	}
 	if cfg.MaxFrameBytes <= 0 {
 		cfg.MaxFrameBytes = 16 << 20
+	}
+	if cfg.MaxSnapshotBytes <= 0 {
+		cfg.MaxSnapshotBytes = 256 << 20
 	}
 	if cfg.Logger == nil {
 		cfg.Logger = slog.New(slog.DiscardHandler)
@@ -629,14 +635,16 @@ func (t *Transport) serve(c net.Conn) {
 		}
 		t.mu.Unlock()
 	}()
-	var buf []byte
+	var buf, snap []byte
 	for {
 		kind, pl, err := readFrame(c, &buf, t.cfg.MaxFrameBytes)
 		if err == nil && kind != kindRaft && kind != kindSnap {
 			err = fmt.Errorf("cluster: a frame of kind %d after the handshake", kind)
 		}
 		if err == nil && kind == kindSnap {
-			err = t.deliverSnapshot(from, pl)
+			err = t.snapFrame(from, pl, &snap)
+		} else if err == nil && len(snap) > 0 {
+			err = errors.New("cluster: a raft frame inside a snapshot's frames")
 		} else if err == nil {
 			err = eachMessage(pl, func(gid uint64, b []byte) error {
 				var m raftpb.Message
