@@ -181,6 +181,15 @@ jepsen:
 	$(GO) build -o bin/warren-jepsen ./cmd/warren-jepsen
 	bin/warren-jepsen --warrend bin/warrend --time $(JEPSEN_TIME) $(JEPSEN_FLAGS)
 
+# Issue 14's failover measurement: three warrend processes, kill -9 the
+# leader of a replicated queue FAILOVER_KILLS times under persistent
+# publishing at FAILOVER_RATE msg/s; time to the next confirm and delivery.
+FAILOVER_KILLS ?= 10
+FAILOVER_RATE ?= 5000
+.PHONY: failover
+failover:
+	WARREN_FAILOVER_KILLS=$(FAILOVER_KILLS) WARREN_FAILOVER_RATE=$(FAILOVER_RATE) $(GO) test -count=1 -timeout 20m -run '^TestFailoverMeasure$$' -v ./cmd/warrend/ | grep -E '^failover:|kill [0-9]|^(ok|FAIL|---)'
+
 # The hostile clients of issue 11 at full size, each beside a 2,000 msg/s
 # pair against its own warrend child (RELIABILITY.md has the results).
 # ABUSE_FLAGS="--probe slowloris,auth-storm" runs some of them. Loads the
