@@ -65,10 +65,10 @@ func cpuNanos() int64 {
 
 // sdkClock is b's timer plus the process CPU time of the timed parts.
 type sdkClock struct {
-	b        *testing.B
-	cpu, at  int64
-	wall, t0 time.Time
-	elapsed  time.Duration
+	b       *testing.B
+	cpu, at int64
+	t0      time.Time
+	elapsed time.Duration
 }
 
 func (k *sdkClock) start() { k.b.StartTimer(); k.at, k.t0 = cpuNanos(), time.Now() }
