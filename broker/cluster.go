@@ -35,18 +35,27 @@ type metaCluster struct {
 	// tickQueues ticks the replicated queue groups with the metadata
 	// group (nil without them).
 	tickQueues func()
+	// balance runs the leader balancer every balanceTicks ticks.
+	balance func()
 }
+
+// balanceTicks: the leader balancer runs every 100 ticks (10 s at the
+// production tick of 100 ms; design §6.2).
+const balanceTicks = 100
 
 func (cl *metaCluster) tick(every time.Duration) {
 	defer close(cl.stopped)
 	tk := time.NewTicker(every)
 	defer tk.Stop()
-	for {
+	for n := 1; ; n++ {
 		select {
 		case <-tk.C:
 			cl.g.Tick()
 			if cl.tickQueues != nil {
 				cl.tickQueues()
+			}
+			if cl.balance != nil && n%balanceTicks == 0 {
+				cl.balance()
 			}
 		case <-cl.stop:
 			return
@@ -117,7 +126,7 @@ func (b *Broker) openClusterMeta(cfg MetaLogConfig) error {
 		cl.timeout = DefaultMetaTimeout
 	}
 	if dc := b.cfg.Durable; dc != nil && dc.NodeID != 0 {
-		cl.tickQueues = b.tickGroups
+		cl.tickQueues, cl.balance = b.tickGroups, b.balanceLeaders
 	}
 	g, err := replication.OpenMeta(replication.MetaConfig{
 		Log: cfg.Log, Snapshots: cfg.Snapshots, Machine: m,

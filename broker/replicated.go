@@ -1,10 +1,12 @@
 package broker
 
 import (
+	"context"
 	"maps"
 	"slices"
 	"strconv"
 	"sync/atomic"
+	"time"
 
 	"github.com/warren-mq/warren/queue"
 	"github.com/warren-mq/warren/replication"
@@ -275,3 +277,85 @@ func (b *Broker) StepSnapshot(gid uint64, m *replication.SnapshotMessage) {
 // SnapshotMessage is a snapshot a leader sends a follower to install
 // (replication.SnapshotMessage; named here for netio and warrend).
 type SnapshotMessage = replication.SnapshotMessage
+
+// TransferLeaderships hands the leadership of every replicated queue this
+// node leads to its most caught-up follower and waits until none is led
+// here (design §6.6, a graceful shutdown: the queues fail over in a round
+// trip instead of an election timeout), or ctx ends. Publishes still
+// waiting for their confirm are nacked as leadership goes (stepDown).
+func (b *Broker) TransferLeaderships(ctx context.Context) error {
+	if b.cfg.Durable == nil || b.cfg.Durable.NodeID == 0 {
+		return nil
+	}
+	ask := func(transfer bool) int {
+		n := make(chan int, len(b.shards))
+		for _, s := range b.shards {
+			s.submit(Command{Kind: cmdPost, post: func() {
+				k := 0
+				for _, q := range s.byGroup {
+					if !q.leading || q.gone {
+						continue
+					}
+					if transfer {
+						q.grp.TransferToFollower()
+					}
+					k++
+				}
+				n <- k
+			}})
+		}
+		total := 0
+		for range b.shards {
+			select {
+			case k := <-n:
+				total += k
+			case <-ctx.Done():
+				return -1
+			}
+		}
+		return total
+	}
+	left := ask(true)
+	if left > 0 {
+		b.log.Info("handing over the leadership of replicated queues", "queues", left)
+	}
+	tk := time.NewTicker(20 * time.Millisecond)
+	defer tk.Stop()
+	for asked := time.Now(); left > 0; left = ask(time.Since(asked) > time.Second) {
+		// raft abandons a transfer after an election timeout: asked
+		// again each round after a second.
+		select {
+		case <-tk.C:
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+	}
+	if left < 0 {
+		return ctx.Err()
+	}
+	return nil
+}
+
+// maxBalancePerShard bounds the transfers one balancer pass asks of a
+// shard (design §6.2: at most about 10 per second).
+const maxBalancePerShard = 10
+
+// balanceLeaders is the leader balancer (design §6.2): each replicated
+// queue this node leads whose preferred leader is another node, reachable
+// and caught up, is handed to it, so leaderships spread as placement
+// spread them once failed nodes are back.
+func (b *Broker) balanceLeaders() {
+	for _, s := range b.shards {
+		s.submit(Command{Kind: cmdPost, post: func() {
+			n := 0
+			for _, q := range s.byGroup {
+				if n == maxBalancePerShard {
+					return
+				}
+				if q.leading && !q.gone && q.prefLeader != s.nodeID() && q.grp.TransferToPreferred(q.prefLeader) {
+					n++
+				}
+			}
+		}})
+	}
+}

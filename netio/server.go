@@ -692,6 +692,15 @@ func (s *Server) Close(ctx context.Context) error {
 		conns = append(conns, c)
 	}
 	s.connsMu.Unlock()
+	if s.nodeLog != nil {
+		// A cluster's replicated queues led here go to a follower first
+		// (5 s at most): they fail over in a round trip.
+		tctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+		if err := s.Broker.TransferLeaderships(tctx); err != nil {
+			s.log.Warn("shutting down before every queue's leadership was handed over", "err", err)
+		}
+		cancel()
+	}
 	// Let the shards finish what is queued so confirms go out first.
 	_ = s.Barrier(ctx)
 	changed := s.Changed()

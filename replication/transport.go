@@ -5,6 +5,7 @@ import (
 
 	"go.etcd.io/raft/v3"
 	"go.etcd.io/raft/v3/raftpb"
+	"go.etcd.io/raft/v3/tracker"
 )
 
 // Transport carries raft messages between the nodes of a cluster (design
@@ -111,4 +112,44 @@ func (g *Group) Lead() uint64 { return g.lead }
 // follow). Safe for concurrent use (metrics, the admin API).
 func (g *Group) Indexes() (commit, applied uint64) {
 	return g.commitIdx.Load(), g.appliedIdx.Load()
+}
+
+// TransferToFollower asks the group's leader (this node) to hand
+// leadership to its most caught-up voter (design §6.6: before a graceful
+// shutdown). It reports the voter chosen, or false on a follower or a
+// group without another voter.
+func (g *Group) TransferToFollower() (uint64, bool) {
+	if g.err != nil || g.w.failed != nil || !g.leader {
+		return 0, false
+	}
+	var to, match uint64
+	for id, pr := range g.rn.Status().Progress {
+		if id != g.w.cfg.NodeID && !pr.IsLearner && (to == 0 || pr.Match > match || pr.Match == match && id < to) {
+			to, match = id, pr.Match
+		}
+	}
+	if to == 0 {
+		return 0, false
+	}
+	g.rn.TransferLeader(to)
+	g.w.mark(g)
+	return to, true
+}
+
+// TransferToPreferred asks the group's leader (this node) to hand
+// leadership to voter to, its preferred leader (design §6.2, the leader
+// balancer), if to is reachable and caught up (raft hears from it and it
+// holds every committed entry). It reports whether it asked.
+func (g *Group) TransferToPreferred(to uint64) bool {
+	if g.err != nil || g.w.failed != nil || !g.leader || to == g.w.cfg.NodeID {
+		return false
+	}
+	st := g.rn.Status()
+	pr, ok := st.Progress[to]
+	if !ok || pr.IsLearner || !pr.RecentActive || pr.State != tracker.StateReplicate || pr.Match < st.Commit {
+		return false
+	}
+	g.rn.TransferLeader(to)
+	g.w.mark(g)
+	return true
 }
