@@ -3,6 +3,7 @@ package cluster_test
 import (
 	"bytes"
 	"net"
+	"runtime"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -427,6 +428,13 @@ func TestFlushBatchesPerRound(t *testing.T) {
 				t.Fatalf("round %d: %d of %d messages arrived", r, i, groups)
 			}
 		}
+	}
+	// The writer counts a frame once its write returned, which may be
+	// after the receiver has delivered it: wait for the count, then check
+	// it is exact.
+	deadline := time.Now().Add(10 * time.Second)
+	for st := a.Stats(); st.Frames < rounds && time.Now().Before(deadline); st = a.Stats() {
+		runtime.Gosched()
 	}
 	if st := a.Stats(); st.Frames != rounds || st.Sent != rounds*groups {
 		t.Fatalf("stats %+v: want %d frames carrying %d messages", st, rounds, rounds*groups)
