@@ -117,8 +117,17 @@ const MaxEntry = MaxRecord / 2
 // maxFileSize, every offset fits the index's uint32.
 const maxPending = 256 << 20
 
-// maxFreeBuf: write buffers up to this capacity are reused.
-const maxFreeBuf = 1 << 20
+// maxFreeBuf: write buffers up to this capacity are reused. There are
+// at most maxInflight+1 of them (one pending, the others in flight), so
+// at most 24 MiB stay on the heap. With 1 MiB, a node whose group commits
+// were a few megabytes (one busy queue: a round's entry is about 1 MiB)
+// allocated every pending buffer afresh and grew it by append from
+// 256 KiB: a fifth of the process's CPU went to copying and zeroing
+// those buffers (BENCHMARKS.md, durable queues).
+const maxFreeBuf = 8 << 20
+
+// minBuf is a new write buffer's capacity at the least.
+const minBuf = 256 << 10
 
 func (l *Log) encodeLocked(b *Batch) {
 	for i := 0; i < len(b.Entries); {
@@ -289,6 +298,7 @@ func (l *Log) commitLocked() error {
 		l.applyLocked(us, f, base)
 		clear(g.spans)
 		l.flying = append(l.flying[:0], l.flying[1:]...)
+		l.lastWrite = len(buf)
 		if cap(buf) <= maxFreeBuf {
 			// A buffer a burst grew is left to the GC: kept, it would
 			// hold its peak size for good (the heap of a node with a deep
@@ -323,7 +333,9 @@ func (l *Log) freeBuf() []byte {
 		l.freeBufs = l.freeBufs[:n-1]
 		return b
 	}
-	return make([]byte, 0, 256<<10)
+	// Room for a commit as large as the last one, and some: a buffer
+	// grown by append is copied at every step.
+	return make([]byte, 0, max(minBuf, min(maxFreeBuf, 2*l.lastWrite)))
 }
 
 func (l *Log) freeUpdates() []update {

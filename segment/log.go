@@ -185,6 +185,7 @@ type Log struct {
 	writing   bool
 	inflight  int
 	freeBufs  [][]byte // pending buffers not in use, reused
+	lastWrite int      // bytes of the last group commit's records
 	freeUps   [][]update
 	failed    error
 	closed    bool
@@ -257,7 +258,7 @@ func Open(fs FS, dir string, opts Options) (*Log, error) {
 		// The pending buffers are reused; they grow to the largest group
 		// commit seen, and that growth is the only allocation an append
 		// can cause.
-		pending: make([]byte, 0, 256<<10)}
+		pending: make([]byte, 0, minBuf)}
 	l.cond = sync.NewCond(&l.mu)
 	l.applyCond = sync.NewCond(&l.mu)
 	l.cur = l.newGen()
