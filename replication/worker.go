@@ -925,8 +925,8 @@ func (g *Group) SnapshotDue(now int64) bool {
 // per 2 MB of bodies consumed, a quarter more than the bodies themselves
 // (BENCHMARKS.md, durable queues). The dead log waits longer for its
 // snapshot; it is still freed before its WAL file is moved into segment
-// files (segment.Options.MoveLag: 128 MiB of appends later) unless the
-// snapshot is over 16 MiB (some 350,000 held messages).
+// files (segment.Options.MoveLag: 256 MiB of appends later) unless the
+// snapshot is over 32 MiB (some 700,000 held messages).
 const snapReclaimFactor = 8
 
 // autoSnapshot takes a snapshot the policy asked for.

@@ -13,9 +13,11 @@
 // Appends go to the current WAL file. When it passes Options.WALSize the
 // next group commit starts a new one, which opens with a checkpoint: every
 // group's raft range, hard state and segment files. A background worker
-// then moves the entries still stored in the sealed WAL file (those not
-// cut by a truncation or dropped by a compaction meanwhile) to the end of
-// each group's current segment file, syncs them, records a promise of
+// then, once Options.MoveLag newer WAL files were sealed after it (so
+// that what its owners compact soon is never copied), moves the entries
+// still stored in the sealed WAL file (those not cut by a truncation or
+// dropped by a compaction meanwhile) to the end of each group's current
+// segment file, syncs them, records a promise of
 // their synced size in the WAL, points the index at the copies and
 // deletes the WAL file. A segment file is sealed at Options.SegmentSize.
 // The owner tells storage which entries below its compaction point are

@@ -70,7 +70,7 @@ type Options struct {
 	// files. Without it a WAL file is moved as soon as it is sealed, and
 	// every entry still live in its last few megabytes — messages in
 	// flight, log not yet snapshotted — is written a second time. Costs:
-	// up to MoveLag more WAL files on disk and replayed by Open. Default 2
+	// up to MoveLag more WAL files on disk and replayed by Open. Default 4
 	// (0 with Manual, where the owner places maintenance); negative: none.
 	MoveLag int
 }
@@ -78,10 +78,12 @@ type Options struct {
 const maxFileSize = 1 << 30 // offsets in the index are uint32
 
 // defaultMoveLag: with 64 MiB WAL files, an entry is moved at the
-// earliest 128 MiB of appends after it was written — about half a second
-// at this machine's disk rate, longer than a consumer that keeps up
-// takes to ack it and its queue to snapshot past it (BENCHMARKS.md).
-const defaultMoveLag = 2
+// earliest 256 MiB of appends after it was written — a second or more at
+// this machine's disk rate, longer than a consumer that keeps up takes to
+// ack it and its queue to snapshot past it, also with 100 busy queues
+// each freeing a megabyte per snapshot (BENCHMARKS.md: with 2, such a
+// node still moved half of what it wrote).
+const defaultMoveLag = 4
 
 func (o *Options) defaults() error {
 	if o.Logger == nil {
