@@ -200,6 +200,20 @@ abuse:
 	$(GO) build -o bin/warren-abuse ./cmd/warren-abuse
 	ulimit -n $$(ulimit -Hn) && bin/warren-abuse --bin bin/warrend --json abuse.json --md abuse.md $(ABUSE_FLAGS)
 
+# Scale (issue 17 item 5; BENCHMARKS.md, Scale): IDLE idle connections with
+# heartbeats, held by child processes: the broker's RSS per idle connection,
+# and an active publisher/consumer pair's msg/s beside them and without them
+# (its max_connections is raised to IDLE + 200 for the run); then
+# 10,000 queues with a consumer each under load. Starts its own warrend on
+# 127.0.0.1:5694; writes scale-idle.json and queues-10000.json. make test
+# runs a scaled-down scale-idle (TestScaleIdleSmall).
+IDLE ?= 10000
+.PHONY: bench-scale
+bench-scale:
+	$(GO) build -o bin/warrend ./cmd/warrend
+	$(GO) build -o bin/warren-loadtest ./cmd/warren-loadtest
+	IDLE=$(IDLE) loadtest/bench/scale.sh
+
 # The 1,000,000 msg/s validation against a running broker (WARREN_URL).
 WARREN_URL ?= warren://guest:guest@127.0.0.1:5680
 bench-million:

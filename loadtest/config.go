@@ -189,7 +189,11 @@ var Scenarios = map[string]Config{
 	"persistent-1k": {Producers: 2, Consumers: 2, Queues: 2, Size: "1024", Persistent: true, DurationS: 20, WarmupS: 2},
 	"priority-mix":  {Producers: 2, Consumers: 1, Queues: 1, Size: "128", Priorities: "0-9", DurationS: 20, WarmupS: 2},
 	"queues-1000":   {Producers: 4, Consumers: 1, Queues: 1000, Size: "128", Prefetch: 100, DurationS: 20, WarmupS: 2},
-	"latency":       {Producers: 1, Consumers: 1, Queues: 1, Size: "128", Rate: 10000, DurationS: 20, WarmupS: 2},
+	// Issue 17 item 5: 10,000 queues with a consumer each (313 consumer
+	// connections, 32 channels each), loaded by 4 producers spreading
+	// their messages over every queue (make bench-scale).
+	"queues-10000": {Producers: 4, Consumers: 1, Queues: 10000, Size: "128", Prefetch: 100, AckBatch: 20, DurationS: 30, WarmupS: 5},
+	"latency":      {Producers: 1, Consumers: 1, Queues: 1, Size: "128", Rate: 10000, DurationS: 20, WarmupS: 2},
 	// Durable queues, 1 KiB persistent messages (make bench-durable runs
 	// the first two with the broker's fdatasyncs counted beside them).
 	"persistent-1k-1q":      {Producers: 2, Consumers: 1, Queues: 1, Size: "1024", Persistent: true, DurationS: 20, WarmupS: 2},

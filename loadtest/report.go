@@ -52,6 +52,9 @@ type Report struct {
 	// whole process (producers, consumers and tracker).
 	BrokerCPU float64 `json:"broker_cpu_us_per_msg,omitempty"`
 	ClientCPU float64 `json:"client_cpu_us_per_msg,omitempty"`
+	// BrokerRSS is the broker's VmRSS at the end of the run, in bytes
+	// (BrokerPID; 0 when not known).
+	BrokerRSS int64   `json:"broker_rss_bytes,omitempty"`
 	MinRate   float64 `json:"min_rate,omitempty"`
 	RateHeld  *bool   `json:"rate_held,omitempty"`
 	// WarmupS is how long the run went before measuring; Series has a
@@ -118,6 +121,9 @@ func (r *Report) print(w io.Writer) {
 		fmt.Fprintf(w, "%-16s p50 %.3f  p90 %.3f  p99 %.3f  p99.9 %.3f  max %.3f ms\n", name, x.P50, x.P90, x.P99, x.P999, x.Max)
 	}
 	fmt.Fprintf(w, "CPU per message: broker %s µs  load generator %s µs\n", cpuString(r.BrokerCPU), cpuString(r.ClientCPU))
+	if r.BrokerRSS > 0 {
+		fmt.Fprintf(w, "broker VmRSS at the end: %.1f MiB\n", mib(r.BrokerRSS))
+	}
 	l("publish→confirm", r.ConfirmLat)
 	l("publish→deliver", r.E2ELat)
 	if r.RateHeld != nil {

@@ -263,6 +263,11 @@ loop:
 	if warmCPU.brokerOK && endCPU.brokerOK {
 		rep.BrokerCPU = perMessage(warmCPU.broker, endCPU.broker, consumed)
 	}
+	if cfg.BrokerPID > 0 {
+		if rss, _, err := ProcRSS(cfg.BrokerPID); err == nil {
+			rep.BrokerRSS = rss
+		}
+	}
 	rep.print(out)
 	if ledger != nil {
 		if err := ledger.record(tr, base); err != nil {

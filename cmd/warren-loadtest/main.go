@@ -10,6 +10,7 @@
 //	warren-loadtest compare --out compare.md --html compare.html
 //	warren-loadtest rawsync --dir /var/lib/warren --block 262144 --duration 5s   # the disk's raw pwrite+fdatasync rate
 //	warren-loadtest --persistent --ledger run.ledger --duration 60s   # the broker may be killed meanwhile
+//	warren-loadtest scale-idle --idle 10000 --broker-pid PID        # a pair beside 10,000 idle connections (make bench-scale)
 //	warren-loadtest --verify run.ledger                              # after a restart: exit 3 if a confirmed message is missing
 package main
 
@@ -41,6 +42,12 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	}
 	if len(args) > 0 && args[0] == "rawsync" {
 		return rawsync(args[1:], stdout, stderr)
+	}
+	if len(args) > 0 && args[0] == "idle" {
+		return idle(ctx, args[1:], os.Stdin, stdout, stderr)
+	}
+	if len(args) > 0 && args[0] == "scale-idle" {
+		return scaleIdle(ctx, args[1:], stdout, stderr)
 	}
 	fs := flag.NewFlagSet("warren-loadtest", flag.ContinueOnError)
 	fs.SetOutput(stderr)

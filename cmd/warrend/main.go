@@ -155,6 +155,7 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdin i
 	nodeID := fs.String("node-id", "", "this node's id in the cluster, a number from 1 (env WARREN_NODE_ID); with --peers")
 	clusterListen := fs.String("cluster-listen", "", fmt.Sprintf("the cluster port, HOST:PORT (default: this node's address in --peers; port %d; env WARREN_CLUSTER_LISTEN)", cluster.DefaultPort))
 	peers := fs.String("peers", "", "every node of the cluster, this one included: 1=HOST:PORT,2=HOST:PORT,... (env WARREN_PEERS); the topology is replicated to every node, queues are not yet (README: Cluster quick start)")
+	pprofAddr := fs.String("pprof", "", "serve Go's profiler (/debug/pprof/: CPU and heap profiles, execution traces) on this address, e.g. 127.0.0.1:6060; no authentication, so keep it on loopback (default off; env WARREN_PPROF)")
 	secretFile := fs.String("cluster-secret-file", "", "a file holding the shared cluster secret, at least 16 bytes (env WARREN_CLUSTER_SECRET_FILE; or the secret itself in WARREN_CLUSTER_SECRET)")
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
@@ -318,6 +319,15 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdin i
 			}
 			return fmt.Errorf("https: %w", err)
 		}
+	}
+	pprofA := ""
+	pick(*pprofAddr, "WARREN_PPROF", &pprofA)
+	if pprofA != "" {
+		pln, err := net.Listen("tcp", pprofA)
+		if err != nil {
+			return fmt.Errorf("pprof: %w", err)
+		}
+		defer servePprof(pln)()
 	}
 	var state atomic.Int32
 	var srvp atomic.Pointer[netio.Server]
