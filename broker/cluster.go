@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"sync/atomic"
 	"time"
 
 	"github.com/warren-mq/warren/queue"
@@ -37,6 +38,11 @@ type metaCluster struct {
 	tickQueues func()
 	// balance runs the leader balancer every balanceTicks ticks.
 	balance func()
+	// forward carries a membership request to the leader (members.go).
+	forward func(ctx context.Context, node uint64, op byte, body []byte) ([]byte, error)
+	// removed: this node was removed from the cluster (members.go).
+	removed   atomic.Bool
+	onRemoved func()
 }
 
 // balanceTicks: the leader balancer runs every 100 ticks (10 s at the
@@ -100,11 +106,31 @@ func (m *clusterMachine) Snapshot() ([]byte, error) {
 	return m.t.meta.Snapshot(), nil
 }
 
+// Restore installs a snapshot: the leader's, on a node that fell behind
+// its log (replication's snapshot install); the live topology moves to
+// it through the effects that turn one state into the other.
 func (m *clusterMachine) Restore(index uint64, snap []byte) error {
 	if !m.live {
 		return m.rec.Restore(index, snap)
 	}
-	return errors.New("broker: a snapshot install of the metadata is not built yet")
+	t := m.t
+	if err := (&MetaMachine{Meta: t.meta, Sink: t}).Restore(index, snap); err != nil {
+		return err
+	}
+	if t.dirty.Load() {
+		t.publishLocked()
+	}
+	return nil
+}
+
+// SetMembers gives placement the cluster's nodes, in log order on every
+// node (a membership change applied or installed).
+func (m *clusterMachine) SetMembers(ids []uint64) {
+	if !m.live {
+		m.rec.Meta.SetNodes(ids)
+		return
+	}
+	m.t.meta.SetNodes(ids)
 }
 
 // openClusterMeta is OpenMetaLog with several voters: it recovers the
@@ -113,15 +139,36 @@ func (m *clusterMachine) Restore(index uint64, snap []byte) error {
 // start): Broker.MetaStatus says when this node has one and is caught up.
 // No NodeUp is logged: non-durable entities outlive a node's restart in a
 // cluster (not built yet: dropping a node's own).
-func (b *Broker) openClusterMeta(cfg MetaLogConfig) error {
+func (b *Broker) openClusterMeta(ctx context.Context, cfg MetaLogConfig) error {
 	t := b.topo
 	t.restoring.Store(true)
 	defer b.topologyRestored()
+	addrs := cfg.Addrs
+	if _, has := cfg.Snapshots.Latest(replication.MetaGroupID); !has && cfg.Log.LastIndex(replication.MetaGroupID) == 0 && len(cfg.Peers) < 2 {
+		// A new node: ask the cluster to add it, then learn the rest
+		// from the leader's snapshot.
+		if cfg.Join == nil {
+			return errors.New("broker: this node holds no cluster state: give --join, or --peers listing the cluster's first nodes")
+		}
+		m, err := cfg.Join(ctx)
+		if err != nil {
+			return fmt.Errorf("broker: joining the cluster: %w", err)
+		}
+		addrs = m
+		b.log.Info("joined the cluster: a learner of its metadata group until it has caught up", "node", cfg.NodeID, "members", len(m))
+	}
 	rec := NewMetaWithLimits(len(b.shards), noMetaLimits)
-	rec.SetNodes(cfg.Peers)
+	nodes := cfg.Peers
+	if len(nodes) < 2 {
+		nodes = nil
+		for id := range addrs {
+			nodes = append(nodes, id)
+		}
+	}
+	rec.SetNodes(nodes)
 	m := &clusterMachine{t: t, rec: &MetaMachine{Meta: rec}}
 	cl := &metaCluster{timeout: cfg.Timeout, waiting: map[uint64]struct{}{}, results: map[uint64]MetaResult{},
-		stop: make(chan struct{}), stopped: make(chan struct{})}
+		stop: make(chan struct{}), stopped: make(chan struct{}), forward: cfg.Forward, onRemoved: cfg.OnRemoved}
 	if cl.timeout <= 0 {
 		cl.timeout = DefaultMetaTimeout
 	}
@@ -132,7 +179,14 @@ func (b *Broker) openClusterMeta(cfg MetaLogConfig) error {
 		Log: cfg.Log, Snapshots: cfg.Snapshots, Machine: m,
 		Lock: &t.mu, Snapshot: func() []byte { return t.meta.Snapshot() },
 		SnapshotEntries: cfg.SnapshotEntries, Fatal: cfg.Fatal, Logger: b.log,
-		NodeID: cfg.NodeID, Peers: cfg.Peers, Send: cfg.Send,
+		NodeID: cfg.NodeID, Peers: peersOrNone(cfg.Peers), Send: cfg.Send,
+		Cluster: true, Addrs: addrs, SendSnapshot: cfg.SendSnapshot,
+		OnMembers: func(m replication.Members, _ raftpb.ConfState) {
+			if cfg.OnMembers != nil {
+				cfg.OnMembers(m.Addrs, m.Removed)
+			}
+		},
+		OnRemoved: func() { b.NoteRemoved("it applied its own removal") },
 		Done: func(seq uint64, res any) {
 			if _, ok := cl.waiting[seq]; ok {
 				r, _ := res.(MetaResult)
@@ -145,7 +199,7 @@ func (b *Broker) openClusterMeta(cfg MetaLogConfig) error {
 	}
 	cl.g = g
 	t.mu.Lock()
-	t.meta.SetNodes(cfg.Peers)
+	t.meta.SetNodes(rec.Nodes())
 	err = (&MetaMachine{Meta: t.meta, Sink: t}).Restore(0, rec.Snapshot())
 	if err == nil {
 		m.live = true
@@ -233,6 +287,9 @@ func (b *Broker) MetaStatus() (MetaStatus, bool) {
 // clusterChange proposes c and waits until it is applied here (or lost,
 // or the timeout): the request's answer in a cluster.
 func (t *topology) clusterChange(cl *metaCluster, c *MetaCommand) MetaResult {
+	if cl.removed.Load() {
+		return refuse(wire.PreconditionFailed, "this node was removed from the cluster: it no longer serves")
+	}
 	t.mu.Lock()
 	c.NowMs = t.now()
 	t.mbuf = AppendMetaCommand(t.mbuf[:0], c)
@@ -329,6 +386,9 @@ func (b *Broker) MetaReady() bool {
 	if b.topo.cl.Load() == nil {
 		return true
 	}
+	if b.MetaRemoved() {
+		return false
+	}
 	return st.Leader != 0 && st.Commit > 0 && st.Applied >= st.Commit
 }
 
@@ -345,4 +405,13 @@ func (b *Broker) WaitMetaReady(ctx context.Context) error {
 		}
 	}
 	return nil
+}
+
+// peersOrNone: a joining node's group starts with no voters (the
+// leader's snapshot says who votes), not with itself alone.
+func peersOrNone(p []uint64) []uint64 {
+	if len(p) < 2 {
+		return nil
+	}
+	return p
 }

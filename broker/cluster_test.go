@@ -2,6 +2,7 @@ package broker
 
 import (
 	"context"
+	"errors"
 	"net"
 	"slices"
 	"strings"
@@ -22,6 +23,7 @@ type clusterNode struct {
 	id   uint64
 	addr string
 	fs   *segment.MemFS
+	join string // the address of a member to join through (members_test.go)
 	b    atomic.Pointer[Broker]
 	log  *segment.Log
 	tr   *cluster.Transport
@@ -32,12 +34,18 @@ type testCluster struct {
 	t     *testing.T
 	nodes []*clusterNode
 	peers map[uint64]string
+	// snapEntries: the metadata group's SnapshotEntries (0: default).
+	snapEntries int
 }
 
 const clusterTestSecret = "0123456789abcdef0123456789abcdef"
 
-func newTestCluster(t *testing.T, n int) *testCluster {
-	c := &testCluster{t: t, peers: map[uint64]string{}}
+func newTestCluster(t *testing.T, n int) *testCluster { return newTestClusterSnap(t, n, 0) }
+
+// newTestClusterSnap: the metadata group snapshots every snapEntries
+// entries (0: the default).
+func newTestClusterSnap(t *testing.T, n, snapEntries int) *testCluster {
+	c := &testCluster{t: t, peers: map[uint64]string{}, snapEntries: snapEntries}
 	ls := make([]net.Listener, n)
 	for i := range ls {
 		l, err := net.Listen("tcp", "127.0.0.1:0")
@@ -74,7 +82,11 @@ func (c *testCluster) start(nd *clusterNode, ln net.Listener) {
 			time.Sleep(20 * time.Millisecond) // the port is being released: poll
 		}
 	}
-	tr, err := cluster.New(cluster.Config{NodeID: nd.id, Listener: ln, Peers: c.peers, Secret: []byte(clusterTestSecret),
+	peers := c.peers
+	if nd.join != "" {
+		peers = map[uint64]string{nd.id: nd.addr}
+	}
+	tr, err := cluster.New(cluster.Config{NodeID: nd.id, Listener: ln, Peers: peers, Secret: []byte(clusterTestSecret),
 		Deliver: func(gid uint64, m raftpb.Message) {
 			if b := nd.b.Load(); b != nil {
 				b.StepRaft(gid, m)
@@ -82,8 +94,19 @@ func (c *testCluster) start(nd *clusterNode, ln net.Listener) {
 		},
 		DeliverSnapshot: func(gid uint64, s *cluster.Snapshot) {
 			if b := nd.b.Load(); b != nil {
-				b.StepSnapshot(gid, (*SnapshotMessage)(s))
+				b.StepClusterSnapshot(gid, (*SnapshotMessage)(s))
 			}
+		},
+		OnRemoved: func(reason string) {
+			if b := nd.b.Load(); b != nil {
+				b.NoteRemoved(reason)
+			}
+		},
+		Handle: func(from uint64, op byte, body []byte) ([]byte, error) {
+			if b := nd.b.Load(); b != nil {
+				return b.HandleClusterCall(from, op, body)
+			}
+			return nil, errors.New("not started")
 		}})
 	if err != nil {
 		t.Fatal(err)
@@ -106,8 +129,10 @@ func (c *testCluster) start(nd *clusterNode, ln net.Listener) {
 	for id := range c.peers {
 		ids = append(ids, id)
 	}
-	if err := b.OpenMetaLog(context.Background(), MetaLogConfig{Log: l, Snapshots: store, NodeID: nd.id, Peers: ids,
-		Send: tr.Send, TickEvery: 10 * time.Millisecond, Timeout: 20 * time.Second, Fatal: fatal}); err != nil {
+	mc := MetaLogConfig{Log: l, Snapshots: store, NodeID: nd.id, Peers: ids, Addrs: c.peers,
+		Send: tr.Send, TickEvery: 10 * time.Millisecond, Timeout: 20 * time.Second, Fatal: fatal, SnapshotEntries: c.snapEntries}
+	c.membership(nd, tr, &mc)
+	if err := b.OpenMetaLog(context.Background(), mc); err != nil {
 		t.Fatal(err)
 	}
 	nd.log, nd.tr, nd.up = l, tr, true

@@ -38,6 +38,22 @@ type MetaLogConfig struct {
 	// TickEvery is the metadata group's raft tick in a cluster (0: 100 ms,
 	// design §6.5: a dead leader is replaced in 1-2 s).
 	TickEvery time.Duration
+	// Membership (members.go). Addrs are the cluster addresses of Peers.
+	// Join (a node joining a cluster, no Peers) is called when the log
+	// holds no metadata state yet: it asks a member to add this node
+	// and returns the members' addresses. OnMembers hears the members
+	// (their addresses, removed ids) once recovered and at every change:
+	// the transport dials them (cluster.Transport.SetPeers). OnRemoved
+	// hears that this node was removed from the cluster (it stops
+	// serving). Forward carries a membership request to the metadata
+	// leader (cluster.Transport.CallNode), and SendSnapshot the group's
+	// snapshot to a node behind its log (cluster.Transport.SendSnapshot).
+	Addrs        map[uint64]string
+	Join         func(ctx context.Context) (map[uint64]string, error)
+	OnMembers    func(members map[uint64]string, removed []uint64)
+	OnRemoved    func()
+	Forward      func(ctx context.Context, node uint64, op byte, body []byte) ([]byte, error)
+	SendSnapshot func(gid uint64, s *replication.SnapshotMessage, done func(ok bool))
 }
 
 // OpenMetaLog makes the topology durable (design §4, on one node): it
@@ -51,8 +67,8 @@ type MetaLogConfig struct {
 // Call it once, after Start and before any topology request. Without it
 // the topology is in memory only, as before.
 func (b *Broker) OpenMetaLog(ctx context.Context, cfg MetaLogConfig) error {
-	if len(cfg.Peers) > 1 {
-		return b.openClusterMeta(cfg)
+	if len(cfg.Peers) > 1 || cfg.Join != nil {
+		return b.openClusterMeta(ctx, cfg)
 	}
 	t := b.topo
 	t.restoring.Store(true)

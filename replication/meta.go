@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -13,6 +14,7 @@ import (
 	"github.com/warren-mq/warren/segment"
 	"go.etcd.io/raft/v3"
 	"go.etcd.io/raft/v3/raftpb"
+	"go.etcd.io/raft/v3/tracker"
 )
 
 // MetaGroupID is the metadata group's raft group (and segment group) id
@@ -81,6 +83,54 @@ type MetaGroup struct {
 	epoch   uint64 // this incarnation's tag on its entries (origin node, epoch)
 	applied uint64
 	status  raft.BasicStatus // g.mu
+
+	// Membership (members.go; several voters): the loop's copy, changed
+	// at apply, and what readers see (g.mu). conf is raft's configuration
+	// as of applied; confIndex the last conf change appended, leadFrom the
+	// last index when this node became leader (raft takes a conf change
+	// only once both are applied).
+	members   Members
+	conf      raftpb.ConfState
+	confIndex uint64
+	leadFrom  uint64
+	view      memberView    // g.mu
+	leadCh    chan struct{} // g.mu: closed and replaced when the leader changes
+	removed   bool          // this node was removed (the loop stops)
+	leading   bool          // raft's last SoftState said leader (loop)
+	snapDue   bool          // a snapshot is wanted now (loop: sendSnapshot)
+	changeSeq uint64        // seq of this node's conf change proposals (loop)
+	changeW   map[uint64]*memberReq
+	// What other goroutines hand the loop (inMu).
+	reqs      []*memberReq
+	transfers []*transferReq
+	snapsIn   []*SnapshotMessage
+	reports   []snapReport
+	staged    *SnapshotMessage // loop
+}
+
+type memberView struct {
+	m    Members
+	conf raftpb.ConfState
+}
+
+type memberReq struct {
+	c    MemberChange
+	done chan error // buffered: the result, once applied (or refused)
+}
+
+type transferReq struct {
+	to   uint64
+	done chan transferRes
+}
+
+type transferRes struct {
+	to  uint64
+	err error
+}
+
+type snapReport struct {
+	to uint64
+	ok bool
 }
 
 // MetaConfig configures the metadata group.
@@ -125,6 +175,27 @@ type MetaConfig struct {
 	// Done (several voters) is told, under Lock, of each command this node
 	// added, by seq, once it is applied here, with Machine.Apply's result.
 	Done func(seq uint64, res any)
+	// Cluster: several voters' mode whatever Peers holds: a node joining
+	// an existing cluster (no Peers) starts with no configuration and
+	// learns the group, its members and their addresses from the
+	// leader's snapshot (SendSnapshot on the leader, StepSnapshot here).
+	Cluster bool
+	// Addrs are the members' cluster addresses before the group has a
+	// snapshot holding them (Peers' at bootstrap; a joining node's, those
+	// its join was answered with).
+	Addrs map[uint64]string
+	// OnMembers is told the membership and raft's configuration once
+	// recovered and after each membership change applied or installed
+	// (on the loop: it must not block).
+	OnMembers func(Members, raftpb.ConfState)
+	// OnRemoved is told once this node has applied its own removal (the
+	// group stops; Wait returns ErrRemoved).
+	OnRemoved func()
+	// SendSnapshot streams the group's latest snapshot to a follower that
+	// needs entries the log no longer holds (cluster.Transport.
+	// SendSnapshot); done reports whether it was written. nil: such a
+	// follower stays behind.
+	SendSnapshot func(gid uint64, s *SnapshotMessage, done func(ok bool))
 	// Fatal hears an Append failure (the node must stop and recover).
 	Fatal  func(error)
 	Logger *slog.Logger
@@ -161,7 +232,7 @@ func OpenMeta(cfg MetaConfig) (*MetaGroup, error) {
 		cfg.Logger = slog.New(slog.DiscardHandler)
 	}
 	g := &MetaGroup{cfg: cfg, log: cfg.Log, changed: make(chan struct{}), wake: make(chan struct{}, 1), done: make(chan struct{}),
-		multi: len(cfg.Peers) > 1}
+		multi: len(cfg.Peers) > 1 || cfg.Cluster, leadCh: make(chan struct{}), changeW: map[uint64]*memberReq{}}
 	if g.multi && cfg.Send == nil {
 		return nil, errors.New("replication: metadata group: several voters need MetaConfig.Send")
 	}
@@ -169,13 +240,36 @@ func OpenMeta(cfg MetaConfig) (*MetaGroup, error) {
 	if err != nil {
 		return nil, fmt.Errorf("replication: metadata group: loading its snapshot: %w", err)
 	}
+	g.members = Members{Addrs: map[uint64]string{}}
+	for _, id := range cfg.Peers {
+		g.members.Addrs[id] = cfg.Addrs[id]
+	}
+	if len(cfg.Peers) == 0 {
+		for id, a := range cfg.Addrs {
+			g.members.Addrs[id] = a
+		}
+	}
 	if ok {
-		if err := cfg.Machine.Restore(snap.Index, data); err != nil {
+		m, fsm, has, err := splitMetaImage(data)
+		if err != nil {
+			return nil, fmt.Errorf("replication: metadata group: its snapshot of entry %d: %w", snap.Index, err)
+		}
+		if has {
+			g.members = m
+		}
+		if err := cfg.Machine.Restore(snap.Index, fsm); err != nil {
 			return nil, fmt.Errorf("replication: metadata group: restoring its snapshot of entry %d: %w", snap.Index, err)
 		}
+		if ma, ok := cfg.Machine.(interface{ SetMembers([]uint64) }); ok && has {
+			ma.SetMembers(g.members.IDs())
+		}
+	} else if g.multi && len(cfg.Peers) < 2 {
+		snap = raftpb.SnapshotMetadata{} // joining: the leader's snapshot says who votes
 	} else {
 		snap = raftpb.SnapshotMetadata{ConfState: raftpb.ConfState{Voters: g.voters()}}
 	}
+	g.conf = snap.ConfState
+	g.setMembersLocked()
 	if g.st, err = openRaftStorage(cfg.Log, MetaGroupID, snap); err != nil {
 		return nil, err
 	}
@@ -199,9 +293,15 @@ func OpenMeta(cfg MetaConfig) (*MetaGroup, error) {
 	}
 	g.status = g.rn.BasicStatus()
 	if ok && snap.Index > 0 {
-		if err := cfg.Log.Compact(MetaGroupID, snap.Index, nil); err != nil {
+		if err := cfg.Log.CompactAt(MetaGroupID, snap.Index, max(snap.Term, 1), nil); err != nil {
 			return nil, fmt.Errorf("replication: metadata group: %w", err)
 		}
+	}
+	if g.multi && slices.Contains(g.members.Removed, cfg.NodeID) {
+		return nil, fmt.Errorf("%w: node %d was removed from the cluster's metadata group; it cannot serve again: start it with an empty data directory and a new --node-id to add it back", ErrRemoved, cfg.NodeID)
+	}
+	if g.multi && cfg.OnMembers != nil {
+		cfg.OnMembers(g.members.Clone(), g.conf)
 	}
 	return g, nil
 }
@@ -216,6 +316,10 @@ func (g *MetaGroup) drive(replay bool) (uint64, error) {
 		rd := g.rn.Ready()
 		for _, e := range rd.CommittedEntries {
 			last = e.Index
+			if e.Type == raftpb.EntryConfChange {
+				g.applyConf(e)
+				continue
+			}
 			if e.Type != raftpb.EntryNormal || len(e.Data) == 0 || !replay {
 				continue
 			}
@@ -280,7 +384,14 @@ func (g *MetaGroup) Tick() {
 }
 
 // Voters is how many voters the group has.
-func (g *MetaGroup) Voters() int { return len(g.voters()) }
+func (g *MetaGroup) Voters() int {
+	if !g.multi {
+		return 1
+	}
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	return len(g.view.conf.Voters)
+}
 
 // Status is raft's view of the group as of the loop's last round.
 func (g *MetaGroup) Status() raft.BasicStatus {
@@ -291,21 +402,38 @@ func (g *MetaGroup) Status() raft.BasicStatus {
 
 // roundMulti is round for several voters: step what peers sent and the
 // ticks, propose what was added (once a leader is known: raft forwards a
-// follower's proposal to it), then drive.
+// follower's proposal to it) and, on the leader, the membership changes
+// and transfers asked for, then drive.
 func (g *MetaGroup) roundMulti() error {
 	g.inMu.Lock()
-	msgs, ticks := g.inbox, g.ticks
-	g.inbox, g.ticks = nil, 0
+	msgs, ticks, reqs, transfers, snaps, reports := g.inbox, g.ticks, g.reqs, g.transfers, g.snapsIn, g.reports
+	g.inbox, g.ticks, g.reqs, g.transfers, g.snapsIn, g.reports = nil, 0, nil, nil, nil, nil
 	g.inMu.Unlock()
 	for range ticks {
 		g.rn.Tick()
+	}
+	for _, r := range reports {
+		st := raft.SnapshotFinish
+		if !r.ok {
+			st = raft.SnapshotFailure
+		}
+		g.rn.ReportSnapshot(r.to, st)
 	}
 	for _, m := range msgs {
 		if err := g.rn.Step(m); err != nil {
 			g.cfg.Logger.Debug("replication: metadata group: a peer's message refused", "type", m.Type, "from", m.From, "err", err)
 		}
 	}
-	if g.rn.BasicStatus().Lead != raft.None {
+	for _, sm := range snaps {
+		if g.staged == nil || g.staged.Msg.Snapshot.Metadata.Index <= sm.Msg.Snapshot.Metadata.Index {
+			g.staged = sm
+		}
+		if err := g.rn.Step(sm.Msg); err != nil {
+			g.cfg.Logger.Debug("replication: metadata group: a snapshot refused", "from", sm.Msg.From, "err", err)
+		}
+	}
+	bs := g.rn.BasicStatus()
+	if bs.Lead != raft.None {
 		g.cfg.Lock.Lock()
 		cmds := g.pending
 		g.pending = nil
@@ -332,14 +460,43 @@ func (g *MetaGroup) roundMulti() error {
 			}
 		}
 	}
+	leader := bs.RaftState == raft.StateLeader
+	for _, r := range reqs {
+		g.proposeChange(r, leader)
+	}
+	for _, t := range transfers {
+		t.done <- g.transfer(t.to, leader)
+	}
+	if leader && len(g.conf.Learners) > 0 && len(g.conf.Voters) < MaxMetaVoters && g.confFree() {
+		g.promoteCaughtUp()
+	}
 	if err := g.driveMulti(); err != nil {
 		return err
 	}
 	st := g.rn.BasicStatus()
 	g.mu.Lock()
+	if st.Lead != g.status.Lead {
+		close(g.leadCh)
+		g.leadCh = make(chan struct{})
+	}
 	g.status = st
 	g.mu.Unlock()
-	if g.entrySince >= g.cfg.SnapshotEntries || g.bytesSince >= metaSnapBytes {
+	if st.RaftState != raft.StateLeader && len(g.changeW) > 0 {
+		for seq, r := range g.changeW {
+			r.done <- fmt.Errorf("%w: this node lost the leadership before the change was applied; it may still be applied", ErrNotMetaLeader)
+			delete(g.changeW, seq)
+		}
+	}
+	if g.removed {
+		return ErrRemoved
+	}
+	// The first snapshot comes as soon as anything is applied: it keeps
+	// the configuration and members, and with the log compacted past
+	// entry 1 a node that joins gets the snapshot (never the log from
+	// its start, whose first configuration is in no entry).
+	if g.entrySince >= g.cfg.SnapshotEntries || g.bytesSince >= metaSnapBytes || (g.st.snap.Index == 0 && g.applied > 0) ||
+		(g.snapDue && g.applied > g.st.snap.Index) {
+		g.snapDue = false
 		g.cfg.Lock.Lock()
 		snap := g.cfg.Snapshot()
 		g.cfg.Lock.Unlock()
@@ -348,16 +505,353 @@ func (g *MetaGroup) roundMulti() error {
 	return nil
 }
 
-// driveMulti handles Readys until raft has none: writes the entries and
-// hard state (one Append each, synchronous), then sends the messages
-// (after the write: nothing goes out that the disk does not have yet),
-// then applies the committed entries through Machine under Lock, tells
-// Done of this node's commands, and moves the waiters' seq past them.
+// confFree: raft would take a conf change now (none appended and not
+// applied, and this leader applied what it had when elected).
+func (g *MetaGroup) confFree() bool {
+	return g.applied >= g.confIndex && g.applied >= g.leadFrom
+}
+
+// proposeChange checks r on the leader and proposes it; its result comes
+// when it is applied here (applyConf).
+func (g *MetaGroup) proposeChange(r *memberReq, leader bool) {
+	switch {
+	case g.removed:
+		r.done <- ErrRemoved
+		return
+	case !leader:
+		r.done <- ErrNotMetaLeader
+		return
+	case !g.confFree():
+		r.done <- ErrChangePending
+		return
+	}
+	if err := checkChange(g.members, g.conf, r.c); err != nil {
+		r.done <- err
+		return
+	}
+	g.changeSeq++
+	if err := g.rn.ProposeConfChange(confChange(r.c, g.cfg.NodeID, g.epoch, g.changeSeq)); err != nil {
+		r.done <- fmt.Errorf("replication: metadata group: %w", err)
+		return
+	}
+	g.changeW[g.changeSeq] = r
+	g.confIndex = max(g.confIndex, g.st.last+1) // raised to the entry's index once appended
+}
+
+// promoteCaughtUp proposes a caught-up learner's promotion (the leader;
+// one at a time, the lowest id first).
+func (g *MetaGroup) promoteCaughtUp() {
+	commit := g.rn.BasicStatus().Commit
+	best := uint64(0)
+	g.rn.WithProgress(func(id uint64, typ raft.ProgressType, pr tracker.Progress) {
+		if typ == raft.ProgressTypeLearner && pr.Match >= commit && (best == 0 || id < best) {
+			best = id
+		}
+	})
+	if best == 0 {
+		return
+	}
+	g.changeSeq++
+	c := MemberChange{Op: MemberPromote, Node: best}
+	if err := g.rn.ProposeConfChange(confChange(c, g.cfg.NodeID, g.epoch, g.changeSeq)); err == nil {
+		g.confIndex = max(g.confIndex, g.st.last+1)
+		g.cfg.Logger.Info("metadata group: promoting a caught-up learner to voter", "node", best)
+	}
+}
+
+// transfer starts a leadership transfer to node to (0: the voter whose
+// log is the most caught up).
+func (g *MetaGroup) transfer(to uint64, leader bool) transferRes {
+	if !leader {
+		return transferRes{err: ErrNotMetaLeader}
+	}
+	if to == 0 {
+		best, bestMatch := uint64(0), uint64(0)
+		g.rn.WithProgress(func(id uint64, typ raft.ProgressType, pr tracker.Progress) {
+			if typ != raft.ProgressTypePeer || id == g.cfg.NodeID {
+				return
+			}
+			if best == 0 || pr.Match > bestMatch || (pr.Match == bestMatch && id < best) {
+				best, bestMatch = id, pr.Match
+			}
+		})
+		if best == 0 {
+			return transferRes{err: fmt.Errorf("%w: no other voter to hand the leadership to", ErrMemberRefused)}
+		}
+		to = best
+	}
+	if to == g.cfg.NodeID {
+		return transferRes{to: to}
+	}
+	if !slices.Contains(g.conf.Voters, to) {
+		return transferRes{err: fmt.Errorf("%w: node %d is not a voter of the metadata group (voters: %s)", ErrMemberUnknown, to, idList(g.conf.Voters))}
+	}
+	g.rn.TransferLeader(to)
+	return transferRes{to: to}
+}
+
+// applyConf applies a committed conf change: checked again (every node
+// decides the same), applied to raft (or as nothing, when refused), to
+// the members, and its result told to this node's proposer.
+func (g *MetaGroup) applyConf(e raftpb.Entry) {
+	var cc raftpb.ConfChange
+	err := cc.Unmarshal(e.Data)
+	var c MemberChange
+	var node, epoch, seq uint64
+	if err == nil {
+		c, node, epoch, seq, err = memberChangeOf(cc)
+	}
+	if err == nil {
+		err = checkChange(g.members, g.conf, c)
+	}
+	if err != nil {
+		g.rn.ApplyConfChange(raftpb.ConfChange{}) // applied as nothing
+		g.cfg.Logger.Warn("metadata group: membership change refused at apply", "entry", e.Index, "err", err)
+	} else {
+		g.conf = *g.rn.ApplyConfChange(cc)
+		applyMember(&g.members, c)
+		g.cfg.Logger.Info("metadata group: membership changed", "entry", e.Index, "op", c.Op, "node", c.Node, "addr", c.Addr,
+			"voters", g.conf.Voters, "learners", g.conf.Learners)
+		if ma, ok := g.cfg.Machine.(interface{ SetMembers([]uint64) }); ok {
+			g.cfg.Lock.Lock()
+			ma.SetMembers(g.members.IDs())
+			g.cfg.Lock.Unlock()
+		}
+		if c.Op == MemberRemove && c.Node == g.cfg.NodeID {
+			g.removed = true
+		}
+	}
+	g.setMembersLocked()
+	if node == g.cfg.NodeID && epoch == g.epoch {
+		if r := g.changeW[seq]; r != nil {
+			r.done <- err
+			delete(g.changeW, seq)
+		}
+	}
+	if g.cfg.OnMembers != nil {
+		g.cfg.OnMembers(g.members.Clone(), g.conf)
+	}
+	if g.removed && g.cfg.OnRemoved != nil {
+		g.cfg.OnRemoved()
+	}
+}
+
+// setMembersLocked publishes the loop's membership to readers.
+func (g *MetaGroup) setMembersLocked() {
+	g.mu.Lock()
+	g.view = memberView{m: g.members.Clone(), conf: cloneConf(g.conf)}
+	g.mu.Unlock()
+}
+
+func cloneConf(c raftpb.ConfState) raftpb.ConfState {
+	return raftpb.ConfState{Voters: slices.Clone(c.Voters), Learners: slices.Clone(c.Learners)}
+}
+
+// Members is the membership as of the last round: the addresses, the
+// removed ids, and raft's configuration (voters and learners).
+func (g *MetaGroup) Members() (Members, raftpb.ConfState) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	return g.view.m.Clone(), cloneConf(g.view.conf)
+}
+
+// ChangeMember proposes a membership change on the leader and returns
+// once it is applied here, with its refusal if the check at apply
+// refused it. ErrNotMetaLeader: this node does not lead (ask the leader);
+// ErrChangePending: raft has a change not yet applied (retry).
+func (g *MetaGroup) ChangeMember(ctx context.Context, c MemberChange) error {
+	if !g.multi {
+		return fmt.Errorf("%w: a single node has no membership to change (start nodes with --peers or --join)", ErrMemberRefused)
+	}
+	r := &memberReq{c: c, done: make(chan error, 1)}
+	g.inMu.Lock()
+	g.reqs = append(g.reqs, r)
+	g.inMu.Unlock()
+	g.Kick()
+	select {
+	case err := <-r.done:
+		return err
+	case <-g.done:
+		return ErrMetaStopped
+	case <-ctx.Done():
+		return fmt.Errorf("the membership change was not applied in time (it may still be): %w", ctx.Err())
+	}
+}
+
+// TransferLeadership hands the leadership to node to (0: the most
+// caught-up voter) and returns the new leader once this node sees it, or
+// ctx's error. ErrNotMetaLeader: this node does not lead.
+func (g *MetaGroup) TransferLeadership(ctx context.Context, to uint64) (uint64, error) {
+	if !g.multi {
+		return 0, fmt.Errorf("%w: a single node", ErrMemberRefused)
+	}
+	for {
+		t := &transferReq{to: to, done: make(chan transferRes, 1)}
+		g.inMu.Lock()
+		g.transfers = append(g.transfers, t)
+		g.inMu.Unlock()
+		g.Kick()
+		var res transferRes
+		select {
+		case res = <-t.done:
+		case <-g.done:
+			return 0, ErrMetaStopped
+		case <-ctx.Done():
+			return 0, ctx.Err()
+		}
+		if res.err != nil {
+			return 0, res.err
+		}
+		// raft abandons a transfer after an election timeout: ask again
+		// while ctx allows.
+		retry := time.NewTimer(2 * time.Second)
+		for {
+			g.mu.Lock()
+			lead, ch := g.status.Lead, g.leadCh
+			g.mu.Unlock()
+			if lead == res.to {
+				retry.Stop()
+				return lead, nil
+			}
+			select {
+			case <-ch:
+				continue
+			case <-retry.C:
+			case <-g.done:
+				retry.Stop()
+				return 0, ErrMetaStopped
+			case <-ctx.Done():
+				retry.Stop()
+				return 0, fmt.Errorf("node %d did not take the leadership in time: %w", res.to, ctx.Err())
+			}
+			break
+		}
+		to = res.to
+	}
+}
+
+// StepSnapshot hands the group a snapshot its leader sent (the
+// transport's receiving side, for a MsgSnap): staged and stepped by the
+// loop; raft then installs it, or answers that it is not needed.
+func (g *MetaGroup) StepSnapshot(s *SnapshotMessage) {
+	if s.Msg.Type != raftpb.MsgSnap || s.Msg.Snapshot == nil {
+		return
+	}
+	g.inMu.Lock()
+	g.snapsIn = append(g.snapsIn, s)
+	g.inMu.Unlock()
+	g.Kick()
+}
+
+// sendSnapshot sends the latest snapshot for raft's MsgSnap m (the
+// descriptor only): the image from the store, streamed by the transport,
+// which reports back.
+func (g *MetaGroup) sendSnapshot(m raftpb.Message) {
+	report := func(ok bool) {
+		g.inMu.Lock()
+		g.reports = append(g.reports, snapReport{to: m.To, ok: ok})
+		g.inMu.Unlock()
+		g.Kick()
+	}
+	if g.cfg.SendSnapshot == nil {
+		g.rn.ReportSnapshot(m.To, raft.SnapshotFailure)
+		return
+	}
+	meta, data, ok, err := g.cfg.Snapshots.Load(MetaGroupID)
+	if err != nil || !ok || meta.Index < m.Snapshot.Metadata.Index {
+		g.cfg.Logger.Warn("metadata group: no snapshot to send", "to", m.To, "err", err)
+		g.rn.ReportSnapshot(m.To, raft.SnapshotFailure)
+		return
+	}
+	if !slices.Contains(meta.ConfState.Voters, m.To) && !slices.Contains(meta.ConfState.Learners, m.To) {
+		// raft refuses a snapshot whose configuration lacks the node (one
+		// taken before it joined): take a new one, and raft asks again.
+		g.snapDue = true
+		g.rn.ReportSnapshot(m.To, raft.SnapshotFailure)
+		return
+	}
+	s := &SnapshotMessage{Msg: m, Data: data}
+	s.Msg.Snapshot = &raftpb.Snapshot{Metadata: meta}
+	g.cfg.Logger.Info("metadata group: sending a snapshot to a node behind the log", "to", m.To, "entry", meta.Index, "bytes", len(data))
+	g.cfg.SendSnapshot(MetaGroupID, s, report)
+}
+
+// install makes the leader's snapshot raft took durable and restores the
+// state machine and members from it: the log's divergent suffix cut, the
+// snapshot stored (a restart recovers to it from here), the log
+// compacted to it.
+func (g *MetaGroup) install(snap raftpb.Snapshot) error {
+	meta := snap.Metadata
+	s := g.staged
+	if s == nil || s.Msg.Snapshot.Metadata.Index != meta.Index || s.Msg.Snapshot.Metadata.Term != meta.Term {
+		return fmt.Errorf("replication: metadata group: raft installs snapshot %d (term %d), which was never staged", meta.Index, meta.Term)
+	}
+	g.staged = nil
+	m, fsm, ok, err := splitMetaImage(s.Data)
+	if err == nil && !ok {
+		err = errors.New("an image without its membership")
+	}
+	if err != nil {
+		return fmt.Errorf("replication: metadata group: the leader's snapshot %d: %w", meta.Index, err)
+	}
+	if g.st.last > meta.Index {
+		if err := g.log.Truncate(MetaGroupID, meta.Index+1); err != nil {
+			return err
+		}
+	}
+	if err := g.cfg.Snapshots.Put(MetaGroupID, meta, s.Data); err != nil {
+		return err
+	}
+	if err := g.log.CompactAt(MetaGroupID, meta.Index, meta.Term, nil); err != nil {
+		return err
+	}
+	g.st.installed(meta)
+	g.cfg.Lock.Lock()
+	err = g.cfg.Machine.Restore(meta.Index, fsm)
+	if ma, ok := g.cfg.Machine.(interface{ SetMembers([]uint64) }); ok && err == nil {
+		ma.SetMembers(m.IDs())
+	}
+	g.cfg.Lock.Unlock()
+	if err != nil {
+		return fmt.Errorf("replication: metadata group: restoring the leader's snapshot %d: %w", meta.Index, err)
+	}
+	g.members, g.conf, g.applied = m, cloneConf(meta.ConfState), meta.Index
+	g.entrySince, g.bytesSince = 0, 0
+	g.setMembersLocked()
+	g.cfg.Logger.Info("metadata group: installed the leader's snapshot", "entry", meta.Index, "term", meta.Term,
+		"voters", meta.ConfState.Voters, "learners", meta.ConfState.Learners)
+	if g.cfg.OnMembers != nil {
+		g.cfg.OnMembers(g.members.Clone(), g.conf)
+	}
+	if slices.Contains(m.Removed, g.cfg.NodeID) {
+		g.removed = true
+		if g.cfg.OnRemoved != nil {
+			g.cfg.OnRemoved()
+		}
+	}
+	return nil
+}
+
+// driveMulti handles Readys until raft has none: installs a leader's
+// snapshot, writes the entries and hard state (one Append each,
+// synchronous), then sends the messages (after the write: nothing goes
+// out that the disk does not have yet; a snapshot raft wants sent is
+// loaded and streamed), then applies the committed entries through
+// Machine under Lock (conf changes through applyConf), tells Done of
+// this node's commands, and moves the waiters' seq past them.
 func (g *MetaGroup) driveMulti() error {
 	for g.rn.HasReady() {
 		rd := g.rn.Ready()
+		if rd.SoftState != nil {
+			if lead := rd.SoftState.RaftState == raft.StateLeader; lead && !g.leading {
+				g.leadFrom = max(g.st.last, g.applied)
+			}
+			g.leading = rd.SoftState.RaftState == raft.StateLeader
+		}
 		if !raft.IsEmptySnap(rd.Snapshot) {
-			return fmt.Errorf("replication: metadata group: the leader sent a snapshot (entry %d); snapshot install is not built yet: this node must be rebuilt", rd.Snapshot.Metadata.Index)
+			if err := g.install(rd.Snapshot); err != nil {
+				return err
+			}
 		}
 		if len(rd.Entries) > 0 || rd.MustSync {
 			b, err := g.st.batch(rd.Entries, rd.HardState)
@@ -374,20 +868,38 @@ func (g *MetaGroup) driveMulti() error {
 		for _, e := range rd.Entries {
 			g.entrySince++
 			g.bytesSince += len(e.Data)
+			if e.Type == raftpb.EntryConfChange {
+				g.confIndex = max(g.confIndex, e.Index)
+			}
 		}
 		if len(rd.Messages) > 0 {
-			g.cfg.Send(MetaGroupID, rd.Messages)
+			msgs := rd.Messages[:0:0]
+			for _, m := range rd.Messages {
+				if m.Type == raftpb.MsgSnap {
+					g.sendSnapshot(m)
+					continue
+				}
+				msgs = append(msgs, m)
+			}
+			if len(msgs) > 0 {
+				g.cfg.Send(MetaGroupID, msgs)
+			}
 		}
 		if len(rd.CommittedEntries) > 0 {
 			durable := uint64(0)
-			g.cfg.Lock.Lock()
 			for _, e := range rd.CommittedEntries {
+				if e.Type == raftpb.EntryConfChange {
+					g.applyConf(e)
+					g.applied = e.Index
+					continue
+				}
 				if e.Type != raftpb.EntryNormal || len(e.Data) == 0 {
 					continue
 				}
 				node, epoch, seq := metaOrigin(e.Data)
 				mine := node == g.cfg.NodeID && epoch == g.epoch
-				if err := eachMetaCommand(e.Data, func(cmd []byte) error {
+				g.cfg.Lock.Lock()
+				err := eachMetaCommand(e.Data, func(cmd []byte) error {
 					res, err := g.cfg.Machine.Apply(e.Index, cmd)
 					if err == nil && mine {
 						if g.cfg.Done != nil {
@@ -397,12 +909,12 @@ func (g *MetaGroup) driveMulti() error {
 						seq++
 					}
 					return err
-				}); err != nil {
-					g.cfg.Lock.Unlock()
+				})
+				g.cfg.Lock.Unlock()
+				if err != nil {
 					return fmt.Errorf("replication: metadata group: entry %d: %w", e.Index, err)
 				}
 			}
-			g.cfg.Lock.Unlock()
 			last := rd.CommittedEntries[len(rd.CommittedEntries)-1].Index
 			g.st.applied(last)
 			g.applied = last
@@ -534,7 +1046,7 @@ func (g *MetaGroup) Close(ctx context.Context) error {
 	}
 	g.mu.Lock()
 	defer g.mu.Unlock()
-	if g.failed != nil && !errors.Is(g.failed, ErrMetaStopped) {
+	if g.failed != nil && !errors.Is(g.failed, ErrMetaStopped) && !errors.Is(g.failed, ErrRemoved) {
 		return g.failed
 	}
 	return nil
@@ -584,6 +1096,10 @@ func (g *MetaGroup) fail(err error) {
 		close(g.changed)
 	}
 	g.mu.Unlock()
+	if errors.Is(err, ErrRemoved) {
+		g.cfg.Logger.Warn("metadata group: this node was removed from the cluster; it stops", "node", g.cfg.NodeID)
+		return
+	}
 	if !errors.Is(err, ErrMetaStopped) {
 		g.cfg.Logger.Error("replication: the metadata group stopped", "err", err)
 		if g.cfg.Fatal != nil {
@@ -650,6 +1166,10 @@ func (g *MetaGroup) snapshotAt(at uint64, data []byte) error {
 		return fmt.Errorf("replication: metadata group: term of entry %d: %w", at, err)
 	}
 	meta := raftpb.SnapshotMetadata{Index: at, Term: term, ConfState: raftpb.ConfState{Voters: g.voters()}}
+	if g.multi {
+		meta.ConfState = cloneConf(g.conf)
+		data = wrapMetaImage(g.members, data)
+	}
 	if err := g.cfg.Snapshots.Put(MetaGroupID, meta, data); err != nil {
 		return err
 	}

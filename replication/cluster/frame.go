@@ -17,9 +17,12 @@ const (
 	kindRefuse = 5 // either way: a reason, then the connection closes
 	kindRaft   = 6 // n × (gid u64 | len u32 | raftpb.Message)
 	kindSnap   = 7 // a snapshot to install (snapshot.go)
+	kindCall   = 8 // a call (call.go): op u8 | body
+	kindReply  = 9 // its answer: status u8 (0 ok, 1 error) | body or the error's text
 
-	// version 2 adds kindSnap.
-	version   = 2
+	// version 2 adds kindSnap, 3 calls (a hello to node 0: whichever
+	// node listens, for one call) and the hello's "to" in the MACs.
+	version   = 3
 	nonceSize = 32
 	magic     = "WRNC"
 )
@@ -43,7 +46,7 @@ func readFrame(r io.Reader, buf *[]byte, max int) (byte, []byte, error) {
 		return 0, nil, err
 	}
 	kind := hdr[4]
-	if kind < kindHello || kind > kindSnap {
+	if kind < kindHello || kind > kindReply {
 		return 0, nil, fmt.Errorf("cluster: a frame of unknown kind %d", kind)
 	}
 	if cap(*buf) < int(n-1) {

@@ -42,7 +42,7 @@ type Snapshot struct {
 // written to the connection (true) or dropped (false: too big, the queue
 // full, the connection lost). It never blocks.
 func (t *Transport) SendSnapshot(gid uint64, s *Snapshot, done func(ok bool)) {
-	p := t.peers[s.Msg.To]
+	p := t.peer(s.Msg.To)
 	if p == nil {
 		t.dropped.Add(1)
 		done(false)

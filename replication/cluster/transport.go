@@ -18,6 +18,7 @@
 package cluster
 
 import (
+	"bytes"
 	"context"
 	"crypto/hmac"
 	"crypto/rand"
@@ -69,7 +70,14 @@ type Config struct {
 	// messages to a peer go as one frame (design §3.2, transport.flush).
 	// Without it each Send wakes the writers it queued for.
 	ManualFlush bool
-	Logger      *slog.Logger
+	// Handle answers a Call from node from (authenticated by the secret,
+	// not necessarily a peer: a node asking to join); its error goes back
+	// as text. nil: calls are refused.
+	Handle func(from uint64, op byte, body []byte) ([]byte, error)
+	// OnRemoved hears that a peer refused this node because it was
+	// removed from the cluster (SetPeers' removed on that peer).
+	OnRemoved func(reason string)
+	Logger    *slog.Logger
 }
 
 // MinSecretLen is the shortest cluster secret accepted.
@@ -106,7 +114,9 @@ type PeerStats struct {
 type Transport struct {
 	cfg    Config
 	ln     net.Listener
-	peers  map[uint64]*peer
+	pmu    sync.RWMutex
+	peers  map[uint64]*peer // pmu; SetPeers replaces it
+	gone   map[uint64]bool  // pmu: removed from the cluster
 	closed chan struct{}
 	ctx    context.Context
 	cancel context.CancelFunc
@@ -126,6 +136,7 @@ type peer struct {
 	id   uint64
 	addr string
 	wake chan struct{}
+	stop chan struct{} // closed when SetPeers drops the peer
 
 	mu        sync.Mutex
 	pending   []byte // entries: gid u64 | len u32 | message
@@ -200,9 +211,10 @@ func New(cfg Config) (*Transport, error) {
 		if id == cfg.NodeID {
 			continue
 		}
-		p := &peer{t: t, id: id, addr: addr, wake: make(chan struct{}, 1)}
+		p := &peer{t: t, id: id, addr: addr, wake: make(chan struct{}, 1), stop: make(chan struct{})}
 		t.peers[id] = p
 	}
+	t.gone = map[uint64]bool{}
 	for _, p := range t.peers {
 		t.wg.Add(1)
 		go p.run()
@@ -231,7 +243,7 @@ func (t *Transport) Close() error {
 		c.Close()
 	}
 	t.mu.Unlock()
-	for _, p := range t.peers {
+	for _, p := range t.peerList() {
 		p.mu.Lock()
 		if p.conn != nil {
 			p.conn.Close()
@@ -242,12 +254,88 @@ func (t *Transport) Close() error {
 	return err
 }
 
+func (t *Transport) peer(id uint64) *peer {
+	t.pmu.RLock()
+	defer t.pmu.RUnlock()
+	return t.peers[id]
+}
+
+func (t *Transport) peerList() []*peer {
+	t.pmu.RLock()
+	defer t.pmu.RUnlock()
+	ps := make([]*peer, 0, len(t.peers))
+	for _, p := range t.peers {
+		ps = append(ps, p)
+	}
+	return ps
+}
+
+// SetPeers changes the cluster's nodes (membership changes): a node not
+// known yet is dialled, one no longer listed is dropped (what was queued
+// for it too, and its inbound connection closed), one whose address
+// changed is dialled there. Nodes in removed are refused with a reason
+// that tells them (OnRemoved on their side). This node's own entry is
+// ignored.
+func (t *Transport) SetPeers(peers map[uint64]string, removed []uint64) {
+	select {
+	case <-t.closed:
+		return
+	default:
+	}
+	t.pmu.Lock()
+	var start, drop []*peer
+	next := make(map[uint64]*peer, len(peers))
+	for id, addr := range peers {
+		if id == t.cfg.NodeID || id == 0 {
+			continue
+		}
+		if p := t.peers[id]; p != nil && p.addr == addr {
+			next[id] = p
+			continue
+		}
+		p := &peer{t: t, id: id, addr: addr, wake: make(chan struct{}, 1), stop: make(chan struct{})}
+		next[id] = p
+		start = append(start, p)
+	}
+	for id, p := range t.peers {
+		if next[id] != p {
+			drop = append(drop, p)
+		}
+	}
+	t.peers = next
+	for _, id := range removed {
+		t.gone[id] = true
+	}
+	t.pmu.Unlock()
+	for _, p := range drop {
+		close(p.stop)
+		p.mu.Lock()
+		if p.conn != nil {
+			p.conn.Close()
+		}
+		p.mu.Unlock()
+		if next[p.id] == nil {
+			t.mu.Lock()
+			if c := t.inbound[p.id]; c != nil {
+				c.Close()
+			}
+			t.mu.Unlock()
+		}
+	}
+	for _, p := range start {
+		t.wg.Add(1)
+		go p.run()
+	}
+}
+
 // Send queues msgs (of group gid) for their peers (m.To) and wakes their
 // writers. It never blocks on the network: a message for a peer whose
 // queue is full, for an unknown peer, or over the frame limit is dropped
 // and counted.
 func (t *Transport) Send(gid uint64, msgs []raftpb.Message) {
 	var woken *peer
+	t.pmu.RLock()
+	defer t.pmu.RUnlock()
 	for i := range msgs {
 		m := &msgs[i]
 		p := t.peers[m.To]
@@ -292,7 +380,7 @@ func (t *Transport) Send(gid uint64, msgs []raftpb.Message) {
 // Flush wakes the writer of every peer with messages queued (with
 // ManualFlush: once per round, after it). Safe for concurrent use.
 func (t *Transport) Flush() {
-	for _, p := range t.peers {
+	for _, p := range t.peerList() {
 		p.mu.Lock()
 		n := p.count
 		p.mu.Unlock()
@@ -318,7 +406,7 @@ func grow(b []byte, n int) []byte {
 func (t *Transport) Stats() Stats {
 	s := Stats{Frames: t.frames.Load(), Sent: t.sent.Load(), Received: t.received.Load(),
 		Dropped: t.dropped.Load(), AuthFailures: t.authFailures.Load(), Refused: t.refused.Load()}
-	for _, p := range t.peers {
+	for _, p := range t.peerList() {
 		if p.connected.Load() {
 			s.Connected++
 		}
@@ -328,7 +416,7 @@ func (t *Transport) Stats() Stats {
 
 // PeerStats returns peer id's counters (zero for an unknown peer).
 func (t *Transport) PeerStats(id uint64) PeerStats {
-	p := t.peers[id]
+	p := t.peer(id)
 	if p == nil {
 		return PeerStats{}
 	}
@@ -341,15 +429,16 @@ func (t *Transport) PeerStats(id uint64) PeerStats {
 // mac is HMAC-SHA256(secret) over the handshake: who speaks (label),
 // both nonces and both node ids, so a proof cannot be replayed on another
 // connection or reflected back.
-func (t *Transport) mac(label string, nc, ns *[nonceSize]byte, dialer, listener uint64) []byte {
+func (t *Transport) mac(label string, nc, ns *[nonceSize]byte, dialer, to, listener uint64) []byte {
 	h := hmac.New(sha256.New, t.cfg.Secret)
 	h.Write([]byte(label))
 	h.Write([]byte{version})
 	h.Write(nc[:])
 	h.Write(ns[:])
-	var ids [16]byte
+	var ids [24]byte
 	binary.BigEndian.PutUint64(ids[:], dialer)
-	binary.BigEndian.PutUint64(ids[8:], listener)
+	binary.BigEndian.PutUint64(ids[8:], to)
+	binary.BigEndian.PutUint64(ids[16:], listener)
 	h.Write(ids[:])
 	return h.Sum(nil)
 }
@@ -380,6 +469,9 @@ func (p *peer) run() {
 			select {
 			case <-tm.C:
 			case <-p.t.closed:
+				tm.Stop()
+				return
+			case <-p.stop:
 				tm.Stop()
 				return
 			}
@@ -425,6 +517,8 @@ func (p *peer) isClosed() bool {
 	select {
 	case <-p.t.closed:
 		return true
+	case <-p.stop:
+		return true
 	default:
 		return false
 	}
@@ -439,6 +533,8 @@ func (p *peer) write(conn net.Conn) error {
 		select {
 		case <-p.wake:
 		case <-p.t.closed:
+			return nil
+		case <-p.stop:
 			return nil
 		}
 		p.mu.Lock()
@@ -519,52 +615,71 @@ func (p *peer) dial() (net.Conn, error) {
 }
 
 func (p *peer) handshake(conn net.Conn) error {
-	t := p.t
+	_, err := p.t.handshake(conn, p.id, p.addr)
+	return err
+}
+
+// handshake runs the dialer's side on conn to node id at addr (id 0: a
+// call to whichever node listens there); it returns the listener's id.
+func (t *Transport) handshake(conn net.Conn, id uint64, addr string) (uint64, error) {
+	p := struct {
+		id   uint64
+		addr string
+	}{id, addr}
 	conn.SetDeadline(time.Now().Add(handshakeTimeout))
 	h := hello{version: version, from: t.cfg.NodeID, to: p.id}
 	rand.Read(h.nonce[:])
 	if _, err := conn.Write(appendHello(nil, h)); err != nil {
-		return err
+		return 0, err
 	}
 	var buf []byte
 	kind, pl, err := readFrame(conn, &buf, 4096)
 	if err != nil {
-		return err
+		return 0, err
 	}
 	if kind == kindRefuse {
-		return fmt.Errorf("peer %d at %s refused this node: %s", p.id, p.addr, pl)
+		if bytes.Contains(pl, []byte(removedReason)) && t.cfg.OnRemoved != nil {
+			t.cfg.OnRemoved(string(pl))
+		}
+		return 0, fmt.Errorf("peer %d at %s refused this node: %s", p.id, p.addr, pl)
 	}
 	if kind != kindChall || len(pl) != 1+8+nonceSize+sha256.Size {
-		return fmt.Errorf("peer %d at %s: not a Warren cluster handshake", p.id, p.addr)
+		return 0, fmt.Errorf("peer %d at %s: not a Warren cluster handshake", p.id, p.addr)
 	}
 	if pl[0] != version {
-		return fmt.Errorf("peer %d speaks cluster protocol version %d, this node %d: run the same Warren version on every node", p.id, pl[0], version)
+		return 0, fmt.Errorf("peer %d speaks cluster protocol version %d, this node %d: run the same Warren version on every node", p.id, pl[0], version)
 	}
-	if from := binary.BigEndian.Uint64(pl[1:]); from != p.id {
-		return fmt.Errorf("%s is node %d, not node %d: check --peers", p.addr, from, p.id)
+	from := binary.BigEndian.Uint64(pl[1:])
+	if p.id == 0 {
+		p.id = from
+	} else if from != p.id {
+		return 0, fmt.Errorf("%s is node %d, not node %d: check --peers", p.addr, from, p.id)
 	}
 	var ns [nonceSize]byte
 	copy(ns[:], pl[9:])
-	if !hmac.Equal(pl[9+nonceSize:], t.mac("listener", &h.nonce, &ns, t.cfg.NodeID, p.id)) {
+	if !hmac.Equal(pl[9+nonceSize:], t.mac("listener", &h.nonce, &ns, t.cfg.NodeID, h.to, p.id)) {
 		t.authFailures.Add(1)
 		refuse(conn, "authentication failed: the cluster secrets differ")
-		return fmt.Errorf("peer %d at %s failed authentication: its cluster secret differs from this node's", p.id, p.addr)
+		return 0, fmt.Errorf("peer %d at %s failed authentication: its cluster secret differs from this node's", p.id, p.addr)
 	}
-	if _, err := conn.Write(appendFrame(nil, kindProof, t.mac("dialer", &h.nonce, &ns, t.cfg.NodeID, p.id))); err != nil {
-		return err
+	if _, err := conn.Write(appendFrame(nil, kindProof, t.mac("dialer", &h.nonce, &ns, t.cfg.NodeID, h.to, p.id))); err != nil {
+		return 0, err
 	}
 	kind, pl, err = readFrame(conn, &buf, 4096)
 	if err != nil {
-		return err
+		return 0, err
 	}
 	if kind == kindRefuse {
-		return fmt.Errorf("peer %d at %s refused this node: %s", p.id, p.addr, pl)
+		if bytes.Contains(pl, []byte(removedReason)) && t.cfg.OnRemoved != nil {
+			t.cfg.OnRemoved(string(pl))
+		}
+		return 0, fmt.Errorf("peer %d at %s refused this node: %s", p.id, p.addr, pl)
 	}
 	if kind != kindOK {
-		return fmt.Errorf("peer %d at %s: unexpected frame kind %d in the handshake", p.id, p.addr, kind)
+		return 0, fmt.Errorf("peer %d at %s: unexpected frame kind %d in the handshake", p.id, p.addr, kind)
 	}
 	conn.SetDeadline(time.Time{})
-	return nil
+	return p.id, nil
 }
 
 func (t *Transport) accept() {
@@ -616,10 +731,14 @@ func (t *Transport) serve(c net.Conn) {
 		delete(t.conns, c)
 		t.mu.Unlock()
 	}()
-	from, err := t.accepted(c)
+	from, call, err := t.accepted(c)
 	<-t.hs
 	if err != nil {
 		t.log.Warn("cluster: refused a connection", "remote", c.RemoteAddr(), "err", err)
+		return
+	}
+	if call {
+		t.serveCall(c, from)
 		return
 	}
 	t.mu.Lock()
@@ -676,31 +795,38 @@ func (t *Transport) serve(c net.Conn) {
 	}
 }
 
-// accepted runs the handshake; it returns the authenticated peer's id.
-func (t *Transport) accepted(c net.Conn) (uint64, error) {
+// accepted runs the handshake; it returns the authenticated peer's id,
+// and whether the connection is a call (Call: the hello named no node).
+func (t *Transport) accepted(c net.Conn) (uint64, bool, error) {
 	c.SetDeadline(time.Now().Add(handshakeTimeout))
 	var buf []byte
 	kind, pl, err := readFrame(c, &buf, 4096)
 	if err != nil {
 		t.refused.Add(1)
-		return 0, err
+		return 0, false, err
 	}
 	if kind != kindHello {
 		t.refused.Add(1)
 		refuse(c, "expected a hello")
-		return 0, fmt.Errorf("cluster: frame kind %d before the hello", kind)
+		return 0, false, fmt.Errorf("cluster: frame kind %d before the hello", kind)
 	}
 	h, err := parseHello(pl)
-	if err == nil && h.to != t.cfg.NodeID {
+	if err == nil && h.to != t.cfg.NodeID && h.to != 0 {
 		err = fmt.Errorf("cluster: this is node %d, not node %d: check --peers on node %d", t.cfg.NodeID, h.to, h.from)
 	}
-	if err == nil && t.peers[h.from] == nil {
-		err = fmt.Errorf("cluster: node %d is not in this node's --peers", h.from)
+	t.pmu.RLock()
+	known, gone := t.peers[h.from] != nil, t.gone[h.from]
+	t.pmu.RUnlock()
+	if err == nil && gone {
+		err = fmt.Errorf("cluster: node %d %s (node ids are never reused)", h.from, removedReason)
+	}
+	if err == nil && !known && h.to != 0 {
+		err = fmt.Errorf("cluster: node %d is not a member of this node's cluster", h.from)
 	}
 	if err != nil {
 		t.refused.Add(1)
 		refuse(c, err.Error())
-		return 0, err
+		return 0, false, err
 	}
 	var ns [nonceSize]byte
 	rand.Read(ns[:])
@@ -708,26 +834,26 @@ func (t *Transport) accepted(c net.Conn) (uint64, error) {
 	p = append(p, version)
 	p = binary.BigEndian.AppendUint64(p, t.cfg.NodeID)
 	p = append(p, ns[:]...)
-	p = append(p, t.mac("listener", &h.nonce, &ns, h.from, t.cfg.NodeID)...)
+	p = append(p, t.mac("listener", &h.nonce, &ns, h.from, h.to, t.cfg.NodeID)...)
 	if _, err := c.Write(appendFrame(nil, kindChall, p)); err != nil {
-		return 0, err
+		return 0, false, err
 	}
 	kind, pl, err = readFrame(c, &buf, 4096)
 	if err != nil {
-		return 0, err
+		return 0, false, err
 	}
 	if kind == kindRefuse {
 		t.authFailures.Add(1)
-		return 0, fmt.Errorf("cluster: node %d refused this node: %s", h.from, pl)
+		return 0, false, fmt.Errorf("cluster: node %d refused this node: %s", h.from, pl)
 	}
-	if kind != kindProof || !hmac.Equal(pl, t.mac("dialer", &h.nonce, &ns, h.from, t.cfg.NodeID)) {
+	if kind != kindProof || !hmac.Equal(pl, t.mac("dialer", &h.nonce, &ns, h.from, h.to, t.cfg.NodeID)) {
 		t.authFailures.Add(1)
 		refuse(c, "authentication failed: the cluster secrets differ")
-		return 0, fmt.Errorf("cluster: node %d failed authentication: its cluster secret differs from this node's", h.from)
+		return 0, false, fmt.Errorf("cluster: node %d failed authentication: its cluster secret differs from this node's", h.from)
 	}
 	if _, err := c.Write(appendFrame(nil, kindOK, nil)); err != nil {
-		return 0, err
+		return 0, false, err
 	}
 	c.SetDeadline(time.Time{})
-	return h.from, nil
+	return h.from, h.to == 0, nil
 }
