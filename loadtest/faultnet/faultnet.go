@@ -93,10 +93,17 @@ func (p *Proxy) Drop() { p.dropAll(false) }
 
 func (p *Proxy) dropAll(rst bool) {
 	p.mu.Lock()
-	for c := range p.conns {
-		if tc, ok := c.(*net.TCPConn); ok && rst {
-			_ = tc.SetLinger(0)
+	if rst {
+		// Every connection first, then the closes: a pump that sees one
+		// end go closes the other end itself, and that close must be a
+		// reset too (it was a FIN when it came first: the client read EOF).
+		for c := range p.conns {
+			if tc, ok := c.(*net.TCPConn); ok {
+				_ = tc.SetLinger(0)
+			}
 		}
+	}
+	for c := range p.conns {
 		_ = c.Close()
 		delete(p.conns, c)
 	}
