@@ -5,7 +5,6 @@ import (
 
 	"go.etcd.io/raft/v3"
 	"go.etcd.io/raft/v3/raftpb"
-	"go.etcd.io/raft/v3/tracker"
 )
 
 // Transport carries raft messages between the nodes of a cluster (design
@@ -146,7 +145,7 @@ func (g *Group) TransferToPreferred(to uint64) bool {
 	}
 	st := g.rn.Status()
 	pr, ok := st.Progress[to]
-	if !ok || pr.IsLearner || !pr.RecentActive || pr.State != tracker.StateReplicate || pr.Match < st.Commit {
+	if !ok || pr.IsLearner || !pr.RecentActive || pr.Match < st.Commit {
 		return false
 	}
 	g.rn.TransferLeader(to)
