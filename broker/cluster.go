@@ -254,7 +254,13 @@ func (b *Broker) StepRaft(gid uint64, m raftpb.Message) {
 func (b *Broker) tickGroups() {
 	for _, s := range b.shards {
 		if s.rw != nil {
-			s.submit(Command{Kind: cmdPost, post: s.rw.RaftTick})
+			s.submit(Command{Kind: cmdPost, post: func() {
+				s.rw.RaftTick()
+				if len(s.fwdOrder) > 0 {
+					s.now = s.b.NowMs()
+					s.expireForwards()
+				}
+			}})
 		}
 	}
 }

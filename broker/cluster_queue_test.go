@@ -16,8 +16,9 @@ import (
 // TestClusterReplicatedQueue: a durable queue with three replicas is a
 // raft group over the three nodes. Persistent messages published with
 // confirms at its leader, and acks of some of them, are committed on a
-// majority; a follower refuses to serve the queue (a nacked publish, a
-// refused subscribe, naming the leader). With the leader stopped, another
+// majority; a publish at a follower is forwarded to the leader and
+// confirmed from there; a follower refuses a subscribe, naming the
+// leader. With the leader stopped, another
 // replica is elected, and a consumer there gets every confirmed message
 // not acked, those the dead leader had delivered unacked as redelivered;
 // none lost. The stopped node restarts and catches up as a follower.
@@ -73,12 +74,14 @@ func TestClusterReplicatedQueue(t *testing.T) {
 		fi, _ := follower.b.Load().Queue("rq")
 		return fi.RaftRole == "follower" && fi.RaftApplied >= li.RaftApplied && fi.Ready == li.Ready
 	})
+	// A publish at a follower goes to the leader (forward.go), and its
+	// confirm comes back once the leader applied it.
 	fq := follower.b.Load().topo.lookupQueue("rq")
 	fk := newDurSink()
-	nack := publish(follower.b.Load(), fq, fk, true, "refused")
-	fk.waitFor(t, "the follower's answer", func() bool { return fk.confirmed(nack) })
-	if nack.Codes[0] != uint32(wire.InternalNack) {
-		t.Fatalf("a publish at a follower: code %d, want a nack", nack.Codes[0])
+	fwd := publish(follower.b.Load(), fq, fk, true, "forwarded")
+	fk.waitFor(t, "the forwarded publish's confirm", func() bool { return fk.confirmed(fwd) })
+	if fwd.Codes[0] != 0 {
+		t.Fatalf("a publish at a follower: code %d, want a confirm", fwd.Codes[0])
 	}
 	fr := &recSink{}
 	fq.shard.submit(Command{Kind: CmdSubscribe, Queue: fq, Sink: fr, Spec: queue.ConsumerSpec{ID: 2, Owner: 8}, Req: 2})
@@ -99,7 +102,7 @@ func TestClusterReplicatedQueue(t *testing.T) {
 	nq := lead2.b.Load().topo.lookupQueue("rq")
 	k2 := newDurSink()
 	nq.shard.submit(Command{Kind: CmdSubscribe, Queue: nq, Sink: k2, Spec: queue.ConsumerSpec{ID: 3, Owner: 9}, Req: 3})
-	k2.waitFor(t, "19 deliveries at the new leader", func() bool { return len(k2.got) >= 19 })
+	k2.waitFor(t, "20 deliveries at the new leader", func() bool { return len(k2.got) >= 20 })
 	barrier(t, nq.shard)
 	k2.mu.Lock()
 	var got []string
@@ -116,19 +119,20 @@ func TestClusterReplicatedQueue(t *testing.T) {
 		}
 		want = append(want, fmt.Sprintf("m%d/%d", i, n))
 	}
+	want = append(want, "forwarded/1")
 	slices.Sort(want)
 	if strings.Join(got, " ") != strings.Join(want, " ") {
 		t.Fatalf("at the new leader the consumer got\n%v\nwant\n%v", got, want)
 	}
 
 	// The stopped node restarts and follows: it applies what was
-	// committed while it was down (19 delivered to the new consumer, none acked yet).
+	// committed while it was down (20 delivered to the new consumer, none acked yet).
 	c.start(lead, nil)
 	c.sees(lead, "queue rq durable=true")
 	c.waitFor("the restarted node's copy of rq caught up", func() bool {
 		info, _ := lead.b.Load().Queue("rq")
 		want, _ := lead2.b.Load().Queue("rq")
-		return info.Leader == lead2.id && info.Ready == want.Ready && info.Unacked == want.Unacked && info.Unacked == 19
+		return info.Leader == lead2.id && info.Ready == want.Ready && info.Unacked == want.Unacked && info.Unacked == 20
 	})
 }
 
@@ -270,4 +274,46 @@ func TestClusterLeaderBalancer(t *testing.T) {
 	}
 	c.start(pref, nil)
 	c.waitFor("the preferred leader leads again", func() bool { return c.queueLeader("rq") == pref })
+}
+
+// TestClusterForwardedPublish: a publish on a node holding no replica of
+// the queue (replicas 1) goes to the one that does and is confirmed from
+// there; with that node down, the forward gets no answer and is nacked
+// once the forward timeout passes (never left unanswered).
+func TestClusterForwardedPublish(t *testing.T) {
+	c := newTestCluster(t, 3)
+	c.leader()
+	if _, err := c.nodes[0].b.Load().DeclareQueueAs(&wire.QueueDeclare{Name: "one", Durable: true,
+		Args: wire.Table{{Key: "replicas", Value: wire.Int(1)}}}, 0, ""); err != nil {
+		t.Fatal(err)
+	}
+	for _, nd := range c.nodes {
+		c.sees(nd, "queue one durable=true")
+	}
+	holder := c.queueLeader("one")
+	var other *clusterNode
+	for _, nd := range c.nodes {
+		if nd != holder {
+			other = nd
+		}
+	}
+	if info, _ := other.b.Load().Queue("one"); info.RaftRole != "none" {
+		t.Fatalf("node %d, not a replica, says its part is %q", other.id, info.RaftRole)
+	}
+	oq := other.b.Load().topo.lookupQueue("one")
+	k := newDurSink()
+	batch := publish(other.b.Load(), oq, k, true, "a", "b")
+	k.waitFor(t, "the forwarded confirm", func() bool { return k.confirmed(batch) })
+	if batch.Codes[0] != 0 || batch.Codes[1] != 0 {
+		t.Fatalf("forwarded publish answered %v, want confirms", batch.Codes)
+	}
+	if info, _ := holder.b.Load().Queue("one"); info.Ready != 2 {
+		t.Fatalf("the replica holds %d messages, want 2", info.Ready)
+	}
+	c.stop(holder)
+	lost := publish(other.b.Load(), oq, k, true, "c")
+	k.waitFor(t, "the nack of a forward nobody answers", func() bool { return k.confirmed(lost) })
+	if lost.Codes[0] != uint32(wire.InternalNack) {
+		t.Fatalf("a forward to a stopped node answered %d, want a nack", lost.Codes[0])
+	}
 }

@@ -36,6 +36,8 @@ type testCluster struct {
 	peers map[uint64]string
 	// snapEntries: the metadata group's SnapshotEntries (0: default).
 	snapEntries int
+	// fwdTimeout: DurableConfig.ForwardTimeout (0: the default).
+	fwdTimeout time.Duration
 }
 
 const clusterTestSecret = "0123456789abcdef0123456789abcdef"
@@ -45,7 +47,7 @@ func newTestCluster(t *testing.T, n int) *testCluster { return newTestClusterSna
 // newTestClusterSnap: the metadata group snapshots every snapEntries
 // entries (0: the default).
 func newTestClusterSnap(t *testing.T, n, snapEntries int) *testCluster {
-	c := &testCluster{t: t, peers: map[uint64]string{}, snapEntries: snapEntries}
+	c := &testCluster{t: t, peers: map[uint64]string{}, snapEntries: snapEntries, fwdTimeout: 2 * time.Second}
 	ls := make([]net.Listener, n)
 	for i := range ls {
 		l, err := net.Listen("tcp", "127.0.0.1:0")
@@ -107,6 +109,11 @@ func (c *testCluster) start(nd *clusterNode, ln net.Listener) {
 				return b.HandleClusterCall(from, op, body)
 			}
 			return nil, errors.New("not started")
+		},
+		DeliverForward: func(from uint64, p []byte) {
+			if b := nd.b.Load(); b != nil {
+				b.StepForward(from, p)
+			}
 		}})
 	if err != nil {
 		t.Fatal(err)
@@ -122,7 +129,7 @@ func (c *testCluster) start(nd *clusterNode, ln net.Listener) {
 	fatal := func(err error) { t.Errorf("node %d: %v", nd.id, err) }
 	b := New(Config{Shards: 2, Durable: &DurableConfig{Log: l, Snapshots: store, Fatal: fatal, NodeID: nd.id, Send: tr.Send, SendSnapshot: func(gid uint64, s *SnapshotMessage, done func(bool)) {
 		tr.SendSnapshot(gid, (*cluster.Snapshot)(s), done)
-	}}})
+	}, Forward: tr.SendForward, ForwardTimeout: c.fwdTimeout}})
 	b.Start()
 	nd.b.Store(b)
 	ids := make([]uint64, 0, len(c.peers))

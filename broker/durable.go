@@ -36,6 +36,13 @@ type DurableConfig struct {
 	// that fell behind a leader's log (cluster.Transport.SendSnapshot);
 	// done hears whether it was sent. Without it such a peer stays behind.
 	SendSnapshot func(gid uint64, s *replication.SnapshotMessage, done func(ok bool))
+	// Forward (optional) sends a payload to node to (the transport's
+	// SendForward): publishes to a replicated queue led elsewhere go to its
+	// leader (forward.go); without it they are nacked.
+	Forward func(to uint64, p []byte) bool
+	// ForwardTimeout bounds the wait for a forwarded publish's confirm
+	// (0: 10 s), after which it is nacked.
+	ForwardTimeout time.Duration
 }
 
 // QueueGroupBase is the segment group of the durable queue whose Meta id

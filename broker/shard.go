@@ -31,7 +31,12 @@ type shard struct {
 	// shard-owned
 	queues  map[*Queue]struct{}
 	byGroup map[uint64]*Queue // replicated queues by group id (replicated.go)
-	now     int64             // ms, stamped once per drained batch
+	// Publishes forwarded to other nodes, waiting for their confirm
+	// (forward.go): by id, and the ids in the order sent.
+	fwd      map[uint64]*pendingFwd
+	fwdOrder []uint64
+	fwdSeq   uint64
+	now      int64 // ms, stamped once per drained batch
 	// timers orders the queues waiting for a Tick by wake time; the timer
 	// is armed for armedAt (0: not armed), the earliest of them.
 	timers     timerHeap
@@ -283,6 +288,11 @@ func (s *shard) enqueue(items []EnqItem, batch *PublishBatch, dl *dlWait) {
 		end := start + 1
 		for end < len(items) && items[end].Q == q {
 			end++
+		}
+		if !q.gone && q.inCluster && batch != nil && (q.remote || !q.leads()) {
+			w = s.forward(q, items[start:end], batch, w) // to its leader (forward.go)
+			start = end
+			continue
 		}
 		if q.gone || q.m == nil || !q.leads() {
 			for _, it := range items[start:end] {

@@ -113,8 +113,11 @@ type Config struct {
 	// RaftSendSnapshot sends a replicated queue's snapshot to a peer
 	// that fell behind (cluster.Transport.SendSnapshot).
 	RaftSendSnapshot func(gid uint64, s *broker.SnapshotMessage, done func(ok bool))
-	OnBroker         func(*broker.Broker)
-	ClusterCtx       context.Context
+	// RaftForward sends forwarded work to a peer (cluster.Transport.SendForward):
+	// publishes to a replicated queue led by another node go to it.
+	RaftForward func(to uint64, p []byte) bool
+	OnBroker    func(*broker.Broker)
+	ClusterCtx  context.Context
 
 	// clock is the broker's one clock source (ms), which stamps the
 	// shards' commands; nil: the wall clock. Tests set a fake one.
@@ -315,7 +318,7 @@ func Start(cfg Config) (*Server, error) {
 		metaCfg = broker.MetaLogConfig{Log: l, Snapshots: store, Fatal: fatal, NodeID: cfg.NodeID, Peers: cfg.MetaPeers, Send: cfg.RaftSend}
 		durable = &broker.DurableConfig{Log: l, Snapshots: store, Fatal: fatal}
 		if len(cfg.MetaPeers) > 1 {
-			durable.NodeID, durable.Send, durable.SendSnapshot = cfg.NodeID, cfg.RaftSend, cfg.RaftSendSnapshot
+			durable.NodeID, durable.Send, durable.SendSnapshot, durable.Forward = cfg.NodeID, cfg.RaftSend, cfg.RaftSendSnapshot, cfg.RaftForward
 		}
 		s.nodeLog = l
 	}

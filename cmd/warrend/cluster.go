@@ -117,6 +117,11 @@ func startCluster(cc *clusterConfig, log *slog.Logger) (*clusterNode, error) {
 			if b := cn.b.Load(); b != nil {
 				b.StepSnapshot(gid, (*broker.SnapshotMessage)(s))
 			}
+		},
+		DeliverForward: func(from uint64, p []byte) {
+			if b := cn.b.Load(); b != nil {
+				b.StepForward(from, p)
+			}
 		}})
 	if err != nil {
 		return nil, err
@@ -157,6 +162,13 @@ func (cn *clusterNode) sendSnapshot() func(gid uint64, s *broker.SnapshotMessage
 	return func(gid uint64, s *broker.SnapshotMessage, done func(bool)) {
 		cn.tr.SendSnapshot(gid, (*cluster.Snapshot)(s), done)
 	}
+}
+
+func (cn *clusterNode) forward() func(to uint64, p []byte) bool {
+	if cn == nil {
+		return nil
+	}
+	return cn.tr.SendForward
 }
 
 func (cn *clusterNode) setBroker(b *broker.Broker) {

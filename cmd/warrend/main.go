@@ -398,7 +398,7 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdin i
 			}
 		},
 		MaxQueues: fc.MaxQueues, MaxExchanges: fc.MaxExchanges, MaxBindings: fc.MaxBindings, MaxExclusivePerConnection: fc.MaxExclusive,
-		NodeID: cn.id(), MetaPeers: cn.ids(), RaftSend: cn.send(), RaftSendSnapshot: cn.sendSnapshot(), OnBroker: cn.setBroker, ClusterCtx: ctx,
+		NodeID: cn.id(), MetaPeers: cn.ids(), RaftSend: cn.send(), RaftSendSnapshot: cn.sendSnapshot(), RaftForward: cn.forward(), OnBroker: cn.setBroker, ClusterCtx: ctx,
 	})
 	if err != nil {
 		return err

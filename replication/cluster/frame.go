@@ -10,19 +10,21 @@ import (
 // Frames (design/replication.md §6.1): len u32 | kind u8 | payload, len
 // counting kind and payload, big-endian.
 const (
-	kindHello  = 1 // dialer → listener: magic, version, from, to, nonce
-	kindChall  = 2 // listener → dialer: version, from, nonce, mac
-	kindProof  = 3 // dialer → listener: mac
-	kindOK     = 4 // listener → dialer: authenticated
-	kindRefuse = 5 // either way: a reason, then the connection closes
-	kindRaft   = 6 // n × (gid u64 | len u32 | raftpb.Message)
-	kindSnap   = 7 // a snapshot to install (snapshot.go)
-	kindCall   = 8 // a call (call.go): op u8 | body
-	kindReply  = 9 // its answer: status u8 (0 ok, 1 error) | body or the error's text
+	kindHello  = 1  // dialer → listener: magic, version, from, to, nonce
+	kindChall  = 2  // listener → dialer: version, from, nonce, mac
+	kindProof  = 3  // dialer → listener: mac
+	kindOK     = 4  // listener → dialer: authenticated
+	kindRefuse = 5  // either way: a reason, then the connection closes
+	kindRaft   = 6  // n × (gid u64 | len u32 | raftpb.Message)
+	kindSnap   = 7  // a snapshot to install (snapshot.go)
+	kindCall   = 8  // a call (call.go): op u8 | body
+	kindReply  = 9  // its answer: status u8 (0 ok, 1 error) | body or the error's text
+	kindFwd    = 10 // forwarded work, opaque to the transport (forward.go)
 
 	// version 2 adds kindSnap, 3 calls (a hello to node 0: whichever
-	// node listens, for one call) and the hello's "to" in the MACs.
-	version   = 3
+	// node listens, for one call) and the hello's "to" in the MACs, 4
+	// kindFwd.
+	version   = 4
 	nonceSize = 32
 	magic     = "WRNC"
 )
@@ -46,7 +48,7 @@ func readFrame(r io.Reader, buf *[]byte, max int) (byte, []byte, error) {
 		return 0, nil, err
 	}
 	kind := hdr[4]
-	if kind < kindHello || kind > kindReply {
+	if kind < kindHello || kind > kindFwd {
 		return 0, nil, fmt.Errorf("cluster: a frame of unknown kind %d", kind)
 	}
 	if cap(*buf) < int(n-1) {

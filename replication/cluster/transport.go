@@ -57,6 +57,10 @@ type Config struct {
 	// DeliverSnapshot takes each snapshot a peer sent (SendSnapshot) on
 	// the same goroutine; nil drops them.
 	DeliverSnapshot func(gid uint64, s *Snapshot)
+	// DeliverForward takes each forwarded payload a peer sent
+	// (SendForward), on the same goroutine; p is valid only during the
+	// call. nil drops them.
+	DeliverForward func(from uint64, p []byte)
 	// MaxQueueBytes bounds each peer's queue of messages not yet written
 	// (default 64 MiB, design §6.1); MaxFrameBytes bounds a frame, read or
 	// written (default 16 MiB; a bigger message is dropped).
@@ -143,6 +147,8 @@ type peer struct {
 	count     int    // messages in pending
 	snaps     []pendingSnap
 	snapBytes int
+	fwds      [][]byte // forward.go
+	fwdBytes  int
 	spare     []byte
 	conn      net.Conn
 
@@ -543,10 +549,26 @@ func (p *peer) write(conn net.Conn) error {
 		p.spare = nil
 		snaps := p.snaps
 		p.snaps, p.snapBytes = nil, 0
+		fwds := p.fwds
+		p.fwds, p.fwdBytes = nil, 0
 		p.mu.Unlock()
 		if err := p.writeSnaps(conn, snaps); err != nil {
 			p.recycle(buf)
 			return err
+		}
+		if len(fwds) > 0 {
+			var bufs net.Buffers
+			for _, f := range fwds {
+				bufs = append(bufs, appendFrameHeader(nil, kindFwd, len(f)), f)
+			}
+			conn.SetWriteDeadline(time.Now().Add(writeTimeout))
+			if _, err := bufs.WriteTo(conn); err != nil {
+				p.dropped.Add(uint64(len(fwds)))
+				p.t.dropped.Add(uint64(len(fwds)))
+				p.recycle(buf)
+				return err
+			}
+			p.t.frames.Add(uint64(len(fwds)))
 		}
 		if n == 0 {
 			p.recycle(buf)
@@ -757,11 +779,18 @@ func (t *Transport) serve(c net.Conn) {
 	var buf, snap []byte
 	for {
 		kind, pl, err := readFrame(c, &buf, t.cfg.MaxFrameBytes)
-		if err == nil && kind != kindRaft && kind != kindSnap {
+		if err == nil && kind != kindRaft && kind != kindSnap && kind != kindFwd {
 			err = fmt.Errorf("cluster: a frame of kind %d after the handshake", kind)
 		}
 		if err == nil && kind == kindSnap {
 			err = t.snapFrame(from, pl, &snap)
+		} else if err == nil && len(snap) > 0 {
+			err = errors.New("cluster: another frame inside a snapshot's frames")
+		} else if err == nil && kind == kindFwd {
+			t.received.Add(1)
+			if t.cfg.DeliverForward != nil {
+				t.cfg.DeliverForward(from, pl)
+			}
 		} else if err == nil && len(snap) > 0 {
 			err = errors.New("cluster: a raft frame inside a snapshot's frames")
 		} else if err == nil {
