@@ -3,13 +3,18 @@ package admin
 import (
 	"net/http"
 	"slices"
+
+	"github.com/warren-mq/warren/wire"
 )
 
 // ClusterNode is one node of the cluster as this node sees it.
 type ClusterNode struct {
 	ID          uint64 `json:"id"`
 	ClusterAddr string `json:"cluster_addr"`
-	Self        bool   `json:"self"`
+	// Role in the metadata group: "voter" or "learner" (a node that
+	// joined, until it has caught up; past 5 voters).
+	Role string `json:"role,omitempty"`
+	Self bool   `json:"self"`
 	// Connected: this node's connection to it is up (always true for
 	// itself).
 	Connected bool `json:"connected"`
@@ -33,8 +38,65 @@ type ClusterStatus struct {
 // node is a cluster of one.
 func (a *API) SetClusterNodes(fn func() []ClusterNode) { a.clusterNodes = fn }
 
+// MemberChange is the body of POST /api/cluster/join, /leave and
+// /transfer-leadership.
+type MemberChange struct {
+	NodeID  uint64 `json:"node_id"`
+	Address string `json:"address,omitempty"` // join: the node's cluster address, HOST:PORT
+}
+
+// Leadership answers POST /api/cluster/transfer-leadership.
+type Leadership struct {
+	Leader uint64 `json:"leader"`
+}
+
+// Membership changes (administrator only, as every write): any node
+// takes them and the metadata leader applies them (design §6.7).
 func (a *API) clusterRoutes() {
 	a.mux.HandleFunc("GET /api/cluster", func(w http.ResponseWriter, r *http.Request) { writeJSON(w, 200, a.clusterStatus()) })
+	a.mux.HandleFunc("POST /api/cluster/join", func(w http.ResponseWriter, r *http.Request) {
+		var body MemberChange
+		if err := decode(r, &body); err != nil {
+			writeErr(w, err)
+			return
+		}
+		if err := a.b.JoinNode(r.Context(), body.NodeID, body.Address); err != nil {
+			writeErr(w, err)
+			return
+		}
+		w.WriteHeader(http.StatusNoContent)
+	})
+	a.mux.HandleFunc("POST /api/cluster/leave", func(w http.ResponseWriter, r *http.Request) {
+		var body MemberChange
+		if err := decode(r, &body); err != nil {
+			writeErr(w, err)
+			return
+		}
+		if body.NodeID == 0 {
+			writeErr(w, &wire.Error{Code: wire.InvalidArgument, Reason: "node_id: the id of the node to remove, a number from 1"})
+			return
+		}
+		if err := a.b.RemoveNode(r.Context(), body.NodeID); err != nil {
+			writeErr(w, err)
+			return
+		}
+		w.WriteHeader(http.StatusNoContent)
+	})
+	a.mux.HandleFunc("POST /api/cluster/transfer-leadership", func(w http.ResponseWriter, r *http.Request) {
+		var body MemberChange
+		if r.ContentLength != 0 {
+			if err := decode(r, &body); err != nil {
+				writeErr(w, err)
+				return
+			}
+		}
+		lead, err := a.b.TransferMetaLeadership(r.Context(), body.NodeID)
+		if err != nil {
+			writeErr(w, err)
+			return
+		}
+		writeJSON(w, 200, Leadership{Leader: lead})
+	})
 }
 
 func (a *API) clusterStatus() ClusterStatus {

@@ -136,7 +136,7 @@ func (c *testCluster) start(nd *clusterNode, ln net.Listener) {
 	for id := range c.peers {
 		ids = append(ids, id)
 	}
-	mc := MetaLogConfig{Log: l, Snapshots: store, NodeID: nd.id, Peers: ids, Addrs: c.peers,
+	mc := MetaLogConfig{Log: l, Snapshots: store, NodeID: nd.id, Peers: ids, Membership: Membership{Addrs: c.peers},
 		Send: tr.Send, TickEvery: 10 * time.Millisecond, Timeout: 20 * time.Second, Fatal: fatal, SnapshotEntries: c.snapEntries}
 	c.membership(nd, tr, &mc)
 	if err := b.OpenMetaLog(context.Background(), mc); err != nil {

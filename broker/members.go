@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"strconv"
 	"strings"
 	"time"
 
@@ -153,7 +154,23 @@ func (b *Broker) HandleClusterCall(from uint64, op byte, body []byte) ([]byte, e
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), memberTimeout)
 	defer cancel()
-	return b.memberCall(ctx, op, req)
+	ans, err := b.memberCall(ctx, op, req)
+	var we *wire.Error
+	if errors.As(err, &we) {
+		// The caller reads the code back (callError).
+		return nil, fmt.Errorf("%d %s", we.Code, we.Reason)
+	}
+	return ans, err
+}
+
+// callError is the error a forwarded call's answer carries (the code
+// HandleClusterCall put first).
+func callError(msg string) *wire.Error {
+	code, reason, ok := strings.Cut(msg, " ")
+	if n, err := strconv.Atoi(code); ok && err == nil {
+		return &wire.Error{Code: wire.Code(n), Reason: reason}
+	}
+	return &wire.Error{Code: wire.PreconditionFailed, Reason: msg}
 }
 
 // memberCall runs op on the metadata leader: here if this node leads,
@@ -193,7 +210,7 @@ func (b *Broker) memberCall(ctx context.Context, op byte, req MemberRequest) ([]
 				if isRetryable(ce.Msg) {
 					err = replication.ErrNotMetaLeader
 				} else {
-					return nil, &wire.Error{Code: codeOf(ce.Msg), Reason: ce.Msg}
+					return nil, callError(ce.Msg)
 				}
 			}
 		}
@@ -205,7 +222,7 @@ func (b *Broker) memberCall(ctx context.Context, op byte, req MemberRequest) ([]
 			if errors.As(err, &we) {
 				return nil, we
 			}
-			return nil, &wire.Error{Code: codeOf(err.Error()), Reason: err.Error()}
+			return nil, &wire.Error{Code: codeOf(err), Reason: err.Error()}
 		}
 		// No leader, another leader, or a change in progress: again
 		// shortly (membership changes are rare; polling is fine).
@@ -223,13 +240,10 @@ func isRetryable(msg string) bool {
 	return strings.Contains(msg, replication.ErrNotMetaLeader.Error()) || strings.Contains(msg, replication.ErrChangePending.Error())
 }
 
-// codeOf maps a membership error's text to a protocol code.
-func codeOf(msg string) wire.Code {
-	switch {
-	case strings.Contains(msg, replication.ErrMemberUnknown.Error()):
+// codeOf maps a membership error to a protocol code.
+func codeOf(err error) wire.Code {
+	if errors.Is(err, replication.ErrMemberUnknown) {
 		return wire.NotFound
-	case strings.Contains(msg, replication.ErrMemberExists.Error()):
-		return wire.PreconditionFailed
 	}
 	return wire.PreconditionFailed
 }

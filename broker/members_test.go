@@ -111,9 +111,25 @@ func TestClusterJoin(t *testing.T) {
 	for _, nd := range c.nodes {
 		c.sees(nd, "queue q4 durable=false")
 	}
-	// Placement counts the joined node.
+	// Placement counts the joined node: of four one-replica queues, one
+	// is placed on it, and it leads it.
 	if got := fb.b.Load().topo.meta.Nodes(); !slices.Equal(got, []uint64{1, 2, 3, 4}) {
 		t.Fatalf("placement's nodes: %v", got)
+	}
+	onNew := ""
+	for _, name := range []string{"d1", "d2", "d3", "d4"} {
+		if _, err := fb.b.Load().DeclareQueueAs(&wire.QueueDeclare{Name: name, Durable: true, Args: wire.Table{{Key: "replicas", Value: wire.Int(1)}}}, 0, ""); err != nil {
+			t.Fatal(err)
+		}
+		if info, _ := fb.b.Load().Queue(name); slices.Equal(info.Replicas, []uint64{4}) {
+			onNew = name
+		}
+	}
+	if onNew == "" {
+		t.Fatal("no one-replica queue placed on the joined node")
+	}
+	if c.queueLeader(onNew) != n4 {
+		t.Fatalf("queue %s is not led by the joined node", onNew)
 	}
 
 	// Joining twice: the same node at the same address is already a

@@ -38,16 +38,21 @@ type MetaLogConfig struct {
 	// TickEvery is the metadata group's raft tick in a cluster (0: 100 ms,
 	// design §6.5: a dead leader is replaced in 1-2 s).
 	TickEvery time.Duration
-	// Membership (members.go). Addrs are the cluster addresses of Peers.
-	// Join (a node joining a cluster, no Peers) is called when the log
-	// holds no metadata state yet: it asks a member to add this node
-	// and returns the members' addresses. OnMembers hears the members
-	// (their addresses, removed ids) once recovered and at every change:
-	// the transport dials them (cluster.Transport.SetPeers). OnRemoved
-	// hears that this node was removed from the cluster (it stops
-	// serving). Forward carries a membership request to the metadata
-	// leader (cluster.Transport.CallNode), and SendSnapshot the group's
-	// snapshot to a node behind its log (cluster.Transport.SendSnapshot).
+	Membership
+}
+
+// Membership is how a cluster node's metadata group reaches the other
+// nodes for membership (members.go). Addrs are the cluster addresses of
+// Peers. Join (a node joining a cluster, no Peers) is called when the log
+// holds no metadata state yet: it asks a member to add this node and
+// returns the members' addresses. OnMembers hears the members (their
+// addresses, removed ids) once recovered and at every change: the
+// transport dials them (cluster.Transport.SetPeers). OnRemoved hears that
+// this node was removed from the cluster (it stops serving). Forward
+// carries a membership request to the metadata leader (cluster.Transport.
+// CallNode), and SendSnapshot the group's snapshot to a node behind its
+// log (cluster.Transport.SendSnapshot).
+type Membership struct {
 	Addrs        map[uint64]string
 	Join         func(ctx context.Context) (map[uint64]string, error)
 	OnMembers    func(members map[uint64]string, removed []uint64)

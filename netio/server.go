@@ -118,11 +118,17 @@ type Config struct {
 	RaftForward func(to uint64, p []byte) bool
 	OnBroker    func(*broker.Broker)
 	ClusterCtx  context.Context
+	// Membership: the metadata group's membership hooks (a node that
+	// joins has Membership.Join and no MetaPeers).
+	Membership broker.Membership
 
 	// clock is the broker's one clock source (ms), which stamps the
 	// shards' commands; nil: the wall clock. Tests set a fake one.
 	clock func() int64
 }
+
+// clustered: this node is one of a cluster (several peers, or joining).
+func (c *Config) clustered() bool { return len(c.MetaPeers) > 1 || c.Membership.Join != nil }
 
 func (c *Config) fill() {
 	if c.Addr == "" {
@@ -315,9 +321,10 @@ func Start(cfg Config) (*Server, error) {
 		if fatal == nil {
 			fatal = func(err error) { s.log.Error("the log stopped; restart to recover", "err", err) }
 		}
-		metaCfg = broker.MetaLogConfig{Log: l, Snapshots: store, Fatal: fatal, NodeID: cfg.NodeID, Peers: cfg.MetaPeers, Send: cfg.RaftSend}
+		metaCfg = broker.MetaLogConfig{Log: l, Snapshots: store, Fatal: fatal, NodeID: cfg.NodeID, Peers: cfg.MetaPeers, Send: cfg.RaftSend,
+			Membership: cfg.Membership}
 		durable = &broker.DurableConfig{Log: l, Snapshots: store, Fatal: fatal}
-		if len(cfg.MetaPeers) > 1 {
+		if cfg.clustered() {
 			durable.NodeID, durable.Send, durable.SendSnapshot, durable.Forward = cfg.NodeID, cfg.RaftSend, cfg.RaftSendSnapshot, cfg.RaftForward
 		}
 		s.nodeLog = l
@@ -338,7 +345,7 @@ func Start(cfg Config) (*Server, error) {
 			_ = s.nodeLog.Close()
 			return nil, fmt.Errorf("recovering the topology from the log in %s: %w", cfg.DataDir, err)
 		}
-		if len(cfg.MetaPeers) > 1 {
+		if cfg.clustered() {
 			s.log.Info("waiting for the cluster's metadata group: a leader, and this node caught up", "node", cfg.NodeID, "nodes", len(cfg.MetaPeers))
 			ctx := cfg.ClusterCtx
 			if ctx == nil {

@@ -75,9 +75,9 @@ type MemberChange struct {
 
 // Errors of membership changes (wrapped with the details).
 var (
-	ErrMemberExists  = errors.New("replication: already a member")
-	ErrMemberUnknown = errors.New("replication: not a member")
-	ErrMemberRefused = errors.New("replication: membership change refused")
+	ErrMemberExists  = errors.New("already a member")
+	ErrMemberUnknown = errors.New("not a member")
+	ErrMemberRefused = errors.New("membership change refused")
 	// ErrNotMetaLeader: a membership change or leadership transfer asked
 	// of a node that does not lead the metadata group (the caller
 	// forwards it to the leader).
@@ -103,7 +103,7 @@ func checkChange(m Members, cs raftpb.ConfState, c MemberChange) error {
 		}
 		if a, ok := m.Addrs[c.Node]; ok || voter || learner {
 			if a == c.Addr {
-				return fmt.Errorf("%w: node %d at %s", ErrMemberExists, c.Node, a)
+				return fmt.Errorf("node %d is %w of the cluster, at %s", c.Node, ErrMemberExists, a)
 			}
 			return fmt.Errorf("%w: node id %d is taken by the member at %s: give the new node another --node-id", ErrMemberRefused, c.Node, a)
 		}
@@ -125,9 +125,9 @@ func checkChange(m Members, cs raftpb.ConfState, c MemberChange) error {
 	case MemberRemove:
 		if !voter && !learner {
 			if slices.Contains(m.Removed, c.Node) {
-				return fmt.Errorf("%w: node %d was already removed", ErrMemberUnknown, c.Node)
+				return fmt.Errorf("node %d is %w: it was already removed", c.Node, ErrMemberUnknown)
 			}
-			return fmt.Errorf("%w: node %d is not a member of the cluster (members: %s)", ErrMemberUnknown, c.Node, idList(m.IDs()))
+			return fmt.Errorf("node %d is %w of the cluster (members: %s)", c.Node, ErrMemberUnknown, idList(m.IDs()))
 		}
 		if voter && len(cs.Voters) == 1 {
 			return fmt.Errorf("%w: node %d is the cluster's last voter; a cluster cannot remove it", ErrMemberRefused, c.Node)

@@ -3,6 +3,7 @@ package main
 import (
 	"encoding/json"
 	"fmt"
+	"strconv"
 	"text/tabwriter"
 )
 
@@ -22,6 +23,7 @@ func (c *cli) cluster(verb string, args []string) error {
 			Nodes []struct {
 				ID          uint64 `json:"id"`
 				ClusterAddr string `json:"cluster_addr"`
+				Role        string `json:"role"`
 				Self        bool   `json:"self"`
 				Connected   bool   `json:"connected"`
 			} `json:"nodes"`
@@ -46,6 +48,8 @@ func (c *cli) cluster(verb string, args []string) error {
 				role, self := "follower", ""
 				if n.ID == cs.MetaLeader {
 					role = "leader"
+				} else if n.Role == "learner" {
+					role = "learner"
 				}
 				if n.Self {
 					self = " (this node)"
@@ -58,6 +62,61 @@ func (c *cli) cluster(verb string, args []string) error {
 			}
 			return nil
 		})
+	case "join":
+		// warrenctl cluster join ADDR NODE: add node NODE, whose cluster
+		// port is ADDR (the node itself starts with --join).
+		if len(args) != 2 {
+			return usageErr{"cluster join: want ADDR NODE (the new node's cluster address HOST:PORT and its id)"}
+		}
+		id, err := nodeArg("cluster join", args[1])
+		if err != nil {
+			return err
+		}
+		if err := c.call("POST", "/api/cluster/join", map[string]any{"node_id": id, "address": args[0]}, nil); err != nil {
+			return err
+		}
+		fmt.Fprintf(c.out, "node %d (%s) added to the cluster: a learner of the metadata group until it has caught up\n", id, args[0])
+		return nil
+	case "leave":
+		if len(args) != 1 {
+			return usageErr{"cluster leave: want NODE (the id of the node to remove)"}
+		}
+		id, err := nodeArg("cluster leave", args[0])
+		if err != nil {
+			return err
+		}
+		if err := c.call("POST", "/api/cluster/leave", map[string]any{"node_id": id}, nil); err != nil {
+			return err
+		}
+		fmt.Fprintf(c.out, "node %d removed from the cluster (it stops; its id is never reused)\n", id)
+		return nil
+	case "transfer-leadership":
+		if len(args) > 1 {
+			return usageErr{"cluster transfer-leadership: want at most NODE (default: the most caught-up voter)"}
+		}
+		var id uint64
+		if len(args) == 1 {
+			var err error
+			if id, err = nodeArg("cluster transfer-leadership", args[0]); err != nil {
+				return err
+			}
+		}
+		var out struct {
+			Leader uint64 `json:"leader"`
+		}
+		if err := c.call("POST", "/api/cluster/transfer-leadership", map[string]any{"node_id": id}, &out); err != nil {
+			return err
+		}
+		fmt.Fprintf(c.out, "node %d leads the metadata group\n", out.Leader)
+		return nil
 	}
-	return usageErr{"cluster: want status"}
+	return usageErr{"cluster: want status, join, leave or transfer-leadership"}
+}
+
+func nodeArg(cmd, s string) (uint64, error) {
+	id, err := strconv.ParseUint(s, 10, 64)
+	if err != nil || id == 0 {
+		return 0, usageErr{fmt.Sprintf("%s: %q is not a node id (a number from 1)", cmd, s)}
+	}
+	return id, nil
 }

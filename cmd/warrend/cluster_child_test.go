@@ -75,6 +75,12 @@ func startClusterChild(t *testing.T, id int, dir, peers, secret string, ready ch
 	cmd.Env = append(os.Environ(), fmt.Sprintf("WARREND_TEST_CHILD=--listen 127.0.0.1:0 --http 127.0.0.1:0 --log-level warn --disk-free-limit -1 --data %s --node-id %d --peers %s --cluster-secret-file %s",
 		data, id, peers, secret))
 	cmd.Stderr = os.Stderr
+	return startChildCmd(t, id, cmd, ready)
+}
+
+// startChildCmd starts cmd (a warrend child) and reports on ready once it
+// serves (its READY line).
+func startChildCmd(t *testing.T, id int, cmd *exec.Cmd, ready chan<- error) *clusterChild {
 	out, err := cmd.StdoutPipe()
 	if err != nil {
 		t.Fatal(err)

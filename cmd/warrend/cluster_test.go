@@ -58,18 +58,18 @@ func TestClusterSettings(t *testing.T) {
 		}
 		return ""
 	}
-	cc, err := clusterSettings("2", "", "1=h1,2=h2:7000,3=h3", "", env)
+	cc, err := clusterSettings("2", "", "1=h1,2=h2:7000,3=h3", "", "", env)
 	if err != nil {
 		t.Fatal(err)
 	}
 	if cc.NodeID != 2 || cc.Listen != "h2:7000" || cc.Peers[1] != "h1:5682" || string(cc.Secret) != "0123456789abcdef" {
 		t.Fatalf("got %+v", cc)
 	}
-	cc, err = clusterSettings("2", "0.0.0.0", "1=h1,2=h2:7000,3=h3", "", env)
+	cc, err = clusterSettings("2", "0.0.0.0", "1=h1,2=h2:7000,3=h3", "", "", env)
 	if err != nil || cc.Listen != "0.0.0.0:5682" {
 		t.Fatalf("--cluster-listen without a port: %+v, %v", cc, err)
 	}
-	if cc, err := clusterSettings("", "", "", "", env); cc != nil || err != nil {
+	if cc, err := clusterSettings("", "", "", "", "", env); cc != nil || err != nil {
 		t.Fatalf("no cluster flags: %+v, %v", cc, err)
 	}
 }

@@ -23,6 +23,7 @@ import (
 	"net/http"
 	"os"
 	"os/signal"
+	"path/filepath"
 	"runtime/debug"
 	rtmetrics "runtime/metrics"
 	"strconv"
@@ -156,6 +157,7 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdin i
 	clusterListen := fs.String("cluster-listen", "", fmt.Sprintf("the cluster port, HOST:PORT (default: this node's address in --peers; port %d; env WARREN_CLUSTER_LISTEN)", cluster.DefaultPort))
 	peers := fs.String("peers", "", "every node of the cluster, this one included: 1=HOST:PORT,2=HOST:PORT,... (env WARREN_PEERS); the topology is replicated to every node, queues are not yet (README: Cluster quick start)")
 	pprofAddr := fs.String("pprof", "", "serve Go's profiler (/debug/pprof/: CPU and heap profiles, execution traces) on this address, e.g. 127.0.0.1:6060; no authentication, so keep it on loopback (default off; env WARREN_PPROF)")
+	join := fs.String("join", "", "add this new node to a running cluster through a member's cluster address, HOST:PORT (env WARREN_JOIN); with --node-id (an id no node has had) and --cluster-listen (the address the others reach this node at); ignored once the data directory holds the cluster")
 	secretFile := fs.String("cluster-secret-file", "", "a file holding the shared cluster secret, at least 16 bytes (env WARREN_CLUSTER_SECRET_FILE; or the secret itself in WARREN_CLUSTER_SECRET)")
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
@@ -249,19 +251,20 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdin i
 	if fc.HandshakeTimeoutMs < 0 {
 		return fmt.Errorf("handshake timeout %dms: want a positive number of milliseconds (0: the default, 10000)", fc.HandshakeTimeoutMs)
 	}
-	var nid, cl, pe, sf string
+	var nid, cl, pe, jo, sf string
 	pick(*nodeID, "WARREN_NODE_ID", &nid)
 	pick(*clusterListen, "WARREN_CLUSTER_LISTEN", &cl)
 	pick(*peers, "WARREN_PEERS", &pe)
 	pick(*secretFile, "WARREN_CLUSTER_SECRET_FILE", &sf)
-	cc, err := clusterSettings(nid, cl, pe, sf, getenv)
+	pick(*join, "WARREN_JOIN", &jo)
+	cc, err := clusterSettings(nid, cl, pe, jo, sf, getenv)
 	if err != nil {
 		return err
 	}
-	if cc != nil && len(cc.Peers) == 1 && cc.NodeID != 1 {
+	if cc != nil && cc.Join == "" && len(cc.Peers) == 1 && cc.NodeID != 1 {
 		return fmt.Errorf("--peers names only node %d: a single node is node 1 (list every node of a cluster, this one included)", cc.NodeID)
 	}
-	if cc != nil && len(cc.Peers) == 1 {
+	if cc != nil && cc.Join == "" && len(cc.Peers) == 1 {
 		cc = nil // a cluster of one: the single node
 	}
 	tlsFiles, err := tlsSettings(&fc)
@@ -378,6 +381,9 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdin i
 	fatal := make(chan error, 1)
 	var cn *clusterNode
 	if cc != nil {
+		if why, err := os.ReadFile(filepath.Join(fc.Data, removedMarker)); err == nil {
+			return fmt.Errorf("node %d was removed from the cluster (%s): it cannot serve again; start a new node with an empty data directory and a new --node-id (--join)", cc.NodeID, strings.TrimSpace(string(why)))
+		}
 		if cn, err = startCluster(cc, log); err != nil {
 			return err
 		}
@@ -399,6 +405,7 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdin i
 		},
 		MaxQueues: fc.MaxQueues, MaxExchanges: fc.MaxExchanges, MaxBindings: fc.MaxBindings, MaxExclusivePerConnection: fc.MaxExclusive,
 		NodeID: cn.id(), MetaPeers: cn.ids(), RaftSend: cn.send(), RaftSendSnapshot: cn.sendSnapshot(), RaftForward: cn.forward(), OnBroker: cn.setBroker, ClusterCtx: ctx,
+		Membership: cn.membership(),
 	})
 	if err != nil {
 		return err
@@ -444,14 +451,33 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdin i
 	if onReady != nil {
 		onReady(brokerAddr, readyHTTP)
 	}
-	var failed error
+	var failed, removed error
+	var removedCh chan string
+	if cn != nil {
+		removedCh = cn.removed
+	}
 	select {
 	case <-ctx.Done():
 	case failed = <-fatal:
 		log.Error("the log on disk could not be written; stopping (restart to recover from the log)", "err", failed)
+	case why := <-removedCh:
+		removed = fmt.Errorf("node %d: %s; it stops and will not serve again (its data directory can be deleted)", cn.id(), why)
+		log.Error("removed from the cluster: stopping", "node", cn.id())
+		_ = os.WriteFile(filepath.Join(fc.Data, removedMarker), []byte(why+"\n"), 0o640)
 	}
 	state.Store(stateStopping)
 	log.Info("shutting down")
+	if cn != nil && failed == nil && removed == nil {
+		// Graceful shutdown (design §6.6): the metadata leadership goes to
+		// the most caught-up voter before this node stops.
+		hctx, hcancel := context.WithTimeout(context.Background(), 5*time.Second)
+		if to, err := srv.Broker.HandOffMetaLeadership(hctx); err != nil {
+			log.Warn("the metadata group's leadership was not handed on before stopping (the others elect a leader in 1-2 s)", "err", err)
+		} else if to != 0 {
+			log.Info("handed the metadata group's leadership on", "to", to)
+		}
+		hcancel()
+	}
 	sctx, cancel := context.WithTimeout(context.Background(), 15*time.Second)
 	defer cancel()
 	if al != nil {
@@ -464,8 +490,15 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdin i
 	if failed != nil {
 		return fmt.Errorf("the log on disk could not be written (restart to recover from it): %w", failed)
 	}
+	if removed != nil {
+		return removed
+	}
 	return err
 }
+
+// removedMarker, in the data directory, records that the node was
+// removed from the cluster: it refuses to start again.
+const removedMarker = "cluster-removed"
 
 // What /readyz reports (readyzHandler).
 const (
