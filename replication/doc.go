@@ -155,7 +155,8 @@
 //     (replication/cluster) and the broker runs the metadata group with
 //     every node a voter over it (MetaConfig.Peers: proposals forwarded to
 //     the leader, applied at commit on every node, each entry naming its
-//     origin so the proposer's Wait and Done see its own commands); queue
+//     origin so the proposer's Wait and Done see its own commands), with
+//     membership changes and snapshot install (members.go); queue
 //     groups with several voters, placement, forwarding, enqueuer dedup
 //     and consumer resume are not (the queue side of resume is:
 //     queue.Machine.Outstanding), and the transport does not carry

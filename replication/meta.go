@@ -168,8 +168,10 @@ type MetaConfig struct {
 	// commands' results. A proposal lost with a leadership (forwarded to a
 	// leader that lost it) is resolved when a later one of this node's is
 	// applied (Wait returns, Done is never told: not applied), or not at
-	// all: bound Wait with a context. Not yet: snapshot install (a follower
-	// behind the leader's snapshot stops), membership changes.
+	// all: bound Wait with a context. Membership (members.go): after the
+	// first snapshot, the snapshot's configuration and members win over
+	// Peers; a follower behind the leader's snapshot installs it
+	// (SendSnapshot, StepSnapshot).
 	Peers []uint64
 	Send  func(gid uint64, msgs []raftpb.Message)
 	// Done (several voters) is told, under Lock, of each command this node
