@@ -242,6 +242,10 @@ func (t *Transport) Close() error {
 	default:
 	}
 	close(t.closed)
+	// SetPeers starts writers under pmu after checking closed: once this
+	// lock is passed, none starts, and Wait below sees every one started.
+	t.pmu.Lock()
+	t.pmu.Unlock()
 	t.cancel()
 	err := t.ln.Close()
 	t.mu.Lock()
@@ -283,12 +287,13 @@ func (t *Transport) peerList() []*peer {
 // that tells them (OnRemoved on their side). This node's own entry is
 // ignored.
 func (t *Transport) SetPeers(peers map[uint64]string, removed []uint64) {
+	t.pmu.Lock()
 	select {
 	case <-t.closed:
+		t.pmu.Unlock()
 		return
 	default:
 	}
-	t.pmu.Lock()
 	var start, drop []*peer
 	next := make(map[uint64]*peer, len(peers))
 	for id, addr := range peers {
@@ -312,6 +317,7 @@ func (t *Transport) SetPeers(peers map[uint64]string, removed []uint64) {
 	for _, id := range removed {
 		t.gone[id] = true
 	}
+	t.wg.Add(len(start))
 	t.pmu.Unlock()
 	for _, p := range drop {
 		close(p.stop)
@@ -329,7 +335,6 @@ func (t *Transport) SetPeers(peers map[uint64]string, removed []uint64) {
 		}
 	}
 	for _, p := range start {
-		t.wg.Add(1)
 		go p.run()
 	}
 }
