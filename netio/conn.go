@@ -1,7 +1,6 @@
 package netio
 
 import (
-	"cmp"
 	"errors"
 	"slices"
 	"strconv"
@@ -72,6 +71,7 @@ type conn struct {
 	dec       wire.Decompressor
 	routeBuf  []queue.QueueRef
 	parts     [][]broker.EnqItem
+	group     grouper // groupByQueue's scratch
 
 	mu       sync.Mutex
 	channels map[uint16]*channel
@@ -846,15 +846,17 @@ func (c *conn) onPublish(ch *channel, f wire.Frame) error {
 		if len(p) == 0 {
 			continue
 		}
-		var items []broker.EnqItem // handed to the shard
-		if cap(p) > partsKeepMax {
+		items := groupByQueue(p, &c.group) // handed to the shard: p itself, or a new slice
+		switch {
+		case cap(p) > partsKeepMax:
 			// A huge batch's scratch is not kept per connection: hand it
 			// over whole instead of copying it.
-			items, c.parts[si] = p, nil
-		} else {
+			c.parts[si] = nil
+		case &items[0] == &p[0]:
 			items, c.parts[si] = slices.Clone(p), p[:0]
+		default:
+			c.parts[si] = p[:0]
 		}
-		slices.SortStableFunc(items, func(a, b broker.EnqItem) int { return cmp.Compare(a.Q.Name(), b.Q.Name()) })
 		c.srv.Submit(broker.Command{Kind: broker.CmdPublish, Items: items, Batch: batch})
 	}
 	batch.PartDone()
