@@ -570,15 +570,15 @@ func (g *MetaGroup) transfer(to uint64, leader bool) transferRes {
 	if to == 0 {
 		best, bestMatch := uint64(0), uint64(0)
 		g.rn.WithProgress(func(id uint64, typ raft.ProgressType, pr tracker.Progress) {
-			if typ != raft.ProgressTypePeer || id == g.cfg.NodeID {
-				return
+			if typ != raft.ProgressTypePeer || id == g.cfg.NodeID || !pr.RecentActive {
+				return // a voter not heard from lately may be down (or stopping too)
 			}
 			if best == 0 || pr.Match > bestMatch || (pr.Match == bestMatch && id < best) {
 				best, bestMatch = id, pr.Match
 			}
 		})
 		if best == 0 {
-			return transferRes{err: fmt.Errorf("%w: no other voter to hand the leadership to", ErrMemberRefused)}
+			return transferRes{err: fmt.Errorf("%w: no other voter (heard from lately) to hand the leadership to", ErrMemberRefused)}
 		}
 		to = best
 	}
@@ -728,7 +728,8 @@ func (g *MetaGroup) TransferLeadership(ctx context.Context, to uint64) (uint64, 
 			}
 			break
 		}
-		to = res.to
+		// Again to the same node if one was named; else to the most
+		// caught-up voter then (the first may have gone).
 	}
 }
 
