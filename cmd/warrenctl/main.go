@@ -47,8 +47,8 @@ Global flags (before or after the command):
   --url URL    native protocol URL (env WARREN_URL; default warren://guest:guest@127.0.0.1:5680;
                warrens://… is TLS, port 5681); its path names the virtual host the exchange, queue,
                binding, publish, consume and dlq commands work in (…:5680/staging; none or %2F: "/")
-  --api URL    admin API URL (env WARREN_API; default: the --url host on port 15680, or
-               https://HOST:15681 for a warrens:// URL); a user in it (https://USER:PASS@HOST:15681)
+  --api URL    admin API URL (env WARREN_API; default: the --url host, on the --url port + 10000:
+               http://HOST:15680 for :5680, https://HOST:15681 for warrens://…:5681); a user in it (https://USER:PASS@HOST:15681)
                logs in to the admin API, else --url's user does (the admin API needs a password user)
   --ca FILE    PEM CA to verify the broker's TLS certificate with, on both (env WARREN_CA)
   --cert FILE, --key FILE  a client certificate for mutual TLS (env WARREN_CERT, WARREN_KEY);
@@ -117,6 +117,22 @@ type cli struct {
 	ctx       context.Context
 }
 
+// defaultAPI is the admin API URL beside the native address addr: the
+// same host, the port 10,000 above the native one (5680 → 15680, TLS
+// 5681 → 15681, a cluster's node 2 on 5690 → 15690), https for a
+// warrens:// URL; 15680 (15681) when that would be past 65535.
+func defaultAPI(addr string, tls bool) string {
+	host, port, _ := net.SplitHostPort(addr)
+	scheme, api := "http", 15680
+	if tls {
+		scheme, api = "https", 15681
+	}
+	if p, err := strconv.Atoi(port); err == nil && p+10000 <= 65535 {
+		api = p + 10000
+	}
+	return scheme + "://" + net.JoinHostPort(host, strconv.Itoa(api))
+}
+
 // usageErr is a mistake on the command line (exit 2).
 type usageErr struct{ msg string }
 
@@ -153,11 +169,7 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdin i
 	}
 	c.user, c.pass = user, pass
 	if c.api == "" {
-		host, _, _ := net.SplitHostPort(addr)
-		c.api = "http://" + net.JoinHostPort(host, "15680")
-		if strings.HasPrefix(c.url, "warrens:") {
-			c.api = "https://" + net.JoinHostPort(host, "15681")
-		}
+		c.api = defaultAPI(addr, strings.HasPrefix(c.url, "warrens:"))
 	}
 	c.apiUser, c.apiPass = user, pass
 	c.vhost = "/"
@@ -971,6 +983,14 @@ func (c *cli) publish(args []string) error {
 		var we *wire.Error
 		if errors.As(err, &we) && we.Code == wire.ExchangeNotFound {
 			return fmt.Errorf("publish: %s (warrenctl exchange declare %s --type TYPE)", protoErr(err), *ex)
+		}
+		if errors.As(err, &we) && we.Code == wire.AccessRefused {
+			// A nack carries no text: say what permission it needs.
+			name := *ex
+			if name == "" {
+				name = "amq.default" // the default exchange's name in permissions
+			}
+			return fmt.Errorf("publish: %s (publishing needs write permission on exchange %q in vhost %q: warrenctl permission set USER --vhost %s --write ...)", protoErr(err), name, c.vhost, c.vhost)
 		}
 		return fmt.Errorf("publish: %s", protoErr(err))
 	}

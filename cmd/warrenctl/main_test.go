@@ -194,3 +194,24 @@ func TestWarrenctlReplayIDs(t *testing.T) {
 		t.Fatalf("dlq replay --ids x: exit %d %q", code, errs)
 	}
 }
+
+// The admin API's default address follows --url's port: 10,000 above it,
+// so a cluster node's --url reaches that node's admin API.
+func TestDefaultAPI(t *testing.T) {
+	for _, c := range []struct {
+		addr string
+		tls  bool
+		want string
+	}{
+		{"127.0.0.1:5680", false, "http://127.0.0.1:15680"},
+		{"127.0.0.1:5690", false, "http://127.0.0.1:15690"},
+		{"broker:5681", true, "https://broker:15681"},
+		{"[::1]:5700", false, "http://[::1]:15700"},
+		{"127.0.0.1:60000", false, "http://127.0.0.1:15680"},
+		{"127.0.0.1:60000", true, "https://127.0.0.1:15681"},
+	} {
+		if got := defaultAPI(c.addr, c.tls); got != c.want {
+			t.Errorf("defaultAPI(%q, %v) = %q, want %q", c.addr, c.tls, got, c.want)
+		}
+	}
+}

@@ -436,7 +436,7 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdin i
 	// HTTP Basic credentials (503 until recovery is done).
 	webH.Store(console.New(api, adminconn.New(srv)))
 	state.Store(stateReady)
-	log.Info("durable exchanges, queues, bindings between durable ends, and the messages of durable queues survive a restart (README: what survives a restart)")
+	log.Info("durable exchanges, queues, bindings between durable ends, and the messages of durable queues survive a restart (README: Durability)")
 	brokerAddr, readyHTTP := srv.Addr(), net.Addr(nil)
 	if brokerAddr == nil {
 		brokerAddr = srv.TLSAddr()
