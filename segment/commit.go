@@ -6,6 +6,7 @@ package segment
 import (
 	"encoding/binary"
 	"fmt"
+	"slices"
 	"sync"
 )
 
@@ -86,6 +87,7 @@ func (l *Log) Append(batches ...Batch) error {
 		}
 		l.setShadow(b.Group, s)
 	}
+	l.growPending(total, len(batches))
 	for i := range batches {
 		l.encodeLocked(&batches[i])
 	}
@@ -117,17 +119,31 @@ const MaxEntry = MaxRecord / 2
 // maxFileSize, every offset fits the index's uint32.
 const maxPending = 256 << 20
 
-// maxFreeBuf: write buffers up to this capacity are reused. There are
-// at most maxInflight+1 of them (one pending, the others in flight), so
-// at most 24 MiB stay on the heap. With 1 MiB, a node whose group commits
-// were a few megabytes (one busy queue: a round's entry is about 1 MiB)
-// allocated every pending buffer afresh and grew it by append from
-// 256 KiB: a fifth of the process's CPU went to copying and zeroing
-// those buffers (BENCHMARKS.md, durable queues).
-const maxFreeBuf = 8 << 20
+// maxFreeBuf: write buffers up to this capacity are reused; a larger one
+// is left to the GC: kept, it would hold its peak size for good (the heap
+// of a node with a deep durable backlog must not; TestDurableHeapPerMessage
+// in broker counts every retained byte).
+const maxFreeBuf = 1 << 20
 
-// minBuf is a new write buffer's capacity at the least.
+// minBuf is a new write buffer's capacity.
 const minBuf = 256 << 10
+
+// growPending makes room in the pending buffer for an append of entries
+// bytes (data and entry headers) in n batches, and when it must grow,
+// for a group commit as large as the last one: grown by append's
+// doublings, a busy queue's commits of a few megabytes were copied at
+// every step, in a fresh buffer each time (a buffer over maxFreeBuf is
+// not reused): a fifth of BenchmarkDurablePersistent1K's CPU.
+func (l *Log) growPending(entries, n int) {
+	// Record headers and padding: one entries record per maxEntriesRecord
+	// bytes and a hard state record per batch, at most.
+	need := entries + (entries/maxEntriesRecord+2*n+1)*(recordHeader+48+align)
+	if cap(l.pending)-len(l.pending) >= need {
+		return
+	}
+	want := max(len(l.pending)+need, l.lastWrite+l.lastWrite/4)
+	l.pending = slices.Grow(l.pending, want-len(l.pending))
+}
 
 func (l *Log) encodeLocked(b *Batch) {
 	for i := 0; i < len(b.Entries); {
@@ -333,9 +349,7 @@ func (l *Log) freeBuf() []byte {
 		l.freeBufs = l.freeBufs[:n-1]
 		return b
 	}
-	// Room for a commit as large as the last one, and some: a buffer
-	// grown by append is copied at every step.
-	return make([]byte, 0, max(minBuf, min(maxFreeBuf, 2*l.lastWrite)))
+	return make([]byte, 0, minBuf)
 }
 
 func (l *Log) freeUpdates() []update {
