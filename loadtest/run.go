@@ -216,6 +216,17 @@ loop:
 	stop.Store(true)
 	endPub()
 	<-pubDone
+	// The loop may have ended on pubDone while a producer's error was
+	// pending too (select picks at random among ready cases): a ledger
+	// run whose broker went away must still end as a lost connection.
+	if !connLost && runErr == nil && ledger != nil {
+		select {
+		case err := <-errs:
+			connLost = true
+			fmt.Fprintf(out, "%v: the publishing phase ends here\n", err)
+		default:
+		}
+	}
 	pubEnd := time.Now()
 	if pubEnd.Sub(lastAt) >= 100*time.Millisecond { // the last partial second
 		pub, _, _ := tr.totals()
