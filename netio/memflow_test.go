@@ -109,7 +109,11 @@ func TestFlowIgnoringPublisherIsBlocked(t *testing.T) {
 	for _, ci := range s.Connections() {
 		before[ci.ID] = true
 	}
-	r := rawDial(t, s, 200) // 200 ms heartbeats; it never sends one
+	// 500 ms heartbeats; it never sends one. (With 200 ms a CI run under
+	// -race at load 13 saw the connection reset before it was blocked: a
+	// loop starved of CPU for 2 intervals, 400 ms, closes it for
+	// heartbeat_timeout; the blocked phase below still outlasts 2 × 500 ms.)
+	r := rawDial(t, s, 500)
 	var id uint64
 	for _, ci := range s.Connections() {
 		if !before[ci.ID] {
