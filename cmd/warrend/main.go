@@ -469,13 +469,17 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdin i
 	log.Info("shutting down")
 	if cn != nil && failed == nil && removed == nil {
 		// Graceful shutdown (design §6.6): the metadata leadership goes to
-		// the most caught-up voter before this node stops.
+		// the most caught-up voter, and the queues led here to theirs, in
+		// parallel, 5 s at most (srv.Close hands on any queue left).
 		hctx, hcancel := context.WithTimeout(context.Background(), 5*time.Second)
+		queues := make(chan error, 1)
+		go func() { queues <- srv.Broker.TransferLeaderships(hctx) }()
 		if to, err := srv.Broker.HandOffMetaLeadership(hctx); err != nil {
 			log.Warn("the metadata group's leadership was not handed on before stopping (the others elect a leader in 1-2 s)", "err", err)
 		} else if to != 0 {
 			log.Info("handed the metadata group's leadership on", "to", to)
 		}
+		<-queues
 		hcancel()
 	}
 	sctx, cancel := context.WithTimeout(context.Background(), 15*time.Second)
