@@ -317,3 +317,39 @@ func TestClusterForwardedPublish(t *testing.T) {
 		t.Fatalf("a forward to a stopped node answered %d, want a nack", lost.Codes[0])
 	}
 }
+
+// TestClusterStepDownNacks: messages added at a leader in the same batch
+// as a leadership transfer are never proposed (raft refuses proposals
+// during a transfer); when the leader steps down their publish is nacked,
+// never confirmed (a confirm would promise a message no log holds).
+func TestClusterStepDownNacks(t *testing.T) {
+	c := newTestCluster(t, 3)
+	c.leader()
+	if _, err := c.nodes[0].b.Load().DeclareQueueAs(&wire.QueueDeclare{Name: "rq", Durable: true}, 0, ""); err != nil {
+		t.Fatal(err)
+	}
+	lead := c.queueLeader("rq")
+	lb := lead.b.Load()
+	lq := lb.topo.lookupQueue("rq")
+	k := newDurSink()
+	ar := &Arena{}
+	ar.Refs.Store(1)
+	batch := &PublishBatch{Sink: k, Codes: make([]uint32, 1)}
+	batch.Pending.Store(1)
+	msg := &StoredMsg{Exchange: []byte("x"), RoutingKey: []byte("rq"), Body: []byte("late"), Arena: ar, Flags: wire.Persistent}
+	lq.shard.submit(Command{Kind: cmdPost, post: func() {
+		lq.shard.apply(&Command{Kind: CmdPublish, Items: []EnqItem{{Q: lq, Msg: msg, Meta: queue.Message{Size: 4}}}, Batch: batch})
+		if _, ok := lq.grp.TransferToFollower(); !ok {
+			t.Error("no follower to transfer to")
+		}
+	}})
+	k.waitFor(t, "the publish's answer", func() bool { return k.confirmed(batch) })
+	next := c.queueLeader("rq")
+	info, _ := next.b.Load().Queue("rq")
+	if batch.Codes[0] == 0 && info.Ready != 1 {
+		t.Fatalf("confirmed, and the new leader (node %d) holds %d messages", next.id, info.Ready)
+	}
+	if next == lead {
+		t.Fatal("the transfer did not happen")
+	}
+}

@@ -62,10 +62,11 @@ func (s *shard) durableLogged(q *Queue) bool {
 // confirm waits for the apply.
 type pendingPart struct {
 	w     *partWait // nil: confirmed at propose, or a dead letter
-	idx   []int     // batch index of each message (reject-publish queues only)
+	idx   []int     // batch index of each message (reject-publish and replicated queues only)
 	dl    bool      // a dead letter (no publisher)
 	dlw   *dlWait   // a held dead letter's source, told once it is applied
 	bytes int64     // its messages' bytes, counted in the stored-bytes gauge until applied
+	seq   uint64    // the proposal seq of the entry it is in (Group.Add)
 }
 
 // partWait is a shard part of a publish batch whose confirm waits for
@@ -263,7 +264,17 @@ func (s *shard) applied(q *Queue, a *replication.Applied) {
 func (s *shard) appliedEnqueue(q *Queue, a *replication.Applied, c *queue.Enqueue) {
 	var p pendingPart
 	have := false
-	if q.ours(a) && q.pendHead < len(q.pend) {
+	if q.ours(a) && q.replicated {
+		// A replicated queue's leader may apply, after it led again, an
+		// entry it proposed in an earlier term (committed by another
+		// leader meanwhile): its waiters were answered when it stepped
+		// down, so only an entry of the seq at the head is the head's.
+		// Heads of earlier seqs were lost with a change of leader.
+		for q.pendHead < len(q.pend) && q.pend[q.pendHead].seq < a.Header.Seq {
+			s.failPart(q, q.pendHead)
+		}
+	}
+	if q.ours(a) && q.pendHead < len(q.pend) && (!q.replicated || q.pend[q.pendHead].seq == a.Header.Seq) {
 		p, have = q.pend[q.pendHead], true
 		q.pend[q.pendHead] = pendingPart{}
 		if q.pendHead++; q.pendHead == len(q.pend) {
@@ -323,7 +334,7 @@ func (s *shard) enqueueDurable(q *Queue, items []EnqItem, batch *PublishBatch, w
 		bodies = append(bodies, buf[offs[i]:offs[i+1]:offs[i+1]])
 	}
 	s.enqCmd = queue.Enqueue{NowMs: s.now, Msgs: msgs, Bodies: bodies}
-	_, err := q.grp.Add(&s.enqCmd)
+	seq, err := q.grp.Add(&s.enqCmd)
 	s.enqCmd = queue.Enqueue{}
 	clear(bodies)
 	s.encBuf, s.offScratch, s.bodyScratch, s.dmsgScratch = buf[:0], offs[:0], bodies[:0], msgs[:0]
@@ -346,7 +357,7 @@ func (s *shard) enqueueDurable(q *Queue, items []EnqItem, batch *PublishBatch, w
 	// Until applied, the entry (in raft's log and the storage's tail
 	// cache) holds the messages on the heap: they count in the gauge the
 	// memory watermark reads, as the arena they came in did.
-	p := pendingPart{dl: batch == nil, dlw: dl, bytes: size}
+	p := pendingPart{dl: batch == nil, dlw: dl, bytes: size, seq: seq}
 	s.bytesDelta += p.bytes
 	if wait {
 		if w == nil {
@@ -354,7 +365,10 @@ func (s *shard) enqueueDurable(q *Queue, items []EnqItem, batch *PublishBatch, w
 		}
 		w.n++
 		p.w = w
-		if rejecting {
+		if rejecting || q.replicated {
+			// Which messages to nack: those a reject-publish queue
+			// refuses, or every one when a replicated queue's entry is
+			// lost with its leadership (stepDown, failPart).
 			p.idx = make([]int, len(items))
 			for i, it := range items {
 				p.idx[i] = it.Idx

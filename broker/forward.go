@@ -41,6 +41,7 @@ const defaultForwardTimeout = 10 * time.Second
 // leader's confirm.
 type pendingFwd struct {
 	q   *Queue
+	to  uint64 // the node it went to
 	w   *partWait
 	idx []int // batch index of each message forwarded
 	at  int64 // when it was sent (ms)
@@ -94,7 +95,7 @@ func (s *shard) forward(q *Queue, items []EnqItem, batch *PublishBatch, w *partW
 	if s.fwd == nil {
 		s.fwd = map[uint64]*pendingFwd{}
 	}
-	s.fwd[id] = &pendingFwd{q: q, w: w, idx: idx, at: s.now}
+	s.fwd[id] = &pendingFwd{q: q, to: lead, w: w, idx: idx, at: s.now}
 	s.fwdOrder = append(s.fwdOrder, id)
 	return w
 }
@@ -129,6 +130,23 @@ func (s *shard) forwardConfirmed(id uint64, codes []uint32, lead uint64) {
 		}
 	}
 	s.partRelease(p.w)
+}
+
+// forwardsLost nacks at once the forwards to q's old leader when its
+// raft group names another (the old one may be dead: not waiting for the
+// timeout). A forward it did apply is then nacked and confirmed never:
+// at-least-once, as any nack during a failover.
+func (s *shard) forwardsLost(q *Queue, lead uint64) {
+	n := 0
+	for id, p := range s.fwd {
+		if p.q == q && p.to != lead {
+			s.forwardConfirmed(id, nil, 0)
+			n++
+		}
+	}
+	if n > 0 {
+		s.flushEffects()
+	}
 }
 
 // expireForwards nacks the forwards that have waited their timeout.

@@ -132,6 +132,9 @@ func (s *shard) leaderChanged(g *replication.Group, lead uint64, leader bool) {
 		return
 	}
 	q.lead.Store(lead)
+	if len(s.fwd) > 0 {
+		s.forwardsLost(q, lead)
+	}
 	switch {
 	case leader && !q.leading:
 		q.leading = true
@@ -357,5 +360,28 @@ func (b *Broker) balanceLeaders() {
 				}
 			}
 		}})
+	}
+}
+
+// failPart nacks pending part i of q (an entry lost with a change of
+// leader) and drops it from the head.
+func (s *shard) failPart(q *Queue, i int) {
+	p := &q.pend[i]
+	s.bytesDelta -= p.bytes
+	if p.w != nil {
+		for _, k := range p.idx {
+			p.w.batch.Nack(k, wire.InternalNack)
+		}
+		s.partRelease(p.w)
+	}
+	if p.dl {
+		s.dropDeadLetter(nil, q.name, dlTargetRefused)
+	}
+	if p.dlw != nil {
+		p.dlw.done()
+	}
+	q.pend[i] = pendingPart{}
+	if q.pendHead++; q.pendHead == len(q.pend) {
+		q.pend, q.pendHead = q.pend[:0], 0
 	}
 }

@@ -24,7 +24,8 @@ import (
 // publisher sending persistent messages with confirms to the queue's
 // leader at WARREN_FAILOVER_RATE msg/s (default 1000), and
 // WARREN_FAILOVER_KILLS times (default 10): kill -9 the leader, time from
-// the kill to the publisher's next confirm (it finds the new leader
+// the kill to the first confirm (and delivery) of a message published
+// after it (the publisher finds the new leader
 // through the admin API of the nodes up, as a client must while
 // forwarding is not built), restart the killed node. Then every message
 // is consumed from the leader: none confirmed may be missing. It prints
@@ -81,7 +82,10 @@ func TestFailoverMeasure(t *testing.T) {
 	}
 	conn.Close()
 
-	var lastConfirm atomic.Int64
+	// lastConfirm and lastDeliver: when a message with a seq ≥ markSeq was
+	// last confirmed and delivered (ns): the kill sets markSeq to the next
+	// seq, so both measure messages published after it.
+	var lastConfirm, lastDeliver, lastSeq, markSeq atomic.Int64
 	var cmu sync.Mutex
 	confirmed := map[uint64]bool{}
 	var sent atomic.Uint64
@@ -115,18 +119,23 @@ func TestFailoverMeasure(t *testing.T) {
 				}
 				smu.Lock()
 				cmu.Lock()
+				after := false
 				for s := first; s <= last && s <= uint64(len(seqs)); s++ {
 					confirmed[seqs[s-1]] = true
+					after = after || int64(seqs[s-1]) >= markSeq.Load()
 				}
 				cmu.Unlock()
 				smu.Unlock()
-				lastConfirm.Store(time.Now().UnixNano())
+				if after {
+					lastConfirm.Store(time.Now().UnixNano())
+				}
 			})
 			tick := time.NewTicker(10 * time.Millisecond)
 			for pubCtx.Err() == nil && !broken.Load() {
 				<-tick.C
 				for range max(1, rate/100) {
 					seq++
+					lastSeq.Store(int64(seq))
 					binary.BigEndian.PutUint64(body, seq)
 					smu.Lock()
 					seqs = append(seqs, seq)
@@ -150,7 +159,6 @@ func TestFailoverMeasure(t *testing.T) {
 
 	// A consumer at the leader, acking: it follows the leader as the
 	// publisher does.
-	var lastDeliver atomic.Int64
 	var gmu sync.Mutex
 	got := map[uint64]int{}
 	consCtx, stopCons := context.WithCancel(ctx)
@@ -178,10 +186,13 @@ func TestFailoverMeasure(t *testing.T) {
 						err = context.Canceled
 						break
 					}
+					s := binary.BigEndian.Uint64(d.Body)
 					gmu.Lock()
-					got[binary.BigEndian.Uint64(d.Body)]++
+					got[s]++
 					gmu.Unlock()
-					lastDeliver.Store(time.Now().UnixNano())
+					if int64(s) >= markSeq.Load() {
+						lastDeliver.Store(time.Now().UnixNano())
+					}
 					err = d.Ack()
 				case <-consCtx.Done():
 					err = consCtx.Err()
@@ -198,6 +209,7 @@ func TestFailoverMeasure(t *testing.T) {
 		if n == nil {
 			t.Fatal("no leader")
 		}
+		markSeq.Store(lastSeq.Load() + 1) // measure what is published from now on
 		killed := time.Now()
 		_ = n.cmd.Process.Signal(syscall.SIGKILL)
 		_ = n.cmd.Wait()
@@ -236,31 +248,39 @@ func TestFailoverMeasure(t *testing.T) {
 	<-consDone
 
 	// Drain the rest from the leader: every confirmed message must have
-	// been consumed.
-	_, n := leader()
-	c, err := client.Dial(ctx, "warren://guest:guest@"+n.addr)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
-	ch, err = c.Channel(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	cs, err := ch.Consume(ctx, queueName, client.ConsumeOptions{Prefetch: 1000})
-	if err != nil {
-		t.Fatal(err)
-	}
-	for idle := time.NewTimer(5 * time.Second); ; {
-		select {
-		case d := <-cs.Deliveries():
-			got[binary.BigEndian.Uint64(d.Body)]++
-			_ = d.Ack()
-			idle.Reset(5 * time.Second)
-			continue
-		case <-idle.C:
+	// been consumed. The balancer may move the leadership meanwhile (the
+	// consumer is then cancelled): consume again from the new leader.
+	for idle := false; !idle; {
+		_, n := leader()
+		c, err := client.Dial(ctx, "warren://guest:guest@"+n.addr)
+		if err != nil {
+			t.Fatal(err)
 		}
-		break
+		ch, err := c.Channel(ctx)
+		var cs *client.Consumer
+		if err == nil {
+			cs, err = ch.Consume(ctx, queueName, client.ConsumeOptions{Prefetch: 1000})
+		}
+		if err != nil {
+			c.Close()
+			continue // not the leader any more
+		}
+		for timer := time.NewTimer(5 * time.Second); ; {
+			select {
+			case d, ok := <-cs.Deliveries():
+				if !ok {
+					break
+				}
+				got[binary.BigEndian.Uint64(d.Body)]++
+				_ = d.Ack()
+				timer.Reset(5 * time.Second)
+				continue
+			case <-timer.C:
+				idle = true
+			}
+			break
+		}
+		c.Close()
 	}
 	lost, dups := 0, 0
 	cmu.Lock()
