@@ -42,8 +42,8 @@ func TestBodyStoreAgainstMap(t *testing.T) {
 			t.Fatalf("get(%d) wrong", id)
 		}
 	}
-	if len(b.s) > 2*b.live+1024+1 {
-		t.Fatalf("slice spans %d for %d live: the pinned head was not moved out", len(b.s), b.live)
+	if b.span() > 2*b.live+1024+1 {
+		t.Fatalf("window spans %d for %d live: the pinned head was not moved out", b.span(), b.live)
 	}
 	n := 0
 	b.each(func(id uint64, m *StoredMsg) {
@@ -54,5 +54,60 @@ func TestBodyStoreAgainstMap(t *testing.T) {
 	})
 	if n != len(ref) {
 		t.Fatalf("each visited %d, want %d", n, len(ref))
+	}
+}
+
+// TestBodyStoreSlidingWindowReusesItsSlice: a queue whose messages are
+// settled in order (the usual case) puts at the tail and deletes at the
+// head; the window slides through one backing array instead of growing a
+// new one every time the old one's tail is used up.
+func TestBodyStoreSlidingWindowReusesItsSlice(t *testing.T) {
+	var b bodyStore
+	m := &StoredMsg{}
+	next, oldest := uint64(1), uint64(1)
+	for ; next <= 500; next++ { // a window of 500 in flight
+		b.put(next, m)
+	}
+	slide := func() {
+		for range 10000 {
+			b.put(next, m)
+			next++
+			if b.del(oldest) != m {
+				t.Fatalf("del(%d) lost the message", oldest)
+			}
+			oldest++
+		}
+	}
+	slide() // reach the steady state
+	if allocs := testing.AllocsPerRun(5, slide); allocs != 0 {
+		t.Fatalf("%v allocations per 10,000 put+del, want 0", allocs)
+	}
+	if c := cap(b.s); c > 2048 {
+		t.Fatalf("backing array of %d slots for a window of 500", c)
+	}
+	for id := oldest; id < next; id++ {
+		if b.get(id) != m {
+			t.Fatalf("get(%d) lost the message", id)
+		}
+	}
+}
+
+// TestBodyStoreLetsGoOfADrainedArray: once every message is gone, a big
+// backing array is dropped rather than kept by an idle queue.
+func TestBodyStoreLetsGoOfADrainedArray(t *testing.T) {
+	var b bodyStore
+	m := &StoredMsg{}
+	for id := uint64(1); id <= 100000; id++ {
+		b.put(id, m)
+	}
+	for id := uint64(1); id <= 100000; id++ {
+		b.del(id)
+	}
+	if c := cap(b.s); c > bodiesKeepMax {
+		t.Fatalf("a drained store keeps %d slots", c)
+	}
+	b.put(100001, m)
+	if b.get(100001) != m || b.len() != 1 {
+		t.Fatal("the store does not work after draining")
 	}
 }

@@ -182,15 +182,22 @@ func (b *Broker) settleAcross(items []SettleItem) {
 		return
 	}
 	for _, sh := range b.shards {
-		var part []SettleItem
-		for _, it := range items {
-			if it.Q.shard == sh {
-				part = append(part, it)
+		n := 0 // counted first, so the part is allocated once, not regrown
+		for i := range items {
+			if items[i].Q.shard == sh {
+				n++
 			}
 		}
-		if len(part) > 0 {
-			sh.submit(Command{Kind: CmdSettle, Settles: part})
+		if n == 0 {
+			continue
 		}
+		part := make([]SettleItem, 0, n)
+		for i := range items {
+			if items[i].Q.shard == sh {
+				part = append(part, items[i])
+			}
+		}
+		sh.submit(Command{Kind: CmdSettle, Settles: part})
 	}
 }
 

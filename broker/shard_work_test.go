@@ -263,3 +263,57 @@ func TestLeaseExpiryForgetsADrainedConsumer(t *testing.T) {
 		t.Errorf("Down of the drained consumer's connection looked at %d queues, want 0", n)
 	}
 }
+
+// TestSubmitSettleCopiesItems: Submit of a CmdSettle copies the items it
+// keeps (netio reuses its slice for the next SETTLE frame as soon as
+// Submit returns), with one shard and with several; overwriting the slice
+// after Submit changes nothing (and under -race, a kept slice is a race).
+func TestSubmitSettleCopiesItems(t *testing.T) {
+	for _, shards := range []int{1, 3} {
+		t.Run(fmt.Sprintf("shards=%d", shards), func(t *testing.T) {
+			b := startBroker(t, Config{Shards: shards})
+			must := mustFunc(t)
+			k := &recSink{}
+			var items []SettleItem
+			var qs []*Queue
+			for i := range 6 {
+				name := fmt.Sprintf("q%d", i)
+				_, err := b.DeclareQueue(wire.QueueDeclare{Name: name})
+				must(err)
+				q := b.LookupQueue(name)
+				qs = append(qs, q)
+				c := b.NewConsumerID()
+				b.Submit(Command{Kind: CmdSubscribe, Queue: q, Sink: k, Spec: queue.ConsumerSpec{ID: c, Owner: 1, Prefetch: 10}})
+				publishTo(b, q, "a", "b")
+				items = append(items, SettleItem{Q: q, Consumer: c, Op: wire.SettleAck})
+			}
+			for _, sh := range b.shards {
+				barrier(t, sh)
+			}
+			k.mu.Lock()
+			for _, ds := range k.delivers {
+				for _, d := range ds {
+					for i := range items {
+						if items[i].Consumer == d.Consumer && items[i].QTag == 0 {
+							items[i].QTag = d.QTag // the first of each queue's two
+							break
+						}
+					}
+				}
+			}
+			k.mu.Unlock()
+			b.Submit(Command{Kind: CmdSettle, Settles: items})
+			for i := range items {
+				items[i] = SettleItem{Q: qs[0], Op: wire.SettleAck, QTag: 1 << 40} // no such tag
+			}
+			for _, sh := range b.shards {
+				barrier(t, sh)
+			}
+			for _, q := range qs {
+				if n := q.unacked.Load(); n != 1 {
+					t.Errorf("%s: %d unacked after acking one of two, want 1", q.Name(), n)
+				}
+			}
+		})
+	}
+}

@@ -71,7 +71,8 @@ type conn struct {
 	dec       wire.Decompressor
 	routeBuf  []queue.QueueRef
 	parts     [][]broker.EnqItem
-	group     grouper // groupByQueue's scratch
+	group     grouper             // groupByQueue's scratch
+	settles   []broker.SettleItem // onSettle's scratch (the broker copies what it keeps)
 
 	mu       sync.Mutex
 	channels map[uint16]*channel
@@ -886,7 +887,7 @@ func (c *conn) onSettle(ch *channel, f wire.Frame) error {
 	if err := wire.DecodeSettle(f, &b); err != nil {
 		return err
 	}
-	var items []broker.SettleItem
+	items := c.settles[:0]
 	c.mu.Lock()
 	for i := 0; i < b.Count; i++ {
 		var s wire.Settlement
@@ -930,6 +931,14 @@ func (c *conn) onSettle(ch *channel, f wire.Frame) error {
 	ch.compact()
 	c.mu.Unlock()
 	c.srv.settleAcross(items)
+	// The scratch is kept for the next frame, its queue pointers cleared
+	// (a deleted queue is not kept alive by it); a huge one is let go.
+	clear(items)
+	if cap(items) <= partsKeepMax {
+		c.settles = items[:0]
+	} else {
+		c.settles = nil
+	}
 	return nil
 }
 
