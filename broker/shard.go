@@ -51,9 +51,11 @@ type shard struct {
 	// counter once per batch rather than once per message.
 	bytesDelta int64
 
-	// deliveries gathered during a batch, handed per sink at its end
-	pending map[Sink][]Delivery
-	touched []Sink
+	// deliveries gathered during a batch, handed per sink at its end; a
+	// consumer record keeps its sink's batch, so a delivery costs no
+	// lookup here (pending is looked in once per consumer)
+	pending map[Sink]*sinkBatch
+	touched []*sinkBatch
 
 	// Durable queues (durable.go): the raft worker of the shard's durable
 	// queues (nil without Config.Durable), whether its last round left
@@ -87,7 +89,7 @@ type shard struct {
 func newShard(b *Broker, idx int) *shard {
 	s := &shard{
 		b: b, idx: idx, wake: make(chan struct{}, 1), stop: make(chan struct{}), done: make(chan struct{}),
-		queues: map[*Queue]struct{}{}, pending: map[Sink][]Delivery{},
+		queues: map[*Queue]struct{}{}, pending: map[Sink]*sinkBatch{},
 		timer: time.NewTimer(time.Hour),
 	}
 	s.timer.Stop()
@@ -203,9 +205,10 @@ func (s *shard) flushEffects() {
 		s.b.storedBytes.Add(s.bytesDelta)
 		s.bytesDelta = 0
 	}
-	for _, k := range s.touched {
-		k.Deliver(s.pending[k])
-		s.pending[k] = s.pending[k][:0]
+	for i, pb := range s.touched {
+		pb.sink.Deliver(pb.ds)
+		pb.ds = pb.ds[:0]
+		s.touched[i] = nil
 	}
 	s.touched = s.touched[:0]
 }
@@ -383,10 +386,16 @@ func (s *shard) handle(q *Queue, effs []queue.Effect) {
 			if !ok || msg == nil {
 				panic("netio: BUG: delivery to an unknown consumer or of an unknown message")
 			}
-			if len(s.pending[c.sink]) == 0 {
-				s.touched = append(s.touched, c.sink)
+			pb := c.batch
+			if pb == nil {
+				pb = s.batchFor(c.sink)
+				c.batch = pb
+				q.cons[e.Consumer] = c
 			}
-			s.pending[c.sink] = append(s.pending[c.sink], Delivery{Consumer: e.Consumer, QTag: e.Tag, MsgID: e.Msg, Msg: msg, DeliveryCount: e.DeliveryCount, FailedCount: e.FailedCount})
+			if len(pb.ds) == 0 {
+				s.touched = append(s.touched, pb)
+			}
+			pb.ds = append(pb.ds, Delivery{Consumer: e.Consumer, QTag: e.Tag, MsgID: e.Msg, Msg: msg, DeliveryCount: e.DeliveryCount, FailedCount: e.FailedCount})
 		case queue.Remove, queue.Drop, queue.Duplicate, queue.RejectPublish:
 			s.free(q, e.Msg)
 		case queue.DeadLetter:
@@ -434,6 +443,22 @@ func (s *shard) handle(q *Queue, effs []queue.Effect) {
 	s.leased = s.leased[:0]
 	s.releaseHeld(q)
 	q.storeStats()
+}
+
+// sinkBatch is the deliveries to one sink gathered during a batch.
+type sinkBatch struct {
+	sink Sink
+	ds   []Delivery
+}
+
+// batchFor is sink k's batch, made on first use.
+func (s *shard) batchFor(k Sink) *sinkBatch {
+	pb := s.pending[k]
+	if pb == nil {
+		pb = &sinkBatch{sink: k}
+		s.pending[k] = pb
+	}
+	return pb
 }
 
 // storeStats publishes the machine's counts for replies and metrics.

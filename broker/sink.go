@@ -53,5 +53,6 @@ type Delivery struct {
 // consumer is a shard's record of one subscription.
 type consumer struct {
 	sink  Sink
-	owner uint64 // the owning connection's id (Down)
+	owner uint64     // the owning connection's id (Down)
+	batch *sinkBatch // sink's deliveries in this batch; set on first delivery
 }
