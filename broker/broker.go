@@ -59,6 +59,7 @@ type Broker struct {
 	pool          *replication.Pool // snapshot writes and compactions of durable queues (Config.Durable)
 	storedBytes   atomic.Int64
 	consumerSeq   atomic.Uint64
+	leaving       atomic.Bool                 // TransferLeaderships ran: take no queue leadership back (replicated.go)
 	dlDropLog     [NumDLDrops]ratelog.Limiter // "dead letter dropped" lines, per reason
 	dlInflight    atomic.Int64                // held dead letters sent and not yet settled (deadletter.go)
 	writeFailed   atomic.Bool                 // a durable queue's log write failed (logFailed)

@@ -236,6 +236,12 @@ func (b *Broker) StepRaft(gid uint64, m raftpb.Message) {
 	if gid < QueueGroupBase || gid-QueueGroupBase > 1<<32 || b.cfg.Durable == nil {
 		return
 	}
+	if m.Type == raftpb.MsgTimeoutNow && b.leaving.Load() {
+		// A node handing its queues on (TransferLeaderships) takes none
+		// back (another node's balancer may offer them): raft abandons
+		// the transfer after an election timeout.
+		return
+	}
 	q := b.topo.slots.get(queue.QueueRef(gid - QueueGroupBase))
 	if q == nil {
 		return

@@ -284,12 +284,14 @@ type SnapshotMessage = replication.SnapshotMessage
 // TransferLeaderships hands the leadership of every replicated queue this
 // node leads to its most caught-up follower and waits until none is led
 // here (design §6.6, a graceful shutdown: the queues fail over in a round
-// trip instead of an election timeout), or ctx ends. Publishes still
+// trip instead of an election timeout), or ctx ends. From the call on the
+// node takes no queue's leadership back (it is leaving). Publishes still
 // waiting for their confirm are nacked as leadership goes (stepDown).
 func (b *Broker) TransferLeaderships(ctx context.Context) error {
 	if b.cfg.Durable == nil || b.cfg.Durable.NodeID == 0 {
 		return nil
 	}
+	b.leaving.Store(true)
 	ask := func(transfer bool) int {
 		n := make(chan int, len(b.shards))
 		for _, s := range b.shards {

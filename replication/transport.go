@@ -42,6 +42,10 @@ func (w *Worker) Step(gid uint64, m raftpb.Message) error {
 	if err := g.rn.Step(m); err != nil {
 		return fmt.Errorf("replication: group %d: %v from %d: %w", gid, m.Type, m.From, err)
 	}
+	if g.heard == nil {
+		g.heard = map[uint64]uint64{}
+	}
+	g.heard[m.From] = w.ticks
 	w.mark(g)
 	return nil
 }
@@ -84,6 +88,7 @@ func (g *Group) TransferLeadership(to uint64) {
 // RaftTick ticks every group with peers (RaftTick): call it every tick
 // (100 ms in production) on the shard goroutine.
 func (w *Worker) RaftTick() {
+	w.ticks++
 	for _, g := range w.ids {
 		g.RaftTick()
 	}
@@ -139,13 +144,20 @@ func (g *Group) TransferToFollower() (uint64, bool) {
 // leadership to voter to, its preferred leader (design §6.2, the leader
 // balancer), if to is reachable and caught up (raft hears from it and it
 // holds every committed entry). It reports whether it asked.
+// (Group.heard: the worker's tick when each peer was last heard from.)
 func (g *Group) TransferToPreferred(to uint64) bool {
 	if g.err != nil || g.w.failed != nil || !g.leader || to == g.w.cfg.NodeID {
 		return false
 	}
+	// Heard from within an election timeout (10 ticks): raft's own
+	// RecentActive is cleared at every quorum check and may read false
+	// on the tick the balancer runs.
+	if h, ok := g.heard[to]; !ok || g.w.ticks-h > 10 {
+		return false
+	}
 	st := g.rn.Status()
 	pr, ok := st.Progress[to]
-	if !ok || pr.IsLearner || !pr.RecentActive || pr.Match < st.Commit {
+	if !ok || pr.IsLearner || pr.Match < st.Commit {
 		return false
 	}
 	g.rn.TransferLeader(to)

@@ -41,7 +41,8 @@ type Worker struct {
 	spare []*Group
 	sub   *submission // being built this round
 	free  []*submission
-	now   int64 // the time of the current (or last) round
+	now   int64  // the time of the current (or last) round
+	ticks uint64 // RaftTick calls
 
 	mu      sync.Mutex
 	queue   []*submission // waiting for the appender
@@ -134,7 +135,8 @@ type Group struct {
 	full    [][]byte // entries finished early (encoder caps), proposed next round
 	seq     uint64
 	leader  bool
-	lead    uint64 // the leader raft last reported (0: none known)
+	lead    uint64            // the leader raft last reported (0: none known)
+	heard   map[uint64]uint64 // peer → the worker's tick it was last heard from (Step)
 	// commitIdx and appliedIdx mirror raft's commit index and the FSM's
 	// applied index for readers on other goroutines (Indexes).
 	commitIdx, appliedIdx atomic.Uint64
