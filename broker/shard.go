@@ -51,6 +51,8 @@ type shard struct {
 	// counter once per batch rather than once per message.
 	bytesDelta int64
 
+	tagScratch []uint64 // liveRun's
+
 	// deliveries gathered during a batch, handed per sink at its end; a
 	// consumer record keeps its sink's batch, so a delivery costs no
 	// lookup here (pending is looked in once per consumer)
@@ -737,6 +739,32 @@ type SettleItem struct {
 	Arg      uint32
 }
 
+// liveRun is the end of the run of items from start (same queue,
+// consumer, op and argument, ascending tags) that are the consumer's
+// consecutive live deliveries (queue.Machine.LiveRun), at least start+1
+// and at most start+liveRunMax: the look-ahead is bounded, so a frame of
+// tags that never form runs costs linear work, not quadratic.
+func (s *shard) liveRun(items []SettleItem, start int) int {
+	it := items[start]
+	tags := append(s.tagScratch[:0], it.QTag)
+	for end := start + 1; end < len(items) && len(tags) < liveRunMax; end++ {
+		n := items[end]
+		if n.Q != it.Q || n.Consumer != it.Consumer || n.Op != it.Op || n.Arg != it.Arg || n.QTag <= tags[len(tags)-1] {
+			break
+		}
+		tags = append(tags, n.QTag)
+	}
+	s.tagScratch = tags[:0] // at most liveRunMax
+	if len(tags) == 1 {
+		return start + 1
+	}
+	return start + max(1, it.Q.m.LiveRun(it.Consumer, tags))
+}
+
+// liveRunMax bounds one liveRun (and so one Settle it makes): 64 tags a
+// command already make its fixed cost small.
+const liveRunMax = 64
+
 // settle applies settlements, coalescing runs of consecutive queue tags of
 // one consumer and op into one machine command.
 func (s *shard) settle(items []SettleItem) {
@@ -747,6 +775,12 @@ func (s *shard) settle(items []SettleItem) {
 			end++
 		}
 		q := it.Q
+		if end == start+1 && q.grp == nil && !q.gone && q.m != nil {
+			// Deliveries round-robined among a queue's consumers do not
+			// have consecutive tags; a run of one consumer's next live
+			// deliveries is still one range for the machine.
+			end = s.liveRun(items, start)
+		}
 		if !q.gone && q.m != nil && q.grp != nil {
 			s.settleCmd = queue.Settle{NowMs: s.now, Consumer: it.Consumer, Op: it.Op, First: it.QTag, Last: items[end-1].QTag, ArgMs: it.Arg}
 			_, _ = q.grp.Add(&s.settleCmd) // encoded at once: the scratch is free again

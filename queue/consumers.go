@@ -204,10 +204,7 @@ func (m *Machine) Settle(now int64, id ConsumerID, op wire.SettleOp, first, last
 	}
 	start := c.head
 	if first > 0 {
-		start, _ = slices.BinarySearchFunc(c.out[c.head:], first, func(o outstanding, t uint64) int {
-			return cmp.Compare(o.tag, t)
-		})
-		start += c.head
+		start = c.lowerBound(first)
 	}
 	m.scratch = m.scratch[:0]
 	matched := 0
@@ -247,6 +244,44 @@ func (m *Machine) Settle(now int64, id ConsumerID, op wire.SettleOp, first, last
 	m.compact(c)
 	m.requeue(now, m.scratch)
 	return m.finish(now), nil
+}
+
+// lowerBound is the index in c.out of the first delivery from c.head
+// with a tag ≥ tag. Acks mostly come in order, so the head is checked
+// before searching.
+func (c *consumer) lowerBound(tag uint64) int {
+	if c.head >= len(c.out) || c.out[c.head].tag >= tag {
+		return c.head
+	}
+	i, _ := slices.BinarySearchFunc(c.out[c.head:], tag, func(o outstanding, t uint64) int {
+		return cmp.Compare(o.tag, t)
+	})
+	return c.head + i
+}
+
+// LiveRun is how many of tags (ascending), from the first, are consumer
+// id's consecutive live deliveries: tags[0] is live and each next tag is
+// the consumer's next live delivery after the one before. Settling the
+// range tags[0]..tags[k-1] then settles exactly those k deliveries, which
+// lets a caller holding single tags (deliveries round-robined among
+// consumers have tags that are not consecutive numbers) settle a run with
+// one Settle. 0 for an unknown consumer or a first tag that is not live.
+// A query: it changes nothing.
+func (m *Machine) LiveRun(id ConsumerID, tags []uint64) int {
+	c := m.find(id)
+	if c == nil || len(tags) == 0 {
+		return 0
+	}
+	k := 0
+	for i := c.lowerBound(tags[0]); i < len(c.out) && k < len(tags); i++ {
+		if o := &c.out[i]; !o.settled {
+			if o.tag != tags[k] {
+				break
+			}
+			k++
+		}
+	}
+	return k
 }
 
 // compact advances c's head past settled slots and reclaims space.
