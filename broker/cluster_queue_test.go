@@ -310,6 +310,16 @@ func TestClusterForwardedPublish(t *testing.T) {
 	if info, _ := holder.b.Load().Queue("one"); info.Ready != 2 {
 		t.Fatalf("the replica holds %d messages, want 2", info.Ready)
 	}
+	// Inspection on a node with no replica names the one that has it.
+	pk := &recSink{}
+	oq.shard.submit(Command{Kind: CmdPeek, Queue: oq, Sink: pk, N: 1, Req: 9})
+	barrier(t, oq.shard)
+	pk.mu.Lock()
+	answers := slices.Clone(pk.answers)
+	pk.mu.Unlock()
+	if len(answers) != 1 || answers[0].Code != wire.PreconditionFailed || !strings.Contains(answers[0].Reason, "holds no replica") {
+		t.Fatalf("a peek on a node without a replica answered %+v", answers)
+	}
 	c.stop(holder)
 	lost := publish(other.b.Load(), oq, k, true, "c")
 	k.waitFor(t, "the nack of a forward nobody answers", func() bool { return k.confirmed(lost) })

@@ -218,6 +218,10 @@ func (s *shard) purge(q *Queue) Result {
 
 // peek copies up to n ready messages in dispatch order without taking them.
 func (s *shard) peek(q *Queue, n int) Result {
+	if !q.gone && q.remote {
+		code, reason := q.notHere()
+		return Result{Code: code, Reason: reason}
+	}
 	if q.gone || q.m == nil {
 		return noQueue(q)
 	}
