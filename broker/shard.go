@@ -58,6 +58,10 @@ type shard struct {
 	// lookup here (pending is looked in once per consumer)
 	pending map[Sink]*sinkBatch
 	touched []*sinkBatch
+	// flushes counts flushEffects calls; every pendingSweepEvery of them,
+	// sinks not flushed in the last pendingSweepEvery leave pending (a
+	// connection that consumed and went would stay in it for good).
+	flushes uint64
 
 	// Durable queues (durable.go): the raft worker of the shard's durable
 	// queues (nil without Config.Durable), whether its last round left
@@ -207,12 +211,35 @@ func (s *shard) flushEffects() {
 		s.b.storedBytes.Add(s.bytesDelta)
 		s.bytesDelta = 0
 	}
+	s.flushes++
 	for i, pb := range s.touched {
 		pb.sink.Deliver(pb.ds)
+		clear(pb.ds) // its messages (and their arenas) are not kept alive by the batch
 		pb.ds = pb.ds[:0]
+		pb.used = s.flushes
 		s.touched[i] = nil
 	}
 	s.touched = s.touched[:0]
+	if s.flushes%pendingSweepEvery == 0 {
+		s.sweepPending()
+	}
+}
+
+// pendingSweepEvery: how many flushes apart pending is swept, and how
+// long a sink may go unflushed before it leaves it.
+const pendingSweepEvery = 4096
+
+// sweepPending drops the batches of sinks not flushed lately. A consumer
+// record may still hold one (an idle consumer): it goes on using it, and
+// a new consumer of that sink makes another (the sink then gets two
+// Deliver calls in a flush, each consumer's deliveries in order in one).
+// O(sinks) every pendingSweepEvery flushes.
+func (s *shard) sweepPending() {
+	for k, pb := range s.pending {
+		if s.flushes-pb.used >= pendingSweepEvery && len(pb.ds) == 0 {
+			delete(s.pending, k)
+		}
+	}
 }
 
 // tick is the timer firing: a CmdTick for each queue whose timer is due,
@@ -451,13 +478,14 @@ func (s *shard) handle(q *Queue, effs []queue.Effect) {
 type sinkBatch struct {
 	sink Sink
 	ds   []Delivery
+	used uint64 // s.flushes when it was last flushed (sweepPending)
 }
 
 // batchFor is sink k's batch, made on first use.
 func (s *shard) batchFor(k Sink) *sinkBatch {
 	pb := s.pending[k]
 	if pb == nil {
-		pb = &sinkBatch{sink: k}
+		pb = &sinkBatch{sink: k, used: s.flushes}
 		s.pending[k] = pb
 	}
 	return pb
