@@ -24,8 +24,9 @@ import (
 // with the metadata group's ticker.
 //
 // Only the node leading a queue serves it: publishes, consumers, purges.
-// Elsewhere a publish to it is nacked and a subscribe refused naming the
-// leader (proxying to the leader is not built yet). A persistent
+// Elsewhere a publish to it is forwarded to the leader (forward.go) and a
+// subscribe or purge refused naming the leader (consumers are not
+// forwarded yet). A persistent
 // publish is confirmed once its entry is applied here, so committed on a
 // majority of the replicas. Followers apply every entry (their state is
 // the leader's) and carry out no effect that leaves the queue: no

@@ -10,7 +10,7 @@ package cluster
 // the sender answers its client at once. It never blocks. payload is
 // the transport's from the call on.
 func (t *Transport) SendForward(to uint64, payload []byte) bool {
-	p := t.peers[to]
+	p := t.peer(to) // under pmu: SetPeers replaces the map on a membership change
 	if p == nil || len(payload)+1 > t.cfg.MaxFrameBytes {
 		t.dropped.Add(1)
 		return false
