@@ -115,15 +115,18 @@ func TestClusterChildrenMembership(t *testing.T) {
 		}
 	}
 	// Without the hand-off the others would still name the stopped node
-	// for an election timeout (1-2 s).
-	deadline := time.Now().Add(500 * time.Millisecond)
+	// for an election timeout (1-2 s); with it they named the new leader
+	// before the old one exited. 0.9 s, under the shortest election
+	// timeout, leaves room for a loaded machine (0.5 s was tight under
+	// -race beside other work).
+	deadline := time.Now().Add(900 * time.Millisecond)
 	for {
 		cs, _ := other.clusterStatus(t)
 		if cs.MetaLeader != 0 && cs.MetaLeader != lead {
 			break
 		}
 		if time.Now().After(deadline) {
-			t.Fatalf("0.5 s after the leader stopped, node's view: %+v (no hand-off?)", cs)
+			t.Fatalf("0.9 s after the leader stopped, node's view: %+v (no hand-off?)", cs)
 		}
 		time.Sleep(10 * time.Millisecond) // polling with a deadline
 	}
