@@ -119,16 +119,25 @@ func (g *Group) Indexes() (commit, applied uint64) {
 }
 
 // TransferToFollower asks the group's leader (this node) to hand
-// leadership to its most caught-up voter (design §6.6: before a graceful
-// shutdown). It reports the voter chosen, or false on a follower or a
-// group without another voter.
+// leadership to its most caught-up voter heard from lately (design §6.6:
+// before a graceful shutdown). It reports the voter chosen, or false on a
+// follower or a group without another live voter.
 func (g *Group) TransferToFollower() (uint64, bool) {
 	if g.err != nil || g.w.failed != nil || !g.leader {
 		return 0, false
 	}
 	var to, match uint64
 	for id, pr := range g.rn.Status().Progress {
-		if id != g.w.cfg.NodeID && !pr.IsLearner && (to == 0 || pr.Match > match || pr.Match == match && id < to) {
+		if id == g.w.cfg.NodeID || pr.IsLearner {
+			continue
+		}
+		// Heard from within an election timeout (as TransferToPreferred):
+		// a voter that is down would take the whole shutdown deadline,
+		// raft dropping proposals all the while.
+		if h, ok := g.heard[id]; !ok || g.w.ticks-h > 10 {
+			continue
+		}
+		if to == 0 || pr.Match > match || pr.Match == match && id < to {
 			to, match = id, pr.Match
 		}
 	}
