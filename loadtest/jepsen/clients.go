@@ -15,9 +15,13 @@ import (
 
 // clients are the producers and consumers of one class's run.
 type clients struct {
-	cfg    *Config
-	hist   *loadtest.History
-	urls   func() []string // the nodes' URLs (a random one per connection)
+	cfg  *Config
+	hist *loadtest.History
+	urls func() []string // the nodes' URLs (a random one per connection)
+	// leader, in a cluster, is the URL of the node leading a queue (its
+	// consumers must connect there: consumer forwarding is not built);
+	// nil on one node.
+	leader func(ctx context.Context, queue string) (string, error)
 	queues []string
 
 	// Per producer and consumer: the last confirm and the last delivery
@@ -128,15 +132,30 @@ func (c *clients) produce(ctx context.Context, id int, seed uint64, settle time.
 	}
 }
 
+// consumeURL is where a consumer of queue connects: a random node, or in
+// a cluster the queue's leader as the admin API tells it now (a random
+// node when no node names one: the consume is refused and the consumer
+// asks again).
+func (c *clients) consumeURL(ctx context.Context, r *rand.Rand, queue string) string {
+	if c.leader != nil {
+		if u, err := c.leader(ctx, queue); err == nil {
+			return u
+		}
+	}
+	return c.url(r)
+}
+
 // consume takes messages from queue until ctx ends: it checks every body,
 // acks most (a consumption), requeues some, and now and then cancels and
-// resubscribes or drops its connection and reconnects to a random node.
+// resubscribes or drops its connection and reconnects (in a cluster to
+// the queue's leader, looked up again on every connection).
 func (c *clients) consume(ctx context.Context, id int, queue string, seed uint64, chaos *atomic.Bool) {
 	defer c.consWG.Done()
 	r := rand.New(rand.NewPCG(seed, uint64(1000+id)))
 	for ctx.Err() == nil {
+		u := c.consumeURL(ctx, r, queue)
 		dctx, cancel := context.WithTimeout(ctx, 2*time.Second)
-		conn, err := client.Dial(dctx, c.url(r), client.Options{Name: "warren-jepsen"})
+		conn, err := client.Dial(dctx, u, client.Options{Name: "warren-jepsen"})
 		cancel()
 		if err != nil {
 			if !backoff(ctx, r) {

@@ -14,12 +14,14 @@ import (
 	"io"
 	"math"
 	"math/rand/v2"
+	"net/url"
 	"os"
 	"path/filepath"
 	"slices"
 	"sort"
 	"strconv"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"syscall"
 	"time"
@@ -159,6 +161,33 @@ func (cl *cluster) urls() []string {
 	return out
 }
 
+// leader is the client URL of the node leading queue, as the first node
+// (in a random order) whose admin API answers and names a leader says.
+func (cl *cluster) leader(ctx context.Context, queue string) (string, error) {
+	byID := map[uint64]*node{}
+	for _, n := range cl.nodes {
+		byID[uint64(n.id)] = n
+	}
+	err := fmt.Errorf("jepsen: no node names the leader of %s", queue)
+	for _, i := range rand.Perm(len(cl.nodes)) {
+		n := cl.nodes[i]
+		qctx, cancel := context.WithTimeout(ctx, time.Second)
+		var q struct {
+			Leader uint64 `json:"leader"`
+		}
+		e := n.getJSON(qctx, "/api/queues/"+url.PathEscape(queue), &q)
+		cancel()
+		if e != nil {
+			err = e
+			continue
+		}
+		if l, ok := byID[q.Leader]; ok {
+			return l.url(), nil
+		}
+	}
+	return "", err
+}
+
 func (cl *cluster) stop() {
 	for _, n := range cl.nodes {
 		n.signal(syscall.SIGCONT)
@@ -242,8 +271,20 @@ func runClass(ctx context.Context, cfg *Config, class string, seed uint64) (res 
 		return res
 	}
 	defer cl.stop()
-	for _, n := range cl.nodes {
-		if err := n.start(ctx, 60*time.Second); err != nil {
+	// The nodes start together: a cluster's node is ready only once a
+	// quorum of its peers runs.
+	errs := make([]error, len(cl.nodes))
+	var wg sync.WaitGroup
+	for i, n := range cl.nodes {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			errs[i] = n.start(ctx, 60*time.Second)
+		}()
+	}
+	wg.Wait()
+	for _, err := range errs {
+		if err != nil {
 			res.Skipped = "warrend did not start: " + err.Error()
 			if cfg.Nodes == 1 {
 				res.Failed = append(res.Failed, res.Skipped)
@@ -261,6 +302,9 @@ func runClass(ctx context.Context, cfg *Config, class string, seed uint64) (res 
 	hist := loadtest.NewHistory(cfg.Producers, cfg.Size)
 	c := &clients{cfg: cfg, hist: hist, urls: cl.urls,
 		lastConfirm: make([]atomic.Int64, cfg.Producers), lastDeliver: make([]atomic.Int64, cfg.Consumers+cfg.Queues)}
+	if cfg.Nodes > 1 {
+		c.leader = cl.leader
+	}
 	for i := 0; i < cfg.Queues; i++ {
 		c.queues = append(c.queues, fmt.Sprintf("jepsen-%d", i))
 	}

@@ -2,8 +2,10 @@ package jepsen
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"net"
 	"net/http"
 	"os"
@@ -262,4 +264,24 @@ func mentions(log, file string) (namesFile bool, queue string) {
 		}
 	}
 	return namesFile, queue
+}
+
+// getJSON asks this node's admin API (as guest) for path and decodes the
+// answer into out.
+func (n *node) getJSON(ctx context.Context, path string, out any) error {
+	req, err := http.NewRequestWithContext(ctx, "GET", "http://"+n.http+path, nil)
+	if err != nil {
+		return err
+	}
+	req.SetBasicAuth("guest", "guest")
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		return err
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		b, _ := io.ReadAll(io.LimitReader(resp.Body, 512))
+		return fmt.Errorf("node %d: GET %s: %s: %s", n.id, path, resp.Status, strings.TrimSpace(string(b)))
+	}
+	return json.NewDecoder(io.LimitReader(resp.Body, 1<<20)).Decode(out)
 }
