@@ -363,3 +363,51 @@ func TestClusterStepDownNacks(t *testing.T) {
 		t.Fatal("the transfer did not happen")
 	}
 }
+
+// A publish made while a leadership transfer is pending (raft drops every
+// proposal then) is held and proposed once the transfer ends. Here the
+// transfer goes to a stopped follower, so raft abandons it after an
+// election timeout and this node still leads: the publish is confirmed.
+// Before, it was dropped with its entry and never answered while no later
+// publish came (review).
+func TestClusterPublishDuringAbortedTransfer(t *testing.T) {
+	c := newTestCluster(t, 3)
+	c.leader()
+	if _, err := c.nodes[0].b.Load().DeclareQueueAs(&wire.QueueDeclare{Name: "rq", Durable: true}, 0, ""); err != nil {
+		t.Fatal(err)
+	}
+	lead := c.queueLeader("rq")
+	var gone *clusterNode
+	for _, nd := range c.nodes {
+		if nd != lead && nd != c.leader() {
+			gone = nd
+		}
+	}
+	if gone == nil { // the queue's leader leads the metadata group too
+		for _, nd := range c.nodes {
+			if nd != lead {
+				gone = nd
+				break
+			}
+		}
+	}
+	c.stop(gone)
+	lq := lead.b.Load().topo.lookupQueue("rq")
+	k := newDurSink()
+	ar := &Arena{}
+	ar.Refs.Store(1)
+	batch := &PublishBatch{Sink: k, Codes: make([]uint32, 1)}
+	batch.Pending.Store(1)
+	msg := &StoredMsg{Exchange: []byte("x"), RoutingKey: []byte("rq"), Body: []byte("during"), Arena: ar, Flags: wire.Persistent}
+	lq.shard.submit(Command{Kind: cmdPost, post: func() {
+		lq.grp.TransferLeadership(gone.id)
+		lq.shard.apply(&Command{Kind: CmdPublish, Items: []EnqItem{{Q: lq, Msg: msg, Meta: queue.Message{Size: 6}}}, Batch: batch})
+	}})
+	k.waitFor(t, "the publish's answer", func() bool { return k.confirmed(batch) })
+	if batch.Codes[0] != 0 {
+		t.Fatalf("the publish was nacked (%d) though this node still leads", batch.Codes[0])
+	}
+	if info, _ := lead.b.Load().Queue("rq"); info.Ready != 1 {
+		t.Fatalf("the leader holds %d messages, want 1", info.Ready)
+	}
+}

@@ -452,7 +452,13 @@ func (w *Worker) Round(now int64) (more bool) {
 
 // process proposes g's buffered entries and handles its Ready.
 func (w *Worker) process(g *Group, now int64) {
-	if g.leader {
+	// raft drops every proposal while a leadership transfer is pending:
+	// what is buffered waits. An abandoned transfer (the target did not
+	// take over within an election timeout) leaves this node leading, and
+	// its next Ready (a heartbeat round) proposes it; a transfer that
+	// succeeds drops it with the leadership (below), its waiters answered
+	// at the step-down.
+	if g.leader && g.rn.BasicStatus().LeadTransferee == raft.None {
 		// Pace each entry below raft's uncommitted limit: what is left
 		// waits for a later round (once applies brought unapplied down),
 		// since raft would drop it, commands and all. One entry always
