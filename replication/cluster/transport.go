@@ -34,6 +34,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/warren-mq/warren/wire"
 	"go.etcd.io/raft/v3/raftpb"
 )
 
@@ -62,8 +63,9 @@ type Config struct {
 	// call. nil drops them.
 	DeliverForward func(from uint64, p []byte)
 	// MaxQueueBytes bounds each peer's queue of messages not yet written
-	// (default 64 MiB, design §6.1); MaxFrameBytes bounds a frame, read or
-	// written (default 16 MiB; a bigger message is dropped).
+	// (default 64 MiB, design §6.1, or two frames); MaxFrameBytes bounds a
+	// frame, read or written (default 65 MiB, above the largest entry a
+	// publish makes; a bigger message is dropped).
 	MaxQueueBytes int
 	MaxFrameBytes int
 	// MaxSnapshotBytes bounds a snapshot to install, sent or received
@@ -186,11 +188,15 @@ func New(cfg Config) (*Transport, error) {
 			return nil, fmt.Errorf("cluster: the cluster secret has %d bytes; it needs at least %d bytes", len(cfg.Secret), MinSecretLen)
 		}
 	}
-	if cfg.MaxQueueBytes <= 0 {
-		cfg.MaxQueueBytes = 64 << 20
-	}
 	if cfg.MaxFrameBytes <= 0 {
-		cfg.MaxFrameBytes = 16 << 20
+		// Above the largest entry a publish can make (one message of a
+		// native frame at its hard limit, or a 16 MiB AMQP body, with its
+		// headers): a raft message over the limit is dropped at every
+		// retry, and its group stalls.
+		cfg.MaxFrameBytes = wire.HardMaxFrame + 1<<20
+	}
+	if cfg.MaxQueueBytes <= 0 {
+		cfg.MaxQueueBytes = max(64<<20, 2*cfg.MaxFrameBytes) // room for the largest message and more
 	}
 	if cfg.MaxSnapshotBytes <= 0 {
 		cfg.MaxSnapshotBytes = 256 << 20
