@@ -671,9 +671,9 @@ func (t *Transport) handshake(conn net.Conn, id uint64, addr string) (uint64, er
 		return 0, err
 	}
 	if kind == kindRefuse {
-		if bytes.Contains(pl, []byte(removedReason)) && t.cfg.OnRemoved != nil {
-			t.cfg.OnRemoved(string(pl))
-		}
+		// Not authenticated yet: whoever answers on p's address may say
+		// anything. Only a refusal after the listener proved the secret
+		// (below) may tell this node it was removed.
 		return 0, fmt.Errorf("peer %d at %s refused this node: %s", p.id, p.addr, pl)
 	}
 	if kind != kindChall || len(pl) != 1+8+nonceSize+sha256.Size {
@@ -857,10 +857,7 @@ func (t *Transport) accepted(c net.Conn) (uint64, bool, error) {
 	t.pmu.RLock()
 	known, gone := t.peers[h.from] != nil, t.gone[h.from]
 	t.pmu.RUnlock()
-	if err == nil && gone {
-		err = fmt.Errorf("cluster: node %d %s (node ids are never reused)", h.from, removedReason)
-	}
-	if err == nil && !known && h.to != 0 {
+	if err == nil && !known && !gone && h.to != 0 {
 		err = fmt.Errorf("cluster: node %d is not a member of this node's cluster", h.from)
 	}
 	if err != nil {
@@ -890,6 +887,14 @@ func (t *Transport) accepted(c net.Conn) (uint64, bool, error) {
 		t.authFailures.Add(1)
 		refuse(c, "authentication failed: the cluster secrets differ")
 		return 0, false, fmt.Errorf("cluster: node %d failed authentication: its cluster secret differs from this node's", h.from)
+	}
+	if gone {
+		// Told only once the dialer proved the secret, and so believed
+		// (the dialer stops for good on it: OnRemoved).
+		err := fmt.Errorf("cluster: node %d %s (node ids are never reused)", h.from, removedReason)
+		t.refused.Add(1)
+		refuse(c, err.Error())
+		return 0, false, err
 	}
 	if _, err := c.Write(appendFrame(nil, kindOK, nil)); err != nil {
 		return 0, false, err
