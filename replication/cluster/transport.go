@@ -467,6 +467,7 @@ func refuse(c net.Conn, reason string) {
 // run is the peer's writer: dial, then write what is queued, forever.
 func (p *peer) run() {
 	defer p.t.wg.Done()
+	defer p.dropSnaps() // stopped or closed: raft hears the snapshots failed (ReportSnapshot)
 	backoff := minBackoff
 	failing := false
 	for {
@@ -751,6 +752,18 @@ func (t *Transport) accept() {
 		t.mu.Unlock()
 		t.wg.Add(1)
 		go t.serve(c)
+	}
+}
+
+// dropSnaps tells every snapshot still queued for p that it was not sent:
+// raft then leaves the follower's snapshot state and may try again.
+func (p *peer) dropSnaps() {
+	p.mu.Lock()
+	snaps := p.snaps
+	p.snaps, p.snapBytes = nil, 0
+	p.mu.Unlock()
+	for _, s := range snaps {
+		s.done(false)
 	}
 }
 
