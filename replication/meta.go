@@ -80,7 +80,9 @@ type MetaGroup struct {
 	inMu    sync.Mutex
 	inbox   []raftpb.Message
 	ticks   int
-	epoch   uint64 // this incarnation's tag on its entries (origin node, epoch)
+	clock   uint64            // ticks the loop has stepped
+	heard   map[uint64]uint64 // loop: peer → clock when a message from it was last stepped
+	epoch   uint64            // this incarnation's tag on its entries (origin node, epoch)
 	applied uint64
 	status  raft.BasicStatus // g.mu
 
@@ -414,6 +416,7 @@ func (g *MetaGroup) roundMulti() error {
 	for range ticks {
 		g.rn.Tick()
 	}
+	g.clock += uint64(ticks)
 	for _, r := range reports {
 		st := raft.SnapshotFinish
 		if !r.ok {
@@ -422,6 +425,10 @@ func (g *MetaGroup) roundMulti() error {
 		g.rn.ReportSnapshot(r.to, st)
 	}
 	for _, m := range msgs {
+		if g.heard == nil {
+			g.heard = map[uint64]uint64{}
+		}
+		g.heard[m.From] = g.clock
 		if err := g.rn.Step(m); err != nil {
 			g.cfg.Logger.Debug("replication: metadata group: a peer's message refused", "type", m.Type, "from", m.From, "err", err)
 		}
@@ -570,8 +577,12 @@ func (g *MetaGroup) transfer(to uint64, leader bool) transferRes {
 	if to == 0 {
 		best, bestMatch := uint64(0), uint64(0)
 		g.rn.WithProgress(func(id uint64, typ raft.ProgressType, pr tracker.Progress) {
-			if typ != raft.ProgressTypePeer || id == g.cfg.NodeID || !pr.RecentActive {
-				return // a voter not heard from lately may be down (or stopping too)
+			// Heard from within an election timeout (10 ticks): a voter
+			// not heard from lately may be down (or stopping too). Not
+			// raft's RecentActive, which every quorum check clears (a
+			// leader of a few ticks read false for every peer).
+			if h, ok := g.heard[id]; typ != raft.ProgressTypePeer || id == g.cfg.NodeID || !ok || g.clock-h > 10 {
+				return
 			}
 			if best == 0 || pr.Match > bestMatch || (pr.Match == bestMatch && id < best) {
 				best, bestMatch = id, pr.Match
