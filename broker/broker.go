@@ -54,6 +54,8 @@ type Broker struct {
 	topo   *topology
 	shards []*shard
 
+	seqBase uint64 // the shards' proposal seqs count from here (New)
+
 	// storedBytes is what the stored messages cost (their arenas, counted
 	// by reference: see Arena), compared with the memory watermark.
 	pool          *replication.Pool // snapshot writes and compactions of durable queues (Config.Durable)
@@ -86,6 +88,9 @@ func New(cfg Config) *Broker {
 		cfg.Logger = slog.New(slog.NewTextHandler(io.Discard, nil))
 	}
 	b := &Broker{cfg: cfg, log: cfg.Logger}
+	// Above every proposal seq an earlier run of this node used
+	// (replication.WorkerConfig.SeqBase): its start time, 2^20 seqs a ms.
+	b.seqBase = uint64(time.Now().UnixMilli()) << 20
 	if cfg.Durable != nil {
 		b.pool = replication.NewPool(poolSize)
 	}

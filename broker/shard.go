@@ -110,6 +110,7 @@ func (s *shard) startWorker() {
 	dc := s.b.cfg.Durable
 	s.rw = replication.NewWorker(dc.Log, replication.WorkerConfig{
 		NodeID: s.nodeID(), Shard: uint64(s.idx), Logger: s.b.log, Fatal: s.b.logFailed, Snapshots: dc.Snapshots, Pool: s.b.pool,
+		SeqBase:       s.b.seqBase,
 		Post:          func(fn func()) { s.submit(Command{Kind: cmdPost, post: fn}) },
 		Send:          dc.Send,
 		LeaderChanged: s.leaderChanged,

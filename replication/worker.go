@@ -86,6 +86,14 @@ type WorkerConfig struct {
 	// Pool runs snapshot writes and compactions (shared among the node's
 	// workers); nil: the worker makes its own of 4, closed by Close.
 	Pool *Pool
+	// SeqBase is where this worker's groups count their proposal seqs
+	// from. A node that restarts must count from above any seq it used
+	// before (the broker uses its start time in ms << 20): an entry it
+	// proposed before the restart, committed by the others and applied
+	// here after it leads again, must not be taken for one of this
+	// incarnation's (its confirms would go to the wrong waiters). 0 for
+	// tests and simulations.
+	SeqBase uint64
 	// LeaderChanged (optional) hears, on the shard during a round, that
 	// the group's raft state or the leader it knows changed: lead is the
 	// leader (0: none known), leader whether it is this node. Commands
@@ -308,7 +316,7 @@ func (w *Worker) Open(gid uint64, snap raftpb.SnapshotMetadata, fsm *QueueFSM) (
 	if err != nil {
 		return nil, fmt.Errorf("replication: group %d: %w", gid, err)
 	}
-	g := &Group{w: w, id: gid, rn: rn, st: st, fsm: fsm, conf: snap.ConfState}
+	g := &Group{w: w, id: gid, rn: rn, st: st, fsm: fsm, conf: snap.ConfState, seq: w.cfg.SeqBase}
 	g.appliedIdx.Store(snap.Index)
 	g.commitIdx.Store(rn.BasicStatus().Commit)
 	if v := snap.ConfState.Voters; len(v) == 1 && v[0] == w.cfg.NodeID && len(snap.ConfState.Learners) == 0 {

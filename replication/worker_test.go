@@ -364,3 +364,32 @@ func TestWorkerRemoveWaitsForItsWrite(t *testing.T) {
 		t.Fatalf("%d entries were applied after Remove", applied-before)
 	}
 }
+
+// WorkerConfig.SeqBase: a group counts its proposal seqs from it, so a
+// node that restarts never reuses a seq of an earlier run, and the
+// entries carry them (an entry applied here after a restart is never
+// taken for one of this run's).
+func TestWorkerSeqBase(t *testing.T) {
+	fs := segment.NewMemFS()
+	l := openMemLog(t, fs)
+	defer l.Close()
+	s := &shard{t: t, inbox: make(chan func(), 1024)}
+	const base = 1 << 40
+	s.w = NewWorker(l, WorkerConfig{Post: func(fn func()) { s.inbox <- fn }, SeqBase: base})
+	defer s.w.Close()
+	var seen []uint64
+	fsm := NewQueueFSM(queue.New(queue.Config{}, 0), 0, func(a *Applied) { seen = append(seen, a.Header.Seq) })
+	g, err := s.w.Open(10, raftpb.SnapshotMetadata{ConfState: raftpb.ConfState{Voters: []uint64{1}}}, fsm)
+	if err != nil {
+		t.Fatal(err)
+	}
+	s.settle()
+	seq, err := g.Add(&queue.Tick{})
+	if err != nil || seq != base+1 {
+		t.Fatalf("the first seq: %d %v, want %d", seq, err, base+1)
+	}
+	s.settle()
+	if len(seen) != 1 || seen[0] != base+1 {
+		t.Fatalf("applied seqs %v, want [%d]", seen, base+1)
+	}
+}
