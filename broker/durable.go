@@ -137,6 +137,7 @@ func (s *shard) openDurable(q *Queue) {
 		return
 	}
 	q.grp, q.m, q.replayTo = g, g.FSM().Machine(), replayTo
+	q.applSeq = g.LastSeq() // the seq base: nothing of this incarnation is waited for yet (barriers)
 	q.cons = map[queue.ConsumerID]consumer{}
 	q.subs = map[queue.ConsumerID]pendingReq{}
 	var owners []queue.OwnerID

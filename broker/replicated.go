@@ -105,6 +105,7 @@ func (s *shard) openReplicated(q *Queue) (handled bool) {
 		return true
 	}
 	q.grp, q.m, q.replayTo, q.replicated, q.proposer = g, g.FSM().Machine(), replayTo, true, s.proposer()
+	q.applSeq = g.LastSeq() // the seq base: nothing of this incarnation is waited for yet (barriers)
 	q.group.Store(g)
 	q.cons = map[queue.ConsumerID]consumer{}
 	q.subs = map[queue.ConsumerID]pendingReq{}
