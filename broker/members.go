@@ -152,6 +152,16 @@ func (b *Broker) HandleClusterCall(from uint64, op byte, body []byte) ([]byte, e
 	if err := json.Unmarshal(body, &req); err != nil {
 		return nil, fmt.Errorf("a membership call that does not decode: %w", err)
 	}
+	// A member forwarded this to the leader it knows: if that is no
+	// longer this node, say so (it retries with what it learns) rather
+	// than forward again, or two nodes that disagree on the leader bounce
+	// it between them. Only a join, from a node that knows no leader yet,
+	// is carried on to the leader from here.
+	if cl := b.topo.cl.Load(); cl != nil && op != CallJoin {
+		if st := cl.g.Status(); st.Lead != st.ID {
+			return nil, replication.ErrNotMetaLeader
+		}
+	}
 	ctx, cancel := context.WithTimeout(context.Background(), memberTimeout)
 	defer cancel()
 	ans, err := b.memberCall(ctx, op, req)
