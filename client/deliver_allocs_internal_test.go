@@ -41,12 +41,15 @@ func TestDeliverAllocs(t *testing.T) {
 			}
 		}) / n
 	}
-	if got := run(&Consumer{ch: ch, feed: make(chan *Delivery, n), done: make(chan struct{})}, true); got > 2 {
+	// Per delivery, so a regression adds at least 1; the half below
+	// absorbs what other goroutines of the test process allocate while it
+	// measures (CI read 2.01: one stray allocation per 100 deliveries).
+	if got := run(&Consumer{ch: ch, feed: make(chan *Delivery, n), done: make(chan struct{})}, true); got >= 2.5 {
 		t.Errorf("Consume: %.2f allocations per delivery, want at most 2 (the Delivery and its body)", got)
 	}
 	seen := 0
 	batch := &Consumer{ch: ch, feed: make(chan *Delivery), done: make(chan struct{}), batch: func(ds []Delivery) { seen += len(ds) }}
-	if got := run(batch, false); got > 0 {
+	if got := run(batch, false); got >= 0.5 {
 		t.Errorf("ConsumeBatch: %.2f allocations per delivery, want 0", got)
 	}
 	if seen == 0 {
