@@ -310,10 +310,21 @@ func (c *conn) open(user string, a *wire.Auth, maxFrame uint32) {
 	c.heartbeatMs.Store(hb)
 	c.send(0, &wire.OpenOK{ConnectionID: c.id, MaxFrame: c.maxFrame, MaxChannels: c.maxChannels, HeartbeatMs: hb})
 	c.opened.Store(true) // before it can own anything: its close must reach the shards
+	if f := c.srv.beforeOpen.Load(); f != nil {
+		(*f)(user)
+	}
 	if !c.state.CompareAndSwap(stAuthPending, stOpen) {
 		return // closed meanwhile (handshake deadline, shutdown)
 	}
 	c.srv.authenticated(c)
+	// The user deleted while this connection was being opened: the scan
+	// that closes a deleted user's connections (closeUsers) skipped it,
+	// not open yet. That scan starts after the user table is replaced, so
+	// if it ran before the line above, this lookup sees the deletion.
+	if _, ok := c.srv.auth.user(user); !ok && !(user == "guest" && c.srv.auth.guestLoopback) {
+		c.closeWith(wire.ConnectionForced, "user "+strconv.Quote(user)+" was deleted")
+		return
+	}
 	if c.srv.flowBlocked() {
 		c.send(0, &wire.Flow{Active: false})
 	}

@@ -195,7 +195,10 @@ type Server struct {
 	permGen atomic.Uint64
 	// userDeleted: OnUserDeleted's function, if set.
 	userDeleted atomic.Pointer[func(user string)]
-	vh          vhostState // virtual hosts at run time (vhosts.go)
+	// beforeOpen (tests) runs as an accepted connection is about to be
+	// marked open, after its OPEN_OK is queued.
+	beforeOpen atomic.Pointer[func(user string)]
+	vh         vhostState // virtual hosts at run time (vhosts.go)
 	// The broker core: topology, shards, the operator API (promoted:
 	// DeclareQueue, PeekQueue…). netio holds it; it never calls netio.
 	*broker.Broker
