@@ -36,11 +36,11 @@ type pair struct {
 
 // startPair starts the pair and returns once its first message has been
 // consumed (or fails after 10 s).
-func startPair(ctx context.Context, url string) (*pair, error) {
+func startPair(ctx context.Context, url string, transient bool) (*pair, error) {
 	p := &pair{stop: make(chan struct{}), done: make(chan struct{}), quit: make(chan struct{})}
 	ctx, p.cancel = context.WithCancel(ctx)
 	cfg := loadtest.Config{
-		URL: url, Producers: 1, Consumers: 1, Queues: 1, Size: "128", Persistent: true, Rate: PairRate,
+		URL: url, Producers: 1, Consumers: 1, Queues: 1, Size: "128", Persistent: !transient, Rate: PairRate,
 		Duration: 24 * time.Hour, DrainTimeout: 15 * time.Second, Stop: p.stop, Live: &p.live,
 		Scenario: "abuse-pair",
 	}
