@@ -233,13 +233,24 @@ func (b *Broker) StepRaft(gid uint64, m raftpb.Message) {
 		}
 		return
 	}
-	if gid < QueueGroupBase || gid-QueueGroupBase > 1<<32 || b.cfg.Durable == nil {
-		return
-	}
 	if m.Type == raftpb.MsgTimeoutNow && b.leaving.Load() {
 		// A node handing its queues on (TransferLeaderships) takes none
 		// back (another node's balancer may offer them): raft abandons
 		// the transfer after an election timeout.
+		return
+	}
+	b.onQueueGroup(gid, func(s *shard, q *Queue) {
+		if err := s.rw.Step(gid, m); err != nil {
+			s.b.log.Debug("replicated queue: raft message dropped", "group", gid, "err", err)
+		}
+	})
+}
+
+// onQueueGroup runs fn on the shard of the queue whose raft group is gid,
+// if that group is open there (not a group of a deleted queue, nor of an
+// earlier queue in the same slot); a group not open here is ignored.
+func (b *Broker) onQueueGroup(gid uint64, fn func(s *shard, q *Queue)) {
+	if gid < QueueGroupBase || gid-QueueGroupBase > 1<<32 || b.cfg.Durable == nil {
 		return
 	}
 	q := b.topo.slots.get(queue.QueueRef(gid - QueueGroupBase))
@@ -249,9 +260,7 @@ func (b *Broker) StepRaft(gid uint64, m raftpb.Message) {
 	s := q.shard
 	s.submit(Command{Kind: cmdPost, post: func() {
 		if g := q.grp; g != nil && !q.gone && g.ID() == gid {
-			if err := s.rw.Step(gid, m); err != nil {
-				s.b.log.Debug("replicated queue: raft message dropped", "group", gid, "err", err)
-			}
+			fn(s, q)
 		}
 	}})
 }

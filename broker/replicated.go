@@ -163,20 +163,7 @@ func (s *shard) stepDown(q *Queue) {
 	s.timers.remove(q)
 	q.caughtUp = false
 	for i := q.pendHead; i < len(q.pend); i++ {
-		p := &q.pend[i]
-		s.bytesDelta -= p.bytes
-		if p.w != nil {
-			for _, k := range p.idx {
-				p.w.batch.Nack(k, wire.InternalNack)
-			}
-			s.partRelease(p.w)
-		}
-		if p.dl {
-			s.dropDeadLetter(nil, q.name, dlTargetRefused)
-		}
-		if p.dlw != nil {
-			p.dlw.done()
-		}
+		s.answerLost(q, &q.pend[i])
 	}
 	q.pend, q.pendHead = nil, 0
 	code, reason := q.notHere()
@@ -262,21 +249,11 @@ func (s *shard) installed(g *replication.Group, meta raftpb.SnapshotMetadata) {
 // StepSnapshot hands a replicated queue's group a snapshot its leader sent
 // (the cluster transport's DeliverSnapshot), on its shard.
 func (b *Broker) StepSnapshot(gid uint64, m *replication.SnapshotMessage) {
-	if gid < QueueGroupBase || gid-QueueGroupBase > 1<<32 || b.cfg.Durable == nil {
-		return
-	}
-	q := b.topo.slots.get(queue.QueueRef(gid - QueueGroupBase))
-	if q == nil {
-		return
-	}
-	s := q.shard
-	s.submit(Command{Kind: cmdPost, post: func() {
-		if g := q.grp; g != nil && !q.gone && g.ID() == gid {
-			if err := s.rw.StepSnapshot(gid, m); err != nil {
-				s.b.log.Warn("replicated queue: a leader's snapshot not taken", "queue", q.name, "err", err)
-			}
+	b.onQueueGroup(gid, func(s *shard, q *Queue) {
+		if err := s.rw.StepSnapshot(gid, m); err != nil {
+			s.b.log.Warn("replicated queue: a leader's snapshot not taken", "queue", q.name, "err", err)
 		}
-	}})
+	})
 }
 
 // SnapshotMessage is a snapshot a leader sends a follower to install
@@ -367,10 +344,9 @@ func (b *Broker) balanceLeaders() {
 	}
 }
 
-// failPart nacks pending part i of q (an entry lost with a change of
-// leader) and drops it from the head.
-func (s *shard) failPart(q *Queue, i int) {
-	p := &q.pend[i]
+// answerLost answers pending part p of q as lost with its entry: its
+// publishes nacked, a dead letter dropped (counted), its source told.
+func (s *shard) answerLost(q *Queue, p *pendingPart) {
 	s.bytesDelta -= p.bytes
 	if p.w != nil {
 		for _, k := range p.idx {
@@ -384,6 +360,12 @@ func (s *shard) failPart(q *Queue, i int) {
 	if p.dlw != nil {
 		p.dlw.done()
 	}
+}
+
+// failPart nacks pending part i of q (an entry lost with a change of
+// leader) and drops it from the head.
+func (s *shard) failPart(q *Queue, i int) {
+	s.answerLost(q, &q.pend[i])
 	q.pend[i] = pendingPart{}
 	if q.pendHead++; q.pendHead == len(q.pend) {
 		q.pend, q.pendHead = q.pend[:0], 0
