@@ -191,7 +191,12 @@ jepsen:
 # publishing at FAILOVER_RATE msg/s; time to the next confirm and delivery.
 FAILOVER_KILLS ?= 10
 FAILOVER_RATE ?= 5000
-.PHONY: failover
+.PHONY: failover bench-cluster-compare
+# Three Warren nodes, then a three-node RabbitMQ cluster with quorum queues,
+# the same persistent 1 KiB loads (loadtest/bench/cluster-compare.sh).
+bench-cluster-compare:
+	DUR=$(or $(COMPARE_DURATION),20s) loadtest/bench/cluster-compare.sh
+
 failover:
 	WARREN_FAILOVER_KILLS=$(FAILOVER_KILLS) WARREN_FAILOVER_RATE=$(FAILOVER_RATE) $(GO) test -count=1 -timeout 20m -run '^TestFailoverMeasure$$' -v ./cmd/warrend/ | grep -E '^failover:|kill [0-9]|^(ok|FAIL|---)'
 
