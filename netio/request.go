@@ -317,12 +317,13 @@ func (c *conn) open(user string, a *wire.Auth, maxFrame uint32) {
 		return // closed meanwhile (handshake deadline, shutdown)
 	}
 	c.srv.authenticated(c)
-	// The user deleted while this connection was being opened: the scan
-	// that closes a deleted user's connections (closeUsers) skipped it,
-	// not open yet. That scan starts after the user table is replaced, so
-	// if it ran before the line above, this lookup sees the deletion.
-	if _, ok := c.srv.auth.user(user); !ok && !(user == "guest" && c.srv.auth.guestLoopback) {
-		c.closeWith(wire.ConnectionForced, "user "+strconv.Quote(user)+" was deleted")
+	// The user or the vhost deleted while this connection was being
+	// opened: the scan that closes their connections (closeUsers,
+	// closeVhosts) skipped it, not open yet. That scan starts after the
+	// tables are replaced, so if it ran before the line above, this lookup
+	// sees the deletion.
+	if !c.srv.Admitted(vhost, user) {
+		c.closeWith(wire.ConnectionForced, "user "+strconv.Quote(user)+" or vhost "+strconv.Quote(vhost)+" was deleted while the connection opened")
 		return
 	}
 	if c.srv.flowBlocked() {

@@ -119,6 +119,24 @@ func (s *Server) OpenVhost(vhost, user string) (string, error) {
 	return vhost, nil
 }
 
+// Admitted reports whether user may still hold a connection to vhost: the
+// user exists (or is the loopback guest) and the vhost exists with the
+// user's access. A front (netio/amqp) asks once its connection is marked
+// open, so that a deletion whose scan skipped it, not open yet, is seen.
+func (s *Server) Admitted(vhost, user string) bool {
+	if _, ok := s.auth.user(user); !ok && !(user == "guest" && s.auth.guestLoopback) {
+		return false
+	}
+	recs := s.vh.recs.Load()
+	if recs == nil {
+		return false
+	}
+	if _, ok := (*recs)[vhost]; !ok {
+		return false
+	}
+	return s.hasVhostAccess(vhost, user)
+}
+
 // CloseVhost uncounts a connection OpenVhost admitted.
 func (s *Server) CloseVhost(vhost string) {
 	s.vh.mu.Lock()

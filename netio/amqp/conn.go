@@ -959,7 +959,17 @@ func (c *conn) onOpen(r *reader) error {
 	if !c.l.setVhost(c, v) {
 		return nil // closed meanwhile
 	}
+	if f := c.l.beforeOpen.Load(); f != nil {
+		(*f)(c.user)
+	}
 	c.opened.Store(true)
+	// The user or the vhost deleted while this connection was being
+	// opened: the scan closing their connections (followDeletes) skipped
+	// it, not open yet. That scan starts after the tables are replaced, so
+	// if it ran before the line above, this lookup sees the deletion.
+	if !c.srv.Admitted(v, c.user) {
+		return connErr(connectionForced, "CONNECTION_FORCED - user '"+c.user+"' or vhost '"+v+"' was deleted while the connection opened")
+	}
 	c.lastRecv.Store(time.Now().UnixMilli())
 	if !c.state.CompareAndSwap(stHandshake, stOpen) {
 		return nil // closed meanwhile (the handshake deadline)

@@ -127,6 +127,9 @@ type Listener struct {
 	// hookAtBound, if set (tests), hears a connection stop reading at the
 	// unconfirmed bound with that many publishes in flight (loop).
 	hookAtBound atomic.Pointer[func(inFlight int64)]
+	// beforeOpen, if set (tests), runs as a connection is about to be
+	// marked open, its vhost admitted and open-ok not yet sent.
+	beforeOpen atomic.Pointer[func(user string)]
 }
 
 // tickInterval: how often the listener's tick looks at its connections.
