@@ -18,8 +18,11 @@ build:
 # Start a broker with the defaults: native protocol on 127.0.0.1:5680,
 # HTTP (the web console at /, /api/, /metrics, /healthz, /readyz) on
 # 127.0.0.1:15680, data in ./warren-data.
+# Builds bin/warrend and runs it in the foreground (not go run: the
+# process is warrend, so signals and pgrep find it, and bin/ is reused).
 run:
-	$(GO) run ./cmd/warrend
+	$(GO) build -o bin/warrend ./cmd/warrend
+	exec bin/warrend $(ARGS)
 
 # Three nodes on loopback (README: Cluster quick start): node N serves
 # the native protocol on 127.0.0.1:5680+10(N-1), HTTP on 15680+10(N-1),

@@ -710,7 +710,14 @@ func (c *cli) queue(verb string, args []string) error {
 				died := "-"
 				if m.Properties != nil && len(m.Properties.Deaths) > 0 {
 					d := m.Properties.Deaths[0]
-					died = fmt.Sprintf("%s in %s ×%d", d.Reason, d.Queue, d.Count)
+					// EXCHANGE is the one it was last published to (a dead
+					// letter's: the dead-letter exchange); where it was first
+					// published is in its oldest death.
+					from := m.Properties.Deaths[len(m.Properties.Deaths)-1].Exchange
+					if from == "" {
+						from = "(default)"
+					}
+					died = fmt.Sprintf("%s in %s ×%d, first published to %s", d.Reason, d.Queue, d.Count, from)
 				}
 				fmt.Fprintf(w, "%d\t%d\t%s\t%s\t%d\t%s\t%s\n", i+1, m.ID, orDash(m.Exchange), m.RoutingKey, m.DeliveryCount, died, printable(m.Body))
 			}

@@ -98,7 +98,7 @@ func TestWarrenctl(t *testing.T) {
 	if out := c.ok("", "consume", "orders", "--count", "3", "--reject"); out != "a\nb\nc\n" {
 		t.Fatalf("consume --reject printed %q", out)
 	}
-	if out := c.ok("", "dlq", "peek", "dlq", "--count", "5"); !strings.Contains(out, "rejected in orders") || !strings.Contains(out, `"a"`) {
+	if out := c.ok("", "dlq", "peek", "dlq", "--count", "5"); !strings.Contains(out, "rejected in orders ×1, first published to (default)") || !strings.Contains(out, `"a"`) {
 		t.Fatalf("dlq peek:\n%s", out)
 	}
 	if out := c.ok("", "dlq", "replay", "dlq"); !regexpLine(out, "moved", "3") {

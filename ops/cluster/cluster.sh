@@ -50,6 +50,7 @@ start() {
 }
 
 stop() {
+	local failed=0
 	for n in 1 2 3; do
 		pidf="$DATA/node$n/warrend.pid"
 		[ -f "$pidf" ] || continue
@@ -57,9 +58,15 @@ stop() {
 		if kill -TERM "$pid" 2>/dev/null; then
 			for _ in $(seq 200); do kill -0 "$pid" 2>/dev/null || break; sleep 0.1; done
 		fi
+		if kill -0 "$pid" 2>/dev/null; then
+			echo "node $n (pid $pid) has not stopped after 20 s: see $DATA/node$n/warrend.log; kill -9 $pid ends it" >&2
+			failed=1
+			continue
+		fi
 		rm -f "$pidf"
 		echo "node $n stopped"
 	done
+	return $failed
 }
 
 case "${1:-}" in
