@@ -301,9 +301,9 @@ func TestSessionHandlerNotConcurrentAcrossFailover(t *testing.T) {
 		got <- string(d.Body)
 	}))
 	must(t, sess.Publish(ctx, "", client.Message{RoutingKey: "jobs", Body: []byte("first")}))
-	<-inFirst
+	wait(t, ctx, inFirst, "the first handler call")
 	closeServer(t, s1)
-	<-reconnected
+	wait(t, ctx, reconnected, "the reconnect")
 	must(t, sess.Publish(ctx, "", client.Message{RoutingKey: "jobs", Body: []byte("second")}))
 	// Until node 2 has handed "second" to the session's consumer.
 	q := s2.Broker.LookupQueue("jobs")

@@ -63,6 +63,19 @@ func expect(t *testing.T, ch chan string, want string) {
 	}
 }
 
+// wait receives from ch, failing the test when ctx ends first.
+func wait[T any](t *testing.T, ctx context.Context, ch <-chan T, what string) T {
+	t.Helper()
+	select {
+	case v := <-ch:
+		return v
+	case <-ctx.Done():
+		t.Fatalf("no %s: %v", what, ctx.Err())
+		var zero T
+		return zero
+	}
+}
+
 func must(t *testing.T, err error) {
 	t.Helper()
 	if err != nil {
