@@ -10,6 +10,8 @@ import (
 	"strings"
 	"syscall"
 	"time"
+
+	"github.com/warren-mq/warren/loadtest/faultnet"
 )
 
 // nemesis applies one class of fault, again and again, for a while.
@@ -113,6 +115,48 @@ func (nm *nemesis) fault(ctx context.Context) error {
 		return nil
 	case "bitflip", "truncate":
 		return nm.damage(ctx, nm.pick())
+	case "restart":
+		// A rolling restart: every node in turn stopped gracefully (its
+		// leaderships handed off) and started again once the one before
+		// serves.
+		for _, n := range nm.cl.nodes {
+			if !n.stop(20 * time.Second) {
+				nm.fail("event %d: node %d did not stop within 20 s of SIGTERM (killed)", nm.res.Events+1, n.id)
+			}
+			if err := n.start(ctx, 60*time.Second); err != nil {
+				return err
+			}
+		}
+		return nil
+	case "kill-leader":
+		// kill -9 the node leading the first queue, as the admin API names
+		// it: a leader killed again and again.
+		n := nm.pick()
+		if u, err := nm.cl.leader(ctx, nm.c.queues[0]); err == nil {
+			for _, m := range nm.cl.nodes {
+				if m.url() == u {
+					n = m
+				}
+			}
+		} else {
+			nm.note("event %d: no leader named (%v); killed node %d", nm.res.Events+1, err, n.id)
+		}
+		n.kill()
+		nm.sleep(ctx, time.Duration(nm.r.IntN(300))*time.Millisecond)
+		return n.start(ctx, 60*time.Second)
+	case "delay":
+		// Every link between the nodes slow for a while: 20-100 ms each
+		// way, with as much jitter again.
+		d := time.Duration(20+nm.r.IntN(80)) * time.Millisecond
+		nm.cl.net.Each(func(_, _ int, p *faultnet.Proxy) { p.SetDelay(d, d) })
+		nm.sleep(ctx, time.Duration(2000+nm.r.IntN(2000))*time.Millisecond)
+		nm.cl.net.Each(func(_, _ int, p *faultnet.Proxy) { p.SetDelay(0, 0) })
+		return nil
+	case "drop":
+		// Every connection between the nodes reset at once (the nodes
+		// redial).
+		nm.cl.net.Each(func(_, _ int, p *faultnet.Proxy) { p.Reset() })
+		return nil
 	case "partition":
 		n := nm.pick()
 		nm.cl.net.Isolate(n.id)

@@ -143,6 +143,29 @@ func (n *node) kill() {
 	<-exited
 }
 
+// stop sends SIGTERM (a graceful stop: leaderships handed off) and waits
+// for the process to end, or kills it after limit; it reports whether the
+// process ended by itself.
+func (n *node) stop(limit time.Duration) bool {
+	n.mu.Lock()
+	cmd, exited := n.cmd, n.exited
+	n.expectEnd = true
+	n.mu.Unlock()
+	if cmd == nil {
+		return true
+	}
+	_ = cmd.Process.Signal(syscall.SIGTERM)
+	t := time.NewTimer(limit)
+	defer t.Stop()
+	select {
+	case <-exited:
+		return true
+	case <-t.C:
+		n.kill()
+		return false
+	}
+}
+
 // pause sends SIGSTOP, resume SIGCONT.
 func (n *node) signal(sig syscall.Signal) {
 	n.mu.Lock()
