@@ -6,8 +6,9 @@ package segment
 import (
 	"encoding/binary"
 	"fmt"
-	"slices"
+	"math/bits"
 	"sync"
+	"unsafe"
 )
 
 // shadow is a group's raft range as it will be once everything queued is
@@ -119,10 +120,11 @@ const MaxEntry = MaxRecord / 2
 // maxFileSize, every offset fits the index's uint32.
 const maxPending = 256 << 20
 
-// maxFreeBuf: write buffers up to this capacity are reused; a larger one
-// is left to the GC: kept, it would hold its peak size for good (the heap
-// of a node with a deep durable backlog must not; TestDurableHeapPerMessage
-// in broker counts every retained byte).
+// maxFreeBuf: write buffers up to this capacity are kept by their log for
+// reuse; a larger one goes to bigBufs, which the GC empties when idle:
+// kept for good, it would hold its peak size (the heap of a node with a
+// deep durable backlog must not; TestDurableHeapPerMessage in broker
+// counts every retained byte).
 const maxFreeBuf = 1 << 20
 
 // minBuf is a new write buffer's capacity.
@@ -132,8 +134,7 @@ const minBuf = 256 << 10
 // bytes (data and entry headers) in n batches, and when it must grow,
 // for a group commit as large as the last one: grown by append's
 // doublings, a busy queue's commits of a few megabytes were copied at
-// every step, in a fresh buffer each time (a buffer over maxFreeBuf is
-// not reused): a fifth of BenchmarkDurablePersistent1K's CPU.
+// every step: a fifth of BenchmarkDurablePersistent1K's CPU.
 func (l *Log) growPending(entries, n int) {
 	// Record headers and padding: one entries record per maxEntriesRecord
 	// bytes and a hard state record per batch, at most.
@@ -142,7 +143,60 @@ func (l *Log) growPending(entries, n int) {
 		return
 	}
 	want := max(len(l.pending)+need, l.lastWrite+l.lastWrite/4)
-	l.pending = slices.Grow(l.pending, want-len(l.pending))
+	nb := append(newBuf(want), l.pending...)
+	l.releaseBuf(l.pending)
+	l.pending = nb
+}
+
+// bigBufs holds write buffers over maxFreeBuf, by capacity class (class k
+// holds buffers of bigClassSize(k) bytes), shared by the process's logs.
+// A busy queue's group commits of a few megabytes, each built in fresh
+// memory, cost the zeroing and the page faults of that memory and the
+// scavenger's madvise: a fifth of BenchmarkDurablePersistent1K's CPU.
+// Reused, they cost neither; and a sync.Pool drops what was not used
+// within two garbage collections, so an idle node keeps none (kept for
+// good in freeBufs they held their peak size: the heap of a node with a
+// deep durable backlog must not). The pool holds each buffer's first
+// byte: its class gives its capacity, and a pointer needs no allocation.
+var bigBufs [bigClasses]sync.Pool
+
+// bigClasses: from 2×maxFreeBuf to 512 MiB (an append is at most
+// maxPending bytes of entries and their headers).
+const bigClasses = 9
+
+func bigClassSize(k int) int { return maxFreeBuf << (k + 1) }
+
+// bigClass is the smallest class of at least n bytes (n > maxFreeBuf).
+func bigClass(n int) int {
+	return bits.Len(uint((n-1)/maxFreeBuf)) - 1
+}
+
+// newBuf returns an empty buffer of at least n bytes: a pooled one when
+// n is over maxFreeBuf.
+func newBuf(n int) []byte {
+	if n <= maxFreeBuf {
+		return make([]byte, 0, n)
+	}
+	k := bigClass(n)
+	if k >= bigClasses {
+		return make([]byte, 0, n)
+	}
+	if p, ok := bigBufs[k].Get().(*byte); ok {
+		return unsafe.Slice(p, bigClassSize(k))[:0]
+	}
+	return make([]byte, 0, bigClassSize(k))
+}
+
+// releaseBuf takes back a write buffer no longer in use.
+func (l *Log) releaseBuf(b []byte) {
+	c := cap(b)
+	if c <= maxFreeBuf {
+		l.freeBufs = append(l.freeBufs, b[:0])
+		return
+	}
+	if k := bigClass(c); k < bigClasses && bigClassSize(k) == c {
+		bigBufs[k].Put(unsafe.SliceData(b))
+	}
 }
 
 func (l *Log) encodeLocked(b *Batch) {
@@ -315,12 +369,7 @@ func (l *Log) commitLocked() error {
 		clear(g.spans)
 		l.flying = append(l.flying[:0], l.flying[1:]...)
 		l.lastWrite = len(buf)
-		if cap(buf) <= maxFreeBuf {
-			// A buffer a burst grew is left to the GC: kept, it would
-			// hold its peak size for good (the heap of a node with a deep
-			// durable backlog must not).
-			l.freeBufs = append(l.freeBufs, buf[:0])
-		}
+		l.releaseBuf(buf)
 		l.freeUps = append(l.freeUps, us[:0])
 		f.size = base + int64(len(buf))
 		l.inflight--
