@@ -149,7 +149,8 @@ bench-compare:
 	@cat bench-compare.md
 
 # Durable queues (BENCHMARKS.md): persistent 1 KiB with 1 and 100 queues
-# against the raw pwrite+fdatasync rate at the same bytes per sync, and
+# against the raw pwrite+fdatasync rate at the same bytes per sync, measured
+# interleaved (ROUNDS pairs: warren, raw, warren, raw; medians compared), and
 # latency at 10,000 msg/s (DUR per run; needs perf); then the 10 M-message
 # backlog: RssAnon and restart time, warm and cold (needs root to drop the
 # page cache; writes about 11 GB under DATA_PARENT, removed after).
