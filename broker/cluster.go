@@ -275,6 +275,10 @@ func (b *Broker) tickGroups() {
 					s.now = s.b.NowMs()
 					s.expireForwards()
 				}
+				if len(s.fc.byID)+len(s.fc.links)+len(s.fc.purges) > 0 {
+					s.now = s.b.NowMs()
+					s.tickForwarded()
+				}
 			}})
 		}
 	}

@@ -115,9 +115,8 @@ func (s *shard) apply(c *Command) {
 	case CmdDelete:
 		c.Sink.Answer(c.Req, s.deleteIf(c.Queue, c.IfUnused, c.IfEmpty, c.Reason))
 	case CmdPurge:
-		if q := c.Queue; !q.gone && (q.remote || !q.leads()) {
-			code, reason := q.notHere()
-			c.Sink.Answer(c.Req, Result{Code: code, Reason: reason})
+		if q := c.Queue; q.ledElsewhere() {
+			s.fwdPurge(q, c.Sink, c.Req)
 			return
 		}
 		if q := c.Queue; q.grp != nil && !q.gone {
@@ -145,6 +144,9 @@ func (s *shard) apply(c *Command) {
 			s.deleteQueue(c.Queue, "queue deleted")
 		}
 	case CmdBarrier:
+		if s.fwdBarrier(c) {
+			return // answered once a get forwarded for the queue is
+		}
 		if q := c.Queue; q != nil && q.grp != nil && !q.gone && q.grp.Err() == nil {
 			if seq := q.grp.LastSeq(); seq > q.applSeq {
 				// A durable queue: answered once what was added to

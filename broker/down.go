@@ -96,6 +96,9 @@ func (x *connIndex) take(conn uint64, out []*Queue) []*Queue {
 // and deletes the queues it owned exclusively: on the queues the index
 // names for it, no other.
 func (s *shard) down(connID uint64) {
+	if len(s.fc.byOwner) > 0 {
+		s.fwdDown(connID)
+	}
 	s.due = s.conns.take(connID, s.due[:0])
 	for i, q := range s.due {
 		s.due[i] = nil

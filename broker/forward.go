@@ -20,8 +20,8 @@ import (
 // (DurableConfig.ForwardTimeout, 10 s by default) is a nack, as is a refusal (the node asked no longer leads: the next
 // publish goes to the leader it named). Forwarding is at-least-once: a
 // message nacked this way may be in the queue; there is no per-enqueuer
-// deduplication across leader changes yet (§6.4). Consumers are not
-// forwarded yet.
+// deduplication across leader changes yet (§6.4). Consumers, gets and
+// purges are forwarded too (forward_consume.go).
 //
 // The messages (little-endian, internal to one Warren version; the
 // cluster protocol's version guards mixed versions):
@@ -184,6 +184,8 @@ func (b *Broker) StepForward(from uint64, p []byte) {
 	switch p[0] {
 	case 'P':
 		b.forwardedPublish(from, append([]byte(nil), p...))
+	case 'c':
+		b.forwardedConsume(from, p) // forward_consume.go
 	case 'C':
 		if len(p) < 21 {
 			return

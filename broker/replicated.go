@@ -24,9 +24,8 @@ import (
 // with the metadata group's ticker.
 //
 // Only the node leading a queue serves it: publishes, consumers, purges.
-// Elsewhere a publish to it is forwarded to the leader (forward.go) and a
-// subscribe or purge refused naming the leader (consumers are not
-// forwarded yet). A persistent
+// Elsewhere a publish to it is forwarded to the leader (forward.go), and
+// so are consumers, gets and purges (forward_consume.go). A persistent
 // publish is confirmed once its entry is applied here, so committed on a
 // majority of the replicas. Followers apply every entry (their state is
 // the leader's) and carry out no effect that leaves the queue: no
@@ -62,7 +61,8 @@ func (s *shard) proposer() uint64 { return s.nodeID()<<48 | uint64(s.idx) }
 func (q *Queue) leads() bool { return q.grp == nil || !q.replicated || q.grp.Leader() }
 
 // notHere is the refusal of a request for a replicated queue this node
-// does not lead.
+// does not lead and does not forward (a peek, a conditional delete), or
+// cannot forward now (no leader known).
 func (q *Queue) notHere() (wire.Code, string) {
 	lead := "no leader is known yet: retry shortly"
 	if l := q.lead.Load(); l != 0 {
@@ -72,7 +72,7 @@ func (q *Queue) notHere() (wire.Code, string) {
 	if q.remote {
 		what = "this node holds no replica of it"
 	}
-	return wire.PreconditionFailed, "queue " + strconv.Quote(LocalName(q.name)) + ": " + what + "; " + lead + " (forwarding to a queue's leader is not built yet)"
+	return wire.PreconditionFailed, "queue " + strconv.Quote(LocalName(q.name)) + ": " + what + "; " + lead
 }
 
 // openReplicated opens q's group in a cluster: with its replicas as the
@@ -156,6 +156,7 @@ func (s *shard) leaderChanged(g *replication.Group, lead uint64, leader bool) {
 		q.leading = false
 		s.stepDown(q)
 	}
+	s.fwdLeaderChanged(q, lead)
 }
 
 // stepDown ends what this node served of q as its leader.

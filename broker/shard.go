@@ -36,7 +36,8 @@ type shard struct {
 	fwd      map[uint64]*pendingFwd
 	fwdOrder []uint64
 	fwdSeq   uint64
-	now      int64 // ms, stamped once per drained batch
+	fc       fwdConsume // forwarded consumers and the links served (forward_consume.go)
+	now      int64      // ms, stamped once per drained batch
 	// timers orders the queues waiting for a Tick by wake time; the timer
 	// is armed for armedAt (0: not armed), the earliest of them.
 	timers     timerHeap
@@ -533,6 +534,7 @@ func (s *shard) deleteQueue(q *Queue, reason string) int64 {
 	if q.grp != nil && s.byGroup[q.grp.ID()] == q {
 		delete(s.byGroup, q.grp.ID())
 	}
+	s.fwdQueueGone(q, reason)
 	if q.m == nil { // a replicated queue with no replica here
 		delete(s.queues, q)
 		return 0
@@ -704,9 +706,8 @@ func (s *shard) deadLetterTo(q *Queue, msg *StoredMsg, reason wire.DeathReason, 
 
 // subscribe adds a consumer and answers through its sink.
 func (s *shard) subscribe(q *Queue, k Sink, spec queue.ConsumerSpec, req uint32) {
-	if !q.gone && (q.remote || !q.leads()) {
-		code, reason := q.notHere()
-		k.Subscribed(spec.ID, req, code, reason)
+	if q.ledElsewhere() {
+		s.fwdSubscribe(q, k, spec, req)
 		return
 	}
 	if q.gone || q.m == nil {
@@ -734,6 +735,9 @@ func (s *shard) subscribe(q *Queue, k Sink, spec queue.ConsumerSpec, req uint32)
 
 // cancel stops a consumer. With requeue its unacked deliveries go back.
 func (s *shard) cancel(q *Queue, id queue.ConsumerID, requeue bool) {
+	if len(s.fc.byID) > 0 && s.fwdCancel(id, requeue) {
+		return
+	}
 	if q.gone || q.m == nil {
 		return
 	}
@@ -797,6 +801,9 @@ const liveRunMax = 64
 // settle applies settlements, coalescing runs of consecutive queue tags of
 // one consumer and op into one machine command.
 func (s *shard) settle(items []SettleItem) {
+	if len(s.fc.byID) > 0 {
+		items = s.fwdSettle(items)
+	}
 	for start := 0; start < len(items); {
 		it := items[start]
 		end := start + 1

@@ -1,0 +1,1126 @@
+package broker
+
+import (
+	"encoding/binary"
+	"slices"
+	"strconv"
+
+	"github.com/warren-mq/warren/queue"
+	"github.com/warren-mq/warren/wire"
+)
+
+// Consumer, get and purge forwarding (design replication.md §6.3, the
+// consume half; §6.4's resume and owner-gone rules, in a simpler form):
+// a client may consume from a replicated queue on any node. The node the
+// client is on (the origin) keeps a fwdConsumer for the client's
+// consumer and subscribes, on the queue's leader, a consumer of its own
+// for it: a link. The leader runs the link as any consumer, with the
+// client's prefetch (so it never has more out than the client allows),
+// and its deliveries go back to the origin batched per round (one
+// message per origin shard per flush), where they reach the client's
+// channel with the leader's queue tags: the channel maps its own
+// delivery tags to them, as for a local consumer, and its settles go
+// back to the leader on the link. A get is a one-shot consumer (AMQP
+// basic.get), its drain answered by the leader. A purge is a request
+// and its answer.
+//
+// A link's consumer id is also its owner id, unique in the cluster:
+// node << 48 | origin shard << 40 | a counter (a local consumer or
+// connection id is a counter from 1). The leader knows nothing of the
+// client's connection: the origin cancels the link when the client
+// cancels, and Downs it when the client's connection closes.
+//
+// Resume: when the queue's leader changes (the origin hears it from raft
+// as a replica, from the leader that stepped down, or no longer hears
+// from the leader) the origin subscribes a new link on the new leader
+// and drops the old one. It does not ask the new leader to resume the
+// old link's deliveries (§6.4's Resume{consumer, lastTag}): every new
+// leader already proposes a Down for every owner the queue's state holds
+// before it serves anyone (replicated.go), old links included, so what
+// the old link had unacked is back in the queue, redelivered, before the
+// new link subscribes, and the new link gets it as any other message.
+// Tags are the queue's and never reused, so the client's acks of the old
+// link's tags, which go to the new link, match nothing and are ignored
+// (queue.Machine.Settle skips tags it does not hold): at-least-once, as
+// for a client connected to a leader that failed over, and nothing is
+// lost or settled twice. A link dropped while its leader still leads
+// (the origin stopped hearing from it) is Downed there first, on the
+// same connection ahead of the new subscribe.
+//
+// Liveness: every ForwardTimeout/4 the origin sends each leader a
+// keepalive naming its links and how many messages it sent on each; the
+// leader answers for each whether it still has it and how many
+// deliveries it sent on it. The transport keeps a direction's messages
+// in order but may lose some when a connection breaks: a count that
+// differs means a lost message, and the link is replaced (a lost
+// delivery would hold a prefetch slot for good, a lost ack too). A link
+// the origin has not heard about for ForwardTimeout is replaced; a link
+// the leader has not heard about for ForwardTimeout is Downed there (the
+// origin node is gone or cut off: its clients' unacked messages are
+// redelivered to others).
+//
+// Messages (after the 'c' that marks them; little-endian, internal to
+// one Warren version):
+//
+//	origin → leader
+//	  'S' link u64 | queue u64 | prefetch u32 | prefetch bytes u32 | priority u16 | flags u8 | timeout ms u64
+//	  'A' link | queue | n u32 | n × (op u8 | first u64 | last u64 | arg u32)   settles
+//	  'X' link | queue | mode u8                                                cancel, cancel+requeue, down
+//	  'K' n u32 | n × (link | queue | sent u64)                                 keepalive
+//	  'U' id u64 | queue                                                        purge
+//	leader → origin
+//	  's' link | code u32 | leader u64 | moved u8 | reason                      subscribed
+//	  'd' n u32 | n × (link | qtag u64 | msg id u64 | dc u32 | fc u32 | len u32 | log form)
+//	  'x' link | code u32 | reason                                              cancelled (queue deleted)
+//	  'm' link | leader u64                                                     moved: resubscribe
+//	  'g' link                                                                  gone (drained after a cancel)
+//	  'l' link | qtag                                                           lease expired
+//	  'k' link | alive u8 | sent u64                                            keepalive answer
+//	  'e' link                                                                  a get's drain done
+//	  'u' id | code u32 | n u64 | reason                                        purge answer
+
+const (
+	linkCancel  = 0
+	linkRequeue = 1
+	linkDown    = 2
+
+	specExclusive = 1
+	specGet       = 2
+	specAutoAck   = 4
+
+	// maxRedirects bounds how often a subscribe follows "not the leader,
+	// try node N" before the client is told.
+	maxRedirects = 3
+	// fwdDeliverChunk: a flush's deliveries to one origin shard go in
+	// messages of about this size.
+	fwdDeliverChunk = 1 << 20
+)
+
+// fwdConsume is a shard's forwarded consumers: those of its clients on
+// queues led elsewhere (origin side), and the links it serves for other
+// nodes' clients (leader side). Shard-owned.
+type fwdConsume struct {
+	byID    map[queue.ConsumerID]*fwdConsumer
+	byLink  map[uint64]*fwdConsumer
+	byOwner map[uint64]map[*fwdConsumer]struct{}
+	seq     uint64
+	kaAt    int64 // when keepalives last went out
+
+	links map[uint64]*servedLink
+	sinks map[uint64]*linkSink // by origin node << 8 | origin shard
+
+	purges   map[uint64]*fwdPurge
+	purgeSeq uint64
+}
+
+// fwdConsumer is a client's consumer of a queue led elsewhere.
+type fwdConsumer struct {
+	q         *Queue
+	sink      Sink
+	spec      queue.ConsumerSpec // the client's
+	req       uint32
+	link      uint64 // the leader's consumer for it (0: none now: the tick subscribes one)
+	to        uint64 // the node link is on
+	told      bool   // the client heard Subscribed OK
+	cancelled bool   // the client cancelled it: not resubscribed
+	dead      bool   // a get whose link went: nothing more comes
+	redirects int
+	sent      uint64 // messages sent on link after its subscribe
+	recv      uint64 // deliveries received on link
+	heard     int64  // ms: the last word about link from its node (or when it was made)
+	batch     *sinkBatch
+	drained   bool             // a get: its leader's drain is done
+	barriers  []pendingBarrier // a get's barriers, answered once drained
+}
+
+// servedLink is a link this node serves as a queue's leader.
+type servedLink struct {
+	q       *Queue
+	from    uint64 // the origin node
+	recv    uint64 // messages received after its subscribe
+	sent    uint64 // deliveries sent
+	heard   int64
+	said    bool // told the origin it is gone ('x', 'm'): nothing more
+	pending bool // its subscribe is not applied yet
+	drop    bool // drop it once its subscribe is applied
+}
+
+// fwdPurge is a purge forwarded to a queue's leader.
+type fwdPurge struct {
+	sink Sink
+	req  uint64
+	at   int64
+}
+
+// forwardTimeoutMs is DurableConfig.ForwardTimeout or its default, in ms.
+func (s *shard) forwardTimeoutMs() int64 {
+	if d := s.b.cfg.Durable.ForwardTimeout; d > 0 {
+		return d.Milliseconds()
+	}
+	return defaultForwardTimeout.Milliseconds()
+}
+
+// sendFwd sends p to node to over the cluster transport; to this node
+// itself it is handed to StepForward (a link whose leader is this node
+// again).
+func (b *Broker) sendFwd(to uint64, p []byte) bool {
+	if to == b.cfg.Durable.NodeID {
+		b.StepForward(to, p)
+		return true
+	}
+	if send := b.cfg.Durable.Forward; send != nil && to != 0 {
+		return send(to, p)
+	}
+	return false
+}
+
+// ledElsewhere reports whether q is a replicated queue this node does
+// not lead: its consumers, gets and purges are forwarded.
+func (q *Queue) ledElsewhere() bool {
+	return !q.gone && (q.remote || (q.replicated && q.grp != nil && !q.grp.Leader()))
+}
+
+// ---- origin side ----
+
+// fwdSubscribe subscribes the client's consumer on q's leader.
+func (s *shard) fwdSubscribe(q *Queue, k Sink, spec queue.ConsumerSpec, req uint32) {
+	lead := q.lead.Load()
+	if lead == 0 || lead == s.nodeID() || s.b.cfg.Durable.Forward == nil {
+		code, reason := q.notHere()
+		k.Subscribed(spec.ID, req, code, reason)
+		return
+	}
+	fc := &s.fc
+	if fc.byID == nil {
+		fc.byID = map[queue.ConsumerID]*fwdConsumer{}
+		fc.byLink = map[uint64]*fwdConsumer{}
+		fc.byOwner = map[uint64]map[*fwdConsumer]struct{}{}
+	}
+	if fc.byID[spec.ID] != nil {
+		k.Subscribed(spec.ID, req, wire.InternalError, "a consumer with this id exists")
+		return
+	}
+	ol := &fwdConsumer{q: q, sink: k, spec: spec, req: req}
+	fc.byID[spec.ID] = ol
+	own := fc.byOwner[uint64(spec.Owner)]
+	if own == nil {
+		own = map[*fwdConsumer]struct{}{}
+		fc.byOwner[uint64(spec.Owner)] = own
+	}
+	own[ol] = struct{}{}
+	s.relink(ol, lead)
+}
+
+// newLink draws a link id: unique in the cluster.
+func (s *shard) newLink() uint64 {
+	s.fc.seq++
+	return (s.nodeID()&0xffff)<<48 | uint64(s.idx)<<40 | s.fc.seq&(1<<40-1)
+}
+
+// relink replaces ol's link (if any) with a new one on node to (0: none
+// known: the tick tries again).
+func (s *shard) relink(ol *fwdConsumer, to uint64) {
+	s.unlink(ol, linkDown)
+	if ol.cancelled || ol.dead || (ol.spec.Get && ol.told) {
+		// A cancelled consumer's unacked messages come back with the
+		// link's Down; a get that had its answer gets nothing more.
+		s.linkEnded(ol)
+		return
+	}
+	if to == 0 {
+		return
+	}
+	ol.link, ol.to, ol.sent, ol.recv, ol.heard = s.newLink(), to, 0, 0, s.now
+	ol.drained = false
+	s.fc.byLink[ol.link] = ol
+	sp := &ol.spec
+	p := append(make([]byte, 0, 48), 'c', 'S')
+	p = binary.LittleEndian.AppendUint64(p, ol.link)
+	p = binary.LittleEndian.AppendUint64(p, uint64(ol.q.id))
+	p = binary.LittleEndian.AppendUint32(p, sp.Prefetch)
+	p = binary.LittleEndian.AppendUint32(p, sp.PrefetchBytes)
+	p = binary.LittleEndian.AppendUint16(p, uint16(sp.Priority))
+	var f byte
+	if sp.Exclusive {
+		f |= specExclusive
+	}
+	if sp.Get {
+		f |= specGet
+	}
+	if sp.AutoAck {
+		f |= specAutoAck
+	}
+	p = append(p, f)
+	p = binary.LittleEndian.AppendUint64(p, uint64(sp.TimeoutMs))
+	s.b.sendFwd(to, p) // lost: no answer, and the tick replaces the link
+}
+
+// unlink drops ol's link: it is Downed (or cancelled) on its node.
+func (s *shard) unlink(ol *fwdConsumer, mode byte) {
+	if ol.link == 0 {
+		return
+	}
+	s.sendLinkOp(ol, mode)
+	delete(s.fc.byLink, ol.link)
+	ol.link, ol.batch = 0, nil
+}
+
+func (s *shard) sendLinkOp(ol *fwdConsumer, mode byte) {
+	p := append(make([]byte, 0, 19), 'c', 'X')
+	p = binary.LittleEndian.AppendUint64(p, ol.link)
+	p = binary.LittleEndian.AppendUint64(p, uint64(ol.q.id))
+	p = append(p, mode)
+	ol.sent++
+	s.b.sendFwd(ol.to, p)
+}
+
+// linkEnded ends a consumer whose link is gone for good: a get's
+// barriers are answered, and a cancelled consumer is forgotten (the
+// client hears ConsumerGone); a get not cancelled yet waits for it.
+func (s *shard) linkEnded(ol *fwdConsumer) {
+	s.releaseGetBarriers(ol)
+	if ol.cancelled {
+		s.forgetForwarded(ol)
+		ol.sink.ConsumerGone(ol.spec.ID)
+		return
+	}
+	ol.dead = true
+}
+
+// forgetForwarded drops ol from the shard's maps.
+func (s *shard) forgetForwarded(ol *fwdConsumer) {
+	fc := &s.fc
+	if ol.link != 0 {
+		delete(fc.byLink, ol.link)
+		ol.link = 0
+	}
+	if fc.byID[ol.spec.ID] == ol {
+		delete(fc.byID, ol.spec.ID)
+	}
+	if own := fc.byOwner[uint64(ol.spec.Owner)]; own != nil {
+		delete(own, ol)
+		if len(own) == 0 {
+			delete(fc.byOwner, uint64(ol.spec.Owner))
+		}
+	}
+	s.releaseGetBarriers(ol)
+}
+
+func (s *shard) releaseGetBarriers(ol *fwdConsumer) {
+	if len(ol.barriers) == 0 {
+		return
+	}
+	s.flushEffects() // what the link delivered goes first
+	for _, b := range ol.barriers {
+		b.sink.Answer(b.req, Result{})
+	}
+	ol.barriers = nil
+}
+
+// fwdBarrier holds a barrier on q while a get forwarded for q waits for
+// its leader's drain (netio answers a get once the barrier is: what it
+// was handed by then is its message). It reports whether it held it.
+func (s *shard) fwdBarrier(c *Command) bool {
+	q := c.Queue
+	if q == nil || len(s.fc.byID) == 0 {
+		return false
+	}
+	if _, leader := c.Sink.(getDrained); leader {
+		return false // a leader's own drain for a get (this node is also the origin)
+	}
+	for _, ol := range s.fc.byID {
+		if ol.q == q && ol.spec.Get && !ol.drained && !ol.dead && !ol.cancelled {
+			ol.barriers = append(ol.barriers, pendingBarrier{sink: c.Sink, req: c.Req})
+			return true
+		}
+	}
+	return false
+}
+
+// fwdCancel cancels a forwarded consumer (CmdCancel at the origin). It
+// reports whether id is one.
+func (s *shard) fwdCancel(id queue.ConsumerID, requeue bool) bool {
+	ol := s.fc.byID[id]
+	if ol == nil {
+		return false
+	}
+	if ol.cancelled && !requeue {
+		return true
+	}
+	ol.cancelled = true
+	if ol.link == 0 {
+		s.linkEnded(ol)
+		return true
+	}
+	mode := byte(linkCancel)
+	if requeue {
+		mode = linkRequeue
+	}
+	s.sendLinkOp(ol, mode) // 'g' follows once the leader forgets it
+	return true
+}
+
+// fwdDown drops the forwarded consumers of a closed connection: Downed on
+// their leaders.
+func (s *shard) fwdDown(conn uint64) {
+	own := s.fc.byOwner[conn]
+	if own == nil {
+		return
+	}
+	for _, ol := range sortedConsumers(own) {
+		s.unlink(ol, linkDown)
+		s.forgetForwarded(ol)
+	}
+}
+
+func sortedConsumers(m map[*fwdConsumer]struct{}) []*fwdConsumer {
+	out := make([]*fwdConsumer, 0, len(m))
+	for ol := range m {
+		out = append(out, ol)
+	}
+	slices.SortFunc(out, func(a, b *fwdConsumer) int { return int(a.spec.ID) - int(b.spec.ID) })
+	return out
+}
+
+// fwdSettle sends the settles of forwarded consumers to their leaders,
+// runs of consecutive tags as one range, and returns the others.
+func (s *shard) fwdSettle(items []SettleItem) []SettleItem {
+	i := slices.IndexFunc(items, func(it SettleItem) bool { return s.fc.byID[it.Consumer] != nil })
+	if i < 0 {
+		return items
+	}
+	rest := append(make([]SettleItem, 0, len(items)), items[:i]...)
+	var p []byte
+	var cur *fwdConsumer
+	var n, at int
+	flush := func() {
+		if cur != nil && n > 0 {
+			binary.LittleEndian.PutUint32(p[at:], uint32(n))
+			cur.sent++
+			s.b.sendFwd(cur.to, p)
+		}
+		cur, p, n = nil, nil, 0
+	}
+	for _, it := range items[i:] {
+		ol := s.fc.byID[it.Consumer]
+		if ol == nil || ol.q != it.Q {
+			rest = append(rest, it)
+			continue
+		}
+		if ol.link == 0 {
+			continue // its deliveries come back with the old link's Down
+		}
+		if ol != cur {
+			flush()
+			cur = ol
+			p = append(make([]byte, 0, 24+21*4), 'c', 'A')
+			p = binary.LittleEndian.AppendUint64(p, ol.link)
+			p = binary.LittleEndian.AppendUint64(p, uint64(ol.q.id))
+			at = len(p)
+			p = binary.LittleEndian.AppendUint32(p, 0)
+		}
+		if e := p[len(p)-21:]; n > 0 && e[0] == byte(it.Op) && binary.LittleEndian.Uint32(e[17:]) == it.Arg &&
+			binary.LittleEndian.Uint64(e[9:]) == it.QTag-1 {
+			binary.LittleEndian.PutUint64(e[9:], it.QTag)
+			continue
+		}
+		p = append(p, byte(it.Op))
+		p = binary.LittleEndian.AppendUint64(p, it.QTag)
+		p = binary.LittleEndian.AppendUint64(p, it.QTag)
+		p = binary.LittleEndian.AppendUint32(p, it.Arg)
+		n++
+	}
+	flush()
+	return rest
+}
+
+// fwdLeaderChanged re-subscribes q's forwarded consumers on its new
+// leader (the origin is a replica and heard it from raft).
+func (s *shard) fwdLeaderChanged(q *Queue, lead uint64) {
+	if len(s.fc.byID) == 0 || lead == 0 {
+		return
+	}
+	for _, ol := range s.sortedOf(q) {
+		if ol.link == 0 || ol.to != lead {
+			s.relink(ol, lead)
+		}
+	}
+}
+
+// sortedOf is q's forwarded consumers in id order (nil q: all).
+func (s *shard) sortedOf(q *Queue) []*fwdConsumer {
+	var out []*fwdConsumer
+	for _, ol := range s.fc.byID {
+		if q == nil || ol.q == q {
+			out = append(out, ol)
+		}
+	}
+	slices.SortFunc(out, func(a, b *fwdConsumer) int { return int(a.spec.ID) - int(b.spec.ID) })
+	return out
+}
+
+// fwdQueueGone tells q's forwarded consumers their queue was deleted.
+func (s *shard) fwdQueueGone(q *Queue, reason string) {
+	if len(s.fc.byID) == 0 {
+		return
+	}
+	for _, ol := range s.sortedOf(q) {
+		s.forgetForwarded(ol)
+		if !ol.told {
+			ol.sink.Subscribed(ol.spec.ID, ol.req, wire.NotFound, "no queue "+ol.q.name)
+			continue
+		}
+		ol.sink.Cancelled(ol.spec.ID, wire.NotFound, reason)
+		ol.sink.ConsumerGone(ol.spec.ID)
+	}
+}
+
+// nextLeader is where a link of q that its node stopped answering goes
+// next: the leader this node knows if another, else (no replica here)
+// the next replica, which names the leader if it is not it.
+func (s *shard) nextLeader(q *Queue, from uint64) uint64 {
+	lead := q.lead.Load()
+	if lead != from || !q.remote || len(q.replicas) < 2 {
+		return lead
+	}
+	i := slices.Index(q.replicas, from)
+	next := q.replicas[(i+1)%len(q.replicas)]
+	q.lead.Store(next)
+	return next
+}
+
+// tickForwarded is the forwarded consumers' clock: keepalives, links
+// not heard about, purges not answered.
+func (s *shard) tickForwarded() {
+	fc := &s.fc
+	limit := s.forwardTimeoutMs()
+	for id, p := range fc.purges {
+		if s.now-p.at >= limit {
+			delete(fc.purges, id)
+			p.sink.Answer(p.req, Result{Code: wire.InternalError, Reason: "the queue's leader did not answer the forwarded purge in time: it may or may not have happened"})
+		}
+	}
+	for _, l := range sortedLinks(fc.links) {
+		rl := fc.links[l]
+		if s.now-rl.heard >= limit {
+			s.dropLink(l) // the origin is gone or cut off
+		}
+	}
+	if len(fc.byID) == 0 {
+		return
+	}
+	for _, ol := range s.sortedOf(nil) {
+		switch {
+		case ol.link == 0 && !ol.cancelled && !ol.dead:
+			if lead := ol.q.lead.Load(); lead != 0 {
+				s.relink(ol, lead)
+			}
+		case ol.link != 0 && s.now-ol.heard >= limit:
+			if ol.redirects++; !ol.told && ol.redirects > maxRedirects {
+				s.forgetForwarded(ol)
+				code, reason := ol.q.notHere()
+				ol.sink.Subscribed(ol.spec.ID, ol.req, code, reason+"; it did not answer")
+				continue
+			}
+			s.relink(ol, s.nextLeader(ol.q, ol.to))
+		}
+	}
+	if s.now-fc.kaAt < limit/4 {
+		return
+	}
+	fc.kaAt = s.now
+	by := map[uint64][]byte{}
+	var nodes []uint64
+	for _, ol := range s.sortedOf(nil) {
+		if ol.link == 0 {
+			continue
+		}
+		p := by[ol.to]
+		if p == nil {
+			p = append(make([]byte, 0, 64), 'c', 'K', 0, 0, 0, 0)
+			nodes = append(nodes, ol.to)
+		}
+		p = binary.LittleEndian.AppendUint64(p, ol.link)
+		p = binary.LittleEndian.AppendUint64(p, uint64(ol.q.id))
+		p = binary.LittleEndian.AppendUint64(p, ol.sent)
+		binary.LittleEndian.PutUint32(p[2:], binary.LittleEndian.Uint32(p[2:])+1)
+		by[ol.to] = p
+	}
+	for _, to := range nodes {
+		s.b.sendFwd(to, by[to])
+	}
+}
+
+func sortedLinks(m map[uint64]*servedLink) []uint64 {
+	out := make([]uint64, 0, len(m))
+	for l := range m {
+		out = append(out, l)
+	}
+	slices.Sort(out)
+	return out
+}
+
+// fwdPurge forwards a purge of q to its leader.
+func (s *shard) fwdPurge(q *Queue, k Sink, req uint64) {
+	lead := q.lead.Load()
+	if lead == 0 || lead == s.nodeID() || s.b.cfg.Durable.Forward == nil {
+		code, reason := q.notHere()
+		k.Answer(req, Result{Code: code, Reason: reason})
+		return
+	}
+	fc := &s.fc
+	fc.purgeSeq++
+	id := uint64(s.idx)<<56 | fc.purgeSeq&(1<<56-1)
+	p := append(make([]byte, 0, 18), 'c', 'U')
+	p = binary.LittleEndian.AppendUint64(p, id)
+	p = binary.LittleEndian.AppendUint64(p, uint64(q.id))
+	if !s.b.sendFwd(lead, p) {
+		k.Answer(req, Result{Code: wire.InternalError, Reason: "the purge could not be sent to the queue's leader (node " + strconv.FormatUint(lead, 10) + "): retry it"})
+		return
+	}
+	if fc.purges == nil {
+		fc.purges = map[uint64]*fwdPurge{}
+	}
+	fc.purges[id] = &fwdPurge{sink: k, req: req, at: s.now}
+}
+
+// ---- origin side: what leaders send ----
+
+// fromLeader takes a leader's message about the links of this shard.
+func (s *shard) fromLeader(from uint64, p []byte) {
+	op := p[1]
+	p = p[2:]
+	if op == 'd' {
+		s.linkDeliveries(p)
+		return
+	}
+	if op == 'u' {
+		if len(p) < 20 {
+			return
+		}
+		id := binary.LittleEndian.Uint64(p)
+		w := s.fc.purges[id]
+		if w == nil {
+			return // timed out already
+		}
+		delete(s.fc.purges, id)
+		w.sink.Answer(w.req, Result{Code: wire.Code(binary.LittleEndian.Uint32(p[8:])), N: int64(binary.LittleEndian.Uint64(p[12:])), Reason: string(p[20:])})
+		return
+	}
+	if len(p) < 8 {
+		return
+	}
+	ol := s.fc.byLink[binary.LittleEndian.Uint64(p)]
+	if ol == nil {
+		return // a link replaced or dropped
+	}
+	p = p[8:]
+	ol.heard = s.now
+	switch op {
+	case 's':
+		if len(p) < 13 {
+			return
+		}
+		code := wire.Code(binary.LittleEndian.Uint32(p))
+		lead := binary.LittleEndian.Uint64(p[4:])
+		moved := p[12] != 0
+		if lead != 0 && ol.q.remote {
+			ol.q.lead.Store(lead)
+		}
+		if code == wire.OK {
+			ol.redirects = 0
+			if !ol.told {
+				ol.told = true
+				ol.sink.Subscribed(ol.spec.ID, ol.req, wire.OK, "")
+			}
+			return
+		}
+		delete(s.fc.byLink, ol.link) // refused: nothing to drop there
+		ol.link, ol.batch = 0, nil
+		if moved {
+			if ol.redirects++; ol.redirects <= maxRedirects && lead != from {
+				s.relink(ol, lead) // 0: the tick retries
+				return
+			}
+			if ol.told {
+				return // the tick retries
+			}
+		}
+		s.forgetForwarded(ol)
+		reason := string(p[13:])
+		if !ol.told {
+			ol.sink.Subscribed(ol.spec.ID, ol.req, code, reason)
+			return
+		}
+		ol.sink.Cancelled(ol.spec.ID, code, reason)
+		ol.sink.ConsumerGone(ol.spec.ID)
+	case 'x':
+		if len(p) < 4 {
+			return
+		}
+		s.forgetForwarded(ol)
+		ol.sink.Cancelled(ol.spec.ID, wire.Code(binary.LittleEndian.Uint32(p)), string(p[4:]))
+		ol.sink.ConsumerGone(ol.spec.ID)
+	case 'm':
+		lead := uint64(0)
+		if len(p) >= 8 {
+			lead = binary.LittleEndian.Uint64(p)
+		}
+		if lead != 0 && ol.q.remote {
+			ol.q.lead.Store(lead)
+		}
+		if lead == from {
+			lead = 0
+		}
+		delete(s.fc.byLink, ol.link) // gone there
+		ol.link, ol.batch = 0, nil
+		s.relink(ol, lead)
+	case 'g':
+		delete(s.fc.byLink, ol.link)
+		ol.link, ol.batch = 0, nil
+		if ol.cancelled {
+			s.linkEnded(ol)
+		} else {
+			s.relink(ol, ol.q.lead.Load())
+		}
+	case 'l':
+		if len(p) >= 8 {
+			ol.sink.LeaseExpired(ol.spec.ID, binary.LittleEndian.Uint64(p))
+		}
+	case 'e':
+		ol.drained = true
+		s.releaseGetBarriers(ol)
+	case 'k':
+		if len(p) < 9 {
+			return
+		}
+		if p[0] == 0 || binary.LittleEndian.Uint64(p[1:]) != ol.recv {
+			// Gone there, or a delivery lost on the way: the link
+			// holds prefetch that will never be freed.
+			s.relink(ol, ol.q.lead.Load())
+		}
+	}
+}
+
+// linkDeliveries hands the deliveries a leader sent to their clients.
+// p is this shard's (a copy): the messages are views of it, valid while
+// the batch's effects are flushed.
+func (s *shard) linkDeliveries(p []byte) {
+	if len(p) < 4 {
+		return
+	}
+	n := int(binary.LittleEndian.Uint32(p))
+	p = p[4:]
+	msgs := make([]StoredMsg, n)
+	for i := range n {
+		if len(p) < 36 {
+			return
+		}
+		link := binary.LittleEndian.Uint64(p)
+		d := Delivery{QTag: binary.LittleEndian.Uint64(p[8:]), MsgID: binary.LittleEndian.Uint64(p[16:]),
+			DeliveryCount: binary.LittleEndian.Uint32(p[24:]), FailedCount: binary.LittleEndian.Uint32(p[28:])}
+		l := int(binary.LittleEndian.Uint32(p[32:]))
+		p = p[36:]
+		if l > len(p) || !parseLogMsg(p[:l], &msgs[i]) {
+			return
+		}
+		p = p[l:]
+		ol := s.fc.byLink[link]
+		if ol == nil || ol.cancelled && ol.link == 0 {
+			continue // a link replaced: its leader requeues it
+		}
+		ol.recv++
+		ol.heard = s.now
+		d.Consumer, d.Msg = ol.spec.ID, &msgs[i]
+		pb := ol.batch
+		if pb == nil {
+			pb = s.batchFor(ol.sink)
+			ol.batch = pb
+		}
+		if len(pb.ds) == 0 {
+			s.touched = append(s.touched, pb)
+		}
+		pb.ds = append(pb.ds, d)
+	}
+}
+
+// ---- leader side ----
+
+// forwardedConsume takes a message about forwarded consumers (after its
+// 'c'); p is valid only during the call.
+func (b *Broker) forwardedConsume(from uint64, p []byte) {
+	if len(p) < 2 {
+		return
+	}
+	op := p[1]
+	switch op {
+	case 'S', 'A', 'X', 'U':
+		if len(p) < 18 {
+			return
+		}
+		qid := binary.LittleEndian.Uint64(p[10:])
+		q := b.topo.slots.get(queue.QueueRef(qid))
+		if qid == 0 || qid > 1<<32 || q == nil {
+			b.refuseLink(from, p)
+			return
+		}
+		p = append([]byte(nil), p...)
+		s := q.shard
+		s.submit(Command{Kind: cmdPost, post: func() { s.forLeader(from, q, p) }})
+	case 'K':
+		if len(p) < 6 {
+			return
+		}
+		n := int(binary.LittleEndian.Uint32(p[2:]))
+		if n > (len(p)-6)/24 {
+			return
+		}
+		for i := range n {
+			e := p[6+24*i:]
+			link, qid, sent := binary.LittleEndian.Uint64(e), binary.LittleEndian.Uint64(e[8:]), binary.LittleEndian.Uint64(e[16:])
+			q := b.topo.slots.get(queue.QueueRef(qid))
+			if q == nil || qid == 0 || qid > 1<<32 {
+				b.sendFwd(from, keepaliveAnswer(link, false, 0))
+				continue
+			}
+			s := q.shard
+			s.submit(Command{Kind: cmdPost, post: func() { s.keepalive(from, q, link, sent) }})
+		}
+	case 'd', 's', 'x', 'm', 'g', 'l', 'k', 'e', 'u':
+		if len(p) < 10 {
+			return
+		}
+		// A link's id, or a purge's, names the origin shard.
+		id := binary.LittleEndian.Uint64(p[2:])
+		i := int(id >> 40 & 0xff)
+		if op == 'u' {
+			i = int(id >> 56)
+		} else if op == 'd' {
+			if len(p) < 14 {
+				return
+			}
+			i = int(binary.LittleEndian.Uint64(p[6:]) >> 40 & 0xff)
+		}
+		if i >= len(b.shards) {
+			return
+		}
+		p = append([]byte(nil), p...)
+		s := b.shards[i]
+		s.submit(Command{Kind: cmdPost, post: func() { s.fromLeader(from, p) }})
+	}
+}
+
+// refuseLink answers a subscribe for a queue this node does not have.
+func (b *Broker) refuseLink(from uint64, p []byte) {
+	id := binary.LittleEndian.Uint64(p[2:])
+	switch p[1] {
+	case 'S':
+		b.sendFwd(from, subscribedAnswer(id, wire.NotFound, 0, false, "no such queue on the node asked"))
+	case 'U':
+		b.sendFwd(from, purgeAnswer(id, Result{Code: wire.NotFound, Reason: "no such queue on the node asked"}))
+	}
+}
+
+func subscribedAnswer(link uint64, code wire.Code, lead uint64, moved bool, reason string) []byte {
+	p := append(make([]byte, 0, 23+len(reason)), 'c', 's')
+	p = binary.LittleEndian.AppendUint64(p, link)
+	p = binary.LittleEndian.AppendUint32(p, uint32(code))
+	p = binary.LittleEndian.AppendUint64(p, lead)
+	p = append(p, flagByte(moved))
+	return append(p, reason...)
+}
+
+func purgeAnswer(id uint64, r Result) []byte {
+	p := append(make([]byte, 0, 22+len(r.Reason)), 'c', 'u')
+	p = binary.LittleEndian.AppendUint64(p, id)
+	p = binary.LittleEndian.AppendUint32(p, uint32(r.Code))
+	p = binary.LittleEndian.AppendUint64(p, uint64(r.N))
+	return append(p, r.Reason...)
+}
+
+func keepaliveAnswer(link uint64, alive bool, sent uint64) []byte {
+	p := append(make([]byte, 0, 19), 'c', 'k')
+	p = binary.LittleEndian.AppendUint64(p, link)
+	p = append(p, flagByte(alive))
+	return binary.LittleEndian.AppendUint64(p, sent)
+}
+
+func linkNote(op byte, link uint64, tail ...byte) []byte {
+	p := append(make([]byte, 0, 10+len(tail)), 'c', op)
+	p = binary.LittleEndian.AppendUint64(p, link)
+	return append(p, tail...)
+}
+
+// forLeader runs an origin's request on q's shard (p is this call's).
+func (s *shard) forLeader(from uint64, q *Queue, p []byte) {
+	op := p[1]
+	id := binary.LittleEndian.Uint64(p[2:])
+	p = p[18:]
+	here := !q.gone && !q.remote && q.replicated && q.leads()
+	if op == 'U' {
+		if !here && !q.gone {
+			code, reason := q.notHere()
+			s.b.sendFwd(from, purgeAnswer(id, Result{Code: code, Reason: reason}))
+			return
+		}
+		s.apply(&Command{Kind: CmdPurge, Queue: q, Sink: &purgeSink{b: s.b, to: from, id: id}})
+		return
+	}
+	if op == 'S' {
+		if len(p) < 19 {
+			return
+		}
+		if !here {
+			code, reason := wire.NotFound, "no queue "+strconv.Quote(LocalName(q.name))
+			if !q.gone {
+				code, reason = q.notHere()
+			}
+			s.b.sendFwd(from, subscribedAnswer(id, code, q.lead.Load(), !q.gone, reason))
+			return
+		}
+		fc := &s.fc
+		if fc.links == nil {
+			fc.links = map[uint64]*servedLink{}
+			fc.sinks = map[uint64]*linkSink{}
+		}
+		if fc.links[id] != nil {
+			return // a duplicate
+		}
+		f := p[10]
+		spec := queue.ConsumerSpec{ID: queue.ConsumerID(id), Owner: queue.OwnerID(id),
+			Prefetch: binary.LittleEndian.Uint32(p), PrefetchBytes: binary.LittleEndian.Uint32(p[4:]),
+			Priority: int16(binary.LittleEndian.Uint16(p[8:])), Exclusive: f&specExclusive != 0, Get: f&specGet != 0,
+			AutoAck: f&specAutoAck != 0, TimeoutMs: int64(binary.LittleEndian.Uint64(p[11:]))}
+		if spec.Prefetch == 0 {
+			spec.Prefetch = maxLinkPrefetch // an origin's clients always have one: bounded all the same
+		}
+		rl := &servedLink{q: q, from: from, heard: s.now, pending: true}
+		fc.links[id] = rl
+		k := s.linkSinkFor(from, id)
+		s.subscribe(q, k, spec, 0)
+		if spec.Get {
+			// Its drain: answered once the subscribe is applied and
+			// what it delivered has gone out (CmdBarrier).
+			s.apply(&Command{Kind: CmdBarrier, Queue: q, Sink: getDrained{b: s.b, to: from, link: id}})
+		}
+		return
+	}
+	rl := s.fc.links[id]
+	if rl == nil || rl.q != q {
+		return // dropped here: the keepalive tells the origin
+	}
+	rl.recv++
+	rl.heard = s.now
+	switch op {
+	case 'A':
+		if len(p) < 4 {
+			return
+		}
+		n := int(binary.LittleEndian.Uint32(p))
+		if n > (len(p)-4)/21 || q.gone || q.m == nil || q.grp == nil {
+			return
+		}
+		for i := range n {
+			e := p[4+21*i:]
+			s.settleCmd = queue.Settle{NowMs: s.now, Consumer: queue.ConsumerID(id), Op: wire.SettleOp(e[0]),
+				First: max(1, binary.LittleEndian.Uint64(e[1:])), Last: binary.LittleEndian.Uint64(e[9:]), ArgMs: binary.LittleEndian.Uint32(e[17:])}
+			_, _ = q.grp.Add(&s.settleCmd) // encoded at once; an unknown tag is ignored at apply
+		}
+	case 'X':
+		if len(p) < 1 {
+			return
+		}
+		switch p[0] {
+		case linkDown:
+			s.dropLink(id)
+		default:
+			s.cancel(q, queue.ConsumerID(id), p[0] == linkRequeue)
+		}
+	}
+}
+
+// maxLinkPrefetch bounds a link asked with no prefetch.
+const maxLinkPrefetch = 1000
+
+// keepalive answers an origin's keepalive for link: dropped when a
+// message of the origin's was lost on the way.
+func (s *shard) keepalive(from uint64, q *Queue, link, sent uint64) {
+	rl := s.fc.links[link]
+	if rl == nil || rl.q != q || rl.from != from {
+		s.b.sendFwd(from, keepaliveAnswer(link, false, 0))
+		return
+	}
+	if rl.recv != sent {
+		s.dropLink(link)
+		s.b.sendFwd(from, keepaliveAnswer(link, false, 0))
+		return
+	}
+	rl.heard = s.now
+	s.flushEffects() // its deliveries so far go first: the count is theirs
+	s.b.sendFwd(from, keepaliveAnswer(link, true, rl.sent))
+}
+
+// dropLink Downs a link: what it holds goes back to the queue,
+// redelivered.
+func (s *shard) dropLink(link uint64) {
+	rl := s.fc.links[link]
+	if rl == nil {
+		return
+	}
+	if rl.pending {
+		rl.drop = true // once its subscribe is applied (its Down would come first)
+		return
+	}
+	delete(s.fc.links, link)
+	s.down(link)
+}
+
+// linkSinkFor is the sink of the links from node from's shard that link
+// names.
+func (s *shard) linkSinkFor(from, link uint64) *linkSink {
+	key := from<<8 | link>>40&0xff
+	k := s.fc.sinks[key]
+	if k == nil {
+		k = &linkSink{s: s, to: from}
+		s.fc.sinks[key] = k
+	}
+	return k
+}
+
+// linkSink is the Sink of the links of one origin shard on one leader
+// shard: it sends what the shard hands it to the origin. Called on its
+// shard only.
+type linkSink struct {
+	s  *shard
+	to uint64
+}
+
+func (k *linkSink) Deliver(ds []Delivery) {
+	s := k.s
+	var p []byte
+	n := 0
+	send := func() {
+		if n == 0 {
+			return
+		}
+		binary.LittleEndian.PutUint32(p[2:], uint32(n))
+		if !s.b.sendFwd(k.to, p) {
+			// Lost: the origin replaces the links that had deliveries
+			// in it (their keepalive counts no longer match).
+			s.b.log.Debug("forwarded deliveries dropped (the peer's queue is full or it is unreachable)", "node", k.to, "n", n)
+		}
+		p, n = nil, 0
+	}
+	for i := range ds {
+		d := &ds[i]
+		rl := s.fc.links[uint64(d.Consumer)]
+		if rl == nil {
+			continue // dropped here: the Down returns it
+		}
+		if p == nil {
+			p = append(make([]byte, 0, min(fwdDeliverChunk, 64+len(ds)*256)), 'c', 'd', 0, 0, 0, 0)
+		}
+		p = binary.LittleEndian.AppendUint64(p, uint64(d.Consumer))
+		p = binary.LittleEndian.AppendUint64(p, d.QTag)
+		p = binary.LittleEndian.AppendUint64(p, d.MsgID)
+		p = binary.LittleEndian.AppendUint32(p, d.DeliveryCount)
+		p = binary.LittleEndian.AppendUint32(p, d.FailedCount)
+		off := len(p)
+		p = binary.LittleEndian.AppendUint32(p, 0)
+		p = appendLogMsg(p, d.Msg)
+		binary.LittleEndian.PutUint32(p[off:], uint32(len(p)-off-4))
+		rl.sent++
+		n++
+		if len(p) >= fwdDeliverChunk {
+			send()
+		}
+	}
+	send()
+}
+
+func (k *linkSink) Subscribed(id queue.ConsumerID, _ uint32, code wire.Code, reason string) {
+	s := k.s
+	rl := s.fc.links[uint64(id)]
+	if rl == nil {
+		return
+	}
+	rl.pending = false
+	q := rl.q
+	moved := code != wire.OK && !q.gone && !q.leads()
+	if code != wire.OK {
+		delete(s.fc.links, uint64(id))
+	}
+	s.b.sendFwd(k.to, subscribedAnswer(uint64(id), code, q.lead.Load(), moved, reason))
+	if code == wire.OK && rl.drop {
+		s.submit(Command{Kind: cmdPost, post: func() { s.dropLink(uint64(id)) }})
+	}
+}
+
+func (k *linkSink) Cancelled(id queue.ConsumerID, code wire.Code, reason string) {
+	s := k.s
+	rl := s.fc.links[uint64(id)]
+	if rl == nil || rl.said {
+		return
+	}
+	rl.said = true
+	if q := rl.q; !q.gone && !q.leads() {
+		// This node no longer leads: the origin subscribes on the next
+		// leader, whose Down returns what the link held.
+		s.b.sendFwd(k.to, linkNote('m', uint64(id), binary.LittleEndian.AppendUint64(nil, q.lead.Load())...))
+		return
+	}
+	s.b.sendFwd(k.to, linkNote('x', uint64(id), append(binary.LittleEndian.AppendUint32(nil, uint32(code)), reason...)...))
+}
+
+func (k *linkSink) LeaseExpired(id queue.ConsumerID, qtag uint64) {
+	if rl := k.s.fc.links[uint64(id)]; rl != nil {
+		k.s.b.sendFwd(k.to, linkNote('l', uint64(id), binary.LittleEndian.AppendUint64(nil, qtag)...))
+	}
+}
+
+func (k *linkSink) ConsumerGone(id queue.ConsumerID) {
+	s := k.s
+	rl := s.fc.links[uint64(id)]
+	if rl == nil {
+		return
+	}
+	delete(s.fc.links, uint64(id))
+	if !rl.said {
+		s.b.sendFwd(k.to, linkNote('g', uint64(id)))
+	}
+}
+
+func (*linkSink) Confirm(*PublishBatch) {}
+func (*linkSink) Answer(uint64, Result) {}
+
+// purgeSink answers a forwarded purge.
+type purgeSink struct {
+	b  *Broker
+	to uint64
+	id uint64
+}
+
+func (k *purgeSink) Answer(_ uint64, r Result) { k.b.sendFwd(k.to, purgeAnswer(k.id, r)) }
+
+func (*purgeSink) Deliver([]Delivery)                                     {}
+func (*purgeSink) Confirm(*PublishBatch)                                  {}
+func (*purgeSink) Subscribed(queue.ConsumerID, uint32, wire.Code, string) {}
+func (*purgeSink) Cancelled(queue.ConsumerID, wire.Code, string)          {}
+func (*purgeSink) LeaseExpired(queue.ConsumerID, uint64)                  {}
+func (*purgeSink) ConsumerGone(queue.ConsumerID)                          {}
+
+// getDrained tells a get's origin its leader's drain is done.
+type getDrained struct {
+	b    *Broker
+	to   uint64
+	link uint64
+}
+
+func (k getDrained) Answer(uint64, Result) { k.b.sendFwd(k.to, linkNote('e', k.link)) }
+
+func (getDrained) Deliver([]Delivery)                                     {}
+func (getDrained) Confirm(*PublishBatch)                                  {}
+func (getDrained) Subscribed(queue.ConsumerID, uint32, wire.Code, string) {}
+func (getDrained) Cancelled(queue.ConsumerID, wire.Code, string)          {}
+func (getDrained) LeaseExpired(queue.ConsumerID, uint64)                  {}
+func (getDrained) ConsumerGone(queue.ConsumerID)                          {}
