@@ -1,8 +1,10 @@
 package admin
 
 import (
+	"context"
 	"net/http"
 	"slices"
+	"time"
 
 	"github.com/warren-mq/warren/wire"
 )
@@ -38,12 +40,16 @@ type ClusterStatus struct {
 // node is a cluster of one.
 func (a *API) SetClusterNodes(fn func() []ClusterNode) { a.clusterNodes = fn }
 
-// MemberChange is the body of POST /api/cluster/join, /leave and
-// /transfer-leadership.
+// MemberChange is the body of POST /api/cluster/join, /leave,
+// /decommission and /transfer-leadership.
 type MemberChange struct {
 	NodeID  uint64 `json:"node_id"`
 	Address string `json:"address,omitempty"` // join: the node's cluster address, HOST:PORT
 }
+
+// decommissionTimeout bounds POST /api/cluster/decommission: the moves go
+// on past it, and the request may be made again to finish.
+const decommissionTimeout = 10 * time.Minute
 
 // Leadership answers POST /api/cluster/transfer-leadership.
 type Leadership struct {
@@ -77,6 +83,26 @@ func (a *API) clusterRoutes() {
 			return
 		}
 		if err := a.b.RemoveNode(r.Context(), body.NodeID); err != nil {
+			writeErr(w, err)
+			return
+		}
+		w.WriteHeader(http.StatusNoContent)
+	})
+	a.mux.HandleFunc("POST /api/cluster/decommission", func(w http.ResponseWriter, r *http.Request) {
+		var body MemberChange
+		if err := decode(r, &body); err != nil {
+			writeErr(w, err)
+			return
+		}
+		if body.NodeID == 0 {
+			writeErr(w, &wire.Error{Code: wire.InvalidArgument, Reason: "node_id: the id of the node to decommission, a number from 1"})
+			return
+		}
+		// Moving every replica off the node takes as long as the
+		// copies do: bounded, and resumable by asking again.
+		ctx, cancel := context.WithTimeout(r.Context(), decommissionTimeout)
+		defer cancel()
+		if err := a.b.DecommissionNode(ctx, body.NodeID); err != nil {
 			writeErr(w, err)
 			return
 		}

@@ -38,6 +38,9 @@ type metaCluster struct {
 	tickQueues func()
 	// balance runs the leader balancer every balanceTicks ticks.
 	balance func()
+	// place proposes MetaPlaceReplicas when the metadata leader finds a
+	// queue to move (every placeTicks; moves.go).
+	place func()
 	// forward carries a membership request to the leader (members.go).
 	forward func(ctx context.Context, node uint64, op byte, body []byte) ([]byte, error)
 	// removed: this node was removed from the cluster (members.go).
@@ -48,6 +51,10 @@ type metaCluster struct {
 // balanceTicks: the leader balancer runs every 100 ticks (10 s at the
 // production tick of 100 ms; design §6.2).
 const balanceTicks = 100
+
+// placeTicks: the metadata leader looks for replicas to move every 20
+// ticks (2 s at the production tick).
+const placeTicks = 20
 
 func (cl *metaCluster) tick(every time.Duration) {
 	defer close(cl.stopped)
@@ -62,6 +69,9 @@ func (cl *metaCluster) tick(every time.Duration) {
 			}
 			if cl.balance != nil && n%balanceTicks == 0 {
 				cl.balance()
+			}
+			if cl.place != nil && n%placeTicks == 0 {
+				cl.place()
 			}
 		case <-cl.stop:
 			return
@@ -173,7 +183,7 @@ func (b *Broker) openClusterMeta(ctx context.Context, cfg MetaLogConfig) error {
 		cl.timeout = DefaultMetaTimeout
 	}
 	if dc := b.cfg.Durable; dc != nil && dc.NodeID != 0 {
-		cl.tickQueues, cl.balance = b.tickGroups, b.balanceLeaders
+		cl.tickQueues, cl.balance, cl.place = b.tickGroups, b.balanceLeaders, t.placeIfNeeded
 	}
 	g, err := replication.OpenMeta(replication.MetaConfig{
 		Log: cfg.Log, Snapshots: cfg.Snapshots, Machine: m,
@@ -271,6 +281,7 @@ func (b *Broker) tickGroups() {
 		if s.rw != nil {
 			s.submit(Command{Kind: cmdPost, post: func() {
 				s.rw.RaftTick()
+				s.moveTick()
 				if len(s.fwdOrder) > 0 {
 					s.now = s.b.NowMs()
 					s.expireForwards()

@@ -27,6 +27,7 @@ const (
 	CallJoin     byte = 1 // MemberRequest → JoinAnswer
 	CallRemove   byte = 2 // MemberRequest → {}
 	CallTransfer byte = 3 // MemberRequest (NodeID 0: the most caught-up voter) → TransferAnswer
+	CallDrain    byte = 4 // MemberRequest → {} (decommissioning: the node's replicas move off it)
 )
 
 // MemberRequest is a membership call's body (JSON).
@@ -112,6 +113,35 @@ func (b *Broker) JoinNode(ctx context.Context, id uint64, addr string) error {
 func (b *Broker) RemoveNode(ctx context.Context, id uint64) error {
 	_, err := b.memberCall(ctx, CallRemove, MemberRequest{NodeID: id})
 	return err
+}
+
+// DecommissionNode takes node id out of the cluster in one step: no
+// replica is placed on it from now on, every replica it holds moves to
+// the other nodes (each queue keeps its replica count throughout: a new
+// replica catches up before the old one leaves), and once it holds none
+// it is removed for good (RemoveNode; its id is never reused). It waits
+// for all of it, within ctx; progress, if ctx ends first, is kept: the
+// moves go on, and asking again finishes the job.
+func (b *Broker) DecommissionNode(ctx context.Context, id uint64) error {
+	if _, err := b.memberCall(ctx, CallDrain, MemberRequest{NodeID: id}); err != nil {
+		return err
+	}
+	tk := time.NewTicker(50 * time.Millisecond)
+	defer tk.Stop()
+	for {
+		b.topo.mu.Lock()
+		_, on := b.topo.meta.Moving(id)
+		b.topo.mu.Unlock()
+		if on == 0 {
+			break
+		}
+		select {
+		case <-tk.C:
+		case <-ctx.Done():
+			return &wire.Error{Code: wire.PreconditionFailed, Reason: fmt.Sprintf("node %d still holds %d queue replicas being moved off it (the moves go on; decommission it again to finish)", id, on)}
+		}
+	}
+	return b.RemoveNode(ctx, id)
 }
 
 // TransferMetaLeadership hands the metadata group's leadership to node to
@@ -268,6 +298,7 @@ func (b *Broker) memberHere(ctx context.Context, cl *metaCluster, op byte, req M
 			return nil, err
 		}
 		m, _ := g.Members()
+		b.topo.placeIfNeeded() // replicas move to it (moves.go)
 		return json.Marshal(JoinAnswer{Members: m.Addrs})
 	case CallRemove:
 		if err := g.CheckChange(replication.MemberChange{Op: replication.MemberRemove, Node: req.NodeID}); err != nil {
@@ -284,7 +315,20 @@ func (b *Broker) memberHere(ctx context.Context, cl *metaCluster, op byte, req M
 			}
 			return nil, replication.ErrNotMetaLeader
 		}
-		return []byte("{}"), g.ChangeMember(ctx, replication.MemberChange{Op: replication.MemberRemove, Node: req.NodeID})
+		if err := g.ChangeMember(ctx, replication.MemberChange{Op: replication.MemberRemove, Node: req.NodeID}); err != nil {
+			return nil, err
+		}
+		b.topo.placeIfNeeded() // its replicas go to the others (moves.go)
+		return []byte("{}"), nil
+	case CallDrain:
+		if err := g.CheckChange(replication.MemberChange{Op: replication.MemberRemove, Node: req.NodeID}); err != nil {
+			return nil, err
+		}
+		cl := b.topo.cl.Load()
+		if err := b.topo.clusterChange(cl, &MetaCommand{Op: MetaPlaceReplicas, Replicas: []uint64{req.NodeID}}).Err(); err != nil {
+			return nil, err
+		}
+		return []byte("{}"), nil
 	case CallTransfer:
 		lead, err := g.TransferLeadership(ctx, req.NodeID)
 		if err != nil {

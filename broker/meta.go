@@ -55,6 +55,9 @@ type Meta struct {
 	nodes    []uint64
 	replicaN map[uint64]int
 	prefN    map[uint64]int
+	// draining: nodes being decommissioned (moves.go), ascending: no
+	// replica is placed on them, and every one they hold moves off.
+	draining []uint64
 }
 
 // MetaUser is a broker user as the metadata state machine keeps it.
@@ -129,7 +132,12 @@ type metaQueue struct {
 	exclusive uint64            // owning connection, 0 if not exclusive
 	by        string
 	replicas  []uint64 // the nodes holding it, sorted (placement.go); none for a queue that is not placed
-	leader    uint64   // its preferred leader, one of replicas
+	leader    uint64   // its preferred leader, one of its wanted replicas (want)
+	// target: the replicas it is being moved to (moves.go), sorted; nil
+	// when none is pending. origin: the voters its group started with
+	// (a replica opening the group with no copy of its own starts there).
+	target []uint64
+	origin []uint64
 }
 
 type metaBinding struct {
@@ -167,6 +175,15 @@ const (
 	// creates only); MetaDeleteVhost removes Vhost.Name and everything in it.
 	MetaPutVhost    MetaOp = 11
 	MetaDeleteVhost MetaOp = 12
+	// MetaPlaceReplicas re-places the replicas of every placed queue
+	// against the cluster's nodes as this entry finds them (moves.go):
+	// replicas on nodes no longer members (or draining) are replaced, and
+	// replicas move from the most loaded nodes to the least. It sets
+	// targets only. Replicas: nodes to drain from now on (decommission).
+	MetaPlaceReplicas MetaOp = 13
+	// MetaReplicasMoved: queue QueueID (Queue.Name)'s group now has
+	// Replicas as its voters, its target (moves.go).
+	MetaReplicasMoved MetaOp = 14
 )
 
 // MetaCommand is one request to the metadata state machine, as data: it
@@ -200,6 +217,9 @@ type MetaCommand struct {
 	Permission MetaPermission
 	// Vhost: MetaPutVhost, MetaDeleteVhost (Name).
 	Vhost MetaVhost
+	// Replicas: MetaReplicasMoved's voters, sorted; MetaPlaceReplicas'
+	// nodes to drain.
+	Replicas []uint64
 }
 
 // MetaResult is what a command answers: a refusal (Code not OK, with its
@@ -262,6 +282,9 @@ const (
 	// EffVhostRemoved: it is gone (the runtime closes its connections).
 	EffVhostPut
 	EffVhostRemoved
+	// EffQueueReplicas: the placement of queue Queue.ID changed (its
+	// Replicas, Target, Origin and Leader; moves.go).
+	EffQueueReplicas
 )
 
 // MetaEffect is one change the runtime applies (routing, shards) after a
@@ -289,6 +312,10 @@ type MetaQueue struct {
 	// exclusive queue.
 	Replicas []uint64
 	Leader   uint64
+	// Target: the replicas it is being moved to, nil when no move is
+	// pending; Origin: the voters its group started with (moves.go).
+	Target []uint64
+	Origin []uint64
 }
 
 // MetaLimits bound how many queues, exchanges and bindings the broker
@@ -440,6 +467,10 @@ func (m *Meta) Apply(c *MetaCommand) (MetaResult, []MetaEffect) {
 		return m.putVhost(c)
 	case MetaDeleteVhost:
 		return m.deleteVhost(c)
+	case MetaPlaceReplicas:
+		return m.placeCommand(c)
+	case MetaReplicasMoved:
+		return m.replicasMoved(c)
 	}
 	return refuse(wire.InvalidArgument, "unknown metadata operation "+strconv.Itoa(int(c.Op))), nil
 }
@@ -658,7 +689,7 @@ func (m *Meta) ShardOf(name string) int { return int(xxhash.Sum64String(name) % 
 
 func (q *metaQueue) public(args wire.QueueArgs) MetaQueue {
 	return MetaQueue{ID: q.id, Name: q.decl.Name, Decl: q.decl, Args: args, Exclusive: q.exclusive, DeclaredBy: q.by,
-		Replicas: slices.Clone(q.replicas), Leader: q.leader}
+		Replicas: slices.Clone(q.replicas), Leader: q.leader, Target: slices.Clone(q.target), Origin: slices.Clone(q.origin)}
 }
 
 // parsed is the queue with its arguments parsed (they parsed at declare).

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"slices"
 	"strconv"
 
 	"github.com/warren-mq/warren/queue"
@@ -27,9 +28,11 @@ const MetaCommandVersion = 1
 // them, version 4 the virtual hosts after those, version 5 each queue's
 // placement (its replicas and preferred leader, after its declaring user:
 // an older snapshot's durable queues are placed as it is restored, in
-// name order, as if declared so); versions 1 to 4 still
+// name order, as if declared so), version 6 each placed queue's origin
+// and target after its preferred leader (moves.go; a version 5 queue's
+// origin is its replicas, and it has no target); versions 1 to 5 still
 // read (with "/" the only vhost).
-const MetaSnapshotVersion = 5
+const MetaSnapshotVersion = 6
 
 // maxMetaString bounds a string in an encoded command or snapshot (names
 // are at most 255 bytes; users and routing keys are bounded by the frame
@@ -70,8 +73,40 @@ func AppendMetaCommand(dst []byte, c *MetaCommand) []byte {
 		dst = append(dst, flagByte(c.IfAbsent))
 	case MetaDeleteVhost:
 		dst = appendMetaStr(dst, c.Vhost.Name)
+	case MetaPlaceReplicas:
+		dst = appendNodes(dst, c.Replicas)
+	case MetaReplicasMoved:
+		dst = appendMetaStr(dst, c.Queue.Name)
+		dst = binary.LittleEndian.AppendUint64(dst, c.QueueID)
+		dst = appendNodes(dst, c.Replicas)
 	}
 	return dst
+}
+
+// appendNodes appends a node list: n u8 | n × id u64.
+func appendNodes(dst []byte, ns []uint64) []byte {
+	dst = append(dst, byte(len(ns)))
+	for _, n := range ns {
+		dst = binary.LittleEndian.AppendUint64(dst, n)
+	}
+	return dst
+}
+
+// nodes reads a node list of at most maxReplicas ids.
+func (r *metaReader) nodes(what string) []uint64 {
+	k := int(r.u8())
+	if r.err != nil {
+		return nil
+	}
+	if k > maxReplicas {
+		r.fail(what + ": " + strconv.Itoa(k) + " replicas")
+		return nil
+	}
+	var ns []uint64
+	for range k {
+		ns = append(ns, r.u64())
+	}
+	return ns
 }
 
 // DecodeMetaCommand decodes one encoded MetaCommand (all of b).
@@ -114,6 +149,12 @@ func DecodeMetaCommand(b []byte) (MetaCommand, error) {
 		c.IfAbsent = r.flag()
 	case MetaDeleteVhost:
 		c.Vhost.Name = r.str()
+	case MetaPlaceReplicas:
+		c.Replicas = r.nodes("nodes to drain")
+	case MetaReplicasMoved:
+		c.Queue.Name = r.str()
+		c.QueueID = r.u64()
+		c.Replicas = r.nodes("replicas moved")
 	default:
 		if r.err == nil {
 			r.fail("unknown metadata operation " + strconv.Itoa(int(c.Op)))
@@ -323,11 +364,12 @@ func (m *Meta) snapshotAt(v byte) []byte {
 		dst = binary.LittleEndian.AppendUint64(dst, q.Exclusive)
 		dst = appendMetaStr(dst, q.DeclaredBy)
 		if v >= 5 {
-			dst = append(dst, byte(len(q.Replicas)))
-			for _, n := range q.Replicas {
-				dst = binary.LittleEndian.AppendUint64(dst, n)
-			}
+			dst = appendNodes(dst, q.Replicas)
 			dst = binary.LittleEndian.AppendUint64(dst, q.Leader)
+		}
+		if v >= 6 {
+			dst = appendNodes(dst, q.Origin)
+			dst = appendNodes(dst, q.Target)
 		}
 	}
 	bs := m.sortedBindings()
@@ -350,6 +392,12 @@ func (m *Meta) snapshotAt(v byte) []byte {
 	dst = binary.LittleEndian.AppendUint32(dst, uint32(len(vs)))
 	for i := range vs {
 		dst = appendMetaVhost(dst, &vs[i])
+	}
+	if v >= 6 {
+		dst = binary.LittleEndian.AppendUint32(dst, uint32(len(m.draining)))
+		for _, id := range m.draining {
+			dst = binary.LittleEndian.AppendUint64(dst, id)
+		}
 	}
 	return dst
 }
@@ -386,24 +434,22 @@ func (m *Meta) Restore(snap []byte) error {
 		d, gen := r.queueDecl()
 		excl := r.u64()
 		by := r.str()
-		var replicas []uint64
+		var replicas, origin, target []uint64
 		var leader uint64
 		if v >= 5 {
-			k := int(r.u8())
-			if k > maxReplicas {
-				r.fail("queue " + strconv.Quote(d.Name) + ": " + strconv.Itoa(k) + " replicas")
-				break
-			}
-			for range k {
-				replicas = append(replicas, r.u64())
-			}
+			replicas = r.nodes("queue " + strconv.Quote(d.Name))
 			leader = r.u64()
+			origin = replicas
+		}
+		if v >= 6 {
+			origin = r.nodes("queue " + strconv.Quote(d.Name) + "'s origin")
+			target = r.nodes("queue " + strconv.Quote(d.Name) + "'s target")
 		}
 		if r.err != nil {
 			break
 		}
-		if !placedOK(&d, replicas, leader, v) {
-			r.fail("queue " + strconv.Quote(d.Name) + ": replicas " + fmt.Sprint(replicas) + " with preferred leader " + strconv.FormatUint(leader, 10) + " are not a placement")
+		if !placedOK(&d, replicas, leader, v) || !movesOK(replicas, origin, target, leader) {
+			r.fail("queue " + strconv.Quote(d.Name) + ": replicas " + fmt.Sprint(replicas) + " (origin " + fmt.Sprint(origin) + ", target " + fmt.Sprint(target) + ") with preferred leader " + strconv.FormatUint(leader, 10) + " are not a placement")
 			break
 		}
 		if _, err := wire.ParseQueueArgs(d.Args); err != nil {
@@ -416,7 +462,7 @@ func (m *Meta) Restore(snap []byte) error {
 		}
 		ids[id] = true
 		n.ids[id] = struct{}{}
-		q := &metaQueue{id: id, decl: d, exclusive: excl, by: by, replicas: replicas, leader: leader}
+		q := &metaQueue{id: id, decl: d, exclusive: excl, by: by, replicas: replicas, leader: leader, origin: origin, target: target}
 		n.queues[d.Name] = q
 		n.count(q, 1)
 		n.countQueue(d.Name, 1)
@@ -489,6 +535,15 @@ func (m *Meta) Restore(snap []byte) error {
 				break
 			}
 			n.vhosts[vh.Name] = &vh
+		}
+	}
+	if v >= 6 {
+		for i, c := int(r.u32()), 0; c < i && r.err == nil; c++ {
+			id := r.u64()
+			if r.err == nil && (id == 0 || len(n.draining) > 0 && id <= n.draining[len(n.draining)-1]) {
+				r.fail("draining node " + strconv.FormatUint(id, 10) + " out of order")
+			}
+			n.draining = append(n.draining, id)
 		}
 	}
 	if err := r.end(); err != nil {
@@ -576,6 +631,8 @@ func diffMeta(a, b *Meta) []MetaEffect {
 	for _, q := range b.Queues() {
 		if _, ok := a.queues[q.Name]; !ok || qGone[q.Name] {
 			effs = append(effs, MetaEffect{Kind: EffQueueCreated, Queue: q, Shard: b.ShardOf(q.Name)})
+		} else if o := a.queues[q.Name]; !slices.Equal(o.replicas, q.Replicas) || !slices.Equal(o.target, q.Target) || o.leader != q.Leader {
+			effs = append(effs, MetaEffect{Kind: EffQueueReplicas, Queue: q})
 		}
 	}
 	for _, nb := range b.sortedBindings() {

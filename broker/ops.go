@@ -198,7 +198,10 @@ func statsOf(q *Queue) QueueStats {
 		Published: q.published.Load(), Delivered: q.delivered.Load(), Acked: q.acked.Load(),
 		Redelivered: q.redelivered.Load(), DeadLettered: q.deadLettered.Load(),
 		DeadLetterDropped: q.deadLetterDropped.Load(), DeadLettersHeld: q.dlHeld.Load(),
-		Leader: q.leaderID(), Replicas: q.replicas,
+		Leader: q.leaderID(),
+	}
+	if r := q.shownReplicas.Load(); r != nil {
+		st.Replicas = *r
 	}
 	q.raftStats(&st)
 	return st

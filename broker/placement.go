@@ -62,7 +62,7 @@ func (m *Meta) checkReplicas(name string, args wire.QueueArgs) (MetaResult, bool
 
 // place assigns q its replicas and preferred leader and counts them.
 func (m *Meta) place(q *metaQueue, want int) {
-	nodes := m.Nodes()
+	nodes := m.placeable()
 	if want <= 0 {
 		want = DefaultReplicas
 	}
@@ -83,16 +83,18 @@ func (m *Meta) place(q *metaQueue, want int) {
 		}
 	}
 	slices.Sort(q.replicas)
+	q.origin = q.replicas
 	m.count(q, 1)
 }
 
-// count adds d to the per-node counts of q's placement (derived state:
-// rebuilt by Restore, not in snapshots).
+// count adds d to the per-node counts of q's placement, as wanted (its
+// target while a move is pending; derived state: rebuilt by Restore, not
+// in snapshots).
 func (m *Meta) count(q *metaQueue, d int) {
 	if len(q.replicas) == 0 {
 		return
 	}
-	for _, n := range q.replicas {
+	for _, n := range q.want() {
 		if m.replicaN[n] += d; m.replicaN[n] <= 0 {
 			delete(m.replicaN, n)
 		}
@@ -136,11 +138,13 @@ func placedOK(d *wire.QueueDeclare, replicas []uint64, leader uint64, version by
 	if version < 5 || !placed(d) {
 		return len(replicas) == 0 && leader == 0
 	}
-	if len(replicas) == 0 || !slices.Contains(replicas, leader) {
-		return false
-	}
-	for i, n := range replicas {
-		if n == 0 || i > 0 && n <= replicas[i-1] {
+	return len(replicas) > 0 && nodeSet(replicas)
+}
+
+// nodeSet reports whether ns is sorted, distinct and has no 0.
+func nodeSet(ns []uint64) bool {
+	for i, n := range ns {
+		if n == 0 || i > 0 && n <= ns[i-1] {
 			return false
 		}
 	}

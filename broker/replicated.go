@@ -83,11 +83,20 @@ func (s *shard) openReplicated(q *Queue) (handled bool) {
 		return false
 	}
 	dc := s.b.cfg.Durable
-	if !slices.Contains(q.replicas, dc.NodeID) {
+	if !q.holdsReplica(dc.NodeID) {
 		q.remote, q.opened = true, true
 		q.lead.Store(q.prefLeader)
 		return true
 	}
+	if s.openedGrps != nil {
+		if _, busy := s.openedGrps[queueGroup(q.id)]; busy {
+			// A copy this node dropped is still being removed: opened
+			// once that is done (reconcile.go).
+			q.remote, q.opened = true, true
+			return true
+		}
+	}
+	q.remote = false
 	gid := queueGroup(q.id)
 	if s.openedGrps == nil {
 		s.openedGrps = map[uint64]struct{}{}
@@ -98,7 +107,7 @@ func (s *shard) openReplicated(q *Queue) (handled bool) {
 	now := s.now
 	replayTo := dc.Log.LastIndex(gid)
 	sink := func(a *replication.Applied) { s.applied(q, a) }
-	g, err := s.rw.Recover(gid, dc.Snapshots, raftpb.ConfState{Voters: q.replicas}, func() *queue.Machine { return queue.New(cfg, now) }, sink)
+	g, err := s.rw.Recover(gid, dc.Snapshots, q.firstConf(), func() *queue.Machine { return queue.New(cfg, now) }, sink)
 	if err != nil {
 		s.b.log.Error("replicated queue not opened: it refuses publishes and consumers until a restart opens it", "queue", q.name, "group", gid, "err", err)
 		q.opened = true
@@ -118,7 +127,10 @@ func (s *shard) openReplicated(q *Queue) (handled bool) {
 	q.openCommit = g.Status().Commit
 	q.opened = g.FSM().AppliedIndex() >= q.openCommit
 	q.storeStats()
-	if q.prefLeader == dc.NodeID {
+	s.moves.track(q)
+	if q.prefLeader == dc.NodeID && q.target == nil && slices.Contains(q.firstConf().Voters, dc.NodeID) {
+		// A new group's preferred leader (a replica moved here is no
+		// voter yet: the balancer hands it the leadership later).
 		if err := g.Campaign(); err != nil {
 			s.b.log.Warn("replicated queue: campaign failed", "queue", q.name, "err", err)
 		}
@@ -197,6 +209,12 @@ type replicatedState struct {
 	lead       atomic.Uint64                     // the leader as this node last heard (0: none known)
 	proposer   uint64                            // the proposer its entries from this node carry
 	group      atomic.Pointer[replication.Group] // grp, for readers off the shard (raftStats)
+	// placement beyond replicas (reconcile.go), shard-owned: the replicas
+	// it is being moved to (nil: none pending) and its group's first voters
+	target, origin []uint64
+	// shownReplicas: replicas, for readers off the shard (statsOf)
+	shownReplicas atomic.Pointer[[]uint64]
+	move          moveState // the leader's progress moving it (reconcile.go)
 }
 
 // raftStats fills the raft fields of a queue's stats: its role on this

@@ -31,6 +31,7 @@ type shard struct {
 	// shard-owned
 	queues  map[*Queue]struct{}
 	byGroup map[uint64]*Queue // replicated queues by group id (replicated.go)
+	moves   shardMoves        // replicated queues with a move pending (reconcile.go)
 	// Publishes forwarded to other nodes, waiting for their confirm
 	// (forward.go): by id, and the ids in the order sent.
 	fwd      map[uint64]*pendingFwd

@@ -33,8 +33,8 @@ type Queue struct {
 	exclusive  uint64 // owning connection id, 0 if not exclusive
 	declaredBy string // the declaring user, "" for the admin API (Authorize)
 	autoDelete bool
-	replicas   []uint64 // the nodes holding it (placement.go), sorted; never changed
-	prefLeader uint64   // the replica preferred to lead it
+	replicas   []uint64 // the nodes holding it (placement.go), sorted; shard-owned once created (reconcile.go)
+	prefLeader uint64   // the replica preferred to lead it (shard-owned, as replicas)
 
 	ready, unacked, consumers atomic.Int64
 	published, delivered      atomic.Uint64
@@ -315,6 +315,9 @@ func (t *topology) ApplyMetaEffects(effs []MetaEffect) {
 			t.createQueueLocked(e)
 		case EffQueueRemoved:
 			t.dropQueueLocked(e.Queue.ID)
+		case EffQueueReplicas:
+			t.replicasChangedLocked(&e.Queue)
+			continue
 		case EffBindingAdded:
 			t.routes.Bind(e.Binding)
 		case EffBindingRemoved:
@@ -357,6 +360,8 @@ func (t *topology) createQueueLocked(e *MetaEffect) {
 	mq := &e.Queue
 	q := &Queue{name: mq.Name, id: queue.QueueRef(mq.ID), decl: mq.Decl, args: mq.Args, exclusive: mq.Exclusive,
 		declaredBy: mq.DeclaredBy, autoDelete: mq.Decl.AutoDelete, replicas: mq.Replicas, prefLeader: mq.Leader}
+	q.target, q.origin = mq.Target, mq.Origin
+	q.shownReplicas.Store(&mq.Replicas)
 	q.shardIdx = e.Shard % len(t.shards)
 	q.shard = t.shards[q.shardIdx]
 	q.inCluster = len(mq.Replicas) > 0 && q.shard.clustered()

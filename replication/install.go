@@ -83,6 +83,17 @@ func (g *Group) sendSnapshot(m raftpb.Message) {
 		w.mark(g)
 		return
 	}
+	if !inConf(m.Snapshot.Metadata.ConfState, m.To) {
+		// Taken before the node was added (a replica being moved here,
+		// move.go): raft would refuse it. A new one includes the node,
+		// and raft asks again once it hears of the failure.
+		if !g.snapping {
+			g.autoSnapshot()
+		}
+		g.rn.ReportSnapshot(m.To, raft.SnapshotFailure)
+		w.mark(g)
+		return
+	}
 	match := uint64(0)
 	if pr, ok := g.rn.Status().Progress[m.To]; ok {
 		match = pr.Match

@@ -90,6 +90,19 @@ func (c *cli) cluster(verb string, args []string) error {
 		}
 		fmt.Fprintf(c.out, "node %d removed from the cluster (it stops; its id is never reused)\n", id)
 		return nil
+	case "decommission":
+		if len(args) != 1 {
+			return usageErr{"cluster decommission: want NODE (the id of the node to take out)"}
+		}
+		id, err := nodeArg("cluster decommission", args[0])
+		if err != nil {
+			return err
+		}
+		if err := c.call("POST", "/api/cluster/decommission", map[string]any{"node_id": id}, nil); err != nil {
+			return err
+		}
+		fmt.Fprintf(c.out, "node %d decommissioned: its queue replicas moved to the other nodes, and it was removed (it stops; its id is never reused)\n", id)
+		return nil
 	case "transfer-leadership":
 		if len(args) > 1 {
 			return usageErr{"cluster transfer-leadership: want at most NODE (default: the most caught-up voter)"}
@@ -110,7 +123,7 @@ func (c *cli) cluster(verb string, args []string) error {
 		fmt.Fprintf(c.out, "node %d leads the metadata group\n", out.Leader)
 		return nil
 	}
-	return usageErr{"cluster: want status, join, leave or transfer-leadership"}
+	return usageErr{"cluster: want status, join, leave, decommission or transfer-leadership"}
 }
 
 func nodeArg(cmd, s string) (uint64, error) {

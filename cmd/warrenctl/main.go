@@ -84,7 +84,8 @@ Commands:
   purge QUEUE
   cluster status   (the nodes, the metadata group's leader and term, and how far this node has applied it)
   cluster join ADDR NODE      (add node NODE, cluster port ADDR: a learner, then a voter once caught up)
-  cluster leave NODE          (remove node NODE for good: it stops, its id is never reused)
+  cluster leave NODE          (remove node NODE for good: it stops, its id is never reused; its queue replicas are re-placed on the others)
+  cluster decommission NODE   (move every queue replica off NODE, then remove it: no queue runs a replica short)
   cluster transfer-leadership [NODE]  (hand the metadata leadership to NODE, default the most caught-up voter)
 
 Exit codes: 0 success, 1 failure, 2 usage error.

@@ -96,6 +96,9 @@ func TestClusterChildrenMembership(t *testing.T) {
 	if code, body := nodes[0].post(t, "/api/cluster/leave", map[string]any{"node_id": 9}); code != 404 || !strings.Contains(body, "not a member") {
 		t.Fatalf("removing an unknown node: %d %s", code, body)
 	}
+	if code, body := nodes[0].post(t, "/api/cluster/decommission", map[string]any{"node_id": 9}); code != 404 || !strings.Contains(body, "not a member") {
+		t.Fatalf("decommissioning an unknown node: %d %s", code, body)
+	}
 
 	// SIGTERM to the metadata leader: it hands the leadership on first.
 	lead := cs.MetaLeader
@@ -131,10 +134,11 @@ func TestClusterChildrenMembership(t *testing.T) {
 		time.Sleep(10 * time.Millisecond) // polling with a deadline
 	}
 
-	// Remove node 4 (unless it was the leader stopped above).
+	// Decommission node 4 (unless it was the leader stopped above): it
+	// holds no replica, and is removed.
 	if lead != 4 {
-		if code, body := other.post(t, "/api/cluster/leave", map[string]any{"node_id": 4}); code != 204 {
-			t.Fatalf("removing node 4: %d %s", code, body)
+		if code, body := other.post(t, "/api/cluster/decommission", map[string]any{"node_id": 4}); code != 204 {
+			t.Fatalf("decommissioning node 4: %d %s", code, body)
 		}
 		err := n4.cmd.Wait()
 		if err == nil {

@@ -1,0 +1,218 @@
+package broker
+
+import (
+	"context"
+	"fmt"
+	"slices"
+	"testing"
+	"time"
+
+	"github.com/warren-mq/warren/queue"
+	"github.com/warren-mq/warren/wire"
+)
+
+// metaQueueAt is queue name as node nd's metadata has it.
+func metaQueueAt(nd *clusterNode, name string) MetaQueue {
+	t := nd.b.Load().topo
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	q, _ := t.meta.Queue(name)
+	return q
+}
+
+// settledOn waits until every node up (but skip) has queue name's move
+// done: no target, and want as its replicas (nil: any three).
+func (c *testCluster) settledOn(name string, skip *clusterNode, cond func(replicas []uint64) bool) []uint64 {
+	c.t.Helper()
+	var reps []uint64
+	c.waitFor("queue "+name+" moved everywhere", func() bool {
+		reps = nil
+		for _, nd := range c.nodes {
+			if !nd.up || nd == skip {
+				continue
+			}
+			q := metaQueueAt(nd, name)
+			if q.Target != nil || !cond(q.Replicas) || reps != nil && !slices.Equal(reps, q.Replicas) {
+				return false
+			}
+			reps = q.Replicas
+		}
+		return true
+	})
+	return reps
+}
+
+// publishConfirmed publishes n persistent messages prefix0.. to queue
+// name at its leader and waits for their confirms.
+func (c *testCluster) publishConfirmed(name, prefix string, n int) {
+	c.t.Helper()
+	lead := c.queueLeader(name)
+	q := lead.b.Load().topo.lookupQueue(name)
+	k := newDurSink()
+	var bodies []string
+	for i := range n {
+		bodies = append(bodies, fmt.Sprintf("%s%d", prefix, i))
+	}
+	batch := publish(lead.b.Load(), q, k, true, bodies...)
+	k.waitFor(c.t, "the confirms of "+prefix, func() bool { return k.confirmed(batch) })
+	for i, code := range batch.Codes {
+		if code != 0 {
+			c.t.Fatalf("%s%d nacked (%d)", prefix, i, code)
+		}
+	}
+}
+
+// consumeAll subscribes at queue name's leader and returns the bodies of
+// the want messages delivered.
+func (c *testCluster) consumeAll(name string, want int) []string {
+	c.t.Helper()
+	lead := c.queueLeader(name)
+	q := lead.b.Load().topo.lookupQueue(name)
+	k := newDurSink()
+	q.shard.submit(Command{Kind: CmdSubscribe, Queue: q, Sink: k, Spec: queue.ConsumerSpec{ID: 77, Owner: 99}, Req: 1})
+	k.waitFor(c.t, fmt.Sprintf("%d deliveries of %s", want, name), func() bool { return len(k.got) >= want })
+	barrier(c.t, q.shard)
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	var got []string
+	for _, d := range k.got {
+		got = append(got, d.body)
+	}
+	slices.Sort(got)
+	return slices.Compact(got)
+}
+
+// TestClusterMoveReplicas: a fourth node joins a cluster of three whose
+// three queues have a replica on every node, and replicas move to it
+// until the nodes hold counts at most one apart; the moved replica gets
+// the leader's state (every confirmed message, whichever way it was
+// sent), the replica it replaced is deleted, and with an old replica
+// stopped the queue still serves every message. Then the fourth node is
+// decommissioned while messages are published: its replicas move back to
+// the first three, every queue keeps three replicas, it is removed, and
+// no confirmed message is lost.
+func TestClusterMoveReplicas(t *testing.T) {
+	c := newTestCluster(t, 3)
+	c.leader()
+	names := []string{"m0", "m1", "m2"}
+	for _, name := range names {
+		if _, err := c.nodes[0].b.Load().DeclareQueueAs(&wire.QueueDeclare{Name: name, Durable: true}, 0, ""); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for _, name := range names {
+		c.publishConfirmed(name, name+"-a", 30)
+	}
+	n4 := c.addNode(c.nodes[0])
+	c.role(4, "voter")
+	var onNew []string
+	c.waitFor("replicas moved to the joined node", func() bool {
+		onNew = nil
+		for _, name := range names {
+			q := metaQueueAt(c.nodes[0], name)
+			if q.Target != nil {
+				return false
+			}
+			if slices.Contains(q.Replicas, 4) {
+				onNew = append(onNew, name)
+			}
+		}
+		return len(onNew) == 2 // 9 replicas over 4 nodes: 3, 2, 2, 2
+	})
+	for _, name := range onNew {
+		reps := c.settledOn(name, nil, func(r []uint64) bool { return len(r) == 3 && slices.Contains(r, 4) })
+		var gone *clusterNode
+		for _, nd := range c.nodes[:3] {
+			if !slices.Contains(reps, nd.id) {
+				gone = nd
+			}
+		}
+		// The new replica has the leader's state; the replaced one is
+		// deleted (its group closed, its log removed).
+		c.waitFor("node 4's copy of "+name+" caught up", func() bool {
+			li, _ := c.queueLeader(name).b.Load().Queue(name)
+			ni, _ := n4.b.Load().Queue(name)
+			return ni.RaftRole != "none" && ni.Ready == 30 && li.Ready == 30 && ni.RaftApplied >= li.RaftCommit
+		})
+		c.waitFor("node "+fmt.Sprint(gone.id)+"'s copy of "+name+" deleted", func() bool {
+			gi, _ := gone.b.Load().Queue(name)
+			gid := queueGroup(gone.b.Load().topo.lookupQueue(name).id)
+			return gi.RaftRole == "none" && !slices.Contains(gone.log.Groups(), gid)
+		})
+	}
+	// The new replica serves: with one old replica stopped (the group
+	// keeps a majority with node 4) every message is still there.
+	reps := metaQueueAt(c.nodes[0], onNew[0]).Replicas
+	var old *clusterNode
+	for _, nd := range c.nodes[:3] {
+		if slices.Contains(reps, nd.id) {
+			old = nd
+		}
+	}
+	c.stop(old)
+	c.publishConfirmed(onNew[0], "b", 5)
+	if got := c.consumeAll(onNew[0], 35); len(got) != 35 {
+		t.Fatalf("after the move %s holds %d distinct messages, want 35", onNew[0], len(got))
+	}
+	c.start(old, nil)
+
+	// Decommissioning node 4 under publishing.
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	done := make(chan error, 1)
+	go func() { done <- c.nodes[0].b.Load().DecommissionNode(ctx, 4) }()
+	for i := range 5 {
+		for _, name := range names[1:] {
+			c.publishConfirmed(name, fmt.Sprintf("%s-c%d-", name, i), 10)
+		}
+	}
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+	c.waitFor("node 4 removed", func() bool { return n4.b.Load().MetaRemoved() })
+	for _, name := range names {
+		c.settledOn(name, n4, func(r []uint64) bool { return slices.Equal(r, []uint64{1, 2, 3}) })
+	}
+	c.stop(n4)
+	for _, name := range names[1:] {
+		want := 30 + 50
+		if got := c.consumeAll(name, want); len(got) != want {
+			t.Fatalf("after the decommission %s holds %d distinct messages, want %d", name, len(got), want)
+		}
+	}
+}
+
+// TestClusterRemoveReplacesReplicas: a node holding replicas crashes and
+// is removed from the cluster: every queue it held a replica of gets a
+// new one on the other nodes (the replica count is restored: three of
+// four nodes), and every confirmed message is still there.
+func TestClusterRemoveReplacesReplicas(t *testing.T) {
+	c := newTestCluster(t, 3)
+	c.leader()
+	names := []string{"r0", "r1", "r2"}
+	for _, name := range names {
+		if _, err := c.nodes[0].b.Load().DeclareQueueAs(&wire.QueueDeclare{Name: name, Durable: true}, 0, ""); err != nil {
+			t.Fatal(err)
+		}
+		c.publishConfirmed(name, name+"-", 20)
+	}
+	c.addNode(c.nodes[1])
+	c.role(4, "voter")
+	for _, name := range names {
+		c.settledOn(name, nil, func(r []uint64) bool { return len(r) == 3 })
+	}
+	dead := c.nodes[0]
+	c.stop(dead)
+	c.leader()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	if err := c.nodes[1].b.Load().RemoveNode(ctx, dead.id); err != nil {
+		t.Fatal(err)
+	}
+	for _, name := range names {
+		c.settledOn(name, dead, func(r []uint64) bool { return slices.Equal(r, []uint64{2, 3, 4}) })
+		if got := c.consumeAll(name, 20); len(got) != 20 {
+			t.Fatalf("%s holds %d distinct messages after its replica was replaced, want 20", name, len(got))
+		}
+	}
+}

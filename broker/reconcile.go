@@ -1,0 +1,264 @@
+package broker
+
+import (
+	"slices"
+
+	"go.etcd.io/raft/v3/raftpb"
+)
+
+// Moving replicas, the queue half (design replication.md §6.7; the
+// metadata half is moves.go). When the metadata group gives a replicated
+// queue a target, every node hears it (EffQueueReplicas): a node in the
+// target without a copy opens the group in the configuration it started
+// with (firstConf) and gets the log, or the leader's snapshot, as any
+// follower behind does; the group's leader changes the group's
+// configuration toward the target one step at a time, on its shard's
+// raft ticks:
+//
+//  1. a learner the target does not want is removed;
+//  2. a learner that has caught up (it holds the log to within
+//     moveLagEntries of the commit index) becomes a voter, and in the
+//     same change (joint consensus, left by raft on its own) a voter the
+//     target does not want is removed;
+//  3. a target node not in the group is added as a learner;
+//  4. a voter the target does not want is removed; if that is the leader
+//     itself, it first hands its leadership to a caught-up voter the
+//     target wants;
+//  5. once the voters are the target, the leader reports it to the
+//     metadata group (MetaReplicasMoved), which makes the target the
+//     queue's replicas. A node then no longer holding a replica closes
+//     the group and deletes its copy (its log and snapshot).
+//
+// A change proposed and not seen applied within moveRetryTicks (lost with
+// a change of leader, or dropped by raft) is proposed again, as is a
+// report the metadata group has not applied. At most one step is in
+// flight per queue: raft takes one configuration change at a time.
+
+const (
+	// moveLagEntries: a learner this close to the commit index is caught
+	// up (it gets the rest as any follower does).
+	moveLagEntries = 64
+	// moveRetryTicks: a step not seen done after this many ticks (5 s at
+	// the production tick) is taken again.
+	moveRetryTicks = 50
+)
+
+// shardMoves are the replicated queues of a shard with a move pending.
+type shardMoves struct {
+	ticks  uint64 // the shard's raft ticks (the moves' clock)
+	queues map[*Queue]struct{}
+}
+
+// moveState is a queue's leader's memory of its last step.
+type moveState struct {
+	at       uint64           // the tick it was taken (0: none yet)
+	conf     raftpb.ConfState // the configuration it was taken in
+	reported uint64           // the tick MetaReplicasMoved was last proposed
+}
+
+// track notes whether q has a move pending.
+func (m *shardMoves) track(q *Queue) {
+	if q.target == nil || q.grp == nil || q.gone {
+		delete(m.queues, q)
+		return
+	}
+	if m.queues == nil {
+		m.queues = map[*Queue]struct{}{}
+	}
+	m.queues[q] = struct{}{}
+}
+
+// holdsReplica reports whether node holds (or is to hold) a replica of q.
+func (q *Queue) holdsReplica(node uint64) bool {
+	return slices.Contains(q.replicas, node) || slices.Contains(q.target, node)
+}
+
+// firstConf is the configuration a node opens q's group in when it has
+// no copy of it: the group's first voters, for a replica moved here too.
+// The log from entry 1 (or a snapshot, which carries its own) then takes
+// it to the group's configuration now, as it took every first replica. A
+// replica moved here is none of the first voters, or was removed from
+// the group before its copy was deleted: it is no voter until the leader
+// promotes it, caught up.
+func (q *Queue) firstConf() raftpb.ConfState {
+	if q.origin != nil {
+		return raftpb.ConfState{Voters: q.origin}
+	}
+	return raftpb.ConfState{Voters: q.replicas}
+}
+
+// replicasChangedLocked hands a queue's new placement to its shard (mu
+// held: an EffQueueReplicas).
+func (t *topology) replicasChangedLocked(mq *MetaQueue) {
+	q := t.queues[mq.ID]
+	if q == nil {
+		return
+	}
+	replicas := mq.Replicas
+	q.shownReplicas.Store(&replicas)
+	p := *mq
+	q.shard.submit(Command{Kind: cmdPost, post: func() { q.shard.placementChanged(q, &p) }})
+}
+
+// placementChanged takes q's new placement on its shard: a copy opened
+// here if this node is to hold one, dropped if it no longer does.
+func (s *shard) placementChanged(q *Queue, mq *MetaQueue) {
+	if q.gone || !q.inCluster {
+		return
+	}
+	q.replicas, q.target, q.origin, q.prefLeader = mq.Replicas, mq.Target, mq.Origin, mq.Leader
+	me := s.nodeID()
+	switch {
+	case q.holdsReplica(me) && q.grp == nil && q.remote:
+		s.b.log.Info("replicated queue: a replica moves to this node; it catches up from the leader", "queue", q.name, "target", q.target)
+		q.remote = false
+		s.openReplicated(q)
+	case !q.holdsReplica(me) && q.grp != nil:
+		s.dropReplica(q)
+	}
+	s.moves.track(q)
+}
+
+// dropReplica closes this node's copy of q, which the metadata moved to
+// other nodes, and deletes it: q is then served as a queue with no
+// replica here (forwarded to its leader).
+func (s *shard) dropReplica(q *Queue) {
+	g := q.grp
+	gid := g.ID()
+	if q.leading {
+		q.leading = false
+		s.stepDown(q)
+	}
+	s.failDurable(q)
+	s.timers.remove(q)
+	s.conns.forget(q)
+	delete(s.byGroup, gid)
+	delete(s.moves.queues, q)
+	q.bodies.each(func(_ uint64, m *StoredMsg) { s.release(m) })
+	q.bodies = bodyStore{}
+	s.releaseHeld(q)
+	q.grp, q.m, q.cons, q.replicated, q.leading = nil, nil, nil, false, false
+	q.group.Store(nil)
+	q.remote, q.opened = true, true
+	q.ready.Store(0)
+	q.unacked.Store(0)
+	q.consumers.Store(0)
+	s.removing++
+	s.b.log.Info("replicated queue: this node's replica moved to other nodes; deleting it", "queue", q.name, "replicas", q.replicas)
+	s.rw.Remove(g, s.b.cfg.Durable.Snapshots, nil, func(err error) {
+		s.removing--
+		delete(s.openedGrps, gid)
+		if err != nil {
+			s.b.log.Error("replicated queue: the replica moved away was not deleted now; the next start deletes it", "queue", q.name, "group", gid, "err", err)
+		}
+		s.checkRemovals()
+		if !q.gone && q.grp == nil && q.holdsReplica(s.nodeID()) {
+			// Moved back here meanwhile.
+			q.remote = false
+			s.openReplicated(q)
+		}
+	})
+}
+
+// moveTick runs the moves of the queues this node leads (the shard's raft
+// tick).
+func (s *shard) moveTick() {
+	s.moves.ticks++
+	for q := range s.moves.queues {
+		if q.leading && q.grp != nil && !q.gone {
+			s.reconcile(q)
+		}
+	}
+}
+
+// reconcile takes the next step of q's move, as its group's leader.
+func (s *shard) reconcile(q *Queue) {
+	g, mv, now := q.grp, &q.move, s.moves.ticks
+	target := q.target
+	conf := g.Conf()
+	if len(conf.VotersOutgoing) > 0 {
+		return // joint: raft leaves it on its own
+	}
+	if mv.at != 0 && now-mv.at < moveRetryTicks && sameConf(conf, mv.conf) {
+		return // the last step is in flight
+	}
+	me := s.nodeID()
+	step := func(what string, node uint64, cc ...raftpb.ConfChangeSingle) {
+		if err := g.ProposeConf(raftpb.ConfChangeV2{Changes: cc}); err != nil {
+			s.b.log.Warn("replicated queue: a replica move not proposed", "queue", q.name, "step", what, "node", node, "err", err)
+			return
+		}
+		mv.at, mv.conf = now, conf
+		s.b.log.Info("replicated queue: moving replicas", "queue", q.name, "step", what, "node", node, "voters", conf.Voters, "learners", conf.Learners, "target", target)
+	}
+	for _, l := range conf.Learners {
+		if !slices.Contains(target, l) {
+			step("remove learner", l, raftpb.ConfChangeSingle{Type: raftpb.ConfChangeRemoveNode, NodeID: l})
+			return
+		}
+	}
+	for _, l := range conf.Learners {
+		if !g.PeerCaughtUp(l, moveLagEntries) {
+			return // it catches up first
+		}
+		cc := []raftpb.ConfChangeSingle{{Type: raftpb.ConfChangeAddNode, NodeID: l}}
+		for _, v := range conf.Voters {
+			if !slices.Contains(target, v) && v != me {
+				cc = append(cc, raftpb.ConfChangeSingle{Type: raftpb.ConfChangeRemoveNode, NodeID: v})
+				break
+			}
+		}
+		step("promote", l, cc...)
+		return
+	}
+	for _, n := range target {
+		if !slices.Contains(conf.Voters, n) {
+			step("add learner", n, raftpb.ConfChangeSingle{Type: raftpb.ConfChangeAddLearnerNode, NodeID: n})
+			return
+		}
+	}
+	for _, v := range conf.Voters {
+		if slices.Contains(target, v) {
+			continue
+		}
+		if v != me {
+			step("remove voter", v, raftpb.ConfChangeSingle{Type: raftpb.ConfChangeRemoveNode, NodeID: v})
+			return
+		}
+		// This node leaves the group: its leadership goes first, to a
+		// voter the target wants (it then takes the step).
+		for _, n := range target {
+			if g.TransferToPreferred(n) {
+				mv.at, mv.conf = now, conf
+				s.b.log.Info("replicated queue: handing its leadership on before leaving the group", "queue", q.name, "to", n)
+				return
+			}
+		}
+		return
+	}
+	// The voters are the target.
+	if mv.reported == 0 || now-mv.reported >= moveRetryTicks {
+		mv.reported = now
+		s.b.topo.reportMoved(q, slices.Clone(target))
+	}
+}
+
+// reportMoved proposes MetaReplicasMoved for q without waiting (a shard
+// asks): every node applies it in log order.
+func (t *topology) reportMoved(q *Queue, voters []uint64) {
+	cl := t.cl.Load()
+	if cl == nil || cl.removed.Load() {
+		return
+	}
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	c := replicasMovedCommand(q.name, uint64(q.id), voters)
+	c.NowMs = t.now()
+	t.mbuf = AppendMetaCommand(t.mbuf[:0], &c)
+	cl.g.Add(t.mbuf)
+	cl.g.Kick()
+}
+
+func sameConf(a, b raftpb.ConfState) bool {
+	return slices.Equal(a.Voters, b.Voters) && slices.Equal(a.Learners, b.Learners) && slices.Equal(a.VotersOutgoing, b.VotersOutgoing)
+}
