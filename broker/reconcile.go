@@ -125,9 +125,10 @@ func (s *shard) placementChanged(q *Queue, mq *MetaQueue) {
 func (s *shard) dropReplica(q *Queue) {
 	g := q.grp
 	gid := g.ID()
-	if q.leading {
+	if q.leading { // (a leader hands its leadership on before it leaves: rare)
 		q.leading = false
 		s.stepDown(q)
+		s.fwdLeaderChanged(q, 0)
 	}
 	s.failDurable(q)
 	s.timers.remove(q)
