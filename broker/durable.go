@@ -236,6 +236,7 @@ func (s *shard) applied(q *Queue, a *replication.Applied) {
 			s.handle(q, a.Effects)
 		default:
 			s.handle(q, a.Effects) // a consumer of an earlier incarnation (replay)
+			s.orphanLink(q, c.Spec.ID)
 		}
 	case *queue.Cancel:
 		s.handle(q, a.Effects)

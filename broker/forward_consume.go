@@ -907,6 +907,9 @@ func (s *shard) forLeader(from uint64, q *Queue, p []byte) {
 	}
 	rl := s.fc.links[id]
 	if rl == nil || rl.q != q {
+		if op == 'X' {
+			s.orphanLink(q, queue.ConsumerID(id)) // its origin dropped it: so does the queue
+		}
 		return // dropped here: the keepalive tells the origin
 	}
 	rl.recv++
@@ -947,6 +950,7 @@ const maxLinkPrefetch = 1000
 func (s *shard) keepalive(from uint64, q *Queue, link, sent uint64) {
 	rl := s.fc.links[link]
 	if rl == nil || rl.q != q || rl.from != from {
+		s.orphanLink(q, queue.ConsumerID(link))
 		s.b.sendFwd(from, keepaliveAnswer(link, false, 0))
 		return
 	}
@@ -958,6 +962,23 @@ func (s *shard) keepalive(from uint64, q *Queue, link, sent uint64) {
 	rl.heard = s.now
 	s.flushEffects() // its deliveries so far go first: the count is theirs
 	s.b.sendFwd(from, keepaliveAnswer(link, true, rl.sent))
+}
+
+// orphanLink Downs link id in q's state when this node leads q and does
+// not serve the link: a subscribe this node proposed in an earlier term,
+// or another leader's, applied after this node's first Downs (an entry
+// of an earlier term committed by this one), or a link this node
+// dropped whose Down was lost with a change of leader. Nothing would
+// ever settle what it holds.
+func (s *shard) orphanLink(q *Queue, id queue.ConsumerID) {
+	if uint64(id) < 1<<48 || !q.leading || q.gone || q.grp == nil || s.fc.links[uint64(id)] != nil || !q.m.HasConsumer(id) {
+		return
+	}
+	if _, pending := q.subs[id]; pending {
+		return
+	}
+	s.downCmd = queue.Down{NowMs: s.now, Owner: queue.OwnerID(id)}
+	_, _ = q.grp.Add(&s.downCmd)
 }
 
 // dropLink Downs a link: what it holds goes back to the queue,
