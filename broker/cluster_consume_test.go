@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"slices"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -386,4 +387,44 @@ func TestClusterForwardedOriginGone(t *testing.T) {
 		t.Skip("the leadership moved as the node went") // the leader stays: the queue has a majority
 	}
 	c.waitFor("the gone node's consumer Downed", func() bool { r, u, n := queueCounts(lead); return r == 10 && u == 0 && n == 0 })
+}
+
+// TestClusterForwardedLossRecovers: the transport may lose forwarded
+// messages when a connection breaks. A delivery lost on its way to the
+// consumer's node, and then an ack lost on its way back, would each hold
+// the consumer's only prefetch slot for good; the keepalive's counts
+// tell, the link is replaced, and the message comes back redelivered.
+func TestClusterForwardedLossRecovers(t *testing.T) {
+	c, lead, other := rqCluster(t, 4)
+	var lostD, lostA atomic.Int32
+	lose := func(from, to uint64, p []byte) bool {
+		switch {
+		case len(p) < 2 || p[0] != 'c':
+		case from == lead.id && to == other.id && p[1] == 'd':
+			return lostD.Add(1) == 1
+		case from == other.id && to == lead.id && p[1] == 'A':
+			return lostA.Add(1) == 1
+		}
+		return false
+	}
+	c.lose.Store(&lose)
+	ob := other.b.Load()
+	oq := ob.topo.lookupQueue("rq")
+	k := newFwdClient()
+	ob.Submit(Command{Kind: CmdSubscribe, Queue: oq, Sink: k, Spec: queue.ConsumerSpec{ID: 1, Owner: 7, Prefetch: 1}, Req: 1})
+	k.waitFor(t, "m0 after its lost delivery", func() bool { return len(k.got) == 1 })
+	if g := k.snap().got[0]; g.body != "m0" || g.count != 2 {
+		t.Fatalf("got %s with delivery count %d, want m0 redelivered (2)", g.body, g.count)
+	}
+	settleOn(ob, oq, 1, wire.SettleAck, k.snap().got[0].tag) // lost
+	k.waitFor(t, "m0 again after its lost ack", func() bool { return len(k.got) == 2 })
+	if g := k.snap().got[1]; g.body != "m0" || g.count != 3 {
+		t.Fatalf("got %s with delivery count %d, want m0 redelivered again (3)", g.body, g.count)
+	}
+	acked := map[string]uint32{}
+	consumeAll(t, ob, oq, k, 1, acked, 4, 1)
+	c.waitFor("nothing left at the leader", func() bool { r, u, _ := queueCounts(lead); return r == 0 && u == 0 })
+	if lostD.Load() < 1 || lostA.Load() < 1 {
+		t.Fatal("nothing was lost")
+	}
 }

@@ -38,6 +38,9 @@ type testCluster struct {
 	snapEntries int
 	// fwdTimeout: DurableConfig.ForwardTimeout (0: the default).
 	fwdTimeout time.Duration
+	// lose, if set, says which forwarded messages the transport loses
+	// (as a broken connection does); set before the nodes send any.
+	lose atomic.Pointer[func(from, to uint64, p []byte) bool]
 }
 
 const clusterTestSecret = "0123456789abcdef0123456789abcdef"
@@ -129,7 +132,12 @@ func (c *testCluster) start(nd *clusterNode, ln net.Listener) {
 	fatal := func(err error) { t.Errorf("node %d: %v", nd.id, err) }
 	b := New(Config{Shards: 2, Durable: &DurableConfig{Log: l, Snapshots: store, Fatal: fatal, NodeID: nd.id, Send: tr.Send, SendSnapshot: func(gid uint64, s *SnapshotMessage, done func(bool)) {
 		tr.SendSnapshot(gid, (*cluster.Snapshot)(s), done)
-	}, Forward: tr.SendForward, ForwardTimeout: c.fwdTimeout}})
+	}, Forward: func(to uint64, p []byte) bool {
+		if lose := c.lose.Load(); lose != nil && (*lose)(nd.id, to, p) {
+			return true // sent, and lost on the way
+		}
+		return tr.SendForward(to, p)
+	}, ForwardTimeout: c.fwdTimeout}})
 	b.Start()
 	nd.b.Store(b)
 	ids := make([]uint64, 0, len(c.peers))
