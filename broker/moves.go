@@ -58,6 +58,15 @@ func movesOK(replicas, origin, target []uint64, leader uint64) bool {
 	return len(origin) > 0 && nodeSet(origin) && nodeSet(target) && slices.Contains(want, leader)
 }
 
+// replicaCount is how many replicas q asks for (its replicas argument,
+// DefaultReplicas when it does not say).
+func (q *metaQueue) replicaCount() int {
+	if args, err := wire.ParseQueueArgs(q.decl.Args); err == nil && args.Replicas > 0 {
+		return int(args.Replicas)
+	}
+	return DefaultReplicas
+}
+
 // placedNames are the placed queues' names, sorted (the order moves are
 // decided in).
 func (m *Meta) placedNames() []string {
@@ -148,7 +157,8 @@ func (m *Meta) placeCommand(c *MetaCommand) (MetaResult, []MetaEffect) {
 
 // placeReplicas is MetaPlaceReplicas: in name order, each placed queue's
 // wanted replicas on nodes that are no longer members go to the least
-// loaded members (as many as there are), then each replica on a node
+// loaded members, and a queue with fewer replicas than it asks for (the
+// cluster had fewer nodes) gets more, as far as there are nodes; then each replica on a node
 // holding more than one above the least loaded member not holding the
 // queue moves there. It returns an EffQueueReplicas for every queue
 // whose placement changed.
@@ -167,11 +177,12 @@ func (m *Meta) placeReplicas() []MetaEffect {
 				ns = append(ns, n)
 			}
 		}
-		if len(ns) == len(w) {
+		size := min(q.replicaCount(), len(m.placeable()))
+		if len(ns) == len(w) && len(ns) >= size {
 			continue
 		}
 		h := xxhash.Sum64String(name)
-		for len(ns) < len(w) {
+		for len(ns) < size {
 			n := m.leastLoaded(h, ns)
 			if n == 0 {
 				break
@@ -236,6 +247,9 @@ func (m *Meta) NeedsPlacement() bool {
 	}
 	for _, name := range m.placedNames() {
 		q := m.queues[name]
+		if len(q.want()) < min(q.replicaCount(), len(m.placeable())) {
+			return true
+		}
 		for _, n := range q.want() {
 			if !m.canHold(n) {
 				return true

@@ -149,6 +149,26 @@ func TestPlaceReplicasOnMembershipChange(t *testing.T) {
 	metaDo(t, c, durableDecl("x", 1), wire.OK, "")
 	metaDo(t, c, MetaCommand{Op: MetaPlaceReplicas, Replicas: []uint64{1}}, wire.OK, "")
 	metaDo(t, c, MetaCommand{Op: MetaPlaceReplicas, Replicas: []uint64{2}}, wire.PreconditionFailed, "last node")
+	// Fewer nodes than a queue asks for: it keeps what there are, and
+	// gets its count back when a node joins.
+	g := clusterMeta(1, 2, 3)
+	for i := range 4 {
+		metaDo(t, g, durableDecl(fmt.Sprintf("g%d", i), 3), wire.OK, "")
+	}
+	g.SetNodes([]uint64{1, 2})
+	metaDo(t, g, MetaCommand{Op: MetaPlaceReplicas}, wire.OK, "")
+	checkSpread(t, g, 2, 1, 2)
+	settleMoves(t, g)
+	g.SetNodes([]uint64{1, 2, 5})
+	if !g.NeedsPlacement() {
+		t.Fatal("queues short of replicas with a node to hold them: no placement needed?")
+	}
+	metaDo(t, g, MetaCommand{Op: MetaPlaceReplicas}, wire.OK, "")
+	checkSpread(t, g, 3, 1, 2, 5)
+	settleMoves(t, g)
+	if g.NeedsPlacement() {
+		t.Fatal("placement still needed once every queue has its count")
+	}
 	// Commands round-trip.
 	for _, cmd := range []MetaCommand{{Op: MetaPlaceReplicas, Replicas: []uint64{3, 4}}, replicasMovedCommand("q", 5, []uint64{1, 2, 3})} {
 		got, err := DecodeMetaCommand(AppendMetaCommand(nil, &cmd))
