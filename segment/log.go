@@ -187,6 +187,10 @@ type Log struct {
 	writing   bool
 	inflight  int
 	freeBufs  [][]byte // pending buffers not in use, reused
+	ext       []extent // the pending write's entry data not copied into pending
+	extBytes  int      // their bytes
+	freeExt   []extent // the last write's extents, cleared, for reuse
+	iov       [][]byte // the writer's pwritev scratch
 	lastWrite int      // bytes of the last group commit's records
 	freeUps   [][]update
 	failed    error

@@ -92,7 +92,12 @@ func endRecord(dst []byte, start int, gen uint32, typ uint8) []byte {
 // and pads it, leaving generation and checksum to seal: WAL records are
 // encoded before it is known which file they go to.
 func closeRecord(dst []byte, start int, typ uint8) []byte {
-	n := len(dst) - start - recordHeader
+	return closeRecordN(dst, start, len(dst)-start-recordHeader, typ)
+}
+
+// closeRecordN is closeRecord for a record of n payload bytes, some of
+// them extents (written from the callers' slices, not in dst).
+func closeRecordN(dst []byte, start, n int, typ uint8) []byte {
 	r := dst[start:]
 	binary.LittleEndian.PutUint32(r[4:], uint32(n))
 	r[12] = typ
@@ -151,12 +156,36 @@ func validAfter(buf []byte, off int, gen uint32) (int, bool) {
 // seal sets the generation of every record in buf (closed by closeRecord)
 // and computes their checksums. The group-commit writer calls it outside
 // the lock, once it knows the file.
-func seal(buf []byte, gen uint32) {
+func seal(buf []byte, ext []extent, gen uint32) {
 	for off := 0; off < len(buf); {
 		r := buf[off:]
 		n := int(binary.LittleEndian.Uint32(r[4:]))
 		binary.LittleEndian.PutUint32(r[8:], gen)
-		binary.LittleEndian.PutUint32(r, crc32.Checksum(r[4:recordHeader+n], castagnoli))
-		off += padded(recordHeader + n)
+		if len(ext) == 0 || ext[0].at >= off+recordHeader+n {
+			binary.LittleEndian.PutUint32(r, crc32.Checksum(r[4:recordHeader+n], castagnoli))
+			off += padded(recordHeader + n)
+			continue
+		}
+		// The payload's bytes in order: buf's, with the extents at their
+		// offsets (each before the byte of buf there).
+		crc := crc32.Checksum(r[4:recordHeader], castagnoli)
+		p, left := off+recordHeader, n
+		for left > 0 {
+			if len(ext) > 0 && ext[0].at == p {
+				crc = crc32.Update(crc, castagnoli, ext[0].data)
+				left -= len(ext[0].data)
+				ext = ext[1:]
+				continue
+			}
+			end := p + left
+			if len(ext) > 0 && ext[0].at < end {
+				end = ext[0].at
+			}
+			crc = crc32.Update(crc, castagnoli, buf[p:end])
+			left -= end - p
+			p = end
+		}
+		binary.LittleEndian.PutUint32(r, crc)
+		off = p + padded(recordHeader+n) - (recordHeader + n)
 	}
 }

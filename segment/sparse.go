@@ -81,7 +81,7 @@ func (l *Log) AppendLive(group uint64, entries []Entry) error {
 			l.pending = binary.LittleEndian.AppendUint64(l.pending, e.Index)
 			l.pending = binary.LittleEndian.AppendUint64(l.pending, e.Term)
 			l.pending = binary.LittleEndian.AppendUint32(l.pending, uint32(len(e.Data)))
-			l.updates = append(l.updates, update{kind: recLive, group: group, idx: e.Index, term: e.Term, off: int64(len(l.pending))})
+			l.updates = append(l.updates, update{kind: recLive, group: group, idx: e.Index, term: e.Term, off: int64(l.pos())})
 			l.pending = append(l.pending, e.Data...)
 			n++
 			size += len(e.Data) + entryHeader
