@@ -32,18 +32,25 @@ func AppendMessage(dst []byte, m *Message) []byte {
 	return appendBytes32(dst, m.Body)
 }
 
-func (r *reader) message(m *Message) {
+// message reads one message. It returns a value rather than filling a
+// *Message: the caller's variable is then one the compiler knows is on
+// the stack, so the stores of its three slices need no write barrier
+// (three per message per pass, each a lookup of the frame's buffer while
+// the collector marks: 5 % of the broker's CPU in the throughput profile).
+func (r *reader) message() Message {
+	var m Message
 	m.Flags = MessageFlags(r.u8())
 	m.Priority = r.u8()
 	m.RoutingKey = r.str8()
 	m.Properties = r.str16()
 	m.Body = r.bytes32()
+	return m
 }
 
 var errMessageFlags = &Error{FrameError, "undefined message flag bits set"}
 
-func (r *reader) validMessage(m *Message, scratch *Properties) {
-	r.message(m)
+func (r *reader) validMessage(scratch *Properties) (m Message) {
+	m = r.message()
 	if r.err != nil {
 		return
 	}
@@ -54,6 +61,7 @@ func (r *reader) validMessage(m *Message, scratch *Properties) {
 	if err := ParseProperties(m.Properties, scratch); err != nil {
 		r.fail(err.(*Error))
 	}
+	return
 }
 
 // BatchMark remembers where a batch frame begun by one of the Begin
@@ -172,7 +180,6 @@ func validateBatch(section []byte, count uint32, kind entryKind) error {
 	r := reader{b: section}
 	var (
 		n       uint32
-		m       Message
 		d       Delivery
 		rm      Returned
 		scratch Properties
@@ -180,14 +187,14 @@ func validateBatch(section []byte, count uint32, kind entryKind) error {
 	for !r.end() {
 		switch kind {
 		case entryMessage:
-			r.validMessage(&m, &scratch)
+			r.validMessage(&scratch)
 		case entryDelivery:
 			r.validDelivery(&d, &scratch)
 		case entryReturn:
 			rm.Seq = r.u64()
 			rm.Code = Code(r.u16())
 			rm.Exchange = r.str8()
-			r.validMessage(&rm.Message, &scratch)
+			rm.Message = r.validMessage(&scratch)
 		}
 		n++
 		if n > count {
@@ -211,11 +218,14 @@ func (b *PublishBatch) Messages() MessageIter { return MessageIter{r: reader{b: 
 
 // Next fills m with a view of the next message (aliasing the batch's
 // buffer) and reports whether there was one.
+//
+// It is small enough to inline, so that m, the caller's variable, is known
+// to be on its stack: filling it then needs no write barriers.
 func (it *MessageIter) Next(m *Message) bool {
-	if it.r.end() {
-		return false
+	if it.r.off >= len(it.r.b) {
+		return false // (a validated batch never sets r.err)
 	}
-	it.r.message(m)
+	*m = it.r.message()
 	return true
 }
 
@@ -377,7 +387,7 @@ func (r *reader) returned(rm *Returned) {
 	rm.Seq = r.u64()
 	rm.Code = Code(r.u16())
 	rm.Exchange = r.str8()
-	r.message(&rm.Message)
+	rm.Message = r.message()
 }
 
 // ReturnBatch is a view of a decoded, validated RETURN frame.

@@ -9,7 +9,7 @@ package wire
 // §9). It allocates nothing.
 func ReadMessage(b []byte, m *Message) (rest []byte, ok bool) {
 	r := reader{b: b}
-	r.message(m)
+	*m = r.message()
 	if r.err != nil {
 		*m = Message{}
 		return b, false
