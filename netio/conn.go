@@ -1,6 +1,7 @@
 package netio
 
 import (
+	"bytes"
 	"errors"
 	"slices"
 	"strconv"
@@ -761,31 +762,22 @@ func (c *conn) onPublish(ch *channel, f wire.Frame) error {
 		batch.PartDone()
 		return nil
 	}
-	// One arena for every byte the queues keep, one slice of messages.
-	size := len(b.Exchange)
-	it := b.Messages()
-	var m wire.Message
-	for it.Next(&m) {
-		size += len(m.RoutingKey) + len(m.Properties) + len(m.Body)
-	}
-	arena := make([]byte, 0, size)
+	// One arena for every byte the queues keep (the batch's messages, copied
+	// out of the frame as they were sent: one copy, nothing zeroed), one
+	// slice of messages.
+	arena := b.Own()
+	exchange := bytes.Clone(b.Exchange)
 	msgs := make([]broker.StoredMsg, b.Count)
 	ar := new(broker.Arena)
-	arena = append(arena, b.Exchange...)
-	exchange := arena[:len(b.Exchange):len(b.Exchange)]
-	keep := func(p []byte) []byte {
-		start := len(arena)
-		arena = append(arena, p...)
-		return arena[start:len(arena):len(arena)]
-	}
 	var ret []byte
 	var retMark wire.BatchMark
 	nret := 0
 	var props wire.Properties
-	it = b.Messages()
+	var m wire.Message
+	it := b.Messages()
 	for i := 0; it.Next(&m); i++ {
 		sm := &msgs[i]
-		*sm = broker.StoredMsg{Exchange: exchange, RoutingKey: keep(m.RoutingKey), Props: keep(m.Properties), Body: keep(m.Body), Arena: ar, Flags: m.Flags, Priority: m.Priority}
+		*sm = broker.StoredMsg{Exchange: exchange, RoutingKey: m.RoutingKey, Props: m.Properties, Body: m.Body, Arena: ar, Flags: m.Flags, Priority: m.Priority}
 		_ = wire.ParseProperties(sm.Props, &props) // validated by DecodePublish
 		if props.Has(wire.PropDeaths) {
 			// The broker owns the death history (dlq replay trusts it): a
@@ -838,7 +830,7 @@ func (c *conn) onPublish(ch *channel, f wire.Frame) error {
 	if placed > 0 {
 		// Counted now, before any shard has it: the loop's next check of
 		// the watermark sees this batch.
-		ar.Cost = int64(cap(arena)) + int64(b.Count)*broker.StoredMsgOverhead + int64(placed)*broker.PlacementOverhead
+		ar.Cost = int64(cap(arena)+cap(exchange)) + int64(b.Count)*broker.StoredMsgOverhead + int64(placed)*broker.PlacementOverhead
 		ar.Refs.Store(int64(placed))
 		c.srv.AddStoredBytes(ar.Cost)
 	}

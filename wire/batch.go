@@ -210,6 +210,16 @@ func validateBatch(section []byte, count uint32, kind entryKind) error {
 	return nil
 }
 
+// Own copies the batch's messages out of the frame (or the Decompressor's
+// buffer) into a new buffer and returns it: from then on what Messages
+// yields are views of that copy, which the caller may keep. It is one
+// allocation and one copy for the whole batch, and the buffer is not
+// zeroed first (a make of it would be). b.Exchange still aliases the frame.
+func (b *PublishBatch) Own() []byte {
+	b.section = append([]byte(nil), b.section...)
+	return b.section
+}
+
 // MessageIter iterates the messages of a validated batch.
 type MessageIter struct{ r reader }
 

@@ -4,6 +4,7 @@ import (
 	"encoding/hex"
 	"encoding/json"
 	"testing"
+	"unsafe"
 )
 
 // scribble overwrites b, as a reused read buffer would be by the next read.
@@ -79,4 +80,45 @@ func mustJSON(t *testing.T, v any) []byte {
 		t.Fatal(err)
 	}
 	return b
+}
+
+// TestPublishBatchOwn: after Own, the messages a batch yields are views of
+// the returned copy, not of the frame (plain or s2-compressed, whose
+// messages sit in the Decompressor's buffer), and read the same after the
+// frame and that buffer are overwritten.
+func TestPublishBatchOwn(t *testing.T) {
+	for _, codec := range []Codec{CodecNone, CodecS2} {
+		raw := publishFrameCodec(3, 40, codec)
+		f, _, err := Split(raw, DefaultMaxFrame)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var d Decompressor
+		var b PublishBatch
+		if err := DecodePublish(f, DefaultMaxFrame, &d, &b); err != nil {
+			t.Fatal(err)
+		}
+		buf := b.Own()
+		scribble(raw)
+		scribble(d.buf[:cap(d.buf)])
+		n := 0
+		var m Message
+		for it := b.Messages(); it.Next(&m); n++ {
+			if string(m.RoutingKey) != "order.eu.created" || len(m.Body) != 40 || m.Body[0] != 'x' || m.Flags != Persistent {
+				t.Fatalf("codec %d: message %d after Own and the frame overwritten: %+v", codec, n, m)
+			}
+			if start, end := &buf[0], &buf[len(buf)-1]; !within(m.Body, start, end) || !within(m.RoutingKey, start, end) {
+				t.Fatalf("codec %d: message %d is not a view of Own's buffer", codec, n)
+			}
+		}
+		if n != 3 {
+			t.Fatalf("codec %d: %d messages after Own, want 3", codec, n)
+		}
+	}
+}
+
+// within reports whether p's bytes lie in [start, end].
+func within(p []byte, start, end *byte) bool {
+	a, b := uintptr(unsafe.Pointer(&p[0])), uintptr(unsafe.Pointer(&p[len(p)-1]))
+	return a >= uintptr(unsafe.Pointer(start)) && b <= uintptr(unsafe.Pointer(end))
 }
