@@ -337,7 +337,7 @@ func TestClusterStepDownNacks(t *testing.T) {
 	ar.Refs.Store(1)
 	batch := &PublishBatch{Sink: k, Codes: make([]uint32, 1)}
 	batch.Pending.Store(1)
-	msg := &StoredMsg{Exchange: []byte("x"), RoutingKey: []byte("rq"), Body: []byte("late"), Arena: ar, Flags: wire.Persistent}
+	msg := ar.add([]byte("x"), []byte("rq"), nil, []byte("late"), wire.Persistent, 0)
 	lq.shard.submit(Command{Kind: cmdPost, post: func() {
 		lq.shard.apply(&Command{Kind: CmdPublish, Items: []EnqItem{{Q: lq, Msg: msg, Meta: queue.Message{Size: 4}}}, Batch: batch})
 		if _, ok := lq.grp.TransferToFollower(); !ok {
@@ -389,7 +389,7 @@ func TestClusterPublishDuringAbortedTransfer(t *testing.T) {
 	ar.Refs.Store(1)
 	batch := &PublishBatch{Sink: k, Codes: make([]uint32, 1)}
 	batch.Pending.Store(1)
-	msg := &StoredMsg{Exchange: []byte("x"), RoutingKey: []byte("rq"), Body: []byte("during"), Arena: ar, Flags: wire.Persistent}
+	msg := ar.add([]byte("x"), []byte("rq"), nil, []byte("during"), wire.Persistent, 0)
 	lq.shard.submit(Command{Kind: cmdPost, post: func() {
 		lq.grp.TransferLeadership(gone.id)
 		lq.shard.apply(&Command{Kind: CmdPublish, Items: []EnqItem{{Q: lq, Msg: msg, Meta: queue.Message{Size: 6}}}, Batch: batch})

@@ -233,10 +233,10 @@ func (s *shard) peek(q *Queue, n int) Result {
 		if m == nil {
 			continue
 		}
-		props, _ := wire.DecodeProps(m.Props)
-		out = append(out, Message{ID: p.ID, Exchange: string(m.Exchange), RoutingKey: string(m.RoutingKey), Priority: m.Priority,
+		props, _ := wire.DecodeProps(m.Props())
+		out = append(out, Message{ID: p.ID, Exchange: string(m.Exchange()), RoutingKey: string(m.RoutingKey()), Priority: m.Priority,
 			Persistent: m.Flags&wire.Persistent != 0, DeliveryCount: p.DeliveryCount, FailedCount: p.FailedCount,
-			Properties: props, Body: append([]byte(nil), m.Body...)})
+			Properties: props, Body: append([]byte(nil), m.Body()...)})
 	}
 	return Result{Msgs: out}
 }

@@ -214,7 +214,7 @@ func (k *simSink) Deliver(ds []Delivery) {
 	k.mu.Lock()
 	if !k.frozen {
 		for _, d := range ds {
-			k.got = append(k.got, simDelivery{consumer: d.Consumer, qtag: d.QTag, body: string(d.Msg.Body), path: deathPath(d.Msg.Props), count: d.DeliveryCount})
+			k.got = append(k.got, simDelivery{consumer: d.Consumer, qtag: d.QTag, body: string(d.Msg.Body()), path: deathPath(d.Msg.Props()), count: d.DeliveryCount})
 		}
 	}
 	k.mu.Unlock()
@@ -741,7 +741,7 @@ func (s *crashSim) publish() {
 		s.nmsgs++
 		body := fmt.Sprintf("m%d.", s.nmsgs) + strings.Repeat(".", pad)
 		bodies = append(bodies, body[:min(len(body), 8)])
-		msgs[i] = &StoredMsg{Exchange: []byte(ex), RoutingKey: []byte(key), Props: props, Body: []byte(body), Arena: ar, Flags: fl, Priority: prio}
+		msgs[i] = ar.add([]byte(ex), []byte(key), props, []byte(body), fl, prio)
 		ar.Cost += int64(len(body)+len(props)) + StoredMsgOverhead
 		s.msgs[body] = &simMsg{seq: s.nmsgs, persistent: persistent, expires: expires, queues: names, batch: batch, idx: i}
 	}
@@ -750,7 +750,7 @@ func (s *crashSim) publish() {
 	parts := make([][]EnqItem, len(b.shards))
 	for _, q := range qs {
 		for i, m := range msgs {
-			meta := queue.Message{Size: uint32(len(m.Body)), Priority: prio, ExpirationMs: p.ExpirationMs, HasExpiration: expires}
+			meta := queue.Message{Size: uint32(len(m.Body())), Priority: prio, ExpirationMs: p.ExpirationMs, HasExpiration: expires}
 			parts[q.shardIdx] = append(parts[q.shardIdx], EnqItem{Q: q, Msg: m, Meta: meta, Idx: i})
 		}
 	}

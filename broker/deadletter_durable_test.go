@@ -27,7 +27,7 @@ func (k *deathSink) Deliver(ds []Delivery) {
 	for _, d := range ds {
 		var props wire.Properties
 		var deaths []wire.Death
-		if err := wire.ParseProperties(d.Msg.Props, &props); err == nil && props.Has(wire.PropDeaths) {
+		if err := wire.ParseProperties(d.Msg.Props(), &props); err == nil && props.Has(wire.PropDeaths) {
 			deaths, _ = wire.DecodeDeaths(props.Deaths)
 		}
 		k.deaths = append(k.deaths, deaths)

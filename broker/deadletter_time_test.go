@@ -33,7 +33,7 @@ func TestDeadLetterTimeIsTheCommandTime(t *testing.T) {
 	_, err = s.DeclareQueue(wire.QueueDeclare{Name: "src", Args: wire.Table{{Key: "dead-letter-exchange", Value: wire.String("dlx")}}})
 	must(err)
 	q := s.topo.lookupQueue("src")
-	msg := &StoredMsg{RoutingKey: []byte("src"), Props: wire.AppendProperties(nil, &wire.Properties{})[2:], Body: []byte("m"), Arena: &Arena{}}
+	msg := (&Arena{}).add(nil, []byte("src"), wire.AppendProperties(nil, &wire.Properties{})[2:], []byte("m"), 0, 0)
 	msg.Arena.Refs.Store(1)
 
 	// Publish one message to src, take it and reject it: it dies at the

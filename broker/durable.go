@@ -387,17 +387,18 @@ const logMsgHeader = 10
 
 func appendLogMsg(b []byte, m *StoredMsg) []byte {
 	b = append(b, byte(m.Flags), m.Priority)
-	b = binary.LittleEndian.AppendUint16(b, uint16(len(m.Exchange)))
-	b = binary.LittleEndian.AppendUint16(b, uint16(len(m.RoutingKey)))
-	b = binary.LittleEndian.AppendUint32(b, uint32(len(m.Props)))
-	b = append(b, m.Exchange...)
-	b = append(b, m.RoutingKey...)
-	b = append(b, m.Props...)
-	return append(b, m.Body...)
+	b = binary.LittleEndian.AppendUint16(b, uint16(len(m.Exchange())))
+	b = binary.LittleEndian.AppendUint16(b, uint16(len(m.RoutingKey())))
+	b = binary.LittleEndian.AppendUint32(b, uint32(len(m.Props())))
+	b = append(b, m.Exchange()...)
+	b = append(b, m.RoutingKey()...)
+	b = append(b, m.Props()...)
+	return append(b, m.Body()...)
 }
 
-// parseLogMsg fills m with views of b (a message in its log form).
-func parseLogMsg(b []byte, m *StoredMsg) bool {
+// parseLogMsg fills m with views of b (a message in its log form), which
+// lies in ar.Buf.
+func parseLogMsg(ar *Arena, b []byte, m *StoredMsg) bool {
 	if len(b) < logMsgHeader {
 		return false
 	}
@@ -408,8 +409,7 @@ func parseLogMsg(b []byte, m *StoredMsg) bool {
 	if ex+rk+pr > len(rest) {
 		return false
 	}
-	*m = StoredMsg{Flags: wire.MessageFlags(b[0]), Priority: b[1],
-		Exchange: rest[:ex:ex], RoutingKey: rest[ex : ex+rk : ex+rk], Props: rest[ex+rk : ex+rk+pr : ex+rk+pr], Body: rest[ex+rk+pr:]}
+	*m = ar.Msg(rest[:ex], rest[ex:ex+rk], rest[ex+rk:ex+rk+pr], rest[ex+rk+pr:], wire.MessageFlags(b[0]), b[1])
 	return true
 }
 
@@ -430,15 +430,24 @@ func (s *shard) msgOf(q *Queue, id uint64) *StoredMsg {
 		return nil
 	}
 	if s.viewUsed == len(s.views) {
-		s.views = append(s.views, &StoredMsg{})
+		s.views = append(s.views, &logView{})
 	}
-	m := s.views[s.viewUsed]
-	if !parseLogMsg(b, m) {
+	v := s.views[s.viewUsed]
+	v.ar.Buf = b
+	m := &v.m
+	if !parseLogMsg(&v.ar, b, m) {
 		s.b.log.Error("durable queue: a message in the log does not parse", "queue", q.name, "id", id)
 		return nil
 	}
 	s.viewUsed++
 	return m
+}
+
+// logView is a message read from a durable queue's log: a view of the
+// log's bytes, its arena only their holder (no references are counted).
+type logView struct {
+	m  StoredMsg
+	ar Arena
 }
 
 // releaseViews ends the log views handed out in this batch (after the
@@ -450,8 +459,8 @@ func (s *shard) releaseViews() {
 		s.viewers[i] = nil
 	}
 	s.viewers = s.viewers[:0]
-	for i := range s.views[:s.viewUsed] {
-		*s.views[i] = StoredMsg{}
+	for _, v := range s.views[:s.viewUsed] {
+		v.m, v.ar.Buf = StoredMsg{}, nil
 	}
 	s.viewUsed = 0
 }

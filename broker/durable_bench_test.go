@@ -152,7 +152,7 @@ func benchDurable(b *testing.B, nq, window int) {
 		ar.Refs.Store(per)
 		items := make([]EnqItem, per)
 		for i := range items {
-			m := &StoredMsg{Exchange: []byte("x"), RoutingKey: []byte("q"), Body: body, Arena: ar, Flags: wire.Persistent}
+			m := ar.add([]byte("x"), []byte("q"), nil, body, wire.Persistent, 0)
 			ar.Cost += int64(len(body)) + StoredMsgOverhead
 			items[i] = EnqItem{Q: q, Msg: m, Meta: queue.Message{Size: uint32(len(body))}, Idx: i}
 		}

@@ -80,7 +80,7 @@ func (k *durSink) poke() {
 func (k *durSink) Deliver(ds []Delivery) {
 	k.mu.Lock()
 	for _, d := range ds {
-		k.got = append(k.got, durDelivery{body: string(d.Msg.Body), tag: d.QTag, count: d.DeliveryCount, persistent: d.Msg.Flags&wire.Persistent != 0})
+		k.got = append(k.got, durDelivery{body: string(d.Msg.Body()), tag: d.QTag, count: d.DeliveryCount, persistent: d.Msg.Flags&wire.Persistent != 0})
 	}
 	k.mu.Unlock()
 	k.poke()
@@ -212,7 +212,7 @@ func publish(b *Broker, q *Queue, k Sink, persistent bool, bodies ...string) *Pu
 	}
 	items := make([]EnqItem, len(bodies))
 	for i, s := range bodies {
-		m := &StoredMsg{Exchange: []byte("x"), RoutingKey: []byte("rk"), Body: []byte(s), Arena: ar, Flags: fl}
+		m := ar.add([]byte("x"), []byte("rk"), nil, []byte(s), fl, 0)
 		ar.Cost += int64(len(s)) + StoredMsgOverhead
 		items[i] = EnqItem{Q: q, Msg: m, Meta: queue.Message{Size: uint32(len(s))}, Idx: i}
 	}

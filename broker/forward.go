@@ -248,7 +248,7 @@ func (b *Broker) forwardedPublish(from uint64, p []byte) {
 
 // parseForwarded reads n forwarded messages for queue q (views of p).
 func parseForwarded(p []byte, n int, q *Queue) ([]EnqItem, *Arena, error) {
-	ar := &Arena{}
+	ar := &Arena{Buf: p}
 	ar.Refs.Store(int64(n))
 	ar.Cost = int64(len(p))
 	items := make([]EnqItem, n)
@@ -261,11 +261,10 @@ func parseForwarded(p []byte, n int, q *Queue) ([]EnqItem, *Arena, error) {
 			ExpirationMs: binary.LittleEndian.Uint32(p[6:]), DedupKey: binary.LittleEndian.Uint64(p[10:])}
 		l := int(binary.LittleEndian.Uint32(p[18:]))
 		p = p[22:]
-		if l > len(p) || !parseLogMsg(p[:l], &msgs[i]) {
+		if l > len(p) || !parseLogMsg(ar, p[:l], &msgs[i]) {
 			return nil, nil, errForward
 		}
 		p = p[l:]
-		msgs[i].Arena = ar
 		ar.Cost += StoredMsgOverhead
 		items[i] = EnqItem{Q: q, Msg: &msgs[i], Meta: m, Idx: i}
 	}

@@ -120,7 +120,7 @@ func (b *Broker) replay(ctx context.Context, name string, count int, want map[ui
 		}
 		var props wire.Properties
 		var deaths []wire.Death
-		if wire.ParseProperties(d.Msg.Props, &props) == nil && props.Has(wire.PropDeaths) {
+		if wire.ParseProperties(d.Msg.Props(), &props) == nil && props.Has(wire.PropDeaths) {
 			deaths, _ = wire.DecodeDeaths(props.Deaths)
 		}
 		if len(deaths) == 0 || len(deaths[0].RoutingKeys) == 0 {
@@ -157,7 +157,7 @@ func (b *Broker) republish(ctx context.Context, rs *replaySink, msg *StoredMsg, 
 	if view.Table.IsInternal(ex) {
 		return reqErr(wire.ExchangeInternal, "exchange %q is internal", death.Exchange)
 	}
-	n, code, err := b.publishCopy(ctx, view, rs, ex, death.RoutingKeys[0], msg.Props, props, msg.Body, msg.Flags&^wire.Mandatory, msg.Priority)
+	n, code, err := b.publishCopy(ctx, view, rs, ex, death.RoutingKeys[0], msg.Props(), props, msg.Body(), msg.Flags&^wire.Mandatory, msg.Priority)
 	switch {
 	case err != nil:
 		return err
@@ -186,14 +186,11 @@ func (b *Broker) publishCopy(ctx context.Context, view *RouteView, rs *replaySin
 	if len(tqs) == 0 {
 		return 0, wire.OK, nil
 	}
-	buf := make([]byte, 0, len(exchange)+len(rk)+len(props)+len(body))
-	buf = append(append(append(append(buf, exchange...), rk...), props...), body...)
-	i, j, k := len(exchange), len(exchange)+len(rk), len(exchange)+len(rk)+len(props)
-	m := &StoredMsg{Exchange: buf[:i:i], RoutingKey: buf[i:j:j], Props: buf[j:k:k], Body: buf[k:], Arena: &Arena{}, Flags: flags, Priority: priority}
-	m.Arena.Cost = int64(cap(buf)) + StoredMsgOverhead + int64(len(tqs))*PlacementOverhead
+	m := NewStoredMsg([]byte(exchange), []byte(rk), props, body, flags, priority)
+	m.Arena.Cost = int64(cap(m.Arena.Buf)) + StoredMsgOverhead + int64(len(tqs))*PlacementOverhead
 	m.Arena.Refs.Store(int64(len(tqs)))
 	b.AddStoredBytes(m.Arena.Cost)
-	meta := queue.Message{Size: uint32(len(m.Body)), Priority: priority, DedupKey: DedupKey(p.MessageID)}
+	meta := queue.Message{Size: uint32(len(m.Body())), Priority: priority, DedupKey: DedupKey(p.MessageID)}
 	if p.Has(wire.PropExpiration) {
 		meta.ExpirationMs, meta.HasExpiration = p.ExpirationMs, true
 	}

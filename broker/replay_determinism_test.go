@@ -83,7 +83,7 @@ func (l *effectLog) Deliver(ds []Delivery) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	for _, d := range ds {
-		l.add(l.owner[d.Consumer], fmt.Sprintf("deliver c%d t%d %q dc%d fc%d props %x", d.Consumer, d.QTag, d.Msg.Body, d.DeliveryCount, d.FailedCount, d.Msg.Props))
+		l.add(l.owner[d.Consumer], fmt.Sprintf("deliver c%d t%d %q dc%d fc%d props %x", d.Consumer, d.QTag, d.Msg.Body(), d.DeliveryCount, d.FailedCount, d.Msg.Props()))
 		l.open[d.Consumer] = append(l.open[d.Consumer], d.QTag)
 	}
 }
@@ -191,7 +191,7 @@ func (st *step) apply(t *testing.T, b *Broker, now *atomic.Int64, l *effectLog) 
 		props := wire.AppendProperties(nil, &wire.Properties{})[2:]
 		items := make([]EnqItem, len(st.Bodies))
 		for i, body := range st.Bodies {
-			m := &StoredMsg{Exchange: []byte{}, RoutingKey: []byte(st.Queue), Props: props, Body: []byte(body), Arena: ar, Priority: uint8(i % 4)}
+			m := ar.add([]byte{}, []byte(st.Queue), props, []byte(body), 0, uint8(i%4))
 			items[i] = EnqItem{Q: q, Msg: m, Meta: queue.Message{Size: uint32(len(body)), Priority: m.Priority}, Idx: i}
 		}
 		batch := &PublishBatch{Sink: confirmLog{l, st.Queue}, Codes: make([]uint32, len(items))}
@@ -247,12 +247,12 @@ func (st *step) publishRouted(b *Broker, l *effectLog) {
 	ar := &Arena{}
 	ar.Refs.Store(int64(len(qs)))
 	props := wire.AppendProperties(nil, &wire.Properties{})[2:]
-	m := &StoredMsg{Exchange: []byte(st.Exchange), RoutingKey: []byte(st.Key), Props: props, Body: []byte(st.Bodies[0]), Arena: ar}
+	m := ar.add([]byte(st.Exchange), []byte(st.Key), props, []byte(st.Bodies[0]), 0, 0)
 	for _, q := range qs {
 		batch := &PublishBatch{Sink: confirmLog{l, q.name}, Codes: make([]uint32, 1)}
 		batch.Pending.Store(2)
 		batch.PartDone()
-		b.Submit(Command{Kind: CmdPublish, Items: []EnqItem{{Q: q, Msg: m, Meta: queue.Message{Size: uint32(len(m.Body))}}}, Batch: batch})
+		b.Submit(Command{Kind: CmdPublish, Items: []EnqItem{{Q: q, Msg: m, Meta: queue.Message{Size: uint32(len(m.Body()))}}}, Batch: batch})
 	}
 }
 

@@ -18,7 +18,7 @@ func publishTo(b *Broker, q *Queue, bodies ...string) {
 	props := wire.AppendProperties(nil, &wire.Properties{})[2:]
 	items := make([]EnqItem, len(bodies))
 	for i, body := range bodies {
-		m := &StoredMsg{Exchange: []byte{}, RoutingKey: []byte(q.Name()), Props: props, Body: []byte(body), Arena: ar}
+		m := ar.add([]byte{}, []byte(q.Name()), props, []byte(body), 0, 0)
 		items[i] = EnqItem{Q: q, Msg: m, Meta: queue.Message{Size: uint32(len(body))}}
 	}
 	b.Submit(Command{Kind: CmdPublish, Items: items})

@@ -85,7 +85,7 @@ type shard struct {
 	tickScratch queue.Tick
 	downCmd     queue.Down
 	sdlCmd      queue.SettleDeadLetter
-	views       []*StoredMsg // messages read from logs in this batch
+	views       []*logView // messages read from logs in this batch
 	viewUsed    int
 	viewers     []*Queue // queues whose log views are held until the batch ends
 
@@ -623,7 +623,7 @@ func (s *shard) deadLetterTo(q *Queue, msg *StoredMsg, reason wire.DeathReason, 
 		return
 	}
 	var props wire.Properties
-	if err := wire.ParseProperties(msg.Props, &props); err != nil {
+	if err := wire.ParseProperties(msg.Props(), &props); err != nil {
 		s.dropDeadLetter(q, dlx, dlBadProperties)
 		return
 	}
@@ -633,19 +633,19 @@ func (s *shard) deadLetterTo(q *Queue, msg *StoredMsg, reason wire.DeathReason, 
 		deaths, _ = wire.DecodeDeaths(props.Deaths)
 		oldDeathsLen = 3 + len(props.Deaths)
 	}
-	deaths = queue.RecordDeath(deaths, LocalName(q.name), reason, at, string(msg.Exchange), []string{string(msg.RoutingKey)})
+	deaths = queue.RecordDeath(deaths, LocalName(q.name), reason, at, string(msg.Exchange()), []string{string(msg.RoutingKey())})
 	if len(deaths) > 255 {
 		s.dropDeadLetter(q, dlx, dlTooLarge)
 		return
 	}
-	rk := msg.RoutingKey
+	rk := msg.RoutingKey()
 	if q.args.DeadLetterRoutingKey != "" {
 		rk = []byte(q.args.DeadLetterRoutingKey)
 	}
 	props.Deaths = wire.AppendDeaths(nil, deaths)
 	// The block is canonical (ParseProperties checked it), so its new size
 	// is exact: the old deaths and expiration entries out, the new deaths in.
-	newLen := len(msg.Props) - oldDeathsLen + 3 + len(props.Deaths)
+	newLen := len(msg.Props()) - oldDeathsLen + 3 + len(props.Deaths)
 	if props.Has(wire.PropExpiration) {
 		newLen -= 3 + 4
 	}
@@ -659,11 +659,8 @@ func (s *shard) deadLetterTo(q *Queue, msg *StoredMsg, reason wire.DeathReason, 
 	newProps := wire.AppendProperties(nil, &props)[2:]
 	// A dead letter gets an arena of its own (dead-letter queues keep
 	// messages for long; sharing the body would pin the batch it came in).
-	buf := make([]byte, 0, len(dlx)+len(rk)+len(newProps)+len(msg.Body))
-	buf = append(append(append(append(buf, dlx...), rk...), newProps...), msg.Body...)
-	i, j, k := len(dlx), len(dlx)+len(rk), len(dlx)+len(rk)+len(newProps)
-	dm := &StoredMsg{Exchange: buf[:i:i], RoutingKey: buf[i:j:j], Props: buf[j:k:k], Body: buf[k:], Arena: &Arena{}, Flags: msg.Flags, Priority: msg.Priority}
-	targets, _ := view.Table.Route(nil, dlxName, dm.RoutingKey, props.Headers)
+	dm := NewStoredMsg([]byte(dlx), rk, newProps, msg.Body(), msg.Flags, msg.Priority)
+	targets, _ := view.Table.Route(nil, dlxName, dm.RoutingKey(), props.Headers)
 	sent, cycles := 0, 0
 	var tqs []*Queue
 	for _, ref := range targets {
@@ -680,13 +677,13 @@ func (s *shard) deadLetterTo(q *Queue, msg *StoredMsg, reason wire.DeathReason, 
 		tqs = append(tqs, tq)
 	}
 	if len(tqs) > 0 {
-		dm.Arena.Cost = int64(cap(buf)) + StoredMsgOverhead + int64(len(tqs))*PlacementOverhead
+		dm.Arena.Cost = int64(cap(dm.Arena.Buf)) + StoredMsgOverhead + int64(len(tqs))*PlacementOverhead
 		dm.Arena.Refs.Store(int64(len(tqs)))
 		s.bytesDelta += dm.Arena.Cost
 	}
 	for _, tq := range tqs {
 		sent++
-		meta := queue.Message{Size: uint32(len(dm.Body)), Priority: dm.Priority}
+		meta := queue.Message{Size: uint32(len(dm.Body())), Priority: dm.Priority}
 		item := []EnqItem{{Q: tq, Msg: dm, Meta: meta}}
 		// Always through the inbox, even to this shard: we are inside
 		// handle() for q, and q itself may be the target.

@@ -56,7 +56,7 @@ func BenchmarkShardCycle(b *testing.B) {
 	msgs := make([]StoredMsg, round)
 	ar := &Arena{}
 	for i := range msgs {
-		msgs[i] = StoredMsg{Exchange: []byte{}, RoutingKey: []byte("bench"), Props: props, Body: body, Arena: ar}
+		msgs[i] = *ar.add([]byte{}, []byte("bench"), props, body, 0, 0)
 	}
 	ctx := context.Background()
 	var settles []SettleItem

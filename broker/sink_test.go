@@ -88,7 +88,7 @@ func TestShardHandsEffectsToASink(t *testing.T) {
 	msgs := make([]StoredMsg, n)
 	items := make([]EnqItem, n)
 	for i := range items {
-		msgs[i] = StoredMsg{Body: []byte{byte(i)}, Arena: ar}
+		msgs[i] = *ar.add(nil, nil, nil, []byte{byte(i)}, 0, 0)
 		items[i] = EnqItem{Q: q, Msg: &msgs[i], Meta: queue.Message{Size: 1}, Idx: i}
 	}
 	batch := &PublishBatch{Sink: k, Codes: make([]uint32, n)}
@@ -161,7 +161,7 @@ func TestRequestCommandsAnswerTheSink(t *testing.T) {
 	msgs := make([]StoredMsg, n)
 	items := make([]EnqItem, n)
 	for i := range items {
-		msgs[i] = StoredMsg{Body: []byte{byte('a' + i)}, Arena: ar}
+		msgs[i] = *ar.add(nil, nil, nil, []byte{byte('a' + i)}, 0, 0)
 		items[i] = EnqItem{Q: q, Msg: &msgs[i], Meta: queue.Message{Size: 1}}
 	}
 	k := &recSink{}

@@ -762,13 +762,11 @@ func (c *conn) onPublish(ch *channel, f wire.Frame) error {
 		batch.PartDone()
 		return nil
 	}
-	// One arena for every byte the queues keep (the batch's messages, copied
-	// out of the frame as they were sent: one copy, nothing zeroed), one
-	// slice of messages.
-	arena := b.Own()
-	exchange := bytes.Clone(b.Exchange)
+	// One arena for every byte the queues keep (the batch's exchange name
+	// and messages, copied out of the frame as they were sent: one copy,
+	// nothing zeroed), one slice of messages.
+	ar := &broker.Arena{Buf: b.Own()}
 	msgs := make([]broker.StoredMsg, b.Count)
-	ar := new(broker.Arena)
 	var ret []byte
 	var retMark wire.BatchMark
 	nret := 0
@@ -776,26 +774,29 @@ func (c *conn) onPublish(ch *channel, f wire.Frame) error {
 	var m wire.Message
 	it := b.Messages()
 	for i := 0; it.Next(&m); i++ {
-		sm := &msgs[i]
-		*sm = broker.StoredMsg{Exchange: exchange, RoutingKey: m.RoutingKey, Props: m.Properties, Body: m.Body, Arena: ar, Flags: m.Flags, Priority: m.Priority}
-		_ = wire.ParseProperties(sm.Props, &props) // validated by DecodePublish
+		_ = wire.ParseProperties(m.Properties, &props) // validated by DecodePublish
+		sent := m                                      // as published, for a return
 		if props.Has(wire.PropDeaths) {
 			// The broker owns the death history (dlq replay trusts it): a
-			// publisher's own is dropped. Rare, so the re-parse is cheap.
-			sm.Props = stripProperty(sm.Props, wire.PropDeaths)
-			_ = wire.ParseProperties(sm.Props, &props)
+			// publisher's own is dropped (in place, in the arena). Rare, so
+			// the copy and the re-parse are cheap.
+			sent.Properties = bytes.Clone(m.Properties)
+			m.Properties = stripProperty(m.Properties, wire.PropDeaths)
+			_ = wire.ParseProperties(m.Properties, &props)
 		}
-		meta := queue.Message{Size: uint32(len(sm.Body)), Priority: m.Priority, DedupKey: broker.DedupKey(props.MessageID)}
+		sm := &msgs[i]
+		*sm = ar.Msg(b.Exchange, m.RoutingKey, m.Properties, m.Body, m.Flags, m.Priority)
+		meta := queue.Message{Size: uint32(len(m.Body)), Priority: m.Priority, DedupKey: broker.DedupKey(props.MessageID)}
 		if props.Has(wire.PropExpiration) {
 			meta.ExpirationMs, meta.HasExpiration = props.ExpirationMs, true
 		}
-		c.routeBuf, _ = view.Table.Route(c.routeBuf[:0], exName, sm.RoutingKey, props.Headers)
+		c.routeBuf, _ = view.Table.Route(c.routeBuf[:0], exName, m.RoutingKey, props.Headers)
 		if len(c.routeBuf) == 0 && m.Flags&wire.Mandatory != 0 {
 			if nret == 0 {
 				ret, retMark = wire.BeginReturn(nil, ch.id)
 			}
 			nret++
-			ret = wire.AppendReturned(ret, &wire.Returned{Seq: b.FirstSeq + uint64(i), Code: wire.NoRoute, Exchange: b.Exchange, Message: m})
+			ret = wire.AppendReturned(ret, &wire.Returned{Seq: b.FirstSeq + uint64(i), Code: wire.NoRoute, Exchange: b.Exchange, Message: sent})
 		}
 		for _, ref := range c.routeBuf {
 			q := view.Queue(ref)
@@ -830,7 +831,7 @@ func (c *conn) onPublish(ch *channel, f wire.Frame) error {
 	if placed > 0 {
 		// Counted now, before any shard has it: the loop's next check of
 		// the watermark sees this batch.
-		ar.Cost = int64(cap(arena)+cap(exchange)) + int64(b.Count)*broker.StoredMsgOverhead + int64(placed)*broker.PlacementOverhead
+		ar.Cost = int64(cap(ar.Buf)) + int64(b.Count)*broker.StoredMsgOverhead + int64(placed)*broker.PlacementOverhead
 		ar.Refs.Store(int64(placed))
 		c.srv.AddStoredBytes(ar.Cost)
 	}

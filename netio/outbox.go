@@ -277,7 +277,7 @@ func (c *conn) Deliver(ds []broker.Delivery) {
 			}
 			out = wire.AppendDelivery(out, &wire.Delivery{
 				Tag: tag, Flags: fl, Priority: msg.Priority, DeliveryCount: d.DeliveryCount, FailedCount: d.FailedCount,
-				Exchange: msg.Exchange, RoutingKey: msg.RoutingKey, Properties: msg.Props, Body: msg.Body,
+				Exchange: msg.Exchange(), RoutingKey: msg.RoutingKey(), Properties: msg.Props(), Body: msg.Body(),
 			})
 			if cr.autoAck {
 				ch.pushTag(tagEntry{state: tagAuto})

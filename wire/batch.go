@@ -210,14 +210,22 @@ func validateBatch(section []byte, count uint32, kind entryKind) error {
 	return nil
 }
 
-// Own copies the batch's messages out of the frame (or the Decompressor's
-// buffer) into a new buffer and returns it: from then on what Messages
-// yields are views of that copy, which the caller may keep. It is one
-// allocation and one copy for the whole batch, and the buffer is not
-// zeroed first (a make of it would be). b.Exchange still aliases the frame.
+// Own copies the batch's exchange name and messages out of the frame (or
+// the Decompressor's buffer) into one new buffer and returns it: from then
+// on b.Exchange and what Messages yields are views of that copy, which the
+// caller may keep. It is one allocation and one copy for the whole batch,
+// and the buffer is not zeroed first (a make of it would be).
 func (b *PublishBatch) Own() []byte {
-	b.section = append([]byte(nil), b.section...)
-	return b.section
+	n := len(b.section)
+	if len(b.Exchange) == 0 {
+		b.section = append([]byte(nil), b.section...)
+		return b.section
+	}
+	// Appending to a full slice copies it into a new array, zeroing only
+	// what is past the appended bytes.
+	buf := append(b.section[:n:n], b.Exchange...)
+	b.section, b.Exchange = buf[:n:n], buf[n:len(buf):len(buf)]
+	return buf
 }
 
 // MessageIter iterates the messages of a validated batch.

@@ -90,8 +90,7 @@ func BenchmarkDeliver(b *testing.B) {
 	p.Set(wire.PropContentType)
 	p.Headers = wire.AppendTable(nil, wire.Table{{Key: "k", Value: wire.String("v")}})[4:]
 	p.Set(wire.PropHeaders)
-	sm := &broker.StoredMsg{Exchange: []byte("ex"), RoutingKey: []byte("key"), Props: wire.AppendProperties(nil, &p)[2:],
-		Body: make([]byte, 100), Flags: wire.Persistent}
+	sm := broker.NewStoredMsg([]byte("ex"), []byte("key"), wire.AppendProperties(nil, &p)[2:], make([]byte, 100), wire.Persistent, 0)
 	ds := []broker.Delivery{{Consumer: queue.ConsumerID(1), Msg: sm, DeliveryCount: 1}}
 	b.ReportAllocs()
 	b.ResetTimer()
@@ -119,8 +118,7 @@ func TestDeliverAllocs(t *testing.T) {
 	p.Set(wire.PropHeaders)
 	p.ExpirationMs = 60000
 	p.Set(wire.PropExpiration)
-	sm := &broker.StoredMsg{Exchange: []byte("ex"), RoutingKey: []byte("key"), Props: wire.AppendProperties(nil, &p)[2:],
-		Body: make([]byte, 100), Flags: wire.Persistent}
+	sm := broker.NewStoredMsg([]byte("ex"), []byte("key"), wire.AppendProperties(nil, &p)[2:], make([]byte, 100), wire.Persistent, 0)
 	ds := []broker.Delivery{{Consumer: queue.ConsumerID(1), Msg: sm, DeliveryCount: 2}}
 	tag := uint64(0)
 	n := testing.AllocsPerRun(1000, func() {

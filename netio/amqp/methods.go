@@ -748,13 +748,13 @@ func (c *conn) enqueue(ch *channel, pub *pending, view *broker.RouteView, exName
 	blk := new(pubBlock)
 	ar := &blk.ar
 	sm := &blk.sm
-	*sm = broker.StoredMsg{Exchange: a[:ne:ne], RoutingKey: a[ne : ne+nk : ne+nk], Props: a[ne+nk : ne+nk+np : ne+nk+np],
-		Body: a[pub.bodyAt:len(a):len(a)], Arena: ar, Flags: pub.in.flags, Priority: pub.in.priority}
-	meta := queue.Message{Size: uint32(len(sm.Body)), Priority: pub.in.priority, DedupKey: broker.DedupKey(pub.in.msgID)}
+	ar.Buf = a
+	*sm = ar.Msg(a[:ne], a[ne:ne+nk], a[ne+nk:ne+nk+np], a[pub.bodyAt:], pub.in.flags, pub.in.priority)
+	meta := queue.Message{Size: uint32(len(sm.Body())), Priority: pub.in.priority, DedupKey: broker.DedupKey(pub.in.msgID)}
 	if pub.in.expires {
 		meta.ExpirationMs, meta.HasExpiration = pub.in.expMs, true
 	}
-	c.routeBuf, _ = view.Table.Route(c.routeBuf[:0], exName, sm.RoutingKey, pub.in.headers)
+	c.routeBuf, _ = view.Table.Route(c.routeBuf[:0], exName, sm.RoutingKey(), pub.in.headers)
 	placed := 0
 	for _, ref := range c.routeBuf {
 		q := view.Queue(ref)
@@ -822,8 +822,8 @@ func (c *conn) sendReturn(ch uint16, m *broker.StoredMsg) {
 	b, st := method(c.out, ch, classBasic, 50)
 	b = binary.BigEndian.AppendUint16(b, noRoute)
 	b = putShortstr(b, "NO_ROUTE")
-	b = putShortstr(b, string(m.Exchange))
-	b = putShortstr(b, string(m.RoutingKey))
+	b = putShortstr(b, string(m.Exchange()))
+	b = putShortstr(b, string(m.RoutingKey()))
 	b = endFrame(b, st)
 	c.out = c.appendContent(b, ch, m, 0)
 	c.flushLocked()
@@ -834,7 +834,7 @@ func (c *conn) sendReturn(ch uint16, m *broker.StoredMsg) {
 func (c *conn) appendContent(b []byte, ch uint16, m *broker.StoredMsg, deliveryCount uint32) []byte {
 	b = appendHeader(b, ch, m, deliveryCount)
 	max := int(c.frameMax) - 8
-	for body := m.Body; len(body) > 0; {
+	for body := m.Body(); len(body) > 0; {
 		n := min(len(body), max)
 		var st int
 		b, st = beginFrame(b, frameBody, ch)
@@ -904,8 +904,8 @@ func (c *conn) Deliver(ds []broker.Delivery) {
 			b, st := method(c.out, ch.id, classBasic, 71)
 			b = binary.BigEndian.AppendUint64(b, ch.nextTag)
 			b = append(b, boolByte(d.DeliveryCount > 1))
-			b = putShortstr(b, string(d.Msg.Exchange))
-			b = putShortstr(b, string(d.Msg.RoutingKey))
+			b = putShortstr(b, string(d.Msg.Exchange()))
+			b = putShortstr(b, string(d.Msg.RoutingKey()))
 			b = binary.BigEndian.AppendUint32(b, uint32(max(cr.q.ReadyCount(), 0)))
 			b = endFrame(b, st)
 			c.out = c.appendContent(b, ch.id, d.Msg, d.DeliveryCount)
@@ -947,8 +947,8 @@ func (c *conn) appendDeliver(b []byte, ch *channel, cr *consumer, tag uint64, d 
 	tagAt = len(b)
 	b = binary.BigEndian.AppendUint64(b, tag)
 	b = append(b, boolByte(d.DeliveryCount > 1))
-	b = putShortstr(b, string(d.Msg.Exchange))
-	b = putShortstr(b, string(d.Msg.RoutingKey))
+	b = putShortstr(b, string(d.Msg.Exchange()))
+	b = putShortstr(b, string(d.Msg.RoutingKey()))
 	b = endFrame(b, st)
 	return c.appendContent(b, ch.id, d.Msg, d.DeliveryCount), tagAt
 }

@@ -156,11 +156,11 @@ func parseHeader(r *reader, in *inbound, sc *pubScratch, replyName string) *amqp
 // before this one.
 func appendHeader(b []byte, ch uint16, m *broker.StoredMsg, deliveryCount uint32) []byte {
 	var p wire.Properties
-	_ = wire.ParseProperties(m.Props, &p) // validated when it was published
+	_ = wire.ParseProperties(m.Props(), &p) // validated when it was published
 	b, start := beginFrame(b, frameHeader, ch)
 	b = binary.BigEndian.AppendUint16(b, classBasic)
 	b = binary.BigEndian.AppendUint16(b, 0)
-	b = binary.BigEndian.AppendUint64(b, uint64(len(m.Body)))
+	b = binary.BigEndian.AppendUint64(b, uint64(len(m.Body())))
 	flagsAt := len(b)
 	b = append(b, 0, 0)
 	var fl uint16

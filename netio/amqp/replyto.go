@@ -91,8 +91,8 @@ func (c *conn) sendReply(pub *pending) bool {
 	}
 	a := pub.arena
 	ne, nk, np := len(pub.exchange), len(pub.key), len(pub.in.props)
-	m := &broker.StoredMsg{Exchange: a[:ne], RoutingKey: a[ne : ne+nk], Props: a[ne+nk : ne+nk+np], Body: a[pub.bodyAt:],
-		Flags: pub.in.flags, Priority: pub.in.priority}
+	ar := &broker.Arena{Buf: a}
+	m := ar.Msg(a[:ne], a[ne:ne+nk], a[ne+nk:ne+nk+np], a[pub.bodyAt:], pub.in.flags, pub.in.priority)
 	t := rc.c
 	t.mu.Lock()
 	defer t.mu.Unlock()
@@ -111,9 +111,9 @@ func (c *conn) sendReply(pub *pending) bool {
 	b = binary.BigEndian.AppendUint64(b, ch.nextTag)
 	b = append(b, 0) // not redelivered
 	b = putShortstr(b, "")
-	b = putShortstr(b, string(m.RoutingKey))
+	b = putShortstr(b, string(m.RoutingKey()))
 	b = endFrame(b, st)
-	t.out = t.appendContent(b, ch.id, m, 0)
+	t.out = t.appendContent(b, ch.id, &m, 0)
 	t.delivered.Add(1)
 	t.flushLocked()
 	return true
@@ -125,8 +125,9 @@ func (c *conn) replyPublish(ch *channel, pub *pending) {
 	if !c.sendReply(pub) && pub.mandatory {
 		a := pub.arena
 		ne, nk, np := len(pub.exchange), len(pub.key), len(pub.in.props)
-		c.sendReturn(ch.id, &broker.StoredMsg{Exchange: a[:ne], RoutingKey: a[ne : ne+nk], Props: a[ne+nk : ne+nk+np],
-			Body: a[pub.bodyAt:], Flags: pub.in.flags, Priority: pub.in.priority})
+		ar := &broker.Arena{Buf: a}
+		m := ar.Msg(a[:ne], a[ne:ne+nk], a[ne+nk:ne+nk+np], a[pub.bodyAt:], pub.in.flags, pub.in.priority)
+		c.sendReturn(ch.id, &m)
 	}
 	c.published.Add(1)
 	if !ch.confirm {
