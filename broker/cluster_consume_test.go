@@ -44,7 +44,7 @@ func (k *fwdClient) poke() {
 func (k *fwdClient) Deliver(ds []Delivery) {
 	k.mu.Lock()
 	for _, d := range ds {
-		k.got = append(k.got, fwdGot{id: d.Consumer, body: string(d.Msg.Body), tag: d.QTag, count: d.DeliveryCount})
+		k.got = append(k.got, fwdGot{id: d.Consumer, body: string(d.Msg.Body()), tag: d.QTag, count: d.DeliveryCount})
 	}
 	k.mu.Unlock()
 	k.poke()

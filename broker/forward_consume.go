@@ -712,6 +712,7 @@ func (s *shard) linkDeliveries(p []byte) {
 	n := int(binary.LittleEndian.Uint32(p))
 	p = p[4:]
 	msgs := make([]StoredMsg, n)
+	ar := &Arena{Buf: p}
 	for i := range n {
 		if len(p) < 36 {
 			return
@@ -721,7 +722,7 @@ func (s *shard) linkDeliveries(p []byte) {
 			DeliveryCount: binary.LittleEndian.Uint32(p[24:]), FailedCount: binary.LittleEndian.Uint32(p[28:])}
 		l := int(binary.LittleEndian.Uint32(p[32:]))
 		p = p[36:]
-		if l > len(p) || !parseLogMsg(p[:l], &msgs[i]) {
+		if l > len(p) || !parseLogMsg(ar, p[:l], &msgs[i]) {
 			return
 		}
 		p = p[l:]
