@@ -9,7 +9,7 @@ package replication
 // file only frames them. segment sees the bytes as opaque.
 //
 //	entry   := header(32) | frame*
-//	header  := version u8 (=1) | flags u8 (=0) | ncmd u16 | reserved u32 (=0)
+//	header  := version u8 (1 or 2) | flags u8 (=0) | ncmd u16 | reserved u32 (=0)
 //	         | now_ms i64 | proposer u64 | proposal_seq u64
 //	frame   := kind u8 | reserved [3]u8 (=0) | len u32 | command (len bytes) | zero pad to 8
 //
@@ -35,9 +35,19 @@ package replication
 //     of the entry's Enqueue commands, counted across them, gets id
 //     index<<16 | i (index: the entry's raft index), so an entry holds at
 //     most MaxEntryMessages messages.
-//   - Frame kinds 8 (DeleteIf), 9 (EnqueuerDown) and 10 (Recover) are
-//     reserved by the design for commands of the log around the machine;
-//     they are not built, and a decoder refuses them.
+//   - Frame kinds 8 (DeleteIf) and 10 (Recover) are reserved by the design
+//     for commands of the log around the machine; they are not built, and
+//     a decoder refuses them.
+//   - Version 2 entries may also hold the frames of enqueuer
+//     deduplication (enqueuers.go, design §6.4), which are not queue
+//     commands (their kind byte is the frame's alone):
+//
+//	publish-from  (kind 64) := enqueuer u64 | incarnation u64 | qseq u64 | an Enqueue command
+//	enqueuer-down (kind 9)  := enqueuer u64 | incarnation u64
+//
+//     An encoder writes version 1 for an entry without them, so an entry
+//     any earlier build wrote decodes, and one it could read is written as
+//     it would have written it.
 //
 // raft's own entries (design §1.2): segment.Entry has no type field, so a
 // conf change is stored with a one-byte marker in front of its data, 0xC1
@@ -64,8 +74,12 @@ import (
 
 var le = binary.LittleEndian
 
-// EntryVersion is the first byte of every entry this package writes.
-const EntryVersion = 1
+// EntryVersion is the first byte of an entry with no enqueuer frames;
+// EntryVersionEnqueuers of one with them (publish-from, enqueuer-down).
+const (
+	EntryVersion          = 1
+	EntryVersionEnqueuers = 2
+)
 
 // Limits of one entry.
 const (
@@ -84,9 +98,11 @@ const (
 	entryHeaderLen = 32
 	frameHeaderLen = 8
 	// Frame kinds reserved for commands of the log (design §1.1), not built.
-	kindDeleteIf     = 8
+	kindDeleteIf = 8
+	kindRecover  = 10
+	// Enqueuer frames (enqueuers.go): version 2 entries only.
 	kindEnqueuerDown = 9
-	kindRecover      = 10
+	kindPublishFrom  = 64 // clear of the queue's command kinds
 
 	markerConfChange   = 0xC1
 	markerConfChangeV2 = 0xC2
@@ -120,7 +136,9 @@ type EntryHeader struct {
 // and tools; the apply path uses an EntryDecoder.
 type Entry struct {
 	Header   EntryHeader
-	Commands []queue.Command
+	Commands []queue.Command // an enqueuer-down is nil
+	// Frames: the enqueuer frames, by position in Commands (nil: none).
+	Frames map[int]Frame
 }
 
 // EntryEncoder builds one entry in a buffer it reuses: Add the commands,
@@ -128,13 +146,14 @@ type Entry struct {
 // It allocates nothing in steady state.
 type EntryEncoder struct {
 	buf  []byte
-	n    int // commands
-	msgs int // messages in the Enqueue commands
+	n    int  // commands
+	msgs int  // messages in the Enqueue commands
+	v2   bool // holds an enqueuer frame: version 2
 }
 
 // Reset empties the encoder, keeping its buffer.
 func (e *EntryEncoder) Reset() {
-	e.buf, e.n, e.msgs = e.buf[:0], 0, 0
+	e.buf, e.n, e.msgs, e.v2 = e.buf[:0], 0, 0, false
 }
 
 // Commands is the number of commands added since the last Reset.
@@ -157,7 +176,13 @@ func (e *EntryEncoder) Len() int {
 // ErrCommandTooLarge for an Enqueue larger than any entry. It panics on a
 // value queue.AppendCommand cannot encode (the caller's bug).
 func (e *EntryEncoder) Add(cmd queue.Command) error {
-	msgs, need := 0, 64
+	return e.addFrame(0, nil, cmd)
+}
+
+// addFrame appends a frame: a queue command (kind 0: the command's own),
+// or an enqueuer frame of kind kind holding pre and then cmd (nil: none).
+func (e *EntryEncoder) addFrame(kind byte, pre []byte, cmd queue.Command) error {
+	msgs, need := 0, 64+len(pre)
 	if enq, ok := cmd.(*queue.Enqueue); ok {
 		msgs = len(enq.Msgs)
 		if msgs > MaxEntryMessages {
@@ -184,7 +209,10 @@ func (e *EntryEncoder) Add(cmd queue.Command) error {
 	}
 	start := len(e.buf)
 	e.buf = append(e.buf, 0, 0, 0, 0, 0, 0, 0, 0)
-	e.buf = queue.AppendCommand(e.buf, cmd)
+	e.buf = append(e.buf, pre...)
+	if cmd != nil {
+		e.buf = queue.AppendCommand(e.buf, cmd)
+	}
 	n := len(e.buf) - start - frameHeaderLen
 	for len(e.buf)%8 != 0 {
 		e.buf = append(e.buf, 0)
@@ -193,9 +221,15 @@ func (e *EntryEncoder) Add(cmd queue.Command) error {
 		e.buf = e.buf[:start]
 		return ErrEntryFull
 	}
-	// The kind from the encoded command, not cmd.Kind(): a dynamic call
-	// would make cmd escape (an allocation per command built on the stack).
-	e.buf[start] = e.buf[start+frameHeaderLen+1]
+	if kind != 0 {
+		e.buf[start] = kind
+		e.v2 = true
+	} else {
+		// The kind from the encoded command, not cmd.Kind(): a dynamic
+		// call would make cmd escape (an allocation per command built on
+		// the stack).
+		e.buf[start] = e.buf[start+frameHeaderLen+1]
+	}
 	le.PutUint32(e.buf[start+4:], uint32(n))
 	e.n++
 	e.msgs += msgs
@@ -211,6 +245,9 @@ func (e *EntryEncoder) Finish(h EntryHeader) []byte {
 	}
 	b := e.buf[:entryHeaderLen]
 	b[0], b[1] = EntryVersion, 0
+	if e.v2 {
+		b[0] = EntryVersionEnqueuers
+	}
 	le.PutUint16(b[2:], uint16(e.n))
 	le.PutUint32(b[4:], 0)
 	le.PutUint64(b[8:], uint64(h.NowMs))
@@ -241,8 +278,8 @@ func parseHeader(b []byte) (EntryHeader, int, error) {
 	if len(b) < entryHeaderLen {
 		return EntryHeader{}, 0, malformed("%d bytes, shorter than the %d-byte header", len(b), entryHeaderLen)
 	}
-	if b[0] != EntryVersion {
-		return EntryHeader{}, 0, fmt.Errorf("%w %d (this build reads version %d; a newer Warren wrote it: upgrade this node)", ErrEntryVersion, b[0], EntryVersion)
+	if b[0] != EntryVersion && b[0] != EntryVersionEnqueuers {
+		return EntryHeader{}, 0, fmt.Errorf("%w %d (this build reads versions %d and %d; a newer Warren wrote it: upgrade this node)", ErrEntryVersion, b[0], EntryVersion, EntryVersionEnqueuers)
 	}
 	if b[1] != 0 {
 		return EntryHeader{}, 0, malformed("unknown header flags %#x", b[1])
@@ -260,19 +297,29 @@ type frameIter struct {
 	b    []byte
 	off  int
 	i, n int
+	v2   bool // a version 2 entry: enqueuer frames allowed (at least one)
+	from bool // an enqueuer frame was read
+	// The last frame's kind, and an enqueuer frame's fixed part (pre) in
+	// front of its command (none: an enqueuer-down).
+	kind byte
+	pre  []byte
 }
 
 func newFrames(b []byte, ncmd int) frameIter {
-	return frameIter{b: b, off: entryHeaderLen, n: ncmd}
+	return frameIter{b: b, off: entryHeaderLen, n: ncmd, v2: b[0] == EntryVersionEnqueuers}
 }
 
-// next returns the next command's bytes; done once all ncmd are read and
-// nothing follows them.
+// next returns the next command's bytes (nil for an enqueuer-down); done
+// once all ncmd are read and nothing follows them.
 func (it *frameIter) next() (cmd []byte, done bool, err error) {
 	b, i := it.b, it.i
 	if i == it.n {
 		if it.off != len(b) {
 			return nil, false, malformed("%d trailing bytes after %d commands", len(b)-it.off, it.n)
+		}
+		if it.v2 && !it.from {
+			// One encoding per entry: without them it is version 1.
+			return nil, false, malformed("a version %d entry with no enqueuer frame", EntryVersionEnqueuers)
 		}
 		return nil, true, nil
 	}
@@ -290,13 +337,32 @@ func (it *frameIter) next() (cmd []byte, done bool, err error) {
 	if n > len(b)-off {
 		return nil, false, malformed("command %d: frame of %d bytes, %d left", i, n, len(b)-off)
 	}
+	it.kind, it.pre = kind, nil
 	switch kind {
-	case kindDeleteIf, kindEnqueuerDown, kindRecover:
+	case kindDeleteIf, kindRecover:
 		return nil, false, malformed("command %d: kind %s is reserved for a log command this build does not have", i, kindName(kind))
+	case kindEnqueuerDown, kindPublishFrom:
+		if !it.v2 {
+			return nil, false, malformed("command %d: kind %s in a version %d entry", i, kindName(kind), EntryVersion)
+		}
+		it.from = true
 	}
 	cmd = b[off : off+n : off+n]
-	if n < 2 || cmd[1] != kind {
-		return nil, false, malformed("command %d: frame kind %d does not match its command", i, kind)
+	switch kind {
+	case kindEnqueuerDown:
+		if n != enqueuerDownLen {
+			return nil, false, malformed("command %d: an enqueuer-down of %d bytes, not %d", i, n, enqueuerDownLen)
+		}
+		it.pre, cmd = cmd, nil
+	case kindPublishFrom:
+		if n < publishFromLen+2 || cmd[publishFromLen+1] != byte(queue.KindEnqueue) {
+			return nil, false, malformed("command %d: a publish-from that does not hold an enqueue", i)
+		}
+		it.pre, cmd = cmd[:publishFromLen:publishFromLen], cmd[publishFromLen:]
+	default:
+		if n < 2 || cmd[1] != kind {
+			return nil, false, malformed("command %d: frame kind %d does not match its command", i, kind)
+		}
 	}
 	off += n
 	end := (off + 7) &^ 7
@@ -316,7 +382,40 @@ func (it *frameIter) next() (cmd []byte, done bool, err error) {
 // commands it hands out are views (see queue.Decoder) valid until the
 // callback returns. One per goroutine.
 type EntryDecoder struct {
-	dec queue.Decoder
+	dec   queue.Decoder
+	frame Frame
+}
+
+// Frame is what an entry says about the command Each hands out besides the
+// command itself: the enqueuer frame it came in (enqueuers.go), if any.
+type Frame struct {
+	// From: the command is the Enqueue of a publish-from (Origin set).
+	From   bool
+	Origin Origin
+	// Down: an enqueuer-down (the command is nil; Origin names it).
+	Down bool
+}
+
+// Frame describes the frame of the command Each is handing out (valid
+// during the callback).
+func (d *EntryDecoder) Frame() *Frame { return &d.frame }
+
+// frameCommand decodes the frame it.next returned: its command (nil for
+// an enqueuer-down) and d.frame.
+func (d *EntryDecoder) frameCommand(it *frameIter, b []byte) (queue.Command, error) {
+	d.frame = Frame{}
+	switch it.kind {
+	case kindEnqueuerDown:
+		d.frame.Down, d.frame.Origin = true, parseOrigin(it.pre)
+		return nil, nil
+	case kindPublishFrom:
+		d.frame.From, d.frame.Origin = true, parseOrigin(it.pre)
+	}
+	cmd, err := d.dec.Decode(b)
+	if err != nil {
+		return nil, fmt.Errorf("%w: command %d: %w", ErrMalformedEntry, it.i-1, err)
+	}
+	return cmd, nil
 }
 
 // Check validates data whole (header, framing, every command, the message
@@ -333,9 +432,9 @@ func (d *EntryDecoder) Check(data []byte) (EntryHeader, int, error) {
 		if done || err != nil {
 			return h, msgs, err
 		}
-		cmd, err := d.dec.Decode(b)
+		cmd, err := d.frameCommand(&it, b)
 		if err != nil {
-			return h, msgs, fmt.Errorf("%w: command %d: %w", ErrMalformedEntry, it.i-1, err)
+			return h, msgs, err
 		}
 		if enq, ok := cmd.(*queue.Enqueue); ok {
 			msgs += len(enq.Msgs)
@@ -352,8 +451,9 @@ func (d *EntryDecoder) Release() { d.dec.Release() }
 
 // Each decodes data's commands in order and calls fn with each (a view,
 // valid during the call; fn may change its fields, such as message ids).
-// data must have passed Check: Each stops at the first error, fn's or a
-// decoding one.
+// An enqueuer-down comes as a nil command; Frame says what an enqueuer
+// frame adds. data must have passed Check: Each stops at the first error,
+// fn's or a decoding one.
 func (d *EntryDecoder) Each(data []byte, fn func(i int, cmd queue.Command) error) error {
 	_, ncmd, err := parseHeader(data)
 	if err != nil {
@@ -364,9 +464,9 @@ func (d *EntryDecoder) Each(data []byte, fn func(i int, cmd queue.Command) error
 		if done || err != nil {
 			return err
 		}
-		cmd, err := d.dec.Decode(b)
+		cmd, err := d.frameCommand(&it, b)
 		if err != nil {
-			return fmt.Errorf("%w: command %d: %w", ErrMalformedEntry, it.i-1, err)
+			return err
 		}
 		if err := fn(it.i-1, cmd); err != nil {
 			return err
@@ -391,9 +491,24 @@ func DecodeEntry(data []byte) (*Entry, error) {
 		if done {
 			return e, nil
 		}
-		cmd, err := queue.DecodeCommand(b)
-		if err != nil {
-			return nil, fmt.Errorf("%w: command %d: %w", ErrMalformedEntry, it.i-1, err)
+		var f Frame
+		switch it.kind {
+		case kindEnqueuerDown:
+			f = Frame{Down: true, Origin: parseOrigin(it.pre)}
+		case kindPublishFrom:
+			f = Frame{From: true, Origin: parseOrigin(it.pre)}
+		}
+		if f.From || f.Down {
+			if e.Frames == nil {
+				e.Frames = map[int]Frame{}
+			}
+			e.Frames[len(e.Commands)] = f
+		}
+		var cmd queue.Command
+		if b != nil {
+			if cmd, err = queue.DecodeCommand(b); err != nil {
+				return nil, fmt.Errorf("%w: command %d: %w", ErrMalformedEntry, it.i-1, err)
+			}
 		}
 		e.Commands = append(e.Commands, cmd)
 	}
@@ -451,6 +566,8 @@ func kindName(k byte) string {
 	switch k {
 	case kindDeleteIf:
 		return "delete-if"
+	case kindPublishFrom:
+		return "publish-from"
 	case kindEnqueuerDown:
 		return "enqueuer-down"
 	case kindRecover:

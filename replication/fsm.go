@@ -22,6 +22,11 @@ type Applied struct {
 	// Enqueue's message ids are set (index<<16 | slot).
 	Command queue.Command
 	Effects []queue.Effect
+	// From: for the Enqueue of a publish-from (a publish another node
+	// forwarded), what the enqueuer table let through (enqueuers.go): the
+	// Command's Msgs are then only the messages applied (none unless
+	// From.Outcome is FromApplied), From.Skipped of the part's before them.
+	From FromResult
 	// Err is the machine's refusal of a command a client got wrong (an
 	// unknown consumer, an exclusive conflict, ...): the state did not
 	// change, every replica refused it alike, and the leader answers the
@@ -46,6 +51,9 @@ type Sink func(a *Applied)
 //     clock steps; lastNow is kept in the snapshot.
 //   - Message ids: the i-th message of the entry's Enqueue commands gets
 //     index<<16 | i, so ids increase with the log as the Machine requires.
+//   - Enqueuer deduplication (enqueuers.go): a publish-from applies only
+//     the messages its enqueuer has not had applied; the enqueuer table is
+//     replicated state, in the snapshot.
 //   - Bookkeeping on every replica (each compacts its own log): the live
 //     entry set (entries that still hold a message) and the time of the
 //     latest Timer effect (WakeAt: a new leader arms its timer from it).
@@ -65,6 +73,7 @@ type QueueFSM struct {
 	live    liveIndex
 	lastNow int64
 	wakeAt  int64 // At of the latest Timer effect; 0: none pending
+	enq     enqueuerTable
 	applied uint64
 	bytes   uint64 // entry bytes applied since made or restored (the snapshot policy)
 	sink    Sink
@@ -182,9 +191,55 @@ func (f *QueueFSM) Apply(index uint64, data []byte) (any, error) {
 	return nil, nil
 }
 
+// Enqueuers is the number of enqueuers in the queue's table.
+func (f *QueueFSM) Enqueuers() int { return f.enq.Len() }
+
+// fromFrame applies the enqueuer side of a publish-from (trimming c to
+// what is applied: false, nothing) or an enqueuer-down (false).
+func (f *QueueFSM) fromFrame(fr *Frame, c *queue.Enqueue) (bool, error) {
+	if fr.Down {
+		f.enq.down(fr.Origin.Enqueuer, fr.Origin.Incarnation)
+		return false, nil
+	}
+	r := f.enq.admit(fr.Origin, len(c.Msgs))
+	f.a.From = r
+	skip := len(c.Msgs)
+	if r.Outcome == FromApplied {
+		skip = r.Skipped
+	}
+	// The entry was counted with every message of the part: those not
+	// applied hold nothing.
+	for range skip {
+		if !f.live.release(f.a.Index << 16) {
+			return false, fmt.Errorf("%w: a publish-from's skipped messages (entry %d)", ErrLiveIndex, f.a.Index)
+		}
+	}
+	c.Msgs = c.Msgs[skip:]
+	if c.Bodies != nil {
+		c.Bodies = c.Bodies[skip:]
+	}
+	return r.Outcome == FromApplied, nil
+}
+
 // applyCommand runs one command of the entry in f.a.
 func (f *QueueFSM) applyCommand(i int, cmd queue.Command) error {
 	now := f.a.NowMs
+	f.a.From = FromResult{}
+	if fr := f.dec.Frame(); fr.From || fr.Down {
+		c, _ := cmd.(*queue.Enqueue)
+		apply, err := f.fromFrame(fr, c)
+		if err != nil || fr.Down {
+			return err
+		}
+		if !apply {
+			if f.sink != nil {
+				c.NowMs = now
+				f.a.Cmd, f.a.Command, f.a.Effects, f.a.Err = i, cmd, nil, nil
+				f.sink(&f.a)
+			}
+			return nil
+		}
+	}
 	switch c := cmd.(type) {
 	case *queue.Enqueue:
 		c.NowMs = now
@@ -248,13 +303,18 @@ func (f *QueueFSM) applyCommand(i int, cmd queue.Command) error {
 	return nil
 }
 
-// FSM snapshot: a 32-byte header, then the machine's own snapshot
+// FSM snapshot: a 32-byte header, then (version 2) the enqueuer table
+// (enqueuerTable.appendTo), then the machine's own snapshot
 // (queue.Machine.Snapshot, versioned on its own).
 //
-//	version u8 (=1) | reserved [7]u8 (=0) | applied u64 | last_now i64 | wake_at i64 | machine...
+//	version u8 (1 or 2) | reserved [7]u8 (=0) | applied u64 | last_now i64 | wake_at i64 | [enqueuers] | machine...
+//
+// Version 1 (no table) is written while the table is empty: what an
+// earlier build wrote restores, and such a state is written as it wrote it.
 const (
-	fsmSnapVersion   = 1
-	fsmSnapHeaderLen = 32
+	fsmSnapVersion          = 1
+	fsmSnapVersionEnqueuers = 2
+	fsmSnapHeaderLen        = 32
 )
 
 // Snapshot encodes the state after the last applied entry: the FSM header
@@ -262,11 +322,15 @@ const (
 // live entries). Equal states give equal bytes.
 func (f *QueueFSM) Snapshot() ([]byte, error) {
 	ms := f.m.Snapshot()
-	b := make([]byte, fsmSnapHeaderLen, fsmSnapHeaderLen+len(ms))
+	b := make([]byte, fsmSnapHeaderLen, fsmSnapHeaderLen+8+24*f.enq.Len()+len(ms))
 	b[0] = fsmSnapVersion
 	binary.LittleEndian.PutUint64(b[8:], f.applied)
 	binary.LittleEndian.PutUint64(b[16:], uint64(f.lastNow))
 	binary.LittleEndian.PutUint64(b[24:], uint64(f.wakeAt))
+	if f.enq.Len() > 0 {
+		b[0] = fsmSnapVersionEnqueuers
+		b = f.enq.appendTo(b)
+	}
 	return append(b, ms...), nil
 }
 
@@ -277,8 +341,8 @@ func (f *QueueFSM) Restore(index uint64, snap []byte) error {
 	if len(snap) < fsmSnapHeaderLen {
 		return fmt.Errorf("%w: %d bytes, shorter than its %d-byte header", ErrBadFSMSnapshot, len(snap), fsmSnapHeaderLen)
 	}
-	if snap[0] != fsmSnapVersion {
-		return fmt.Errorf("%w: version %d (this build reads %d; a newer Warren wrote it: upgrade this node)", ErrBadFSMSnapshot, snap[0], fsmSnapVersion)
+	if snap[0] != fsmSnapVersion && snap[0] != fsmSnapVersionEnqueuers {
+		return fmt.Errorf("%w: version %d (this build reads %d and %d; a newer Warren wrote it: upgrade this node)", ErrBadFSMSnapshot, snap[0], fsmSnapVersion, fsmSnapVersionEnqueuers)
 	}
 	for _, r := range snap[1:8] {
 		if r != 0 {
@@ -289,11 +353,20 @@ func (f *QueueFSM) Restore(index uint64, snap []byte) error {
 	if applied != index {
 		return fmt.Errorf("%w: taken at entry %d, restored as entry %d", ErrBadFSMSnapshot, applied, index)
 	}
-	m, err := queue.Restore(snap[fsmSnapHeaderLen:])
+	rest := snap[fsmSnapHeaderLen:]
+	var enq enqueuerTable
+	if snap[0] == fsmSnapVersionEnqueuers {
+		var err error
+		if enq, rest, err = parseEnqueuers(rest); err != nil {
+			return err
+		}
+	}
+	m, err := queue.Restore(rest)
 	if err != nil {
 		return fmt.Errorf("%w: %w", ErrBadFSMSnapshot, err)
 	}
 	f.m = m
+	f.enq = enq
 	f.applied = applied
 	f.lastNow = int64(binary.LittleEndian.Uint64(snap[16:]))
 	f.wakeAt = int64(binary.LittleEndian.Uint64(snap[24:]))
