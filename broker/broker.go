@@ -58,16 +58,19 @@ type Broker struct {
 
 	// storedBytes is what the stored messages cost (their arenas, counted
 	// by reference: see Arena), compared with the memory watermark.
-	pool          *replication.Pool // snapshot writes and compactions of durable queues (Config.Durable)
-	storedBytes   atomic.Int64
-	consumerSeq   atomic.Uint64
-	leaving       atomic.Bool                 // TransferLeaderships ran: take no queue leadership back (replicated.go)
-	dlDropLog     [NumDLDrops]ratelog.Limiter // "dead letter dropped" lines, per reason
-	dlInflight    atomic.Int64                // held dead letters sent and not yet settled (deadletter.go)
-	writeFailed   atomic.Bool                 // a durable queue's log write failed (logFailed)
-	shardsStopped atomic.Int32                // shards whose run has returned (Stop)
-	sweepOnce     sync.Once                   // the first WaitRecovered removes deleted queues' groups
-	sweepErr      error
+	pool        *replication.Pool // snapshot writes and compactions of durable queues (Config.Durable)
+	storedBytes atomic.Int64
+	consumerSeq atomic.Uint64
+	leaving     atomic.Bool                 // TransferLeaderships ran: take no queue leadership back (replicated.go)
+	dlDropLog   [NumDLDrops]ratelog.Limiter // "dead letter dropped" lines, per reason
+	// Forwarded publishes (forward.go): parts this node sent again, and
+	// messages of forwarded parts it did not enqueue again (applied before).
+	fwdResent, fwdDuplicates atomic.Uint64
+	dlInflight               atomic.Int64 // held dead letters sent and not yet settled (deadletter.go)
+	writeFailed              atomic.Bool  // a durable queue's log write failed (logFailed)
+	shardsStopped            atomic.Int32 // shards whose run has returned (Stop)
+	sweepOnce                sync.Once    // the first WaitRecovered removes deleted queues' groups
+	sweepErr                 error
 }
 
 // poolSize is how many snapshot writes and compactions of durable queues

@@ -282,9 +282,9 @@ func (b *Broker) tickGroups() {
 			s.submit(Command{Kind: cmdPost, post: func() {
 				s.rw.RaftTick()
 				s.moveTick()
-				if len(s.fwdOrder) > 0 {
+				if len(s.streams) > 0 {
 					s.now = s.b.NowMs()
-					s.expireForwards()
+					s.checkForwards()
 				}
 				if len(s.fc.byID)+len(s.fc.links)+len(s.fc.purges) > 0 {
 					s.now = s.b.NowMs()

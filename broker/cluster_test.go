@@ -41,6 +41,8 @@ type testCluster struct {
 	// lose, if set, says which forwarded messages the transport loses
 	// (as a broken connection does); set before the nodes send any.
 	lose atomic.Pointer[func(from, to uint64, p []byte) bool]
+	// skewMs is added to every node's clock (Config.Clock).
+	skewMs atomic.Int64
 }
 
 const clusterTestSecret = "0123456789abcdef0123456789abcdef"
@@ -50,7 +52,13 @@ func newTestCluster(t *testing.T, n int) *testCluster { return newTestClusterSna
 // newTestClusterSnap: the metadata group snapshots every snapEntries
 // entries (0: the default).
 func newTestClusterSnap(t *testing.T, n, snapEntries int) *testCluster {
-	c := &testCluster{t: t, peers: map[uint64]string{}, snapEntries: snapEntries, fwdTimeout: 2 * time.Second}
+	return newTestClusterFwd(t, n, snapEntries, 2*time.Second)
+}
+
+// newTestClusterFwd: forwarded publishes wait fwdTimeout for their
+// confirm.
+func newTestClusterFwd(t *testing.T, n, snapEntries int, fwdTimeout time.Duration) *testCluster {
+	c := &testCluster{t: t, peers: map[uint64]string{}, snapEntries: snapEntries, fwdTimeout: fwdTimeout}
 	ls := make([]net.Listener, n)
 	for i := range ls {
 		l, err := net.Listen("tcp", "127.0.0.1:0")
@@ -130,7 +138,8 @@ func (c *testCluster) start(nd *clusterNode, ln net.Listener) {
 		t.Fatal(err)
 	}
 	fatal := func(err error) { t.Errorf("node %d: %v", nd.id, err) }
-	b := New(Config{Shards: 2, Durable: &DurableConfig{Log: l, Snapshots: store, Fatal: fatal, NodeID: nd.id, Send: tr.Send, SendSnapshot: func(gid uint64, s *SnapshotMessage, done func(bool)) {
+	clock := func() int64 { return time.Now().UnixMilli() + c.skewMs.Load() }
+	b := New(Config{Shards: 2, Clock: clock, Durable: &DurableConfig{Log: l, Snapshots: store, Fatal: fatal, NodeID: nd.id, Send: tr.Send, SendSnapshot: func(gid uint64, s *SnapshotMessage, done func(bool)) {
 		tr.SendSnapshot(gid, (*cluster.Snapshot)(s), done)
 	}, Forward: func(to uint64, p []byte) bool {
 		if lose := c.lose.Load(); lose != nil && (*lose)(nd.id, to, p) {

@@ -286,11 +286,27 @@ func (s *shard) appliedEnqueue(q *Queue, a *replication.Applied, c *queue.Enqueu
 	if have {
 		s.bytesDelta -= p.bytes
 	}
+	switch a.From.Outcome {
+	case replication.FromDuplicate:
+		s.b.fwdDuplicates.Add(uint64(a.From.N))
+	case replication.FromApplied:
+		s.b.fwdDuplicates.Add(uint64(a.From.Skipped))
+	}
+	if have && p.w != nil && a.From.Outcome != replication.FromNone {
+		if k, ok := p.w.batch.Sink.(*fwdSink); ok {
+			switch a.From.Outcome {
+			case replication.FromGap:
+				k.from = a.From.ResendFrom
+			case replication.FromFull, replication.FromStale:
+				k.refused = true
+			}
+		}
+	}
 	for _, e := range a.Effects {
 		if e.Kind != queue.RejectPublish || len(c.Msgs) == 0 {
 			continue
 		}
-		i := int(e.Msg - c.Msgs[0].ID)
+		i := a.From.Skipped + int(e.Msg-c.Msgs[0].ID)
 		switch {
 		case have && p.w != nil && i < len(p.idx):
 			p.w.batch.Nack(p.idx[i], wire.QueueFull)
@@ -315,9 +331,13 @@ func (s *shard) appliedEnqueue(q *Queue, a *replication.Applied, c *queue.Enqueu
 // encoded into the entry and the heap copy released at once. The part's
 // confirm waits for the apply when a message is persistent or the queue
 // may refuse it (reject-publish); w collects those waits (nil: none yet).
-func (s *shard) enqueueDurable(q *Queue, items []EnqItem, batch *PublishBatch, w *partWait, dl *dlWait) *partWait {
+//
+// from (not nil) is the origin of a part another node forwarded: it is
+// added as a publish-from (replication/enqueuers.go) and always waits for
+// the apply, which says what of it the queue takes.
+func (s *shard) enqueueDurable(q *Queue, items []EnqItem, batch *PublishBatch, w *partWait, dl *dlWait, from *replication.Origin) *partWait {
 	rejecting := q.args.Overflow == wire.RejectPublish || q.args.Overflow == wire.RejectPublishDLX
-	wait := batch != nil && rejecting
+	wait := batch != nil && (rejecting || from != nil)
 	buf := s.encBuf[:0]
 	offs := s.offScratch[:0]
 	msgs := s.dmsgScratch[:0]
@@ -336,7 +356,13 @@ func (s *shard) enqueueDurable(q *Queue, items []EnqItem, batch *PublishBatch, w
 		bodies = append(bodies, buf[offs[i]:offs[i+1]:offs[i+1]])
 	}
 	s.enqCmd = queue.Enqueue{NowMs: s.now, Msgs: msgs, Bodies: bodies}
-	seq, err := q.grp.Add(&s.enqCmd)
+	var seq uint64
+	var err error
+	if from != nil {
+		seq, err = q.grp.AddFrom(*from, &s.enqCmd)
+	} else {
+		seq, err = q.grp.Add(&s.enqCmd)
+	}
 	s.enqCmd = queue.Enqueue{}
 	clear(bodies)
 	s.encBuf, s.offScratch, s.bodyScratch, s.dmsgScratch = buf[:0], offs[:0], bodies[:0], msgs[:0]
@@ -351,6 +377,9 @@ func (s *shard) enqueueDurable(q *Queue, items []EnqItem, batch *PublishBatch, w
 		}
 	}
 	if err != nil {
+		if k, ok := batchSink(batch).(*fwdSink); ok {
+			k.refused = true // not in the log: its origin starts its stream over
+		}
 		if dl != nil {
 			dl.done()
 		}
@@ -379,6 +408,14 @@ func (s *shard) enqueueDurable(q *Queue, items []EnqItem, batch *PublishBatch, w
 	}
 	q.pend = append(q.pend, p)
 	return w
+}
+
+// batchSink is b's sink (nil for a dead letter's nil batch).
+func batchSink(b *PublishBatch) Sink {
+	if b == nil {
+		return nil
+	}
+	return b.Sink
 }
 
 // The log form of a message: flags, priority, the lengths of exchange,

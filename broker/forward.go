@@ -1,12 +1,14 @@
 package broker
 
 import (
+	"cmp"
 	"encoding/binary"
 	"errors"
 	"slices"
 	"time"
 
 	"github.com/warren-mq/warren/queue"
+	"github.com/warren-mq/warren/replication"
 	"github.com/warren-mq/warren/wire"
 )
 
@@ -14,60 +16,156 @@ import (
 // node that does not lead a replicated queue forwards the messages a
 // client published to it to the queue's leader over the cluster
 // transport (DurableConfig.Forward), which enqueues them as its own
-// clients' and sends their confirm back. The client's confirm waits for
-// that answer, so it still means committed on a majority; an answer that
-// does not come in time (the leader died, the link broke)
-// (DurableConfig.ForwardTimeout, 10 s by default) is a nack, as is a refusal (the node asked no longer leads: the next
-// publish goes to the leader it named). Forwarding is at-least-once: a
-// message nacked this way may be in the queue; there is no per-enqueuer
-// deduplication across leader changes yet (§6.4). Consumers, gets and
-// purges are forwarded too (forward_consume.go).
+// clients' and sends their confirm back once applied. The client's
+// confirm waits for that answer, so it still means committed on a
+// majority.
+//
+// Forwarding is exactly-once while the origin node lives (enqueuer
+// deduplication, design §6.4, replication/enqueuers.go): each shard is an
+// enqueuer of every queue it forwards to (id node<<48 | shard; its
+// incarnation from the node's start time, <<16, counting up for each
+// stream the shard starts or starts over) and numbers its messages to the queue from 1 (qseq). A
+// part stays in the shard's resend buffer (fwdStream) until the leader
+// confirms it; the leader applies of a part only what its queue has not
+// had from that enqueuer, so the origin may send a part again whenever it
+// cannot tell whether it arrived:
+//
+//   - the queue's leader changed (a replica hears it from raft), or the
+//     node asked answers that it does not lead (naming the leader): every
+//     unconfirmed part goes to the new leader;
+//   - the leader found a part missing before one it got (a gap: lost with
+//     a connection, or with a log entry a leader change dropped): it
+//     answers resend, and every unconfirmed part goes again;
+//   - no answer for a quarter of DurableConfig.ForwardTimeout: sent again
+//     (to the next replica, for a queue with no replica here).
+//
+// Parts already applied are confirmed (ack) again, not enqueued twice, so
+// no forwarded message is nacked that is in the queue, but for one case: a
+// part with no answer for ForwardTimeout (10 s by default: no leader
+// reachable that long) is nacked with every unconfirmed part after it, and
+// the stream starts over under a new incarnation; those may be in the
+// queue (at-least-once, as any publish whose connection is lost). A part
+// the leader refused whole (the queue gone, its enqueuer table full, the
+// log refusing the entry) is nacked too, and the stream starts over: the
+// parts after it cannot apply without it. The resend buffer is bounded
+// (maxForwardHeld bytes per shard): a publish that would pass it is
+// nacked at once, unsent. Consumers, gets and purges are forwarded too
+// (forward_consume.go).
 //
 // The messages (little-endian, internal to one Warren version; the
 // cluster protocol's version guards mixed versions):
 //
-//	publish: 'P' | fwd u64 | queue id u64 | n u32 |
+//	publish: 'P' | enqueuer u64 | inc u64 | queue id u64 | qseq u64 | try u32 | n u32 |
 //	         n × (size u32 | priority u8 | hasExp u8 | expMs u32 | dedup u64 | len u32 | the message's log form)
-//	confirm: 'C' | fwd u64 | leader u64 | n u32 | n × code u32
+//	confirm: 'C' | enqueuer u64 | inc u64 | queue id u64 | qseq u64 | leader u64 | refused u8 | n u32 | n × code u32
+//	resend:  'R' | enqueuer u64 | inc u64 | queue id u64 | qseq u64 | try u32 | from u64 | leader u64
+//	down:    'D' | enqueuer u64 | inc u64 | queue id u64
 //
-// fwd is the origin shard's id for the forward: shard index << 56 | a
-// counter, so the confirm finds its shard.
+// A confirm with refused 1 applied nothing. A resend answers the part
+// (qseq, try): from 0, "not the leader: send to leader"; else "missing
+// from qseq from: send again". try counts a part's sends, so that the
+// answers to sends made before the last resend are told apart and
+// ignored. A stream with nothing unconfirmed that has been idle for a
+// minute ends: 'D' tells the leader, which logs an enqueuer-down, so the
+// queue's table keeps only the enqueuers in use.
 
 // defaultForwardTimeout bounds how long a forwarded publish waits for its
 // leader's confirm before it is nacked (DurableConfig.ForwardTimeout).
 const defaultForwardTimeout = 10 * time.Second
 
-// pendingFwd is a forwarded part of a publish batch waiting for the
-// leader's confirm.
-type pendingFwd struct {
-	q   *Queue
-	to  uint64 // the node it went to
-	w   *partWait
-	idx []int // batch index of each message forwarded
-	at  int64 // when it was sent (ms)
+// maxForwardHeld bounds the bytes of a shard's forwarded parts waiting
+// for their confirm (the resend buffer); past it a publish to a queue led
+// elsewhere is nacked at once.
+const maxForwardHeld = 64 << 20
+
+const (
+	fwdPublishHeader = 1 + 8 + 8 + 8 + 8 + 4 + 4
+	fwdConfirmHeader = 1 + 8 + 8 + 8 + 8 + 8 + 1 + 4
+	fwdResendLen     = 1 + 8 + 8 + 8 + 8 + 4 + 8 + 8
+	fwdDownLen       = 1 + 8 + 8 + 8
+)
+
+// fwdStream is a shard's stream of parts to one queue led elsewhere: the
+// enqueuer's qseqs and its unconfirmed parts, in qseq order.
+type fwdStream struct {
+	q     *Queue
+	inc   uint64
+	next  uint64 // the qseq of the next message
+	parts []*fwdPart
+	used  int64 // when a part was last added (ms): an idle stream ends
+}
+
+// streamIdle: a stream with nothing unconfirmed and no part added for
+// this long ends (its enqueuer leaves the queue's table: 'D').
+const streamIdle = time.Minute
+
+// fwdPart is a forwarded part of a publish batch waiting for the leader's
+// confirm.
+type fwdPart struct {
+	inc    uint64 // the stream's incarnation when it was made
+	qseq   uint64
+	n      int
+	p      []byte // the publish message, kept for resends (its try field is rewritten)
+	w      *partWait
+	idx    []int // batch index of each message forwarded
+	to     uint64
+	try    uint32
+	at     int64 // when first sent (ms): the give-up
+	sentAt int64 // when last sent (ms): the resend
+}
+
+func (p *fwdPart) last() uint64 { return p.qseq + uint64(p.n) - 1 }
+
+// enqueuerID is this shard's enqueuer id.
+func (s *shard) enqueuerID() uint64 { return s.nodeID()<<48 | uint64(s.idx) }
+
+// stream returns the shard's stream to q, made on first use.
+func (s *shard) stream(q *Queue) *fwdStream {
+	st := s.streams[q.id]
+	if st == nil || st.q != q {
+		if s.streams == nil {
+			s.streams = map[queue.QueueRef]*fwdStream{}
+		}
+		st = &fwdStream{q: q, inc: s.newInc(), next: 1}
+		s.streams[q.id] = st
+	}
+	return st
+}
+
+// newInc is a new enqueuer incarnation for a stream of this shard: above
+// every one this shard used, in this life of the node or an earlier (the
+// node's start time in ms << 16, then counting).
+func (s *shard) newInc() uint64 {
+	if s.fwdInc == 0 {
+		s.fwdInc = s.b.seqBase >> 20 << 16
+	}
+	s.fwdInc++
+	return s.fwdInc
 }
 
 // forward sends items (bound for replicated queue q, led elsewhere) to
-// q's leader; what cannot be sent is nacked at once. It returns the
-// batch's partWait, as enqueueDurable does.
+// q's leader, holding them until it confirms; what cannot be held is
+// nacked at once. It returns the batch's partWait, as enqueueDurable does.
 func (s *shard) forward(q *Queue, items []EnqItem, batch *PublishBatch, w *partWait) *partWait {
-	lead := q.lead.Load()
-	send := s.b.cfg.Durable.Forward
-	nack := func() *partWait {
+	size := fwdPublishHeader
+	for _, it := range items {
+		size += 22 + logMsgHeader + len(it.Msg.Exchange) + len(it.Msg.RoutingKey) + len(it.Msg.Props) + len(it.Msg.Body)
+	}
+	if s.b.cfg.Durable.Forward == nil || s.fwdHeld+size > maxForwardHeld {
 		for _, it := range items {
 			s.release(it.Msg)
 			batch.Nack(it.Idx, wire.InternalNack)
 		}
 		return w
 	}
-	if lead == 0 || lead == s.nodeID() || send == nil {
-		return nack()
-	}
-	s.fwdSeq++
-	id := uint64(s.idx)<<56 | s.fwdSeq&(1<<56-1)
-	b := append(make([]byte, 0, 64+len(items)*64), 'P')
-	b = binary.LittleEndian.AppendUint64(b, id)
+	st := s.stream(q)
+	b := make([]byte, 0, size)
+	b = append(b, 'P')
+	b = binary.LittleEndian.AppendUint64(b, s.enqueuerID())
+	b = binary.LittleEndian.AppendUint64(b, st.inc)
 	b = binary.LittleEndian.AppendUint64(b, uint64(q.id))
+	b = binary.LittleEndian.AppendUint64(b, st.next)
+	b = binary.LittleEndian.AppendUint32(b, 0)
 	b = binary.LittleEndian.AppendUint32(b, uint32(len(items)))
 	idx := make([]int, len(items))
 	for i, it := range items {
@@ -81,96 +179,251 @@ func (s *shard) forward(q *Queue, items []EnqItem, batch *PublishBatch, w *partW
 		b = appendLogMsg(b, it.Msg)
 		binary.LittleEndian.PutUint32(b[off:], uint32(len(b)-off-4))
 		idx[i] = it.Idx
-	}
-	if !send(lead, b) {
-		return nack()
-	}
-	for _, it := range items {
 		s.release(it.Msg)
 	}
 	if w == nil {
 		w = s.newPartWait(batch)
 	}
 	w.n++
-	if s.fwd == nil {
-		s.fwd = map[uint64]*pendingFwd{}
-	}
-	s.fwd[id] = &pendingFwd{q: q, to: lead, w: w, idx: idx, at: s.now}
-	s.fwdOrder = append(s.fwdOrder, id)
+	st.used = s.now
+	p := &fwdPart{inc: st.inc, qseq: st.next, n: len(items), p: b, w: w, idx: idx, at: s.now}
+	st.next += uint64(len(items))
+	st.parts = append(st.parts, p)
+	s.fwdHeld += len(b)
+	s.bytesDelta += int64(len(b))
+	s.sendPart(st, p, q.lead.Load())
 	return w
 }
 
-// forwardConfirmed completes forward id with the leader's codes (nil:
-// nack every message, the leader did not answer). lead is the leader the
-// node asked knows: a node with no replica of the queue learns the
-// leader only this way (a replica hears it from raft).
-func (s *shard) forwardConfirmed(id uint64, codes []uint32, lead uint64) {
-	p := s.fwd[id]
-	if p == nil {
-		return // timed out already
+// sendPart sends part p of st to node to (again, if sent before). Sent
+// to this node (it leads the queue now), it is taken as a peer's would
+// be. Not sent (no leader known, the peer's queue full), it waits for
+// the next resend.
+func (s *shard) sendPart(st *fwdStream, p *fwdPart, to uint64) {
+	p.sentAt, p.to = s.now, to
+	if to == 0 {
+		return
 	}
-	delete(s.fwd, id)
-	switch q := p.q; {
-	case lead != 0 && q.remote:
-		q.lead.Store(lead)
-	case codes == nil && q.remote && len(q.replicas) > 1:
-		// No answer: that node may be down and the leader another
-		// replica, which will name the leader if it is not it.
-		cur := q.lead.Load()
-		i := slices.Index(q.replicas, cur)
-		q.lead.Store(q.replicas[(i+1)%len(q.replicas)])
+	p.try++
+	if p.try > 1 {
+		s.b.fwdResent.Add(1)
 	}
-	for i, k := range p.idx {
+	// A new message each time: the transport owns what it was handed.
+	b := slices.Clone(p.p)
+	binary.LittleEndian.PutUint32(b[33:], p.try)
+	if to == s.nodeID() {
+		s.b.forwardedPublish(to, b)
+		return
+	}
+	s.b.cfg.Durable.Forward(to, b)
+}
+
+// resendAll sends every unconfirmed part of st again, to node to.
+func (s *shard) resendAll(st *fwdStream, to uint64) {
+	for _, p := range st.parts {
+		s.sendPart(st, p, to)
+	}
+}
+
+// partAnswered completes part i of st with the leader's codes (nil: nack
+// every message) and removes it.
+func (s *shard) partAnswered(st *fwdStream, i int, codes []uint32) {
+	p := st.parts[i]
+	st.parts = slices.Delete(st.parts, i, i+1)
+	s.fwdHeld -= len(p.p)
+	s.bytesDelta -= int64(len(p.p))
+	for k, bi := range p.idx {
 		code := uint32(wire.InternalNack)
-		if codes != nil && i < len(codes) {
-			code = codes[i]
+		if codes != nil && k < len(codes) {
+			code = codes[k]
 		}
 		if code != 0 {
-			p.w.batch.Nack(k, wire.Code(code))
+			p.w.batch.Nack(bi, wire.Code(code))
 		}
 	}
 	s.partRelease(p.w)
 }
 
-// forwardsLost nacks at once the forwards to q's old leader when its
-// raft group names another (the old one may be dead: not waiting for the
-// timeout). A forward it did apply is then nacked and confirmed never:
-// at-least-once, as any nack during a failover.
-func (s *shard) forwardsLost(q *Queue, lead uint64) {
-	n := 0
-	for id, p := range s.fwd {
-		if p.q == q && p.to != lead {
-			s.forwardConfirmed(id, nil, 0)
-			n++
+// refusedFrom nacks part i of st, which its leader refused whole, and
+// every later part of its incarnation (they cannot apply without it); when
+// that is the stream's current incarnation the stream starts over under a
+// new one (qseqs from 1). Parts of an earlier incarnation before them stay
+// until answered.
+func (s *shard) refusedFrom(st *fwdStream, i int) {
+	inc := st.parts[i].inc
+	for j := len(st.parts) - 1; j >= i; j-- {
+		if st.parts[j].inc == inc {
+			s.partAnswered(st, j, nil)
 		}
 	}
-	if n > 0 {
-		s.flushEffects()
+	if inc == st.inc {
+		st.inc, st.next = s.newInc(), 1
 	}
 }
 
-// expireForwards nacks the forwards that have waited their timeout.
-func (s *shard) expireForwards() {
+// findPart is the position of st's part (inc, qseq), or -1.
+func (st *fwdStream) findPart(inc, qseq uint64) int {
+	i, ok := slices.BinarySearchFunc(st.parts, [2]uint64{inc, qseq}, func(p *fwdPart, k [2]uint64) int {
+		if c := cmp.Compare(p.inc, k[0]); c != 0 {
+			return c
+		}
+		return cmp.Compare(p.qseq, k[1])
+	})
+	if !ok {
+		return -1
+	}
+	return i
+}
+
+// fwdAnswer is a leader's answer to a forwarded part.
+type fwdAnswer struct {
+	resend     bool
+	inc, qseq  uint64
+	lead, from uint64
+	try        uint32
+	refused    bool
+	codes      []uint32
+}
+
+// answered takes a leader's answer to a part of the stream to queue qid.
+func (s *shard) answered(qid queue.QueueRef, a fwdAnswer) {
+	st := s.streams[qid]
+	if st == nil {
+		return
+	}
+	q := st.q
+	i := st.findPart(a.inc, a.qseq)
+	if i < 0 {
+		return // answered already
+	}
+	p := st.parts[i]
+	if a.lead != 0 && q.remote {
+		q.lead.Store(a.lead) // a node with no replica learns the leader only this way
+	}
+	switch {
+	case !a.resend && a.refused:
+		s.refusedFrom(st, i)
+	case !a.resend:
+		s.partAnswered(st, i, a.codes)
+	case a.try != p.try:
+		// The answer to a send made before the last: the last send's
+		// answer is the one that counts.
+	case a.from == 0 && a.lead == s.nodeID() && q.replicated && !q.leads():
+		// Named leader by a node that heard it before this one did: the
+		// change of leader will resend.
+	default:
+		to := a.lead
+		if to == 0 {
+			to = q.lead.Load()
+		}
+		s.resendAll(st, to)
+	}
+	s.flushEffects()
+}
+
+// leaderMoved resends the unconfirmed parts to q when its raft group
+// names a new leader (the old one may be dead: not waiting for the
+// timeout).
+func (s *shard) leaderMoved(q *Queue, lead uint64) {
+	st := s.streams[q.id]
+	if st == nil || st.q != q || lead == 0 {
+		return
+	}
+	for _, p := range st.parts {
+		if p.to != lead {
+			s.sendPart(st, p, lead)
+		}
+	}
+}
+
+// checkForwards resends the parts with no answer for a quarter of the
+// forward timeout and gives up on those with none for the whole of it.
+func (s *shard) checkForwards() {
 	limit := s.b.cfg.Durable.ForwardTimeout
 	if limit <= 0 {
 		limit = defaultForwardTimeout
 	}
-	i := 0
-	for ; i < len(s.fwdOrder); i++ {
-		id := s.fwdOrder[i]
-		p := s.fwd[id]
-		if p == nil {
-			continue // answered
+	resendMs := max(limit.Milliseconds()/4, 1)
+	for id, st := range s.streams {
+		q := st.q
+		if q.gone {
+			for len(st.parts) > 0 {
+				s.partAnswered(st, len(st.parts)-1, nil)
+			}
+			delete(s.streams, id)
+			continue
 		}
-		if s.now-p.at < limit.Milliseconds() {
-			break
+		if len(st.parts) == 0 {
+			if s.now-st.used >= streamIdle.Milliseconds() {
+				s.endStream(st)
+			}
+			continue
 		}
-		s.forwardConfirmed(id, nil, 0)
+		if s.now-st.parts[0].at >= limit.Milliseconds() {
+			// No leader answered for that long: nacked, every part (the
+			// later ones could only apply after it), and the stream starts
+			// over.
+			for len(st.parts) > 0 {
+				s.partAnswered(st, len(st.parts)-1, nil)
+			}
+			st.inc, st.next = s.newInc(), 1
+			continue
+		}
+		if s.now-st.parts[0].sentAt < resendMs {
+			continue
+		}
+		to := q.lead.Load()
+		if q.remote && len(q.replicas) > 1 && to == st.parts[0].to {
+			// No answer: that node may be down and the leader another
+			// replica, which will name the leader if it is not it.
+			i := slices.Index(q.replicas, to)
+			to = q.replicas[(i+1)%len(q.replicas)]
+			q.lead.Store(to)
+		}
+		s.resendAll(st, to)
 	}
-	s.fwdOrder = s.fwdOrder[:copy(s.fwdOrder, s.fwdOrder[i:])]
-	if len(s.fwdOrder) > 0 {
-		s.flushEffects()
+	s.flushEffects()
+}
+
+// endStream ends an idle stream: its enqueuer leaves the queue's table
+// (best effort: a lost 'D' leaves an entry, which the shard's next stream
+// to the queue replaces, with a higher incarnation).
+func (s *shard) endStream(st *fwdStream) {
+	delete(s.streams, st.q.id)
+	to := st.q.lead.Load()
+	if to == 0 || s.b.cfg.Durable.Forward == nil {
+		return
 	}
+	p := make([]byte, 0, fwdDownLen)
+	p = append(p, 'D')
+	p = binary.LittleEndian.AppendUint64(p, s.enqueuerID())
+	p = binary.LittleEndian.AppendUint64(p, st.inc)
+	p = binary.LittleEndian.AppendUint64(p, uint64(st.q.id))
+	if to == s.nodeID() {
+		s.b.enqueuerDown(to, p)
+		return
+	}
+	s.b.cfg.Durable.Forward(to, p)
+}
+
+// enqueuerDown takes an origin's end of its stream to a queue this node
+// leads: the enqueuer leaves the queue's table (EnqueuerDown in its log).
+func (b *Broker) enqueuerDown(from uint64, p []byte) {
+	if len(p) != fwdDownLen {
+		return
+	}
+	enq := binary.LittleEndian.Uint64(p[1:])
+	inc := binary.LittleEndian.Uint64(p[9:])
+	qid := binary.LittleEndian.Uint64(p[17:])
+	q := b.topo.slots.get(queue.QueueRef(qid))
+	if enq>>48 != from || enq&replication.EveryEnqueuer == replication.EveryEnqueuer || q == nil {
+		return
+	}
+	q.shard.submit(Command{Kind: cmdPost, post: func() {
+		if !q.gone && q.replicated && q.leads() {
+			_, _ = q.grp.AddEnqueuerDown(enq, inc)
+		}
+	}})
 }
 
 var errForward = errors.New("broker: a forwarded message that does not parse")
@@ -186,46 +439,80 @@ func (b *Broker) StepForward(from uint64, p []byte) {
 		b.forwardedPublish(from, append([]byte(nil), p...))
 	case 'c':
 		b.forwardedConsume(from, p) // forward_consume.go
-	case 'C':
-		if len(p) < 21 {
-			return
-		}
-		id := binary.LittleEndian.Uint64(p[1:])
-		lead := binary.LittleEndian.Uint64(p[9:])
-		n := int(binary.LittleEndian.Uint32(p[17:]))
-		if n > (len(p)-21)/4 || int(id>>56) >= len(b.shards) {
-			return
-		}
-		codes := make([]uint32, n)
-		for i := range codes {
-			codes[i] = binary.LittleEndian.Uint32(p[21+4*i:])
-		}
-		s := b.shards[id>>56]
-		s.submit(Command{Kind: cmdPost, post: func() { s.forwardConfirmed(id, codes, lead) }})
+	case 'C', 'R':
+		b.forwardAnswer(p)
+	case 'D':
+		b.enqueuerDown(from, p)
 	}
 }
 
+// forwardAnswer hands a leader's answer to a forwarded part to the shard
+// that sent it.
+func (b *Broker) forwardAnswer(p []byte) {
+	var a fwdAnswer
+	if len(p) < 33 {
+		return
+	}
+	enq := binary.LittleEndian.Uint64(p[1:])
+	a.inc = binary.LittleEndian.Uint64(p[9:])
+	qid := queue.QueueRef(binary.LittleEndian.Uint64(p[17:]))
+	a.qseq = binary.LittleEndian.Uint64(p[25:])
+	if enq>>48 != b.cfg.Durable.NodeID || enq&(1<<48-1) >= uint64(len(b.shards)) {
+		return
+	}
+	switch p[0] {
+	case 'C':
+		if len(p) < fwdConfirmHeader {
+			return
+		}
+		a.lead = binary.LittleEndian.Uint64(p[33:])
+		a.refused = p[41] != 0
+		n := int(binary.LittleEndian.Uint32(p[42:]))
+		if n > (len(p)-fwdConfirmHeader)/4 {
+			return
+		}
+		a.codes = make([]uint32, n)
+		for i := range a.codes {
+			a.codes[i] = binary.LittleEndian.Uint32(p[fwdConfirmHeader+4*i:])
+		}
+	case 'R':
+		if len(p) != fwdResendLen {
+			return
+		}
+		a.resend = true
+		a.try = binary.LittleEndian.Uint32(p[33:])
+		a.from = binary.LittleEndian.Uint64(p[37:])
+		a.lead = binary.LittleEndian.Uint64(p[45:])
+	}
+	s := b.shards[enq&(1<<48-1)]
+	s.submit(Command{Kind: cmdPost, post: func() { s.answered(qid, a) }})
+}
+
 // forwardedPublish enqueues a publish another node forwarded to this
-// node, which it believes leads the queue, and answers with the confirm.
+// node (p is its own), which it believes leads the queue, as a
+// publish-from of the origin's enqueuer; the answer goes back once
+// applied (fwdSink).
 func (b *Broker) forwardedPublish(from uint64, p []byte) {
-	if len(p) < 21 {
+	if len(p) < fwdPublishHeader {
 		return
 	}
-	id := binary.LittleEndian.Uint64(p[1:])
-	qid := binary.LittleEndian.Uint64(p[9:])
-	n := int(binary.LittleEndian.Uint32(p[17:]))
-	if n > (len(p)-21)/22 || qid == 0 || qid > 1<<32 {
-		return
+	k := &fwdSink{b: b, to: from}
+	k.origin.Enqueuer = binary.LittleEndian.Uint64(p[1:])
+	k.origin.Incarnation = binary.LittleEndian.Uint64(p[9:])
+	qid := binary.LittleEndian.Uint64(p[17:])
+	k.origin.QSeq = binary.LittleEndian.Uint64(p[25:])
+	k.try = binary.LittleEndian.Uint32(p[33:])
+	k.qid = qid
+	n := int(binary.LittleEndian.Uint32(p[37:]))
+	if n == 0 || n > (len(p)-fwdPublishHeader)/22 || qid == 0 || qid > 1<<32 || k.origin.Enqueuer>>48 != from || k.origin.QSeq == 0 {
+		return // not what a Warren node sends: no answer (its origin gives up)
 	}
-	k := &fwdSink{b: b, to: from, id: id}
 	batch := &PublishBatch{Sink: k, Codes: make([]uint32, n)}
 	batch.Pending.Store(1)
 	q := b.topo.slots.get(queue.QueueRef(qid))
-	items, ar, err := parseForwarded(p[21:], n, q)
+	items, ar, err := parseForwarded(p[fwdPublishHeader:], n, q)
 	if q == nil || err != nil {
-		for i := range batch.Codes {
-			batch.Codes[i] = uint32(wire.InternalNack)
-		}
+		k.refused = true
 		batch.PartDone()
 		return
 	}
@@ -233,16 +520,29 @@ func (b *Broker) forwardedPublish(from uint64, p []byte) {
 	s := q.shard
 	s.submit(Command{Kind: cmdPost, post: func() {
 		k.lead = q.lead.Load()
-		if q.gone || !q.leads() || !q.replicated {
+		refuse := func() {
 			for _, it := range items {
 				s.release(it.Msg)
-				batch.Nack(it.Idx, wire.InternalNack)
 			}
 			batch.PartDone()
+		}
+		switch {
+		case q.gone || !q.replicated || q.m == nil:
+			k.refused = true
+			refuse()
+			return
+		case !q.leads():
+			k.redirect = true // to the leader it names
+			refuse()
 			return
 		}
 		q.published.Add(uint64(len(items)))
-		s.enqueue(items, batch, nil)
+		w := s.enqueueDurable(q, items, batch, nil, nil, &k.origin)
+		if w != nil {
+			s.partRelease(w)
+		} else {
+			batch.PartDone()
+		}
 	}})
 }
 
@@ -274,25 +574,56 @@ func parseForwarded(p []byte, n int, q *Queue) ([]EnqItem, *Arena, error) {
 	return items, ar, nil
 }
 
-// fwdSink answers a forwarded publish: its confirm goes back to the
-// origin node. Nothing else of a Sink is used.
+// fwdSink answers a forwarded part: its confirm, refusal or resend goes
+// back to the origin node (through appliedEnqueue and answerLost, which
+// set what the answer is). Nothing else of a Sink is used.
 type fwdSink struct {
-	b    *Broker
-	to   uint64
-	id   uint64
-	lead uint64
+	b        *Broker
+	to       uint64
+	qid      uint64
+	origin   replication.Origin
+	try      uint32
+	lead     uint64
+	refused  bool   // nothing of the part was applied, nor will be
+	redirect bool   // this node does not lead the queue: resend to lead
+	from     uint64 // the queue misses the enqueuer's qseqs from here on: resend
 }
 
 func (k *fwdSink) Confirm(batch *PublishBatch) {
-	p := append(make([]byte, 0, 21+4*len(batch.Codes)), 'C')
-	p = binary.LittleEndian.AppendUint64(p, k.id)
-	p = binary.LittleEndian.AppendUint64(p, k.lead)
-	p = binary.LittleEndian.AppendUint32(p, uint32(len(batch.Codes)))
-	for i := range batch.Codes {
-		p = binary.LittleEndian.AppendUint32(p, batch.Codes[i])
+	var p []byte
+	if k.redirect || k.from != 0 {
+		p = make([]byte, 0, fwdResendLen)
+		p = append(p, 'R')
+	} else {
+		p = make([]byte, 0, fwdConfirmHeader+4*len(batch.Codes))
+		p = append(p, 'C')
+	}
+	p = binary.LittleEndian.AppendUint64(p, k.origin.Enqueuer)
+	p = binary.LittleEndian.AppendUint64(p, k.origin.Incarnation)
+	p = binary.LittleEndian.AppendUint64(p, k.qid)
+	p = binary.LittleEndian.AppendUint64(p, k.origin.QSeq)
+	if p[0] == 'R' {
+		p = binary.LittleEndian.AppendUint32(p, k.try)
+		p = binary.LittleEndian.AppendUint64(p, k.from)
+		p = binary.LittleEndian.AppendUint64(p, k.lead)
+	} else {
+		p = binary.LittleEndian.AppendUint64(p, k.lead)
+		p = append(p, flagByte(k.refused))
+		p = binary.LittleEndian.AppendUint32(p, uint32(len(batch.Codes)))
+		for i := range batch.Codes {
+			code := batch.Codes[i]
+			if k.refused {
+				code = uint32(wire.InternalNack)
+			}
+			p = binary.LittleEndian.AppendUint32(p, code)
+		}
+	}
+	if k.to == k.b.cfg.Durable.NodeID {
+		k.b.forwardAnswer(p) // this node's own part (it leads the queue now)
+		return
 	}
 	if send := k.b.cfg.Durable.Forward; send != nil {
-		send(k.to, p) // lost: the origin's timeout nacks it
+		send(k.to, p) // lost: the origin sends the part again
 	}
 }
 

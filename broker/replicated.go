@@ -37,7 +37,8 @@ import (
 // earlier incarnation); what they held becomes ready again, redelivered.
 // On losing leadership it nacks the publishes still waiting for an apply
 // (they may or may not be in the log: at-least-once, the publisher
-// resends), refuses the waiting subscribes and purges, and cancels its
+// resends; a forwarded part is answered "resend to the new leader"
+// instead, which applies it at most once: forward.go), refuses the waiting subscribes and purges, and cancels its
 // consumers of the queue (their unacked deliveries return to the queue
 // through the next leader's Down).
 
@@ -146,8 +147,8 @@ func (s *shard) leaderChanged(g *replication.Group, lead uint64, leader bool) {
 		return
 	}
 	q.lead.Store(lead)
-	if len(s.fwd) > 0 {
-		s.forwardsLost(q, lead)
+	if len(s.streams) > 0 {
+		s.leaderMoved(q, lead)
 	}
 	switch {
 	case leader && !q.leading:
@@ -368,8 +369,14 @@ func (b *Broker) balanceLeaders() {
 func (s *shard) answerLost(q *Queue, p *pendingPart) {
 	s.bytesDelta -= p.bytes
 	if p.w != nil {
-		for _, k := range p.idx {
-			p.w.batch.Nack(k, wire.InternalNack)
+		if k, ok := p.w.batch.Sink.(*fwdSink); ok {
+			// A forwarded part: its origin sends it to the next leader,
+			// which applies it unless this entry was applied after all.
+			k.redirect, k.lead = true, q.lead.Load()
+		} else {
+			for _, k := range p.idx {
+				p.w.batch.Nack(k, wire.InternalNack)
+			}
 		}
 		s.partRelease(p.w)
 	}

@@ -33,12 +33,12 @@ type shard struct {
 	byGroup map[uint64]*Queue // replicated queues by group id (replicated.go)
 	moves   shardMoves        // replicated queues with a move pending (reconcile.go)
 	// Publishes forwarded to other nodes, waiting for their confirm
-	// (forward.go): by id, and the ids in the order sent.
-	fwd      map[uint64]*pendingFwd
-	fwdOrder []uint64
-	fwdSeq   uint64
-	fc       fwdConsume // forwarded consumers and the links served (forward_consume.go)
-	now      int64      // ms, stamped once per drained batch
+	// (forward.go): the stream to each queue, and the bytes they hold.
+	streams map[queue.QueueRef]*fwdStream
+	fwdHeld int
+	fwdInc  uint64     // the last enqueuer incarnation a stream took (newInc)
+	fc      fwdConsume // forwarded consumers and the links served (forward_consume.go)
+	now     int64      // ms, stamped once per drained batch
 	// timers orders the queues waiting for a Tick by wake time; the timer
 	// is armed for armedAt (0: not armed), the earliest of them.
 	timers     timerHeap
@@ -342,7 +342,7 @@ func (s *shard) enqueue(items []EnqItem, batch *PublishBatch, dl *dlWait) {
 			continue
 		}
 		if q.grp != nil {
-			w = s.enqueueDurable(q, items[start:end], batch, w, dl)
+			w = s.enqueueDurable(q, items[start:end], batch, w, dl, nil)
 			dl = nil // told when applied (or failed)
 			start = end
 			continue

@@ -44,8 +44,13 @@ func newFromFSM(t *testing.T) *fromFSM {
 func (x *fromFSM) sink(a *Applied) {
 	if enq, ok := a.Command.(*queue.Enqueue); ok {
 		x.last = a.From
-		for _, b := range enq.Bodies {
+		for k, b := range enq.Bodies {
 			x.msgs = append(x.msgs, string(b))
+			// The id names the body's place in the entry, counting the
+			// messages skipped (Group.Body reads it so).
+			if slot := int(enq.Msgs[k].ID & 0xFFFF); slot != a.From.Skipped+k {
+				x.t.Errorf("message %q has slot %d, want %d", b, slot, a.From.Skipped+k)
+			}
 		}
 	}
 }

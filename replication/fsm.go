@@ -208,7 +208,9 @@ func (f *QueueFSM) fromFrame(fr *Frame, c *queue.Enqueue) (bool, error) {
 		skip = r.Skipped
 	}
 	// The entry was counted with every message of the part: those not
-	// applied hold nothing.
+	// applied hold nothing. They keep their slots: a message's id is its
+	// place among the entry's messages, where Group.Body finds its body.
+	f.slot += uint64(skip)
 	for range skip {
 		if !f.live.release(f.a.Index << 16) {
 			return false, fmt.Errorf("%w: a publish-from's skipped messages (entry %d)", ErrLiveIndex, f.a.Index)

@@ -1,0 +1,212 @@
+package broker
+
+import (
+	"fmt"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/warren-mq/warren/queue"
+	"github.com/warren-mq/warren/wire"
+)
+
+// fwdPublisher publishes numbered messages at one node and keeps every
+// batch, to check their answers.
+type fwdPublisher struct {
+	t       *testing.T
+	k       *durSink
+	n       int
+	batches []*PublishBatch
+	bodies  [][]string
+}
+
+func (p *fwdPublisher) publish(nd *clusterNode, name string, count int) {
+	b := nd.b.Load()
+	q := b.topo.lookupQueue(name)
+	var bodies []string
+	for range count {
+		bodies = append(bodies, fmt.Sprintf("m%03d", p.n))
+		p.n++
+	}
+	p.batches = append(p.batches, publish(b, q, p.k, true, bodies...))
+	p.bodies = append(p.bodies, bodies)
+}
+
+// settled waits for every batch's answer and returns the bodies
+// confirmed; a nack fails the test (none of these publishes may be).
+func (p *fwdPublisher) confirmed() []string {
+	p.t.Helper()
+	p.k.waitFor(p.t, "every forwarded publish's answer", func() bool {
+		for _, b := range p.batches {
+			if !p.k.confirmed(b) {
+				return false
+			}
+		}
+		return true
+	})
+	var ok []string
+	for i, b := range p.batches {
+		for j, code := range b.Codes {
+			if code != 0 {
+				p.t.Fatalf("message %s nacked (%d)", p.bodies[i][j], code)
+			}
+			ok = append(ok, p.bodies[i][j])
+		}
+	}
+	return ok
+}
+
+// queueBodies consumes every message of queue name at its leader and
+// returns their bodies, sorted.
+func queueBodies(t *testing.T, c *testCluster, name string, want int) []string {
+	t.Helper()
+	lead := c.queueLeader(name)
+	q := lead.b.Load().topo.lookupQueue(name)
+	k := newDurSink()
+	q.shard.submit(Command{Kind: CmdSubscribe, Queue: q, Sink: k, Spec: queue.ConsumerSpec{ID: 77, Owner: 77}, Req: 1})
+	k.waitFor(t, fmt.Sprintf("%d deliveries at the leader", want), func() bool { return len(k.got) >= want })
+	barrier(t, q.shard)
+	if info, _ := lead.b.Load().Queue(name); info.Ready != 0 {
+		t.Fatalf("%d messages left ready after %d delivered", info.Ready, want)
+	}
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	var got []string
+	for _, d := range k.got {
+		got = append(got, d.body)
+	}
+	slices.Sort(got)
+	return got
+}
+
+// TestClusterForwardDedup: publishes forwarded to a replicated queue's
+// leader across a lost confirm, a leadership transfer and the leader's
+// death are every one confirmed and in the queue exactly once (enqueuer
+// deduplication, forward.go): a part whose confirm was lost is sent
+// again and confirmed, not enqueued twice; parts in flight when the
+// leader changes go to the new leader, which applies only those not in
+// its log.
+func TestClusterForwardDedup(t *testing.T) {
+	c := newTestClusterFwd(t, 3, 0, 8*time.Second)
+	c.leader()
+	if _, err := c.nodes[0].b.Load().DeclareQueueAs(&wire.QueueDeclare{Name: "dq", Durable: true}, 0, ""); err != nil {
+		t.Fatal(err)
+	}
+	for _, nd := range c.nodes {
+		c.sees(nd, "queue dq durable=true")
+	}
+	// notLeading is a node up other than the queue's leader and skip.
+	notLeading := func(skip *clusterNode) *clusterNode {
+		lead := c.queueLeader("dq")
+		for _, nd := range c.nodes {
+			if nd.up && nd != lead && nd != skip {
+				return nd
+			}
+		}
+		t.Fatal("no node to choose")
+		return nil
+	}
+	origin := notLeading(nil)
+	var origins, leaders []uint64
+	defer func() { origins = append(origins, origin.id) }()
+	pub := &fwdPublisher{t: t, k: newDurSink()}
+
+	// A lost confirm: the leader applies the part, its answer is dropped;
+	// the origin sends the part again and the leader confirms it without
+	// enqueueing it twice.
+	drop := func(from, to uint64, p []byte) bool { return p[0] == 'C' }
+	c.lose.Store(&drop)
+	pub.publish(origin, "dq", 5)
+	c.waitFor("the leader applied the first part", func() bool {
+		info, _ := c.queueLeader("dq").b.Load().Queue("dq")
+		return info.Ready == 5
+	})
+	c.lose.Store(nil)
+	pub.confirmed()
+	if info, _ := c.queueLeader("dq").b.Load().Queue("dq"); info.Ready != 5 {
+		t.Fatalf("after the resend the leader holds %d messages, want 5", info.Ready)
+	}
+	dups := uint64(0)
+	for _, nd := range c.nodes {
+		dups += nd.b.Load().fwdDuplicates.Load()
+	}
+	if dups < 5 {
+		t.Fatalf("the leaders saw %d duplicate messages, want the 5 resent", dups)
+	}
+
+	// A transfer while parts are in flight.
+	origin = notLeading(nil)
+	lead, next := c.queueLeader("dq"), notLeading(origin)
+	origins, leaders = append(origins, origin.id), append(leaders, lead.id, next.id)
+	for range 5 {
+		pub.publish(origin, "dq", 20)
+	}
+	lq := lead.b.Load().topo.lookupQueue("dq")
+	transfer := func() { lq.shard.submit(Command{Kind: cmdPost, post: func() { lq.grp.TransferLeadership(next.id) }}) }
+	transfer()
+	for range 5 {
+		pub.publish(origin, "dq", 20)
+	}
+	asked := time.Now()
+	c.waitFor("the transfer", func() bool {
+		if time.Since(asked) > time.Second { // raft abandons a transfer after an election timeout
+			transfer()
+			asked = time.Now()
+		}
+		return c.queueLeader("dq") == next
+	})
+	pub.confirmed()
+
+	// The leader dies while parts are in flight (some applied, their
+	// confirms lost with it).
+	origin = notLeading(nil)
+	dead := c.queueLeader("dq")
+	origins, leaders = append(origins, origin.id), append(leaders, dead.id)
+	for range 5 {
+		pub.publish(origin, "dq", 20)
+	}
+	c.stop(dead)
+	for range 5 {
+		pub.publish(origin, "dq", 20)
+	}
+	ok := pub.confirmed()
+	final := c.queueLeader("dq")
+	leaders = append(leaders, final.id)
+	t.Logf("origin resent %d parts", origin.b.Load().fwdResent.Load())
+	slices.Sort(ok)
+	got := queueBodies(t, c, "dq", len(ok))
+	defer func() {
+		// Idle streams end, and their enqueuers leave the table.
+		if n := enqueuers(t, final, "dq"); n == 0 {
+			t.Fatal("no enqueuer in the table after forwarded publishes")
+		}
+		c.skewMs.Store(streamIdle.Milliseconds() + 1000)
+		c.waitFor("the idle enqueuers gone from the table", func() bool { return enqueuers(t, final, "dq") == 0 })
+	}()
+	if strings.Join(got, " ") != strings.Join(ok, " ") {
+		n := map[string]int{}
+		for _, b := range got {
+			n[b]++
+		}
+		var twice, missing []string
+		for _, b := range ok {
+			switch n[b] {
+			case 0:
+				missing = append(missing, b)
+			case 1:
+			default:
+				twice = append(twice, fmt.Sprintf("%s×%d", b, n[b]))
+			}
+		}
+		t.Errorf("the queue holds %d messages for %d confirmed: missing %d %v, more than once %d %v; phases' origins %v, leaders %v", len(got), len(ok), len(missing), missing, len(twice), twice, origins, leaders)
+	}
+}
+
+// enqueuers is the size of queue name's enqueuer table at node nd.
+func enqueuers(t *testing.T, nd *clusterNode, name string) int {
+	q := nd.b.Load().topo.lookupQueue(name)
+	n := make(chan int, 1)
+	q.shard.submit(Command{Kind: cmdPost, post: func() { n <- q.grp.FSM().Enqueuers() }})
+	return <-n
+}
