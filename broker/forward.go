@@ -149,7 +149,7 @@ func (s *shard) newInc() uint64 {
 func (s *shard) forward(q *Queue, items []EnqItem, batch *PublishBatch, w *partWait) *partWait {
 	size := fwdPublishHeader
 	for _, it := range items {
-		size += 22 + logMsgHeader + len(it.Msg.Exchange) + len(it.Msg.RoutingKey) + len(it.Msg.Props) + len(it.Msg.Body)
+		size += 22 + logMsgHeader + len(it.Msg.Exchange()) + len(it.Msg.RoutingKey()) + len(it.Msg.Props()) + len(it.Msg.Body())
 	}
 	if s.b.cfg.Durable.Forward == nil || s.fwdHeld+size > maxForwardHeld {
 		for _, it := range items {
