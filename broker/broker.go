@@ -62,6 +62,7 @@ type Broker struct {
 	storedBytes atomic.Int64
 	consumerSeq atomic.Uint64
 	leaving     atomic.Bool                 // TransferLeaderships ran: take no queue leadership back (replicated.go)
+	origins     fwdOrigins                  // the incarnations of the nodes whose consumers this node serves (forward_consume.go)
 	dlDropLog   [NumDLDrops]ratelog.Limiter // "dead letter dropped" lines, per reason
 	// Forwarded publishes (forward.go): parts this node sent again, and
 	// messages of forwarded parts it did not enqueue again (applied before).

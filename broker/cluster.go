@@ -286,6 +286,9 @@ func (b *Broker) tickGroups() {
 					s.now = s.b.NowMs()
 					s.checkForwards()
 				}
+				if s.idx == 0 {
+					s.b.helloOrigins()
+				}
 				if len(s.fc.byID)+len(s.fc.links)+len(s.fc.purges) > 0 {
 					s.now = s.b.NowMs()
 					s.tickForwarded()

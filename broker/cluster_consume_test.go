@@ -120,7 +120,12 @@ func settleOn(b *Broker, q *Queue, id queue.ConsumerID, op wire.SettleOp, tags .
 // persistent messages m0.. confirmed, and returns the cluster, its
 // leader and a node that does not lead it.
 func rqCluster(t *testing.T, n int) (*testCluster, *clusterNode, *clusterNode) {
-	c := newTestCluster(t, 3)
+	return rqClusterFwd(t, n, 2*time.Second)
+}
+
+// rqClusterFwd: with this forward timeout.
+func rqClusterFwd(t *testing.T, n int, fwdTimeout time.Duration) (*testCluster, *clusterNode, *clusterNode) {
+	c := newTestClusterFwd(t, 3, 0, fwdTimeout)
 	c.leader()
 	if _, err := c.nodes[0].b.Load().DeclareQueueAs(&wire.QueueDeclare{Name: "rq", Durable: true}, 0, ""); err != nil {
 		t.Fatal(err)
@@ -427,4 +432,24 @@ func TestClusterForwardedLossRecovers(t *testing.T) {
 	if lostD.Load() < 1 || lostA.Load() < 1 {
 		t.Fatal("nothing was lost")
 	}
+}
+
+// TestClusterForwardedOriginRestarts: a forwarded consumer's node that
+// restarts has none of its clients; its leader hears its new incarnation
+// (its hello) and Downs the old links at once, not after the forward
+// timeout (a minute here, past the wait).
+func TestClusterForwardedOriginRestarts(t *testing.T) {
+	c, lead, other := rqClusterFwd(t, 10, time.Minute)
+	ob := other.b.Load()
+	oq := ob.topo.lookupQueue("rq")
+	k := newFwdClient()
+	ob.Submit(Command{Kind: CmdSubscribe, Queue: oq, Sink: k, Spec: queue.ConsumerSpec{ID: 1, Owner: 7, Prefetch: 3}, Req: 1})
+	k.waitFor(t, "three deliveries", func() bool { return len(k.got) == 3 })
+	c.waitFor("the origin's first incarnation known", func() bool { return lead.b.Load().origins.known(other.id) != 0 })
+	c.stop(other)
+	c.start(other, nil)
+	if c.queueLeader("rq") != lead {
+		t.Skip("the leadership moved as the node restarted")
+	}
+	c.waitFor("the old incarnation's consumer Downed", func() bool { r, u, n := queueCounts(lead); return r == 10 && u == 0 && n == 0 })
 }

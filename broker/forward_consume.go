@@ -4,6 +4,7 @@ import (
 	"encoding/binary"
 	"slices"
 	"strconv"
+	"sync"
 
 	"github.com/warren-mq/warren/queue"
 	"github.com/warren-mq/warren/wire"
@@ -57,17 +58,24 @@ import (
 // the origin has not heard about for ForwardTimeout is replaced; a link
 // the leader has not heard about for ForwardTimeout is Downed there (the
 // origin node is gone or cut off: its clients' unacked messages are
-// redelivered to others).
+// redelivered to others). Every node also says hello to every other one
+// as often, naming its incarnation (the start time its proposal seqs
+// count from), which each link's subscribe carries too: a node that
+// restarted has none of its old clients, and a leader that hears its
+// new incarnation Downs the links of the old one at once rather than
+// after the timeout.
 //
 // Messages (after the 'c' that marks them; little-endian, internal to
 // one Warren version):
 //
 //	origin → leader
-//	  'S' link u64 | queue u64 | prefetch u32 | prefetch bytes u32 | priority u16 | flags u8 | timeout ms u64
+//	  'S' link u64 | queue u64 | prefetch u32 | prefetch bytes u32 | priority u16 | flags u8 | timeout ms u64 | incarnation u64
 //	  'A' link | queue | n u32 | n × (op u8 | first u64 | last u64 | arg u32)   settles
 //	  'X' link | queue | mode u8                                                cancel, cancel+requeue, down
 //	  'K' n u32 | n × (link | queue | sent u64)                                 keepalive
 //	  'U' id u64 | queue                                                        purge
+//	  'I' incarnation u64                                                       hello, to every node
+//	  'I' incarnation u64                                                       hello, to every node
 //	leader → origin
 //	  's' link | code u32 | leader u64 | moved u8 | reason                      subscribed
 //	  'd' n u32 | n × (link | qtag u64 | msg id u64 | dc u32 | fc u32 | len u32 | log form)
@@ -137,6 +145,7 @@ type fwdConsumer struct {
 type servedLink struct {
 	q       *Queue
 	from    uint64 // the origin node
+	inc     uint64 // its incarnation
 	recv    uint64 // messages received after its subscribe
 	sent    uint64 // deliveries sent
 	heard   int64
@@ -252,6 +261,7 @@ func (s *shard) relink(ol *fwdConsumer, to uint64) {
 	}
 	p = append(p, f)
 	p = binary.LittleEndian.AppendUint64(p, uint64(sp.TimeoutMs))
+	p = binary.LittleEndian.AppendUint64(p, s.b.seqBase)
 	s.b.sendFwd(to, p) // lost: no answer, and the tick replaces the link
 }
 
@@ -768,6 +778,10 @@ func (b *Broker) forwardedConsume(from uint64, p []byte) {
 		p = append([]byte(nil), p...)
 		s := q.shard
 		s.submit(Command{Kind: cmdPost, post: func() { s.forLeader(from, q, p) }})
+	case 'I':
+		if len(p) >= 10 {
+			b.heardOrigin(from, binary.LittleEndian.Uint64(p[2:]))
+		}
 	case 'K':
 		if len(p) < 6 {
 			return
@@ -868,9 +882,10 @@ func (s *shard) forLeader(from uint64, q *Queue, p []byte) {
 		return
 	}
 	if op == 'S' {
-		if len(p) < 19 {
+		if len(p) < 27 {
 			return
 		}
+		inc := binary.LittleEndian.Uint64(p[19:])
 		if !here {
 			code, reason := wire.NotFound, "no queue "+strconv.Quote(LocalName(q.name))
 			if !q.gone {
@@ -895,7 +910,10 @@ func (s *shard) forLeader(from uint64, q *Queue, p []byte) {
 		if spec.Prefetch == 0 {
 			spec.Prefetch = maxLinkPrefetch // an origin's clients always have one: bounded all the same
 		}
-		rl := &servedLink{q: q, from: from, heard: s.now, pending: true}
+		if inc < s.b.origins.known(from) {
+			return // an earlier incarnation's: that node has no such client now
+		}
+		rl := &servedLink{q: q, from: from, inc: inc, heard: s.now, pending: true}
 		fc.links[id] = rl
 		k := s.linkSinkFor(from, id)
 		s.subscribe(q, k, spec, 0)
@@ -1146,3 +1164,75 @@ func (getDrained) Subscribed(queue.ConsumerID, uint32, wire.Code, string) {}
 func (getDrained) Cancelled(queue.ConsumerID, wire.Code, string)          {}
 func (getDrained) LeaseExpired(queue.ConsumerID, uint64)                  {}
 func (getDrained) ConsumerGone(queue.ConsumerID)                          {}
+
+// fwdOrigins is what a node knows of the others' incarnations.
+type fwdOrigins struct {
+	mu      sync.Mutex
+	inc     map[uint64]uint64 // node → the latest incarnation heard
+	helloAt int64             // ms: when this node last said hello
+}
+
+func (o *fwdOrigins) known(node uint64) uint64 {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	return o.inc[node]
+}
+
+// helloOrigins says hello to every other node, every ForwardTimeout/4
+// (from the cluster's ticker).
+func (b *Broker) helloOrigins() {
+	if b.cfg.Durable == nil || b.cfg.Durable.Forward == nil {
+		return
+	}
+	limit := b.cfg.Durable.ForwardTimeout
+	if limit <= 0 {
+		limit = defaultForwardTimeout
+	}
+	now := b.NowMs()
+	o := &b.origins
+	o.mu.Lock()
+	due := now-o.helloAt >= limit.Milliseconds()/4
+	if due {
+		o.helloAt = now
+	}
+	o.mu.Unlock()
+	if !due {
+		return
+	}
+	b.topo.mu.Lock()
+	nodes := slices.Clone(b.topo.meta.Nodes())
+	b.topo.mu.Unlock()
+	for _, n := range nodes {
+		if n != b.cfg.Durable.NodeID {
+			p := binary.LittleEndian.AppendUint64(append(make([]byte, 0, 10), 'c', 'I'), b.seqBase)
+			b.cfg.Durable.Forward(n, p)
+		}
+	}
+}
+
+// heardOrigin notes node's incarnation; a newer one than known Downs the
+// links of the earlier ones on every shard.
+func (b *Broker) heardOrigin(node, inc uint64) {
+	o := &b.origins
+	o.mu.Lock()
+	was := o.inc[node]
+	if inc > was {
+		if o.inc == nil {
+			o.inc = map[uint64]uint64{}
+		}
+		o.inc[node] = inc
+	}
+	o.mu.Unlock()
+	if was == 0 || inc <= was {
+		return
+	}
+	for _, s := range b.shards {
+		s.submit(Command{Kind: cmdPost, post: func() {
+			for _, l := range sortedLinks(s.fc.links) {
+				if rl := s.fc.links[l]; rl.from == node && rl.inc < inc {
+					s.dropLink(l)
+				}
+			}
+		}})
+	}
+}

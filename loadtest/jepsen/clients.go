@@ -15,13 +15,9 @@ import (
 
 // clients are the producers and consumers of one class's run.
 type clients struct {
-	cfg  *Config
-	hist *loadtest.History
-	urls func() []string // the nodes' URLs (a random one per connection)
-	// leader, in a cluster, is the URL of the node leading a queue (its
-	// consumers must connect there: consumer forwarding is not built);
-	// nil on one node.
-	leader func(ctx context.Context, queue string) (string, error)
+	cfg    *Config
+	hist   *loadtest.History
+	urls   func() []string // the nodes' URLs (a random one per connection)
 	queues []string
 
 	// Per producer and consumer: the last confirm and the last delivery
@@ -132,28 +128,16 @@ func (c *clients) produce(ctx context.Context, id int, seed uint64, settle time.
 	}
 }
 
-// consumeURL is where a consumer of queue connects: a random node, or in
-// a cluster the queue's leader as the admin API tells it now (a random
-// node when no node names one: the consume is refused and the consumer
-// asks again).
-func (c *clients) consumeURL(ctx context.Context, r *rand.Rand, queue string) string {
-	if c.leader != nil {
-		if u, err := c.leader(ctx, queue); err == nil {
-			return u
-		}
-	}
-	return c.url(r)
-}
-
 // consume takes messages from queue until ctx ends: it checks every body,
 // acks most (a consumption), requeues some, and now and then cancels and
-// resubscribes or drops its connection and reconnects (in a cluster to
-// the queue's leader, looked up again on every connection).
+// resubscribes or drops its connection and reconnects, to a random node
+// (in a cluster a node that does not lead the queue serves its consumers
+// from the leader).
 func (c *clients) consume(ctx context.Context, id int, queue string, seed uint64, chaos *atomic.Bool) {
 	defer c.consWG.Done()
 	r := rand.New(rand.NewPCG(seed, uint64(1000+id)))
 	for ctx.Err() == nil {
-		u := c.consumeURL(ctx, r, queue)
+		u := c.url(r)
 		dctx, cancel := context.WithTimeout(ctx, 2*time.Second)
 		conn, err := client.Dial(dctx, u, client.Options{Name: "warren-jepsen"})
 		cancel()

@@ -302,9 +302,6 @@ func runClass(ctx context.Context, cfg *Config, class string, seed uint64) (res 
 	hist := loadtest.NewHistory(cfg.Producers, cfg.Size)
 	c := &clients{cfg: cfg, hist: hist, urls: cl.urls,
 		lastConfirm: make([]atomic.Int64, cfg.Producers), lastDeliver: make([]atomic.Int64, cfg.Consumers+cfg.Queues)}
-	if cfg.Nodes > 1 {
-		c.leader = cl.leader
-	}
 	for i := 0; i < cfg.Queues; i++ {
 		c.queues = append(c.queues, fmt.Sprintf("jepsen-%d", i))
 	}

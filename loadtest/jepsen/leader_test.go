@@ -8,7 +8,7 @@ import (
 	"testing"
 )
 
-// TestLeaderURL: a consumer's node is the one the admin API names as the
+// TestLeaderURL: the kill-leader nemesis's target is the node the admin API names as the
 // queue's leader, whichever node answers; a node that cannot answer is
 // skipped; no leader named anywhere is an error.
 func TestLeaderURL(t *testing.T) {
