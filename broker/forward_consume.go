@@ -721,6 +721,9 @@ func (s *shard) linkDeliveries(p []byte) {
 	}
 	n := int(binary.LittleEndian.Uint32(p))
 	p = p[4:]
+	if n > len(p)/36 {
+		return // not a message of ours: no allocation on its word
+	}
 	msgs := make([]StoredMsg, n)
 	ar := &Arena{Buf: p}
 	for i := range n {
