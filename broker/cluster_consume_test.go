@@ -453,3 +453,29 @@ func TestClusterForwardedOriginRestarts(t *testing.T) {
 	}
 	c.waitFor("the old incarnation's consumer Downed", func() bool { r, u, n := queueCounts(lead); return r == 10 && u == 0 && n == 0 })
 }
+
+// TestClusterForwardedQueueDeleted: a forwarded consumer's queue deleted
+// (on a third node) cancels it: the client hears Cancelled, then
+// ConsumerGone, once.
+func TestClusterForwardedQueueDeleted(t *testing.T) {
+	c, lead, other := rqCluster(t, 5)
+	ob := other.b.Load()
+	oq := ob.topo.lookupQueue("rq")
+	k := newFwdClient()
+	ob.Submit(Command{Kind: CmdSubscribe, Queue: oq, Sink: k, Spec: queue.ConsumerSpec{ID: 1, Owner: 7, Prefetch: 2}, Req: 1})
+	k.waitFor(t, "two deliveries", func() bool { return len(k.got) == 2 })
+	third := c.nodes[0]
+	for third == lead || third == other {
+		third = c.nodes[third.id%3]
+	}
+	if _, err := third.b.Load().DeleteQueue(t.Context(), "rq", false, false); err != nil {
+		t.Fatal(err)
+	}
+	k.waitFor(t, "the consumer cancelled and gone", func() bool { return len(k.cancels) == 1 && len(k.gone) == 1 })
+	// A settle of the deleted queue's delivery is no error.
+	settleOn(ob, oq, 1, wire.SettleAck, k.snap().got[0].tag)
+	barrier(t, oq.shard)
+	if sn := k.snap(); len(sn.cancels) != 1 || len(sn.gone) != 1 || sn.cancels[0] != 1 {
+		t.Fatalf("cancels %v, gone %v: want consumer 1 once each", sn.cancels, sn.gone)
+	}
+}
