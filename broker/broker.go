@@ -27,6 +27,12 @@ type Config struct {
 	// DeadLetterDropped, if set, is told each dead letter that went
 	// nowhere, by reason (the broker's metrics count them).
 	DeadLetterDropped func(DLDrop)
+	// PublishBlocked, if set, reports whether this node holds its own
+	// publishers back (the memory or the disk alarm): a publish another
+	// node forwards to a queue led here is then refused as busy, and its
+	// origin holds it and sends it again (forward.go), rather than this
+	// node taking what its own clients may not send.
+	PublishBlocked func() bool
 	// OnApply, if set, is called on a shard's goroutine with every command
 	// the shard applies, just before it applies it, with the shard's index
 	// and the time the command is stamped with: a recorder of commands
@@ -64,14 +70,15 @@ type Broker struct {
 	leaving     atomic.Bool                 // TransferLeaderships ran: take no queue leadership back (replicated.go)
 	origins     fwdOrigins                  // the incarnations of the nodes whose consumers this node serves (forward_consume.go)
 	dlDropLog   [NumDLDrops]ratelog.Limiter // "dead letter dropped" lines, per reason
-	// Forwarded publishes (forward.go): parts this node sent again, and
-	// messages of forwarded parts it did not enqueue again (applied before).
-	fwdResent, fwdDuplicates atomic.Uint64
-	dlInflight               atomic.Int64 // held dead letters sent and not yet settled (deadletter.go)
-	writeFailed              atomic.Bool  // a durable queue's log write failed (logFailed)
-	shardsStopped            atomic.Int32 // shards whose run has returned (Stop)
-	sweepOnce                sync.Once    // the first WaitRecovered removes deleted queues' groups
-	sweepErr                 error
+	// Forwarded publishes (forward.go): parts this node sent again,
+	// messages of forwarded parts it did not enqueue again (applied
+	// before), and parts it sent that a leader under its alarm refused.
+	fwdResent, fwdDuplicates, fwdBusy atomic.Uint64
+	dlInflight                        atomic.Int64 // held dead letters sent and not yet settled (deadletter.go)
+	writeFailed                       atomic.Bool  // a durable queue's log write failed (logFailed)
+	shardsStopped                     atomic.Int32 // shards whose run has returned (Stop)
+	sweepOnce                         sync.Once    // the first WaitRecovered removes deleted queues' groups
+	sweepErr                          error
 }
 
 // poolSize is how many snapshot writes and compactions of durable queues

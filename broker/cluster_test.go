@@ -43,6 +43,9 @@ type testCluster struct {
 	lose atomic.Pointer[func(from, to uint64, p []byte) bool]
 	// skewMs is added to every node's clock (Config.Clock).
 	skewMs atomic.Int64
+	// alarm[id] is node id's Config.PublishBlocked (its memory or disk
+	// alarm).
+	alarm [8]atomic.Bool
 }
 
 const clusterTestSecret = "0123456789abcdef0123456789abcdef"
@@ -139,7 +142,7 @@ func (c *testCluster) start(nd *clusterNode, ln net.Listener) {
 	}
 	fatal := func(err error) { t.Errorf("node %d: %v", nd.id, err) }
 	clock := func() int64 { return time.Now().UnixMilli() + c.skewMs.Load() }
-	b := New(Config{Shards: 2, Clock: clock, Durable: &DurableConfig{Log: l, Snapshots: store, Fatal: fatal, NodeID: nd.id, Send: tr.Send, SendSnapshot: func(gid uint64, s *SnapshotMessage, done func(bool)) {
+	b := New(Config{Shards: 2, Clock: clock, PublishBlocked: func() bool { return c.alarm[nd.id].Load() }, Durable: &DurableConfig{Log: l, Snapshots: store, Fatal: fatal, NodeID: nd.id, Send: tr.Send, SendSnapshot: func(gid uint64, s *SnapshotMessage, done func(bool)) {
 		tr.SendSnapshot(gid, (*cluster.Snapshot)(s), done)
 	}, Forward: func(to uint64, p []byte) bool {
 		if lose := c.lose.Load(); lose != nil && (*lose)(nd.id, to, p) {

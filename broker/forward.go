@@ -59,13 +59,18 @@ import (
 //	         n × (size u32 | priority u8 | hasExp u8 | expMs u32 | dedup u64 | len u32 | the message's log form)
 //	confirm: 'C' | enqueuer u64 | inc u64 | queue id u64 | qseq u64 | leader u64 | refused u8 | n u32 | n × code u32
 //	resend:  'R' | enqueuer u64 | inc u64 | queue id u64 | qseq u64 | try u32 | from u64 | leader u64
+//	busy:    'B' | enqueuer u64 | inc u64 | queue id u64 | qseq u64
 //	down:    'D' | enqueuer u64 | inc u64 | queue id u64
 //
 // A confirm with refused 1 applied nothing. A resend answers the part
 // (qseq, try): from 0, "not the leader: send to leader"; else "missing
 // from qseq from: send again". try counts a part's sends, so that the
 // answers to sends made before the last resend are told apart and
-// ignored. A stream with nothing unconfirmed that has been idle for a
+// ignored. Busy: the leader holds its own publishers back (its memory or
+// disk alarm, Config.PublishBlocked) and took nothing of the part; the
+// origin holds it and sends it again after the resend interval, until
+// the alarm clears or ForwardTimeout passes (then nacked, as above). A
+// stream with nothing unconfirmed that has been idle for a
 // minute ends: 'D' tells the leader, which logs an enqueuer-down, so the
 // queue's table keeps only the enqueuers in use.
 
@@ -83,6 +88,7 @@ const (
 	fwdConfirmHeader = 1 + 8 + 8 + 8 + 8 + 8 + 1 + 4
 	fwdResendLen     = 1 + 8 + 8 + 8 + 8 + 4 + 8 + 8
 	fwdDownLen       = 1 + 8 + 8 + 8
+	fwdBusyLen       = 1 + 8 + 8 + 8 + 8
 )
 
 // fwdStream is a shard's stream of parts to one queue led elsewhere: the
@@ -278,6 +284,7 @@ func (st *fwdStream) findPart(inc, qseq uint64) int {
 // fwdAnswer is a leader's answer to a forwarded part.
 type fwdAnswer struct {
 	resend     bool
+	busy       bool
 	inc, qseq  uint64
 	lead, from uint64
 	try        uint32
@@ -301,6 +308,9 @@ func (s *shard) answered(qid queue.QueueRef, a fwdAnswer) {
 		q.lead.Store(a.lead) // a node with no replica learns the leader only this way
 	}
 	switch {
+	case a.busy:
+		// Held here: the resend interval sends it again (checkForwards).
+		s.b.fwdBusy.Add(1)
 	case !a.resend && a.refused:
 		s.refusedFrom(st, i)
 	case !a.resend:
@@ -439,7 +449,7 @@ func (b *Broker) StepForward(from uint64, p []byte) {
 		b.forwardedPublish(from, append([]byte(nil), p...))
 	case 'c':
 		b.forwardedConsume(from, p) // forward_consume.go
-	case 'C', 'R':
+	case 'C', 'R', 'B':
 		b.forwardAnswer(p)
 	case 'D':
 		b.enqueuerDown(from, p)
@@ -475,6 +485,11 @@ func (b *Broker) forwardAnswer(p []byte) {
 		for i := range a.codes {
 			a.codes[i] = binary.LittleEndian.Uint32(p[fwdConfirmHeader+4*i:])
 		}
+	case 'B':
+		if len(p) != fwdBusyLen {
+			return
+		}
+		a.busy = true
 	case 'R':
 		if len(p) != fwdResendLen {
 			return
@@ -535,6 +550,10 @@ func (b *Broker) forwardedPublish(from uint64, p []byte) {
 			k.redirect = true // to the leader it names
 			refuse()
 			return
+		case b.cfg.PublishBlocked != nil && b.cfg.PublishBlocked():
+			k.busy = true // held back as this node's own publishers are
+			refuse()
+			return
 		}
 		q.published.Add(uint64(len(items)))
 		w := s.enqueueDurable(q, items, batch, nil, nil, &k.origin)
@@ -586,12 +605,16 @@ type fwdSink struct {
 	lead     uint64
 	refused  bool   // nothing of the part was applied, nor will be
 	redirect bool   // this node does not lead the queue: resend to lead
+	busy     bool   // this node's alarm is on: nothing taken, send again later
 	from     uint64 // the queue misses the enqueuer's qseqs from here on: resend
 }
 
 func (k *fwdSink) Confirm(batch *PublishBatch) {
 	var p []byte
-	if k.redirect || k.from != 0 {
+	if k.busy {
+		p = make([]byte, 0, fwdBusyLen)
+		p = append(p, 'B')
+	} else if k.redirect || k.from != 0 {
 		p = make([]byte, 0, fwdResendLen)
 		p = append(p, 'R')
 	} else {
@@ -602,7 +625,9 @@ func (k *fwdSink) Confirm(batch *PublishBatch) {
 	p = binary.LittleEndian.AppendUint64(p, k.origin.Incarnation)
 	p = binary.LittleEndian.AppendUint64(p, k.qid)
 	p = binary.LittleEndian.AppendUint64(p, k.origin.QSeq)
-	if p[0] == 'R' {
+	if p[0] == 'B' {
+		// nothing more
+	} else if p[0] == 'R' {
 		p = binary.LittleEndian.AppendUint32(p, k.try)
 		p = binary.LittleEndian.AppendUint64(p, k.from)
 		p = binary.LittleEndian.AppendUint64(p, k.lead)

@@ -210,3 +210,61 @@ func enqueuers(t *testing.T, nd *clusterNode, name string) int {
 	q.shard.submit(Command{Kind: cmdPost, post: func() { n <- q.grp.FSM().Enqueuers() }})
 	return <-n
 }
+
+// TestClusterForwardHonoursAlarm: a publish forwarded to a leader whose
+// memory or disk alarm is on (Config.PublishBlocked) is not taken there:
+// the leader answers busy, and the origin holds it and sends it again
+// until the alarm clears (then it is confirmed) or the forward timeout
+// passes (then it is nacked; here nothing of it is in the queue).
+func TestClusterForwardHonoursAlarm(t *testing.T) {
+	c := newTestCluster(t, 3)
+	c.leader()
+	if _, err := c.nodes[0].b.Load().DeclareQueueAs(&wire.QueueDeclare{Name: "aq", Durable: true,
+		Args: wire.Table{{Key: "replicas", Value: wire.Int(1)}}}, 0, ""); err != nil {
+		t.Fatal(err)
+	}
+	for _, nd := range c.nodes {
+		c.sees(nd, "queue aq durable=true")
+	}
+	lead := c.queueLeader("aq")
+	info, _ := lead.b.Load().Queue("aq")
+	var origin *clusterNode
+	for _, nd := range c.nodes {
+		if !slices.Contains(info.Replicas, nd.id) {
+			origin = nd // never the leader: it holds no replica
+		}
+	}
+	for _, id := range info.Replicas {
+		c.alarm[id].Store(true)
+	}
+	ready := func() int64 {
+		info, _ := c.queueLeader("aq").b.Load().Queue("aq")
+		return info.Ready
+	}
+	k := newDurSink()
+	held := publish(origin.b.Load(), origin.b.Load().topo.lookupQueue("aq"), k, true, "a", "b", "c")
+	c.waitFor("a busy answer from the leader", func() bool { return origin.b.Load().fwdBusy.Load() > 0 })
+	k.mu.Lock()
+	answered := k.confirmed(held)
+	k.mu.Unlock()
+	if answered || ready() != 0 {
+		t.Fatalf("under the leader's alarm: answered %v, %d messages in the queue", answered, ready())
+	}
+	for _, id := range info.Replicas {
+		c.alarm[id].Store(false)
+	}
+	k.waitFor(t, "the confirm once the alarm cleared", func() bool { return k.confirmed(held) })
+	if held.Codes[0]|held.Codes[1]|held.Codes[2] != 0 || ready() != 3 {
+		t.Fatalf("after the alarm: codes %v, %d messages in the queue, want confirms and 3", held.Codes, ready())
+	}
+
+	// An alarm that outlasts the forward timeout: nacked, not in the queue.
+	for _, id := range info.Replicas {
+		c.alarm[id].Store(true)
+	}
+	refused := publish(origin.b.Load(), origin.b.Load().topo.lookupQueue("aq"), k, true, "d")
+	k.waitFor(t, "the nack after the forward timeout", func() bool { return k.confirmed(refused) })
+	if refused.Codes[0] != uint32(wire.InternalNack) || ready() != 3 {
+		t.Fatalf("under a long alarm: code %d, %d messages in the queue, want a nack and 3", refused.Codes[0], ready())
+	}
+}

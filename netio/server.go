@@ -335,7 +335,10 @@ func Start(cfg Config) (*Server, error) {
 	s.Broker = broker.New(broker.Config{Shards: cfg.Shards, QueueSoftLimit: cfg.QueueSoftLimit, Logger: cfg.Logger, Clock: cfg.clock,
 		Limits: broker.MetaLimits{MaxQueues: cfg.MaxQueues, MaxExchanges: cfg.MaxExchanges, MaxBindings: cfg.MaxBindings,
 			MaxExclusivePerConn: cfg.MaxExclusivePerConnection},
-		DeadLetterDropped: func(r broker.DLDrop) { s.metrics.dlDropped[r].Inc() }, Durable: durable})
+		DeadLetterDropped: func(r broker.DLDrop) { s.metrics.dlDropped[r].Inc() }, Durable: durable,
+		// A publish forwarded here is held back as this node's own
+		// publishers are (the memory or the disk alarm).
+		PublishBlocked: s.memoryAlarm})
 	s.initMetrics()
 	s.Broker.Start()
 	if cfg.OnBroker != nil {
