@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"golang.org/x/crypto/bcrypt"
 	"net/http/httptest"
 	"os"
 	"os/exec"
@@ -67,6 +68,10 @@ func newCtl(t *testing.T, cfg *netio.Config) *ctl {
 	t.Helper()
 	srv := warrentest.StartServer(t, cfg)
 	a := admin.New(srv.Broker, warrentest.AdminConnections(srv), nil, 0)
+	// Users made here are checked at bcrypt's least cost: a cost-10 check
+	// under the race detector on a loaded machine takes seconds (CI:
+	// TestWarrenctlUsers' logins failed this way).
+	a.PasswordCost = bcrypt.MinCost
 	hs := httptest.NewServer(a)
 	t.Cleanup(func() { hs.Close(); a.Close() })
 	return &ctl{t: t, url: warrentest.URL(srv), api: hs.URL}

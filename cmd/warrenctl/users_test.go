@@ -33,15 +33,15 @@ func TestWarrenctlUsers(t *testing.T) {
 		t.Fatalf("the new user cannot log in: %v", err)
 	}
 	c.ok("n3w\n", "user", "set-password", "app")
-	if login("s3cret") == nil || login("n3w") != nil {
-		t.Fatal("set-password did not replace the password")
+	if err := login("n3w"); login("s3cret") == nil || err != nil {
+		t.Fatalf("set-password did not replace the password: %v", err)
 	}
 	c.ok("", "user", "set-tags", "app", "administrator", "monitoring")
 	if out := c.ok("", "user", "list"); !regexpLine(out, "app", "administrator,monitoring") {
 		t.Fatalf("set-tags:\n%s", out)
 	}
-	if login("n3w") != nil {
-		t.Fatal("set-tags changed the password")
+	if err := login("n3w"); err != nil {
+		t.Fatalf("set-tags changed the password: %v", err)
 	}
 	if _, errs, code := c.run("", "user", "add", "nopass"); code != 1 || !strings.Contains(errs, "password") {
 		t.Fatalf("add without a password: exit %d %s", code, errs)
