@@ -452,6 +452,19 @@ func TestClusterForwardedOriginRestarts(t *testing.T) {
 		t.Skip("the leadership moved as the node restarted")
 	}
 	c.waitFor("the old incarnation's consumer Downed", func() bool { r, u, n := queueCounts(lead); return r == 10 && u == 0 && n == 0 })
+	// The restarted node's own consumers are served (their links' ids
+	// are not the old incarnation's).
+	ob = other.b.Load()
+	c.sees(other, "queue rq durable=true")
+	oq = ob.topo.lookupQueue("rq")
+	k2 := newFwdClient()
+	ob.Submit(Command{Kind: CmdSubscribe, Queue: oq, Sink: k2, Spec: queue.ConsumerSpec{ID: 1, Owner: 7, Prefetch: 3}, Req: 1})
+	k2.waitFor(t, "three deliveries on the restarted node", func() bool { return len(k2.got) == 3 })
+	for _, g := range k2.snap().got {
+		if g.count != 2 {
+			t.Fatalf("%s: delivery count %d, want 2 (held by the old incarnation's consumer)", g.body, g.count)
+		}
+	}
 }
 
 // TestClusterForwardedQueueDeleted: a forwarded consumer's queue deleted

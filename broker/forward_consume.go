@@ -220,8 +220,14 @@ func (s *shard) fwdSubscribe(q *Queue, k Sink, spec queue.ConsumerSpec, req uint
 	s.relink(ol, lead)
 }
 
-// newLink draws a link id: unique in the cluster.
+// newLink draws a link id: unique in the cluster. The counter starts
+// from this incarnation's start time (ms, 24 bits, << 16), so a node
+// that restarted does not reuse the ids of links its leaders may still
+// hold from before.
 func (s *shard) newLink() uint64 {
+	if s.fc.seq == 0 {
+		s.fc.seq = (s.b.seqBase >> 20 & 0xffffff) << 16
+	}
 	s.fc.seq++
 	return (s.nodeID()&0xffff)<<48 | uint64(s.idx)<<40 | s.fc.seq&(1<<40-1)
 }
