@@ -492,3 +492,47 @@ func TestClusterForwardedQueueDeleted(t *testing.T) {
 		t.Fatalf("cancels %v, gone %v: want consumer 1 once each", sn.cancels, sn.gone)
 	}
 }
+
+// TestClusterForwardedConsumerBecomesLocal: the consumer's own node
+// takes the queue's leadership; the consumer goes on through a link to
+// that node itself, and what it held comes back redelivered.
+func TestClusterForwardedConsumerBecomesLocal(t *testing.T) {
+	c, lead, other := rqCluster(t, 12)
+	ob := other.b.Load()
+	oq := ob.topo.lookupQueue("rq")
+	k := newFwdClient()
+	ob.Submit(Command{Kind: CmdSubscribe, Queue: oq, Sink: k, Spec: queue.ConsumerSpec{ID: 1, Owner: 7, Prefetch: 3}, Req: 1})
+	k.waitFor(t, "three deliveries", func() bool { return len(k.got) == 3 })
+	lq := lead.b.Load().topo.lookupQueue("rq")
+	c.waitFor("the leadership handed to the consumer's node", func() bool {
+		done := make(chan struct{})
+		lq.shard.submit(Command{Kind: cmdPost, post: func() {
+			if lq.grp != nil && lq.grp.Leader() {
+				lq.grp.TransferToPreferred(other.id)
+			}
+			close(done)
+		}})
+		<-done
+		info, _ := ob.Queue("rq")
+		return info.RaftRole == "leader"
+	})
+	acked := map[string]uint32{}
+	consumeAll(t, ob, oq, k, 1, acked, 12, 0)
+	for _, g := range k.snap().got[:3] {
+		if acked[g.body] != 1 {
+			t.Fatalf("%s first acked with delivery count %d", g.body, acked[g.body])
+		}
+	}
+	again := map[string]bool{}
+	for _, g := range k.snap().got[3:] {
+		if g.count == 2 {
+			again[g.body] = true
+		}
+	}
+	for _, g := range k.snap().got[:3] {
+		if !again[g.body] {
+			t.Fatalf("%s, held at the transfer, did not come back redelivered", g.body)
+		}
+	}
+	c.waitFor("nothing left", func() bool { r, u, _ := queueCounts(other); return r == 0 && u == 0 })
+}
