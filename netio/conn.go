@@ -71,6 +71,7 @@ type conn struct {
 	epfd      int  // the loop's epoll fd (0: not looked up yet, -1: unavailable)
 	dec       wire.Decompressor
 	routeBuf  []queue.QueueRef
+	memo      routeMemo // routes of this PUBLISH batch's keys
 	parts     [][]broker.EnqItem
 	group     grouper             // groupByQueue's scratch
 	settles   []broker.SettleItem // onSettle's scratch (the broker copies what it keeps)
@@ -790,15 +791,21 @@ func (c *conn) onPublish(ch *channel, f wire.Frame) error {
 		if props.Has(wire.PropExpiration) {
 			meta.ExpirationMs, meta.HasExpiration = props.ExpirationMs, true
 		}
-		c.routeBuf, _ = view.Table.Route(c.routeBuf[:0], exName, m.RoutingKey, props.Headers)
-		if len(c.routeBuf) == 0 && m.Flags&wire.Mandatory != 0 {
+		var refs []queue.QueueRef
+		if len(props.Headers) == 0 {
+			refs = c.memo.route(view.Table, exName, m.RoutingKey)
+		} else {
+			c.routeBuf, _ = view.Table.Route(c.routeBuf[:0], exName, m.RoutingKey, props.Headers)
+			refs = c.routeBuf
+		}
+		if len(refs) == 0 && m.Flags&wire.Mandatory != 0 {
 			if nret == 0 {
 				ret, retMark = wire.BeginReturn(nil, ch.id)
 			}
 			nret++
 			ret = wire.AppendReturned(ret, &wire.Returned{Seq: b.FirstSeq + uint64(i), Code: wire.NoRoute, Exchange: b.Exchange, Message: sent})
 		}
-		for _, ref := range c.routeBuf {
+		for _, ref := range refs {
 			q := view.Queue(ref)
 			if q == nil {
 				continue
@@ -812,6 +819,7 @@ func (c *conn) onPublish(ch *channel, f wire.Frame) error {
 			c.parts[si] = append(c.parts[si], broker.EnqItem{Q: q, Msg: sm, Meta: meta, Idx: i})
 		}
 	}
+	c.memo.forget()
 	if nret > 0 {
 		c.mu.Lock()
 		if !c.closed {
