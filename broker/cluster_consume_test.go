@@ -264,6 +264,25 @@ func TestClusterForwardedGetAndPurge(t *testing.T) {
 	k.waitFor(t, "the get's consumer gone", func() bool { return slices.Contains(k.gone, 1) })
 	c.waitFor("the get's ack at the leader", func() bool { r, u, n := queueCounts(lead); return r == 2 && u == 0 && n == 0 })
 
+	// Two gets at once (their subscribes before their barriers): each
+	// barrier comes once both leaders' drains are in, and each get has
+	// its own message.
+	k3, k4 := newFwdClient(), newFwdClient()
+	ob.Submit(Command{Kind: CmdSubscribe, Queue: oq, Sink: k3, Spec: queue.ConsumerSpec{ID: 3, Owner: 7, Prefetch: 1, Get: true}})
+	ob.Submit(Command{Kind: CmdSubscribe, Queue: oq, Sink: k4, Spec: queue.ConsumerSpec{ID: 4, Owner: 8, Prefetch: 1, Get: true}})
+	ob.Submit(Command{Kind: CmdBarrier, Queue: oq, Sink: k3, Req: 3})
+	ob.Submit(Command{Kind: CmdBarrier, Queue: oq, Sink: k4, Req: 4})
+	k3.waitFor(t, "the first get's answer", func() bool { return len(k3.answers) == 1 })
+	k4.waitFor(t, "the second get's answer", func() bool { return len(k4.answers) == 1 })
+	g3, g4 := k3.snap().got, k4.snap().got
+	if len(g3) != 1 || len(g4) != 1 || g3[0].body == g4[0].body {
+		t.Fatalf("two gets were handed %v and %v before their barriers, want one message each", g3, g4)
+	}
+	ob.Submit(Command{Kind: CmdCancel, Queue: oq, Consumer: 3, Requeue: true})
+	ob.Submit(Command{Kind: CmdCancel, Queue: oq, Consumer: 4, Requeue: true})
+	k3.waitFor(t, "the first get gone", func() bool { return len(k3.gone) == 1 })
+	k4.waitFor(t, "the second get gone", func() bool { return len(k4.gone) == 1 })
+
 	ob.Submit(Command{Kind: CmdPurge, Queue: oq, Sink: k, Req: 2})
 	k.waitFor(t, "the purge's answer", func() bool { return len(k.answers) == 2 })
 	if a := k.snap().answers[1]; a.Code != wire.OK || a.N != 2 {

@@ -1,6 +1,7 @@
 package broker
 
 import (
+	"cmp"
 	"encoding/binary"
 	"slices"
 	"strconv"
@@ -137,8 +138,8 @@ type fwdConsumer struct {
 	recv      uint64 // deliveries received on link
 	heard     int64  // ms: the last word about link from its node (or when it was made)
 	batch     *sinkBatch
-	drained   bool             // a get: its leader's drain is done
-	barriers  []pendingBarrier // a get's barriers, answered once drained
+	drained   bool       // a get: its leader's drain is done
+	waits     []*getWait // barriers waiting for this get's drain
 }
 
 // servedLink is a link this node serves as a queue's leader.
@@ -323,14 +324,26 @@ func (s *shard) forgetForwarded(ol *fwdConsumer) {
 }
 
 func (s *shard) releaseGetBarriers(ol *fwdConsumer) {
-	if len(ol.barriers) == 0 {
-		return
+	flushed := false
+	for _, w := range ol.waits {
+		if w.n--; w.n > 0 {
+			continue
+		}
+		if !flushed {
+			s.flushEffects() // what the links delivered goes first
+			flushed = true
+		}
+		w.sink.Answer(w.req, Result{})
 	}
-	s.flushEffects() // what the link delivered goes first
-	for _, b := range ol.barriers {
-		b.sink.Answer(b.req, Result{})
-	}
-	ol.barriers = nil
+	ol.waits = nil
+}
+
+// getWait is a barrier held until the gets forwarded for its queue when
+// it came have their leaders' drains (n: those still to come).
+type getWait struct {
+	sink Sink
+	req  uint64
+	n    int
 }
 
 // fwdBarrier holds a barrier on q while a get forwarded for q waits for
@@ -344,13 +357,19 @@ func (s *shard) fwdBarrier(c *Command) bool {
 	if _, leader := c.Sink.(getDrained); leader {
 		return false // a leader's own drain for a get (this node is also the origin)
 	}
+	var w *getWait
 	for _, ol := range s.fc.byID {
 		if ol.q == q && ol.spec.Get && !ol.drained && !ol.dead && !ol.cancelled {
-			ol.barriers = append(ol.barriers, pendingBarrier{sink: c.Sink, req: c.Req})
-			return true
+			// Which get the barrier is for is not known here: it waits
+			// for every one in progress.
+			if w == nil {
+				w = &getWait{sink: c.Sink, req: c.Req}
+			}
+			w.n++
+			ol.waits = append(ol.waits, w)
 		}
 	}
-	return false
+	return w != nil
 }
 
 // fwdCancel cancels a forwarded consumer (CmdCancel at the origin). It
@@ -394,7 +413,7 @@ func sortedConsumers(m map[*fwdConsumer]struct{}) []*fwdConsumer {
 	for ol := range m {
 		out = append(out, ol)
 	}
-	slices.SortFunc(out, func(a, b *fwdConsumer) int { return int(a.spec.ID) - int(b.spec.ID) })
+	slices.SortFunc(out, func(a, b *fwdConsumer) int { return cmp.Compare(a.spec.ID, b.spec.ID) })
 	return out
 }
 
@@ -471,7 +490,7 @@ func (s *shard) sortedOf(q *Queue) []*fwdConsumer {
 			out = append(out, ol)
 		}
 	}
-	slices.SortFunc(out, func(a, b *fwdConsumer) int { return int(a.spec.ID) - int(b.spec.ID) })
+	slices.SortFunc(out, func(a, b *fwdConsumer) int { return cmp.Compare(a.spec.ID, b.spec.ID) })
 	return out
 }
 
