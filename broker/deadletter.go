@@ -16,7 +16,9 @@ import (
 // the same routing, cycle check and death history) with a dlWait that
 // each target takes a reference of: a durable target lets go once the
 // dead letter's entry is applied from its log (after the fdatasync that
-// covers it), an in-memory target once it has enqueued it, and a target
+// covers it), a replicated target led by another node once that leader
+// confirmed it (forwardDeadLetter), an in-memory target once it has
+// enqueued it, and a target
 // that refuses it (deleted, reject-publish when full, its log stopped)
 // once it has counted the drop. The last reference posts cmdDLDone to the
 // source's shard, which adds SettleDeadLetter to the source's log; its

@@ -593,6 +593,51 @@ func parseForwarded(p []byte, n int, q *Queue) ([]EnqItem, *Arena, error) {
 	return items, ar, nil
 }
 
+// forwardDeadLetter forwards dead letters (items, one for a held dead
+// letter) to the leader of replicated queue q as a publish of its own: dl
+// (nil: not held) is told once the leader confirmed it, so its source
+// settles it only then (deadletter.go); a nack (the queue gone or full,
+// no leader within ForwardTimeout) drops it, counted as target_refused,
+// as a local target's refusal does.
+func (s *shard) forwardDeadLetter(q *Queue, items []EnqItem, dl *dlWait) {
+	batch := &PublishBatch{Sink: &dlFwdSink{s: s, target: q.name, dl: dl}, Codes: make([]uint32, len(items))}
+	batch.Pending.Store(1)
+	for i := range items {
+		items[i].Idx = i
+	}
+	if w := s.forward(q, items, batch, nil); w != nil {
+		s.partRelease(w)
+	} else {
+		batch.PartDone()
+	}
+}
+
+// dlFwdSink hears the answer to forwarded dead letters, on the shard that
+// forwarded them.
+type dlFwdSink struct {
+	s      *shard
+	target string
+	dl     *dlWait
+}
+
+func (k *dlFwdSink) Confirm(batch *PublishBatch) {
+	for i := range batch.Codes {
+		if batch.Codes[i] != 0 {
+			k.s.dropDeadLetter(nil, k.target, dlTargetRefused)
+		}
+	}
+	if k.dl != nil {
+		k.dl.done()
+	}
+}
+
+func (*dlFwdSink) Deliver([]Delivery)                                     {}
+func (*dlFwdSink) Subscribed(queue.ConsumerID, uint32, wire.Code, string) {}
+func (*dlFwdSink) Cancelled(queue.ConsumerID, wire.Code, string)          {}
+func (*dlFwdSink) LeaseExpired(queue.ConsumerID, uint64)                  {}
+func (*dlFwdSink) ConsumerGone(queue.ConsumerID)                          {}
+func (*dlFwdSink) Answer(uint64, Result)                                  {}
+
 // fwdSink answers a forwarded part: its confirm, refusal or resend goes
 // back to the origin node (through appliedEnqueue and answerLost, which
 // set what the answer is). Nothing else of a Sink is used.

@@ -268,3 +268,75 @@ func TestClusterForwardHonoursAlarm(t *testing.T) {
 		t.Fatalf("under a long alarm: code %d, %d messages in the queue, want a nack and 3", refused.Codes[0], ready())
 	}
 }
+
+// TestClusterDeadLetterForwarded: a dead letter whose target is a
+// replicated queue led by another node is forwarded to that leader, and
+// its durable source lets it go only once the leader confirmed it: with
+// the leader's confirms lost, the source still holds the dead letters the
+// target already has; once they get through (sent again, confirmed, not
+// enqueued twice) the source settles them.
+func TestClusterDeadLetterForwarded(t *testing.T) {
+	c := newTestCluster(t, 3)
+	c.leader()
+	b0 := c.nodes[0].b.Load()
+	if err := b0.DeclareExchangeAs(&wire.ExchangeDeclare{Name: "dlx", Kind: wire.ExchangeDirect, Durable: true}, ""); err != nil {
+		t.Fatal(err)
+	}
+	one := wire.Table{{Key: "replicas", Value: wire.Int(1)}}
+	if _, err := b0.DeclareQueueAs(&wire.QueueDeclare{Name: "dlq", Durable: true, Args: one}, 0, ""); err != nil {
+		t.Fatal(err)
+	}
+	if err := b0.BindAs(&wire.Bind{Source: "dlx", Destination: "dlq", RoutingKey: "dlq"}, Requester{}); err != nil {
+		t.Fatal(err)
+	}
+	srcArgs := append(wire.Table{{Key: "dead-letter-exchange", Value: wire.String("dlx")},
+		{Key: "dead-letter-routing-key", Value: wire.String("dlq")}}, one...)
+	var src string
+	for i := range 6 {
+		name := fmt.Sprintf("src%d", i)
+		if _, err := b0.DeclareQueueAs(&wire.QueueDeclare{Name: name, Durable: true, Args: srcArgs}, 0, ""); err != nil {
+			t.Fatal(err)
+		}
+		c.sees(c.nodes[0], "queue "+name+" durable=true")
+		if c.queueLeader(name) != c.queueLeader("dlq") {
+			src = name
+			break
+		}
+	}
+	if src == "" {
+		t.Fatal("every source placed with the target")
+	}
+	sn, tn := c.queueLeader(src), c.queueLeader("dlq")
+	c.sees(sn, "queue dlq durable=true")
+	sb := sn.b.Load()
+	sq := sb.topo.lookupQueue(src)
+	k := newDurSink()
+	batch := publish(sb, sq, k, true, "x", "y", "z")
+	k.waitFor(t, "the source's confirm", func() bool { return k.confirmed(batch) })
+
+	// The target's confirms are lost: it has the dead letters, the source
+	// still holds them.
+	lose := func(from, to uint64, p []byte) bool { return from == tn.id && p[0] == 'C' }
+	c.lose.Store(&lose)
+	sq.shard.submit(Command{Kind: CmdSubscribe, Queue: sq, Sink: k, Spec: queue.ConsumerSpec{ID: 1, Owner: 1, Prefetch: 10}, Req: 1})
+	k.waitFor(t, "three deliveries", func() bool { return len(k.got) == 3 })
+	k.mu.Lock()
+	var rejects []SettleItem
+	for _, d := range k.got {
+		rejects = append(rejects, SettleItem{Q: sq, Consumer: 1, Op: wire.SettleReject, QTag: d.tag})
+	}
+	k.mu.Unlock()
+	sb.Submit(Command{Kind: CmdSettle, Settles: rejects})
+	c.waitFor("the dead letters at the target", func() bool {
+		info, _ := tn.b.Load().Queue("dlq")
+		return info.Ready == 3
+	})
+	if held, _ := heldOf(t, sq); held != 3 {
+		t.Fatalf("the source holds %d dead letters while their confirms are lost, want 3", held)
+	}
+	c.lose.Store(nil)
+	c.waitFor("the source lets them go", func() bool { held, _ := heldOf(t, sq); return held == 0 })
+	if info, _ := tn.b.Load().Queue("dlq"); info.Ready != 3 {
+		t.Fatalf("the target holds %d dead letters, want 3", info.Ready)
+	}
+}

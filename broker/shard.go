@@ -324,8 +324,13 @@ func (s *shard) enqueue(items []EnqItem, batch *PublishBatch, dl *dlWait) {
 		for end < len(items) && items[end].Q == q {
 			end++
 		}
-		if !q.gone && q.inCluster && batch != nil && (q.remote || !q.leads()) {
-			w = s.forward(q, items[start:end], batch, w) // to its leader (forward.go)
+		if !q.gone && q.inCluster && (q.remote || !q.leads()) {
+			if batch != nil {
+				w = s.forward(q, items[start:end], batch, w) // to its leader (forward.go)
+			} else {
+				s.forwardDeadLetter(q, items[start:end], dl)
+				dl = nil // told when its leader confirms it
+			}
 			start = end
 			continue
 		}
