@@ -246,12 +246,18 @@ func (b *Broker) memberCall(ctx context.Context, op byte, req MemberRequest) ([]
 			body, _ := json.Marshal(req)
 			ans, err = cl.forward(ctx, st.Lead, op, body)
 			var ce *cluster.CallError
-			if errors.As(err, &ce) {
+			switch {
+			case errors.As(err, &ce):
 				if isRetryable(ce.Msg) {
 					err = replication.ErrNotMetaLeader
 				} else {
 					return nil, callError(ce.Msg)
 				}
+			case err != nil && ctx.Err() == nil:
+				// The leader this node knows is unreachable (it died, and
+				// no other is elected yet, or this node has not heard):
+				// again, until a leader answers.
+				err = fmt.Errorf("%w: node %d, the last known, does not answer: %v", replication.ErrNotMetaLeader, st.Lead, err)
 			}
 		}
 		if err == nil {

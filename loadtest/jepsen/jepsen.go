@@ -149,8 +149,9 @@ func Run(ctx context.Context, cfg Config) ([]Result, error) {
 
 // cluster is the run's nodes (and their proxies).
 type cluster struct {
-	nodes []*node
-	net   *faultnet.Net
+	nodes  []*node
+	net    *faultnet.Net
+	lastID int // the highest node id given (nodes rebuilt get new ones: ids are never reused)
 }
 
 func (cl *cluster) urls() []string {
@@ -225,6 +226,7 @@ func newCluster(cfg *Config, dir string, env []string) (*cluster, error) {
 			}
 		}
 	}
+	cl.lastID = cfg.Nodes
 	if cfg.Nodes > 1 {
 		nt, err := faultnet.NewNet(clusterAddr)
 		if err != nil {
@@ -241,6 +243,7 @@ func newCluster(cfg *Config, dir string, env []string) (*cluster, error) {
 				peers = append(peers, fmt.Sprintf("%d=%s", j, a))
 			}
 			n.args = []string{"--node-id", strconv.Itoa(n.id), "--cluster-listen", clusterAddr[n.id], "--peers", strings.Join(peers, ",")}
+			n.clusterAddr = clusterAddr[n.id]
 			n.env = append(n.env, "WARREN_CLUSTER_SECRET=warren-jepsen-cluster-secret-0123456789")
 		}
 	}

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"os"
+	"slices"
 	"sort"
 	"strings"
 	"syscall"
@@ -178,10 +179,11 @@ func (nm *nemesis) fault(ctx context.Context) error {
 }
 
 // damage stops n, flips a bit in (bitflip) or truncates (truncate) one of
-// its log files and starts it again. The node must either refuse to start,
-// naming the damaged file (then the undamaged copy is put back, as a
-// rebuild from peers would, and it starts), or start with nothing
-// confirmed lost (the checker's verdict at the end).
+// its log files and starts it again. The node must either refuse (to
+// start, or a queue), naming the damaged file, and then it is rebuilt
+// from its peers (rebuild; a single node gets its undamaged copy back),
+// or start with nothing confirmed lost (the checker's verdict at the
+// end).
 func (nm *nemesis) damage(ctx context.Context, n *node) error {
 	n.kill()
 	files, err := n.logFiles()
@@ -283,8 +285,10 @@ func (nm *nemesis) damage(ctx context.Context, n *node) error {
 	if !named {
 		nm.fail("event %d: the refusal does not name the damaged file %s", ev, baseName(target))
 	}
-	// The rebuild: the undamaged copy back (a cluster would fetch it from
-	// the peers).
+	if len(nm.cl.nodes) > 1 {
+		return nm.rebuild(ctx, n, ev)
+	}
+	// One node has no peers to rebuild from: the undamaged copy back.
 	if err := os.RemoveAll(n.dir); err != nil {
 		return err
 	}
@@ -329,4 +333,69 @@ func (nm *nemesis) healAll(ctx context.Context) {
 			}
 		}
 	}
+}
+
+// rebuild replaces damaged node n with a new node rebuilt from its peers,
+// as an operator would: n is removed from the cluster for good (its
+// queue replicas re-placed on the others), its data deleted, and it
+// starts again empty as a new node id that joins through a member; the
+// cluster gives it replicas again until every queue has its replica
+// count back, which rebuild waits for (60 s), so nothing is restored from
+// an undamaged copy.
+func (nm *nemesis) rebuild(ctx context.Context, n *node, ev int) error {
+	var via *node
+	for _, m := range nm.cl.nodes {
+		if up, _ := m.running(); up && m != n {
+			via = m
+			break
+		}
+	}
+	if via == nil {
+		return fmt.Errorf("jepsen: event %d: no node running to rebuild node %d from", ev, n.id)
+	}
+	old := n.id
+	if err := via.post(ctx, "/api/cluster/leave", map[string]any{"node_id": old}); err != nil && !strings.Contains(err.Error(), "already removed") {
+		return fmt.Errorf("jepsen: event %d: removing damaged node %d: %w", ev, old, err)
+	}
+	if err := os.RemoveAll(n.dir); err != nil {
+		return err
+	}
+	nm.cl.lastID++
+	n.id = nm.cl.lastID
+	n.args = []string{"--node-id", fmt.Sprint(n.id), "--cluster-listen", n.clusterAddr, "--join", via.clusterAddr}
+	start := time.Now()
+	if err := n.start(ctx, 60*time.Second); err != nil {
+		return fmt.Errorf("jepsen: event %d: node %d rebuilt as node %d: %w", ev, old, n.id, err)
+	}
+	// Every queue's replica count restored (3 on three nodes): its
+	// replicas as they are once every move is done (the admin API shows
+	// the replicas before a move until it is), none on the removed node.
+	// The next fault waits for it: a second damaged replica before the
+	// first is rebuilt is two of three lost.
+	deadline := time.Now().Add(60 * time.Second)
+	for {
+		short := ""
+		for _, q := range nm.c.queues {
+			var info struct {
+				Replicas []uint64 `json:"replica_nodes"`
+			}
+			qctx, cancel := context.WithTimeout(ctx, time.Second)
+			err := via.getJSON(qctx, "/api/queues/"+q, &info)
+			cancel()
+			if err != nil || len(info.Replicas) < min(3, len(nm.cl.nodes)) || slices.Contains(info.Replicas, uint64(old)) {
+				short = fmt.Sprintf("%s on %v (%v)", q, info.Replicas, err)
+				break
+			}
+		}
+		if short == "" {
+			break
+		}
+		if time.Now().After(deadline) || ctx.Err() != nil {
+			nm.fail("event %d: node %d rebuilt as node %d, but not every queue has its replicas back within 60 s: %s", ev, old, n.id, short)
+			return nil
+		}
+		nm.sleep(ctx, 100*time.Millisecond)
+	}
+	nm.note("event %d: node %d removed and rebuilt from its peers as node %d: every queue has its replicas back %v after it started", ev, old, n.id, time.Since(start).Round(10*time.Millisecond))
+	return nil
 }

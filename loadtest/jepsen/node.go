@@ -1,6 +1,7 @@
 package jepsen
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -20,20 +21,23 @@ import (
 // node is one warrend process on loopback, restarted on the same data
 // directory and ports.
 type node struct {
-	id        int
-	bin       string
-	dir       string // data directory
-	listen    string // native protocol
-	http      string
-	args      []string // cluster flags
-	env       []string
-	logPath   string
-	mu        sync.Mutex
-	cmd       *exec.Cmd
-	exited    chan struct{} // closed when cmd ends
-	exitErr   error
-	stopped   bool // SIGSTOPped
-	expectEnd bool // the harness killed it
+	id     int
+	bin    string
+	dir    string // data directory
+	listen string // native protocol
+	http   string
+	args   []string // cluster flags
+	// clusterAddr: the cluster port it listens on (a cluster's node;
+	// peers reach it through proxies, a node rebuilt directly)
+	clusterAddr string
+	env         []string
+	logPath     string
+	mu          sync.Mutex
+	cmd         *exec.Cmd
+	exited      chan struct{} // closed when cmd ends
+	exitErr     error
+	stopped     bool // SIGSTOPped
+	expectEnd   bool // the harness killed it
 }
 
 // freePort returns a loopback address no one listens on now.
@@ -291,6 +295,33 @@ func mentions(log, file string) (namesFile bool, queue string) {
 
 // getJSON asks this node's admin API (as guest) for path and decodes the
 // answer into out.
+// post sends an administrator's POST with a JSON body to the node's admin
+// API; any answer but 2xx is an error naming it.
+func (n *node) post(ctx context.Context, path string, body any) error {
+	b, err := json.Marshal(body)
+	if err != nil {
+		return err
+	}
+	pctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	req, err := http.NewRequestWithContext(pctx, "POST", "http://"+n.http+path, bytes.NewReader(b))
+	if err != nil {
+		return err
+	}
+	req.SetBasicAuth("guest", "guest")
+	req.Header.Set("Content-Type", "application/json")
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		return err
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode/100 != 2 {
+		msg, _ := io.ReadAll(io.LimitReader(resp.Body, 512))
+		return fmt.Errorf("node %d: POST %s: %s: %s", n.id, path, resp.Status, strings.TrimSpace(string(msg)))
+	}
+	return nil
+}
+
 func (n *node) getJSON(ctx context.Context, path string, out any) error {
 	req, err := http.NewRequestWithContext(ctx, "GET", "http://"+n.http+path, nil)
 	if err != nil {
