@@ -3,7 +3,9 @@ package broker
 import (
 	"context"
 	"errors"
+	"log/slog"
 	"net"
+	"os"
 	"slices"
 	"strings"
 	"sync/atomic"
@@ -142,7 +144,11 @@ func (c *testCluster) start(nd *clusterNode, ln net.Listener) {
 	}
 	fatal := func(err error) { t.Errorf("node %d: %v", nd.id, err) }
 	clock := func() int64 { return time.Now().UnixMilli() + c.skewMs.Load() }
-	b := New(Config{Shards: 2, Clock: clock, PublishBlocked: func() bool { return c.alarm[nd.id].Load() }, Durable: &DurableConfig{Log: l, Snapshots: store, Fatal: fatal, NodeID: nd.id, Send: tr.Send, SendSnapshot: func(gid uint64, s *SnapshotMessage, done func(bool)) {
+	var lg *slog.Logger
+	if os.Getenv("WARREN_TEST_CLUSTER_LOG") != "" {
+		lg = slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelInfo})).With("node", nd.id)
+	}
+	b := New(Config{Shards: 2, Clock: clock, Logger: lg, PublishBlocked: func() bool { return c.alarm[nd.id].Load() }, Durable: &DurableConfig{Log: l, Snapshots: store, Fatal: fatal, NodeID: nd.id, Send: tr.Send, SendSnapshot: func(gid uint64, s *SnapshotMessage, done func(bool)) {
 		tr.SendSnapshot(gid, (*cluster.Snapshot)(s), done)
 	}, Forward: func(to uint64, p []byte) bool {
 		if lose := c.lose.Load(); lose != nil && (*lose)(nd.id, to, p) {

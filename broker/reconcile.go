@@ -27,7 +27,11 @@ import (
 //  5. once the voters are the target, the leader reports it to the
 //     metadata group (MetaReplicasMoved), which makes the target the
 //     queue's replicas. A node then no longer holding a replica closes
-//     the group and deletes its copy (its log and snapshot).
+//     the group and deletes its copy (its log and snapshot): only then,
+//     when the group's configuration no longer has it (a node that
+//     deleted its copy while a leader still counted what it acknowledged
+//     would break raft, were it added back: raft panics on a commit
+//     index past a follower's log).
 //
 // A change proposed and not seen applied within moveRetryTicks (lost with
 // a change of leader, or dropped by raft) is proposed again, as is a
@@ -54,11 +58,12 @@ type moveState struct {
 	at       uint64           // the tick it was taken (0: none yet)
 	conf     raftpb.ConfState // the configuration it was taken in
 	reported uint64           // the tick MetaReplicasMoved was last proposed
+	drop     bool             // this node's copy is to go (placementChanged, dropDue)
 }
 
 // track notes whether q has a move pending.
 func (m *shardMoves) track(q *Queue) {
-	if q.target == nil || q.grp == nil || q.gone {
+	if q.target == nil && !q.move.drop || q.grp == nil || q.gone {
 		delete(m.queues, q)
 		return
 	}
@@ -113,10 +118,31 @@ func (s *shard) placementChanged(q *Queue, mq *MetaQueue) {
 		s.b.log.Info("replicated queue: a replica moves to this node; it catches up from the leader", "queue", q.name, "target", q.target)
 		q.remote = false
 		s.openReplicated(q)
-	case !q.holdsReplica(me) && q.grp != nil:
-		s.dropReplica(q)
 	}
+	// Its copy goes once the move is done (moveTick, dropDue).
+	q.move.drop = !q.holdsReplica(me) && q.grp != nil && q.target == nil
 	s.moves.track(q)
+}
+
+// dropQuietTicks: a replica the metadata moved away that still counts
+// itself a member is deleted once no leader has sent it anything for
+// this many ticks (3 election timeouts).
+const dropQuietTicks = 30
+
+// dropDue reports whether this node's copy of q, which the metadata moved
+// away, may go now: not while the group's leader still counts it. The
+// metadata says a move is done once the reporting leader's configuration
+// had this node no more, but this node may read that late (a restart
+// replays its metadata log) while a leader has since added it back, or
+// another leader has not applied its removal yet: deleting a copy a
+// leader counts would make raft panic once the node is added back (a
+// commit index past its log), and unsafe. So the copy goes when the
+// group's configuration here no longer has this node, or no leader has
+// sent it anything for dropQuietTicks (a node removed that did not hear
+// of it: the leader no longer sends to it).
+func (s *shard) dropDue(q *Queue) bool {
+	g := q.grp
+	return !g.Member() || !g.LedWithin(dropQuietTicks)
 }
 
 // dropReplica closes this node's copy of q, which the metadata moved to
@@ -135,6 +161,7 @@ func (s *shard) dropReplica(q *Queue) {
 	s.conns.forget(q)
 	delete(s.byGroup, gid)
 	delete(s.moves.queues, q)
+	q.move = moveState{}
 	q.bodies.each(func(_ uint64, m *StoredMsg) { s.release(m) })
 	q.bodies = bodyStore{}
 	s.releaseHeld(q)
@@ -166,7 +193,14 @@ func (s *shard) dropReplica(q *Queue) {
 func (s *shard) moveTick() {
 	s.moves.ticks++
 	for q := range s.moves.queues {
-		if q.leading && q.grp != nil && !q.gone {
+		switch {
+		case q.gone || q.grp == nil:
+			delete(s.moves.queues, q)
+		case q.move.drop:
+			if s.dropDue(q) {
+				s.dropReplica(q)
+			}
+		case q.leading:
 			s.reconcile(q)
 		}
 	}

@@ -190,6 +190,7 @@ func (w *Worker) StepSnapshot(gid uint64, s *SnapshotMessage) error {
 	if !slices.IsSortedFunc(s.Entries, func(a, b segment.Entry) int { return cmpIndex(a.Index, b.Index) }) {
 		return fmt.Errorf("replication: group %d: a snapshot's live entries out of order", gid)
 	}
+	g.ledAt = w.ticks
 	if prev := g.staged; prev == nil || prev.Msg.Snapshot.Metadata.Index <= s.Msg.Snapshot.Metadata.Index {
 		g.staged = s
 	}

@@ -71,3 +71,14 @@ func inConf(c raftpb.ConfState, id uint64) bool {
 	return slices.Contains(c.Voters, id) || slices.Contains(c.Learners, id) ||
 		slices.Contains(c.VotersOutgoing, id) || slices.Contains(c.LearnersNext, id)
 }
+
+// Member reports whether this node is in the group's configuration as it
+// last applied it (a voter, a learner, or joint).
+func (g *Group) Member() bool { return inConf(g.conf, g.w.cfg.NodeID) }
+
+// LedWithin reports whether a leader sent the group an append, a
+// heartbeat or a snapshot within the last ticks raft ticks: a node a
+// leader still counts as a member hears one every heartbeat.
+func (g *Group) LedWithin(ticks uint64) bool {
+	return g.leader || g.ledAt != 0 && g.w.ticks-g.ledAt <= ticks
+}

@@ -46,6 +46,9 @@ func (w *Worker) Step(gid uint64, m raftpb.Message) error {
 		g.heard = map[uint64]uint64{}
 	}
 	g.heard[m.From] = w.ticks
+	if m.Type == raftpb.MsgApp || m.Type == raftpb.MsgHeartbeat {
+		g.ledAt = w.ticks
+	}
 	w.mark(g)
 	return nil
 }

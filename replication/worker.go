@@ -145,6 +145,7 @@ type Group struct {
 	leader  bool
 	lead    uint64            // the leader raft last reported (0: none known)
 	heard   map[uint64]uint64 // peer → the worker's tick it was last heard from (Step)
+	ledAt   uint64            // the worker's tick a leader's append, heartbeat or snapshot last came (Step; move.go)
 	// commitIdx and appliedIdx mirror raft's commit index and the FSM's
 	// applied index for readers on other goroutines (Indexes).
 	commitIdx, appliedIdx atomic.Uint64
