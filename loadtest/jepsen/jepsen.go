@@ -33,9 +33,9 @@ import (
 
 // Classes are the fault classes, in the order a full run takes them.
 // The partition classes need a cluster (Nodes ≥ 3).
-var Classes = []string{"kill", "pause", "powerloss", "bitflip", "truncate", "restart", "kill-leader", "partition", "partition-oneway", "delay", "drop"}
+var Classes = []string{"kill", "pause", "powerloss", "bitflip", "truncate", "restart", "kill-leader", "membership", "partition", "partition-oneway", "delay", "drop"}
 
-var clusterOnly = map[string]bool{"kill-leader": true, "partition": true, "partition-oneway": true, "delay": true, "drop": true}
+var clusterOnly = map[string]bool{"kill-leader": true, "membership": true, "partition": true, "partition-oneway": true, "delay": true, "drop": true}
 
 // Config is one run.
 type Config struct {

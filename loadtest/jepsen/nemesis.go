@@ -145,6 +145,33 @@ func (nm *nemesis) fault(ctx context.Context) error {
 		n.kill()
 		nm.sleep(ctx, time.Duration(nm.r.IntN(300))*time.Millisecond)
 		return n.start(ctx, 60*time.Second)
+	case "membership":
+		// A membership change under load: a running node decommissioned
+		// (its replicas move off while it serves, then it is removed and
+		// stops by itself), then a new, empty node joins in its place and
+		// gets replicas back (rebuild waits for every queue's count).
+		n := nm.pick()
+		var via *node
+		for _, m := range nm.cl.nodes {
+			if up, _ := m.running(); up && m != n {
+				via = m
+				break
+			}
+		}
+		if via == nil {
+			return fmt.Errorf("jepsen: no other node running to decommission node %d through", n.id)
+		}
+		ev := nm.res.Events + 1
+		n.mu.Lock()
+		n.expectEnd = true // a removed node stops by itself
+		n.mu.Unlock()
+		if err := via.post(ctx, "/api/cluster/decommission", map[string]any{"node_id": n.id}); err != nil {
+			return fmt.Errorf("jepsen: event %d: decommissioning node %d: %w", ev, n.id, err)
+		}
+		if !n.end(0, 30*time.Second) {
+			nm.fail("event %d: node %d, decommissioned, still ran 30 s later (killed)", ev, n.id)
+		}
+		return nm.rebuild(ctx, n, ev)
 	case "delay":
 		// Every link between the nodes slow for a while: 20-100 ms each
 		// way, with as much jitter again.

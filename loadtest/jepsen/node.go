@@ -150,7 +150,12 @@ func (n *node) kill() {
 // stop sends SIGTERM (a graceful stop: leaderships handed off) and waits
 // for the process to end, or kills it after limit; it reports whether the
 // process ended by itself.
-func (n *node) stop(limit time.Duration) bool {
+func (n *node) stop(limit time.Duration) bool { return n.end(syscall.SIGTERM, limit) }
+
+// end sends sig (none if 0: the process is to end by itself, as a node
+// removed from the cluster does) and waits for the process to end, or
+// kills it after limit; it reports whether the process ended by itself.
+func (n *node) end(sig syscall.Signal, limit time.Duration) bool {
 	n.mu.Lock()
 	cmd, exited := n.cmd, n.exited
 	n.expectEnd = true
@@ -158,7 +163,9 @@ func (n *node) stop(limit time.Duration) bool {
 	if cmd == nil {
 		return true
 	}
-	_ = cmd.Process.Signal(syscall.SIGTERM)
+	if sig != 0 {
+		_ = cmd.Process.Signal(sig)
+	}
 	t := time.NewTimer(limit)
 	defer t.Stop()
 	select {
