@@ -359,8 +359,8 @@ func (c *testCluster) queueLeader(name string) *clusterNode {
 			if !ok {
 				return false
 			}
-			if !slices.Contains(info.Replicas, nd.id) {
-				continue
+			if !slices.Contains(info.Replicas, nd.id) || info.RaftRole == "failed" {
+				continue // no replica there, or one that did not open
 			}
 			if info.Leader == 0 || (lead != 0 && info.Leader != lead) {
 				return false

@@ -4,11 +4,15 @@ import (
 	"context"
 	"fmt"
 	"slices"
+	"strings"
 	"testing"
 	"time"
 
 	"github.com/warren-mq/warren/queue"
+	"github.com/warren-mq/warren/replication"
+	"github.com/warren-mq/warren/segment"
 	"github.com/warren-mq/warren/wire"
+	"go.etcd.io/raft/v3/raftpb"
 )
 
 // metaQueueAt is queue name as node nd's metadata has it.
@@ -214,5 +218,47 @@ func TestClusterRemoveReplacesReplicas(t *testing.T) {
 		if got := c.consumeAll(name, 20); len(got) != 20 {
 			t.Fatalf("%s holds %d distinct messages after its replica was replaced, want 20", name, len(got))
 		}
+	}
+}
+
+// TestClusterDamagedReplicaNamed: a node whose copy of a replicated queue
+// cannot be opened (its stored snapshot does not decode) says so naming
+// the queue, in its log, its admin API (raft_role "failed", with the
+// error) and /metrics, and serves nothing of it; the other two replicas
+// keep serving the queue, and every confirmed message.
+func TestClusterDamagedReplicaNamed(t *testing.T) {
+	c := newTestCluster(t, 3)
+	c.leader()
+	if _, err := c.nodes[0].b.Load().DeclareQueueAs(&wire.QueueDeclare{Name: "dmg", Durable: true}, 0, ""); err != nil {
+		t.Fatal(err)
+	}
+	c.publishConfirmed("dmg", "d", 10)
+	lead := c.queueLeader("dmg")
+	bad := c.nodes[lead.id%3]
+	gid := queueGroup(bad.b.Load().topo.lookupQueue("dmg").id)
+	c.stop(bad)
+	l, err := segment.Open(bad.fs, "/data", segment.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	store, err := replication.OpenSnapStore(l)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := store.Put(gid, raftpb.SnapshotMetadata{Index: 3, Term: 1, ConfState: raftpb.ConfState{Voters: []uint64{1, 2, 3}}}, []byte("not a queue snapshot")); err != nil {
+		t.Fatal(err)
+	}
+	if err := l.Close(); err != nil {
+		t.Fatal(err)
+	}
+	c.start(bad, nil)
+	c.sees(bad, "queue dmg durable=true")
+	c.waitFor("the damaged replica named", func() bool {
+		info, _ := bad.b.Load().Queue("dmg")
+		return info.RaftRole == "failed" && strings.Contains(info.ReplicaError, "group")
+	})
+	c.publishConfirmed("dmg", "e", 10)
+	if got := c.consumeAll("dmg", 20); len(got) != 20 {
+		t.Fatalf("with one replica damaged the queue holds %d distinct messages, want 20", len(got))
 	}
 }

@@ -231,13 +231,18 @@ type QueueStats struct {
 	Leader   uint64   `json:"leader,omitempty"`
 	Replicas []uint64 `json:"replica_nodes,omitempty"`
 	// RaftRole is this node's part in the queue's raft group ("leader",
-	// "follower", or "none": no replica here), RaftCommit the group's
+	// "follower", "none": no replica here, or "failed": its replica here
+	// did not open, ReplicaError says why), RaftCommit the group's
 	// commit index as this node knows it and RaftApplied what this node
 	// applied (their difference: its commit lag); a replicated queue in
 	// a cluster only.
 	RaftRole    string `json:"raft_role,omitempty"`
 	RaftCommit  uint64 `json:"raft_commit_index,omitempty"`
 	RaftApplied uint64 `json:"raft_applied_index,omitempty"`
+	// ReplicaError: why this node's replica did not open (damaged or
+	// unreadable data, naming the file or entry); it serves nothing of
+	// the queue, the other replicas do.
+	ReplicaError string `json:"replica_error,omitempty"`
 }
 
 // Queues returns the current queues' counts.

@@ -110,10 +110,13 @@ func (s *shard) openReplicated(q *Queue) (handled bool) {
 	sink := func(a *replication.Applied) { s.applied(q, a) }
 	g, err := s.rw.Recover(gid, dc.Snapshots, q.firstConf(), func() *queue.Machine { return queue.New(cfg, now) }, sink)
 	if err != nil {
-		s.b.log.Error("replicated queue not opened: it refuses publishes and consumers until a restart opens it", "queue", q.name, "group", gid, "err", err)
+		s.b.log.Error("replicated queue not opened: this node's replica is damaged or unreadable; it serves nothing of it until a restart opens it (the other replicas serve the queue)", "queue", q.name, "group", gid, "err", err)
+		msg := err.Error()
+		q.replicaErr.Store(&msg)
 		q.opened = true
 		return true
 	}
+	q.replicaErr.Store(nil)
 	q.grp, q.m, q.replayTo, q.replicated, q.proposer = g, g.FSM().Machine(), replayTo, true, s.proposer()
 	q.applSeq = g.LastSeq() // the seq base: nothing of this incarnation is waited for yet (barriers)
 	q.group.Store(g)
@@ -215,7 +218,10 @@ type replicatedState struct {
 	target, origin []uint64
 	// shownReplicas: replicas, for readers off the shard (statsOf)
 	shownReplicas atomic.Pointer[[]uint64]
-	move          moveState // the leader's progress moving it (reconcile.go)
+	// replicaErr: why this node's replica did not open (damaged data),
+	// for the admin API and /metrics; nil when it opened
+	replicaErr atomic.Pointer[string]
+	move       moveState // the leader's progress moving it (reconcile.go)
 }
 
 // raftStats fills the raft fields of a queue's stats: its role on this
@@ -226,6 +232,10 @@ func (q *Queue) raftStats(st *QueueStats) {
 		return
 	}
 	g := q.group.Load()
+	if e := q.replicaErr.Load(); e != nil && g == nil {
+		st.RaftRole, st.ReplicaError = "failed", *e
+		return
+	}
 	if g == nil {
 		st.RaftRole = "none" // no replica here
 		return

@@ -848,6 +848,7 @@ func (s *Server) initMetrics() {
 				fmt.Fprintf(w, "warren_queue_raft_commit_index%s %d\n", l, q.RaftCommit)
 				fmt.Fprintf(w, "warren_queue_raft_applied_index%s %d\n", l, q.RaftApplied)
 				fmt.Fprintf(w, "warren_queue_raft_commit_lag%s %d\n", l, q.RaftCommit-min(q.RaftCommit, q.RaftApplied))
+				fmt.Fprintf(w, "warren_queue_replica_failed%s %d\n", l, b2i(q.RaftRole == "failed"))
 			}
 		}
 	})

@@ -49,12 +49,14 @@ type QueueStats struct {
 	Leader   uint64   `json:"leader,omitempty"`
 	Replicas []uint64 `json:"replica_nodes,omitempty"`
 	// RaftRole is the answering node's part in the queue's raft group
-	// ("leader", "follower", "none": no replica there); RaftCommit and
+	// ("leader", "follower", "none": no replica there, "failed": its
+	// replica there did not open, ReplicaError says why); RaftCommit and
 	// RaftApplied its commit index and applied index (the difference is
 	// its commit lag). Replicated queues in a cluster only.
-	RaftRole    string `json:"raft_role,omitempty"`
-	RaftCommit  uint64 `json:"raft_commit_index,omitempty"`
-	RaftApplied uint64 `json:"raft_applied_index,omitempty"`
+	RaftRole     string `json:"raft_role,omitempty"`
+	RaftCommit   uint64 `json:"raft_commit_index,omitempty"`
+	RaftApplied  uint64 `json:"raft_applied_index,omitempty"`
+	ReplicaError string `json:"replica_error,omitempty"`
 }
 
 // Rates are per-second rates over the last sampling interval.
