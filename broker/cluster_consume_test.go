@@ -19,6 +19,7 @@ type fwdClient struct {
 	mu      sync.Mutex
 	got     []fwdGot
 	subs    []wire.Code
+	reasons []string // the subscribes' reasons
 	cancels []queue.ConsumerID
 	gone    []queue.ConsumerID
 	answers []Result
@@ -50,9 +51,10 @@ func (k *fwdClient) Deliver(ds []Delivery) {
 	k.poke()
 }
 func (k *fwdClient) Confirm(*PublishBatch) { k.poke() }
-func (k *fwdClient) Subscribed(_ queue.ConsumerID, _ uint32, code wire.Code, _ string) {
+func (k *fwdClient) Subscribed(_ queue.ConsumerID, _ uint32, code wire.Code, reason string) {
 	k.mu.Lock()
 	k.subs = append(k.subs, code)
+	k.reasons = append(k.reasons, reason)
 	k.mu.Unlock()
 	k.poke()
 }
@@ -80,7 +82,7 @@ func (k *fwdClient) Answer(_ uint64, r Result) {
 func (k *fwdClient) snap() fwdClient {
 	k.mu.Lock()
 	defer k.mu.Unlock()
-	return fwdClient{got: slices.Clone(k.got), subs: slices.Clone(k.subs), cancels: slices.Clone(k.cancels),
+	return fwdClient{got: slices.Clone(k.got), subs: slices.Clone(k.subs), reasons: slices.Clone(k.reasons), cancels: slices.Clone(k.cancels),
 		gone: slices.Clone(k.gone), answers: slices.Clone(k.answers)}
 }
 

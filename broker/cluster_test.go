@@ -8,6 +8,7 @@ import (
 	"os"
 	"slices"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -48,6 +49,53 @@ type testCluster struct {
 	// alarm[id] is node id's Config.PublishBlocked (its memory or disk
 	// alarm).
 	alarm [8]atomic.Bool
+	// holding[id]: the raft messages of queue groups to node id are held
+	// (in held[id], in order) until release(id) delivers them: a node
+	// that has not heard its queues' elections yet.
+	holdMu  sync.Mutex
+	holding [8]bool
+	held    [8][]heldRaft
+}
+
+type heldRaft struct {
+	gid uint64
+	m   raftpb.Message
+}
+
+// hold holds the raft messages of queue groups to the nodes ids.
+func (c *testCluster) hold(ids ...uint64) {
+	c.holdMu.Lock()
+	defer c.holdMu.Unlock()
+	for _, id := range ids {
+		c.holding[id] = true
+	}
+}
+
+// release delivers node nd's held messages, in order, and holds no more.
+func (c *testCluster) release(nd *clusterNode) {
+	c.holdMu.Lock()
+	defer c.holdMu.Unlock()
+	for _, h := range c.held[nd.id] {
+		if b := nd.b.Load(); b != nil {
+			b.StepRaft(h.gid, h.m)
+		}
+	}
+	c.holding[nd.id], c.held[nd.id] = false, nil
+}
+
+// deliverRaft steps node nd with a raft message, unless held.
+func (c *testCluster) deliverRaft(nd *clusterNode, gid uint64, m raftpb.Message) {
+	if gid != replication.MetaGroupID {
+		c.holdMu.Lock()
+		defer c.holdMu.Unlock()
+		if c.holding[nd.id] {
+			c.held[nd.id] = append(c.held[nd.id], heldRaft{gid, m})
+			return
+		}
+	}
+	if b := nd.b.Load(); b != nil {
+		b.StepRaft(gid, m)
+	}
 }
 
 const clusterTestSecret = "0123456789abcdef0123456789abcdef"
@@ -105,11 +153,7 @@ func (c *testCluster) start(nd *clusterNode, ln net.Listener) {
 		peers = map[uint64]string{nd.id: nd.addr}
 	}
 	tr, err := cluster.New(cluster.Config{NodeID: nd.id, Listener: ln, Peers: peers, Secret: []byte(clusterTestSecret),
-		Deliver: func(gid uint64, m raftpb.Message) {
-			if b := nd.b.Load(); b != nil {
-				b.StepRaft(gid, m)
-			}
-		},
+		Deliver: func(gid uint64, m raftpb.Message) { c.deliverRaft(nd, gid, m) },
 		DeliverSnapshot: func(gid uint64, s *cluster.Snapshot) {
 			if b := nd.b.Load(); b != nil {
 				b.StepClusterSnapshot(gid, (*SnapshotMessage)(s))

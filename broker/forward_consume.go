@@ -6,6 +6,7 @@ import (
 	"slices"
 	"strconv"
 	"sync"
+	"time"
 
 	"github.com/warren-mq/warren/queue"
 	"github.com/warren-mq/warren/wire"
@@ -48,6 +49,19 @@ import (
 // lost or settled twice. A link dropped while its leader still leads
 // (the origin stopped hearing from it) is Downed there first, on the
 // same connection ahead of the new subscribe.
+//
+// No leader known: right after a queue is declared a replica that is
+// not its preferred leader knows no leader until the election's messages
+// reach it, and during a failover no replica knows one. A subscribe, get
+// or purge that comes then waits on the origin (a fwdConsumer with no
+// link, a fwdPurge not sent) and goes out as soon as a leader is known:
+// raft names it to a replica (fwdLeaderChanged), a forward answer to a
+// node with no replica, and the tick sends what waits to whatever leader
+// the node knows by then. What waits is bounded: maxLeaderWaits per
+// queue (past it a request is refused at once), and ForwardTimeout each
+// (then refused, saying no leader was known). A consumer that was
+// answered OK and lost its leader waits for the next one with no limit:
+// it is the client's consumer, not a request.
 //
 // Liveness: every ForwardTimeout/4 the origin sends each leader a
 // keepalive naming its links and how many messages it sent on each; the
@@ -103,6 +117,10 @@ const (
 	// fwdDeliverChunk: a flush's deliveries to one origin shard go in
 	// messages of about this size.
 	fwdDeliverChunk = 1 << 20
+	// maxLeaderWaits bounds the subscribes, gets and purges of one queue
+	// that wait on a node for its leader to be known (each holds a
+	// client's request and a little memory until then).
+	maxLeaderWaits = 1024
 )
 
 // fwdConsume is a shard's forwarded consumers: those of its clients on
@@ -120,6 +138,8 @@ type fwdConsume struct {
 
 	purges   map[uint64]*fwdPurge
 	purgeSeq uint64
+
+	waiting map[*Queue]int // requests waiting for a leader to be known, per queue
 }
 
 // fwdConsumer is a client's consumer of a queue led elsewhere.
@@ -134,6 +154,7 @@ type fwdConsumer struct {
 	cancelled bool   // the client cancelled it: not resubscribed
 	dead      bool   // a get whose link went: nothing more comes
 	redirects int
+	waitAt    int64  // ms: since when it waits for a leader to be known, not yet answered (0: it does not)
 	sent      uint64 // messages sent on link after its subscribe
 	recv      uint64 // deliveries received on link
 	heard     int64  // ms: the last word about link from its node (or when it was made)
@@ -157,9 +178,13 @@ type servedLink struct {
 
 // fwdPurge is a purge forwarded to a queue's leader.
 type fwdPurge struct {
+	q    *Queue
 	sink Sink
 	req  uint64
-	at   int64
+	at   int64  // ms: when it came, then when it was sent
+	to   uint64 // the node it was sent to (0: none yet: it waits for a leader)
+
+	waits bool // counted in fwdConsume.waiting
 }
 
 // forwardTimeoutMs is DurableConfig.ForwardTimeout or its default, in ms.
@@ -192,13 +217,74 @@ func (q *Queue) ledElsewhere() bool {
 
 // ---- origin side ----
 
-// fwdSubscribe subscribes the client's consumer on q's leader.
-func (s *shard) fwdSubscribe(q *Queue, k Sink, spec queue.ConsumerSpec, req uint32) {
+// knownLeader is the node to forward q's requests to: its leader as
+// this node knows it, 0 if none is known (nor this node, named by raft
+// but not leading yet, or no longer).
+func (s *shard) knownLeader(q *Queue) uint64 {
 	lead := q.lead.Load()
-	if lead == 0 || lead == s.nodeID() || s.b.cfg.Durable.Forward == nil {
-		code, reason := q.notHere()
-		k.Subscribed(spec.ID, req, code, reason)
+	if lead == s.nodeID() && !q.leads() {
+		return 0
+	}
+	return lead
+}
+
+// mayWait reports whether a request of q may wait for its leader to be
+// known; if not it returns the refusal.
+func (s *shard) mayWait(q *Queue) (wire.Code, string, bool) {
+	code, reason := q.notHere()
+	if s.b.cfg.Durable.Forward == nil {
+		return code, reason, false
+	}
+	if n := s.fc.waiting[q]; n >= maxLeaderWaits {
+		return code, reason + " (" + strconv.Itoa(n) + " requests of this queue already wait for one)", false
+	}
+	return 0, "", true
+}
+
+// noLeaderRefusal is the refusal of a request that waited ForwardTimeout
+// for q's leader to be known.
+func (s *shard) noLeaderRefusal(q *Queue) (wire.Code, string) {
+	code, reason := q.notHere()
+	return code, reason + " (none was known within " + (time.Duration(s.forwardTimeoutMs()) * time.Millisecond).String() + ")"
+}
+
+// waitForLeader marks ol as waiting for q's leader to be known (counted
+// and timed while the client has no answer).
+func (s *shard) waitForLeader(ol *fwdConsumer) {
+	if ol.told || ol.waitAt != 0 {
 		return
+	}
+	ol.waitAt = s.now
+	s.countWait(ol.q, 1)
+}
+
+// stopWaiting ends ol's wait for a leader, if it waits.
+func (s *shard) stopWaiting(ol *fwdConsumer) {
+	if ol.waitAt != 0 {
+		ol.waitAt = 0
+		s.countWait(ol.q, -1)
+	}
+}
+
+func (s *shard) countWait(q *Queue, d int) {
+	fc := &s.fc
+	if fc.waiting == nil {
+		fc.waiting = map[*Queue]int{}
+	}
+	if fc.waiting[q] += d; fc.waiting[q] <= 0 {
+		delete(fc.waiting, q)
+	}
+}
+
+// fwdSubscribe subscribes the client's consumer on q's leader; with none
+// known it waits for one.
+func (s *shard) fwdSubscribe(q *Queue, k Sink, spec queue.ConsumerSpec, req uint32) {
+	lead := s.knownLeader(q)
+	if lead == 0 {
+		if code, reason, ok := s.mayWait(q); !ok {
+			k.Subscribed(spec.ID, req, code, reason)
+			return
+		}
 	}
 	fc := &s.fc
 	if fc.byID == nil {
@@ -244,8 +330,10 @@ func (s *shard) relink(ol *fwdConsumer, to uint64) {
 		return
 	}
 	if to == 0 {
+		s.waitForLeader(ol) // the tick, or the leader's change, links it
 		return
 	}
+	s.stopWaiting(ol)
 	ol.link, ol.to, ol.sent, ol.recv, ol.heard = s.newLink(), to, 0, 0, s.now
 	ol.drained = false
 	s.fc.byLink[ol.link] = ol
@@ -307,6 +395,7 @@ func (s *shard) linkEnded(ol *fwdConsumer) {
 // forgetForwarded drops ol from the shard's maps.
 func (s *shard) forgetForwarded(ol *fwdConsumer) {
 	fc := &s.fc
+	s.stopWaiting(ol)
 	if ol.link != 0 {
 		delete(fc.byLink, ol.link)
 		ol.link = 0
@@ -472,7 +561,11 @@ func (s *shard) fwdSettle(items []SettleItem) []SettleItem {
 // fwdLeaderChanged re-subscribes q's forwarded consumers on its new
 // leader (the origin is a replica and heard it from raft).
 func (s *shard) fwdLeaderChanged(q *Queue, lead uint64) {
-	if len(s.fc.byID) == 0 || lead == 0 {
+	if lead == 0 {
+		return
+	}
+	s.sendWaitingPurges(q, lead) // asked before the consumers that wait, or as early
+	if len(s.fc.byID) == 0 {
 		return
 	}
 	for _, ol := range s.sortedOf(q) {
@@ -496,6 +589,11 @@ func (s *shard) sortedOf(q *Queue) []*fwdConsumer {
 
 // fwdQueueGone tells q's forwarded consumers their queue was deleted.
 func (s *shard) fwdQueueGone(q *Queue, reason string) {
+	for _, id := range sortedPurges(s.fc.purges) {
+		if p := s.fc.purges[id]; p.q == q && p.to == 0 {
+			s.endPurge(id, Result{Code: wire.NotFound, Reason: "no queue " + q.name})
+		}
+	}
 	if len(s.fc.byID) == 0 {
 		return
 	}
@@ -529,10 +627,20 @@ func (s *shard) nextLeader(q *Queue, from uint64) uint64 {
 func (s *shard) tickForwarded() {
 	fc := &s.fc
 	limit := s.forwardTimeoutMs()
-	for id, p := range fc.purges {
-		if s.now-p.at >= limit {
-			delete(fc.purges, id)
-			p.sink.Answer(p.req, Result{Code: wire.InternalError, Reason: "the queue's leader did not answer the forwarded purge in time: it may or may not have happened"})
+	for _, id := range sortedPurges(fc.purges) {
+		p := fc.purges[id]
+		switch {
+		case p.to != 0:
+			if s.now-p.at >= limit {
+				s.endPurge(id, Result{Code: wire.InternalError, Reason: "the queue's leader did not answer the forwarded purge in time: it may or may not have happened"})
+			}
+		case p.q.gone:
+			s.endPurge(id, Result{Code: wire.NotFound, Reason: "no queue " + p.q.name})
+		case s.knownLeader(p.q) != 0:
+			s.sendPurge(id, s.knownLeader(p.q))
+		case s.now-p.at >= limit:
+			code, reason := s.noLeaderRefusal(p.q)
+			s.endPurge(id, Result{Code: code, Reason: reason})
 		}
 	}
 	for _, l := range sortedLinks(fc.links) {
@@ -547,8 +655,12 @@ func (s *shard) tickForwarded() {
 	for _, ol := range s.sortedOf(nil) {
 		switch {
 		case ol.link == 0 && !ol.cancelled && !ol.dead:
-			if lead := ol.q.lead.Load(); lead != 0 {
+			if lead := s.knownLeader(ol.q); lead != 0 {
 				s.relink(ol, lead)
+			} else if ol.waitAt != 0 && s.now-ol.waitAt >= limit {
+				s.forgetForwarded(ol)
+				code, reason := s.noLeaderRefusal(ol.q)
+				ol.sink.Subscribed(ol.spec.ID, ol.req, code, reason)
 			}
 		case ol.link != 0 && s.now-ol.heard >= limit:
 			if ol.redirects++; !ol.told && ol.redirects > maxRedirects {
@@ -595,28 +707,79 @@ func sortedLinks(m map[uint64]*servedLink) []uint64 {
 	return out
 }
 
-// fwdPurge forwards a purge of q to its leader.
+// fwdPurge forwards a purge of q to its leader; with none known it
+// waits for one.
 func (s *shard) fwdPurge(q *Queue, k Sink, req uint64) {
-	lead := q.lead.Load()
-	if lead == 0 || lead == s.nodeID() || s.b.cfg.Durable.Forward == nil {
-		code, reason := q.notHere()
-		k.Answer(req, Result{Code: code, Reason: reason})
-		return
+	lead := s.knownLeader(q)
+	if lead == 0 {
+		if code, reason, ok := s.mayWait(q); !ok {
+			k.Answer(req, Result{Code: code, Reason: reason})
+			return
+		}
 	}
 	fc := &s.fc
 	fc.purgeSeq++
 	id := uint64(s.idx)<<56 | fc.purgeSeq&(1<<56-1)
-	p := append(make([]byte, 0, 18), 'c', 'U')
-	p = binary.LittleEndian.AppendUint64(p, id)
-	p = binary.LittleEndian.AppendUint64(p, uint64(q.id))
-	if !s.b.sendFwd(lead, p) {
-		k.Answer(req, Result{Code: wire.InternalError, Reason: "the purge could not be sent to the queue's leader (node " + strconv.FormatUint(lead, 10) + "): retry it"})
-		return
-	}
 	if fc.purges == nil {
 		fc.purges = map[uint64]*fwdPurge{}
 	}
-	fc.purges[id] = &fwdPurge{sink: k, req: req, at: s.now}
+	fc.purges[id] = &fwdPurge{q: q, sink: k, req: req, at: s.now}
+	if lead == 0 {
+		s.purgeWaits(fc.purges[id], true)
+		return
+	}
+	s.sendPurge(id, lead)
+}
+
+// purgeWaits marks w as waiting for a leader to be known, or not.
+func (s *shard) purgeWaits(w *fwdPurge, waits bool) {
+	switch {
+	case waits && !w.waits:
+		s.countWait(w.q, 1)
+	case !waits && w.waits:
+		s.countWait(w.q, -1)
+	}
+	w.waits = waits
+}
+
+// sendPurge sends waiting purge id to node lead.
+func (s *shard) sendPurge(id, lead uint64) {
+	w := s.fc.purges[id]
+	s.purgeWaits(w, false)
+	p := append(make([]byte, 0, 18), 'c', 'U')
+	p = binary.LittleEndian.AppendUint64(p, id)
+	p = binary.LittleEndian.AppendUint64(p, uint64(w.q.id))
+	if !s.b.sendFwd(lead, p) {
+		s.endPurge(id, Result{Code: wire.InternalError, Reason: "the purge could not be sent to the queue's leader (node " + strconv.FormatUint(lead, 10) + "): retry it"})
+		return
+	}
+	w.to, w.at = lead, s.now
+}
+
+// sendWaitingPurges sends q's purges that wait for a leader to lead.
+func (s *shard) sendWaitingPurges(q *Queue, lead uint64) {
+	for _, id := range sortedPurges(s.fc.purges) {
+		if p := s.fc.purges[id]; p.q == q && p.to == 0 {
+			s.sendPurge(id, lead)
+		}
+	}
+}
+
+// endPurge answers purge id and forgets it.
+func (s *shard) endPurge(id uint64, r Result) {
+	w := s.fc.purges[id]
+	delete(s.fc.purges, id)
+	s.purgeWaits(w, false)
+	w.sink.Answer(w.req, r)
+}
+
+func sortedPurges(m map[uint64]*fwdPurge) []uint64 {
+	out := make([]uint64, 0, len(m))
+	for id := range m {
+		out = append(out, id)
+	}
+	slices.Sort(out)
+	return out
 }
 
 // ---- origin side: what leaders send ----
