@@ -138,6 +138,9 @@ type metaQueue struct {
 	// (a replica opening the group with no copy of its own starts there).
 	target []uint64
 	origin []uint64
+	// rebuild: nodes whose copy is damaged, to be removed from the group
+	// and added back fresh (moves.go), sorted
+	rebuild []uint64
 }
 
 type metaBinding struct {
@@ -184,6 +187,12 @@ const (
 	// MetaReplicasMoved: queue QueueID (Queue.Name)'s group now has
 	// Replicas as its voters, its target (moves.go).
 	MetaReplicasMoved MetaOp = 14
+	// MetaRebuildReplica: node Replicas[0]'s copy of queue QueueID
+	// (Queue.Name) is damaged: the group's leader removes it from the
+	// group, then reports MetaRebuildDone, and adds it back as a new
+	// replica (moves.go).
+	MetaRebuildReplica MetaOp = 15
+	MetaRebuildDone    MetaOp = 16
 )
 
 // MetaCommand is one request to the metadata state machine, as data: it
@@ -316,6 +325,8 @@ type MetaQueue struct {
 	// pending; Origin: the voters its group started with (moves.go).
 	Target []uint64
 	Origin []uint64
+	// Rebuild: nodes whose copy is being rebuilt (moves.go).
+	Rebuild []uint64
 }
 
 // MetaLimits bound how many queues, exchanges and bindings the broker
@@ -471,6 +482,8 @@ func (m *Meta) Apply(c *MetaCommand) (MetaResult, []MetaEffect) {
 		return m.placeCommand(c)
 	case MetaReplicasMoved:
 		return m.replicasMoved(c)
+	case MetaRebuildReplica, MetaRebuildDone:
+		return m.rebuildReplica(c)
 	}
 	return refuse(wire.InvalidArgument, "unknown metadata operation "+strconv.Itoa(int(c.Op))), nil
 }
@@ -689,7 +702,7 @@ func (m *Meta) ShardOf(name string) int { return int(xxhash.Sum64String(name) % 
 
 func (q *metaQueue) public(args wire.QueueArgs) MetaQueue {
 	return MetaQueue{ID: q.id, Name: q.decl.Name, Decl: q.decl, Args: args, Exclusive: q.exclusive, DeclaredBy: q.by,
-		Replicas: slices.Clone(q.replicas), Leader: q.leader, Target: slices.Clone(q.target), Origin: slices.Clone(q.origin)}
+		Replicas: slices.Clone(q.replicas), Leader: q.leader, Target: slices.Clone(q.target), Origin: slices.Clone(q.origin), Rebuild: slices.Clone(q.rebuild)}
 }
 
 // parsed is the queue with its arguments parsed (they parsed at declare).

@@ -30,9 +30,10 @@ const MetaCommandVersion = 1
 // an older snapshot's durable queues are placed as it is restored, in
 // name order, as if declared so), version 6 each placed queue's origin
 // and target after its preferred leader (moves.go; a version 5 queue's
-// origin is its replicas, and it has no target); versions 1 to 5 still
-// read (with "/" the only vhost).
-const MetaSnapshotVersion = 6
+// origin is its replicas, and it has no target); versions 1 to 6 still
+// read (with "/" the only vhost); version 7 the nodes whose copy is being
+// rebuilt after the target.
+const MetaSnapshotVersion = 7
 
 // maxMetaString bounds a string in an encoded command or snapshot (names
 // are at most 255 bytes; users and routing keys are bounded by the frame
@@ -75,7 +76,7 @@ func AppendMetaCommand(dst []byte, c *MetaCommand) []byte {
 		dst = appendMetaStr(dst, c.Vhost.Name)
 	case MetaPlaceReplicas:
 		dst = appendNodes(dst, c.Replicas)
-	case MetaReplicasMoved:
+	case MetaReplicasMoved, MetaRebuildReplica, MetaRebuildDone:
 		dst = appendMetaStr(dst, c.Queue.Name)
 		dst = binary.LittleEndian.AppendUint64(dst, c.QueueID)
 		dst = appendNodes(dst, c.Replicas)
@@ -151,7 +152,7 @@ func DecodeMetaCommand(b []byte) (MetaCommand, error) {
 		c.Vhost.Name = r.str()
 	case MetaPlaceReplicas:
 		c.Replicas = r.nodes("nodes to drain")
-	case MetaReplicasMoved:
+	case MetaReplicasMoved, MetaRebuildReplica, MetaRebuildDone:
 		c.Queue.Name = r.str()
 		c.QueueID = r.u64()
 		c.Replicas = r.nodes("replicas moved")
@@ -371,6 +372,9 @@ func (m *Meta) snapshotAt(v byte) []byte {
 			dst = appendNodes(dst, q.Origin)
 			dst = appendNodes(dst, q.Target)
 		}
+		if v >= 7 {
+			dst = appendNodes(dst, q.Rebuild)
+		}
 	}
 	bs := m.sortedBindings()
 	dst = binary.LittleEndian.AppendUint32(dst, uint32(len(bs)))
@@ -434,7 +438,7 @@ func (m *Meta) Restore(snap []byte) error {
 		d, gen := r.queueDecl()
 		excl := r.u64()
 		by := r.str()
-		var replicas, origin, target []uint64
+		var replicas, origin, target, rebuild []uint64
 		var leader uint64
 		if v >= 5 {
 			replicas = r.nodes("queue " + strconv.Quote(d.Name))
@@ -445,10 +449,13 @@ func (m *Meta) Restore(snap []byte) error {
 			origin = r.nodes("queue " + strconv.Quote(d.Name) + "'s origin")
 			target = r.nodes("queue " + strconv.Quote(d.Name) + "'s target")
 		}
+		if v >= 7 {
+			rebuild = r.nodes("queue " + strconv.Quote(d.Name) + "'s copies to rebuild")
+		}
 		if r.err != nil {
 			break
 		}
-		if !placedOK(&d, replicas, leader, v) || !movesOK(replicas, origin, target, leader) {
+		if !placedOK(&d, replicas, leader, v) || !movesOK(replicas, origin, target, leader) || !rebuildOK(replicas, target, rebuild) {
 			r.fail("queue " + strconv.Quote(d.Name) + ": replicas " + fmt.Sprint(replicas) + " (origin " + fmt.Sprint(origin) + ", target " + fmt.Sprint(target) + ") with preferred leader " + strconv.FormatUint(leader, 10) + " are not a placement")
 			break
 		}
@@ -462,7 +469,7 @@ func (m *Meta) Restore(snap []byte) error {
 		}
 		ids[id] = true
 		n.ids[id] = struct{}{}
-		q := &metaQueue{id: id, decl: d, exclusive: excl, by: by, replicas: replicas, leader: leader, origin: origin, target: target}
+		q := &metaQueue{id: id, decl: d, exclusive: excl, by: by, replicas: replicas, leader: leader, origin: origin, target: target, rebuild: rebuild}
 		n.queues[d.Name] = q
 		n.count(q, 1)
 		n.countQueue(d.Name, 1)
@@ -631,7 +638,7 @@ func diffMeta(a, b *Meta) []MetaEffect {
 	for _, q := range b.Queues() {
 		if _, ok := a.queues[q.Name]; !ok || qGone[q.Name] {
 			effs = append(effs, MetaEffect{Kind: EffQueueCreated, Queue: q, Shard: b.ShardOf(q.Name)})
-		} else if o := a.queues[q.Name]; !slices.Equal(o.replicas, q.Replicas) || !slices.Equal(o.target, q.Target) || o.leader != q.Leader {
+		} else if o := a.queues[q.Name]; !slices.Equal(o.replicas, q.Replicas) || !slices.Equal(o.target, q.Target) || o.leader != q.Leader || !slices.Equal(o.rebuild, q.Rebuild) {
 			effs = append(effs, MetaEffect{Kind: EffQueueReplicas, Queue: q})
 		}
 	}

@@ -303,3 +303,53 @@ func (t *topology) placeIfNeeded() {
 	cl.g.Add(t.mbuf)
 	cl.g.Kick()
 }
+
+// rebuildOK checks a restored queue's copies to rebuild: nodes it wants.
+func rebuildOK(replicas, target, rebuild []uint64) bool {
+	want := replicas
+	if target != nil {
+		want = target
+	}
+	if !nodeSet(rebuild) {
+		return false
+	}
+	for _, n := range rebuild {
+		if !slices.Contains(want, n) {
+			return false
+		}
+	}
+	return true
+}
+
+// rebuildReplica is MetaRebuildReplica (a node's copy is damaged: it is
+// to be removed from the group and added back new) and MetaRebuildDone
+// (the group's leader removed it). A rebuild of the last copy not being
+// rebuilt is refused: there is nothing to rebuild it from. Reports that
+// no longer match change nothing.
+func (m *Meta) rebuildReplica(c *MetaCommand) (MetaResult, []MetaEffect) {
+	q, ok := m.queues[c.Queue.Name]
+	if !ok || q.id != c.QueueID || len(c.Replicas) != 1 {
+		return MetaResult{}, nil
+	}
+	n := c.Replicas[0]
+	if c.Op == MetaRebuildDone {
+		i := slices.Index(q.rebuild, n)
+		if i < 0 {
+			return MetaResult{}, nil
+		}
+		q.rebuild = slices.Delete(slices.Clone(q.rebuild), i, i+1)
+		if len(q.rebuild) == 0 {
+			q.rebuild = nil
+		}
+		return MetaResult{}, []MetaEffect{{Kind: EffQueueReplicas, Queue: q.parsed()}}
+	}
+	if !slices.Contains(q.want(), n) || slices.Contains(q.rebuild, n) {
+		return MetaResult{}, nil
+	}
+	if len(q.want())-len(q.rebuild) < 2 {
+		return refuse(wire.PreconditionFailed, "queue "+strconv.Quote(c.Queue.Name)+": no undamaged replica to rebuild node "+strconv.FormatUint(n, 10)+"'s copy from"), nil
+	}
+	q.rebuild = append(slices.Clone(q.rebuild), n)
+	slices.Sort(q.rebuild)
+	return MetaResult{}, []MetaEffect{{Kind: EffQueueReplicas, Queue: q.parsed()}}
+}

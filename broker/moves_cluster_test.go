@@ -221,12 +221,14 @@ func TestClusterRemoveReplacesReplicas(t *testing.T) {
 	}
 }
 
-// TestClusterDamagedReplicaNamed: a node whose copy of a replicated queue
-// cannot be opened (its stored snapshot does not decode) says so naming
-// the queue, in its log, its admin API (raft_role "failed", with the
-// error) and /metrics, and serves nothing of it; the other two replicas
-// keep serving the queue, and every confirmed message.
-func TestClusterDamagedReplicaNamed(t *testing.T) {
+// TestClusterDamagedReplicaRebuilt: a node whose copy of a replicated
+// queue cannot be opened (its stored snapshot does not decode) says so
+// naming the queue, in its log, its admin API (raft_role "failed", with
+// the error) and /metrics, and serves nothing of it; the other two
+// replicas keep serving the queue. Its copy is rebuilt from them: taken
+// out of the group, deleted, and added back new, until it holds the
+// leader's state (and the three replicas every confirmed message).
+func TestClusterDamagedReplicaRebuilt(t *testing.T) {
 	c := newTestCluster(t, 3)
 	c.leader()
 	if _, err := c.nodes[0].b.Load().DeclareQueueAs(&wire.QueueDeclare{Name: "dmg", Durable: true}, 0, ""); err != nil {
@@ -258,7 +260,32 @@ func TestClusterDamagedReplicaNamed(t *testing.T) {
 		return info.RaftRole == "failed" && strings.Contains(info.ReplicaError, "group")
 	})
 	c.publishConfirmed("dmg", "e", 10)
+	// Rebuilt: a follower again, with the leader's state, the rebuild
+	// done in the metadata.
+	c.waitFor("the damaged replica rebuilt", func() bool {
+		info, _ := bad.b.Load().Queue("dmg")
+		li, _ := c.queueLeader("dmg").b.Load().Queue("dmg")
+		mq := metaQueueAt(c.nodes[(lead.id+1)%3], "dmg")
+		return info.RaftRole == "follower" && info.ReplicaError == "" && info.Ready == 20 && li.Ready == 20 &&
+			info.RaftApplied >= li.RaftCommit && mq.Rebuild == nil && slices.Equal(mq.Replicas, []uint64{1, 2, 3}) &&
+			slices.Equal(groupVoters(c.queueLeader("dmg"), "dmg"), []uint64{1, 2, 3})
+	})
 	if got := c.consumeAll("dmg", 20); len(got) != 20 {
 		t.Fatalf("with one replica damaged the queue holds %d distinct messages, want 20", len(got))
 	}
+}
+
+// groupVoters is the voters of queue name's raft group as node nd applied
+// them (read on its shard).
+func groupVoters(nd *clusterNode, name string) []uint64 {
+	q := nd.b.Load().topo.lookupQueue(name)
+	ch := make(chan []uint64, 1)
+	q.shard.submit(Command{Kind: cmdPost, post: func() {
+		if q.grp == nil {
+			ch <- nil
+			return
+		}
+		ch <- q.grp.Conf().Voters
+	}})
+	return <-ch
 }

@@ -169,8 +169,30 @@ func TestPlaceReplicasOnMembershipChange(t *testing.T) {
 	if g.NeedsPlacement() {
 		t.Fatal("placement still needed once every queue has its count")
 	}
+	// A damaged copy is rebuilt (kept in snapshots); the last copy not
+	// being rebuilt cannot be.
+	r1, _ := g.Queue("g1")
+	rb := func(op MetaOp, n uint64) MetaCommand {
+		return MetaCommand{Op: op, Queue: wire.QueueDeclare{Name: "g1"}, QueueID: r1.ID, Replicas: []uint64{n}}
+	}
+	metaDo(t, g, rb(MetaRebuildReplica, r1.Replicas[0]), wire.OK, "")
+	metaDo(t, g, rb(MetaRebuildReplica, r1.Replicas[1]), wire.OK, "")
+	metaDo(t, g, rb(MetaRebuildReplica, r1.Replicas[2]), wire.PreconditionFailed, "no undamaged replica")
+	gr := clusterMeta(1, 2, 5)
+	if err := gr.Restore(g.Snapshot()); err != nil || !bytes.Equal(gr.Snapshot(), g.Snapshot()) {
+		t.Fatalf("a snapshot with copies being rebuilt: %v", err)
+	}
+	if q, _ := gr.Queue("g1"); !slices.Equal(q.Rebuild, r1.Replicas[:2]) {
+		t.Fatalf("rebuilding %v, want %v", q.Rebuild, r1.Replicas[:2])
+	}
+	metaDo(t, g, rb(MetaRebuildDone, r1.Replicas[0]), wire.OK, "")
+	metaDo(t, g, rb(MetaRebuildDone, r1.Replicas[1]), wire.OK, "")
+	if q, _ := g.Queue("g1"); q.Rebuild != nil {
+		t.Fatalf("rebuilding %v after both were done", q.Rebuild)
+	}
 	// Commands round-trip.
-	for _, cmd := range []MetaCommand{{Op: MetaPlaceReplicas, Replicas: []uint64{3, 4}}, replicasMovedCommand("q", 5, []uint64{1, 2, 3})} {
+	for _, cmd := range []MetaCommand{{Op: MetaPlaceReplicas, Replicas: []uint64{3, 4}}, replicasMovedCommand("q", 5, []uint64{1, 2, 3}),
+		{Op: MetaRebuildReplica, Queue: wire.QueueDeclare{Name: "q"}, QueueID: 5, Replicas: []uint64{2}}} {
 		got, err := DecodeMetaCommand(AppendMetaCommand(nil, &cmd))
 		if err != nil || got.Op != cmd.Op || !slices.Equal(got.Replicas, cmd.Replicas) || got.QueueID != cmd.QueueID || got.Queue.Name != cmd.Queue.Name {
 			t.Fatalf("%+v decoded as %+v, %v", cmd, got, err)

@@ -3,6 +3,8 @@ package broker
 import (
 	"slices"
 
+	"github.com/warren-mq/warren/wire"
+
 	"go.etcd.io/raft/v3/raftpb"
 )
 
@@ -51,6 +53,17 @@ const (
 type shardMoves struct {
 	ticks  uint64 // the shard's raft ticks (the moves' clock)
 	queues map[*Queue]struct{}
+	// failed: queues whose copy here did not open, whose rebuild this
+	// node asks for (rebuild.go)
+	failed map[*Queue]uint64 // → the tick it last asked
+}
+
+// failedOpen notes that q's copy here did not open.
+func (m *shardMoves) failedOpen(q *Queue) {
+	if m.failed == nil {
+		m.failed = map[*Queue]uint64{}
+	}
+	m.failed[q] = 0
 }
 
 // moveState is a queue's leader's memory of its last step.
@@ -63,7 +76,7 @@ type moveState struct {
 
 // track notes whether q has a move pending.
 func (m *shardMoves) track(q *Queue) {
-	if q.target == nil && !q.move.drop || q.grp == nil || q.gone {
+	if q.grp == nil || q.gone || q.target == nil && !q.move.drop && len(q.rebuild) == 0 && !(q.leading && !slices.Equal(q.grp.Conf().Voters, q.replicas)) {
 		delete(m.queues, q)
 		return
 	}
@@ -111,8 +124,15 @@ func (s *shard) placementChanged(q *Queue, mq *MetaQueue) {
 	if q.gone || !q.inCluster {
 		return
 	}
-	q.replicas, q.target, q.origin, q.prefLeader = mq.Replicas, mq.Target, mq.Origin, mq.Leader
 	me := s.nodeID()
+	wasRebuilt := slices.Contains(q.rebuild, me)
+	q.replicas, q.target, q.origin, q.prefLeader, q.rebuild = mq.Replicas, mq.Target, mq.Origin, mq.Leader, mq.Rebuild
+	if wasRebuilt && !slices.Contains(q.rebuild, me) && q.grp == nil && q.holdsReplica(me) {
+		// The leader took the damaged copy out of the group: it goes,
+		// and the group opens new here, as a replica moved here does.
+		s.rebuildFresh(q)
+		return
+	}
 	switch {
 	case q.holdsReplica(me) && q.grp == nil && q.remote:
 		s.b.log.Info("replicated queue: a replica moves to this node; it catches up from the leader", "queue", q.name, "target", q.target)
@@ -192,6 +212,9 @@ func (s *shard) dropReplica(q *Queue) {
 // tick).
 func (s *shard) moveTick() {
 	s.moves.ticks++
+	for q, at := range s.moves.failed {
+		s.askRebuild(q, at)
+	}
 	for q := range s.moves.queues {
 		switch {
 		case q.gone || q.grp == nil:
@@ -210,6 +233,13 @@ func (s *shard) moveTick() {
 func (s *shard) reconcile(q *Queue) {
 	g, mv, now := q.grp, &q.move, s.moves.ticks
 	target := q.target
+	if target == nil {
+		target = q.replicas
+	}
+	if len(q.rebuild) > 0 {
+		// Copies being rebuilt leave the group first (rebuild.go).
+		target = slices.DeleteFunc(slices.Clone(target), func(n uint64) bool { return slices.Contains(q.rebuild, n) })
+	}
 	conf := g.Conf()
 	if len(conf.VotersOutgoing) > 0 {
 		return // joint: raft leaves it on its own
@@ -272,9 +302,21 @@ func (s *shard) reconcile(q *Queue) {
 		return
 	}
 	// The voters are the target.
-	if mv.reported == 0 || now-mv.reported >= moveRetryTicks {
-		mv.reported = now
-		s.b.topo.reportMoved(q, slices.Clone(target))
+	switch {
+	case len(q.rebuild) > 0:
+		if mv.reported == 0 || now-mv.reported >= moveRetryTicks {
+			mv.reported = now
+			for _, n := range q.rebuild {
+				s.b.topo.reportReplica(q, MetaRebuildDone, n)
+			}
+		}
+	case q.target != nil:
+		if mv.reported == 0 || now-mv.reported >= moveRetryTicks {
+			mv.reported = now
+			s.b.topo.reportMoved(q, slices.Clone(target))
+		}
+	default:
+		delete(s.moves.queues, q) // settled
 	}
 }
 
@@ -287,7 +329,23 @@ func (t *topology) reportMoved(q *Queue, voters []uint64) {
 	}
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	c := replicasMovedCommand(q.name, uint64(q.id), voters)
+	t.proposeLocked(cl, replicasMovedCommand(q.name, uint64(q.id), voters))
+}
+
+// reportReplica proposes a rebuild command (MetaRebuildReplica or
+// MetaRebuildDone) of node's copy of q without waiting.
+func (t *topology) reportReplica(q *Queue, op MetaOp, node uint64) {
+	cl := t.cl.Load()
+	if cl == nil || cl.removed.Load() {
+		return
+	}
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	t.proposeLocked(cl, MetaCommand{Op: op, Queue: wire.QueueDeclare{Name: q.name}, QueueID: uint64(q.id), Replicas: []uint64{node}})
+}
+
+// proposeLocked adds c to the metadata group's next proposal (mu held).
+func (t *topology) proposeLocked(cl *metaCluster, c MetaCommand) {
 	c.NowMs = t.now()
 	t.mbuf = AppendMetaCommand(t.mbuf[:0], &c)
 	cl.g.Add(t.mbuf)

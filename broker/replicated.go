@@ -89,6 +89,17 @@ func (s *shard) openReplicated(q *Queue) (handled bool) {
 		q.lead.Store(q.prefLeader)
 		return true
 	}
+	if slices.Contains(q.rebuild, dc.NodeID) {
+		// Its copy here is damaged and being rebuilt: it opens once the
+		// leader has taken it out of the group (reconcile.go).
+		msg := "this node's copy is being rebuilt from the other replicas"
+		if e := q.replicaErr.Load(); e != nil {
+			msg = *e + " (" + msg + ")"
+		}
+		q.replicaErr.Store(&msg)
+		q.remote, q.opened = false, true
+		return true
+	}
 	if s.openedGrps != nil {
 		if _, busy := s.openedGrps[queueGroup(q.id)]; busy {
 			// A copy this node dropped is still being removed: opened
@@ -110,10 +121,11 @@ func (s *shard) openReplicated(q *Queue) (handled bool) {
 	sink := func(a *replication.Applied) { s.applied(q, a) }
 	g, err := s.rw.Recover(gid, dc.Snapshots, q.firstConf(), func() *queue.Machine { return queue.New(cfg, now) }, sink)
 	if err != nil {
-		s.b.log.Error("replicated queue not opened: this node's replica is damaged or unreadable; it serves nothing of it until a restart opens it (the other replicas serve the queue)", "queue", q.name, "group", gid, "err", err)
+		s.b.log.Error("replicated queue not opened: this node's replica is damaged or unreadable; it serves nothing of it, and it is rebuilt from the other replicas, which serve the queue", "queue", q.name, "group", gid, "err", err)
 		msg := err.Error()
 		q.replicaErr.Store(&msg)
 		q.opened = true
+		s.moves.failedOpen(q) // rebuilt from the other replicas (reconcile.go)
 		return true
 	}
 	q.replicaErr.Store(nil)
@@ -167,6 +179,7 @@ func (s *shard) leaderChanged(g *replication.Group, lead uint64, leader bool) {
 		// sent again once the first entry of this term is applied here.
 		_, _ = g.Add(&queue.Tick{NowMs: s.now})
 		q.caughtUp, q.dlResent = false, false
+		s.moves.track(q) // a move or rebuild the last leader left unfinished
 		s.b.log.Info("replicated queue: this node leads it", "queue", q.name)
 	case !leader && q.leading:
 		q.leading = false
@@ -216,6 +229,7 @@ type replicatedState struct {
 	// placement beyond replicas (reconcile.go), shard-owned: the replicas
 	// it is being moved to (nil: none pending) and its group's first voters
 	target, origin []uint64
+	rebuild        []uint64 // nodes whose copy is being rebuilt (moves.go)
 	// shownReplicas: replicas, for readers off the shard (statsOf)
 	shownReplicas atomic.Pointer[[]uint64]
 	// replicaErr: why this node's replica did not open (damaged data),

@@ -406,7 +406,7 @@ func (t *topology) createQueueLocked(e *MetaEffect) {
 	mq := &e.Queue
 	q := &Queue{name: mq.Name, id: queue.QueueRef(mq.ID), decl: mq.Decl, args: mq.Args, exclusive: mq.Exclusive,
 		declaredBy: mq.DeclaredBy, autoDelete: mq.Decl.AutoDelete, replicas: mq.Replicas, prefLeader: mq.Leader}
-	q.target, q.origin = mq.Target, mq.Origin
+	q.target, q.origin, q.rebuild = mq.Target, mq.Origin, mq.Rebuild
 	q.shownReplicas.Store(&mq.Replicas)
 	q.shardIdx = e.Shard % len(t.shards)
 	q.shard = t.shards[q.shardIdx]
