@@ -73,7 +73,7 @@ func (t *Transport) call(ctx context.Context, id uint64, addr string, op byte, b
 	defer stop()
 	// The hello names node 0 so the listener takes it as a call even
 	// from a peer.
-	from, err := t.handshake(conn, 0, addr)
+	from, err := t.handshake(conn, 0, addr, laneControl)
 	if err != nil {
 		return 0, nil, err
 	}

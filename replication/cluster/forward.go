@@ -2,7 +2,8 @@ package cluster
 
 // Forwarded work (design §6.3): the broker's own messages between nodes
 // (a publish forwarded to a queue's leader, its confirm coming back), as
-// opaque payloads in frames of kind kindFwd on the peer's connection. The
+// opaque payloads in frames of kind kindFwd on the peer's data connection
+// (not in front of raft messages, which have the control connection). The
 // transport neither reads nor orders them against raft messages.
 
 // SendForward queues payload for peer to; it reports false when it was
@@ -26,7 +27,7 @@ func (t *Transport) SendForward(to uint64, payload []byte) bool {
 	p.fwdBytes += len(payload)
 	p.mu.Unlock()
 	select {
-	case p.wake <- struct{}{}:
+	case p.dat.wake <- struct{}{}:
 	default:
 	}
 	return true

@@ -23,8 +23,9 @@ const (
 
 	// version 2 adds kindSnap, 3 calls (a hello to node 0: whichever
 	// node listens, for one call) and the hello's "to" in the MACs, 4
-	// kindFwd.
-	version   = 4
+	// kindFwd, 5 the hello's lane (two connections per peer: control and
+	// data).
+	version   = 5
 	nonceSize = 32
 	magic     = "WRNC"
 )
@@ -72,16 +73,26 @@ type hello struct {
 	version  byte
 	from, to uint64
 	nonce    [nonceSize]byte
+	lane     byte // laneControl or laneData
 }
+
+// A peer's two connections (design §6.1): raft messages go on the
+// control lane, forwards and snapshots on the data lane, so megabytes of
+// bodies never sit in front of a heartbeat.
+const (
+	laneControl = 0
+	laneData    = 1
+)
 
 // appendHello appends the dialer's hello frame.
 func appendHello(b []byte, h hello) []byte {
-	p := make([]byte, 0, 4+1+16+nonceSize)
+	p := make([]byte, 0, 4+1+16+nonceSize+1)
 	p = append(p, magic...)
 	p = append(p, h.version)
 	p = binary.BigEndian.AppendUint64(p, h.from)
 	p = binary.BigEndian.AppendUint64(p, h.to)
 	p = append(p, h.nonce[:]...)
+	p = append(p, h.lane)
 	return appendFrame(b, kindHello, p)
 }
 
@@ -94,12 +105,16 @@ func parseHello(p []byte) (hello, error) {
 	if h.version != version {
 		return h, fmt.Errorf("cluster: peer speaks cluster protocol version %d, this node %d: run the same Warren version on every node", h.version, version)
 	}
-	if len(p) != 5+16+nonceSize {
+	if len(p) != 5+16+nonceSize+1 {
 		return h, fmt.Errorf("cluster: a hello of %d bytes", len(p))
 	}
 	h.from = binary.BigEndian.Uint64(p[5:])
 	h.to = binary.BigEndian.Uint64(p[13:])
 	copy(h.nonce[:], p[21:])
+	h.lane = p[21+nonceSize]
+	if h.lane > laneData {
+		return h, fmt.Errorf("cluster: a hello for lane %d", h.lane)
+	}
 	return h, nil
 }
 

@@ -68,7 +68,7 @@ func (t *Transport) SendSnapshot(gid uint64, s *Snapshot, done func(ok bool)) {
 	p.snapBytes += len(pl)
 	p.mu.Unlock()
 	select {
-	case p.wake <- struct{}{}:
+	case p.dat.wake <- struct{}{}:
 	default:
 	}
 }

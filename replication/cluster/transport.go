@@ -1,11 +1,13 @@
 // Package cluster carries raft messages between Warren nodes over TCP
 // (design/replication.md §6.1): a replication.Transport whose Send
-// queues each group's messages for their peer, one writer goroutine per
-// peer that sends everything queued since its last write as frames on one
-// connection it dials (the control connection; the data connection of
-// §6.1 comes with forwarding), and one reader goroutine per inbound
-// connection that hands each message to Config.Deliver, and each
-// snapshot to install (SendSnapshot, snapshot.go) to DeliverSnapshot.
+// queues each group's messages for their peer, two writer goroutines per
+// peer, each sending everything queued for it since its last write as
+// frames on a connection it dials (§6.1: the control connection carries
+// raft messages; the data connection forwarded work and snapshots to
+// install, so megabytes of bodies never sit in front of a heartbeat), and
+// one reader goroutine per inbound connection that hands each message to
+// Config.Deliver, each snapshot to install (SendSnapshot, snapshot.go) to
+// DeliverSnapshot and each forward to DeliverForward.
 //
 // Nodes prove they hold the shared cluster secret by HMAC challenge and
 // response in both directions; the secret never crosses the wire. A
@@ -86,6 +88,9 @@ type Config struct {
 	Logger    *slog.Logger
 }
 
+// errPeerClosed: the peer closed a connection this node writes to.
+var errPeerClosed = errors.New("cluster: the peer closed the connection")
+
 // MinSecretLen is the shortest cluster secret accepted.
 const MinSecretLen = 16
 
@@ -110,10 +115,11 @@ type Stats struct {
 
 // PeerStats are one peer's.
 type PeerStats struct {
-	Connected   bool
-	QueuedBytes int
-	Sent        uint64
-	Dropped     uint64
+	Connected     bool // the control connection (raft messages)
+	DataConnected bool // the data connection (forwards, snapshots)
+	QueuedBytes   int
+	Sent          uint64
+	Dropped       uint64
 }
 
 // Transport is the TCP transport. Send is safe for concurrent use.
@@ -131,18 +137,26 @@ type Transport struct {
 	log    *slog.Logger
 
 	mu      sync.Mutex
-	inbound map[uint64]net.Conn
+	inbound map[inboundKey]net.Conn
 	conns   map[net.Conn]struct{} // inbound, for Close
 
 	frames, sent, received, dropped, authFailures, refused atomic.Uint64
+}
+
+// inboundKey names an inbound connection: one per peer and lane.
+type inboundKey struct {
+	from uint64
+	lane byte
 }
 
 type peer struct {
 	t    *Transport
 	id   uint64
 	addr string
-	wake chan struct{}
 	stop chan struct{} // closed when SetPeers drops the peer
+	// The two connections: ctl writes pending (raft messages), dat writes
+	// snaps and fwds.
+	ctl, dat lane
 
 	mu        sync.Mutex
 	pending   []byte // entries: gid u64 | len u32 | message
@@ -152,11 +166,41 @@ type peer struct {
 	fwds      [][]byte // forward.go
 	fwdBytes  int
 	spare     []byte
-	conn      net.Conn
 
+	sent    atomic.Uint64
+	dropped atomic.Uint64
+}
+
+// lane is one of a peer's connections and its writer.
+type lane struct {
+	id        byte // laneControl or laneData
+	wake      chan struct{}
+	conn      net.Conn // peer.mu
 	connected atomic.Bool
-	sent      atomic.Uint64
-	dropped   atomic.Uint64
+}
+
+func newPeer(t *Transport, id uint64, addr string) *peer {
+	return &peer{t: t, id: id, addr: addr, stop: make(chan struct{}),
+		ctl: lane{id: laneControl, wake: make(chan struct{}, 1)},
+		dat: lane{id: laneData, wake: make(chan struct{}, 1)}}
+}
+
+// start starts the peer's writers (t.wg counts them: 2).
+func (p *peer) start() {
+	go p.run(&p.ctl)
+	go p.run(&p.dat)
+}
+
+// closeConns closes both connections (their writers then dial again, or
+// stop).
+func (p *peer) closeConns() {
+	p.mu.Lock()
+	for _, l := range []*lane{&p.ctl, &p.dat} {
+		if l.conn != nil {
+			l.conn.Close()
+		}
+	}
+	p.mu.Unlock()
 }
 
 // New checks cfg, listens, and starts a writer per peer (which dials at
@@ -217,19 +261,18 @@ func New(cfg Config) (*Transport, error) {
 	}
 	t := &Transport{cfg: cfg, ln: ln, peers: map[uint64]*peer{}, closed: make(chan struct{}),
 		hs: make(chan struct{}, maxHandshakes), log: cfg.Logger,
-		inbound: map[uint64]net.Conn{}, conns: map[net.Conn]struct{}{}}
+		inbound: map[inboundKey]net.Conn{}, conns: map[net.Conn]struct{}{}}
 	t.ctx, t.cancel = context.WithCancel(context.Background())
 	for id, addr := range cfg.Peers {
 		if id == cfg.NodeID {
 			continue
 		}
-		p := &peer{t: t, id: id, addr: addr, wake: make(chan struct{}, 1), stop: make(chan struct{})}
-		t.peers[id] = p
+		t.peers[id] = newPeer(t, id, addr)
 	}
 	t.gone = map[uint64]bool{}
 	for _, p := range t.peers {
-		t.wg.Add(1)
-		go p.run()
+		t.wg.Add(2)
+		p.start()
 	}
 	t.wg.Add(1)
 	go t.accept()
@@ -260,11 +303,7 @@ func (t *Transport) Close() error {
 	}
 	t.mu.Unlock()
 	for _, p := range t.peerList() {
-		p.mu.Lock()
-		if p.conn != nil {
-			p.conn.Close()
-		}
-		p.mu.Unlock()
+		p.closeConns()
 	}
 	t.wg.Wait()
 	return err
@@ -310,7 +349,7 @@ func (t *Transport) SetPeers(peers map[uint64]string, removed []uint64) {
 			next[id] = p
 			continue
 		}
-		p := &peer{t: t, id: id, addr: addr, wake: make(chan struct{}, 1), stop: make(chan struct{})}
+		p := newPeer(t, id, addr)
 		next[id] = p
 		start = append(start, p)
 	}
@@ -323,25 +362,23 @@ func (t *Transport) SetPeers(peers map[uint64]string, removed []uint64) {
 	for _, id := range removed {
 		t.gone[id] = true
 	}
-	t.wg.Add(len(start))
+	t.wg.Add(2 * len(start))
 	t.pmu.Unlock()
 	for _, p := range drop {
 		close(p.stop)
-		p.mu.Lock()
-		if p.conn != nil {
-			p.conn.Close()
-		}
-		p.mu.Unlock()
+		p.closeConns()
 		if next[p.id] == nil {
 			t.mu.Lock()
-			if c := t.inbound[p.id]; c != nil {
-				c.Close()
+			for _, l := range []byte{laneControl, laneData} {
+				if c := t.inbound[inboundKey{p.id, l}]; c != nil {
+					c.Close()
+				}
 			}
 			t.mu.Unlock()
 		}
 	}
 	for _, p := range start {
-		go p.run()
+		p.start()
 	}
 }
 
@@ -386,7 +423,7 @@ func (t *Transport) Send(gid uint64, msgs []raftpb.Message) {
 		p.mu.Unlock()
 		if p != woken && !t.cfg.ManualFlush {
 			select {
-			case p.wake <- struct{}{}:
+			case p.ctl.wake <- struct{}{}:
 			default:
 			}
 			woken = p
@@ -403,7 +440,7 @@ func (t *Transport) Flush() {
 		p.mu.Unlock()
 		if n > 0 {
 			select {
-			case p.wake <- struct{}{}:
+			case p.ctl.wake <- struct{}{}:
 			default:
 			}
 		}
@@ -424,7 +461,7 @@ func (t *Transport) Stats() Stats {
 	s := Stats{Frames: t.frames.Load(), Sent: t.sent.Load(), Received: t.received.Load(),
 		Dropped: t.dropped.Load(), AuthFailures: t.authFailures.Load(), Refused: t.refused.Load()}
 	for _, p := range t.peerList() {
-		if p.connected.Load() {
+		if p.ctl.connected.Load() {
 			s.Connected++
 		}
 	}
@@ -440,7 +477,7 @@ func (t *Transport) PeerStats(id uint64) PeerStats {
 	p.mu.Lock()
 	q := len(p.pending)
 	p.mu.Unlock()
-	return PeerStats{Connected: p.connected.Load(), QueuedBytes: q, Sent: p.sent.Load(), Dropped: p.dropped.Load()}
+	return PeerStats{Connected: p.ctl.connected.Load(), DataConnected: p.dat.connected.Load(), QueuedBytes: q, Sent: p.sent.Load(), Dropped: p.dropped.Load()}
 }
 
 // mac is HMAC-SHA256(secret) over the handshake: who speaks (label),
@@ -464,20 +501,27 @@ func refuse(c net.Conn, reason string) {
 	c.Write(appendFrame(nil, kindRefuse, []byte(reason)))
 }
 
-// run is the peer's writer: dial, then write what is queued, forever.
-func (p *peer) run() {
+// run is the writer of lane l: dial, then write what is queued for it,
+// forever.
+func (p *peer) run(l *lane) {
 	defer p.t.wg.Done()
-	defer p.dropSnaps() // stopped or closed: raft hears the snapshots failed (ReportSnapshot)
+	if l.id == laneData {
+		defer p.dropSnaps() // stopped or closed: raft hears the snapshots failed (ReportSnapshot)
+	}
+	name := "control"
+	if l.id == laneData {
+		name = "data"
+	}
 	backoff := minBackoff
 	failing := false
 	for {
-		conn, err := p.dial()
+		conn, err := p.dial(l.id)
 		if err != nil {
 			if p.isClosed() {
 				return
 			}
 			if !failing {
-				p.t.log.Warn("cluster: cannot reach peer; retrying with backoff", "peer", p.id, "addr", p.addr, "err", err)
+				p.t.log.Warn("cluster: cannot reach peer; retrying with backoff", "peer", p.id, "addr", p.addr, "connection", name, "err", err)
 				failing = true
 			} else {
 				p.t.log.Debug("cluster: cannot reach peer", "peer", p.id, "err", err)
@@ -497,37 +541,47 @@ func (p *peer) run() {
 			continue
 		}
 		failing, backoff = false, minBackoff
-		p.t.log.Info("cluster: connected to peer", "peer", p.id, "addr", p.addr)
+		p.t.log.Info("cluster: connected to peer", "peer", p.id, "addr", p.addr, "connection", name)
 		p.mu.Lock()
-		p.conn = conn
+		l.conn = conn
 		p.mu.Unlock()
 		if p.isClosed() {
 			conn.Close()
 			return
 		}
-		p.connected.Store(true)
+		l.connected.Store(true)
 		// The listener sends nothing after OK but a refusal: reading
 		// notices a connection the peer closed, and closes ours so the
 		// next write fails at once.
+		// It also wakes the writer (dead), which dials again at once:
+		// otherwise an idle connection's loss is found by the next write,
+		// and what that write carries is lost (a peer that restarted would
+		// lose the first forwards sent to it).
+		dead := make(chan struct{})
 		go func() {
 			var b [64]byte
 			for {
 				if _, err := conn.Read(b[:]); err != nil {
 					conn.Close()
+					close(dead)
 					return
 				}
 			}
 		}()
-		err = p.write(conn)
-		p.connected.Store(false)
+		if l.id == laneData {
+			err = p.writeData(conn, dead)
+		} else {
+			err = p.write(conn, dead)
+		}
+		l.connected.Store(false)
 		conn.Close()
 		p.mu.Lock()
-		p.conn = nil
+		l.conn = nil
 		p.mu.Unlock()
 		if p.isClosed() {
 			return
 		}
-		p.t.log.Warn("cluster: lost the connection to peer; reconnecting", "peer", p.id, "err", err)
+		p.t.log.Warn("cluster: lost the connection to peer; reconnecting", "peer", p.id, "connection", name, "err", err)
 	}
 }
 
@@ -542,30 +596,28 @@ func (p *peer) isClosed() bool {
 	}
 }
 
-// write sends what is queued each time Send wakes it: one frame per
-// wake (several if it would pass the frame limit), with writev.
-func (p *peer) write(conn net.Conn) error {
-	var hdrs []byte
-	var bufs net.Buffers
+// writeData sends the snapshots and forwards queued each time
+// SendSnapshot or SendForward wakes the data lane.
+func (p *peer) writeData(conn net.Conn, dead <-chan struct{}) error {
 	for {
 		select {
-		case <-p.wake:
+		case <-dead:
+			return errPeerClosed
+		case <-p.dat.wake:
 		case <-p.t.closed:
 			return nil
 		case <-p.stop:
 			return nil
 		}
 		p.mu.Lock()
-		buf, n := p.pending, p.count
-		p.pending, p.count = p.spare[:0], 0
-		p.spare = nil
 		snaps := p.snaps
 		p.snaps, p.snapBytes = nil, 0
 		fwds := p.fwds
 		p.fwds, p.fwdBytes = nil, 0
 		p.mu.Unlock()
 		if err := p.writeSnaps(conn, snaps); err != nil {
-			p.recycle(buf)
+			p.dropped.Add(uint64(len(fwds)))
+			p.t.dropped.Add(uint64(len(fwds)))
 			return err
 		}
 		if len(fwds) > 0 {
@@ -577,11 +629,34 @@ func (p *peer) write(conn net.Conn) error {
 			if _, err := bufs.WriteTo(conn); err != nil {
 				p.dropped.Add(uint64(len(fwds)))
 				p.t.dropped.Add(uint64(len(fwds)))
-				p.recycle(buf)
 				return err
 			}
 			p.t.frames.Add(uint64(len(fwds)))
 		}
+	}
+}
+
+// write sends the raft messages queued each time Send (or Flush) wakes
+// the control lane: one frame per wake (several if it would pass the
+// frame limit), with writev.
+func (p *peer) write(conn net.Conn, dead <-chan struct{}) error {
+	var hdrs []byte
+	var bufs net.Buffers
+	for {
+		select {
+		case <-dead:
+			return errPeerClosed
+		case <-p.ctl.wake:
+		case <-p.t.closed:
+			return nil
+		case <-p.stop:
+			return nil
+		}
+		p.mu.Lock()
+		buf, n := p.pending, p.count
+		p.pending, p.count = p.spare[:0], 0
+		p.spare = nil
+		p.mu.Unlock()
 		if n == 0 {
 			p.recycle(buf)
 			continue
@@ -634,34 +709,31 @@ func (p *peer) recycle(buf []byte) {
 	p.mu.Unlock()
 }
 
-// dial connects to the peer and runs the dialer's side of the handshake.
-func (p *peer) dial() (net.Conn, error) {
+// dial connects lane l to the peer and runs the dialer's side of the
+// handshake.
+func (p *peer) dial(l byte) (net.Conn, error) {
 	d := net.Dialer{Timeout: handshakeTimeout}
 	conn, err := d.DialContext(p.t.ctx, "tcp", p.addr)
 	if err != nil {
 		return nil, err
 	}
-	if err := p.handshake(conn); err != nil {
+	if _, err := p.t.handshake(conn, p.id, p.addr, l); err != nil {
 		conn.Close()
 		return nil, err
 	}
 	return conn, nil
 }
 
-func (p *peer) handshake(conn net.Conn) error {
-	_, err := p.t.handshake(conn, p.id, p.addr)
-	return err
-}
-
-// handshake runs the dialer's side on conn to node id at addr (id 0: a
-// call to whichever node listens there); it returns the listener's id.
-func (t *Transport) handshake(conn net.Conn, id uint64, addr string) (uint64, error) {
+// handshake runs the dialer's side on conn (for lane l) to node id at
+// addr (id 0: a call to whichever node listens there); it returns the
+// listener's id.
+func (t *Transport) handshake(conn net.Conn, id uint64, addr string, l byte) (uint64, error) {
 	p := struct {
 		id   uint64
 		addr string
 	}{id, addr}
 	conn.SetDeadline(time.Now().Add(handshakeTimeout))
-	h := hello{version: version, from: t.cfg.NodeID, to: p.id}
+	h := hello{version: version, from: t.cfg.NodeID, to: p.id, lane: l}
 	rand.Read(h.nonce[:])
 	if _, err := conn.Write(appendHello(nil, h)); err != nil {
 		return 0, err
@@ -777,7 +849,7 @@ func (t *Transport) serve(c net.Conn) {
 		delete(t.conns, c)
 		t.mu.Unlock()
 	}()
-	from, call, err := t.accepted(c)
+	from, call, l, err := t.accepted(c)
 	<-t.hs
 	if err != nil {
 		t.log.Warn("cluster: refused a connection", "remote", c.RemoteAddr(), "err", err)
@@ -787,16 +859,17 @@ func (t *Transport) serve(c net.Conn) {
 		t.serveCall(c, from)
 		return
 	}
+	key := inboundKey{from, l}
 	t.mu.Lock()
-	if old := t.inbound[from]; old != nil {
-		old.Close() // the peer reconnected: one inbound connection per peer
+	if old := t.inbound[key]; old != nil {
+		old.Close() // the peer reconnected: one inbound connection per peer and lane
 	}
-	t.inbound[from] = c
+	t.inbound[key] = c
 	t.mu.Unlock()
 	defer func() {
 		t.mu.Lock()
-		if t.inbound[from] == c {
-			delete(t.inbound, from)
+		if t.inbound[key] == c {
+			delete(t.inbound, key)
 		}
 		t.mu.Unlock()
 	}()
@@ -849,19 +922,20 @@ func (t *Transport) serve(c net.Conn) {
 }
 
 // accepted runs the handshake; it returns the authenticated peer's id,
-// and whether the connection is a call (Call: the hello named no node).
-func (t *Transport) accepted(c net.Conn) (uint64, bool, error) {
+// whether the connection is a call (Call: the hello named no node), and
+// its lane.
+func (t *Transport) accepted(c net.Conn) (uint64, bool, byte, error) {
 	c.SetDeadline(time.Now().Add(handshakeTimeout))
 	var buf []byte
 	kind, pl, err := readFrame(c, &buf, 4096)
 	if err != nil {
 		t.refused.Add(1)
-		return 0, false, err
+		return 0, false, 0, err
 	}
 	if kind != kindHello {
 		t.refused.Add(1)
 		refuse(c, "expected a hello")
-		return 0, false, fmt.Errorf("cluster: frame kind %d before the hello", kind)
+		return 0, false, 0, fmt.Errorf("cluster: frame kind %d before the hello", kind)
 	}
 	h, err := parseHello(pl)
 	if err == nil && h.to != t.cfg.NodeID && h.to != 0 {
@@ -876,7 +950,7 @@ func (t *Transport) accepted(c net.Conn) (uint64, bool, error) {
 	if err != nil {
 		t.refused.Add(1)
 		refuse(c, err.Error())
-		return 0, false, err
+		return 0, false, 0, err
 	}
 	var ns [nonceSize]byte
 	rand.Read(ns[:])
@@ -886,20 +960,20 @@ func (t *Transport) accepted(c net.Conn) (uint64, bool, error) {
 	p = append(p, ns[:]...)
 	p = append(p, t.mac("listener", &h.nonce, &ns, h.from, h.to, t.cfg.NodeID)...)
 	if _, err := c.Write(appendFrame(nil, kindChall, p)); err != nil {
-		return 0, false, err
+		return 0, false, 0, err
 	}
 	kind, pl, err = readFrame(c, &buf, 4096)
 	if err != nil {
-		return 0, false, err
+		return 0, false, 0, err
 	}
 	if kind == kindRefuse {
 		t.authFailures.Add(1)
-		return 0, false, fmt.Errorf("cluster: node %d refused this node: %s", h.from, pl)
+		return 0, false, 0, fmt.Errorf("cluster: node %d refused this node: %s", h.from, pl)
 	}
 	if kind != kindProof || !hmac.Equal(pl, t.mac("dialer", &h.nonce, &ns, h.from, h.to, t.cfg.NodeID)) {
 		t.authFailures.Add(1)
 		refuse(c, "authentication failed: the cluster secrets differ")
-		return 0, false, fmt.Errorf("cluster: node %d failed authentication: its cluster secret differs from this node's", h.from)
+		return 0, false, 0, fmt.Errorf("cluster: node %d failed authentication: its cluster secret differs from this node's", h.from)
 	}
 	if gone {
 		// Told only once the dialer proved the secret, and so believed
@@ -907,11 +981,11 @@ func (t *Transport) accepted(c net.Conn) (uint64, bool, error) {
 		err := fmt.Errorf("cluster: node %d %s (node ids are never reused)", h.from, removedReason)
 		t.refused.Add(1)
 		refuse(c, err.Error())
-		return 0, false, err
+		return 0, false, 0, err
 	}
 	if _, err := c.Write(appendFrame(nil, kindOK, nil)); err != nil {
-		return 0, false, err
+		return 0, false, 0, err
 	}
 	c.SetDeadline(time.Time{})
-	return h.from, h.to == 0, nil
+	return h.from, h.to == 0, h.lane, nil
 }
