@@ -1,6 +1,7 @@
 package broker
 
 import (
+	"context"
 	"strings"
 	"testing"
 	"time"
@@ -157,4 +158,45 @@ func TestClusterForwardedNoLeaderRefused(t *testing.T) {
 	if sn := k2.snap(); sn.subs[0] != wire.OK {
 		t.Fatalf("answered %v %q", sn.subs, sn.reasons)
 	}
+}
+
+// TestClusterForwardedPurgeFollowsLeader: a purge forwarded to a node
+// that no longer leads the queue (the origin has not heard of the new
+// leader yet: its raft messages are held) follows that node's answer to
+// the new leader instead of being refused.
+func TestClusterForwardedPurgeFollowsLeader(t *testing.T) {
+	c, lead, other := rqCluster(t, 4)
+	third := c.nodes[0]
+	for third == lead || third == other {
+		third = c.nodes[third.id%3]
+	}
+	c.waitFor("the third replica knows the leader", func() bool { info, _ := third.b.Load().Queue("rq"); return info.Leader == lead.id })
+	c.hold(third.id)
+	// One more message, which the third replica lacks: the transfer goes
+	// to the other, more caught up.
+	lb := lead.b.Load()
+	ks := newDurSink()
+	batch := publish(lb, lb.topo.lookupQueue("rq"), ks, true, "m4")
+	ks.waitFor(t, "the confirm", func() bool { return ks.confirmed(batch) })
+	ctx, cancel := context.WithTimeout(t.Context(), 10*time.Second)
+	defer cancel()
+	if err := lb.TransferLeaderships(ctx); err != nil {
+		t.Fatal(err)
+	}
+	c.waitFor("the old leader names the new one", func() bool {
+		info, _ := lead.b.Load().Queue("rq")
+		oi, _ := other.b.Load().Queue("rq")
+		return info.Leader == other.id && oi.RaftRole == "leader"
+	})
+	if info, _ := third.b.Load().Queue("rq"); info.Leader != lead.id {
+		t.Fatalf("the held replica knows leader %d", info.Leader)
+	}
+	tb := third.b.Load()
+	k := newFwdClient()
+	tb.Submit(Command{Kind: CmdPurge, Queue: tb.topo.lookupQueue("rq"), Sink: k, Req: 1})
+	k.waitFor(t, "the purge's answer", func() bool { return len(k.answers) == 1 })
+	if a := k.snap().answers[0]; a.Code != wire.OK || a.N != 5 {
+		t.Fatalf("the purge answered %+v, want 5 removed", a)
+	}
+	c.release(third)
 }

@@ -101,6 +101,7 @@ import (
 //	  'k' link | alive u8 | sent u64                                            keepalive answer
 //	  'e' link                                                                  a get's drain done
 //	  'u' id | code u32 | n u64 | reason                                        purge answer
+//	  'v' id | leader u64                                                       purge: not the leader (0: none known)
 
 const (
 	linkCancel  = 0
@@ -184,7 +185,8 @@ type fwdPurge struct {
 	at   int64  // ms: when it came, then when it was sent
 	to   uint64 // the node it was sent to (0: none yet: it waits for a leader)
 
-	waits bool // counted in fwdConsume.waiting
+	waits     bool // counted in fwdConsume.waiting
+	redirects int  // "not the leader" answers followed
 }
 
 // forwardTimeoutMs is DurableConfig.ForwardTimeout or its default, in ms.
@@ -765,6 +767,31 @@ func (s *shard) sendWaitingPurges(q *Queue, lead uint64) {
 	}
 }
 
+// purgeMoved follows a "not the leader" answer to purge id from node
+// from: sent to the leader it names, or, with none named, held until one
+// is known (as a purge that came with none known); after maxRedirects the
+// client is told.
+func (s *shard) purgeMoved(from, id, lead uint64) {
+	w := s.fc.purges[id]
+	if w == nil || w.to != from {
+		return // answered, timed out, or sent elsewhere since
+	}
+	if w.redirects++; w.redirects > maxRedirects {
+		code, reason := w.q.notHere()
+		s.endPurge(id, Result{Code: code, Reason: reason + "; the nodes asked did not lead it"})
+		return
+	}
+	if lead != 0 && w.q.remote {
+		w.q.lead.Store(lead)
+	}
+	if lead != 0 && lead != from {
+		s.sendPurge(id, lead)
+		return
+	}
+	w.to, w.at = 0, s.now
+	s.purgeWaits(w, true)
+}
+
 // endPurge answers purge id and forgets it.
 func (s *shard) endPurge(id uint64, r Result) {
 	w := s.fc.purges[id]
@@ -803,6 +830,12 @@ func (s *shard) fromLeader(from uint64, p []byte) {
 		}
 		delete(s.fc.purges, id)
 		w.sink.Answer(w.req, Result{Code: wire.Code(binary.LittleEndian.Uint32(p[8:])), N: int64(binary.LittleEndian.Uint64(p[12:])), Reason: string(p[20:])})
+		return
+	}
+	if op == 'v' {
+		if len(p) >= 16 {
+			s.purgeMoved(from, binary.LittleEndian.Uint64(p), binary.LittleEndian.Uint64(p[8:]))
+		}
 		return
 	}
 	if len(p) < 8 {
@@ -992,14 +1025,14 @@ func (b *Broker) forwardedConsume(from uint64, p []byte) {
 			s := q.shard
 			s.submit(Command{Kind: cmdPost, post: func() { s.keepalive(from, q, link, sent) }})
 		}
-	case 'd', 's', 'x', 'm', 'g', 'l', 'k', 'e', 'u':
+	case 'd', 's', 'x', 'm', 'g', 'l', 'k', 'e', 'u', 'v':
 		if len(p) < 10 {
 			return
 		}
 		// A link's id, or a purge's, names the origin shard.
 		id := binary.LittleEndian.Uint64(p[2:])
 		i := int(id >> 40 & 0xff)
-		if op == 'u' {
+		if op == 'u' || op == 'v' {
 			i = int(id >> 56)
 		} else if op == 'd' {
 			if len(p) < 14 {
@@ -1065,8 +1098,8 @@ func (s *shard) forLeader(from uint64, q *Queue, p []byte) {
 	here := !q.gone && !q.remote && q.replicated && q.leads()
 	if op == 'U' {
 		if !here && !q.gone {
-			code, reason := q.notHere()
-			s.b.sendFwd(from, purgeAnswer(id, Result{Code: code, Reason: reason}))
+			// The origin follows it (it knew an earlier leader).
+			s.b.sendFwd(from, binary.LittleEndian.AppendUint64(linkNote('v', id), q.lead.Load()))
 			return
 		}
 		s.apply(&Command{Kind: CmdPurge, Queue: q, Sink: &purgeSink{b: s.b, to: from, id: id}})
