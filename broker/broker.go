@@ -189,13 +189,24 @@ func (b *Broker) Submit(c Command) {
 	}
 }
 
-// settleAcross groups settlements by shard and submits them.
+// settleAcross groups settlements by shard and submits them, each shard
+// its own copy (the caller keeps items). Settlements of one shard, the
+// common case, take one pass and one copy.
 func (b *Broker) settleAcross(items []SettleItem) {
 	if len(items) == 0 {
 		return
 	}
-	if len(b.shards) == 1 {
-		b.shards[0].submit(Command{Kind: CmdSettle, Settles: append([]SettleItem(nil), items...)})
+	first := items[0].Q.shard
+	one := len(b.shards) == 1
+	if !one {
+		i := 1
+		for i < len(items) && items[i].Q.shard == first {
+			i++
+		}
+		one = i == len(items)
+	}
+	if one {
+		first.submit(Command{Kind: CmdSettle, Settles: append([]SettleItem(nil), items...)})
 		return
 	}
 	for _, sh := range b.shards {

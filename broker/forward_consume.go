@@ -509,7 +509,8 @@ func sortedConsumers(m map[*fwdConsumer]struct{}) []*fwdConsumer {
 }
 
 // fwdSettle sends the settles of forwarded consumers to their leaders,
-// runs of consecutive tags as one range, and returns the others.
+// each run (and runs of consecutive tags) as one range, and returns the
+// others.
 func (s *shard) fwdSettle(items []SettleItem) []SettleItem {
 	i := slices.IndexFunc(items, func(it SettleItem) bool { return s.fc.byID[it.Consumer] != nil })
 	if i < 0 {
@@ -547,12 +548,12 @@ func (s *shard) fwdSettle(items []SettleItem) []SettleItem {
 		}
 		if e := p[len(p)-21:]; n > 0 && e[0] == byte(it.Op) && binary.LittleEndian.Uint32(e[17:]) == it.Arg &&
 			binary.LittleEndian.Uint64(e[9:]) == it.QTag-1 {
-			binary.LittleEndian.PutUint64(e[9:], it.QTag)
+			binary.LittleEndian.PutUint64(e[9:], it.last())
 			continue
 		}
 		p = append(p, byte(it.Op))
 		p = binary.LittleEndian.AppendUint64(p, it.QTag)
-		p = binary.LittleEndian.AppendUint64(p, it.QTag)
+		p = binary.LittleEndian.AppendUint64(p, it.last())
 		p = binary.LittleEndian.AppendUint32(p, it.Arg)
 		n++
 	}

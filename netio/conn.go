@@ -889,6 +889,7 @@ func (c *conn) onSettle(ch *channel, f wire.Frame) error {
 		return err
 	}
 	items := c.settles[:0]
+	acked := 0
 	c.mu.Lock()
 	for i := 0; i < b.Count; i++ {
 		var s wire.Settlement
@@ -902,6 +903,7 @@ func (c *conn) onSettle(ch *channel, f wire.Frame) error {
 			first = ch.tagBase
 		}
 		matched := 0
+		runs := len(items) // this settlement's runs start here
 		for t := first; t <= s.Last; t++ {
 			e := ch.tagAt(t)
 			if e == nil {
@@ -910,7 +912,10 @@ func (c *conn) onSettle(ch *channel, f wire.Frame) error {
 			switch e.state {
 			case tagLive:
 				matched++
-				items = append(items, broker.SettleItem{Q: e.c.q, Consumer: e.c.id, Op: s.Op, QTag: e.qtag, Arg: s.Arg})
+				items = appendRun(items, runs, e.c, e.qtag, s.Op, s.Arg)
+				if s.Op == wire.SettleAck {
+					acked++
+				}
 				if s.Op != wire.SettleExtend {
 					e.state = tagSettled
 					if e.c.chTags != nil {
@@ -931,7 +936,7 @@ func (c *conn) onSettle(ch *channel, f wire.Frame) error {
 	}
 	ch.compact()
 	c.mu.Unlock()
-	c.srv.settleAcross(items)
+	c.srv.settleAcross(items, acked)
 	// The scratch is kept for the next frame, its queue pointers cleared
 	// (a deleted queue is not kept alive by it); a huge one is let go.
 	clear(items)
@@ -943,19 +948,38 @@ func (c *conn) onSettle(ch *channel, f wire.Frame) error {
 	return nil
 }
 
-// settleAcross counts settlements and submits them (the broker splits
-// them by shard and copies what it keeps).
-func (s *Server) settleAcross(items []broker.SettleItem) {
+// appendRun adds the consumer's delivery qtag, settled with op and arg, to
+// items: to the run of the consumer's that this settlement (items[from:])
+// already has, if one of its last few runs is, else as a new run. Within one
+// settlement that is sound (broker.SettleItem): the client settles every
+// delivery of the consumer in the settlement's tag range, queue tags rise
+// with channel tags, and those in between not settled now were settled or
+// taken back before. Runs from several settlements are not joined here.
+func appendRun(items []broker.SettleItem, from int, cr *consumerRef, qtag uint64, op wire.SettleOp, arg uint32) []broker.SettleItem {
+	for i := len(items) - 1; i >= max(from, len(items)-runLookback); i-- {
+		if it := &items[i]; it.Consumer == cr.id && it.Q == cr.q {
+			if qtag <= max(it.QTag, it.Last) {
+				break // not in delivery order: not a run (never expected)
+			}
+			it.Last = qtag
+			return items
+		}
+	}
+	return append(items, broker.SettleItem{Q: cr.q, Consumer: cr.id, Op: op, QTag: qtag, Arg: arg})
+}
+
+// runLookback bounds how many of a settlement's runs appendRun looks at: a
+// channel's consumers interleave, and a few runs cover the usual handful of
+// them; a consumer not found starts a new run, which is never wrong.
+const runLookback = 4
+
+// settleAcross counts the acked deliveries and submits the settlements
+// (the broker splits them by shard and copies what it keeps).
+func (s *Server) settleAcross(items []broker.SettleItem, acked int) {
 	if len(items) == 0 {
 		return
 	}
-	var acks int
-	for _, it := range items {
-		if it.Op == wire.SettleAck {
-			acks++
-		}
-	}
-	s.metrics.acked.Add(acks)
+	s.metrics.acked.Add(acked)
 	s.Submit(broker.Command{Kind: broker.CmdSettle, Settles: items}) // split by shard, copied
 }
 

@@ -186,10 +186,10 @@ func (c *conn) flushed(gc gnet.Conn, err error) error {
 	}
 	c.mu.Unlock()
 	if len(held) > 0 {
-		c.srv.settleAcross(held) // the older ones first
+		c.srv.settleAcross(held, len(held)) // the older ones first (auto-acks: one delivery each)
 	}
 	if len(acks) > 0 {
-		c.srv.settleAcross(acks) // copies what it keeps
+		c.srv.settleAcross(acks, len(acks)) // copies what it keeps
 	}
 	c.mu.Lock()
 	if c.ackSpare == nil {
@@ -226,7 +226,7 @@ func (a ackCheck) Run(context.Context) error {
 	c.acksHeld.Store(false)
 	c.gnetBuffered.Store(int64(c.gc.OutboundBuffered()))
 	c.mu.Unlock()
-	c.srv.settleAcross(held)
+	c.srv.settleAcross(held, len(held))
 	return nil
 }
 
@@ -295,7 +295,7 @@ func (c *conn) Deliver(ds []broker.Delivery) {
 	}
 	c.flushLocked()
 	c.mu.Unlock()
-	c.srv.settleAcross(back)
+	c.srv.settleAcross(back, 0)
 }
 
 // LeaseExpired tells a consumer a delivery was taken back (Sink).
