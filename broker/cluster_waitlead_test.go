@@ -200,3 +200,27 @@ func TestClusterForwardedPurgeFollowsLeader(t *testing.T) {
 	}
 	c.release(third)
 }
+
+// TestClusterForwardedPublishWaitsForLeader: a publish on a replica that
+// knows no leader of the queue yet is held (not nacked) and confirmed
+// once the node hears of the leader.
+func TestClusterForwardedPublishWaitsForLeader(t *testing.T) {
+	c, lead, held := heldReplicaCluster(t, 0, 2*time.Second)
+	hb := held.b.Load()
+	hq := hb.topo.lookupQueue("rq")
+	k := newDurSink()
+	batch := publish(hb, hq, k, true, "p")
+	barrier(t, hq.shard)
+	k.mu.Lock()
+	n := len(k.confirms)
+	k.mu.Unlock()
+	if n != 0 {
+		t.Fatalf("confirmed with no leader known: %v", batch.Codes)
+	}
+	c.release(held)
+	k.waitFor(t, "the confirm", func() bool { return k.confirmed(batch) })
+	if batch.Codes[0] != 0 {
+		t.Fatalf("nacked: %d", batch.Codes[0])
+	}
+	c.waitFor("the message at the leader", func() bool { r, _, _ := queueCounts(lead); return r == 1 })
+}
