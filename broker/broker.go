@@ -74,10 +74,11 @@ type Broker struct {
 	// messages of forwarded parts it did not enqueue again (applied
 	// before), and parts it sent that a leader under its alarm refused.
 	fwdResent, fwdDuplicates, fwdBusy atomic.Uint64
-	dlInflight                        atomic.Int64 // held dead letters sent and not yet settled (deadletter.go)
-	writeFailed                       atomic.Bool  // a durable queue's log write failed (logFailed)
-	shardsStopped                     atomic.Int32 // shards whose run has returned (Stop)
-	sweepOnce                         sync.Once    // the first WaitRecovered removes deleted queues' groups
+	removedNodes                      atomic.Pointer[[]uint64] // removed from the cluster (nodesRemoved)
+	dlInflight                        atomic.Int64             // held dead letters sent and not yet settled (deadletter.go)
+	writeFailed                       atomic.Bool              // a durable queue's log write failed (logFailed)
+	shardsStopped                     atomic.Int32             // shards whose run has returned (Stop)
+	sweepOnce                         sync.Once                // the first WaitRecovered removes deleted queues' groups
 	sweepErr                          error
 }
 

@@ -195,6 +195,7 @@ func (b *Broker) openClusterMeta(ctx context.Context, cfg MetaLogConfig) error {
 			if cfg.OnMembers != nil {
 				cfg.OnMembers(m.Addrs, m.Removed)
 			}
+			b.nodesRemoved(m.Removed)
 		},
 		OnRemoved: func() { b.NoteRemoved("it applied its own removal") },
 		Done: func(seq uint64, res any) {

@@ -4,6 +4,7 @@ import (
 	"cmp"
 	"encoding/binary"
 	"errors"
+	"math"
 	"slices"
 	"time"
 
@@ -214,9 +215,15 @@ func (s *shard) sendPart(st *fwdStream, p *fwdPart, to uint64) {
 	if p.try > 1 {
 		s.b.fwdResent.Add(1)
 	}
-	// A new message each time: the transport owns what it was handed.
-	b := slices.Clone(p.p)
-	binary.LittleEndian.PutUint32(b[33:], p.try)
+	// The first send hands the part's own bytes (try 1 written in them
+	// once; nobody changes them after); a resend a copy with its try.
+	b := p.p
+	if p.try == 1 {
+		binary.LittleEndian.PutUint32(b[33:], 1)
+	} else {
+		b = slices.Clone(p.p)
+		binary.LittleEndian.PutUint32(b[33:], p.try)
+	}
 	if to == s.nodeID() {
 		s.b.forwardedPublish(to, b)
 		return
@@ -434,6 +441,40 @@ func (b *Broker) enqueuerDown(from uint64, p []byte) {
 			_, _ = q.grp.AddEnqueuerDown(enq, inc)
 		}
 	}})
+}
+
+// nodesRemoved hears the nodes removed from the cluster (at every
+// membership change): the queues led here drop their enqueuers (the node
+// sweep, design §6.4), and so does a queue whose leadership this node
+// takes later (leaderChanged).
+func (b *Broker) nodesRemoved(removed []uint64) {
+	if len(removed) == 0 || b.cfg.Durable == nil {
+		return
+	}
+	r := slices.Clone(removed)
+	b.removedNodes.Store(&r)
+	for _, s := range b.shards {
+		s.submit(Command{Kind: cmdPost, post: func() {
+			for _, q := range s.byGroup {
+				s.sweepEnqueuers(q)
+			}
+		}})
+	}
+}
+
+// sweepEnqueuers proposes, in a queue this node leads, an enqueuer-down
+// for every node removed from the cluster that still has enqueuers in
+// its table (their streams ended with their node: none will say so).
+func (s *shard) sweepEnqueuers(q *Queue) {
+	rm := s.b.removedNodes.Load()
+	if rm == nil || !q.leading || q.gone || q.grp == nil {
+		return
+	}
+	for _, n := range *rm {
+		if q.grp.FSM().HasEnqueuersOf(n) {
+			_, _ = q.grp.AddEnqueuerDown(n<<48|replication.EveryEnqueuer, math.MaxUint64)
+		}
+	}
 }
 
 var errForward = errors.New("broker: a forwarded message that does not parse")

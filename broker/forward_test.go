@@ -1,6 +1,7 @@
 package broker
 
 import (
+	"context"
 	"fmt"
 	"slices"
 	"strings"
@@ -339,4 +340,39 @@ func TestClusterDeadLetterForwarded(t *testing.T) {
 	if info, _ := tn.b.Load().Queue("dlq"); info.Ready != 3 {
 		t.Fatalf("the target holds %d dead letters, want 3", info.Ready)
 	}
+}
+
+// TestClusterRemovedNodeEnqueuersSwept: a node removed from the cluster
+// leaves no enqueuer in the tables of the queues it forwarded to (the
+// node sweep): their leader logs an enqueuer-down for the node.
+func TestClusterRemovedNodeEnqueuersSwept(t *testing.T) {
+	c := newTestCluster(t, 3)
+	c.leader()
+	if _, err := c.nodes[0].b.Load().DeclareQueueAs(&wire.QueueDeclare{Name: "sq", Durable: true,
+		Args: wire.Table{{Key: "replicas", Value: wire.Int(1)}}}, 0, ""); err != nil {
+		t.Fatal(err)
+	}
+	for _, nd := range c.nodes {
+		c.sees(nd, "queue sq durable=true")
+	}
+	lead := c.queueLeader("sq")
+	var origin *clusterNode
+	for _, nd := range c.nodes {
+		if nd != lead && nd != c.leader() {
+			origin = nd
+		}
+	}
+	if origin == nil { // the queue's leader leads the metadata group too
+		origin = c.nodes[lead.id%3]
+	}
+	k := newDurSink()
+	batch := publish(origin.b.Load(), origin.b.Load().topo.lookupQueue("sq"), k, true, "a")
+	k.waitFor(t, "the forwarded confirm", func() bool { return k.confirmed(batch) })
+	if n := enqueuers(t, lead, "sq"); n != 1 {
+		t.Fatalf("%d enqueuers after a forward, want 1", n)
+	}
+	if err := c.leader().b.Load().RemoveNode(context.Background(), origin.id); err != nil {
+		t.Fatal(err)
+	}
+	c.waitFor("the removed node's enqueuer swept", func() bool { return enqueuers(t, lead, "sq") == 0 })
 }

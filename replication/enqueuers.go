@@ -204,6 +204,16 @@ func (t *enqueuerTable) down(enqueuer, inc uint64) {
 	}
 }
 
+// hasNode reports whether an enqueuer of node is in the table.
+func (t *enqueuerTable) hasNode(node uint64) bool {
+	for id := range t.m {
+		if id>>48 == node {
+			return true
+		}
+	}
+	return false
+}
+
 // Len is the number of enqueuers.
 func (t *enqueuerTable) Len() int { return len(t.m) }
 

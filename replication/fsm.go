@@ -194,6 +194,10 @@ func (f *QueueFSM) Apply(index uint64, data []byte) (any, error) {
 // Enqueuers is the number of enqueuers in the queue's table.
 func (f *QueueFSM) Enqueuers() int { return f.enq.Len() }
 
+// HasEnqueuersOf reports whether an enqueuer of node is in the queue's
+// table.
+func (f *QueueFSM) HasEnqueuersOf(node uint64) bool { return f.enq.hasNode(node) }
+
 // fromFrame applies the enqueuer side of a publish-from (trimming c to
 // what is applied: false, nothing) or an enqueuer-down (false).
 func (f *QueueFSM) fromFrame(fr *Frame, c *queue.Enqueue) (bool, error) {
