@@ -180,7 +180,7 @@ func (s *shard) leaderChanged(g *replication.Group, lead uint64, leader bool) {
 		_, _ = g.Add(&queue.Tick{NowMs: s.now})
 		q.caughtUp, q.dlResent = false, false
 		s.sweepEnqueuers(q) // of nodes removed before it led
-		s.moves.track(q) // a move or rebuild the last leader left unfinished
+		s.moves.track(q)    // a move or rebuild the last leader left unfinished
 		s.b.log.Info("replicated queue: this node leads it", "queue", q.name)
 	case !leader && q.leading:
 		q.leading = false
