@@ -292,6 +292,23 @@ func (s *shard) appliedEnqueue(q *Queue, a *replication.Applied, c *queue.Enqueu
 	case replication.FromApplied:
 		s.b.fwdDuplicates.Add(uint64(a.From.Skipped))
 	}
+	if have && p.w != nil && (q.args.Overflow == wire.RejectPublish || q.args.Overflow == wire.RejectPublishDLX) {
+		// Messages an earlier send of this part got applied (its answer
+		// was lost): the queue may have refused some of them when full,
+		// and what it refused is not remembered. So they are nacked (each
+		// may be in the queue: at-least-once), never confirmed while the
+		// queue may not hold them.
+		n := 0
+		switch a.From.Outcome {
+		case replication.FromDuplicate:
+			n = a.From.N
+		case replication.FromApplied:
+			n = a.From.Skipped
+		}
+		for i := 0; i < n && i < len(p.idx); i++ {
+			p.w.batch.Nack(p.idx[i], wire.InternalNack)
+		}
+	}
 	if have && p.w != nil && a.From.Outcome != replication.FromNone {
 		if k, ok := p.w.batch.Sink.(*fwdSink); ok {
 			switch a.From.Outcome {

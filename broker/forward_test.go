@@ -376,3 +376,49 @@ func TestClusterRemovedNodeEnqueuersSwept(t *testing.T) {
 	}
 	c.waitFor("the removed node's enqueuer swept", func() bool { return enqueuers(t, lead, "sq") == 0 })
 }
+
+// TestClusterForwardResendOfRejected: a forwarded part that a full
+// reject-publish queue refused in part, whose answer was lost, is sent
+// again; the leader finds it applied (a duplicate) but does not remember
+// what the queue refused, so it must not confirm it: each message is
+// nacked (it may be in the queue: at-least-once), never acked while the
+// queue does not hold it.
+func TestClusterForwardResendOfRejected(t *testing.T) {
+	c := newTestClusterFwd(t, 3, 0, 8*time.Second)
+	c.leader()
+	args := wire.Table{{Key: "max-length", Value: wire.Int(1)}, {Key: "overflow", Value: wire.String("reject-publish")}}
+	if _, err := c.nodes[0].b.Load().DeclareQueueAs(&wire.QueueDeclare{Name: "full", Durable: true, Args: args}, 0, ""); err != nil {
+		t.Fatal(err)
+	}
+	for _, nd := range c.nodes {
+		c.sees(nd, "queue full durable=true")
+	}
+	lead := c.queueLeader("full")
+	var origin *clusterNode
+	for _, nd := range c.nodes {
+		if nd != lead {
+			origin = nd
+		}
+	}
+	drop := func(from, to uint64, p []byte) bool { return p[0] == 'C' }
+	c.lose.Store(&drop)
+	k := newDurSink()
+	b := origin.b.Load()
+	batch := publish(b, b.topo.lookupQueue("full"), k, true, "a", "b", "c")
+	c.waitFor("the leader applied the part", func() bool {
+		info, _ := c.queueLeader("full").b.Load().Queue("full")
+		return info.Ready == 1
+	})
+	c.lose.Store(nil)
+	k.waitFor(t, "the part's answer", func() bool { return k.confirmed(batch) })
+	info, _ := c.queueLeader("full").b.Load().Queue("full")
+	acked := 0
+	for _, code := range batch.Codes {
+		if code == 0 {
+			acked++
+		}
+	}
+	if int64(acked) > info.Ready {
+		t.Fatalf("%d of the 3 messages confirmed, but the queue holds %d (codes %v)", acked, info.Ready, batch.Codes)
+	}
+}
