@@ -46,6 +46,8 @@ type testCluster struct {
 	lose atomic.Pointer[func(from, to uint64, p []byte) bool]
 	// skewMs is added to every node's clock (Config.Clock).
 	skewMs atomic.Int64
+	// softLimit: Config.QueueSoftLimit (0: none).
+	softLimit int64
 	// alarm[id] is node id's Config.PublishBlocked (its memory or disk
 	// alarm).
 	alarm [8]atomic.Bool
@@ -111,7 +113,14 @@ func newTestClusterSnap(t *testing.T, n, snapEntries int) *testCluster {
 // newTestClusterFwd: forwarded publishes wait fwdTimeout for their
 // confirm.
 func newTestClusterFwd(t *testing.T, n, snapEntries int, fwdTimeout time.Duration) *testCluster {
-	c := &testCluster{t: t, peers: map[uint64]string{}, snapEntries: snapEntries, fwdTimeout: fwdTimeout}
+	return newTestClusterWith(t, n, func(c *testCluster) { c.snapEntries, c.fwdTimeout = snapEntries, fwdTimeout })
+}
+
+// newTestClusterWith: set changes the cluster's settings before its nodes
+// start (forwards wait 2 s by default).
+func newTestClusterWith(t *testing.T, n int, set func(*testCluster)) *testCluster {
+	c := &testCluster{t: t, peers: map[uint64]string{}, fwdTimeout: 2 * time.Second}
+	set(c)
 	ls := make([]net.Listener, n)
 	for i := range ls {
 		l, err := net.Listen("tcp", "127.0.0.1:0")
@@ -192,7 +201,7 @@ func (c *testCluster) start(nd *clusterNode, ln net.Listener) {
 	if os.Getenv("WARREN_TEST_CLUSTER_LOG") != "" {
 		lg = slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelInfo})).With("node", nd.id)
 	}
-	b := New(Config{Shards: 2, Clock: clock, Logger: lg, PublishBlocked: func() bool { return c.alarm[nd.id].Load() }, Durable: &DurableConfig{Log: l, Snapshots: store, Fatal: fatal, NodeID: nd.id, Send: tr.Send, SendSnapshot: func(gid uint64, s *SnapshotMessage, done func(bool)) {
+	b := New(Config{Shards: 2, Clock: clock, QueueSoftLimit: c.softLimit, Logger: lg, PublishBlocked: func() bool { return c.alarm[nd.id].Load() }, Durable: &DurableConfig{Log: l, Snapshots: store, Fatal: fatal, NodeID: nd.id, Send: tr.Send, SendSnapshot: func(gid uint64, s *SnapshotMessage, done func(bool)) {
 		tr.SendSnapshot(gid, (*cluster.Snapshot)(s), done)
 	}, Forward: func(to uint64, p []byte) bool {
 		if lose := c.lose.Load(); lose != nil && (*lose)(nd.id, to, p) {

@@ -336,7 +336,11 @@ func (s *shard) appliedEnqueue(q *Queue, a *replication.Applied, c *queue.Enqueu
 		p.dlw.done() // on disk here (or refused): the source may settle it
 	}
 	if have && p.w != nil {
-		if lim := s.b.cfg.QueueSoftLimit; lim > 0 && q.m.Ready() > lim && p.w.full == nil {
+		// A forwarded part's confirm is not held at a full queue: its
+		// origin would take the wait for a lost answer, send it again and
+		// nack it at its timeout though it is in the queue.
+		_, fwd := p.w.batch.Sink.(*fwdSink)
+		if lim := s.b.cfg.QueueSoftLimit; lim > 0 && q.m.Ready() > lim && p.w.full == nil && !fwd {
 			p.w.full = q
 		}
 		s.partRelease(p.w)

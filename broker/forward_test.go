@@ -422,3 +422,29 @@ func TestClusterForwardResendOfRejected(t *testing.T) {
 		t.Fatalf("%d of the 3 messages confirmed, but the queue holds %d (codes %v)", acked, info.Ready, batch.Codes)
 	}
 }
+
+// TestClusterForwardPastSoftLimit: a forwarded publish into a queue past
+// its soft limit is confirmed (its leader does not hold the answer back,
+// which its origin would take for a lost one and nack at its timeout
+// though the messages are in the queue).
+func TestClusterForwardPastSoftLimit(t *testing.T) {
+	c := newTestClusterWith(t, 3, func(c *testCluster) { c.softLimit = 2 })
+	c.leader()
+	if _, err := c.nodes[0].b.Load().DeclareQueueAs(&wire.QueueDeclare{Name: "fq", Durable: true,
+		Args: wire.Table{{Key: "replicas", Value: wire.Int(1)}}}, 0, ""); err != nil {
+		t.Fatal(err)
+	}
+	for _, nd := range c.nodes {
+		c.sees(nd, "queue fq durable=true")
+	}
+	lead := c.queueLeader("fq")
+	origin := c.nodes[lead.id%3]
+	k := newDurSink()
+	batch := publish(origin.b.Load(), origin.b.Load().topo.lookupQueue("fq"), k, true, "a", "b", "c", "d", "e")
+	k.waitFor(t, "the forwarded confirm", func() bool { return k.confirmed(batch) })
+	for i, code := range batch.Codes {
+		if code != 0 {
+			t.Fatalf("message %d nacked (%d) past the soft limit", i, code)
+		}
+	}
+}
