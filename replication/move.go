@@ -77,8 +77,9 @@ func inConf(c raftpb.ConfState, id uint64) bool {
 func (g *Group) Member() bool { return inConf(g.conf, g.w.cfg.NodeID) }
 
 // LedWithin reports whether a leader sent the group an append, a
-// heartbeat or a snapshot within the last ticks raft ticks: a node a
-// leader still counts as a member hears one every heartbeat.
+// heartbeat or a snapshot within the last ticks raft ticks, or the group
+// opened within them: a node a leader still counts as a member hears one
+// every heartbeat.
 func (g *Group) LedWithin(ticks uint64) bool {
-	return g.leader || g.ledAt != 0 && g.w.ticks-g.ledAt <= ticks
+	return g.leader || g.w.ticks-g.ledAt <= ticks
 }

@@ -317,7 +317,10 @@ func (w *Worker) Open(gid uint64, snap raftpb.SnapshotMetadata, fsm *QueueFSM) (
 	if err != nil {
 		return nil, fmt.Errorf("replication: group %d: %w", gid, err)
 	}
-	g := &Group{w: w, id: gid, rn: rn, st: st, fsm: fsm, conf: snap.ConfState, seq: w.cfg.SeqBase}
+	// ledAt starts at the open: LedWithin's quiet window is counted from
+	// then, not taken as long past (a copy just opened has not heard from
+	// its leader yet, and must not be dropped for that: reconcile.go).
+	g := &Group{w: w, id: gid, rn: rn, st: st, fsm: fsm, conf: snap.ConfState, seq: w.cfg.SeqBase, ledAt: w.ticks}
 	g.appliedIdx.Store(snap.Index)
 	g.commitIdx.Store(rn.BasicStatus().Commit)
 	if v := snap.ConfState.Voters; len(v) == 1 && v[0] == w.cfg.NodeID && len(snap.ConfState.Learners) == 0 {
