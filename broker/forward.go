@@ -40,8 +40,10 @@ import (
 //   - no answer for a quarter of DurableConfig.ForwardTimeout: sent again
 //     (to the next replica, for a queue with no replica here).
 //
-// Parts already applied are confirmed (ack) again, not enqueued twice, so
-// no forwarded message is nacked that is in the queue, but for one case: a
+// Parts already applied are confirmed (ack) again, not enqueued twice
+// (on a reject-publish queue nacked instead: the leader does not know
+// which of them the full queue refused), so no forwarded message is
+// nacked that is in the queue, but for that and one more case: a
 // part with no answer for ForwardTimeout (10 s by default: no leader
 // reachable that long) is nacked with every unconfirmed part after it, and
 // the stream starts over under a new incarnation; those may be in the
