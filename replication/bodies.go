@@ -99,4 +99,7 @@ func (g *Group) ReleaseBodies() {
 		c.free = append(c.free, b)
 		delete(c.entries, k)
 	}
+	if len(g.spent) > 0 {
+		g.recycle()
+	}
 }

@@ -69,6 +69,7 @@ import (
 	"strconv"
 
 	"github.com/warren-mq/warren/queue"
+	"github.com/warren-mq/warren/segment"
 	"go.etcd.io/raft/v3/raftpb"
 )
 
@@ -199,9 +200,11 @@ func (e *EntryEncoder) addFrame(kind byte, pre []byte, cmd queue.Command) error 
 	if need += entryHeaderLen; cap(e.buf)-len(e.buf) < need {
 		// Room for the whole command at once, doubling: append's own
 		// growth (about 1.25× for large slices) would copy a
-		// large entry many times over.
-		nb := make([]byte, len(e.buf), max(2*cap(e.buf), len(e.buf)+need))
-		copy(nb, e.buf)
+		// large entry many times over. A large buffer comes from
+		// segment's pool and the old one goes back (it is the
+		// encoder's own: what Finish returned is valid until this Add).
+		nb := append(segment.LargeBuf(max(2*cap(e.buf), len(e.buf)+need)), e.buf...)
+		segment.PutLargeBuf(e.buf)
 		e.buf = nb
 	}
 	if len(e.buf) == 0 {

@@ -6,6 +6,7 @@ import (
 	"log/slog"
 	"sync"
 	"sync/atomic"
+	"unsafe"
 
 	"github.com/warren-mq/warren/queue"
 	"github.com/warren-mq/warren/segment"
@@ -114,6 +115,7 @@ type WorkerStats struct {
 	Proposals uint64 // entries proposed
 	Dropped   uint64 // proposals raft refused (no leader, transfer, size)
 	Applied   uint64 // entries applied
+	Recycled  uint64 // proposal buffers given back to segment's pool for later entries (spend)
 	// SnapshotsSent: snapshots handed to SendSnapshot; SnapshotsInstalled:
 	// leaders' snapshots installed here.
 	SnapshotsSent, SnapshotsInstalled uint64
@@ -186,7 +188,15 @@ type Group struct {
 	// was installed, handled in the next round.
 	staged *SnapshotMessage
 	resume *raft.Ready
+	// handed: this group's large proposals (the encoder's buffer itself,
+	// finish) not yet applied, oldest first, kept while it has one voter
+	// and no learners; spent: those applied, whose bytes Body's views of
+	// the tail may still show until ReleaseBodies. See spend.
+	handed, spent [][]byte
 }
+
+// maxHanded bounds handed and spent (past it, buffers are left to the GC).
+const maxHanded = 16
 
 // ErrGroupRemoved: the group was removed (its queue deleted); it takes no
 // more commands.
@@ -253,6 +263,7 @@ func (w *Worker) Remove(g *Group, store *SnapStore, before func() error, done fu
 	}
 	clear(g.full)
 	g.full, g.enc, g.held = nil, EntryEncoder{}, nil
+	g.handed, g.spent = nil, nil
 	g.pendingHS, g.forceHS = raftpb.HardState{}, false
 	if p := g.compactAfter; p != nil {
 		g.compactAfter, g.snapping = nil, false
@@ -375,7 +386,7 @@ func (g *Group) Add(cmd queue.Command) (seq uint64, err error) {
 		return 0, ErrWorkerStopped
 	}
 	if g.enc.buf == nil && g.encHint > 256<<10 {
-		g.enc.buf = make([]byte, 0, g.encHint+g.encHint/4)
+		g.enc.buf = segment.LargeBuf(g.encHint + g.encHint/4)
 	}
 	err = g.enc.Add(cmd)
 	if errors.Is(err, ErrEntryFull) {
@@ -408,11 +419,15 @@ func (g *Group) finish(now int64) []byte {
 	if len(data) > 256<<10 {
 		g.enc = EntryEncoder{}
 		g.encHint = max(g.encHint, len(data))
+		if g.solo() && len(g.handed) < maxHanded {
+			g.handed = append(g.handed, data)
+		}
 		return data
 	}
 	data = append([]byte(nil), data...)
 	g.enc.Reset()
 	if cap(g.enc.buf) > 256<<10 {
+		segment.PutLargeBuf(g.enc.buf) // copied out: nothing refers to it
 		g.enc = EntryEncoder{}
 	}
 	return data
@@ -519,6 +534,9 @@ func (w *Worker) process(g *Group, now int64) {
 	if rd.SoftState != nil {
 		was := g.leader
 		g.leader = rd.SoftState.RaftState == raft.StateLeader
+		if g.leader != was {
+			g.dropHanded()
+		}
 		if g.leader && !was {
 			// A new term: nothing is proposed in it yet. What this node
 			// proposed as an earlier leader may have been overwritten and
@@ -664,12 +682,67 @@ func (g *Group) apply(ents []raftpb.Entry) error {
 		}
 		g.unapplied = max(0, g.unapplied-len(data))
 		g.w.stats.Applied++
+		if len(g.handed) > 0 && len(e.Data) > 256<<10 {
+			g.spend(e.Data)
+		}
 	}
 	if n := len(ents); n > 0 {
 		g.st.applied(ents[n-1].Index)
 		g.appliedIdx.Store(ents[n-1].Index)
 	}
+	if len(g.spent) > 0 && len(g.bodies.entries) == 0 {
+		g.recycle() // no view of the tail is out
+	}
 	return nil
+}
+
+// solo: the group has one voter and no learners (and is not changing
+// that): nothing but this node's raft, storage and Body's views refers
+// to its proposals' bytes.
+func (g *Group) solo() bool {
+	c := &g.conf
+	return len(c.Voters) == 1 && len(c.VotersOutgoing) == 0 && len(c.Learners) == 0 && len(c.LearnersNext) == 0
+}
+
+// spend is the apply of a large entry, data: if it is the oldest of the
+// group's own large proposals (the same bytes, not a copy read back from
+// segment) and the group still has one voter, the buffer is spent. Then
+// nothing will read it again: raft let go of it when the write was
+// persisted (a single voter commits its entries only then, and the
+// unstable log drops them), segment wrote it before that, the tail
+// cache dropped it with this apply (g.st.applied), and no follower's
+// append carries it. What remains is the views Body handed out of the
+// tail (and the apply callbacks', over by now): recycle gives the buffer
+// back once they are released. Anything else (a proposal raft dropped,
+// an entry read from segment, a change of voters or of leader) forgets
+// every buffer handed: the GC takes them.
+func (g *Group) spend(data []byte) {
+	if !g.solo() || unsafe.SliceData(data) != unsafe.SliceData(g.handed[0]) || len(g.spent) >= maxHanded {
+		g.dropHanded()
+		return
+	}
+	g.spent = append(g.spent, g.handed[0])
+	n := copy(g.handed, g.handed[1:])
+	g.handed[n] = nil
+	g.handed = g.handed[:n]
+}
+
+func (g *Group) dropHanded() {
+	clear(g.handed)
+	g.handed = g.handed[:0]
+}
+
+// recycle gives the spent proposal buffers back to segment's pool of
+// large buffers (the next large entry of any group is built in one): no
+// view of them is out.
+func (g *Group) recycle() {
+	for i, b := range g.spent {
+		if segment.PutLargeBuf(b) {
+			g.w.stats.Recycled++
+		}
+		g.spent[i] = nil
+	}
+	g.spent = g.spent[:0]
 }
 
 // sendEarly sends what may go before the write is durable and holds the

@@ -8,8 +8,8 @@ import "testing"
 func TestBigBufClasses(t *testing.T) {
 	for _, n := range []int{maxFreeBuf + 1, 2 * maxFreeBuf, 2*maxFreeBuf + 1, 3 << 20, 4 << 20, 5<<20 + 7, maxPending, bigClassSize(bigClasses - 1)} {
 		b := newBuf(n)
-		if len(b) != 0 || cap(b) < n || cap(b) >= 2*n {
-			t.Errorf("newBuf(%d): len %d cap %d, want 0 and [%d, %d)", n, len(b), cap(b), n, 2*n)
+		if len(b) != 0 || cap(b) < n || cap(b) > n+n/4 {
+			t.Errorf("newBuf(%d): len %d cap %d, want 0 and [%d, %d]", n, len(b), cap(b), n, n+n/4)
 		}
 		k := bigClass(n)
 		if k < 0 || k >= bigClasses || bigClassSize(k) != cap(b) {
@@ -22,6 +22,23 @@ func TestBigBufClasses(t *testing.T) {
 	if b := newBuf(minBuf); cap(b) != minBuf {
 		t.Errorf("newBuf(%d): cap %d", minBuf, cap(b))
 	}
+	for _, n := range []int{bigMin + 1, 300 << 10, 600 << 10, 1 << 20, 3 << 20} {
+		b := LargeBuf(n)
+		if len(b) != 0 || cap(b) < n || cap(b) > n+n/4 || !PutLargeBuf(b) {
+			t.Errorf("LargeBuf(%d): len %d cap %d, or not taken back", n, len(b), cap(b))
+		}
+	}
+	if b := LargeBuf(bigMin); cap(b) != bigMin {
+		t.Errorf("LargeBuf(%d): cap %d, want exactly that", bigMin, cap(b))
+	}
+	for k := 1; k < bigClasses; k++ {
+		if a, b := bigClassSize(k-1), bigClassSize(k); b <= a || b > a+a/4+1 || b%(64<<10) != 0 || bigClass(b) != k || bigClass(a+1) != k {
+			t.Errorf("class %d: %d bytes after %d", k, b, a)
+		}
+	}
+	if PutLargeBuf(make([]byte, 0, 3<<20+1)) {
+		t.Error("PutLargeBuf took a buffer whose capacity is no class size")
+	}
 }
 
 // A released big buffer is reused whole (its capacity restored from its
@@ -33,7 +50,7 @@ func TestBigBufReuse(t *testing.T) {
 	l := &Log{}
 	for i := range 4 {
 		b := newBuf(3 << 20)
-		if len(b) != 0 || cap(b) != 4<<20 {
+		if len(b) != 0 || cap(b) != bigClassSize(bigClass(3<<20)) {
 			t.Fatalf("round %d: len %d cap %d", i, len(b), cap(b))
 		}
 		for j := 0; j < 3<<20; j++ {
