@@ -296,6 +296,9 @@ func Start(cfg Config) (*Server, error) {
 	if cfg.TLSAddr != "" && cfg.TLSConfig == nil {
 		return nil, errors.New("netio: TLSAddr is set without a TLSConfig (a certificate and its key)")
 	}
+	if cfg.clustered() && (cfg.NodeID == 0 || cfg.NodeID >= 1<<16) {
+		return nil, fmt.Errorf("netio: node id %d: a cluster's node ids are from 1 to 65535", cfg.NodeID)
+	}
 	s := &Server{cfg: cfg, log: cfg.Logger, booted: make(chan error, 1), stopped: make(chan struct{}), conns: map[uint64]*conn{}, loopsUp: make(chan struct{})}
 	s.heapSample = []rtmetrics.Sample{{Name: "/gc/heap/live:bytes"}}
 	s.heapBase = s.heapLive()
@@ -329,6 +332,12 @@ func Start(cfg Config) (*Server, error) {
 		durable = &broker.DurableConfig{Log: l, Snapshots: store, Fatal: fatal}
 		if cfg.clustered() {
 			durable.NodeID, durable.Send, durable.SendSnapshot, durable.Forward = cfg.NodeID, cfg.RaftSend, cfg.RaftSendSnapshot, cfg.RaftForward
+			// Connection ids are the cluster's: node << 32 | a count, so
+			// that an exclusive queue's owner (a connection id, in the
+			// replicated metadata) names one connection in the cluster,
+			// not the connection with that count on every node. Below
+			// 1<<48: larger owner ids are forwarded consumers' (broker).
+			s.connSeq.Store(cfg.NodeID << 32)
 		}
 		s.nodeLog = l
 	}

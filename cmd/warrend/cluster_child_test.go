@@ -184,6 +184,7 @@ func TestClusterChildren(t *testing.T) {
 	}
 	seen(nodes[1], "orders")
 	seen(nodes[2], "orders")
+	exclusiveIsolated(t, ctx, nodes[0], nodes[1])
 
 	leader := nodes[lead-1]
 	if err := leader.cmd.Process.Signal(syscall.SIGKILL); err != nil {
@@ -212,4 +213,85 @@ func TestClusterChildren(t *testing.T) {
 		t.Fatal(err)
 	}
 	seen(rest[1], "after-kill")
+}
+
+// exclusiveIsolated: an exclusive queue declared through node a belongs to
+// its connection there: a connection on node b cannot use it, and closing
+// one does not delete it, even one whose count matches the owner's.
+// Connection ids are node << 32 | a count per node; when they were the
+// bare count, b's connection with the owner's number used the queue and
+// deleted it cluster-wide on closing.
+func exclusiveIsolated(t *testing.T, ctx context.Context, a, b *clusterChild) {
+	t.Helper()
+	dial := func(n *clusterChild) (*client.Conn, *client.Channel) {
+		t.Helper()
+		c, err := client.Dial(ctx, "warren://guest:guest@"+n.addr)
+		if err != nil {
+			t.Fatal(err)
+		}
+		ch, err := c.Channel(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return c, ch
+	}
+	other, och := dial(b)
+	defer other.Close()
+	// The owner: a's connection whose count is other's (or the first past it).
+	var own *client.Conn
+	var ch *client.Channel
+	for range 200 {
+		c, cch := dial(a)
+		if c.ID&(1<<32-1) >= other.ID&(1<<32-1) {
+			own, ch = c, cch
+			break
+		}
+		c.Close()
+	}
+	if own == nil {
+		t.Fatalf("no connection on %s numbered like %d", a.addr, other.ID)
+	}
+	defer own.Close()
+	if own.ID == other.ID || own.ID>>32 == other.ID>>32 {
+		t.Fatalf("connection ids %#x (%s) and %#x (%s): not told apart by node", own.ID, a.addr, other.ID, b.addr)
+	}
+	if _, err := ch.DeclareQueue(ctx, "mine", client.QueueOptions{Exclusive: true}); err != nil {
+		t.Fatal(err)
+	}
+	deadline := time.Now().Add(20 * time.Second)
+	for {
+		_, err := och.DeclareQueue(ctx, "mine", client.QueueOptions{Passive: true})
+		if wire.CodeOf(err) == wire.ResourceLocked {
+			break
+		}
+		if err == nil {
+			t.Fatalf("a connection on %s used the exclusive queue of a connection on %s", b.addr, a.addr)
+		}
+		if wire.CodeOf(err) != wire.NotFound || time.Now().After(deadline) {
+			t.Fatalf("passive declare of another node's exclusive queue: %v", err)
+		}
+		och, _ = other.Channel(ctx)       // the refusal closed the channel
+		time.Sleep(20 * time.Millisecond) // polling with a deadline
+	}
+	other.Close()
+	// Once a change made on b after the close is applied on a, so is
+	// anything the close did: the exclusive queue is still there.
+	_, sch := dial(b)
+	if _, err := sch.DeclareQueue(ctx, "after-close", client.QueueOptions{Durable: true}); err != nil {
+		t.Fatal(err)
+	}
+	for {
+		_, err := ch.DeclareQueue(ctx, "after-close", client.QueueOptions{Durable: true, Passive: true})
+		if err == nil {
+			break
+		}
+		if wire.CodeOf(err) != wire.NotFound || time.Now().After(deadline) {
+			t.Fatalf("after-close on %s: %v", a.addr, err)
+		}
+		ch, _ = own.Channel(ctx)
+		time.Sleep(20 * time.Millisecond) // polling with a deadline
+	}
+	if _, err := ch.DeclareQueue(ctx, "mine", client.QueueOptions{Passive: true}); err != nil {
+		t.Fatalf("the exclusive queue after a connection on another node closed: %v", err)
+	}
 }

@@ -153,7 +153,7 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdin i
 	tlsKey := fs.String("tls-key", "", "PEM private key of --tls-cert (env WARREN_TLS_KEY)")
 	tlsCA := fs.String("tls-ca", "", "PEM CA certificates: clients may present a certificate it signed (mutual TLS, EXTERNAL) (env WARREN_TLS_CA)")
 	diskLimit := fs.String("disk-free-limit", "", "block publishers while the data directory's filesystem has less free space than this, e.g. 2GiB, 500MB, or -1 for off (default 2GiB; env WARREN_DISK_FREE_LIMIT)")
-	nodeID := fs.String("node-id", "", "this node's id in the cluster, a number from 1 (env WARREN_NODE_ID); with --peers")
+	nodeID := fs.String("node-id", "", "this node's id in the cluster, a number from 1 to 65535 (env WARREN_NODE_ID); with --peers")
 	clusterListen := fs.String("cluster-listen", "", fmt.Sprintf("the cluster port, HOST:PORT (default: this node's address in --peers; port %d; env WARREN_CLUSTER_LISTEN)", cluster.DefaultPort))
 	peers := fs.String("peers", "", "every node of the cluster, this one included: 1=HOST:PORT,2=HOST:PORT,... (env WARREN_PEERS); the topology is replicated to every node, each durable queue to its replicas (README: Cluster quick start)")
 	pprofAddr := fs.String("pprof", "", "serve Go's profiler (/debug/pprof/: CPU and heap profiles, execution traces) on this address, e.g. 127.0.0.1:6060; no authentication, so keep it on loopback (default off; env WARREN_PPROF)")
