@@ -1026,7 +1026,7 @@ const snapReclaimFactor = 8
 func (g *Group) autoSnapshot() {
 	w := g.w
 	err := g.Snapshot(w.cfg.Snapshots, func(meta raftpb.SnapshotMetadata, err error) {
-		if err != nil {
+		if err != nil && !errors.Is(err, ErrGroupRemoved) { // a queue deleted meanwhile: nothing failed
 			w.cfg.Logger.Error("replication: snapshot failed", "group", g.id, "index", meta.Index, "err", err)
 		}
 		if w.cfg.SnapshotDone != nil {
