@@ -58,13 +58,14 @@ EOF
 
 SIDES=${SIDES:-warren rabbit}
 
-# --- Warren, three nodes (ops/cluster/cluster.sh on its default ports).
+# --- Warren, three nodes (ops/cluster/cluster.sh, ports from PORT_BASE).
 if [[ " $SIDES " == *" warren "* ]]; then
 WDATA=$OUT/warren
+export PORT_BASE=${PORT_BASE:-6680} # not make cluster's 5680: a cluster of one's own may run there
 DATA=$WDATA ops/cluster/cluster.sh start >/dev/null
 trap 'DATA=$WDATA ops/cluster/cluster.sh stop >/dev/null 2>&1 || true' EXIT
 wpids="$(for n in 1 2 3; do echo -n "$(cat "$WDATA/node$n/warrend.pid") "; done)"
-W=warren://guest:guest@127.0.0.1:5680
+W=warren://guest:guest@127.0.0.1:$PORT_BASE
 run warren-max "$wpids" -- --scenario persistent-1k --url "$W"
 run warren-rate "$wpids" -- --scenario latency-persistent-1k --rate "$RATE" --url "$W"
 DATA=$WDATA ops/cluster/cluster.sh stop >/dev/null

@@ -1,12 +1,14 @@
 #!/usr/bin/env bash
 # Three warrend nodes on loopback (make cluster / make cluster-stop).
 #   node N: native 5680+10(N-1), HTTP 15680+10(N-1), cluster 5682+10(N-1)
+#   (PORT_BASE=B moves them to B+10(N-1), B+10000+10(N-1), B+2+10(N-1))
 #   data under $DATA/nodeN (default ./warren-data), log in $DATA/nodeN/warrend.log
 # The shared cluster secret is $DATA/cluster-secret (made once, 32 random bytes).
 set -euo pipefail
 DATA=${DATA:-./warren-data}
 BIN=${WARREND:-./bin/warrend}
-PEERS="1=127.0.0.1:5682,2=127.0.0.1:5692,3=127.0.0.1:5702"
+B=${PORT_BASE:-5680}
+PEERS="1=127.0.0.1:$((B + 2)),2=127.0.0.1:$((B + 12)),3=127.0.0.1:$((B + 22))"
 
 start() {
 	mkdir -p "$DATA"
@@ -22,7 +24,7 @@ start() {
 		fi
 		off=$(( (n - 1) * 10 ))
 		"$BIN" --node-id "$n" --peers "$PEERS" --cluster-secret-file "$DATA/cluster-secret" \
-			--listen "127.0.0.1:$((5680 + off))" --http "127.0.0.1:$((15680 + off))" \
+			--listen "127.0.0.1:$((B + off))" --http "127.0.0.1:$((B + 10000 + off))" \
 			--data "$dir" >"$dir/warrend.log" 2>&1 &
 		echo $! > "$dir/warrend.pid"
 	done
@@ -30,7 +32,7 @@ start() {
 	for n in 1 2 3; do
 		off=$(( (n - 1) * 10 ))
 		for _ in $(seq 300); do
-			if curl -fsS "http://127.0.0.1:$((15680 + off))/readyz" >/dev/null 2>&1; then
+			if curl -fsS "http://127.0.0.1:$((B + 10000 + off))/readyz" >/dev/null 2>&1; then
 				break
 			fi
 			if ! kill -0 "$(cat "$DATA/node$n/warrend.pid")" 2>/dev/null; then
@@ -44,9 +46,9 @@ start() {
 	echo "NODE  NATIVE           HTTP              CLUSTER          DATA"
 	for n in 1 2 3; do
 		off=$(( (n - 1) * 10 ))
-		printf '%-5s 127.0.0.1:%-6s 127.0.0.1:%-7s 127.0.0.1:%-6s %s\n' "$n" $((5680 + off)) $((15680 + off)) $((5682 + off)) "$DATA/node$n"
+		printf '%-5s 127.0.0.1:%-6s 127.0.0.1:%-7s 127.0.0.1:%-6s %s\n' "$n" $((B + off)) $((B + 10000 + off)) $((B + 2 + off)) "$DATA/node$n"
 	done
-	echo "warrenctl --url warren://guest:guest@127.0.0.1:5680 cluster status"
+	echo "warrenctl --url warren://guest:guest@127.0.0.1:$B cluster status"
 }
 
 stop() {
