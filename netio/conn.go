@@ -41,12 +41,6 @@ type conn struct {
 	heartbeatMs atomic.Uint32
 	user        string
 	vhost       string // the vhost it opened ("" before AUTH, or if it was refused)
-	// pubEx: the last publish exchange, as sent and internal (pubExchange;
-	// loop-owned).
-	pubEx struct {
-		set             bool
-		local, internal string
-	}
 	// pubPerm: whether user may publish to each exchange (event loop only).
 	pubPerm  PublishPerms
 	lastRecv atomic.Int64
@@ -70,11 +64,7 @@ type conn struct {
 	ctlPaused bool // reading paused: a control run has more than ctlPauseBytes waiting behind it
 	epfd      int  // the loop's epoll fd (0: not looked up yet, -1: unavailable)
 	dec       wire.Decompressor
-	routeBuf  []queue.QueueRef
-	memo      routeMemo // routes of this PUBLISH batch's keys
-	parts     [][]broker.EnqItem
-	group     grouper             // groupByQueue's scratch
-	settles   []broker.SettleItem // onSettle's scratch (the broker copies what it keeps)
+	ls        *loopScratch // nil until its first PUBLISH or SETTLE (loopScratch)
 
 	mu       sync.Mutex
 	channels map[uint16]*channel
@@ -121,8 +111,33 @@ type tagEntry struct {
 	state uint8
 }
 
+// loopScratch is a connection's loop-owned scratch for PUBLISH and SETTLE
+// frames (376 bytes, most of them pointers), allocated at the first such
+// frame: an idle connection does not carry it, so 10,000 of them give the
+// collector less to mark (BENCHMARKS.md, scale).
+type loopScratch struct {
+	// pubEx: the last publish exchange, as sent and internal (pubExchange).
+	pubEx struct {
+		set             bool
+		local, internal string
+	}
+	routeBuf []queue.QueueRef
+	memo     routeMemo // routes of this PUBLISH batch's keys
+	parts    [][]broker.EnqItem
+	group    grouper             // groupByQueue's scratch
+	settles  []broker.SettleItem // onSettle's scratch (the broker copies what it keeps)
+}
+
+// scratch is c's loopScratch, allocated at the first call. Event loop only.
+func (c *conn) scratch() *loopScratch {
+	if c.ls == nil {
+		c.ls = &loopScratch{parts: make([][]broker.EnqItem, c.srv.Shards())}
+	}
+	return c.ls
+}
+
 func newChannel(id uint16) *channel {
-	return &channel{id: id, nextSeq: 1, consumers: map[string]*consumerRef{}, tagBase: 1}
+	return &channel{id: id, nextSeq: 1, tagBase: 1} // consumers: made at the first
 }
 
 func (ch *channel) pushTag(e tagEntry) { ch.tags = append(ch.tags, e) }
@@ -167,7 +182,7 @@ type consumerRef struct {
 }
 
 func (s *Server) newConn(gc gnet.Conn) *conn {
-	c := &conn{srv: s, gc: gc, id: s.connSeq.Add(1), channels: map[uint16]*channel{}, byID: map[queue.ConsumerID]*consumerRef{}, parts: make([][]broker.EnqItem, s.Shards())}
+	c := &conn{srv: s, gc: gc, id: s.connSeq.Add(1), channels: map[uint16]*channel{}} // byID: made at the first consumer
 	s.initAdmission(c)
 	c.flushedCB = c.flushed
 	c.lastRecv.Store(s.nowMs())
@@ -735,6 +750,7 @@ func (c *conn) onClose() {
 // done.
 func (c *conn) onPublish(ch *channel, f wire.Frame) error {
 	var b wire.PublishBatch
+	ls := c.scratch()
 	if err := wire.DecodePublish(f, c.maxFrame, &c.dec, &b); err != nil {
 		return err
 	}
@@ -793,10 +809,10 @@ func (c *conn) onPublish(ch *channel, f wire.Frame) error {
 		}
 		var refs []queue.QueueRef
 		if len(props.Headers) == 0 {
-			refs = c.memo.route(view.Table, exName, m.RoutingKey)
+			refs = ls.memo.route(view.Table, exName, m.RoutingKey)
 		} else {
-			c.routeBuf, _ = view.Table.Route(c.routeBuf[:0], exName, m.RoutingKey, props.Headers)
-			refs = c.routeBuf
+			ls.routeBuf, _ = view.Table.Route(ls.routeBuf[:0], exName, m.RoutingKey, props.Headers)
+			refs = ls.routeBuf
 		}
 		if len(refs) == 0 && m.Flags&wire.Mandatory != 0 {
 			if nret == 0 {
@@ -811,15 +827,15 @@ func (c *conn) onPublish(ch *channel, f wire.Frame) error {
 				continue
 			}
 			si := q.ShardIndex()
-			if c.parts[si] == nil {
+			if ls.parts[si] == nil {
 				// Sized for the whole batch at once (as msgs above), so a
 				// big batch does not regrow its scratch by doubling.
-				c.parts[si] = make([]broker.EnqItem, 0, b.Count)
+				ls.parts[si] = make([]broker.EnqItem, 0, b.Count)
 			}
-			c.parts[si] = append(c.parts[si], broker.EnqItem{Q: q, Msg: sm, Meta: meta, Idx: i})
+			ls.parts[si] = append(ls.parts[si], broker.EnqItem{Q: q, Msg: sm, Meta: meta, Idx: i})
 		}
 	}
-	c.memo.forget()
+	ls.memo.forget()
 	if nret > 0 {
 		c.mu.Lock()
 		if !c.closed {
@@ -830,7 +846,7 @@ func (c *conn) onPublish(ch *channel, f wire.Frame) error {
 		c.srv.metrics.returned.Add(nret)
 	}
 	parts, placed := 1, 0
-	for _, p := range c.parts {
+	for _, p := range ls.parts {
 		if len(p) > 0 {
 			parts++
 			placed += len(p)
@@ -844,20 +860,20 @@ func (c *conn) onPublish(ch *channel, f wire.Frame) error {
 		c.srv.AddStoredBytes(ar.Cost)
 	}
 	batch.Pending.Store(int32(parts))
-	for si, p := range c.parts {
+	for si, p := range ls.parts {
 		if len(p) == 0 {
 			continue
 		}
-		items := groupByQueue(p, &c.group) // handed to the shard: p itself, or a new slice
+		items := groupByQueue(p, &ls.group) // handed to the shard: p itself, or a new slice
 		switch {
 		case cap(p) > partsKeepMax:
 			// A huge batch's scratch is not kept per connection: hand it
 			// over whole instead of copying it.
-			c.parts[si] = nil
+			ls.parts[si] = nil
 		case &items[0] == &p[0]:
-			items, c.parts[si] = slices.Clone(p), p[:0]
+			items, ls.parts[si] = slices.Clone(p), p[:0]
 		default:
-			c.parts[si] = p[:0]
+			ls.parts[si] = p[:0]
 		}
 		c.srv.Submit(broker.Command{Kind: broker.CmdPublish, Items: items, Batch: batch})
 	}
@@ -865,7 +881,7 @@ func (c *conn) onPublish(ch *channel, f wire.Frame) error {
 	return nil
 }
 
-// partsKeepMax: a connection keeps its routing scratch (c.parts) between
+// partsKeepMax: a connection keeps its routing scratch (loopScratch.parts) between
 // batches up to this many items per shard.
 const partsKeepMax = 4096
 
@@ -888,7 +904,8 @@ func (c *conn) onSettle(ch *channel, f wire.Frame) error {
 	if err := wire.DecodeSettle(f, &b); err != nil {
 		return err
 	}
-	items := c.settles[:0]
+	ls := c.scratch()
+	items := ls.settles[:0]
 	acked := 0
 	c.mu.Lock()
 	for i := 0; i < b.Count; i++ {
@@ -941,9 +958,9 @@ func (c *conn) onSettle(ch *channel, f wire.Frame) error {
 	// (a deleted queue is not kept alive by it); a huge one is let go.
 	clear(items)
 	if cap(items) <= partsKeepMax {
-		c.settles = items[:0]
+		ls.settles = items[:0]
 	} else {
-		c.settles = nil
+		ls.settles = nil
 	}
 	return nil
 }

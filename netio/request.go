@@ -191,8 +191,14 @@ func (c *conn) onSubscribe(ch *channel, r *wire.Subscribe) error {
 	if q.Args().ConsumerTimeout > 0 || args.ConsumerTimeout > 0 {
 		cr.chTags = map[uint64]uint64{}
 	}
+	if ch.consumers == nil {
+		ch.consumers = map[string]*consumerRef{}
+	}
 	ch.consumers[tag] = cr
 	ch.all = append(ch.all, cr)
+	if c.byID == nil {
+		c.byID = map[queue.ConsumerID]*consumerRef{}
+	}
 	c.byID[cr.id] = cr
 	c.mu.Unlock()
 	spec := queue.ConsumerSpec{ID: cr.id, Owner: queue.OwnerID(c.id), Prefetch: prefetch, PrefetchBytes: r.PrefetchBytes, Priority: r.Priority, Exclusive: r.Exclusive,

@@ -225,10 +225,11 @@ func queueLabels(internal string) string {
 // internal name, kept from the last batch: a run of batches to one
 // exchange allocates neither. Loop goroutine.
 func (c *conn) pubExchange(ex []byte) (local, internal string) {
-	if !c.pubEx.set || string(ex) != c.pubEx.local {
-		c.pubEx.local = string(ex)
-		c.pubEx.internal = c.qn(c.pubEx.local)
-		c.pubEx.set = true
+	e := &c.scratch().pubEx
+	if !e.set || string(ex) != e.local {
+		e.local = string(ex)
+		e.internal = c.qn(e.local)
+		e.set = true
 	}
-	return c.pubEx.local, c.pubEx.internal
+	return e.local, e.internal
 }
