@@ -172,16 +172,27 @@ func TestClusterSnapshotInstall(t *testing.T) {
 	k.waitFor(t, "the ack's commit", func() bool { return k.confirmed(sync) && len(k.got) == 4 })
 
 	// The leader snapshots and compacts: the stopped replica's next entry
-	// is gone from its log.
-	snapped := make(chan error, 1)
-	lq.shard.submit(Command{Kind: cmdPost, post: func() {
-		err := lq.grp.Snapshot(lb.cfg.Durable.Snapshots, func(_ raftpb.SnapshotMetadata, err error) { snapped <- err })
-		if err != nil {
-			snapped <- err
+	// is gone from its log. So does the other follower, which may lead
+	// for a while (an election under load, the balancer): whichever node
+	// leads when the stopped replica is back has to send it a snapshot.
+	for _, nd := range []*clusterNode{lead, other} {
+		b := nd.b.Load()
+		q := b.topo.lookupQueue("rq")
+		snapped := make(chan error, 1)
+		c.waitFor("the replica applied the ack", func() bool {
+			info, _ := b.Queue("rq")
+			want, _ := lb.Queue("rq")
+			return info.RaftApplied >= want.RaftApplied
+		})
+		q.shard.submit(Command{Kind: cmdPost, post: func() {
+			err := q.grp.Snapshot(b.cfg.Durable.Snapshots, func(_ raftpb.SnapshotMetadata, err error) { snapped <- err })
+			if err != nil {
+				snapped <- err
+			}
+		}})
+		if err := <-snapped; err != nil {
+			t.Fatal(err)
 		}
-	}})
-	if err := <-snapped; err != nil {
-		t.Fatal(err)
 	}
 
 	c.start(behind, nil)
