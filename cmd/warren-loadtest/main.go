@@ -11,6 +11,7 @@
 //	warren-loadtest rawsync --dir /var/lib/warren --block 262144 --duration 5s   # the disk's raw pwrite+fdatasync rate
 //	warren-loadtest --persistent --ledger run.ledger --duration 60s   # the broker may be killed meanwhile
 //	warren-loadtest scale-idle --idle 10000 --broker-pid PID        # a pair beside 10,000 idle connections (make bench-scale)
+//	warren-loadtest rawnet --rate 10000 --duration 20s             # a loopback TCP echo's round trip: the latency floor
 //	warren-loadtest --verify run.ledger                              # after a restart: exit 3 if a confirmed message is missing
 package main
 
@@ -42,6 +43,9 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	}
 	if len(args) > 0 && args[0] == "rawsync" {
 		return rawsync(args[1:], stdout, stderr)
+	}
+	if len(args) > 0 && args[0] == "rawnet" {
+		return rawnet(args[1:], stdout, stderr)
 	}
 	if len(args) > 0 && args[0] == "idle" {
 		return idle(ctx, args[1:], os.Stdin, stdout, stderr)
@@ -194,6 +198,26 @@ func rawsync(args []string, stdout, stderr io.Writer) int {
 		return 2
 	}
 	r, err := loadtest.RawSync(*dir, *block, *dur)
+	if err != nil {
+		fmt.Fprintln(stderr, err)
+		return 1
+	}
+	fmt.Fprintln(stdout, r)
+	return 0
+}
+
+// rawnet measures a loopback TCP echo's round trip at a fixed rate: the
+// floor under the latency scenario's publish→confirm times on this machine.
+func rawnet(args []string, stdout, stderr io.Writer) int {
+	fs := flag.NewFlagSet("warren-loadtest rawnet", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	rate := fs.Int("rate", 10000, "messages per second")
+	size := fs.Int("size", 128, "message size in bytes (at least 8)")
+	dur := fs.Duration("duration", 20*time.Second, "how long to send")
+	if err := fs.Parse(args); err != nil {
+		return 2
+	}
+	r, err := loadtest.RawNet(*rate, *size, max(1, int(dur.Seconds()*float64(*rate))))
 	if err != nil {
 		fmt.Fprintln(stderr, err)
 		return 1
