@@ -787,6 +787,13 @@ func (s *shard) checkRecovered() {
 		return
 	}
 	for q := range s.queues {
+		if !q.opened && q.replicated && q.grp != nil && q.grp.FSM().AppliedIndex() >= q.openCommit {
+			// What it knew committed at open is applied, though its last
+			// entries held no command (a leader's empty entry, a change of
+			// the group's voters: moves end that way) and so never reached
+			// applied (a restarted node waited for them for good).
+			q.opened = true
+		}
 		if q.grp != nil && !q.gone && q.grp.Err() == nil && !q.opened {
 			return
 		}

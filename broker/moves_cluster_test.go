@@ -178,6 +178,17 @@ func TestClusterMoveReplicas(t *testing.T) {
 		c.settledOn(name, n4, func(r []uint64) bool { return slices.Equal(r, []uint64{1, 2, 3}) })
 	}
 	c.stop(n4)
+	// A replica restarted now, while its queues' last committed entries
+	// are the moves' changes of voters (no command), recovers once it has
+	// applied them (it waited for an applied command for good).
+	r := c.nodes[2]
+	c.stop(r)
+	c.start(r, nil)
+	rctx, rcancel := context.WithTimeout(t.Context(), 15*time.Second)
+	defer rcancel()
+	if err := r.b.Load().WaitRecovered(rctx); err != nil {
+		t.Fatalf("node %d, restarted after the moves, never recovered: %v", r.id, err)
+	}
 	for _, name := range names[1:] {
 		want := 30 + 50
 		if got := c.consumeAll(name, want); len(got) != want {

@@ -375,8 +375,13 @@ func Start(cfg Config) (*Server, error) {
 			st, _ := s.Broker.MetaStatus()
 			s.log.Info("the cluster's metadata group is ready", "leader", st.Leader, "term", st.Term, "applied", st.Applied)
 		}
-		// And the durable queues' messages, before anyone can ask.
-		if err := s.Broker.WaitRecovered(context.Background()); err != nil {
+		// And the durable queues' messages, before anyone can ask (a
+		// signal ends the wait, as it ends the cluster's).
+		rctx := cfg.ClusterCtx
+		if rctx == nil {
+			rctx = context.Background()
+		}
+		if err := s.Broker.WaitRecovered(rctx); err != nil {
 			_ = s.Broker.Stop(context.Background())
 			_ = s.nodeLog.Close()
 			return nil, fmt.Errorf("recovering the durable queues from the log in %s: %w", cfg.DataDir, err)
