@@ -2,13 +2,16 @@
 # Three warrend nodes on loopback (make cluster / make cluster-stop).
 #   node N: native 5680+10(N-1), HTTP 15680+10(N-1), cluster 5682+10(N-1)
 #   (PORT_BASE=B moves them to B+10(N-1), B+10000+10(N-1), B+2+10(N-1))
-#   data under $DATA/nodeN (default ./warren-data), log in $DATA/nodeN/warrend.log
+#   data under $DATA/nodeN (default ./warren-data), log in $DATA/nodeN/warrend.log (appended to)
 # The shared cluster secret is $DATA/cluster-secret (made once, 32 random bytes).
 set -euo pipefail
 DATA=${DATA:-./warren-data}
 BIN=${WARREND:-./bin/warrend}
 B=${PORT_BASE:-5680}
 PEERS="1=127.0.0.1:$((B + 2)),2=127.0.0.1:$((B + 12)),3=127.0.0.1:$((B + 22))"
+
+# alive PID: the process runs (not a zombie waiting to be reaped).
+alive() { kill -0 "$1" 2>/dev/null && [ "$(ps -o stat= -p "$1" 2>/dev/null | cut -c1)" != Z ]; }
 
 start() {
 	mkdir -p "$DATA"
@@ -18,30 +21,37 @@ start() {
 	for n in 1 2 3; do
 		dir="$DATA/node$n"
 		mkdir -p "$dir"
-		if [ -f "$dir/warrend.pid" ] && kill -0 "$(cat "$dir/warrend.pid")" 2>/dev/null; then
-			echo "node $n already runs (pid $(cat "$dir/warrend.pid")); make cluster-stop first" >&2
-			exit 1
+		if [ -f "$dir/warrend.pid" ] && alive "$(cat "$dir/warrend.pid")"; then
+			echo "node $n already runs (pid $(cat "$dir/warrend.pid")): left as it is" >&2
+			continue # a start after one node died starts that one
 		fi
 		off=$(( (n - 1) * 10 ))
+		echo "--- start $(date -u +%FT%TZ)" >>"$dir/warrend.log" # the log of earlier runs is kept
 		"$BIN" --node-id "$n" --peers "$PEERS" --cluster-secret-file "$DATA/cluster-secret" \
 			--listen "127.0.0.1:$((B + off))" --http "127.0.0.1:$((B + 10000 + off))" \
-			--data "$dir" >"$dir/warrend.log" 2>&1 &
+			--data "$dir" >>"$dir/warrend.log" 2>&1 &
 		echo $! > "$dir/warrend.pid"
 	done
 	# Ready once each node's metadata group has a leader and it caught up.
 	for n in 1 2 3; do
 		off=$(( (n - 1) * 10 ))
-		for _ in $(seq 300); do
+		ready=no
+		for _ in $(seq 600); do
 			if curl -fsS "http://127.0.0.1:$((B + 10000 + off))/readyz" >/dev/null 2>&1; then
+				ready=yes
 				break
 			fi
-			if ! kill -0 "$(cat "$DATA/node$n/warrend.pid")" 2>/dev/null; then
+			if ! alive "$(cat "$DATA/node$n/warrend.pid")"; then
 				echo "node $n exited; its log:" >&2
 				tail -20 "$DATA/node$n/warrend.log" >&2
 				exit 1
 			fi
 			sleep 0.1
 		done
+		if [ $ready = no ]; then
+			echo "node $n is not ready after 60 s: $(curl -sS "http://127.0.0.1:$((B + 10000 + off))/readyz" 2>&1); its log: $DATA/node$n/warrend.log" >&2
+			exit 1
+		fi
 	done
 	echo "NODE  NATIVE           HTTP              CLUSTER          DATA"
 	for n in 1 2 3; do
@@ -58,9 +68,9 @@ stop() {
 		[ -f "$pidf" ] || continue
 		pid=$(cat "$pidf")
 		if kill -TERM "$pid" 2>/dev/null; then
-			for _ in $(seq 200); do kill -0 "$pid" 2>/dev/null || break; sleep 0.1; done
+			for _ in $(seq 200); do alive "$pid" || break; sleep 0.1; done
 		fi
-		if kill -0 "$pid" 2>/dev/null; then
+		if alive "$pid"; then
 			echo "node $n (pid $pid) has not stopped after 20 s: see $DATA/node$n/warrend.log; kill -9 $pid ends it" >&2
 			failed=1
 			continue
