@@ -379,7 +379,14 @@ func (c *cli) call(method, path string, body any, out any) error {
 			}
 			return fmt.Errorf("%s: %s%s", eb.Error.Name, eb.Error.Message, h)
 		}
-		return fmt.Errorf("admin API: %s %s: HTTP %s", method, path, resp.Status)
+		msg := fmt.Sprintf("admin API: %s %s: HTTP %s", method, path, resp.Status)
+		if text := strings.TrimSpace(string(b)); text != "" && len(text) < 500 {
+			msg += ": " + text // e.g. a node not serving yet says why
+		}
+		if resp.StatusCode == http.StatusServiceUnavailable {
+			msg += " (this node is not serving: ask another node with --api, or wait for it)"
+		}
+		return errors.New(msg)
 	}
 	if out != nil && len(b) > 0 {
 		if raw, ok := out.(*json.RawMessage); ok {
