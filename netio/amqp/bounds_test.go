@@ -152,7 +152,11 @@ func TestUnauthenticatedCap(t *testing.T) {
 	credentialsSent(t, addr)
 	_, err := amqp091.Dial(url)
 	var ae *amqp091.Error
-	if !errors.As(err, &ae) || ae.Code != 506 || !strings.Contains(ae.Reason, "max_unauthenticated_connections") {
+	// amqp091-go reports the broker's 506 as such, or, when the close
+	// reaches it while it waits for connection.start, as its own 503
+	// "unexpected command received": refused either way.
+	refused := errors.As(err, &ae) && (ae.Code == 506 && strings.Contains(ae.Reason, "max_unauthenticated_connections") || ae == amqp091.ErrCommandInvalid)
+	if !refused {
 		t.Fatalf("dial at the cap: %v, want 506 naming max_unauthenticated_connections", err)
 	}
 	// Once one of them is open, there is room.
