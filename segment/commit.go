@@ -7,6 +7,7 @@ import (
 	"encoding/binary"
 	"fmt"
 	"math/bits"
+	"slices"
 	"sync"
 	"unsafe"
 )
@@ -69,6 +70,11 @@ func (l *Log) Append(batches ...Batch) error {
 	total, copied := 0, 0
 	for i := range batches {
 		b := &batches[i]
+		if err := l.quarantinedLocked(b.Group); err != nil {
+			l.rollback()
+			l.mu.Unlock()
+			return err
+		}
 		if len(b.Entries) == 0 {
 			continue
 		}
@@ -562,10 +568,26 @@ func (l *Log) wakeAllLocked() {
 // per group: its raft range and hard state as of everything durable so
 // far. With it, the WAL files before it are not needed once their entries
 // are in segment files.
+// Checkpoint flags.
+const (
+	ckptHardState   = 1 // the hard state is set
+	ckptQuarantined = 2 // the group is quarantined (Options.Quarantine): it opens quarantined until removed
+)
+
 func (l *Log) checkpointLocked(gen uint32) []byte {
 	b := appendFileHeader(l.ckpt[:0], walMagic, gen)
-	for _, id := range l.groupIDsLocked() {
-		g := l.groups[id]
+	ids := l.groupIDsLocked()
+	if len(l.quarantined) > 0 {
+		for id := range l.quarantined {
+			ids = append(ids, id)
+		}
+		slices.Sort(ids)
+	}
+	for _, id := range ids {
+		g, quarantined := l.groups[id], false
+		if g == nil {
+			g, quarantined = l.quarantined[id], true
+		}
 		var start int
 		b, start = beginRecord(b)
 		b = binary.LittleEndian.AppendUint64(b, id)
@@ -577,13 +599,17 @@ func (l *Log) checkpointLocked(gen uint32) []byte {
 		b = binary.LittleEndian.AppendUint64(b, g.hs.Commit)
 		var flags uint64
 		if g.hsSet {
-			flags = 1
+			flags |= ckptHardState
+		}
+		if quarantined {
+			flags |= ckptQuarantined
 		}
 		b = binary.LittleEndian.AppendUint64(b, flags)
 		b = binary.LittleEndian.AppendUint64(b, uint64(len(g.segs)))
 		for _, f := range g.segs {
 			b = binary.LittleEndian.AppendUint64(b, f.seq)
-			b = binary.LittleEndian.AppendUint64(b, uint64(f.size))
+			// A damaged file keeps the promise it broke.
+			b = binary.LittleEndian.AppendUint64(b, uint64(max(f.size, f.promised)))
 		}
 		b = endRecord(b, start, gen, recCheckpoint)
 	}
@@ -596,6 +622,10 @@ func (l *Log) checkpointLocked(gen uint32) []byte {
 func (l *Log) writeOp(typ uint8, gid, arg, term uint64) error {
 	l.mu.Lock()
 	if err := l.usableLocked(); err != nil {
+		l.mu.Unlock()
+		return err
+	}
+	if err := l.quarantinedLocked(gid); err != nil {
 		l.mu.Unlock()
 		return err
 	}

@@ -56,7 +56,8 @@
 //	3 truncate    group u64, from u64
 //	4 compact     group u64, upTo u64, term of upTo u64 (0: unknown)
 //	5 checkpoint  group u64, first u64, last u64, term of first-1 u64, term u64, vote u64,
-//	              commit u64, flags u64 (bit 0: hard state set), n u64, n × (segment seq u64, size u64)
+//	              commit u64, flags u64 (bit 0: hard state set; bit 1: quarantined),
+//	              n u64, n × (segment seq u64, size u64)
 //	6 promise     group u64, segment seq u64, size u64
 //	7 remove      group u64 (version 2)
 //	9 live        as entries (type 1), stored below the group's raft log, placed
@@ -144,7 +145,37 @@
 // tail (a partial last write, or zeros) and is cut. A raft log with a
 // hole is corruption naming the group and the missing range. With
 // Options.Repair, Open truncates at the damage instead, with an
-// error-level log line. Live entries below a compaction point are not
+// error-level log line.
+//
+// With Options.Quarantine, damage Open can attribute to groups
+// quarantines them instead of refusing the log: they are left out of it
+// (not served, every write refused with ErrQuarantined) and listed by
+// Damaged (group, file, offset, why); the others open with all their
+// data. Attributable: damage in a group's own segment file (a record that
+// does not decode, a file shorter than its promise, a footer that does
+// not check and a scan that then fails), a hole in a group's raft log, a
+// hard state that commits past the group's last stored entry, entries
+// that do not follow the group's log. Damage in a sealed WAL file, shared
+// by every group, quarantines every group alive while it was written:
+// those known when the damage is reached (the file's checkpoint lists
+// every group alive when it started), those with intact records after
+// it, and those in the next WAL file's checkpoint (alive when it ended).
+// Damage in the active WAL file (intact records after it), or a torn
+// checkpoint after a damaged WAL file, cannot be bounded (a group created
+// since the last checkpoint may have had records only in the damaged
+// part): Open refuses with ErrCorrupt and ErrUnattributable. A group the
+// WAL removes after its damage (a remove record) is not quarantined. A
+// quarantined group never opens truncated: Open starts a new WAL file
+// whose checkpoint marks it (flag bit 1), every later checkpoint carries
+// the mark, and an Open finding the mark quarantines the group again (and
+// an Open without Quarantine refuses it), also once the damage and the
+// WAL files that held its records are gone. Its segment files stay on
+// disk, untouched, until RemoveGroup removes it like any group; then the
+// id starts empty. Damage inside a record of a sealed file with an
+// intact footer is not read at Open (that is the footer's point): its
+// first read reports it (ErrCorrupt), as without Quarantine.
+//
+// Live entries below a compaction point are not
 // listed on disk; the owner hands its live set to Compact after a restart,
 // which reports any that are missing (ErrCorrupt), so a loss is never
 // silent.

@@ -24,11 +24,16 @@ type file struct {
 	// written counts the entries ever written (segments: live/written is
 	// the ratio that triggers compaction).
 	written int
-	sealed  bool   // no more appends
-	touched bool   // written by the current move (worker-owned)
-	dead    bool   // scheduled for deletion
-	old     bool   // written in a format version before formatVersion
-	version uint16 // its format version
+	sealed  bool // no more appends
+	touched bool // written by the current move (worker-owned)
+	dead    bool // scheduled for deletion
+	old     bool // written in a format version before formatVersion
+	// damaged: Open found damage in it (Options.Quarantine): never
+	// appended to, never cut. held: a segment file of a quarantined group,
+	// kept on disk until the group is removed.
+	damaged, held bool
+	promised      int64  // segment files: the size the WAL files promised at Open
+	version       uint16 // its format version
 	// Segment files: what was written into it, for its footer (dropped
 	// once sealed).
 	foot   footIndex

@@ -37,6 +37,17 @@ type groupIndex struct {
 	hsSet    bool
 	seg      *file   // the segment file the worker appends this group's entries to (worker-owned)
 	segs     []*file // every segment file of the group on disk, oldest first (under Log.mu)
+	// damage: Open found this group's data damaged (Options.Quarantine);
+	// it is quarantined unless a remove record drops it first.
+	damage *DamagedGroup
+}
+
+// markDamage records d as the group's damage unless one is recorded.
+func (g *groupIndex) markDamage(d DamagedGroup) {
+	if g.damage == nil {
+		d.Group = g.id
+		g.damage = &d
+	}
 }
 
 func newGroup(id uint64) *groupIndex { return &groupIndex{id: id, span: span{first: 1}} }

@@ -1,6 +1,7 @@
 package segment
 
 import (
+	"cmp"
 	"encoding/binary"
 	"errors"
 	"fmt"
@@ -42,7 +43,16 @@ type Options struct {
 	// Repair truncates at mid-file corruption (losing what follows, with an
 	// error-level log line) instead of refusing to open.
 	Repair bool
-	Logger *slog.Logger
+	// Quarantine: damage Open can attribute to specific groups does not
+	// refuse the whole log. Those groups are quarantined: left out of the
+	// opened log (their files kept on disk, untouched), reported by
+	// Damaged, refused by every write (ErrQuarantined) until RemoveGroup
+	// removes them; the owner rebuilds them from elsewhere (raft peers).
+	// Damage it cannot bound to a set of groups still refuses the open
+	// (ErrCorrupt and ErrUnattributable). The package doc's "Damage"
+	// section says which is which. Not with Repair.
+	Quarantine bool
+	Logger     *slog.Logger
 	// WALSize is the size at which the WAL file is sealed and a new one
 	// started (default 64 MiB). Sealed WAL files are moved into segment
 	// files and deleted.
@@ -110,6 +120,9 @@ func (o *Options) defaults() error {
 	if o.WALSize < 0 || o.WALSize > maxFileSize || o.SegmentSize < 0 || o.SegmentSize > maxFileSize {
 		return fmt.Errorf("segment: WALSize and SegmentSize must be at most %d", maxFileSize)
 	}
+	if o.Repair && o.Quarantine {
+		return errors.New("segment: Repair and Quarantine exclude each other")
+	}
 	if o.CompactBelow < 0 || o.CompactBelow > 1 {
 		return errors.New("segment: CompactBelow must be within [0, 1]")
 	}
@@ -136,7 +149,27 @@ var (
 	// ErrVersion: a file was written in a format version this build does
 	// not read.
 	ErrVersion = errors.New("segment: unsupported format version")
+	// ErrUnattributable (with ErrCorrupt, Options.Quarantine): damage Open
+	// cannot bound to a set of groups (the active WAL file damaged with
+	// intact records after it: a group created since its checkpoint may
+	// have had records only there). The whole log is refused.
+	ErrUnattributable = errors.New("damage that cannot be attributed to specific groups")
+	// ErrQuarantined: a write to a group quarantined at Open
+	// (Options.Quarantine): its stored data is damaged; RemoveGroup it,
+	// then the id starts empty.
+	ErrQuarantined = errors.New("segment: group quarantined: its stored data is damaged")
 )
+
+// DamagedGroup is a group Open quarantined (Options.Quarantine): where
+// the damage was found and what it is. File and Offset name the first
+// damage found; a group quarantined at an earlier Open and not removed
+// since names the WAL file whose checkpoint carried the quarantine.
+type DamagedGroup struct {
+	Group  uint64
+	File   string
+	Offset int64
+	Why    string
+}
 
 const (
 	fileHeader = 16 // magic [6], version u16, generation u32, reserved u32
@@ -201,6 +234,10 @@ type Log struct {
 	// removed: groups removed (RemoveGroup, or replayed), whose segment
 	// files the worker deletes before it deletes any WAL file.
 	removed []*groupIndex
+	// quarantined: groups Open found damaged (Options.Quarantine), out of
+	// groups; their segment files are kept (held) until RemoveGroup.
+	quarantined map[uint64]*groupIndex
+	qCkpt       *DamagedGroup // recovery: the next WAL file's checkpoint groups are damaged so
 
 	maint sync.Mutex // one Maintain at a time
 	work  chan struct{}
@@ -259,7 +296,7 @@ func Open(fs FS, dir string, opts Options) (*Log, error) {
 	if err := fs.MkdirAll(dir); err != nil {
 		return nil, err
 	}
-	l := &Log{fs: fs, dir: dir, opts: opts, log: opts.Logger, groups: map[uint64]*groupIndex{},
+	l := &Log{fs: fs, dir: dir, opts: opts, log: opts.Logger, groups: map[uint64]*groupIndex{}, quarantined: map[uint64]*groupIndex{},
 		work: make(chan struct{}, 1), quit: make(chan struct{}),
 		// The pending buffers are reused; they grow to the largest group
 		// commit seen, and that growth is the only allocation an append
@@ -294,7 +331,7 @@ func (l *Log) grp(id uint64) *groupIndex {
 // maybeDead schedules a sealed segment with nothing stored for deletion.
 // Called with l.mu held (or during recovery).
 func (l *Log) maybeDead(f *file) {
-	if f.wal || !f.sealed || f.dead || f.refs != 0 {
+	if f.wal || !f.sealed || f.dead || f.refs != 0 || f.held {
 		return
 	}
 	f.dead = true
@@ -350,6 +387,10 @@ func (l *Log) compact(group, upTo, term uint64, live []uint64) error {
 		l.mu.Unlock()
 		return err
 	}
+	if err := l.quarantinedLocked(group); err != nil {
+		l.mu.Unlock()
+		return err
+	}
 	if s := l.shadow(group); upTo >= s.first {
 		l.mu.Unlock()
 		if err := l.writeOp(recCompact, group, upTo, term); err != nil {
@@ -396,6 +437,15 @@ func (l *Log) RemoveGroup(group uint64) error {
 // removeLocked forgets a group: every stored entry is unreferenced, and
 // its files are left to the worker (Maintain's dropRemoved).
 func (l *Log) removeLocked(id uint64) {
+	if q := l.quarantined[id]; q != nil {
+		// A quarantined group's files go like a removed group's.
+		delete(l.quarantined, id)
+		for _, f := range q.segs {
+			f.held = false
+		}
+		l.removed = append(l.removed, q)
+		l.kick()
+	}
 	g := l.groups[id]
 	if g == nil {
 		return
@@ -408,6 +458,41 @@ func (l *Log) removeLocked(id uint64) {
 	g.runs = nil
 	l.removed = append(l.removed, g)
 	l.kick()
+}
+
+// Damaged lists the groups Open quarantined (Options.Quarantine) and not
+// removed since, by group id.
+func (l *Log) Damaged() []DamagedGroup {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	out := make([]DamagedGroup, 0, len(l.quarantined))
+	for _, g := range l.quarantined {
+		out = append(out, *g.damage)
+	}
+	slices.SortFunc(out, func(a, b DamagedGroup) int { return cmp.Compare(a.Group, b.Group) })
+	return out
+}
+
+// Quarantined reports whether group is quarantined, and why.
+func (l *Log) Quarantined(group uint64) (DamagedGroup, bool) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if g := l.quarantined[group]; g != nil {
+		return *g.damage, true
+	}
+	return DamagedGroup{}, false
+}
+
+// quarantinedLocked is the error for a write to a quarantined group; nil
+// when it is not.
+func (l *Log) quarantinedLocked(group uint64) error {
+	if len(l.quarantined) == 0 {
+		return nil
+	}
+	if g := l.quarantined[group]; g != nil {
+		return fmt.Errorf("%w: group %d: %s", ErrQuarantined, group, g.damage.Why)
+	}
+	return nil
 }
 
 // FirstIndex and LastIndex give a group's raft log range; an empty log
@@ -510,6 +595,14 @@ func (l *Log) closeFiles() error {
 		if g.seg != nil && !seen[g.seg] {
 			seen[g.seg] = true
 			closeOne(g.seg)
+		}
+	}
+	for _, g := range l.quarantined {
+		for _, f := range g.segs {
+			if !seen[f] {
+				seen[f] = true
+				closeOne(f)
+			}
 		}
 	}
 	for _, f := range l.wals {

@@ -58,6 +58,7 @@ func (l *Log) recover() error {
 		slices.SortFunc(list, byseq)
 		g := l.grp(id)
 		for _, f := range list {
+			f.promised = promised[f.seq]
 			if err := l.loadSegment(g, f, promised[f.seq]); err != nil {
 				return err
 			}
@@ -71,7 +72,7 @@ func (l *Log) recover() error {
 				continue // removed (nothing in it)
 			}
 			g.segs = append(g.segs, f)
-			if i == len(list)-1 && f.wsize < l.opts.SegmentSize && !f.footed && f.version >= footerVersion {
+			if i == len(list)-1 && f.wsize < l.opts.SegmentSize && !f.footed && f.version >= footerVersion && !f.damaged {
 				g.seg = f
 			} else {
 				f.sealed = true
@@ -98,6 +99,16 @@ func (l *Log) recover() error {
 	l.wals = wals
 	for _, w := range l.wals {
 		w.sealed = true
+	}
+	if len(l.quarantined) > 0 && !lastGone {
+		// The quarantine must be durable before the worker deletes any WAL
+		// file that holds the damage or a quarantined group's records: a
+		// new WAL file opens with a checkpoint that marks each quarantined
+		// group, and every later checkpoint carries the mark until the
+		// group is removed.
+		l.wal.sealed = true
+		l.wals = append(l.wals, l.wal)
+		l.wal, lastGone = nil, true
 	}
 	if lastGone {
 		if err := l.newWAL(); err != nil {
@@ -197,28 +208,41 @@ func (l *Log) cut(f *file, end int64) error {
 	return nil
 }
 
+// scanDamage is the damage scan found, with Options.Quarantine: its
+// caller decides whom it affects.
+type scanDamage struct {
+	off  int    // where the intact records end
+	next int    // the first intact record after it; -1: none
+	msg  string // the file, the offset, what follows
+}
+
 // scan replays the records of one file through fn and returns where the
 // intact records end. A damaged record followed by intact ones is
 // corruption: an error naming what follows, or with Options.Repair the
-// end. tornOK says whether a torn tail may be cut (otherwise damage at
-// the tail is corruption too).
-func (l *Log) scan(f *file, buf []byte, magic string, tornOK bool, promised int64, fn func(typ uint8, p []byte, off int) error) (int, error) {
+// end, or with Options.Quarantine the damage, for the caller. tornOK says
+// whether a torn tail may be cut (otherwise damage at the tail is
+// corruption too).
+func (l *Log) scan(f *file, buf []byte, magic string, tornOK bool, promised int64, fn func(typ uint8, p []byte, off int) error) (int, *scanDamage, error) {
 	gen := f.gen()
 	if int64(len(buf)) < promised {
+		if l.opts.Quarantine {
+			return 0, &scanDamage{off: len(buf), next: -1,
+				msg: fmt.Sprintf("%s has %d bytes, %d were synced", f.name, len(buf), promised)}, nil
+		}
 		if !l.opts.Repair {
-			return 0, fmt.Errorf("%w: %s has %d bytes, %d were synced", ErrCorrupt, f.name, len(buf), promised)
+			return 0, nil, fmt.Errorf("%w: %s has %d bytes, %d were synced", ErrCorrupt, f.name, len(buf), promised)
 		}
 		l.log.Error("segment: REPAIR: a file is shorter than what was synced; reading what is there",
 			"file", f.name, "size", len(buf), "synced", promised)
 		promised = int64(len(buf))
 	}
 	if len(buf) < fileHeader {
-		return 0, nil // the header never fully reached the disk: nothing in it was acknowledged
+		return 0, nil, nil // the header never fully reached the disk: nothing in it was acknowledged
 	}
 	off := fileHeader
 	v := binary.LittleEndian.Uint16(buf[6:])
 	if string(buf[:6]) == magic && v > formatVersion {
-		return 0, fmt.Errorf("%w: %s is version %d; this build reads versions %d to %d", ErrVersion, f.name, v, minFormatVersion, formatVersion)
+		return 0, nil, fmt.Errorf("%w: %s is version %d; this build reads versions %d to %d", ErrVersion, f.name, v, minFormatVersion, formatVersion)
 	}
 	if string(buf[:6]) != magic || v < minFormatVersion || binary.LittleEndian.Uint32(buf[8:]) != gen {
 		off = 0 // a damaged header: torn from the start, or corruption if records follow
@@ -231,28 +255,39 @@ func (l *Log) scan(f *file, buf []byte, magic string, tornOK bool, promised int6
 				break
 			}
 			if err := fn(typ, payload, off); err != nil {
-				return 0, fmt.Errorf("%w: %s at offset %d: %v", ErrCorrupt, f.name, off, err)
+				if l.opts.Quarantine && magic == segMagic {
+					// A group's own file: the group's damage.
+					return off, &scanDamage{off: off, next: -1, msg: fmt.Sprintf("%s at offset %d: %v", f.name, off, err)}, nil
+				}
+				return 0, nil, fmt.Errorf("%w: %s at offset %d: %v", ErrCorrupt, f.name, off, err)
 			}
 			off = next
 		}
 	}
 	if off == len(buf) {
-		return off, nil
+		return off, nil, nil
 	}
 	nextValid, found := validAfter(buf, max(off, fileHeader-align), gen)
 	if !found && tornOK && int64(off) >= promised {
-		return off, nil
+		return off, nil, nil
 	}
 	what := "no intact records after it"
 	if found {
 		what = describeFrom(buf, nextValid, gen)
 	}
+	if l.opts.Quarantine {
+		d := &scanDamage{off: off, next: -1, msg: fmt.Sprintf("%s damaged at offset %d; %s", f.name, off, what)}
+		if found {
+			d.next = nextValid
+		}
+		return off, d, nil
+	}
 	if !l.opts.Repair {
-		return 0, fmt.Errorf("%w: %s damaged at offset %d; %s", ErrCorrupt, f.name, off, what)
+		return 0, nil, fmt.Errorf("%w: %s damaged at offset %d; %s", ErrCorrupt, f.name, off, what)
 	}
 	l.log.Error("segment: REPAIR: truncating a file at damage; everything after it is lost",
 		"file", f.name, "offset", off, "lost", what)
-	return off, nil
+	return off, nil, nil
 }
 
 // describeFrom names the groups and index ranges of the intact entries
@@ -353,7 +388,7 @@ func (l *Log) loadSegment(g *groupIndex, f *file, promised int64) error {
 	if err != nil {
 		return err
 	}
-	end, err := l.scan(f, buf, segMagic, true, promised, func(typ uint8, p []byte, off int) error {
+	end, dmg, err := l.scan(f, buf, segMagic, true, promised, func(typ uint8, p []byte, off int) error {
 		if typ == recFooter && f.version >= footerVersion && binary.LittleEndian.Uint64(p) == g.id {
 			f.footed = true // intact, though Open could not use it: sealed
 			return nil
@@ -375,6 +410,14 @@ func (l *Log) loadSegment(g *groupIndex, f *file, promised int64) error {
 	}
 	if err != nil {
 		return err
+	}
+	if dmg != nil {
+		// The group's own file: its damage. The file stays as it is (never
+		// cut, never appended to); the group is quarantined unless a remove
+		// record in the WAL drops it first (validate).
+		f.damaged, f.sealed = true, true
+		g.markDamage(DamagedGroup{File: f.name, Offset: int64(dmg.off), Why: dmg.msg})
+		return nil
 	}
 	if end < fileHeader {
 		end = 0 // nothing usable: remove it
@@ -424,14 +467,40 @@ func (l *Log) loadWAL(f *file, last bool) error {
 	if err != nil {
 		return err
 	}
-	end, err := l.scan(f, buf, walMagic, last, 0, func(typ uint8, p []byte, off int) error {
-		return l.replay(f, typ, p, off)
+	// After a damaged WAL file: every group in this one's checkpoint was
+	// alive when that one ended, so may have had records in its damage.
+	marking := l.qCkpt
+	l.qCkpt = nil
+	end, dmg, err := l.scan(f, buf, walMagic, last, 0, func(typ uint8, p []byte, off int) error {
+		if marking != nil && typ != recCheckpoint {
+			marking = nil // past the checkpoint
+		}
+		if err := l.replay(f, typ, p, off); err != nil {
+			return err
+		}
+		if marking != nil {
+			l.grp(binary.LittleEndian.Uint64(p)).markDamage(*marking)
+		}
+		return nil
 	})
+	if err == nil && dmg != nil {
+		err = l.damagedWAL(f, buf, dmg, last)
+	}
+	if err == nil && marking != nil && last && (end < len(buf) || end < fileHeader) {
+		// The checkpoint that follows a damaged WAL file is torn: the
+		// groups alive when that file ended are not all known.
+		err = fmt.Errorf("%w: %w: %s (after %s, damaged: the checkpoint that lists the groups it held is torn)",
+			ErrCorrupt, ErrUnattributable, f.name, marking.File)
+	}
 	if m != nil {
 		f.maps.release(m)
 	}
 	if err != nil {
 		return err
+	}
+	if dmg != nil {
+		f.damaged, f.head = true, fileHeader
+		return nil // kept whole: sealed, it goes once the quarantine is durable
 	}
 	if end < fileHeader {
 		// A WAL whose header never reached the disk holds nothing.
@@ -439,6 +508,41 @@ func (l *Log) loadWAL(f *file, last bool) error {
 	}
 	f.head = fileHeader
 	return l.cut(f, int64(end))
+}
+
+// damagedWAL decides whom damage in a WAL file (shared by every group)
+// affects, conservatively: every group alive while the file was written
+// may have had a record in the damaged part. Those are the groups known
+// when the damage is reached (the file's checkpoint lists every group
+// alive when it started), those with intact records after the damage, and
+// those in the next WAL file's checkpoint (alive when it ended). The
+// active (last) WAL file has no next one: a group created since its
+// checkpoint with records only in the damaged part would be missed, so
+// its damage is unattributable and refuses the open.
+func (l *Log) damagedWAL(f *file, buf []byte, d *scanDamage, last bool) error {
+	if last {
+		return fmt.Errorf("%w: %w: %s (the active WAL file: a group created since it started may have had records only in the damaged part)",
+			ErrCorrupt, ErrUnattributable, d.msg)
+	}
+	dg := DamagedGroup{File: f.name, Offset: int64(d.off),
+		Why: d.msg + "; a shared WAL file: every group alive while it was written is quarantined"}
+	for _, g := range l.groups {
+		g.markDamage(dg)
+	}
+	if d.next >= 0 {
+		for off := d.next; ; {
+			_, p, next, err := readRecord(buf, off, f.gen())
+			if err != nil {
+				break
+			}
+			if len(p) >= 8 {
+				l.grp(binary.LittleEndian.Uint64(p)).markDamage(dg)
+			}
+			off = next
+		}
+	}
+	l.qCkpt = &dg
+	return nil
 }
 
 // replay applies one WAL record to the index.
@@ -450,7 +554,15 @@ func (l *Log) replay(f *file, typ uint8, p []byte, recOff int) error {
 		}
 		g := l.grp(binary.LittleEndian.Uint64(p))
 		return forEntries(p, func(idx uint64, dataOff int) error {
-			return g.put(idx, f, uint32(recOff+recordHeader+dataOff))
+			err := g.put(idx, f, uint32(recOff+recordHeader+dataOff))
+			if err != nil && l.opts.Quarantine {
+				// Entries the group's earlier records do not lead to: its
+				// log lost something. Its damage, not the log's.
+				g.markDamage(DamagedGroup{File: f.name, Offset: int64(recOff),
+					Why: fmt.Sprintf("%s at offset %d: entry %d does not follow the group's log (last %d)", f.name, recOff, idx, g.last)})
+				return nil
+			}
+			return err
 		})
 	case recLive:
 		if len(p) < 12 || f.version < liveVersion {
@@ -497,7 +609,12 @@ func (l *Log) replay(f *file, typ uint8, p []byte, recOff int) error {
 		g.prevTerm = binary.LittleEndian.Uint64(p[24:])
 		g.cutFrom(g.last + 1)
 		g.hs = HardState{Term: binary.LittleEndian.Uint64(p[32:]), Vote: binary.LittleEndian.Uint64(p[40:]), Commit: binary.LittleEndian.Uint64(p[48:])}
-		g.hsSet = binary.LittleEndian.Uint64(p[56:])&1 != 0
+		flags := binary.LittleEndian.Uint64(p[56:])
+		g.hsSet = flags&ckptHardState != 0
+		if flags&ckptQuarantined != 0 {
+			g.markDamage(DamagedGroup{File: f.name, Offset: int64(recOff),
+				Why: "quarantined by an earlier open (its data was found damaged) and not removed since"})
+		}
 		f.head = int64(recOff + padded(recordHeader+len(p)))
 	default:
 		return fmt.Errorf("unknown record type %d", typ)
@@ -507,10 +624,32 @@ func (l *Log) replay(f *file, typ uint8, p []byte, recOff int) error {
 
 // validate checks that every group's raft log is wholly stored. A hole is
 // corruption (a segment file lost or damaged); with Options.Repair the
-// group's log is truncated at the hole.
+// group's log is truncated at the hole. With Options.Quarantine, a group
+// found damaged, with a hole, or whose hard state commits past its last
+// stored entry is quarantined.
 func (l *Log) validate() error {
+	if l.opts.Quarantine {
+		for _, id := range l.groupIDsLocked() {
+			g := l.groups[id]
+			if g.damage == nil && !g.empty() {
+				if hole, ok := g.firstHole(); !ok {
+					g.markDamage(DamagedGroup{Why: fmt.Sprintf("entries %d..%d of its raft log are missing", hole, g.last)})
+				}
+			}
+			if g.damage == nil && g.hsSet && g.hs.Commit > g.last {
+				g.markDamage(DamagedGroup{Why: fmt.Sprintf("its hard state commits entry %d, past its last stored entry %d", g.hs.Commit, g.last)})
+			}
+			if g.damage != nil {
+				l.quarantine(g)
+			}
+		}
+		return nil
+	}
 	for _, id := range l.groupIDsLocked() {
 		g := l.groups[id]
+		if g.damage != nil {
+			return fmt.Errorf("%w: group %d: %s (open with Options.Quarantine)", ErrCorrupt, id, g.damage.Why)
+		}
 		if g.empty() {
 			continue
 		}
@@ -525,4 +664,25 @@ func (l *Log) validate() error {
 		g.truncate(hole)
 	}
 	return nil
+}
+
+// quarantine takes a damaged group out of the log: nothing of it is
+// served or written until RemoveGroup. Its segment files stay on disk as
+// they are (held: the worker deletes them only once the group is
+// removed); its entries in WAL files are let go (those files are moved
+// and deleted as usual once the quarantine is durable in a checkpoint).
+func (l *Log) quarantine(g *groupIndex) {
+	for _, f := range g.segs {
+		f.held = true
+	}
+	for i := range g.runs {
+		g.runs[i].f.unref(g.runs[i].live)
+	}
+	clear(g.runs)
+	g.runs, g.seg = nil, nil
+	delete(l.groups, g.id)
+	l.quarantined[g.id] = g
+	d := g.damage
+	l.log.Error("segment: a group's stored data is damaged: quarantined (not opened, refused until removed; rebuild it from its replicas)",
+		"group", g.id, "file", d.File, "offset", d.Offset, "damage", d.Why)
 }

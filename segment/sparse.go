@@ -61,6 +61,10 @@ func (l *Log) AppendLive(group uint64, entries []Entry) error {
 		l.mu.Unlock()
 		return err
 	}
+	if err := l.quarantinedLocked(group); err != nil {
+		l.mu.Unlock()
+		return err
+	}
 	if s := l.shadow(group); entries[len(entries)-1].Index >= s.first {
 		l.mu.Unlock()
 		return fmt.Errorf("segment: AppendLive: group %d: index %d is not below its raft log, which starts at %d", group, entries[len(entries)-1].Index, s.first)
