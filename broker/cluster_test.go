@@ -187,11 +187,7 @@ func (c *testCluster) start(nd *clusterNode, ln net.Listener) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	l, err := segment.Open(nd.fs, "/data", segment.Options{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	store, err := replication.OpenSnapStore(l)
+	l, store, err := openNodeLog(nd.fs, "/data", nil) // as warrend opens it
 	if err != nil {
 		t.Fatal(err)
 	}

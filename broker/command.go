@@ -177,6 +177,12 @@ func reasonOf(err error) string {
 }
 
 func noQueue(q *Queue) Result {
+	if !q.gone && q.m == nil {
+		if e := q.replicaErr.Load(); e != nil {
+			// Its data here is damaged: refused, saying so.
+			return Result{Code: wire.PreconditionFailed, Reason: *e}
+		}
+	}
 	return Result{Code: wire.NotFound, Reason: "no queue " + strconv.Quote(q.name)}
 }
 
@@ -187,6 +193,9 @@ func (s *shard) deleteIf(q *Queue, ifUnused, ifEmpty bool, reason string) Result
 		code, reason := q.notHere()
 		return Result{Code: code, Reason: reason + "; if-unused and if-empty are checked there"}
 	case q.remote && !q.gone:
+	case !q.gone && q.m == nil && q.replicaErr.Load() != nil && !ifUnused && !ifEmpty:
+		// Refused here for damaged data: it can still be deleted (its
+		// damaged copy goes at the next start).
 	case q.gone || q.m == nil:
 		return noQueue(q)
 	case ifUnused && q.m.Consumers() > 0:

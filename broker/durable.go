@@ -125,6 +125,15 @@ func (s *shard) openDurable(q *Queue) {
 		s.openedGrps = map[uint64]struct{}{}
 	}
 	s.openedGrps[gid] = struct{}{}
+	if d, bad := dc.Log.Quarantined(gid); bad {
+		// Its data here is damaged (segment quarantine): the queue is
+		// refused (q.m stays nil), never opened short of what it held.
+		msg := damagedQueueMsg(q, d) + "; it refuses publishes and consumers (the other queues are served): restore this node's data or delete and declare the queue again"
+		s.b.log.Error("durable queue refused: its data is damaged", "vhost", VhostOf(q.name), "queue", LocalName(q.name),
+			"group", gid, "file", d.File, "offset", d.Offset, "damage", d.Why)
+		q.replicaErr.Store(&msg)
+		return
+	}
 	cfg := queue.ConfigFromArgs(q.args, q.autoDelete)
 	cfg.HoldDeadLetters = true // at-least-once dead-lettering (deadletter.go)
 	now := s.now
@@ -759,7 +768,11 @@ func (b *Broker) removeDeletedGroups(ctx context.Context) error {
 		keep[queueGroup(queue.QueueRef(id))] = struct{}{}
 	}
 	b.topo.mu.Unlock()
-	for _, gid := range dc.Log.Groups() {
+	gids := dc.Log.Groups()
+	for _, d := range dc.Log.Damaged() {
+		gids = append(gids, d.Group) // a deleted queue's damaged copy goes too
+	}
+	for _, gid := range gids {
 		if gid < QueueGroupBase {
 			continue
 		}

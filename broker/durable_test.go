@@ -58,6 +58,7 @@ type durSink struct {
 	confirms []*PublishBatch
 	got      []durDelivery
 	subs     []wire.Code
+	reasons  []string // the subscribes' refusals
 	answers  []Result
 	changed  chan struct{}
 }
@@ -91,9 +92,10 @@ func (k *durSink) Confirm(b *PublishBatch) {
 	k.mu.Unlock()
 	k.poke()
 }
-func (k *durSink) Subscribed(_ queue.ConsumerID, _ uint32, code wire.Code, _ string) {
+func (k *durSink) Subscribed(_ queue.ConsumerID, _ uint32, code wire.Code, reason string) {
 	k.mu.Lock()
 	k.subs = append(k.subs, code)
+	k.reasons = append(k.reasons, reason)
 	k.mu.Unlock()
 	k.poke()
 }

@@ -115,13 +115,27 @@ func (b *Broker) OpenMetaLog(ctx context.Context, cfg MetaLogConfig) error {
 
 // OpenNodeLog opens (creating it) the node's log in dir/log and its
 // snapshot store: the one log of the node, for OpenMetaLog and
-// Config.Durable alike (one SnapStore per log). Damage the log cannot
-// repair is an error naming the file (segment.ErrCorrupt). The caller
-// closes the log, after CloseMetaLog and Stop.
+// Config.Durable alike (one SnapStore per log). The caller closes the
+// log, after CloseMetaLog and Stop.
+//
+// Damage (segment.Options.Quarantine): a durable queue's group whose data
+// is damaged is quarantined, and the queue is refused by name when it
+// opens (openDurable; in a cluster its copy here is rebuilt from the other
+// replicas). Damage to the node's metadata (the metadata group, the
+// snapshot store) or damage the log cannot attribute to groups is an
+// error naming the file (segment.ErrCorrupt): the node does not start.
 func OpenNodeLog(dir string, logger *slog.Logger) (*segment.Log, *replication.SnapStore, error) {
-	path := filepath.Join(dir, "log")
-	l, err := segment.Open(segment.OSFS{}, path, segment.Options{Logger: logger})
+	return openNodeLog(segment.OSFS{}, filepath.Join(dir, "log"), logger)
+}
+
+// openNodeLog is OpenNodeLog over fs, in path.
+func openNodeLog(fs segment.FS, path string, logger *slog.Logger) (*segment.Log, *replication.SnapStore, error) {
+	l, err := segment.Open(fs, path, segment.Options{Logger: logger, Quarantine: true})
 	if err != nil {
+		return nil, nil, fmt.Errorf("opening the log in %s: %w", path, err)
+	}
+	if err := metadataDamage(l.Damaged()); err != nil {
+		_ = l.Close()
 		return nil, nil, fmt.Errorf("opening the log in %s: %w", path, err)
 	}
 	store, err := replication.OpenSnapStore(l)
@@ -186,4 +200,46 @@ func (t *topology) logLocked(c *MetaCommand, effs []MetaEffect) {
 			return
 		}
 	}
+}
+
+// metadataDamage is the error for damaged groups that are not durable
+// queues' (nil when every damaged group is a queue's): the metadata
+// group, the snapshot store of every group, or any other group below
+// QueueGroupBase. The node cannot start without them.
+func metadataDamage(damaged []segment.DamagedGroup) error {
+	var queues int
+	for _, d := range damaged {
+		if d.Group >= QueueGroupBase {
+			queues++
+		}
+	}
+	for _, d := range damaged {
+		if d.Group >= QueueGroupBase {
+			continue
+		}
+		what := fmt.Sprintf("raft group %d", d.Group)
+		switch d.Group {
+		case replication.MetaGroupID:
+			what = "the metadata group (exchanges, queues, bindings, users; raft group 2)"
+		case replication.SnapStoreGroup:
+			what = "the snapshot store of every raft group (raft group 1)"
+		}
+		also := ""
+		if queues > 0 {
+			also = fmt.Sprintf("; the damage also reaches %d durable queue(s)", queues)
+		}
+		return fmt.Errorf("%w: the metadata of this node is damaged: %s, in %s at offset %d: %s%s; refusing to start: rebuild this node from its peers (remove it from the cluster, delete its data, join it again) or restore its data",
+			segment.ErrCorrupt, what, d.File, d.Offset, d.Why, also)
+	}
+	return nil
+}
+
+// damagedQueueMsg is why a durable queue whose group the log quarantined
+// is refused here (log, clients, admin API).
+func damagedQueueMsg(q *Queue, d segment.DamagedGroup) string {
+	where := d.File
+	if where != "" {
+		where = fmt.Sprintf(" (%s at offset %d)", d.File, d.Offset)
+	}
+	return fmt.Sprintf("queue %q in vhost %q: its data on this node is damaged%s: %s", LocalName(q.name), VhostOf(q.name), where, d.Why)
 }

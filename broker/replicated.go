@@ -2,6 +2,7 @@ package broker
 
 import (
 	"context"
+	"errors"
 	"maps"
 	"slices"
 	"strconv"
@@ -119,9 +120,21 @@ func (s *shard) openReplicated(q *Queue) (handled bool) {
 	now := s.now
 	replayTo := dc.Log.LastIndex(gid)
 	sink := func(a *replication.Applied) { s.applied(q, a) }
-	g, err := s.rw.Recover(gid, dc.Snapshots, q.firstConf(), func() *queue.Machine { return queue.New(cfg, now) }, sink)
+	var g *replication.Group
+	var err error
+	if d, bad := dc.Log.Quarantined(gid); bad {
+		// Its data here is damaged (segment quarantine): never opened short
+		// of what it acknowledged; rebuilt from the other replicas.
+		err = errors.New(damagedQueueMsg(q, d))
+		s.b.log.Error("replicated queue refused on this node: its data here is damaged; it serves nothing of it, and it is rebuilt from the other replicas, which serve the queue",
+			"vhost", VhostOf(q.name), "queue", LocalName(q.name), "group", gid, "file", d.File, "offset", d.Offset, "damage", d.Why)
+	} else {
+		g, err = s.rw.Recover(gid, dc.Snapshots, q.firstConf(), func() *queue.Machine { return queue.New(cfg, now) }, sink)
+		if err != nil {
+			s.b.log.Error("replicated queue not opened: this node's replica is damaged or unreadable; it serves nothing of it, and it is rebuilt from the other replicas, which serve the queue", "queue", q.name, "group", gid, "err", err)
+		}
+	}
 	if err != nil {
-		s.b.log.Error("replicated queue not opened: this node's replica is damaged or unreadable; it serves nothing of it, and it is rebuilt from the other replicas, which serve the queue", "queue", q.name, "group", gid, "err", err)
 		msg := err.Error()
 		q.replicaErr.Store(&msg)
 		q.opened = true

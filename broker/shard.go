@@ -714,7 +714,8 @@ func (s *shard) subscribe(q *Queue, k Sink, spec queue.ConsumerSpec, req uint32)
 		return
 	}
 	if q.gone || q.m == nil {
-		k.Subscribed(spec.ID, req, wire.NotFound, "no queue "+q.name)
+		r := noQueue(q)
+		k.Subscribed(spec.ID, req, r.Code, r.Reason)
 		return
 	}
 	if q.grp != nil { // answered at apply
