@@ -3,6 +3,7 @@ package broker
 import (
 	"slices"
 
+	"github.com/warren-mq/warren/replication"
 	"github.com/warren-mq/warren/wire"
 
 	"go.etcd.io/raft/v3/raftpb"
@@ -29,11 +30,14 @@ import (
 //  5. once the voters are the target, the leader reports it to the
 //     metadata group (MetaReplicasMoved), which makes the target the
 //     queue's replicas. A node then no longer holding a replica closes
-//     the group and deletes its copy (its log and snapshot): only then,
-//     when the group's configuration no longer has it (a node that
-//     deleted its copy while a leader still counted what it acknowledged
-//     would break raft, were it added back: raft panics on a commit
-//     index past a follower's log).
+//     the group and deletes its copy (its log and snapshot) once no
+//     leader has sent it anything for dropQuietTicks (dropDue: a copy
+//     deleted while a leader still counts what it acknowledged, were it
+//     added back, would get a commit index past its log).
+//
+// A member that lost what it acknowledged (its copy deleted and opened
+// empty while this leader counted it: replication/lost.go) is first
+// taken out of the group; step 3 then adds it back as a new learner.
 //
 // A change proposed and not seen applied within moveRetryTicks (lost with
 // a change of leader, or dropped by raft) is proposed again, as is a
@@ -76,7 +80,7 @@ type moveState struct {
 
 // track notes whether q has a move pending.
 func (m *shardMoves) track(q *Queue) {
-	if q.grp == nil || q.gone || q.target == nil && !q.move.drop && len(q.rebuild) == 0 && !(q.leading && !slices.Equal(q.grp.Conf().Voters, q.replicas)) {
+	if q.grp == nil || q.gone || q.target == nil && !q.move.drop && len(q.rebuild) == 0 && !(q.leading && !slices.Equal(q.grp.Conf().Voters, q.replicas)) && lostPeer(q) == 0 {
 		delete(m.queues, q)
 		return
 	}
@@ -144,25 +148,57 @@ func (s *shard) placementChanged(q *Queue, mq *MetaQueue) {
 	s.moves.track(q)
 }
 
-// dropQuietTicks: a replica the metadata moved away that still counts
-// itself a member is deleted once no leader has sent it anything for
-// this many ticks (3 election timeouts).
+// dropQuietTicks: a replica the metadata moved away is deleted once no
+// leader has sent it anything for this many ticks (3 election timeouts).
 const dropQuietTicks = 30
 
 // dropDue reports whether this node's copy of q, which the metadata moved
-// away, may go now: not while the group's leader still counts it. The
+// away, may go now: not while a leader of the group still counts it. The
 // metadata says a move is done once the reporting leader's configuration
 // had this node no more, but this node may read that late (a restart
 // replays its metadata log) while a leader has since added it back, or
-// another leader has not applied its removal yet: deleting a copy a
-// leader counts would make raft panic once the node is added back (a
-// commit index past its log), and unsafe. So the copy goes when the
-// group's configuration here no longer has this node, or no leader has
-// sent it anything for dropQuietTicks (a node removed that did not hear
-// of it: the leader no longer sends to it).
+// another leader has not applied its removal yet; and the configuration
+// this node applied is no better a witness: it may have applied its
+// removal and not yet the entry that added it back, while the leader
+// already counts the entries it acknowledged after that removal (CI's
+// `tocommit(3) is out of range [lastIndex(0)]`: the copy was deleted
+// then, opened empty once the metadata caught up, and raft panicked on
+// the leader's next heartbeat; replication.TestCopyDeletedWhileCounted).
+// So the copy goes only once no leader has sent it anything for
+// dropQuietTicks: a leader that counts a node sends it a heartbeat every
+// two ticks. A leader that counts it and was cut off from it that long
+// (a partition) no longer breaks raft either: the empty copy tells it,
+// and it takes the node out and adds it back new (replication/lost.go,
+// reconcile).
 func (s *shard) dropDue(q *Queue) bool {
+	return !q.grp.LedWithin(dropQuietTicks)
+}
+
+// lostPeer is a member of q's group, as its leader here sees it, that lost
+// entries it had acknowledged (0: none): it is taken out of the group and
+// added back as a new learner (replication/lost.go).
+func lostPeer(q *Queue) uint64 {
 	g := q.grp
-	return !g.Member() || !g.LedWithin(dropQuietTicks)
+	if g == nil || !q.leading {
+		return 0
+	}
+	c := g.Conf()
+	for _, set := range [][]uint64{c.Voters, c.Learners, c.VotersOutgoing, c.LearnersNext} {
+		for _, n := range set {
+			if g.PeerLostLog(n) {
+				return n
+			}
+		}
+	}
+	return 0
+}
+
+// peerLost is the worker's PeerLost: q's leader here found that peer lost
+// what it acknowledged; reconcile takes it out and adds it back.
+func (s *shard) peerLost(g *replication.Group, peer uint64) {
+	if q := s.byGroup[g.ID()]; q != nil && q.grp == g {
+		s.moves.track(q)
+	}
 }
 
 // dropReplica closes this node's copy of q, which the metadata moved to
@@ -255,6 +291,12 @@ func (s *shard) reconcile(q *Queue) {
 		}
 		mv.at, mv.conf = now, conf
 		s.b.log.Info("replicated queue: moving replicas", "queue", q.name, "step", what, "node", node, "voters", conf.Voters, "learners", conf.Learners, "target", target)
+	}
+	if n := lostPeer(q); n != 0 && n != me {
+		// It lost what it acknowledged: out, then back as a new learner
+		// (below, in a later step), whose progress starts from nothing.
+		step("remove a replica that lost its log", n, raftpb.ConfChangeSingle{Type: raftpb.ConfChangeRemoveNode, NodeID: n})
+		return
 	}
 	for _, l := range conf.Learners {
 		if !slices.Contains(target, l) {

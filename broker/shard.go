@@ -116,6 +116,7 @@ func (s *shard) startWorker() {
 		Post:          func(fn func()) { s.submit(Command{Kind: cmdPost, post: fn}) },
 		Send:          dc.Send,
 		LeaderChanged: s.leaderChanged,
+		PeerLost:      s.peerLost,
 		Installed:     s.installed,
 		SendSnapshot:  s.sendSnapshot(dc.SendSnapshot),
 	})

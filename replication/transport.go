@@ -39,6 +39,12 @@ func (w *Worker) Step(gid uint64, m raftpb.Message) error {
 	if m.Type == raftpb.MsgSnap {
 		return fmt.Errorf("replication: group %d: a MsgSnap from %d without its data: snapshots come through StepSnapshot", gid, m.From)
 	}
+	switch {
+	case m.Type == raftpb.MsgHeartbeat && m.Commit > g.st.last:
+		g.commitPastLog(&m) // (raft would panic: lost.go)
+	case m.Type == raftpb.MsgAppResp && m.Reject && g.leader && g.checkLost(m):
+		return nil // (lost.go)
+	}
 	if err := g.rn.Step(m); err != nil {
 		return fmt.Errorf("replication: group %d: %v from %d: %w", gid, m.Type, m.From, err)
 	}

@@ -100,6 +100,12 @@ type WorkerConfig struct {
 	// leader (0: none known), leader whether it is this node. Commands
 	// added from it go into the group's next proposal.
 	LeaderChanged func(g *Group, lead uint64, leader bool)
+	// PeerLost (optional) hears, on the shard, that this node leads the
+	// group and peer lost entries it had acknowledged (its copy deleted
+	// and opened empty while this leader still counted it: lost.go). The
+	// leader takes it out of the group (ProposeConf) and adds it back as
+	// a new learner, whose progress starts from nothing.
+	PeerLost func(g *Group, peer uint64)
 	// MaxUncommittedBytes is raft's limit on a group's uncommitted entry
 	// bytes (0: 64 MiB, design §3.7); the worker paces proposals below
 	// half of it.
@@ -148,6 +154,11 @@ type Group struct {
 	lead    uint64            // the leader raft last reported (0: none known)
 	heard   map[uint64]uint64 // peer → the worker's tick it was last heard from (Step)
 	ledAt   uint64            // the worker's tick a leader's append, heartbeat or snapshot last came (Step; move.go)
+	// lost: as leader, the peers that lost entries they acknowledged
+	// (lost.go); lostTerm, lostCommit: as follower, the term of the last
+	// heartbeat whose commit was past this copy's log, and that commit.
+	lost                 map[uint64]bool
+	lostTerm, lostCommit uint64
 	// commitIdx and appliedIdx mirror raft's commit index and the FSM's
 	// applied index for readers on other goroutines (Indexes).
 	commitIdx, appliedIdx atomic.Uint64
@@ -536,6 +547,7 @@ func (w *Worker) process(g *Group, now int64) {
 		g.leader = rd.SoftState.RaftState == raft.StateLeader
 		if g.leader != was {
 			g.dropHanded()
+			g.lost = nil // a new leader's progress starts from nothing
 		}
 		if g.leader && !was {
 			// A new term: nothing is proposed in it yet. What this node
@@ -670,12 +682,14 @@ func (g *Group) apply(ents []raftpb.Entry) error {
 				return fmt.Errorf("replication: group %d: conf change %d: %w", g.id, e.Index, err)
 			}
 			g.conf = *g.rn.ApplyConfChange(cc)
+			g.forgetLost()
 		case raftpb.EntryConfChangeV2:
 			var cc raftpb.ConfChangeV2
 			if err := cc.Unmarshal(e.Data); err != nil {
 				return fmt.Errorf("replication: group %d: conf change %d: %w", g.id, e.Index, err)
 			}
 			g.conf = *g.rn.ApplyConfChange(cc)
+			g.forgetLost()
 		}
 		if _, err := g.fsm.Apply(e.Index, data); err != nil {
 			return fmt.Errorf("replication: group %d: %w", g.id, err)
@@ -767,6 +781,9 @@ func (g *Group) send(msgs []raftpb.Message) {
 		if m.Type == raftpb.MsgSnap {
 			g.sendSnapshot(m) // with its data and live entries (install.go)
 			continue
+		}
+		if m.Type == raftpb.MsgAppResp && m.Reject && m.Term == g.lostTerm && g.st.last < g.lostCommit {
+			m.Commit = g.lostCommit // (lost.go)
 		}
 		msgs[n] = m
 		n++
