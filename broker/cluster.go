@@ -147,8 +147,9 @@ func (m *clusterMachine) SetMembers(ids []uint64) {
 // state the log holds committed, installs it, and starts the group. It
 // does not wait for a leader (there may be none until the other nodes
 // start): Broker.MetaStatus says when this node has one and is caught up.
-// No NodeUp is logged: non-durable entities outlive a node's restart in a
-// cluster (not built yet: dropping a node's own).
+// No NodeUp is logged: non-durable exchanges outlive a node's restart in
+// a cluster; its non-durable and exclusive queues are dropped by the
+// MetaDropHome it proposes once it has a leader (homed.go).
 func (b *Broker) openClusterMeta(ctx context.Context, cfg MetaLogConfig) error {
 	t := b.topo
 	t.restoring.Store(true)
@@ -183,7 +184,11 @@ func (b *Broker) openClusterMeta(ctx context.Context, cfg MetaLogConfig) error {
 		cl.timeout = DefaultMetaTimeout
 	}
 	if dc := b.cfg.Durable; dc != nil && dc.NodeID != 0 {
-		cl.tickQueues, cl.balance, cl.place = b.tickGroups, b.balanceLeaders, t.placeIfNeeded
+		cl.tickQueues, cl.balance = b.tickGroups, b.balanceLeaders
+		cl.place = func() {
+			t.placeIfNeeded()
+			t.dropDeadHomes(dc.NodeID, b.homeInc())
+		}
 	}
 	g, err := replication.OpenMeta(replication.MetaConfig{
 		Log: cfg.Log, Snapshots: cfg.Snapshots, Machine: m,
@@ -391,6 +396,10 @@ func (t *topology) clusterSync(ctx context.Context, cl *metaCluster) error {
 // drawn here and carried in the command, as on one node.
 func (t *topology) clusterDeclareQueue(cl *metaCluster, d *wire.QueueDeclare, owner uint64, user string) (*Queue, error) {
 	c := MetaCommand{Op: MetaDeclareQueue, User: user, Conn: owner, Queue: *d}
+	if dc := t.shards[0].b.cfg.Durable; !placed(d) && dc != nil && dc.NodeID != 0 {
+		// It lives on this node (homed.go).
+		c.Home, c.HomeInc = dc.NodeID, t.shards[0].b.homeInc()
+	}
 	if d.Name == "" && !d.Passive {
 		if _, err := wire.ParseQueueArgs(d.Args); err != nil {
 			return nil, err

@@ -32,8 +32,10 @@ import (
 // cannot tell whether it arrived:
 //
 //   - the queue's leader changed (a replica hears it from raft), or the
-//     node asked answers that it does not lead (naming the leader): every
-//     unconfirmed part goes to the new leader;
+//     node asked answers that it does not lead, or holds no copy of the
+//     queue (its replica moved away, or the queue lives on another node:
+//     homed.go), naming the leader: every unconfirmed part goes to the
+//     node named;
 //   - the leader found a part missing before one it got (a gap: lost with
 //     a connection, or with a log entry a leader change dropped): it
 //     answers resend, and every unconfirmed part goes again;
@@ -60,12 +62,17 @@ import (
 //
 //	publish: 'P' | enqueuer u64 | inc u64 | queue id u64 | qseq u64 | try u32 | n u32 |
 //	         n × (size u32 | priority u8 | hasExp u8 | expMs u32 | dedup u64 | len u32 | the message's log form)
-//	confirm: 'C' | enqueuer u64 | inc u64 | queue id u64 | qseq u64 | leader u64 | refused u8 | n u32 | n × code u32
+//	confirm: 'C' | enqueuer u64 | inc u64 | queue id u64 | qseq u64 | leader u64 | refused u8 | n u32 | n × code u32 | try u32
 //	resend:  'R' | enqueuer u64 | inc u64 | queue id u64 | qseq u64 | try u32 | from u64 | leader u64
 //	busy:    'B' | enqueuer u64 | inc u64 | queue id u64 | qseq u64
 //	down:    'D' | enqueuer u64 | inc u64 | queue id u64
 //
-// A confirm with refused 1 applied nothing. A resend answers the part
+// A confirm with refused 1 applied nothing; try is the send it answers
+// (absent from an earlier version's: read as 0, any), and a refusal of a
+// send before the last is ignored (the last send's answer counts). A
+// part forwarded to a queue that is not replicated goes to its home
+// (homed.go), which enqueues it and confirms it at once, with the same
+// per-enqueuer rules kept in memory. A resend answers the part
 // (qseq, try): from 0, "not the leader: send to leader"; else "missing
 // from qseq from: send again". try counts a part's sends, so that the
 // answers to sends made before the last resend are told apart and
@@ -276,6 +283,12 @@ func (s *shard) refusedFrom(st *fwdStream, i int) {
 	}
 }
 
+// firstOf is the position of st's first part of incarnation inc (one
+// is there).
+func (st *fwdStream) firstOf(inc uint64) int {
+	return slices.IndexFunc(st.parts, func(p *fwdPart) bool { return p.inc == inc })
+}
+
 // findPart is the position of st's part (inc, qseq), or -1.
 func (st *fwdStream) findPart(inc, qseq uint64) int {
 	i, ok := slices.BinarySearchFunc(st.parts, [2]uint64{inc, qseq}, func(p *fwdPart, k [2]uint64) int {
@@ -313,13 +326,14 @@ func (s *shard) answered(qid queue.QueueRef, a fwdAnswer) {
 		return // answered already
 	}
 	p := st.parts[i]
-	if a.lead != 0 && q.remote {
-		q.lead.Store(a.lead) // a node with no replica learns the leader only this way
-	}
+	q.learnLeader(a.lead) // a node with no replica learns the leader only this way
 	switch {
 	case a.busy:
 		// Held here: the resend interval sends it again (checkForwards).
 		s.b.fwdBusy.Add(1)
+	case !a.resend && a.refused && a.try != 0 && a.try != p.try:
+		// A refusal of a send made before the last (to a node that no
+		// longer had the queue, say): the last send's answer counts.
 	case !a.resend && a.refused:
 		s.refusedFrom(st, i)
 	case !a.resend:
@@ -330,6 +344,12 @@ func (s *shard) answered(qid queue.QueueRef, a fwdAnswer) {
 	case a.from == 0 && a.lead == s.nodeID() && q.replicated && !q.leads():
 		// Named leader by a node that heard it before this one did: the
 		// change of leader will resend.
+	case a.from != 0 && a.from < st.parts[st.firstOf(p.inc)].qseq:
+		// It misses what it confirmed before: it forgot the stream (a
+		// queue living on a node that restarted: homed.go). Those
+		// cannot be sent again: the rest is nacked and the stream
+		// starts over.
+		s.refusedFrom(st, st.firstOf(p.inc))
 	default:
 		to := a.lead
 		if to == 0 {
@@ -338,6 +358,21 @@ func (s *shard) answered(qid queue.QueueRef, a fwdAnswer) {
 		s.resendAll(st, to)
 	}
 	s.flushEffects()
+}
+
+// learnLeader notes the leader a peer named for q, on a node with no
+// copy of it (it learns the leader no other way). A queue that lives on
+// one node (homed.go) keeps its home.
+func (q *Queue) learnLeader(lead uint64) {
+	if lead != 0 && q.remote && q.home == 0 {
+		q.lead.Store(lead)
+	}
+}
+
+// forwarded reports whether batch is a part another node forwarded here.
+func forwarded(batch *PublishBatch) bool {
+	_, ok := batch.Sink.(*fwdSink)
+	return ok
 }
 
 // leaderMoved resends the unconfirmed parts to q when its raft group
@@ -439,8 +474,11 @@ func (b *Broker) enqueuerDown(from uint64, p []byte) {
 		return
 	}
 	q.shard.submit(Command{Kind: cmdPost, post: func() {
-		if !q.gone && q.replicated && q.leads() {
+		switch {
+		case !q.gone && q.replicated && q.leads():
 			_, _ = q.grp.AddEnqueuerDown(enq, inc)
+		case !q.gone && q.home != 0:
+			q.homeEnqueuerDown(enq, inc)
 		}
 	}})
 }
@@ -528,6 +566,9 @@ func (b *Broker) forwardAnswer(p []byte) {
 		for i := range a.codes {
 			a.codes[i] = binary.LittleEndian.Uint32(p[fwdConfirmHeader+4*i:])
 		}
+		if end := fwdConfirmHeader + 4*n; len(p) >= end+4 {
+			a.try = binary.LittleEndian.Uint32(p[end:]) // the send it answers (0 from a node that does not say)
+		}
 	case 'B':
 		if len(p) != fwdBusyLen {
 			return
@@ -585,7 +626,18 @@ func (b *Broker) forwardedPublish(from uint64, p []byte) {
 			batch.PartDone()
 		}
 		switch {
-		case q.gone || !q.replicated || q.m == nil:
+		case q.gone:
+			k.refused = true
+			refuse()
+			return
+		case q.remote:
+			// No copy here (its replica moved away, or it lives on
+			// another node): the origin sends it to the node this one
+			// names, which it may not have known.
+			k.redirect, k.lead = true, s.redirectTo(q)
+			refuse()
+			return
+		case q.m == nil || !q.replicated && q.home == 0:
 			k.refused = true
 			refuse()
 			return
@@ -597,6 +649,9 @@ func (b *Broker) forwardedPublish(from uint64, p []byte) {
 			k.busy = true // held back as this node's own publishers are
 			refuse()
 			return
+		case q.grp == nil:
+			s.enqueueForwarded(q, items, batch, k) // it lives here (homed.go)
+			return
 		}
 		q.published.Add(uint64(len(items)))
 		w := s.enqueueDurable(q, items, batch, nil, nil, &k.origin)
@@ -606,6 +661,21 @@ func (b *Broker) forwardedPublish(from uint64, p []byte) {
 			batch.PartDone()
 		}
 	}})
+}
+
+// redirectTo is where this node, which holds no copy of q, sends the
+// parts forwarded to it: the leader it knows, else a replica (which names
+// the leader if it is not it); never itself.
+func (s *shard) redirectTo(q *Queue) uint64 {
+	if l := q.lead.Load(); l != 0 && l != s.nodeID() {
+		return l
+	}
+	for _, n := range q.replicas {
+		if n != s.nodeID() {
+			return n
+		}
+	}
+	return 0
 }
 
 // parseForwarded reads n forwarded messages for queue q (views of p).
@@ -730,6 +800,7 @@ func (k *fwdSink) Confirm(batch *PublishBatch) {
 			}
 			p = binary.LittleEndian.AppendUint32(p, code)
 		}
+		p = binary.LittleEndian.AppendUint32(p, k.try)
 	}
 	if k.to == k.b.cfg.Durable.NodeID {
 		k.b.forwardAnswer(p) // this node's own part (it leads the queue now)

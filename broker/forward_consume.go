@@ -281,6 +281,11 @@ func (s *shard) countWait(q *Queue, d int) {
 // fwdSubscribe subscribes the client's consumer on q's leader; with none
 // known it waits for one.
 func (s *shard) fwdSubscribe(q *Queue, k Sink, spec queue.ConsumerSpec, req uint32) {
+	if q.home != 0 && q.exclusive != 0 {
+		code, reason := homeRefusal(q)
+		k.Subscribed(spec.ID, req, code, reason)
+		return
+	}
 	lead := s.knownLeader(q)
 	if lead == 0 {
 		if code, reason, ok := s.mayWait(q); !ok {
@@ -713,6 +718,11 @@ func sortedLinks(m map[uint64]*servedLink) []uint64 {
 // fwdPurge forwards a purge of q to its leader; with none known it
 // waits for one.
 func (s *shard) fwdPurge(q *Queue, k Sink, req uint64) {
+	if q.home != 0 && q.exclusive != 0 {
+		code, reason := homeRefusal(q)
+		k.Answer(req, Result{Code: code, Reason: reason})
+		return
+	}
 	lead := s.knownLeader(q)
 	if lead == 0 {
 		if code, reason, ok := s.mayWait(q); !ok {
@@ -782,9 +792,7 @@ func (s *shard) purgeMoved(from, id, lead uint64) {
 		s.endPurge(id, Result{Code: code, Reason: reason + "; the nodes asked did not lead it"})
 		return
 	}
-	if lead != 0 && w.q.remote {
-		w.q.lead.Store(lead)
-	}
+	w.q.learnLeader(lead)
 	if lead != 0 && lead != from {
 		s.sendPurge(id, lead)
 		return
@@ -856,9 +864,7 @@ func (s *shard) fromLeader(from uint64, p []byte) {
 		code := wire.Code(binary.LittleEndian.Uint32(p))
 		lead := binary.LittleEndian.Uint64(p[4:])
 		moved := p[12] != 0
-		if lead != 0 && ol.q.remote {
-			ol.q.lead.Store(lead)
-		}
+		ol.q.learnLeader(lead)
 		if code == wire.OK {
 			ol.redirects = 0
 			if !ol.told {
@@ -898,9 +904,7 @@ func (s *shard) fromLeader(from uint64, p []byte) {
 		if len(p) >= 8 {
 			lead = binary.LittleEndian.Uint64(p)
 		}
-		if lead != 0 && ol.q.remote {
-			ol.q.lead.Store(lead)
-		}
+		ol.q.learnLeader(lead)
 		if lead == from {
 			lead = 0
 		}
@@ -1096,7 +1100,9 @@ func (s *shard) forLeader(from uint64, q *Queue, p []byte) {
 	op := p[1]
 	id := binary.LittleEndian.Uint64(p[2:])
 	p = p[18:]
-	here := !q.gone && !q.remote && q.replicated && q.leads()
+	// A replicated queue this node leads, or one that lives here
+	// (homed.go).
+	here := !q.gone && !q.remote && q.m != nil && q.leads() && (q.replicated || q.home != 0)
 	if op == 'U' {
 		if !here && !q.gone {
 			// The origin follows it (it knew an earlier leader).
@@ -1164,14 +1170,25 @@ func (s *shard) forLeader(from uint64, q *Queue, p []byte) {
 			return
 		}
 		n := int(binary.LittleEndian.Uint32(p))
-		if n > (len(p)-4)/21 || q.gone || q.m == nil || q.grp == nil {
+		if n > (len(p)-4)/21 || q.gone || q.m == nil {
 			return
 		}
 		for i := range n {
 			e := p[4+21*i:]
 			s.settleCmd = queue.Settle{NowMs: s.now, Consumer: queue.ConsumerID(id), Op: wire.SettleOp(e[0]),
 				First: max(1, binary.LittleEndian.Uint64(e[1:])), Last: binary.LittleEndian.Uint64(e[9:]), ArgMs: binary.LittleEndian.Uint32(e[17:])}
-			_, _ = q.grp.Add(&s.settleCmd) // encoded at once; an unknown tag is ignored at apply
+			if q.grp != nil {
+				_, _ = q.grp.Add(&s.settleCmd) // encoded at once; an unknown tag is ignored at apply
+				continue
+			}
+			// A queue that lives here (homed.go): applied now.
+			if effs, err := q.m.Apply(&s.settleCmd); err == nil {
+				s.handle(q, effs)
+				s.forgetIfGone(q, queue.ConsumerID(id))
+			}
+			if q.gone || q.m == nil {
+				return // settled into an auto-delete
+			}
 		}
 	case 'X':
 		if len(p) < 1 {

@@ -161,16 +161,22 @@ func TestClusterJoin(t *testing.T) {
 // TestClusterLeave: removing a follower stops it (it says so, and is not
 // ready); its id is never reused; removing an unknown node, the same node
 // again, or the last voter is refused; the leader leaving hands its
-// leadership on first.
+// leadership on first. The non-durable queues that lived on a removed
+// node are gone with it (homed.go).
 func TestClusterLeave(t *testing.T) {
 	c := newTestCluster(t, 3)
 	lead := c.leader()
 	ctx := context.Background()
 	gone := c.nodes[lead.id%3]
+	if _, err := gone.b.Load().DeclareQueueAs(&wire.QueueDeclare{Name: "its"}, 0, ""); err != nil {
+		t.Fatal(err)
+	}
+	c.sees(lead, "queue its durable=false")
 	if err := lead.b.Load().RemoveNode(ctx, gone.id); err != nil {
 		t.Fatal(err)
 	}
 	c.waitFor("the removed node knows it", func() bool { return gone.b.Load().MetaRemoved() })
+	c.waitFor("the removed node's queue dropped", func() bool { return !hasQueue(lead, "its") })
 	if gone.b.Load().MetaReady() {
 		t.Fatal("a removed node says it is ready")
 	}

@@ -55,6 +55,9 @@ type Meta struct {
 	nodes    []uint64
 	replicaN map[uint64]int
 	prefN    map[uint64]int
+	// homes counts the queues each home node incarnation holds (derived
+	// from queues: not in snapshots; homed.go).
+	homes map[homeKey]int
 	// draining: nodes being decommissioned (moves.go), ascending: no
 	// replica is placed on them, and every one they hold moves off.
 	draining []uint64
@@ -141,6 +144,12 @@ type metaQueue struct {
 	// rebuild: nodes whose copy is damaged, to be removed from the group
 	// and added back fresh (moves.go), sorted
 	rebuild []uint64
+	// home: the one node holding a queue that is not placed (non-durable
+	// or exclusive) in a cluster, the node whose client declared it, and
+	// homeInc that node's incarnation then (homed.go); 0 on one node, for
+	// a placed queue, and for one declared before homes existed (each
+	// node keeps its own copy of those).
+	home, homeInc uint64
 }
 
 type metaBinding struct {
@@ -193,6 +202,11 @@ const (
 	// replica (moves.go).
 	MetaRebuildReplica MetaOp = 15
 	MetaRebuildDone    MetaOp = 16
+	// MetaDropHome: the queues whose home is node Home are gone with it
+	// (homed.go): those of every incarnation but HomeInc (0: every one:
+	// the node was removed). The node proposes it as it restarts, the
+	// metadata leader for a node removed from the cluster.
+	MetaDropHome MetaOp = 17
 )
 
 // MetaCommand is one request to the metadata state machine, as data: it
@@ -229,6 +243,10 @@ type MetaCommand struct {
 	// Replicas: MetaReplicasMoved's voters, sorted; MetaPlaceReplicas'
 	// nodes to drain.
 	Replicas []uint64
+	// Home and HomeInc: MetaDeclareQueue's declaring node and its
+	// incarnation, in a cluster (0 on one node); MetaDropHome's node and
+	// the incarnation whose queues stay.
+	Home, HomeInc uint64
 }
 
 // MetaResult is what a command answers: a refusal (Code not OK, with its
@@ -327,6 +345,10 @@ type MetaQueue struct {
 	Origin []uint64
 	// Rebuild: nodes whose copy is being rebuilt (moves.go).
 	Rebuild []uint64
+	// Home: the node holding a queue that is not placed, in a cluster,
+	// and HomeInc its incarnation when it declared it (homed.go); 0 when
+	// none.
+	Home, HomeInc uint64
 }
 
 // MetaLimits bound how many queues, exchanges and bindings the broker
@@ -438,6 +460,7 @@ func (m *Meta) reset() {
 	m.vqueues = map[string]int{}
 	m.replicaN = map[uint64]int{}
 	m.prefN = map[uint64]int{}
+	m.homes = map[homeKey]int{}
 }
 
 // forgetExclusive uncounts a removed queue's owner, if it had one.
@@ -484,6 +507,8 @@ func (m *Meta) Apply(c *MetaCommand) (MetaResult, []MetaEffect) {
 		return m.replicasMoved(c)
 	case MetaRebuildReplica, MetaRebuildDone:
 		return m.rebuildReplica(c)
+	case MetaDropHome:
+		return m.dropHome(c)
 	}
 	return refuse(wire.InvalidArgument, "unknown metadata operation "+strconv.Itoa(int(c.Op))), nil
 }
@@ -670,6 +695,9 @@ func (m *Meta) declareQueue(c *MetaCommand) (MetaResult, []MetaEffect) {
 	}
 	if placed(d) {
 		m.place(q, int(args.Replicas))
+	} else if c.Home != 0 {
+		q.home, q.homeInc = c.Home, c.HomeInc
+		m.count(q, 1)
 	}
 	m.queues[name] = q
 	m.countQueue(name, 1)
@@ -702,7 +730,8 @@ func (m *Meta) ShardOf(name string) int { return int(xxhash.Sum64String(name) % 
 
 func (q *metaQueue) public(args wire.QueueArgs) MetaQueue {
 	return MetaQueue{ID: q.id, Name: q.decl.Name, Decl: q.decl, Args: args, Exclusive: q.exclusive, DeclaredBy: q.by,
-		Replicas: slices.Clone(q.replicas), Leader: q.leader, Target: slices.Clone(q.target), Origin: slices.Clone(q.origin), Rebuild: slices.Clone(q.rebuild)}
+		Replicas: slices.Clone(q.replicas), Leader: q.leader, Target: slices.Clone(q.target), Origin: slices.Clone(q.origin), Rebuild: slices.Clone(q.rebuild),
+		Home: q.home, HomeInc: q.homeInc}
 }
 
 // parsed is the queue with its arguments parsed (they parsed at declare).

@@ -21,7 +21,10 @@ import (
 // panics.
 
 // MetaCommandVersion is the version byte of an encoded MetaCommand.
-const MetaCommandVersion = 1
+// Version 2 adds a queue declare's home node and incarnation after its
+// declaration, and MetaDropHome (homed.go); a command that has neither
+// is still written as version 1, and versions 1 and 2 read.
+const MetaCommandVersion = 2
 
 // MetaSnapshotVersion is the version byte of a metadata snapshot. Version
 // 2 adds the users after the bindings, version 3 the permissions after
@@ -32,8 +35,10 @@ const MetaCommandVersion = 1
 // and target after its preferred leader (moves.go; a version 5 queue's
 // origin is its replicas, and it has no target); versions 1 to 6 still
 // read (with "/" the only vhost); version 7 the nodes whose copy is being
-// rebuilt after the target.
-const MetaSnapshotVersion = 7
+// rebuilt after the target, version 8 each queue's home node and
+// incarnation after those (homed.go; 0 and 0 in an older snapshot: a
+// queue with no home).
+const MetaSnapshotVersion = 8
 
 // maxMetaString bounds a string in an encoded command or snapshot (names
 // are at most 255 bytes; users and routing keys are bounded by the frame
@@ -42,7 +47,11 @@ const maxMetaString = 1 << 20
 
 // AppendMetaCommand appends c's encoding to dst.
 func AppendMetaCommand(dst []byte, c *MetaCommand) []byte {
-	dst = append(dst, MetaCommandVersion, byte(c.Op))
+	v := byte(1)
+	if c.Op == MetaDropHome || c.Op == MetaDeclareQueue && c.Home != 0 {
+		v = 2
+	}
+	dst = append(dst, v, byte(c.Op))
 	dst = binary.LittleEndian.AppendUint64(dst, uint64(c.NowMs))
 	dst = appendMetaStr(dst, c.User)
 	dst = append(dst, flagByte(c.Admin))
@@ -55,6 +64,13 @@ func AppendMetaCommand(dst []byte, c *MetaCommand) []byte {
 		dst = append(dst, flagByte(c.Delete.IfUnused))
 	case MetaDeclareQueue:
 		dst = appendQueueDecl(dst, &c.Queue, c.Queue.Passive, c.Generated)
+		if v == 2 {
+			dst = binary.LittleEndian.AppendUint64(dst, c.Home)
+			dst = binary.LittleEndian.AppendUint64(dst, c.HomeInc)
+		}
+	case MetaDropHome:
+		dst = binary.LittleEndian.AppendUint64(dst, c.Home)
+		dst = binary.LittleEndian.AppendUint64(dst, c.HomeInc)
 	case MetaDeleteQueue:
 		dst = appendMetaStr(dst, c.Queue.Name)
 		dst = binary.LittleEndian.AppendUint64(dst, c.QueueID)
@@ -114,10 +130,14 @@ func (r *metaReader) nodes(what string) []uint64 {
 func DecodeMetaCommand(b []byte) (MetaCommand, error) {
 	r := metaReader{b: b}
 	var c MetaCommand
-	if v := r.u8(); r.err == nil && v != MetaCommandVersion {
-		return c, fmt.Errorf("metadata command version %d: this broker reads version %d (upgrade it)", v, MetaCommandVersion)
+	v := r.u8()
+	if r.err == nil && (v < 1 || v > MetaCommandVersion) {
+		return c, fmt.Errorf("metadata command version %d: this broker reads versions 1 to %d (upgrade it)", v, MetaCommandVersion)
 	}
 	c.Op = MetaOp(r.u8())
+	if r.err == nil && v == 2 && c.Op != MetaDeclareQueue && c.Op != MetaDropHome {
+		r.fail("operation " + strconv.Itoa(int(c.Op)) + " is written as version 1")
+	}
 	c.NowMs = int64(r.u64())
 	c.User = r.str()
 	c.Admin = r.flag()
@@ -130,6 +150,17 @@ func DecodeMetaCommand(b []byte) (MetaCommand, error) {
 		c.Delete.IfUnused = r.flag()
 	case MetaDeclareQueue:
 		c.Queue, c.Generated = r.queueDecl()
+		if v >= 2 {
+			c.Home, c.HomeInc = r.u64(), r.u64()
+			if r.err == nil && c.Home == 0 {
+				r.fail("a version 2 queue declare without its home node")
+			}
+		}
+	case MetaDropHome:
+		if v < 2 && r.err == nil {
+			r.fail("home nodes are dropped from command version 2")
+		}
+		c.Home, c.HomeInc = r.u64(), r.u64()
 	case MetaDeleteQueue:
 		c.Queue.Name = r.str()
 		c.QueueID = r.u64()
@@ -375,6 +406,10 @@ func (m *Meta) snapshotAt(v byte) []byte {
 		if v >= 7 {
 			dst = appendNodes(dst, q.Rebuild)
 		}
+		if v >= 8 {
+			dst = binary.LittleEndian.AppendUint64(dst, q.Home)
+			dst = binary.LittleEndian.AppendUint64(dst, q.HomeInc)
+		}
 	}
 	bs := m.sortedBindings()
 	dst = binary.LittleEndian.AppendUint32(dst, uint32(len(bs)))
@@ -439,7 +474,7 @@ func (m *Meta) Restore(snap []byte) error {
 		excl := r.u64()
 		by := r.str()
 		var replicas, origin, target, rebuild []uint64
-		var leader uint64
+		var leader, home, homeInc uint64
 		if v >= 5 {
 			replicas = r.nodes("queue " + strconv.Quote(d.Name))
 			leader = r.u64()
@@ -452,7 +487,14 @@ func (m *Meta) Restore(snap []byte) error {
 		if v >= 7 {
 			rebuild = r.nodes("queue " + strconv.Quote(d.Name) + "'s copies to rebuild")
 		}
+		if v >= 8 {
+			home, homeInc = r.u64(), r.u64()
+		}
 		if r.err != nil {
+			break
+		}
+		if home != 0 && placed(&d) || home == 0 && homeInc != 0 {
+			r.fail("queue " + strconv.Quote(d.Name) + ": home node " + strconv.FormatUint(home, 10) + " (incarnation " + strconv.FormatUint(homeInc, 10) + ") for a queue that cannot have it")
 			break
 		}
 		if !placedOK(&d, replicas, leader, v) || !movesOK(replicas, origin, target, leader) || !rebuildOK(replicas, target, rebuild) {
@@ -469,7 +511,8 @@ func (m *Meta) Restore(snap []byte) error {
 		}
 		ids[id] = true
 		n.ids[id] = struct{}{}
-		q := &metaQueue{id: id, decl: d, exclusive: excl, by: by, replicas: replicas, leader: leader, origin: origin, target: target, rebuild: rebuild}
+		q := &metaQueue{id: id, decl: d, exclusive: excl, by: by, replicas: replicas, leader: leader, origin: origin, target: target, rebuild: rebuild,
+			home: home, homeInc: homeInc}
 		n.queues[d.Name] = q
 		n.count(q, 1)
 		n.countQueue(d.Name, 1)

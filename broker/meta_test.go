@@ -275,6 +275,9 @@ func metaCodecSeeds() []MetaCommand {
 		{Op: MetaDeleteUser, Account: MetaUser{Name: "carol"}},
 		{Op: MetaPutVhost, Admin: true, Vhost: MetaVhost{Name: "v", MaxQueues: 3, MaxConnections: 1 << 40}, IfAbsent: true},
 		{Op: MetaDeleteVhost, Admin: true, Vhost: MetaVhost{Name: "v"}},
+		{Op: MetaDeclareQueue, User: "u", Conn: 2<<32 | 1, Queue: wire.QueueDeclare{Name: "t", Exclusive: true}, Home: 2, HomeInc: 1 << 61},
+		{Op: MetaDropHome, Home: 3, HomeInc: 9},
+		{Op: MetaDropHome, Home: 3},
 	}
 }
 

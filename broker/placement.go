@@ -22,7 +22,7 @@ import (
 // on a single node it is {1}, and every durable queue lives there.
 //
 // Non-durable and exclusive queues get no replicas: in a cluster each
-// node keeps its own copy of them (README, Not built yet).
+// lives on one node, its home (homed.go).
 
 // DefaultReplicas is how many replicas a durable queue gets when its
 // declare does not say (capped at the cluster's size).
@@ -91,6 +91,12 @@ func (m *Meta) place(q *metaQueue, want int) {
 // target while a move is pending; derived state: rebuilt by Restore, not
 // in snapshots).
 func (m *Meta) count(q *metaQueue, d int) {
+	if q.home != 0 {
+		k := homeKey{q.home, q.homeInc}
+		if m.homes[k] += d; m.homes[k] <= 0 {
+			delete(m.homes, k)
+		}
+	}
 	if len(q.replicas) == 0 {
 		return
 	}
@@ -155,6 +161,9 @@ func nodeSet(ns []uint64) bool {
 // node, this one; in a cluster, what its raft group last said (on a node
 // without a replica, its preferred leader).
 func (q *Queue) leaderID() uint64 {
+	if q.home != 0 {
+		return q.home // the node it lives on (homed.go)
+	}
 	if q.inCluster {
 		return q.lead.Load()
 	}

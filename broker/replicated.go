@@ -66,6 +66,10 @@ func (q *Queue) leads() bool { return q.grp == nil || !q.replicated || q.grp.Lea
 // does not lead and does not forward (a peek, a conditional delete), or
 // cannot forward now (no leader known).
 func (q *Queue) notHere() (wire.Code, string) {
+	if q.home != 0 {
+		return wire.PreconditionFailed, "queue " + strconv.Quote(LocalName(q.name)) + ": it lives on node " + strconv.FormatUint(q.home, 10) +
+			" (a non-durable or exclusive queue has one copy, on the node it was declared on); connect to that node"
+	}
 	lead := "no leader is known yet: retry shortly"
 	if l := q.lead.Load(); l != 0 {
 		lead = "connect to node " + strconv.FormatUint(l, 10) + ", which leads it"

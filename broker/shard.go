@@ -280,6 +280,16 @@ func (s *shard) tickQueue(q *Queue) {
 }
 
 func (s *shard) createQueue(q *Queue) {
+	if q.homedElsewhere(s.nodeID()) {
+		// It lives on another node: served from there (homed.go).
+		q.remote, q.opened = true, true
+		q.lead.Store(q.home)
+		s.queues[q] = struct{}{}
+		return
+	}
+	if q.home != 0 {
+		q.lead.Store(q.home)
+	}
 	if s.durableLogged(q) {
 		s.queues[q] = struct{}{}
 		s.openDurable(q)
@@ -325,7 +335,7 @@ func (s *shard) enqueue(items []EnqItem, batch *PublishBatch, dl *dlWait) {
 		for end < len(items) && items[end].Q == q {
 			end++
 		}
-		if !q.gone && q.inCluster && (q.remote || !q.leads()) {
+		if !q.gone && (q.remote || q.inCluster && !q.leads()) {
 			if batch != nil {
 				w = s.forward(q, items[start:end], batch, w) // to its leader (forward.go)
 			} else {
@@ -387,7 +397,7 @@ func (s *shard) enqueue(items []EnqItem, batch *PublishBatch, dl *dlWait) {
 		s.partRelease(w)
 		return
 	}
-	if full != nil {
+	if full != nil && !forwarded(batch) {
 		// Backpressure: the messages are in the queue, but the confirm waits
 		// until the queue drains below half its soft limit. The publisher's
 		// confirm window fills and it slows to the consumers' pace, instead

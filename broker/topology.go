@@ -36,6 +36,7 @@ type Queue struct {
 	autoDelete bool
 	replicas   []uint64 // the nodes holding it (placement.go), sorted; shard-owned once created (reconcile.go)
 	prefLeader uint64   // the replica preferred to lead it (shard-owned, as replicas)
+	home       uint64   // the node it lives on (a queue that is not placed, in a cluster; homed.go), 0: none
 
 	ready, unacked, consumers atomic.Int64
 	published, delivered      atomic.Uint64
@@ -74,6 +75,8 @@ type Queue struct {
 	caughtUp  bool
 	dlResent  bool
 	dlFlight  map[uint64]struct{}
+	// shard-owned, on its home: what each origin forwarded (homed.go)
+	homeEnq map[uint64]homeEnqueuer
 	// shard-owned, the shard's indexes (timers.go, down.go)
 	timerIdx int // 1 + its index in its shard's timerHeap, 0 if not in it
 	replicatedState
@@ -411,6 +414,9 @@ func (t *topology) createQueueLocked(e *MetaEffect) {
 	q.shardIdx = e.Shard % len(t.shards)
 	q.shard = t.shards[q.shardIdx]
 	q.inCluster = len(mq.Replicas) > 0 && q.shard.clustered()
+	if q.shard.clustered() {
+		q.home = mq.Home
+	}
 	t.queues[mq.ID] = q
 	t.slots.set(q.id, q)
 	t.routes.AddQueue(q.name, q.id)

@@ -1,0 +1,210 @@
+package broker
+
+import (
+	"slices"
+	"strconv"
+
+	"github.com/warren-mq/warren/replication"
+	"github.com/warren-mq/warren/wire"
+)
+
+// Homed queues (issue 14, "any node serves any client", for queues that
+// are not replicated): in a cluster a non-durable or exclusive queue
+// lives on one node, its home, the node whose client declared it. The
+// metadata records the home and its incarnation (the node's start time,
+// Broker.seqBase) when the declare is applied, so every node knows it.
+// The home holds the queue's only copy, in memory, and serves it as a
+// replicated queue's leader serves one; every other node holds no copy
+// (q.remote) and forwards to the home what its clients do with it, as it
+// does for a replicated queue it holds no replica of: publishes
+// (forward.go: the home enqueues a forwarded part and confirms it once
+// enqueued), consumers, gets and purges (forward_consume.go). An
+// exclusive queue's owner is a connection on its home (connection ids
+// are the cluster's: node << 32 | a count), so a consumer or purge of
+// one on any other node is refused, as the home refuses another
+// connection's.
+//
+// A home's queues do not outlive it: a node that restarts finds its
+// queues of the earlier incarnation in the metadata and proposes
+// MetaDropHome for them (every node drops them when it is applied), and
+// the metadata leader proposes it for a node removed from the cluster.
+// Both are checked every placeTicks (dropDeadHomes), so a proposal lost
+// with a change of metadata leader is made again.
+//
+// On one node nothing here runs: no queue has a home (MetaCommand.Home
+// is 0), and non-durable queues are local as ever.
+
+// homeKey is a home node and its incarnation.
+type homeKey struct{ node, inc uint64 }
+
+// dropHome is MetaDropHome: every queue whose home is c.Home, of an
+// incarnation other than c.HomeInc (0: of any), is removed with its
+// bindings.
+func (m *Meta) dropHome(c *MetaCommand) (MetaResult, []MetaEffect) {
+	if c.Home == 0 {
+		return refuse(wire.InvalidArgument, "a home node to drop needs its id"), nil
+	}
+	var effs []MetaEffect
+	for _, q := range m.Queues() {
+		mq := m.queues[q.Name]
+		if mq.home != c.Home || (c.HomeInc != 0 && mq.homeInc == c.HomeInc) {
+			continue
+		}
+		m.count(mq, -1)
+		delete(m.queues, q.Name)
+		m.countQueue(q.Name, -1)
+		delete(m.ids, q.ID)
+		m.forgetExclusive(q.Exclusive)
+		m.unlinkAll(m.byQueue[q.Name])
+		effs = append(effs, MetaEffect{Kind: EffQueueRemoved, Queue: MetaQueue{ID: q.ID, Name: q.Name}})
+	}
+	return MetaResult{}, effs
+}
+
+// deadHomes lists the MetaDropHome commands the state asks for, as node
+// self (of incarnation inc) sees it: its own queues of other incarnations,
+// and, when lead, those of nodes no longer members. Cheap: it looks at
+// the (node, incarnation) pairs that hold queues, not at the queues.
+func (m *Meta) deadHomes(self, inc uint64, lead bool) []MetaCommand {
+	var out []MetaCommand
+	var gone []uint64
+	own := false
+	for k := range m.homes {
+		switch {
+		case k.node == self && k.inc != inc:
+			own = true
+		case lead && k.node != self && !slices.Contains(m.Nodes(), k.node):
+			gone = append(gone, k.node)
+		}
+	}
+	if own {
+		out = append(out, MetaCommand{Op: MetaDropHome, Home: self, HomeInc: inc})
+	}
+	slices.Sort(gone)
+	for _, n := range slices.Compact(gone) {
+		out = append(out, MetaCommand{Op: MetaDropHome, Home: n})
+	}
+	return out
+}
+
+// dropDeadHomes proposes the MetaDropHome commands the metadata asks for
+// (every placeTicks, from the cluster's ticker), without waiting.
+func (t *topology) dropDeadHomes(self, inc uint64) {
+	cl := t.cl.Load()
+	if cl == nil || cl.removed.Load() {
+		return
+	}
+	st := cl.g.Status()
+	if st.Lead == 0 {
+		return
+	}
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	cs := t.meta.deadHomes(self, inc, st.Lead == st.ID)
+	for i := range cs {
+		cs[i].NowMs = t.now()
+		t.mbuf = AppendMetaCommand(t.mbuf[:0], &cs[i])
+		cl.g.Add(t.mbuf)
+		t.log.Info("dropping the queues of a node that restarted or left (non-durable and exclusive queues live on one node)",
+			"node", cs[i].Home, "restarted", cs[i].HomeInc != 0)
+	}
+	if len(cs) > 0 {
+		cl.g.Kick()
+	}
+}
+
+// homeInc is this node's incarnation as a home: its start time
+// (Broker.seqBase), never 0.
+func (b *Broker) homeInc() uint64 { return b.seqBase | 1 }
+
+// homedElsewhere reports whether q lives on another node (homed.go).
+func (q *Queue) homedElsewhere(self uint64) bool { return q.home != 0 && q.home != self }
+
+// homeEnqueuer is what the home of a queue keeps of one origin's stream
+// to it: its incarnation and the last qseq enqueued.
+type homeEnqueuer struct{ inc, last uint64 }
+
+// homeAdmit decides what of a forwarded part of n messages from o the
+// home of q enqueues, by the rules of a replicated queue's enqueuer
+// table (replication/enqueuers.go), kept in memory only: the queue is.
+// So a part sent again (its answer lost, or late) is not enqueued twice
+// while the home lives.
+func (q *Queue) homeAdmit(o replication.Origin, n int) replication.FromResult {
+	r := replication.FromResult{Origin: o, N: n}
+	e, ok := q.homeEnq[o.Enqueuer]
+	switch {
+	case ok && o.Incarnation < e.inc:
+		r.Outcome = replication.FromStale
+		return r
+	case !ok && len(q.homeEnq) >= replication.MaxEnqueuers:
+		r.Outcome = replication.FromFull
+		return r
+	case !ok || o.Incarnation > e.inc:
+		e = homeEnqueuer{inc: o.Incarnation}
+	}
+	switch {
+	case o.QSeq > e.last+1 || o.QSeq == 0:
+		r.Outcome, r.ResendFrom = replication.FromGap, e.last+1
+		return r
+	case o.QSeq+uint64(n) <= e.last+1:
+		r.Outcome = replication.FromDuplicate
+		return r
+	}
+	r.Outcome, r.Skipped = replication.FromApplied, int(e.last+1-o.QSeq)
+	e.last = o.QSeq + uint64(n) - 1
+	if q.homeEnq == nil {
+		q.homeEnq = map[uint64]homeEnqueuer{}
+	}
+	q.homeEnq[o.Enqueuer] = e
+	return r
+}
+
+// enqueueForwarded enqueues a part another node forwarded to q, which
+// lives here (its home): confirmed once enqueued (codes in batch),
+// what was enqueued before not again (homeAdmit).
+func (s *shard) enqueueForwarded(q *Queue, items []EnqItem, batch *PublishBatch, k *fwdSink) {
+	r := q.homeAdmit(k.origin, len(items))
+	skip := len(items)
+	switch r.Outcome {
+	case replication.FromApplied:
+		skip = r.Skipped
+	case replication.FromGap:
+		k.from = r.ResendFrom
+	case replication.FromFull, replication.FromStale:
+		k.refused = true
+	}
+	if r.Outcome == replication.FromApplied || r.Outcome == replication.FromDuplicate {
+		s.b.fwdDuplicates.Add(uint64(skip))
+		if q.args.Overflow == wire.RejectPublish || q.args.Overflow == wire.RejectPublishDLX {
+			// Whether the full queue took them the first time is not
+			// remembered: nacked (each may be in the queue), as a
+			// replicated queue does.
+			for i := range skip {
+				batch.Nack(items[i].Idx, wire.InternalNack)
+			}
+		}
+	}
+	for _, it := range items[:skip] {
+		s.release(it.Msg)
+	}
+	if skip == len(items) {
+		batch.PartDone()
+		return
+	}
+	s.enqueue(items[skip:], batch, nil)
+}
+
+// homeEnqueuerDown forgets an origin's ended stream to q (its 'D').
+func (q *Queue) homeEnqueuerDown(enq, inc uint64) {
+	if e, ok := q.homeEnq[enq]; ok && e.inc <= inc {
+		delete(q.homeEnq, enq)
+	}
+}
+
+// homeRefusal is the refusal of a consumer, get or purge of exclusive
+// queue q on a node that is not its home: the connection that owns it
+// is on the home.
+func homeRefusal(q *Queue) (wire.Code, string) {
+	return wire.ResourceLocked, "queue " + strconv.Quote(LocalName(q.name)) + " is exclusive to another connection (on node " +
+		strconv.FormatUint(q.home, 10) + ")"
+}

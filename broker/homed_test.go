@@ -1,0 +1,272 @@
+package broker
+
+import (
+	"bytes"
+	"maps"
+	"reflect"
+	"slices"
+	"strings"
+	"testing"
+
+	"github.com/warren-mq/warren/queue"
+	"github.com/warren-mq/warren/wire"
+)
+
+// hasQueue says whether node nd's metadata has queue name.
+func hasQueue(nd *clusterNode, name string) bool {
+	t := nd.b.Load().topo
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return t.meta.HasQueue(name)
+}
+
+// askShard submits c to q's shard on b and returns its answer.
+func askShard(t *testing.T, b *Broker, c Command) Result {
+	t.Helper()
+	k := newFwdClient()
+	c.Sink = k
+	b.Submit(c)
+	k.waitFor(t, "the answer", func() bool { return len(k.answers) == 1 })
+	return k.snap().answers[0]
+}
+
+// TestClusterHomedQueues: a non-durable queue lives on the node that
+// declared it (its home) and is served from every node: a publish on a
+// second node is forwarded and confirmed once enqueued at the home, a
+// consumer and a purge on a third node are served by the home; what
+// needs the queue's contents (a conditional delete) is refused elsewhere
+// naming the home; a plain delete from anywhere removes it everywhere.
+// An exclusive queue takes publishes from every node, but a consumer or
+// purge of it on another node is refused, as the home refuses another
+// connection's; its owner's connection closing removes it everywhere.
+// A home that restarts drops its queues everywhere (not those it
+// declares in its new life, nor another node's).
+func TestClusterHomedQueues(t *testing.T) {
+	c := newTestCluster(t, 3)
+	c.leader()
+	n1, n2, n3 := c.nodes[0], c.nodes[1], c.nodes[2]
+	if _, err := n1.b.Load().DeclareQueueAs(&wire.QueueDeclare{Name: "tq"}, 0, ""); err != nil {
+		t.Fatal(err)
+	}
+	for _, nd := range c.nodes {
+		c.sees(nd, "queue tq durable=false")
+		if mq := metaQueueAt(nd, "tq"); mq.Home != 1 || mq.HomeInc == 0 {
+			t.Fatalf("node %d: tq's home is %d (incarnation %d), want node 1", nd.id, mq.Home, mq.HomeInc)
+		}
+	}
+	if info, _ := n2.b.Load().Queue("tq"); info.Leader != 1 {
+		t.Fatalf("node 2 shows tq led by %d, want its home 1", info.Leader)
+	}
+
+	// Published on node 2: forwarded, in the queue at node 1 once.
+	p := &fwdPublisher{t: t, k: newDurSink()}
+	p.publish(n2, "tq", 10)
+	p.publish(n2, "tq", 5)
+	if got := p.confirmed(); len(got) != 15 {
+		t.Fatalf("%d confirmed", len(got))
+	}
+	c.waitFor("15 messages at the home", func() bool { info, _ := n1.b.Load().Queue("tq"); return info.Ready == 15 })
+	if info, _ := n2.b.Load().Queue("tq"); info.Ready != 0 {
+		t.Fatalf("node 2 holds %d messages of a queue that lives on node 1", info.Ready)
+	}
+
+	// Consumed on node 3, through the home: each message once.
+	b3 := n3.b.Load()
+	q3 := b3.topo.lookupQueue("tq")
+	k := newFwdClient()
+	b3.Submit(Command{Kind: CmdSubscribe, Queue: q3, Sink: k, Spec: queue.ConsumerSpec{ID: 1, Owner: 9, Prefetch: 4}, Req: 1})
+	acked := map[string]uint32{}
+	consumeAll(t, b3, q3, k, 1, acked, 15, 0)
+	if subs := k.snap().subs; len(subs) != 1 || subs[0] != wire.OK {
+		t.Fatalf("the subscribe on node 3 answered %v", subs)
+	}
+	for body, n := range acked {
+		if n != 1 {
+			t.Fatalf("%s delivered %d times", body, n)
+		}
+	}
+	c.waitFor("the home empty, one consumer", func() bool {
+		info, _ := n1.b.Load().Queue("tq")
+		return info.Ready == 0 && info.Unacked == 0 && info.Consumers == 1
+	})
+	b3.Submit(Command{Kind: CmdCancel, Queue: q3, Consumer: 1})
+	k.waitFor(t, "the consumer gone", func() bool { return slices.Contains(k.gone, 1) })
+
+	// Purged from node 3.
+	p.publish(n2, "tq", 3)
+	p.confirmed()
+	if r := askShard(t, b3, Command{Kind: CmdPurge, Queue: q3, Req: 2}); r.Code != wire.OK || r.N != 3 {
+		t.Fatalf("the purge on node 3 answered %+v, want 3 purged", r)
+	}
+	// A conditional delete needs the home; a plain one works anywhere.
+	q2 := n2.b.Load().topo.lookupQueue("tq")
+	if r := askShard(t, n2.b.Load(), Command{Kind: CmdDelete, Queue: q2, IfEmpty: true, Req: 3}); r.Code != wire.PreconditionFailed || !strings.Contains(r.Reason, "lives on node 1") {
+		t.Fatalf("an if-empty delete on node 2 answered %+v", r)
+	}
+	if r := askShard(t, n2.b.Load(), Command{Kind: CmdDelete, Queue: q2, Req: 4}); r.Code != wire.OK {
+		t.Fatalf("a delete on node 2 answered %+v", r)
+	}
+	c.waitFor("tq gone everywhere", func() bool { return !hasQueue(n1, "tq") && !hasQueue(n2, "tq") && !hasQueue(n3, "tq") })
+
+	// An exclusive queue of a connection on node 1.
+	owner := uint64(1)<<32 | 5
+	if _, err := n1.b.Load().DeclareQueueAs(&wire.QueueDeclare{Name: "xq", Exclusive: true}, owner, ""); err != nil {
+		t.Fatal(err)
+	}
+	for _, nd := range c.nodes {
+		c.sees(nd, "queue xq durable=false")
+	}
+	b2 := n2.b.Load()
+	x2 := b2.topo.lookupQueue("xq")
+	kx := newFwdClient()
+	b2.Submit(Command{Kind: CmdSubscribe, Queue: x2, Sink: kx, Spec: queue.ConsumerSpec{ID: 2, Owner: 2<<32 | 1, Prefetch: 1}, Req: 5})
+	kx.waitFor(t, "the subscribe's answer", func() bool { return len(kx.subs) == 1 })
+	if s := kx.snap(); s.subs[0] != wire.ResourceLocked || !strings.Contains(s.reasons[0], "exclusive") {
+		t.Fatalf("a consumer of an exclusive queue on another node: %v %q, want resource_locked", s.subs, s.reasons)
+	}
+	if r := askShard(t, b2, Command{Kind: CmdPurge, Queue: x2, Req: 6}); r.Code != wire.ResourceLocked {
+		t.Fatalf("a purge of an exclusive queue on another node answered %+v", r)
+	}
+	p.publish(n2, "xq", 2)
+	p.confirmed()
+	c.waitFor("the exclusive queue's messages at its home", func() bool { info, _ := n1.b.Load().Queue("xq"); return info.Ready == 2 })
+	n1.b.Load().Submit(Command{Kind: CmdDown, Owner: owner})
+	c.waitFor("xq gone with its owner", func() bool { return !hasQueue(n1, "xq") && !hasQueue(n2, "xq") && !hasQueue(n3, "xq") })
+
+	// A home's restart drops its queues everywhere.
+	for _, d := range []struct {
+		nd    *clusterNode
+		name  string
+		owner uint64
+	}{{n1, "t1", 0}, {n1, "x1", 1<<32 | 6}, {n2, "t2", 0}, {n1, "d1", 0}} {
+		if _, err := d.nd.b.Load().DeclareQueueAs(&wire.QueueDeclare{Name: d.name, Exclusive: d.owner != 0, Durable: d.name == "d1"}, d.owner, ""); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for _, nd := range c.nodes {
+		c.sees(nd, "queue t1 ", "queue x1 ", "queue t2 ", "queue d1 ")
+	}
+	c.stop(n1)
+	c.start(n1, nil)
+	c.leader()
+	if _, err := n1.b.Load().DeclareQueueAs(&wire.QueueDeclare{Name: "t3"}, 0, ""); err != nil {
+		t.Fatal(err)
+	}
+	for _, nd := range c.nodes {
+		c.waitFor("node 1's queues of its last life dropped", func() bool { return !hasQueue(nd, "t1") && !hasQueue(nd, "x1") })
+	}
+	for _, nd := range c.nodes {
+		for _, name := range []string{"t2", "d1", "t3"} {
+			if !hasQueue(nd, name) {
+				t.Fatalf("node %d lost queue %s with node 1's restart", nd.id, name)
+			}
+		}
+	}
+}
+
+// TestClusterForwardRedirected: a publish forwarded to a node that holds
+// no replica of the queue (the origin's knowledge is stale: the replica
+// moved away from it) is sent on to the leader that node names and
+// confirmed, once, not nacked.
+func TestClusterForwardRedirected(t *testing.T) {
+	c := newTestCluster(t, 3)
+	c.leader()
+	if _, err := c.nodes[0].b.Load().DeclareQueueAs(&wire.QueueDeclare{Name: "one", Durable: true,
+		Args: wire.Table{{Key: "replicas", Value: wire.Int(1)}}}, 0, ""); err != nil {
+		t.Fatal(err)
+	}
+	for _, nd := range c.nodes {
+		c.sees(nd, "queue one durable=true")
+	}
+	holder := c.queueLeader("one")
+	var others []*clusterNode
+	for _, nd := range c.nodes {
+		if nd != holder {
+			others = append(others, nd)
+		}
+	}
+	origin, stale := others[0], others[1]
+	oq := origin.b.Load().topo.lookupQueue("one")
+	barrier(t, oq.shard)    // the queue is open there
+	oq.lead.Store(stale.id) // as if the replica had been on stale until now
+	p := &fwdPublisher{t: t, k: newDurSink()}
+	p.publish(origin, "one", 4)
+	if got := p.confirmed(); len(got) != 4 {
+		t.Fatalf("%d confirmed, want 4", len(got))
+	}
+	if l := oq.lead.Load(); l != holder.id {
+		t.Fatalf("the origin forwards to node %d after the redirect, want the holder %d", l, holder.id)
+	}
+	if got := queueBodies(t, c, "one", 4); !slices.Equal(got, []string{"m000", "m001", "m002", "m003"}) {
+		t.Fatalf("the queue holds %v", got)
+	}
+}
+
+// TestMetaHomes: a queue that is not placed records its home when a
+// cluster's declare says it (a placed one never has one); the home is in
+// snapshots (version 8) and a version 7 snapshot restores with none;
+// MetaDropHome drops a home's queues of other incarnations with their
+// bindings, and deadHomes asks for it: for the node's own queues of an
+// earlier life, and (on the leader) for a node no longer a member.
+func TestMetaHomes(t *testing.T) {
+	m := clusterMeta(1, 2, 3)
+	decl := func(name string, home, inc uint64, durable bool) {
+		t.Helper()
+		c := MetaCommand{Op: MetaDeclareQueue, Queue: wire.QueueDeclare{Name: name, Durable: durable}, Home: home, HomeInc: inc}
+		if r, _ := m.Apply(&c); r.Code != wire.OK {
+			t.Fatalf("declare %s: %+v", name, r)
+		}
+	}
+	decl("a", 1, 10, false)
+	decl("b", 1, 11, false)
+	decl("c", 2, 20, false)
+	decl("gone", 4, 40, false)
+	decl("d", 1, 10, true) // placed: no home
+	metaDo(t, m, bindCmd("amq.direct", "a", "k"), wire.OK, "")
+	if q, _ := m.Queue("a"); q.Home != 1 || q.HomeInc != 10 {
+		t.Fatalf("a: home %d/%d", q.Home, q.HomeInc)
+	}
+	if q, _ := m.Queue("d"); q.Home != 0 || len(q.Replicas) == 0 {
+		t.Fatalf("a durable queue: home %d, replicas %v", q.Home, q.Replicas)
+	}
+	snap := m.Snapshot()
+	r := clusterMeta(1, 2, 3)
+	if err := r.Restore(snap); err != nil || !bytes.Equal(r.Snapshot(), snap) {
+		t.Fatalf("restore: %v", err)
+	}
+	if !maps.Equal(r.homes, m.homes) {
+		t.Fatalf("restored homes %v, want %v", r.homes, m.homes)
+	}
+	old := clusterMeta(1, 2, 3)
+	if err := old.Restore(m.snapshotAt(7)); err != nil {
+		t.Fatal(err)
+	}
+	if q, _ := old.Queue("a"); q.Home != 0 || len(old.homes) != 0 {
+		t.Fatalf("a version 7 snapshot's queue has home %d", q.Home)
+	}
+
+	want := []MetaCommand{{Op: MetaDropHome, Home: 1, HomeInc: 11}, {Op: MetaDropHome, Home: 4}}
+	if got := m.deadHomes(1, 11, true); !reflect.DeepEqual(got, want) {
+		t.Fatalf("deadHomes on the leader, node 1 of incarnation 11: %+v", got)
+	}
+	if got := m.deadHomes(2, 20, false); len(got) != 0 {
+		t.Fatalf("deadHomes on node 2, a follower, in its queues' life: %+v", got)
+	}
+	for _, c := range want {
+		m.Apply(&c)
+	}
+	for name, kept := range map[string]bool{"a": false, "b": true, "c": true, "gone": false, "d": true} {
+		if m.HasQueue(name) != kept {
+			t.Fatalf("queue %s kept %v after the drops, want %v", name, m.HasQueue(name), kept)
+		}
+	}
+	if m.NumBindings() != 0 {
+		t.Fatalf("%d bindings left of a dropped queue", m.NumBindings())
+	}
+	if got := m.deadHomes(1, 11, true); len(got) != 0 {
+		t.Fatalf("deadHomes after the drops: %+v", got)
+	}
+	if r, _ := m.Apply(&MetaCommand{Op: MetaDropHome}); r.Code != wire.InvalidArgument {
+		t.Fatalf("a drop of node 0: %+v", r)
+	}
+}
