@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"log/slog"
 	"path/filepath"
+	"strings"
 	"time"
 
 	"github.com/warren-mq/warren/replication"
@@ -208,30 +209,38 @@ func (t *topology) logLocked(c *MetaCommand, effs []MetaEffect) {
 // QueueGroupBase. The node cannot start without them.
 func metadataDamage(damaged []segment.DamagedGroup) error {
 	var queues int
-	for _, d := range damaged {
+	var whats []string
+	var first *segment.DamagedGroup
+	for i, d := range damaged {
 		if d.Group >= QueueGroupBase {
 			queues++
-		}
-	}
-	for _, d := range damaged {
-		if d.Group >= QueueGroupBase {
 			continue
 		}
-		what := fmt.Sprintf("raft group %d", d.Group)
+		if first == nil {
+			first = &damaged[i]
+		}
 		switch d.Group {
 		case replication.MetaGroupID:
-			what = "the metadata group (exchanges, queues, bindings, users; raft group 2)"
+			whats = append(whats, "the metadata group (exchanges, queues, bindings, users; raft group 2)")
 		case replication.SnapStoreGroup:
-			what = "the snapshot store of every raft group (raft group 1)"
+			whats = append(whats, "the snapshot store of every raft group (raft group 1)")
+		default:
+			whats = append(whats, fmt.Sprintf("raft group %d", d.Group))
 		}
-		also := ""
-		if queues > 0 {
-			also = fmt.Sprintf("; the damage also reaches %d durable queue(s)", queues)
-		}
-		return fmt.Errorf("%w: the metadata of this node is damaged: %s, in %s at offset %d: %s%s; refusing to start: rebuild this node from its peers (remove it from the cluster, delete its data, join it again) or restore its data",
-			segment.ErrCorrupt, what, d.File, d.Offset, d.Why, also)
 	}
-	return nil
+	if first == nil {
+		return nil
+	}
+	where := ""
+	if first.File != "" {
+		where = fmt.Sprintf(", in %s at offset %d", first.File, first.Offset)
+	}
+	also := ""
+	if queues > 0 {
+		also = fmt.Sprintf("; the damage also reaches %d durable queue(s)", queues)
+	}
+	return fmt.Errorf("%w: the metadata of this node is damaged: %s%s: %s%s; refusing to start: rebuild this node from its peers (remove it from the cluster, delete its data, join it again) or restore its data",
+		segment.ErrCorrupt, strings.Join(whats, " and "), where, first.Why, also)
 }
 
 // damagedQueueMsg is why a durable queue whose group the log quarantined

@@ -66,10 +66,13 @@ type Result struct {
 	Counts   loadtest.Counts
 	Recovery []time.Duration // per event: heal → next confirm on every producer and next delivery on every consumer
 	Notes    []string        // what the nemesis saw (refusals, unexpected exits)
-	Failed   []string        // harness failures besides lost/invented
-	Reconn   int64
-	Requeues int64
-	Cancels  int64
+	// Damage classes on a cluster: queue replicas refused by name and
+	// rebuilt by the cluster itself; nodes refused whole and rebuilt.
+	QueueRebuilds, NodeRebuilds int
+	Failed                      []string // harness failures besides lost/invented
+	Reconn                      int64
+	Requeues                    int64
+	Cancels                     int64
 }
 
 // Run runs every class and writes a table and the final line. Its error
@@ -414,6 +417,10 @@ func printResult(w io.Writer, r *Result) {
 			l = l[:200] + "…"
 		}
 		fmt.Fprintf(w, "[%s]   lost %s\n", r.Class, l)
+	}
+	if r.QueueRebuilds+r.NodeRebuilds > 0 {
+		fmt.Fprintf(w, "[%s]   damage rebuilt from the peers: %d queue replica(s) refused by name and rebuilt by the cluster, %d node(s) refused whole and rebuilt\n",
+			r.Class, r.QueueRebuilds, r.NodeRebuilds)
 	}
 	for _, n := range r.Notes {
 		fmt.Fprintf(w, "[%s]   %s\n", r.Class, n)

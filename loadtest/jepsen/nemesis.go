@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
 	"math/rand/v2"
 	"os"
 	"slices"
@@ -206,11 +207,17 @@ func (nm *nemesis) fault(ctx context.Context) error {
 }
 
 // damage stops n, flips a bit in (bitflip) or truncates (truncate) one of
-// its log files and starts it again. The node must either refuse (to
-// start, or a queue), naming the damaged file, and then it is rebuilt
-// from its peers (rebuild; a single node gets its undamaged copy back),
-// or start with nothing confirmed lost (the checker's verdict at the
-// end).
+// its log files and starts it again. On a cluster the node starts with the
+// damage in place (its client ports as before): damage it pins on queues
+// must be refused naming each queue and the damaged file, and each such
+// replica is rebuilt from its peers by the cluster itself, which the
+// harness waits for (rebuildQueues); damage to its metadata, or that it
+// cannot pin on queues, must refuse the start naming the file, and then
+// the whole node is rebuilt from its peers (rebuild); or the node starts
+// with nothing refused and nothing confirmed lost (the checker's verdict
+// at the end). A single node has no peers: it starts first on ports no
+// client knows, and if it refuses (to start, or a queue) naming the file
+// it gets its undamaged copy back.
 func (nm *nemesis) damage(ctx context.Context, n *node) error {
 	n.kill()
 	files, err := n.logFiles()
@@ -251,11 +258,14 @@ func (nm *nemesis) damage(ctx context.Context, n *node) error {
 	if target == newestWAL {
 		limit = max(17, size*8/10)
 	}
-	backup := n.dir + ".undamaged"
-	if err := copyDir(n.dir, backup); err != nil {
-		return err
+	backup := ""
+	if len(nm.cl.nodes) == 1 {
+		backup = n.dir + ".undamaged"
+		if err := copyDir(n.dir, backup); err != nil {
+			return err
+		}
+		defer os.RemoveAll(backup)
 	}
-	defer os.RemoveAll(backup)
 	var what string
 	if nm.class == "bitflip" {
 		off := 16 + nm.r.Int64N(limit-16)
@@ -270,6 +280,10 @@ func (nm *nemesis) damage(ctx context.Context, n *node) error {
 			return err
 		}
 		what = fmt.Sprintf("%s truncated from %d to %d B", baseName(target), size, to)
+	}
+	ev := nm.res.Events + 1
+	if len(nm.cl.nodes) > 1 {
+		return nm.damagedMember(ctx, n, ev, target, what)
 	}
 	// The first start after the damage is on ports no client knows: if
 	// the node takes the damage for good data, nothing confirmed meets it
@@ -287,7 +301,6 @@ func (nm *nemesis) damage(ctx context.Context, n *node) error {
 	err = n.start(ctx, 60*time.Second)
 	n.kill()
 	n.listen, n.http = saved[0], saved[1]
-	ev := nm.res.Events + 1
 	var se *startError
 	refused := ""
 	switch {
@@ -312,9 +325,6 @@ func (nm *nemesis) damage(ctx context.Context, n *node) error {
 	if !named {
 		nm.fail("event %d: the refusal does not name the damaged file %s", ev, baseName(target))
 	}
-	if len(nm.cl.nodes) > 1 {
-		return nm.rebuild(ctx, n, ev)
-	}
 	// One node has no peers to rebuild from: the undamaged copy back.
 	if err := os.RemoveAll(n.dir); err != nil {
 		return err
@@ -325,11 +335,112 @@ func (nm *nemesis) damage(ctx context.Context, n *node) error {
 	return n.start(ctx, 60*time.Second)
 }
 
+// damagedMember starts cluster node n with damage in its log (target,
+// done as what) and checks what it makes of it: a refused start (damaged
+// metadata, or damage it cannot pin on queues) rebuilds the whole node
+// from its peers; queues refused by name are rebuilt by the cluster, and
+// the harness waits until each has its replica on n back.
+func (nm *nemesis) damagedMember(ctx context.Context, n *node, ev int, target, what string) error {
+	logFrom := n.logSize()
+	err := n.start(ctx, 60*time.Second)
+	var se *startError
+	switch {
+	case errors.As(err, &se):
+		line := lastLines(se.log, 1)
+		kind := "damage it cannot pin on queues"
+		if strings.Contains(line, "metadata of this node is damaged") {
+			kind = "its metadata damaged"
+		}
+		named, _ := mentions(line, target)
+		nm.note("event %d: %s: refused to start (%s): %s (names the file: %v); the whole node is rebuilt", ev, what, kind, line, named)
+		if !named {
+			nm.fail("event %d: the refusal does not name the damaged file %s", ev, baseName(target))
+		}
+		nm.res.NodeRebuilds++
+		return nm.rebuild(ctx, n, ev)
+	case err != nil:
+		return err
+	}
+	refused := refusedQueues(n.logSince(logFrom))
+	if len(refused) == 0 {
+		nm.note("event %d: %s: started, nothing refused (the damage was not read at start)", ev, what)
+		return nil
+	}
+	var queues []string
+	for _, q := range slices.Sorted(maps.Keys(refused)) {
+		named, _ := mentions(refused[q], target)
+		nm.note("event %d: %s: started; queue %s refused on node %d (names the file: %v): %s", ev, what, q, n.id, named, refused[q])
+		if !named {
+			nm.fail("event %d: the refusal of queue %s does not name the damaged file %s", ev, q, baseName(target))
+		}
+		queues = append(queues, q)
+	}
+	return nm.rebuildQueues(ctx, n, ev, queues)
+}
+
+// refusedQueues maps each queue an error log line refuses for damaged
+// data (broker: "queue refused ... damaged") to that line.
+func refusedQueues(log string) map[string]string {
+	out := map[string]string{}
+	for _, l := range strings.Split(log, "\n") {
+		if !strings.Contains(l, "level=ERROR") || !strings.Contains(l, "refused") || !strings.Contains(l, "damaged") {
+			continue
+		}
+		if _, q := mentions(l, ""); q != "" {
+			if _, seen := out[q]; !seen {
+				out[q] = l
+			}
+		}
+	}
+	return out
+}
+
+// rebuildQueues waits (60 s) until each of queues has its replica on n
+// back: n's copy open again (a follower or the leader, no replica error),
+// n among its replicas and the replica count whole. The next fault waits
+// for it: a second damaged replica before the first is rebuilt is two of
+// three lost.
+func (nm *nemesis) rebuildQueues(ctx context.Context, n *node, ev int, queues []string) error {
+	start := time.Now()
+	deadline := start.Add(60 * time.Second)
+	for {
+		short := ""
+		for _, q := range queues {
+			var info struct {
+				Replicas []uint64 `json:"replica_nodes"`
+				Role     string   `json:"raft_role"`
+				Err      string   `json:"replica_error"`
+			}
+			qctx, cancel := context.WithTimeout(ctx, time.Second)
+			err := n.getJSON(qctx, "/api/queues/"+q, &info)
+			cancel()
+			if err != nil || (info.Role != "follower" && info.Role != "leader") || info.Err != "" ||
+				len(info.Replicas) < min(3, len(nm.cl.nodes)) || !slices.Contains(info.Replicas, uint64(n.id)) {
+				short = fmt.Sprintf("%s: role %q on node %d, replicas %v (%v)", q, info.Role, n.id, info.Replicas, err)
+				break
+			}
+		}
+		if short == "" {
+			break
+		}
+		if time.Now().After(deadline) || ctx.Err() != nil {
+			nm.fail("event %d: queue(s) %v refused on node %d, not rebuilt from its peers within 60 s: %s", ev, queues, n.id, short)
+			return nil
+		}
+		nm.sleep(ctx, 100*time.Millisecond)
+	}
+	nm.res.QueueRebuilds += len(queues)
+	nm.note("event %d: queue(s) %v rebuilt on node %d from its peers: open again with its replicas whole %v after the node started", ev, queues, n.id, time.Since(start).Round(10*time.Millisecond))
+	return nil
+}
+
 // refusal returns the first log line where warrend refuses damaged data
-// while it runs (a durable queue not recovered, or a corrupt log read).
+// while it runs (a durable queue refused or not recovered, or a corrupt
+// log read).
 func refusal(log string) string {
 	for _, l := range strings.Split(log, "\n") {
-		if strings.Contains(l, "level=ERROR") && (strings.Contains(l, "corrupt") || strings.Contains(l, "not recovered")) {
+		if strings.Contains(l, "level=ERROR") && (strings.Contains(l, "corrupt") || strings.Contains(l, "not recovered") ||
+			(strings.Contains(l, "refused") && strings.Contains(l, "damaged"))) {
 			return l
 		}
 	}
