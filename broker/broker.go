@@ -48,6 +48,9 @@ type Config struct {
 	// Durable, when set, makes durable queues raft groups over its log
 	// (durable.go); nil keeps every queue in memory.
 	Durable *DurableConfig
+	// NoInlineShards keeps every shard's work on the shard's goroutine:
+	// SubmitInline is then Submit (for comparisons; shard.submitInline).
+	NoInlineShards bool
 }
 
 // Broker is the broker core at run time: the topology (exchanges, queues,
@@ -115,6 +118,9 @@ func New(cfg Config) *Broker {
 	b.topo = newTopology(b.shards, cfg.Limits)
 	b.topo.log = b.log
 	b.topo.now = b.NowMs
+	for _, sh := range b.shards {
+		sh.setInline() // (no goroutine runs them yet)
+	}
 	return b
 }
 
@@ -180,7 +186,7 @@ func (b *Broker) Submit(c Command) {
 			sh.submit(c)
 		}
 	case c.Kind == CmdSettle:
-		b.settleAcross(c.Settles)
+		b.settleAcross(c.Settles, false)
 	case c.Queue != nil:
 		c.Queue.shard.submit(c)
 	case c.Kind == CmdPublish && len(c.Items) > 0:
@@ -190,10 +196,28 @@ func (b *Broker) Submit(c Command) {
 	}
 }
 
-// settleAcross groups settlements by shard and submits them, each shard
-// its own copy (the caller keeps items). Settlements of one shard, the
-// common case, take one pass and one copy.
-func (b *Broker) settleAcross(items []SettleItem) {
+// SubmitInline is Submit for a publish or a settlement from a network
+// loop: a shard that is idle and holds only in-memory queues runs it on
+// the caller's goroutine before SubmitInline returns (its effects reach
+// their sinks then), which saves waking the shard and, for a confirm to
+// a connection on the same loop, waking the loop back. The caller must
+// hold no lock a sink or the topology takes. Other commands go as
+// Submit.
+func (b *Broker) SubmitInline(c Command) {
+	switch {
+	case c.Kind == CmdSettle:
+		b.settleAcross(c.Settles, true)
+	case c.Kind == CmdPublish && c.Queue == nil && len(c.Items) > 0:
+		c.Items[0].Q.shard.submitInline(c)
+	default:
+		b.Submit(c)
+	}
+}
+
+// settleAcross groups settlements by shard and submits them (inline: with
+// submitInline), each shard its own copy (the caller keeps items).
+// Settlements of one shard, the common case, take one pass and one copy.
+func (b *Broker) settleAcross(items []SettleItem, inline bool) {
 	if len(items) == 0 {
 		return
 	}
@@ -206,8 +230,12 @@ func (b *Broker) settleAcross(items []SettleItem) {
 		}
 		one = i == len(items)
 	}
+	submit := (*shard).submit
+	if inline {
+		submit = (*shard).submitInline
+	}
 	if one {
-		first.submit(Command{Kind: CmdSettle, Settles: append([]SettleItem(nil), items...)})
+		submit(first, Command{Kind: CmdSettle, Settles: append([]SettleItem(nil), items...)})
 		return
 	}
 	for _, sh := range b.shards {
@@ -226,7 +254,7 @@ func (b *Broker) settleAcross(items []SettleItem) {
 				part = append(part, items[i])
 			}
 		}
-		sh.submit(Command{Kind: CmdSettle, Settles: part})
+		submit(sh, Command{Kind: CmdSettle, Settles: part})
 	}
 }
 

@@ -875,7 +875,7 @@ func (c *conn) onPublish(ch *channel, f wire.Frame) error {
 		default:
 			ls.parts[si] = p[:0]
 		}
-		c.srv.Submit(broker.Command{Kind: broker.CmdPublish, Items: items, Batch: batch})
+		c.srv.SubmitInline(broker.Command{Kind: broker.CmdPublish, Items: items, Batch: batch})
 	}
 	batch.PartDone()
 	return nil
@@ -953,7 +953,7 @@ func (c *conn) onSettle(ch *channel, f wire.Frame) error {
 	}
 	ch.compact()
 	c.mu.Unlock()
-	c.srv.settleAcross(items, acked)
+	c.srv.settleAcrossInline(items, acked)
 	// The scratch is kept for the next frame, its queue pointers cleared
 	// (a deleted queue is not kept alive by it); a huge one is let go.
 	clear(items)
@@ -998,6 +998,16 @@ func (s *Server) settleAcross(items []broker.SettleItem, acked int) {
 	}
 	s.metrics.acked.Add(acked)
 	s.Submit(broker.Command{Kind: broker.CmdSettle, Settles: items}) // split by shard, copied
+}
+
+// settleAcrossInline is settleAcross from a loop holding no lock: an idle
+// shard runs the settlements before it returns (broker.SubmitInline).
+func (s *Server) settleAcrossInline(items []broker.SettleItem, acked int) {
+	if len(items) == 0 {
+		return
+	}
+	s.metrics.acked.Add(acked)
+	s.SubmitInline(broker.Command{Kind: broker.CmdSettle, Settles: items})
 }
 
 func (e *requestErr) Error() string { return e.err.Error() }
