@@ -96,6 +96,16 @@ type channel struct {
 	tags      []tagEntry              // (mu)
 	head      int
 	ctagSeq   int
+	// owed counts what shards still owe this channel: CONFIRMs of its
+	// publish batches and answers to its requests (passive declare,
+	// delete, purge). While it is not 0 the channel keeps its id, and the
+	// frame that ends it (CHANNEL_CLOSE_OK to the client's close, or the
+	// broker's own CHANNEL_CLOSE) waits in endFrame, so nothing of this
+	// channel can arrive after it, on a channel the client reopened with
+	// the same id (PROTOCOL.md §6).
+	owed      atomic.Int32
+	endFrame  wire.Body // (mu) the held end, sent when owed reaches 0
+	endForget bool      // (mu) endFrame answers the client's close: drop the id once it is sent
 }
 
 const (
@@ -587,7 +597,7 @@ func (c *conn) handle(f wire.Frame) error {
 		case st == stAuth && f.Type == wire.TypeAuth:
 			return c.onAuth(f)
 		case f.Type == wire.TypeClose:
-			c.closeWith(wire.OK, "")
+			c.closeOK() // before OPEN_OK too: CLOSE is answered with CLOSE_OK (PROTOCOL.md §5.5)
 			return nil
 		}
 		return errUnexpected(f.Type)
@@ -596,13 +606,7 @@ func (c *conn) handle(f wire.Frame) error {
 	case wire.TypeHeartbeat:
 		return nil
 	case wire.TypeClose:
-		c.state.Store(stClosing)
-		c.mu.Lock()
-		if !c.closed {
-			c.out = wire.AppendFrame(c.out, 0, &wire.CloseOK{})
-			c.finishLocked()
-		}
-		c.mu.Unlock()
+		c.closeOK()
 		return nil
 	case wire.TypeCloseOK:
 		_ = c.gc.Close()
@@ -620,13 +624,30 @@ func (c *conn) handle(f wire.Frame) error {
 		return errChannelNotOpen
 	}
 	if closed {
-		// We closed it and wait for CHANNEL_CLOSE_OK; drop everything else.
-		if f.Type == wire.TypeChannelCloseOK || f.Type == wire.TypeChannelClose {
-			c.mu.Lock()
+		// Closed, and its end is sent or held: drop everything but the
+		// frames that end it.
+		if f.Type != wire.TypeChannelCloseOK && f.Type != wire.TypeChannelClose {
+			return nil
+		}
+		c.mu.Lock()
+		defer c.mu.Unlock()
+		switch {
+		case ch.endForget:
+			// The client closed it and waits for our CHANNEL_CLOSE_OK.
+		case ch.endFrame != nil:
+			// Our CHANNEL_CLOSE is held (answers still owed) and the
+			// client closes it too: it gets CHANNEL_CLOSE_OK instead, once
+			// the answers are out. A CHANNEL_CLOSE_OK answers nothing yet.
+			if f.Type == wire.TypeChannelCloseOK {
+				return errUnexpected(f.Type)
+			}
+			ch.endFrame, ch.endForget = &wire.ChannelCloseOK{}, true
+		default:
+			// Our CHANNEL_CLOSE went out: its answer, or a crossing close.
 			delete(c.channels, f.Channel)
-			c.mu.Unlock()
-			if f.Type == wire.TypeChannelClose {
-				c.send(f.Channel, &wire.ChannelCloseOK{})
+			if f.Type == wire.TypeChannelClose && !c.closed {
+				c.out = wire.AppendFrame(c.out, f.Channel, &wire.ChannelCloseOK{})
+				c.flushLocked()
 			}
 		}
 		return nil
@@ -639,9 +660,8 @@ func (c *conn) handle(f wire.Frame) error {
 	case wire.TypeChannelClose:
 		c.closeChannelNow(ch)
 		c.mu.Lock()
-		delete(c.channels, ch.id)
+		c.endChannelLocked(ch, &wire.ChannelCloseOK{}, true)
 		c.mu.Unlock()
-		c.send(ch.id, &wire.ChannelCloseOK{})
 		return nil
 	case wire.TypeChannelCloseOK:
 		return errUnexpected(f.Type)
@@ -659,6 +679,18 @@ func (c *conn) handle(f wire.Frame) error {
 		return err
 	}
 	return nil
+}
+
+// closeOK answers the peer's CLOSE: CLOSE_OK, then the socket closes once
+// it is written; nothing else is read or sent.
+func (c *conn) closeOK() {
+	c.state.Store(stClosing)
+	c.mu.Lock()
+	if !c.closed {
+		c.out = wire.AppendFrame(c.out, 0, &wire.CloseOK{})
+		c.finishLocked()
+	}
+	c.mu.Unlock()
 }
 
 func (c *conn) onChannelOpen(f wire.Frame) error {
@@ -690,7 +722,41 @@ func (c *conn) closeChannel(id uint16, code wire.Code, reason string) {
 		return
 	}
 	c.closeChannelNow(ch)
-	c.send(id, &wire.ChannelClose{Code: code, Reason: reason})
+	c.mu.Lock()
+	c.endChannelLocked(ch, &wire.ChannelClose{Code: code, Reason: reason}, false)
+	c.mu.Unlock()
+}
+
+// endChannelLocked sends the frame that ends a closed channel (forget: it
+// answers the client's CHANNEL_CLOSE, so the id is free once it is sent),
+// or holds it until the shards have paid what they owe the channel
+// (paidLocked). c.mu must be held.
+func (c *conn) endChannelLocked(ch *channel, end wire.Body, forget bool) {
+	if ch.owed.Load() > 0 {
+		ch.endFrame, ch.endForget = end, forget
+		return
+	}
+	if forget && c.channels[ch.id] == ch {
+		delete(c.channels, ch.id)
+	}
+	if !c.closed {
+		c.out = wire.AppendFrame(c.out, ch.id, end)
+		c.flushLocked()
+	}
+}
+
+// paidLocked counts one answer owed to channel id as sent (a CONFIRM, a
+// request's reply), and sends the channel's held end once nothing more is
+// owed. The id still names the channel that was owed: it is not freed
+// while anything is. c.mu must be held.
+func (c *conn) paidLocked(id uint16) {
+	ch := c.channels[id]
+	if ch == nil || ch.owed.Add(-1) > 0 || ch.endFrame == nil {
+		return
+	}
+	end, forget := ch.endFrame, ch.endForget
+	ch.endFrame = nil
+	c.endChannelLocked(ch, end, forget)
 }
 
 // closeChannelNow marks a channel closed and returns what its consumers
@@ -760,6 +826,7 @@ func (c *conn) onPublish(ch *channel, f wire.Frame) error {
 	ch.nextSeq += uint64(b.Count)
 	c.srv.metrics.published.Add(int(b.Count))
 	batch := &broker.PublishBatch{Sink: c, Ch: ch.id, FirstSeq: b.FirstSeq, Codes: make([]uint32, b.Count), Start: time.Now()}
+	ch.owed.Add(1) // paid by Confirm
 	view := c.srv.View()
 	exLocal, exName := c.pubExchange(b.Exchange)
 	if !view.Table.HasExchange(exName) || view.Table.IsInternal(exName) || !c.pubPerm.AllowedIn(c.srv, c.vhostName(), c.user, exLocal) {

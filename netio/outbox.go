@@ -34,6 +34,7 @@ func (c *conn) Confirm(b *broker.PublishBatch) {
 		c.srv.metrics.confirmed.Add(len(b.Codes))
 		c.flushLocked()
 	}
+	c.paidLocked(b.Ch)
 	c.mu.Unlock()
 }
 
@@ -76,9 +77,10 @@ func (c *conn) Subscribed(id queue.ConsumerID, req uint32, code wire.Code, reaso
 			delete(cr.ch.consumers, cr.tag)
 		}
 	}
+	closed := cr != nil && cr.ch.closed // its client discards the answer, and the id may be reused
 	c.mu.Unlock()
 	switch {
-	case cr == nil:
+	case cr == nil, closed:
 	case code == wire.OK:
 		c.send(cr.ch.id, &wire.SubscribeOK{Req: req, ConsumerTag: cr.tag})
 	default:
@@ -90,8 +92,9 @@ func (c *conn) Subscribed(id queue.ConsumerID, req uint32, code wire.Code, reaso
 func (c *conn) Cancelled(id queue.ConsumerID, code wire.Code, reason string) {
 	c.mu.Lock()
 	cr := c.byID[id]
+	closed := cr != nil && cr.ch.closed
 	c.mu.Unlock()
-	if cr != nil {
+	if cr != nil && !closed {
 		c.send(cr.ch.id, &wire.Cancelled{ConsumerTag: cr.tag, Code: code, Reason: reason})
 	}
 }

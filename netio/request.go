@@ -52,6 +52,7 @@ func (c *conn) onRequest(ch *channel, body wire.Body) error {
 			// connection sent before it have taken effect (their dead
 			// letters are in their targets' inboxes). Clients use it to
 			// wait for that (warrenctl consume).
+			ch.owed.Add(1) // paid by passiveDeclare.Answer
 			c.srv.Submit(broker.Command{Kind: broker.CmdBarrier, Queue: q, Sink: passiveDeclare{c, q}, Req: reqRef(ch.id, r.Req)})
 			return nil
 		}
@@ -70,6 +71,7 @@ func (c *conn) onRequest(ch *channel, body wire.Body) error {
 		if err := c.srv.Authorize(c.user, ActDelete, q.DeclaredBy(), "queue "+strconv.Quote(r.Name)); err != nil {
 			return fail(r.Req, err)
 		}
+		ch.owed.Add(1) // paid by Answer
 		c.srv.Submit(broker.Command{Kind: broker.CmdDelete, Queue: q, Sink: c, Req: reqRef(ch.id, r.Req),
 			IfUnused: r.IfUnused, IfEmpty: r.IfEmpty, Reason: "queue deleted"})
 	case *wire.QueuePurge:
@@ -83,6 +85,7 @@ func (c *conn) onRequest(ch *channel, body wire.Body) error {
 		if err := c.srv.Authorize(c.user, ActPurge, q.DeclaredBy(), "queue "+strconv.Quote(r.Name)); err != nil {
 			return fail(r.Req, err)
 		}
+		ch.owed.Add(1) // paid by Answer
 		c.srv.Submit(broker.Command{Kind: broker.CmdPurge, Queue: q, Sink: c, Req: reqRef(ch.id, r.Req)})
 	case *wire.Bind:
 		if err := c.srv.PermitBindIn(c.vhostName(), c.user, r.Source, r.Destination, r.ToExchange); err != nil {
@@ -124,9 +127,12 @@ func (c *conn) Answer(ref uint64, r broker.Result) {
 	ch, req := uint16(ref>>32), uint32(ref)
 	if r.Code != wire.OK {
 		c.sendError(ch, req, r.Code, c.localText(r.Reason))
-		return
+	} else {
+		c.send(ch, &wire.OKReply{Req: req, Count: uint64(r.N)})
 	}
-	c.send(ch, &wire.OKReply{Req: req, Count: uint64(r.N)})
+	c.mu.Lock()
+	c.paidLocked(ch)
+	c.mu.Unlock()
 }
 
 // passiveDeclare answers a passive QUEUE_DECLARE from the queue's shard
@@ -142,9 +148,12 @@ func (p passiveDeclare) Answer(ref uint64, _ broker.Result) {
 	ch, req := uint16(ref>>32), uint32(ref)
 	if p.q.Gone() {
 		p.sendError(ch, req, wire.NotFound, "no queue "+strconv.Quote(broker.LocalName(p.q.Name())))
-		return
+	} else {
+		p.send(ch, &wire.QueueDeclareOK{Req: req, Name: broker.LocalName(p.q.Name()), Messages: uint64(p.q.ReadyCount()), Consumers: uint32(p.q.ConsumerCount())})
 	}
-	p.send(ch, &wire.QueueDeclareOK{Req: req, Name: broker.LocalName(p.q.Name()), Messages: uint64(p.q.ReadyCount()), Consumers: uint32(p.q.ConsumerCount())})
+	p.mu.Lock()
+	p.paidLocked(ch)
+	p.mu.Unlock()
 }
 
 // requester is who this connection is, for the topology's permission
@@ -312,6 +321,11 @@ func (c *conn) open(user string, a *wire.Auth, maxFrame uint32) {
 	hb := c.srv.cfg.HeartbeatMs
 	if a.HeartbeatMs != 0 && (hb == 0 || a.HeartbeatMs < hb) {
 		hb = a.HeartbeatMs
+	}
+	if floor := c.srv.minHeartbeatMs(); hb != 0 && hb < floor {
+		// The tick sends heartbeats up to a tick late: below two ticks a
+		// peer that judges us by 2×hb (as it must) would drop us.
+		hb = floor
 	}
 	c.heartbeatMs.Store(hb)
 	c.send(0, &wire.OpenOK{ConnectionID: c.id, MaxFrame: c.maxFrame, MaxChannels: c.maxChannels, HeartbeatMs: hb})

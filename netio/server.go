@@ -613,6 +613,14 @@ func (s *Server) OnTick() (time.Duration, gnet.Action) {
 	return s.cfg.TickInterval, gnet.None
 }
 
+// minHeartbeatMs is the shortest heartbeat interval a connection gets
+// (PROTOCOL.md §5.4): two ticks, since the tick both sends heartbeats and
+// judges peers, so a heartbeat goes out up to a tick after hb of silence,
+// and that must stay well inside the peer's 2×hb.
+func (s *Server) minHeartbeatMs() uint32 {
+	return uint32(max(1, 2*s.cfg.TickInterval.Milliseconds()))
+}
+
 // memoryAlarm reports whether publishes must wait: the alarm is on, or the
 // stored bytes have passed the watermark since the last tick.
 func (s *Server) memoryAlarm() bool {
