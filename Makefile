@@ -124,6 +124,27 @@ fuzz:
 	$(GO) test -run '^$$' -fuzz=FuzzDecode -fuzztime=$(FUZZTIME) ./wire
 	$(GO) test -run '^$$' -fuzz=FuzzDecodeCommand -fuzztime=$(FUZZTIME) ./queue
 
+# The example client spec/examples/minimal_client.py (Python 3, standard
+# library only, written from spec/PROTOCOL.md alone) against a warrend of its
+# own on free loopback ports with a temporary data directory (disk alarm off:
+# the check must not depend on the machine's free space); exits non-zero when
+# any of its checks fails, with the broker's log. Not part of make test: CI
+# may have no python3.
+.PHONY: spec-client-check
+spec-client-check:
+	$(GO) build -o bin/warrend ./cmd/warrend
+	@command -v python3 >/dev/null || { echo "spec-client-check needs python3"; exit 1; }
+	@data=$$(mktemp -d); log=$$data.log; \
+	read -r port http < <(python3 -c 'import socket; s = [socket.socket() for _ in range(2)]; [x.bind(("127.0.0.1", 0)) for x in s]; print(*[x.getsockname()[1] for x in s])'); \
+	bin/warrend --listen 127.0.0.1:$$port --http 127.0.0.1:$$http --data $$data --disk-free-limit -1 >$$log 2>&1 & pid=$$!; \
+	trap 'kill $$pid 2>/dev/null; wait $$pid 2>/dev/null; rm -rf $$data $$log' EXIT; \
+	for i in $$(seq 300); do \
+		(exec 3<>/dev/tcp/127.0.0.1/$$port) 2>/dev/null && break; \
+		kill -0 $$pid 2>/dev/null || { echo "warrend exited:"; cat $$log; exit 1; }; \
+		sleep 0.1; \
+	done; \
+	python3 spec/examples/minimal_client.py --addr 127.0.0.1:$$port || { echo "--- warrend log"; tail -50 $$log; exit 1; }
+
 # Regenerate spec/vectors from the Go cases (review the diff!).
 vectors:
 	$(GO) test ./wire -run TestVectors -update
