@@ -295,7 +295,7 @@ func (b *Broker) tickGroups() {
 				if s.idx == 0 {
 					s.b.helloOrigins()
 				}
-				if len(s.fc.byID)+len(s.fc.links)+len(s.fc.purges) > 0 {
+				if len(s.fc.byID)+len(s.fc.links)+len(s.fc.purges)+len(s.fc.status) > 0 {
 					s.now = s.b.NowMs()
 					s.tickForwarded()
 				}

@@ -147,6 +147,9 @@ func (s *shard) apply(c *Command) {
 		if s.fwdBarrier(c) {
 			return // answered once a get forwarded for the queue is
 		}
+		if c.Queue != nil && c.Queue.remote && s.fwdStatusAsk(c) {
+			return // answered once its leader or home sent its counts (forward_status.go)
+		}
 		if q := c.Queue; q != nil && q.grp != nil && !q.gone && q.grp.Err() == nil {
 			if seq := q.grp.LastSeq(); seq > q.applSeq {
 				// A durable queue: answered once what was added to

@@ -141,6 +141,9 @@ type fwdConsume struct {
 	purgeSeq uint64
 
 	waiting map[*Queue]int // requests waiting for a leader to be known, per queue
+
+	status    map[uint64]*fwdStatus // barriers waiting for their queue's counts (forward_status.go)
+	statusSeq uint64
 }
 
 // fwdConsumer is a client's consumer of a queue led elsewhere.
@@ -597,6 +600,7 @@ func (s *shard) sortedOf(q *Queue) []*fwdConsumer {
 
 // fwdQueueGone tells q's forwarded consumers their queue was deleted.
 func (s *shard) fwdQueueGone(q *Queue, reason string) {
+	s.statusTick(q)
 	for _, id := range sortedPurges(s.fc.purges) {
 		if p := s.fc.purges[id]; p.q == q && p.to == 0 {
 			s.endPurge(id, Result{Code: wire.NotFound, Reason: "no queue " + q.name})
@@ -635,6 +639,7 @@ func (s *shard) nextLeader(q *Queue, from uint64) uint64 {
 func (s *shard) tickForwarded() {
 	fc := &s.fc
 	limit := s.forwardTimeoutMs()
+	s.statusTick(nil)
 	for _, id := range sortedPurges(fc.purges) {
 		p := fc.purges[id]
 		switch {
@@ -841,6 +846,10 @@ func (s *shard) fromLeader(from uint64, p []byte) {
 		w.sink.Answer(w.req, Result{Code: wire.Code(binary.LittleEndian.Uint32(p[8:])), N: int64(binary.LittleEndian.Uint64(p[12:])), Reason: string(p[20:])})
 		return
 	}
+	if op == 't' {
+		s.statusAnswered(p)
+		return
+	}
 	if op == 'v' {
 		if len(p) >= 16 {
 			s.purgeMoved(from, binary.LittleEndian.Uint64(p), binary.LittleEndian.Uint64(p[8:]))
@@ -994,7 +1003,7 @@ func (b *Broker) forwardedConsume(from uint64, p []byte) {
 	}
 	op := p[1]
 	switch op {
-	case 'S', 'A', 'X', 'U':
+	case 'S', 'A', 'X', 'U', 'T':
 		if len(p) < 18 {
 			return
 		}
@@ -1030,14 +1039,14 @@ func (b *Broker) forwardedConsume(from uint64, p []byte) {
 			s := q.shard
 			s.submit(Command{Kind: cmdPost, post: func() { s.keepalive(from, q, link, sent) }})
 		}
-	case 'd', 's', 'x', 'm', 'g', 'l', 'k', 'e', 'u', 'v':
+	case 'd', 's', 'x', 'm', 'g', 'l', 'k', 'e', 'u', 'v', 't':
 		if len(p) < 10 {
 			return
 		}
 		// A link's id, or a purge's, names the origin shard.
 		id := binary.LittleEndian.Uint64(p[2:])
 		i := int(id >> 40 & 0xff)
-		if op == 'u' || op == 'v' {
+		if op == 'u' || op == 'v' || op == 't' {
 			i = int(id >> 56)
 		} else if op == 'd' {
 			if len(p) < 14 {
@@ -1062,6 +1071,8 @@ func (b *Broker) refuseLink(from uint64, p []byte) {
 		b.sendFwd(from, subscribedAnswer(id, wire.NotFound, 0, false, "no such queue on the node asked"))
 	case 'U':
 		b.sendFwd(from, purgeAnswer(id, Result{Code: wire.NotFound, Reason: "no such queue on the node asked"}))
+	case 'T':
+		b.sendFwd(from, statusAnswer(id, nil, false))
 	}
 }
 
@@ -1103,6 +1114,10 @@ func (s *shard) forLeader(from uint64, q *Queue, p []byte) {
 	// A replicated queue this node leads, or one that lives here
 	// (homed.go).
 	here := !q.gone && !q.remote && q.m != nil && q.leads() && (q.replicated || q.home != 0)
+	if op == 'T' {
+		s.b.sendFwd(from, statusAnswer(id, q, here))
+		return
+	}
 	if op == 'U' {
 		if !here && !q.gone {
 			// The origin follows it (it knew an earlier leader).

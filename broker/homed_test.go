@@ -66,8 +66,15 @@ func TestClusterHomedQueues(t *testing.T) {
 		t.Fatalf("%d confirmed", len(got))
 	}
 	c.waitFor("15 messages at the home", func() bool { info, _ := n1.b.Load().Queue("tq"); return info.Ready == 15 })
-	if info, _ := n2.b.Load().Queue("tq"); info.Ready != 0 {
-		t.Fatalf("node 2 holds %d messages of a queue that lives on node 1", info.Ready)
+	// Node 2 holds none of them, and fetches the counts from the home
+	// for a barrier (what a passive declare is answered after).
+	q2 := n2.b.Load().topo.lookupQueue("tq")
+	barrier(t, q2.shard)
+	if q2.m != nil || q2.ReadyCount() != 0 {
+		t.Fatalf("node 2 holds a copy of a queue that lives on node 1 (%d ready)", q2.ReadyCount())
+	}
+	if r := askShard(t, n2.b.Load(), Command{Kind: CmdBarrier, Queue: q2}); r.Code != wire.OK || q2.ReadyCount() != 15 {
+		t.Fatalf("a barrier on node 2 answered %+v with %d ready, want the home's 15", r, q2.ReadyCount())
 	}
 
 	// Consumed on node 3, through the home: each message once.
@@ -99,7 +106,6 @@ func TestClusterHomedQueues(t *testing.T) {
 		t.Fatalf("the purge on node 3 answered %+v, want 3 purged", r)
 	}
 	// A conditional delete needs the home; a plain one works anywhere.
-	q2 := n2.b.Load().topo.lookupQueue("tq")
 	if r := askShard(t, n2.b.Load(), Command{Kind: CmdDelete, Queue: q2, IfEmpty: true, Req: 3}); r.Code != wire.PreconditionFailed || !strings.Contains(r.Reason, "lives on node 1") {
 		t.Fatalf("an if-empty delete on node 2 answered %+v", r)
 	}
@@ -196,6 +202,9 @@ func TestClusterForwardRedirected(t *testing.T) {
 	}
 	if l := oq.lead.Load(); l != holder.id {
 		t.Fatalf("the origin forwards to node %d after the redirect, want the holder %d", l, holder.id)
+	}
+	if r := askShard(t, origin.b.Load(), Command{Kind: CmdBarrier, Queue: oq}); r.Code != wire.OK || oq.ReadyCount() != 4 {
+		t.Fatalf("a barrier at the origin answered %+v with %d ready, want the leader's 4", r, oq.ReadyCount())
 	}
 	if got := queueBodies(t, c, "one", 4); !slices.Equal(got, []string{"m000", "m001", "m002", "m003"}) {
 		t.Fatalf("the queue holds %v", got)
