@@ -113,6 +113,10 @@ func (s *shard) apply(c *Command) {
 	case CmdCreate:
 		s.createQueue(c.Queue)
 	case CmdDelete:
+		if q := c.Queue; q.remote && !q.gone && (c.IfUnused || c.IfEmpty) && s.b.cfg.Durable != nil {
+			s.fwdDelete(q, c.Sink, c.Req, c.IfUnused, c.IfEmpty) // its conditions are checked where it is
+			return
+		}
 		c.Sink.Answer(c.Req, s.deleteIf(c.Queue, c.IfUnused, c.IfEmpty, c.Reason))
 	case CmdPurge:
 		if q := c.Queue; q.ledElsewhere() {

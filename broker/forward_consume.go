@@ -89,7 +89,7 @@ import (
 //	  'X' link | queue | mode u8                                                cancel, cancel+requeue, down
 //	  'K' n u32 | n × (link | queue | sent u64)                                 keepalive
 //	  'U' id u64 | queue                                                        purge
-//	  'I' incarnation u64                                                       hello, to every node
+//	  'W' id u64 | queue | if u8 (1 if-unused, 2 if-empty)                      delete (answered as a purge)
 //	  'I' incarnation u64                                                       hello, to every node
 //	leader → origin
 //	  's' link | code u32 | leader u64 | moved u8 | reason                      subscribed
@@ -190,7 +190,23 @@ type fwdPurge struct {
 
 	waits     bool // counted in fwdConsume.waiting
 	redirects int  // "not the leader" answers followed
+	// del: a delete with if-unused (delIfUnused) or if-empty
+	// (delIfEmpty), forwarded as a purge is (0: a purge)
+	del byte
 }
+
+func (w *fwdPurge) what() string {
+	if w.del != 0 {
+		return "delete"
+	}
+	return "purge"
+}
+
+// A forwarded delete's conditions ('W').
+const (
+	delIfUnused = 1
+	delIfEmpty  = 2
+)
 
 // forwardTimeoutMs is DurableConfig.ForwardTimeout or its default, in ms.
 func (s *shard) forwardTimeoutMs() int64 {
@@ -645,7 +661,7 @@ func (s *shard) tickForwarded() {
 		switch {
 		case p.to != 0:
 			if s.now-p.at >= limit {
-				s.endPurge(id, Result{Code: wire.InternalError, Reason: "the queue's leader did not answer the forwarded purge in time: it may or may not have happened"})
+				s.endPurge(id, Result{Code: wire.InternalError, Reason: "the queue's leader did not answer the forwarded " + p.what() + " in time: it may or may not have happened"})
 			}
 		case p.q.gone:
 			s.endPurge(id, Result{Code: wire.NotFound, Reason: "no queue " + p.q.name})
@@ -728,6 +744,24 @@ func (s *shard) fwdPurge(q *Queue, k Sink, req uint64) {
 		k.Answer(req, Result{Code: code, Reason: reason})
 		return
 	}
+	s.fwdPurgeOrDelete(q, k, req, 0)
+}
+
+// fwdDelete forwards a delete of q with if-unused or if-empty to its
+// leader, which checks them (this node holds no copy of q): as a purge
+// is forwarded, answered the same way.
+func (s *shard) fwdDelete(q *Queue, k Sink, req uint64, ifUnused, ifEmpty bool) {
+	var del byte
+	if ifUnused {
+		del |= delIfUnused
+	}
+	if ifEmpty {
+		del |= delIfEmpty
+	}
+	s.fwdPurgeOrDelete(q, k, req, del)
+}
+
+func (s *shard) fwdPurgeOrDelete(q *Queue, k Sink, req uint64, del byte) {
 	lead := s.knownLeader(q)
 	if lead == 0 {
 		if code, reason, ok := s.mayWait(q); !ok {
@@ -741,7 +775,7 @@ func (s *shard) fwdPurge(q *Queue, k Sink, req uint64) {
 	if fc.purges == nil {
 		fc.purges = map[uint64]*fwdPurge{}
 	}
-	fc.purges[id] = &fwdPurge{q: q, sink: k, req: req, at: s.now}
+	fc.purges[id] = &fwdPurge{q: q, sink: k, req: req, at: s.now, del: del}
 	if lead == 0 {
 		s.purgeWaits(fc.purges[id], true)
 		return
@@ -764,11 +798,17 @@ func (s *shard) purgeWaits(w *fwdPurge, waits bool) {
 func (s *shard) sendPurge(id, lead uint64) {
 	w := s.fc.purges[id]
 	s.purgeWaits(w, false)
-	p := append(make([]byte, 0, 18), 'c', 'U')
+	p := append(make([]byte, 0, 19), 'c', 'U')
+	if w.del != 0 {
+		p[1] = 'W'
+	}
 	p = binary.LittleEndian.AppendUint64(p, id)
 	p = binary.LittleEndian.AppendUint64(p, uint64(w.q.id))
+	if w.del != 0 {
+		p = append(p, w.del)
+	}
 	if !s.b.sendFwd(lead, p) {
-		s.endPurge(id, Result{Code: wire.InternalError, Reason: "the purge could not be sent to the queue's leader (node " + strconv.FormatUint(lead, 10) + "): retry it"})
+		s.endPurge(id, Result{Code: wire.InternalError, Reason: "the " + w.what() + " could not be sent to the queue's leader (node " + strconv.FormatUint(lead, 10) + "): retry it"})
 		return
 	}
 	w.to, w.at = lead, s.now
@@ -1003,7 +1043,7 @@ func (b *Broker) forwardedConsume(from uint64, p []byte) {
 	}
 	op := p[1]
 	switch op {
-	case 'S', 'A', 'X', 'U', 'T':
+	case 'S', 'A', 'X', 'U', 'T', 'W':
 		if len(p) < 18 {
 			return
 		}
@@ -1069,7 +1109,7 @@ func (b *Broker) refuseLink(from uint64, p []byte) {
 	switch p[1] {
 	case 'S':
 		b.sendFwd(from, subscribedAnswer(id, wire.NotFound, 0, false, "no such queue on the node asked"))
-	case 'U':
+	case 'U', 'W':
 		b.sendFwd(from, purgeAnswer(id, Result{Code: wire.NotFound, Reason: "no such queue on the node asked"}))
 	case 'T':
 		b.sendFwd(from, statusAnswer(id, nil, false))
@@ -1118,13 +1158,21 @@ func (s *shard) forLeader(from uint64, q *Queue, p []byte) {
 		s.b.sendFwd(from, statusAnswer(id, q, here))
 		return
 	}
-	if op == 'U' {
+	if op == 'U' || op == 'W' {
 		if !here && !q.gone {
 			// The origin follows it (it knew an earlier leader).
 			s.b.sendFwd(from, binary.LittleEndian.AppendUint64(linkNote('v', id), q.lead.Load()))
 			return
 		}
-		s.apply(&Command{Kind: CmdPurge, Queue: q, Sink: &purgeSink{b: s.b, to: from, id: id}})
+		k := &purgeSink{b: s.b, to: from, id: id}
+		if op == 'W' {
+			if len(p) < 1 {
+				return
+			}
+			s.apply(&Command{Kind: CmdDelete, Queue: q, Sink: k, IfUnused: p[0]&delIfUnused != 0, IfEmpty: p[0]&delIfEmpty != 0, Reason: "queue deleted"})
+			return
+		}
+		s.apply(&Command{Kind: CmdPurge, Queue: q, Sink: k})
 		return
 	}
 	if op == 'S' {

@@ -99,18 +99,18 @@ func TestClusterHomedQueues(t *testing.T) {
 	b3.Submit(Command{Kind: CmdCancel, Queue: q3, Consumer: 1})
 	k.waitFor(t, "the consumer gone", func() bool { return slices.Contains(k.gone, 1) })
 
-	// Purged from node 3.
+	// Purged from node 3; deleted if empty from node 2: both checked
+	// and done at the home.
 	p.publish(n2, "tq", 3)
 	p.confirmed()
+	if r := askShard(t, n2.b.Load(), Command{Kind: CmdDelete, Queue: q2, IfEmpty: true, Req: 3}); r.Code != wire.PreconditionFailed || !strings.Contains(r.Reason, "not empty") {
+		t.Fatalf("an if-empty delete of a queue with messages, on node 2, answered %+v", r)
+	}
 	if r := askShard(t, b3, Command{Kind: CmdPurge, Queue: q3, Req: 2}); r.Code != wire.OK || r.N != 3 {
 		t.Fatalf("the purge on node 3 answered %+v, want 3 purged", r)
 	}
-	// A conditional delete needs the home; a plain one works anywhere.
-	if r := askShard(t, n2.b.Load(), Command{Kind: CmdDelete, Queue: q2, IfEmpty: true, Req: 3}); r.Code != wire.PreconditionFailed || !strings.Contains(r.Reason, "lives on node 1") {
-		t.Fatalf("an if-empty delete on node 2 answered %+v", r)
-	}
-	if r := askShard(t, n2.b.Load(), Command{Kind: CmdDelete, Queue: q2, Req: 4}); r.Code != wire.OK {
-		t.Fatalf("a delete on node 2 answered %+v", r)
+	if r := askShard(t, n2.b.Load(), Command{Kind: CmdDelete, Queue: q2, IfEmpty: true, IfUnused: true, Req: 4}); r.Code != wire.OK {
+		t.Fatalf("an if-empty, if-unused delete of the empty queue on node 2 answered %+v", r)
 	}
 	c.waitFor("tq gone everywhere", func() bool { return !hasQueue(n1, "tq") && !hasQueue(n2, "tq") && !hasQueue(n3, "tq") })
 
@@ -208,6 +208,11 @@ func TestClusterForwardRedirected(t *testing.T) {
 	}
 	if got := queueBodies(t, c, "one", 4); !slices.Equal(got, []string{"m000", "m001", "m002", "m003"}) {
 		t.Fatalf("the queue holds %v", got)
+	}
+	// A conditional delete at the origin is checked by the leader (which
+	// has queueBodies' consumer).
+	if r := askShard(t, origin.b.Load(), Command{Kind: CmdDelete, Queue: oq, IfUnused: true, Req: 1}); r.Code != wire.PreconditionFailed || !strings.Contains(r.Reason, "has consumers") {
+		t.Fatalf("an if-unused delete at the origin answered %+v", r)
 	}
 }
 
