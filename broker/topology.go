@@ -523,6 +523,15 @@ func normArgs(t wire.Table) wire.Table {
 // declareExchange creates an exchange or checks an existing one; user is
 // the declaring user ("" for the admin API).
 func (t *topology) declareExchange(d *wire.ExchangeDeclare, user string) error {
+	// Checked here, before the metadata log, not by the metadata machine:
+	// a declare it accepted before this check replays as it was.
+	for i := range d.Args {
+		for j := range i {
+			if d.Args[j].Key == d.Args[i].Key {
+				return reqErr(wire.InvalidArgument, "exchange argument %q given twice", d.Args[i].Key)
+			}
+		}
+	}
 	if cl := t.cl.Load(); cl != nil {
 		return t.clusterChange(cl, &MetaCommand{Op: MetaDeclareExchange, User: user, Exchange: *d}).Err()
 	}

@@ -40,3 +40,18 @@ func TestHeadersBindingXMatchValidated(t *testing.T) {
 		t.Errorf("x-match on a direct exchange: %v", err)
 	}
 }
+
+// TestExchangeArgGivenTwice: an exchange argument given twice is refused,
+// as queue and SUBSCRIBE arguments are, and the exchange is not made.
+func TestExchangeArgGivenTwice(t *testing.T) {
+	b := startBroker(t, Config{Shards: 1})
+	hh := wire.Field{Key: "hash-header", Value: wire.String("h")}
+	err := b.DeclareExchange(wire.ExchangeDeclare{Name: "ch", Kind: wire.ExchangeConsistentHash, Args: wire.Table{hh, hh}})
+	var we *wire.Error
+	if !errors.As(err, &we) || we.Code != wire.InvalidArgument || !strings.Contains(we.Reason, `"hash-header" given twice`) {
+		t.Fatalf("declare with hash-header twice: %v, want invalid_argument naming the key", err)
+	}
+	if err := b.DeclareExchange(wire.ExchangeDeclare{Name: "ch", Kind: wire.ExchangeConsistentHash, Args: wire.Table{hh}}); err != nil {
+		t.Fatalf("the refused declare left something behind: %v", err)
+	}
+}
