@@ -368,34 +368,27 @@ func (s *shard) appliedEnqueue(q *Queue, a *replication.Applied, c *queue.Enqueu
 func (s *shard) enqueueDurable(q *Queue, items []EnqItem, batch *PublishBatch, w *partWait, dl *dlWait, from *replication.Origin) *partWait {
 	rejecting := q.args.Overflow == wire.RejectPublish || q.args.Overflow == wire.RejectPublishDLX
 	wait := batch != nil && (rejecting || from != nil)
-	buf := s.encBuf[:0]
-	offs := s.offScratch[:0]
 	msgs := s.dmsgScratch[:0]
+	size := int64(0)
 	for _, it := range items {
 		if batch != nil && it.Msg.Flags&wire.Persistent != 0 {
 			wait = true
 		}
-		offs = append(offs, len(buf))
-		buf = appendLogMsg(buf, it.Msg)
+		size += int64(logMsgLen(it.Msg))
 		msgs = append(msgs, it.Meta)
 	}
-	offs = append(offs, len(buf))
-	size := int64(len(buf))
-	bodies := s.bodyScratch[:0]
-	for i := range items {
-		bodies = append(bodies, buf[offs[i]:offs[i+1]:offs[i+1]])
-	}
-	s.enqCmd = queue.Enqueue{NowMs: s.now, Msgs: msgs, Bodies: bodies}
+	// Each message's log form is written once, from its arena straight
+	// into the entry (logBodies).
+	s.logSrc.items = items
 	var seq uint64
 	var err error
 	if from != nil {
-		seq, err = q.grp.AddFrom(*from, &s.enqCmd)
+		seq, err = q.grp.AddEnqueueFrom(*from, s.now, msgs, &s.logSrc)
 	} else {
-		seq, err = q.grp.Add(&s.enqCmd)
+		seq, err = q.grp.AddEnqueue(s.now, msgs, &s.logSrc)
 	}
-	s.enqCmd = queue.Enqueue{}
-	clear(bodies)
-	s.encBuf, s.offScratch, s.bodyScratch, s.dmsgScratch = buf[:0], offs[:0], bodies[:0], msgs[:0]
+	s.logSrc.items = nil
+	s.dmsgScratch = msgs[:0]
 	for _, it := range items {
 		s.release(it.Msg)
 		if err != nil {
@@ -451,6 +444,19 @@ func batchSink(b *PublishBatch) Sink {
 // The log form of a message: flags, priority, the lengths of exchange,
 // routing key and properties, then the four byte strings.
 const logMsgHeader = 10
+
+// logMsgLen is the length of m's log form.
+func logMsgLen(m *StoredMsg) int {
+	return logMsgHeader + int(m.exchange.n) + int(m.key.n) + int(m.props.n) + int(m.bd.n)
+}
+
+// logBodies is the queue.BodySource of a durable queue's Enqueue: the
+// log forms of items' messages, written from their arenas into the entry.
+type logBodies struct{ items []EnqItem }
+
+func (l *logBodies) BodyLen(i int) int { return logMsgLen(l.items[i].Msg) }
+
+func (l *logBodies) AppendBody(dst []byte, i int) []byte { return appendLogMsg(dst, l.items[i].Msg) }
 
 func appendLogMsg(b []byte, m *StoredMsg) []byte {
 	b = append(b, byte(m.Flags), m.Priority)

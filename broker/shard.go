@@ -86,11 +86,8 @@ type shard struct {
 	removing    int                 // groups of deleted durable queues whose removal has not finished
 	removeWait  []chan struct{}     // waitGroupRemovals callers, released when removing is 0
 	waitFree    []*partWait
-	encBuf      []byte
-	offScratch  []int
-	bodyScratch [][]byte
 	dmsgScratch []queue.Message
-	enqCmd      queue.Enqueue // the commands a durable queue adds (Add encodes them at once)
+	logSrc      logBodies // the bodies of the Enqueue a durable queue adds (AddEnqueue encodes them at once)
 	settleCmd   queue.Settle
 	tickScratch queue.Tick
 	downCmd     queue.Down

@@ -36,9 +36,6 @@ func AppendCommand(dst []byte, cmd Command) []byte {
 	switch c := cmd.(type) {
 	case *Enqueue:
 		dst = appendHeader(dst, KindEnqueue, c.NowMs)
-		if len(c.Msgs) > 1<<32-1 {
-			panic("queue: Enqueue of 2^32 messages or more")
-		}
 		flags := byte(0)
 		if c.Bodies != nil {
 			if len(c.Bodies) != len(c.Msgs) {
@@ -46,11 +43,7 @@ func AppendCommand(dst []byte, cmd Command) []byte {
 			}
 			flags |= enqFlagBodies
 		}
-		dst = append(dst, flags)
-		dst = le.AppendUint32(dst, uint32(len(c.Msgs)))
-		for i := range c.Msgs {
-			dst = appendMessage(dst, &c.Msgs[i])
-		}
+		dst = appendMessages(dst, flags, c.Msgs)
 		for _, b := range c.Bodies {
 			if uint64(len(b)) > 1<<32-1 {
 				panic("queue: Enqueue body of 4 GiB or more")
@@ -101,6 +94,53 @@ func AppendCommand(dst []byte, cmd Command) []byte {
 		dst = le.AppendUint64(dst, c.ID)
 	default:
 		panic("queue: AppendCommand of a nil command")
+	}
+	return dst
+}
+
+// BodySource hands AppendEnqueue an Enqueue's bodies one at a time, so
+// that a caller keeping its messages in another form writes each body
+// straight into the encoding (one copy) rather than building the bodies
+// first and having them copied again.
+type BodySource interface {
+	// BodyLen is the length of message i's body (less than 4 GiB).
+	BodyLen(i int) int
+	// AppendBody appends message i's body, BodyLen(i) bytes, to dst and
+	// returns the extended slice.
+	AppendBody(dst []byte, i int) []byte
+}
+
+// AppendEnqueue appends the encoding of an Enqueue of msgs at nowMs whose
+// body i is what src appends for message i: the same bytes AppendCommand
+// writes for an Enqueue with those Bodies. It allocates nothing when dst
+// has room (and src allocates nothing). It panics when src appends other
+// than BodyLen bytes (the caller's bug).
+func AppendEnqueue(dst []byte, nowMs int64, msgs []Message, src BodySource) []byte {
+	dst = appendHeader(dst, KindEnqueue, nowMs)
+	dst = appendMessages(dst, enqFlagBodies, msgs)
+	for i := range msgs {
+		n := src.BodyLen(i)
+		if n < 0 || uint64(n) > 1<<32-1 {
+			panic("queue: Enqueue body of 4 GiB or more")
+		}
+		dst = le.AppendUint32(dst, uint32(n))
+		at := len(dst)
+		if dst = src.AppendBody(dst, i); len(dst)-at != n {
+			panic(fmt.Sprintf("queue: BodySource appended %d bytes for a body of %d", len(dst)-at, n))
+		}
+	}
+	return dst
+}
+
+// appendMessages appends an Enqueue's flags, count and message records.
+func appendMessages(dst []byte, flags byte, msgs []Message) []byte {
+	if len(msgs) > 1<<32-1 {
+		panic("queue: Enqueue of 2^32 messages or more")
+	}
+	dst = append(dst, flags)
+	dst = le.AppendUint32(dst, uint32(len(msgs)))
+	for i := range msgs {
+		dst = appendMessage(dst, &msgs[i])
 	}
 	return dst
 }

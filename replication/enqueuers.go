@@ -77,7 +77,17 @@ func (e *EntryEncoder) AddFrom(o Origin, enq *queue.Enqueue) error {
 	le.PutUint64(pre[:], o.Enqueuer)
 	le.PutUint64(pre[8:], o.Incarnation)
 	le.PutUint64(pre[16:], o.QSeq)
-	return e.addFrame(kindPublishFrom, pre[:], enq)
+	return e.addFrame(kindPublishFrom, pre[:], enq, nil)
+}
+
+// AddEnqueueFrom appends, as a publish-from of origin o, an Enqueue whose
+// bodies src writes (see AddEnqueue).
+func (e *EntryEncoder) AddEnqueueFrom(o Origin, nowMs int64, msgs []queue.Message, src queue.BodySource) error {
+	var pre [publishFromLen]byte
+	le.PutUint64(pre[:], o.Enqueuer)
+	le.PutUint64(pre[8:], o.Incarnation)
+	le.PutUint64(pre[16:], o.QSeq)
+	return e.addFrame(kindPublishFrom, pre[:], nil, &enqueueSrc{nowMs, msgs, src})
 }
 
 // AddEnqueuerDown appends an enqueuer-down: enqueuer (of incarnations up
@@ -86,13 +96,19 @@ func (e *EntryEncoder) AddEnqueuerDown(enqueuer, inc uint64) error {
 	var pre [enqueuerDownLen]byte
 	le.PutUint64(pre[:], enqueuer)
 	le.PutUint64(pre[8:], inc)
-	return e.addFrame(kindEnqueuerDown, pre[:], nil)
+	return e.addFrame(kindEnqueuerDown, pre[:], nil, nil)
 }
 
 // AddFrom adds enq to the group's next entry as a publish-from of origin o
 // (a publish another node forwarded here); as Add.
 func (g *Group) AddFrom(o Origin, enq *queue.Enqueue) (seq uint64, err error) {
 	return g.addWith(func() error { return g.enc.AddFrom(o, enq) })
+}
+
+// AddEnqueueFrom adds, as a publish-from of origin o, an Enqueue whose
+// bodies src writes into the entry (EntryEncoder.AddEnqueue); as Add.
+func (g *Group) AddEnqueueFrom(o Origin, nowMs int64, msgs []queue.Message, src queue.BodySource) (seq uint64, err error) {
+	return g.addWith(func() error { return g.enc.AddEnqueueFrom(o, nowMs, msgs, src) })
 }
 
 // AddEnqueuerDown adds an enqueuer-down to the group's next entry; as Add.
@@ -102,25 +118,15 @@ func (g *Group) AddEnqueuerDown(enqueuer, inc uint64) (seq uint64, err error) {
 
 // addWith is Add for an encoder call other than Add.
 func (g *Group) addWith(add func() error) (uint64, error) {
-	if g.err != nil {
-		return 0, g.err
-	}
-	if !g.leader && (len(g.conf.Voters) > 1 || len(g.conf.Learners) > 0) {
-		return 0, ErrNotLeader
-	}
-	if g.w.failed != nil {
-		return 0, ErrWorkerStopped
+	if err := g.canAdd(); err != nil {
+		return 0, err
 	}
 	err := add()
 	if errors.Is(err, ErrEntryFull) {
 		g.full = append(g.full, g.finish(g.w.now))
 		err = add()
 	}
-	if err != nil {
-		return 0, err
-	}
-	g.w.mark(g)
-	return g.seq + 1, nil
+	return g.added(err)
 }
 
 // FromOutcome is what became of a publish-from (Applied.From).

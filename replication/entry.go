@@ -177,12 +177,28 @@ func (e *EntryEncoder) Len() int {
 // ErrCommandTooLarge for an Enqueue larger than any entry. It panics on a
 // value queue.AppendCommand cannot encode (the caller's bug).
 func (e *EntryEncoder) Add(cmd queue.Command) error {
-	return e.addFrame(0, nil, cmd)
+	return e.addFrame(0, nil, cmd, nil)
+}
+
+// AddEnqueue appends an Enqueue of msgs at nowMs whose bodies src writes
+// straight into the entry (queue.AppendEnqueue: the same bytes as Add of
+// an Enqueue holding those bodies, without building them first). Errors
+// as Add's.
+func (e *EntryEncoder) AddEnqueue(nowMs int64, msgs []queue.Message, src queue.BodySource) error {
+	return e.addFrame(0, nil, nil, &enqueueSrc{nowMs, msgs, src})
+}
+
+// enqueueSrc is an Enqueue whose bodies a BodySource writes.
+type enqueueSrc struct {
+	nowMs int64
+	msgs  []queue.Message
+	src   queue.BodySource
 }
 
 // addFrame appends a frame: a queue command (kind 0: the command's own),
-// or an enqueuer frame of kind kind holding pre and then cmd (nil: none).
-func (e *EntryEncoder) addFrame(kind byte, pre []byte, cmd queue.Command) error {
+// or an enqueuer frame of kind kind holding pre and then cmd (nil: none);
+// with es, the command is the Enqueue es describes (cmd is nil).
+func (e *EntryEncoder) addFrame(kind byte, pre []byte, cmd queue.Command, es *enqueueSrc) error {
 	msgs, need := 0, 64+len(pre)
 	if enq, ok := cmd.(*queue.Enqueue); ok {
 		msgs = len(enq.Msgs)
@@ -192,6 +208,16 @@ func (e *EntryEncoder) addFrame(kind byte, pre []byte, cmd queue.Command) error 
 		need += msgs * 64
 		for _, b := range enq.Bodies {
 			need += 4 + len(b)
+		}
+	}
+	if es != nil {
+		msgs = len(es.msgs)
+		if msgs > MaxEntryMessages {
+			return ErrCommandTooLarge
+		}
+		need += msgs * 64
+		for i := range msgs {
+			need += 4 + es.src.BodyLen(i)
 		}
 	}
 	if e.msgs+msgs > MaxEntryMessages || e.n+1 > MaxEntryCommands {
@@ -213,7 +239,10 @@ func (e *EntryEncoder) addFrame(kind byte, pre []byte, cmd queue.Command) error 
 	start := len(e.buf)
 	e.buf = append(e.buf, 0, 0, 0, 0, 0, 0, 0, 0)
 	e.buf = append(e.buf, pre...)
-	if cmd != nil {
+	switch {
+	case es != nil:
+		e.buf = queue.AppendEnqueue(e.buf, es.nowMs, es.msgs, es.src)
+	case cmd != nil:
 		e.buf = queue.AppendCommand(e.buf, cmd)
 	}
 	n := len(e.buf) - start - frameHeaderLen

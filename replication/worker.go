@@ -387,23 +387,52 @@ func (g *Group) LastSeq() uint64 {
 // may be reused when Add returns. Its time and message ids are set at
 // apply.
 func (g *Group) Add(cmd queue.Command) (seq uint64, err error) {
-	if g.err != nil {
-		return 0, g.err
-	}
-	if !g.leader && (len(g.conf.Voters) > 1 || len(g.conf.Learners) > 0) {
-		return 0, ErrNotLeader
-	}
-	if g.w.failed != nil {
-		return 0, ErrWorkerStopped
-	}
-	if g.enc.buf == nil && g.encHint > 256<<10 {
-		g.enc.buf = segment.LargeBuf(g.encHint + g.encHint/4)
+	if err := g.canAdd(); err != nil {
+		return 0, err
 	}
 	err = g.enc.Add(cmd)
 	if errors.Is(err, ErrEntryFull) {
 		g.full = append(g.full, g.finish(g.w.now))
 		err = g.enc.Add(cmd)
 	}
+	return g.added(err)
+}
+
+// AddEnqueue adds an Enqueue of msgs whose bodies src writes straight
+// into the entry (EntryEncoder.AddEnqueue: one copy of each body, where
+// building an Enqueue's Bodies for Add costs two); as Add.
+func (g *Group) AddEnqueue(nowMs int64, msgs []queue.Message, src queue.BodySource) (seq uint64, err error) {
+	if err := g.canAdd(); err != nil {
+		return 0, err
+	}
+	err = g.enc.AddEnqueue(nowMs, msgs, src)
+	if errors.Is(err, ErrEntryFull) {
+		g.full = append(g.full, g.finish(g.w.now))
+		err = g.enc.AddEnqueue(nowMs, msgs, src)
+	}
+	return g.added(err)
+}
+
+// canAdd says whether the group takes commands, and gives an encoder
+// with no buffer one of about the size of the group's last entry.
+func (g *Group) canAdd() error {
+	if g.err != nil {
+		return g.err
+	}
+	if !g.leader && (len(g.conf.Voters) > 1 || len(g.conf.Learners) > 0) {
+		return ErrNotLeader
+	}
+	if g.w.failed != nil {
+		return ErrWorkerStopped
+	}
+	if g.enc.buf == nil && g.encHint > 256<<10 {
+		g.enc.buf = segment.LargeBuf(g.encHint + g.encHint/4)
+	}
+	return nil
+}
+
+// added ends an Add: the seq of the entry the command went into.
+func (g *Group) added(err error) (uint64, error) {
 	if err != nil {
 		return 0, err
 	}
