@@ -123,7 +123,7 @@ func (g *Group) addWith(add func() error) (uint64, error) {
 	}
 	err := add()
 	if errors.Is(err, ErrEntryFull) {
-		g.full = append(g.full, g.finish(g.w.now))
+		g.endEntry()
 		err = add()
 	}
 	return g.added(err)

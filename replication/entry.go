@@ -69,7 +69,6 @@ import (
 	"strconv"
 
 	"github.com/warren-mq/warren/queue"
-	"github.com/warren-mq/warren/segment"
 	"go.etcd.io/raft/v3/raftpb"
 )
 
@@ -150,9 +149,13 @@ type EntryEncoder struct {
 	n    int  // commands
 	msgs int  // messages in the Enqueue commands
 	v2   bool // holds an enqueuer frame: version 2
+	// split (0: none): an entry of at least split bytes whose buffer has
+	// no room for the next command is full (ErrEntryFull) rather than
+	// copied into a larger buffer.
+	split int
 }
 
-// Reset empties the encoder, keeping its buffer.
+// Reset empties the encoder, keeping its buffer (and split).
 func (e *EntryEncoder) Reset() {
 	e.buf, e.n, e.msgs, e.v2 = e.buf[:0], 0, 0, false
 }
@@ -224,13 +227,16 @@ func (e *EntryEncoder) addFrame(kind byte, pre []byte, cmd queue.Command, es *en
 		return ErrEntryFull
 	}
 	if need += entryHeaderLen; cap(e.buf)-len(e.buf) < need {
+		if e.split > 0 && e.n > 0 && len(e.buf) >= e.split {
+			return ErrEntryFull
+		}
 		// Room for the whole command at once, doubling: append's own
 		// growth (about 1.25× for large slices) would copy a
-		// large entry many times over. A large buffer comes from
-		// segment's pool and the old one goes back (it is the
+		// large entry many times over. The buffer comes from the pool
+		// of proposal buffers and the old one goes back (it is the
 		// encoder's own: what Finish returned is valid until this Add).
-		nb := append(segment.LargeBuf(max(2*cap(e.buf), len(e.buf)+need)), e.buf...)
-		segment.PutLargeBuf(e.buf)
+		nb := append(propBuf(max(2*cap(e.buf), len(e.buf)+need)), e.buf...)
+		putPropBuf(e.buf)
 		e.buf = nb
 	}
 	if len(e.buf) == 0 {

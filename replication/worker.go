@@ -392,7 +392,7 @@ func (g *Group) Add(cmd queue.Command) (seq uint64, err error) {
 	}
 	err = g.enc.Add(cmd)
 	if errors.Is(err, ErrEntryFull) {
-		g.full = append(g.full, g.finish(g.w.now))
+		g.endEntry()
 		err = g.enc.Add(cmd)
 	}
 	return g.added(err)
@@ -407,14 +407,14 @@ func (g *Group) AddEnqueue(nowMs int64, msgs []queue.Message, src queue.BodySour
 	}
 	err = g.enc.AddEnqueue(nowMs, msgs, src)
 	if errors.Is(err, ErrEntryFull) {
-		g.full = append(g.full, g.finish(g.w.now))
+		g.endEntry()
 		err = g.enc.AddEnqueue(nowMs, msgs, src)
 	}
 	return g.added(err)
 }
 
-// canAdd says whether the group takes commands, and gives an encoder
-// with no buffer one of about the size of the group's last entry.
+// canAdd says whether the group takes commands (and readies the
+// encoder: presize).
 func (g *Group) canAdd() error {
 	if g.err != nil {
 		return g.err
@@ -425,10 +425,39 @@ func (g *Group) canAdd() error {
 	if g.w.failed != nil {
 		return ErrWorkerStopped
 	}
-	if g.enc.buf == nil && g.encHint > 256<<10 {
-		g.enc.buf = segment.LargeBuf(g.encHint + g.encHint/4)
-	}
+	g.presize()
 	return nil
+}
+
+// Sizes of a busy group's entries: once an entry holds splitMin bytes
+// (half of entryBufMax),
+// it ends where its buffer is full, and a new one starts, rather than
+// being copied into a buffer twice the size (a round of a busy queue
+// brings megabytes, in amounts that vary from round to round); and a
+// new entry's buffer is at most entryBufMax. So a busy queue's entries
+// are about entryBufMax each, their buffers all of one size, which the
+// pool of proposal buffers has at hand (growing by copies, from
+// buffers of every size, the pool mostly missed: a fresh buffer, zeroed
+// and faulted in, and a copy of every body, per entry).
+const (
+	splitMin    = entryBufMax / 2
+	entryBufMax = 1 << 20
+)
+
+// presize gives an encoder with no buffer one of about the size of the
+// group's last entry, and sets it to split.
+func (g *Group) presize() {
+	g.enc.split = splitMin
+	if g.enc.buf == nil && g.encHint > handMin {
+		g.enc.buf = propBuf(min(g.encHint+g.encHint/4, entryBufMax))
+	}
+}
+
+// endEntry ends the entry being built (its encoder is full): proposed in
+// the next round, before the next entry.
+func (g *Group) endEntry() {
+	g.full = append(g.full, g.finish(g.w.now))
+	g.presize()
 }
 
 // added ends an Add: the seq of the entry the command went into.
@@ -454,12 +483,19 @@ func (g *Group) finish(now int64) []byte {
 	// applied: not in a buffer sized for a burst), except a burst's
 	// buffer, which not every group keeps. The hint decays: a burst's
 	// size is not kept for good.
+	//
+	// A solo group's entries over handMin bytes that fill at least a
+	// quarter of their buffer are handed over too, and their buffers come
+	// back once applied (spend): copying a round's entry out for each of
+	// many queues was a copy of every body. (A small entry in a buffer
+	// sized for a burst is still copied out.)
 	data := g.enc.Finish(h)
 	g.encHint -= g.encHint / 8
-	if len(data) > 256<<10 {
+	solo := g.solo()
+	if len(data) > 256<<10 || solo && len(data) > handMin && len(data) >= cap(data)/4 {
 		g.enc = EntryEncoder{}
 		g.encHint = max(g.encHint, len(data))
-		if g.solo() && len(g.handed) < maxHanded {
+		if solo && len(g.handed) < maxHanded {
 			g.handed = append(g.handed, data)
 		}
 		return data
@@ -467,7 +503,7 @@ func (g *Group) finish(now int64) []byte {
 	data = append([]byte(nil), data...)
 	g.enc.Reset()
 	if cap(g.enc.buf) > 256<<10 {
-		segment.PutLargeBuf(g.enc.buf) // copied out: nothing refers to it
+		putPropBuf(g.enc.buf) // copied out: nothing refers to it
 		g.enc = EntryEncoder{}
 	}
 	return data
@@ -725,7 +761,7 @@ func (g *Group) apply(ents []raftpb.Entry) error {
 		}
 		g.unapplied = max(0, g.unapplied-len(data))
 		g.w.stats.Applied++
-		if len(g.handed) > 0 && len(e.Data) > 256<<10 {
+		if len(g.handed) > 0 && len(e.Data) > handMin {
 			g.spend(e.Data)
 		}
 	}
@@ -756,11 +792,18 @@ func (g *Group) solo() bool {
 // cache dropped it with this apply (g.st.applied), and no follower's
 // append carries it. What remains is the views Body handed out of the
 // tail (and the apply callbacks', over by now): recycle gives the buffer
-// back once they are released. Anything else (a proposal raft dropped,
-// an entry read from segment, a change of voters or of leader) forgets
-// every buffer handed: the GC takes them.
+// back once they are released. An earlier entry of this group's own
+// proposer (by its header's seq) that is not the buffer handed is one
+// finish copied out: passed over. Anything else (a proposal raft
+// dropped, an entry read from segment, a change of voters or of leader)
+// forgets every buffer handed: the GC takes them.
 func (g *Group) spend(data []byte) {
-	if !g.solo() || unsafe.SliceData(data) != unsafe.SliceData(g.handed[0]) || len(g.spent) >= maxHanded {
+	h := g.handed[0]
+	if g.solo() && unsafe.SliceData(data) != unsafe.SliceData(h) && len(data) >= entryHeaderLen &&
+		le.Uint64(data[16:]) == le.Uint64(h[16:]) && le.Uint64(data[24:]) < le.Uint64(h[24:]) {
+		return
+	}
+	if !g.solo() || unsafe.SliceData(data) != unsafe.SliceData(h) || len(g.spent) >= maxHanded {
 		g.dropHanded()
 		return
 	}
@@ -780,7 +823,7 @@ func (g *Group) dropHanded() {
 // view of them is out.
 func (g *Group) recycle() {
 	for i, b := range g.spent {
-		if segment.PutLargeBuf(b) {
+		if putPropBuf(b) {
 			g.w.stats.Recycled++
 		}
 		g.spent[i] = nil
