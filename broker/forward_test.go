@@ -2,13 +2,16 @@ package broker
 
 import (
 	"context"
+	"encoding/binary"
 	"fmt"
 	"slices"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
 	"github.com/warren-mq/warren/queue"
+	"github.com/warren-mq/warren/segment"
 	"github.com/warren-mq/warren/wire"
 )
 
@@ -446,5 +449,111 @@ func TestClusterForwardPastSoftLimit(t *testing.T) {
 		if code != 0 {
 			t.Fatalf("message %d nacked (%d) past the soft limit", i, code)
 		}
+	}
+}
+
+// TestForwardAnswersOfEarlierTries: an origin takes the answer to a
+// part's last send: a refusal of an earlier send (from a node that no
+// longer had the queue) is ignored and the part confirmed by the next
+// answer; a resend-from below the stream's first unconfirmed part (a
+// node that forgot the stream: a home that restarted) nacks the part and
+// starts the stream over instead of resending it in a loop.
+func TestForwardAnswersOfEarlierTries(t *testing.T) {
+	var mu sync.Mutex
+	var sent [][]byte
+	n := openDurNodeWith(t, segment.NewMemFS(), "/data", func(c *Config, _ *MetaLogConfig) {
+		c.Durable.NodeID = 1
+		c.Durable.Forward = func(_ uint64, p []byte) bool {
+			mu.Lock()
+			sent = append(sent, slices.Clone(p))
+			mu.Unlock()
+			return true
+		}
+	})
+	defer n.close(t)
+	b := n.b
+	declareDurable(t, b, "q", false)
+	q := b.topo.lookupQueue("q")
+	s := q.shard
+	k := newDurSink()
+	part := func(body string) *PublishBatch {
+		ar := &Arena{}
+		ar.Refs.Store(1)
+		items := []EnqItem{{Q: q, Msg: ar.add(nil, []byte("q"), nil, []byte(body), 0, 0), Meta: queue.Message{Size: uint32(len(body))}}}
+		batch := &PublishBatch{Sink: k, Codes: make([]uint32, 1)}
+		batch.Pending.Store(1)
+		done := make(chan struct{})
+		s.submit(Command{Kind: cmdPost, post: func() {
+			q.lead.Store(2) // led by node 2, as far as this node knows
+			if w := s.forward(q, items, batch, nil); w != nil {
+				s.partRelease(w)
+			}
+			close(done)
+		}})
+		<-done
+		return batch
+	}
+	onShard := func(fn func()) {
+		done := make(chan struct{})
+		s.submit(Command{Kind: cmdPost, post: func() { fn(); close(done) }})
+		<-done
+	}
+	// answer is a node's answer to the stream's part at qseq: 'C' (a
+	// confirm, or refused) or 'R' (resend from).
+	answer := func(op byte, qseq uint64, try uint32, refused bool, from uint64) {
+		var inc uint64
+		onShard(func() { inc = s.streams[q.id].inc })
+		p := append([]byte{op}, make([]byte, 32)...)
+		binary.LittleEndian.PutUint64(p[1:], 1<<48|uint64(s.idx))
+		binary.LittleEndian.PutUint64(p[9:], inc)
+		binary.LittleEndian.PutUint64(p[17:], uint64(q.id))
+		binary.LittleEndian.PutUint64(p[25:], qseq)
+		if op == 'C' {
+			p = binary.LittleEndian.AppendUint64(p, 2)
+			p = append(p, flagByte(refused))
+			p = binary.LittleEndian.AppendUint32(p, 1)
+			p = binary.LittleEndian.AppendUint32(p, 0)
+			p = binary.LittleEndian.AppendUint32(p, try)
+		} else {
+			p = binary.LittleEndian.AppendUint32(p, try)
+			p = binary.LittleEndian.AppendUint64(p, from)
+			p = binary.LittleEndian.AppendUint64(p, 2)
+		}
+		b.StepForward(2, p)
+		barrier(t, s)
+	}
+
+	first := part("a")
+	onShard(func() { st := s.streams[q.id]; s.sendPart(st, st.parts[0], 3) }) // sent again, to node 3: try 2
+	answer('C', 1, 1, true, 0)                                                // node 2 refuses the first try
+	k.mu.Lock()
+	early := k.confirmed(first)
+	k.mu.Unlock()
+	if early {
+		t.Fatalf("a refusal of an earlier try answered the part: %v", first.Codes)
+	}
+	answer('C', 1, 2, false, 0)
+	k.waitFor(t, "the confirm of the last try", func() bool { return k.confirmed(first) })
+	if first.Codes[0] != 0 {
+		t.Fatalf("the part answered %d, want a confirm", first.Codes[0])
+	}
+
+	second := part("b") // qseq 2
+	var inc uint64
+	onShard(func() { inc = s.streams[q.id].inc })
+	answer('R', 2, 1, false, 1) // "missing from 1": it forgot what it confirmed
+	k.waitFor(t, "the nack of a part of a forgotten stream", func() bool { return k.confirmed(second) })
+	if second.Codes[0] != uint32(wire.InternalNack) {
+		t.Fatalf("the part answered %d, want a nack", second.Codes[0])
+	}
+	onShard(func() {
+		if st := s.streams[q.id]; st.inc == inc || len(st.parts) != 0 {
+			t.Errorf("the stream did not start over: incarnation %d (was %d), %d parts", st.inc, inc, len(st.parts))
+		}
+	})
+	mu.Lock()
+	defer mu.Unlock()
+	if len(sent) != 3 {
+		t.Fatalf("%d sends, want 3 (no resend of the forgotten stream)", len(sent))
 	}
 }
