@@ -187,7 +187,8 @@ func TestClusterDamagedSegmentRebuilt(t *testing.T) {
 		mq := metaQueueAt(c.nodes[(lead.id+1)%3], "dmg")
 		return info.RaftRole == "follower" && info.ReplicaError == "" && info.Ready == 20 && li.Ready == 20 &&
 			info.RaftApplied >= li.RaftCommit && mq.Rebuild == nil && slices.Equal(mq.Replicas, []uint64{1, 2, 3}) &&
-			slices.Equal(groupVoters(c.queueLeader("dmg"), "dmg"), []uint64{1, 2, 3})
+			slices.Equal(groupVoters(c.queueLeader("dmg"), "dmg"), []uint64{1, 2, 3}) &&
+			slices.Equal(info.RaftVoters, []uint64{1, 2, 3}) // as the admin API shows them (the fault harness waits for it)
 	})
 	if _, ok := bad.log.Quarantined(gid); ok {
 		t.Fatal("the rebuilt group is still quarantined")

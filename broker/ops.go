@@ -243,6 +243,9 @@ type QueueStats struct {
 	// unreadable data, naming the file or entry); it serves nothing of
 	// the queue, the other replicas do.
 	ReplicaError string `json:"replica_error,omitempty"`
+	// RaftVoters: the group's voters as this node applied them last (a
+	// replica being rebuilt or moved here is none until promoted).
+	RaftVoters []uint64 `json:"raft_voters,omitempty"`
 }
 
 // Queues returns the current queues' counts.

@@ -277,6 +277,7 @@ func (q *Queue) raftStats(st *QueueStats) {
 		st.RaftRole = "leader"
 	}
 	st.RaftCommit, st.RaftApplied = g.Indexes()
+	st.RaftVoters = g.Voters()
 }
 
 // sendSnapshot adapts the transport's SendSnapshot to the worker's (nil

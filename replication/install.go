@@ -263,7 +263,7 @@ func (g *Group) installed(rd raft.Ready, meta raftpb.SnapshotMetadata, data []by
 	}
 	g.st.installed(meta)
 	g.appliedIdx.Store(meta.Index)
-	g.conf = meta.ConfState
+	g.setConf(meta.ConfState)
 	g.lastSnapSize, g.lastSnapAt = 0, w.now
 	g.deadAt, g.bytesAt = g.fsm.DeadBytes(), g.fsm.AppliedBytes()
 	w.stats.SnapshotsInstalled++

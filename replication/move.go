@@ -20,6 +20,22 @@ import (
 // would refuse one whose configuration lacks the node): a new one is
 // taken, and raft asks again (sendSnapshot).
 
+// setConf sets the group's configuration (worker-owned).
+func (g *Group) setConf(c raftpb.ConfState) {
+	g.conf = c
+	v := slices.Clone(c.Voters)
+	g.shownVoters.Store(&v)
+}
+
+// Voters is the group's voters as this node applied them last; safe to
+// call anywhere (the admin API's raft_voters).
+func (g *Group) Voters() []uint64 {
+	if v := g.shownVoters.Load(); v != nil {
+		return *v
+	}
+	return nil
+}
+
 // Conf is the group's configuration as this node last applied it: its
 // voters, learners and, while joint, the outgoing voters.
 func (g *Group) Conf() raftpb.ConfState {

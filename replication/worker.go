@@ -174,6 +174,8 @@ type Group struct {
 	// unapplied: bytes proposed here and not yet applied (pacing).
 	unapplied int
 	conf      raftpb.ConfState // the voters, as of the last conf change applied
+	// shownVoters: conf's voters, for readers off the worker (Voters)
+	shownVoters atomic.Pointer[[]uint64]
 	// snapping: a snapshot is being written and compacted (Snapshot);
 	// compactAfter: stored, waiting for commit ≥ its index on disk.
 	snapping     bool
@@ -342,7 +344,8 @@ func (w *Worker) Open(gid uint64, snap raftpb.SnapshotMetadata, fsm *QueueFSM) (
 	// ledAt starts at the open: LedWithin's quiet window is counted from
 	// then, not taken as long past (a copy just opened has not heard from
 	// its leader yet, and must not be dropped for that: reconcile.go).
-	g := &Group{w: w, id: gid, rn: rn, st: st, fsm: fsm, conf: snap.ConfState, seq: w.cfg.SeqBase, ledAt: w.ticks}
+	g := &Group{w: w, id: gid, rn: rn, st: st, fsm: fsm, seq: w.cfg.SeqBase, ledAt: w.ticks}
+	g.setConf(snap.ConfState)
 	g.appliedIdx.Store(snap.Index)
 	g.commitIdx.Store(rn.BasicStatus().Commit)
 	if v := snap.ConfState.Voters; len(v) == 1 && v[0] == w.cfg.NodeID && len(snap.ConfState.Learners) == 0 {
@@ -746,14 +749,14 @@ func (g *Group) apply(ents []raftpb.Entry) error {
 			if err := cc.Unmarshal(e.Data); err != nil {
 				return fmt.Errorf("replication: group %d: conf change %d: %w", g.id, e.Index, err)
 			}
-			g.conf = *g.rn.ApplyConfChange(cc)
+			g.setConf(*g.rn.ApplyConfChange(cc))
 			g.forgetLost()
 		case raftpb.EntryConfChangeV2:
 			var cc raftpb.ConfChangeV2
 			if err := cc.Unmarshal(e.Data); err != nil {
 				return fmt.Errorf("replication: group %d: conf change %d: %w", g.id, e.Index, err)
 			}
-			g.conf = *g.rn.ApplyConfChange(cc)
+			g.setConf(*g.rn.ApplyConfChange(cc))
 			g.forgetLost()
 		}
 		if _, err := g.fsm.Apply(e.Index, data); err != nil {

@@ -57,6 +57,10 @@ type QueueStats struct {
 	RaftCommit   uint64 `json:"raft_commit_index,omitempty"`
 	RaftApplied  uint64 `json:"raft_applied_index,omitempty"`
 	ReplicaError string `json:"replica_error,omitempty"`
+	// RaftVoters: the voters of the queue's raft group as the answering
+	// node applied them last (a replica being rebuilt or moved there is
+	// none until promoted, caught up).
+	RaftVoters []uint64 `json:"raft_voters,omitempty"`
 }
 
 // Rates are per-second rates over the last sampling interval.

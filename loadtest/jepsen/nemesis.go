@@ -410,13 +410,19 @@ func (nm *nemesis) rebuildQueues(ctx context.Context, n *node, ev int, queues []
 				Replicas []uint64 `json:"replica_nodes"`
 				Role     string   `json:"raft_role"`
 				Err      string   `json:"replica_error"`
+				Voters   []uint64 `json:"raft_voters"`
 			}
 			qctx, cancel := context.WithTimeout(ctx, time.Second)
 			err := n.getJSON(qctx, "/api/queues/"+q, &info)
 			cancel()
+			// Rebuilt: its copy here open again and a voter once more (the
+			// copy comes back as a learner: until it is promoted, one more
+			// lost replica is a lost majority), with the replica count whole.
+			want := min(3, len(nm.cl.nodes))
 			if err != nil || (info.Role != "follower" && info.Role != "leader") || info.Err != "" ||
-				len(info.Replicas) < min(3, len(nm.cl.nodes)) || !slices.Contains(info.Replicas, uint64(n.id)) {
-				short = fmt.Sprintf("%s: role %q on node %d, replicas %v (%v)", q, info.Role, n.id, info.Replicas, err)
+				len(info.Replicas) < want || !slices.Contains(info.Replicas, uint64(n.id)) ||
+				len(info.Voters) < want || !slices.Contains(info.Voters, uint64(n.id)) {
+				short = fmt.Sprintf("%s: role %q on node %d, replicas %v, voters %v (%v)", q, info.Role, n.id, info.Replicas, info.Voters, err)
 				break
 			}
 		}
