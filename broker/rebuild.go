@@ -6,7 +6,9 @@ import (
 
 // Rebuilding a damaged replica from its peers (issue 14). A node whose copy
 // of a replicated queue does not open (its data damaged or unreadable:
-// replication.Worker.Recover's error, which names the file or entry) serves
+// replication.Worker.Recover's error, which names the file or entry; or
+// its group quarantined as the node's log opened, segment.Options.
+// Quarantine, naming the file and offset: never opened at all) serves
 // nothing of it, says so naming the queue (log, admin API raft_role
 // "failed", /metrics), and asks the metadata group to rebuild it
 // (MetaRebuildReplica; again every moveRetryTicks until it is applied). The
