@@ -1473,8 +1473,9 @@ func (getDrained) ConsumerGone(queue.ConsumerID)                          {}
 // fwdOrigins is what a node knows of the others' incarnations.
 type fwdOrigins struct {
 	mu      sync.Mutex
-	inc     map[uint64]uint64 // node → the latest incarnation heard
-	helloAt int64             // ms: when this node last said hello
+	inc     map[uint64]uint64    // node → the latest incarnation heard
+	heardAt map[uint64]time.Time // node → when its last hello came (monotonic: a step of the wall clock declares no node down)
+	helloAt int64                // ms: when this node last said hello
 }
 
 func (o *fwdOrigins) known(node uint64) uint64 {
@@ -1519,6 +1520,7 @@ func (b *Broker) helloOrigins() {
 // links of the earlier ones on every shard.
 func (b *Broker) heardOrigin(node, inc uint64) {
 	o := &b.origins
+	now := time.Now()
 	o.mu.Lock()
 	was := o.inc[node]
 	if inc > was {
@@ -1526,6 +1528,12 @@ func (b *Broker) heardOrigin(node, inc uint64) {
 			o.inc = map[uint64]uint64{}
 		}
 		o.inc[node] = inc
+	}
+	if inc >= was {
+		if o.heardAt == nil {
+			o.heardAt = map[uint64]time.Time{}
+		}
+		o.heardAt[node] = now
 	}
 	o.mu.Unlock()
 	if was == 0 || inc <= was {

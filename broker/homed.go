@@ -3,6 +3,7 @@ package broker
 import (
 	"slices"
 	"strconv"
+	"time"
 
 	"github.com/warren-mq/warren/replication"
 	"github.com/warren-mq/warren/wire"
@@ -27,9 +28,15 @@ import (
 // A home's queues do not outlive it: a node that restarts finds its
 // queues of the earlier incarnation in the metadata and proposes
 // MetaDropHome for them (every node drops them when it is applied), and
-// the metadata leader proposes it for a node removed from the cluster.
-// Both are checked every placeTicks (dropDeadHomes), so a proposal lost
-// with a change of metadata leader is made again.
+// the metadata leader proposes it for a node removed from the cluster,
+// and for a node down: one it has not heard a hello from (every
+// ForwardTimeout/4, forward_consume.go) for homeDownMs, the queues of
+// the incarnation it heard last and earlier. A leader that never heard
+// the node since it started does not declare it down (a restart or a
+// removal drops its queues). All are checked every placeTicks
+// (dropDeadHomes), so a proposal lost with a change of metadata leader is
+// made again. A home cut off from the others is declared down alike: its
+// queues go, and it drops them too once it hears the cluster again.
 //
 // On one node nothing here runs: no queue has a home (MetaCommand.Home
 // is 0), and non-durable queues are local as ever.
@@ -47,7 +54,7 @@ func (m *Meta) dropHome(c *MetaCommand) (MetaResult, []MetaEffect) {
 	var effs []MetaEffect
 	for _, q := range m.Queues() {
 		mq := m.queues[q.Name]
-		if mq.home != c.Home || (c.HomeInc != 0 && mq.homeInc == c.HomeInc) {
+		if mq.home != c.Home || (c.HomeUpTo && mq.homeInc > c.HomeInc) || (!c.HomeUpTo && c.HomeInc != 0 && mq.homeInc == c.HomeInc) {
 			continue
 		}
 		m.count(mq, -1)
@@ -63,18 +70,25 @@ func (m *Meta) dropHome(c *MetaCommand) (MetaResult, []MetaEffect) {
 
 // deadHomes lists the MetaDropHome commands the state asks for, as node
 // self (of incarnation inc) sees it: its own queues of other incarnations,
-// and, when lead, those of nodes no longer members. Cheap: it looks at
-// the (node, incarnation) pairs that hold queues, not at the queues.
-func (m *Meta) deadHomes(self, inc uint64, lead bool) []MetaCommand {
+// and, when lead, those of nodes no longer members, and those of the
+// nodes down says are down (down reports the last incarnation heard of a
+// node that is, as a home incarnation). Cheap: it looks at the (node,
+// incarnation) pairs that hold queues, not at the queues.
+func (m *Meta) deadHomes(self, inc uint64, lead bool, down func(node uint64) (uint64, bool)) []MetaCommand {
 	var out []MetaCommand
-	var gone []uint64
+	var gone, dead []uint64
 	own := false
 	for k := range m.homes {
 		switch {
-		case k.node == self && k.inc != inc:
-			own = true
-		case lead && k.node != self && !slices.Contains(m.Nodes(), k.node):
+		case k.node == self:
+			own = own || k.inc != inc
+		case !lead:
+		case !slices.Contains(m.Nodes(), k.node):
 			gone = append(gone, k.node)
+		case down != nil:
+			if last, ok := down(k.node); ok && k.inc <= last {
+				dead = append(dead, k.node)
+			}
 		}
 	}
 	if own {
@@ -83,6 +97,11 @@ func (m *Meta) deadHomes(self, inc uint64, lead bool) []MetaCommand {
 	slices.Sort(gone)
 	for _, n := range slices.Compact(gone) {
 		out = append(out, MetaCommand{Op: MetaDropHome, Home: n})
+	}
+	slices.Sort(dead)
+	for _, n := range slices.Compact(dead) {
+		last, _ := down(n)
+		out = append(out, MetaCommand{Op: MetaDropHome, Home: n, HomeInc: last, HomeUpTo: true})
 	}
 	return out
 }
@@ -98,19 +117,52 @@ func (t *topology) dropDeadHomes(self, inc uint64) {
 	if st.Lead == 0 {
 		return
 	}
+	b := t.shards[0].b
+	now := time.Now()
+	down := func(node uint64) (uint64, bool) { return b.homeDown(node, now) }
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	cs := t.meta.deadHomes(self, inc, st.Lead == st.ID)
+	cs := t.meta.deadHomes(self, inc, st.Lead == st.ID, down)
 	for i := range cs {
 		cs[i].NowMs = t.now()
 		t.mbuf = AppendMetaCommand(t.mbuf[:0], &cs[i])
 		cl.g.Add(t.mbuf)
-		t.log.Info("dropping the queues of a node that restarted or left (non-durable and exclusive queues live on one node)",
-			"node", cs[i].Home, "restarted", cs[i].HomeInc != 0)
+		why := "removed from the cluster"
+		switch {
+		case cs[i].HomeUpTo:
+			why = "down: not heard from for " + strconv.FormatInt(b.homeDownMs(), 10) + " ms"
+		case cs[i].HomeInc != 0:
+			why = "restarted"
+		}
+		t.log.Info("dropping the non-durable and exclusive queues of a node (they live on one node)", "node", cs[i].Home, "why", why)
 	}
 	if len(cs) > 0 {
 		cl.g.Kick()
 	}
+}
+
+// homeDownMs: a node not heard from for this long (3 × ForwardTimeout,
+// 30 s by default) is down as a home: the metadata leader drops its
+// queues.
+func (b *Broker) homeDownMs() int64 {
+	d := b.cfg.Durable.ForwardTimeout
+	if d <= 0 {
+		d = defaultForwardTimeout
+	}
+	return 3 * d.Milliseconds()
+}
+
+// homeDown reports whether node is down as a home at now, and the home
+// incarnation this node heard of it last; a node never heard from is not.
+func (b *Broker) homeDown(node uint64, now time.Time) (uint64, bool) {
+	o := &b.origins
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	inc, at := o.inc[node], o.heardAt[node]
+	if inc == 0 || now.Sub(at).Milliseconds() < b.homeDownMs() {
+		return 0, false
+	}
+	return inc | 1, true
 }
 
 // homeInc is this node's incarnation as a home: its start time

@@ -7,6 +7,7 @@ import (
 	"slices"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/warren-mq/warren/queue"
 	"github.com/warren-mq/warren/wire"
@@ -260,16 +261,22 @@ func TestMetaHomes(t *testing.T) {
 	}
 
 	want := []MetaCommand{{Op: MetaDropHome, Home: 1, HomeInc: 11}, {Op: MetaDropHome, Home: 4}}
-	if got := m.deadHomes(1, 11, true); !reflect.DeepEqual(got, want) {
+	if got := m.deadHomes(1, 11, true, nil); !reflect.DeepEqual(got, want) {
 		t.Fatalf("deadHomes on the leader, node 1 of incarnation 11: %+v", got)
 	}
-	if got := m.deadHomes(2, 20, false); len(got) != 0 {
-		t.Fatalf("deadHomes on node 2, a follower, in its queues' life: %+v", got)
+	decl("c2", 2, 21, false) // node 2's next life
+	down := func(node uint64) (uint64, bool) { return 20, node == 2 }
+	if got := m.deadHomes(3, 30, false, down); len(got) != 0 {
+		t.Fatalf("deadHomes on node 3, a follower: %+v", got)
 	}
+	if got := m.deadHomes(3, 30, true, down); !reflect.DeepEqual(got, append(slices.Clone(want[1:]), MetaCommand{Op: MetaDropHome, Home: 2, HomeInc: 20, HomeUpTo: true})) {
+		t.Fatalf("deadHomes on the leader, node 3, with node 2 down: %+v", got)
+	}
+	want = append(want, MetaCommand{Op: MetaDropHome, Home: 2, HomeInc: 20, HomeUpTo: true})
 	for _, c := range want {
 		m.Apply(&c)
 	}
-	for name, kept := range map[string]bool{"a": false, "b": true, "c": true, "gone": false, "d": true} {
+	for name, kept := range map[string]bool{"a": false, "b": true, "c": false, "c2": true, "gone": false, "d": true} {
 		if m.HasQueue(name) != kept {
 			t.Fatalf("queue %s kept %v after the drops, want %v", name, m.HasQueue(name), kept)
 		}
@@ -277,10 +284,42 @@ func TestMetaHomes(t *testing.T) {
 	if m.NumBindings() != 0 {
 		t.Fatalf("%d bindings left of a dropped queue", m.NumBindings())
 	}
-	if got := m.deadHomes(1, 11, true); len(got) != 0 {
+	if got := m.deadHomes(1, 11, true, down); len(got) != 0 {
 		t.Fatalf("deadHomes after the drops: %+v", got)
 	}
 	if r, _ := m.Apply(&MetaCommand{Op: MetaDropHome}); r.Code != wire.InvalidArgument {
 		t.Fatalf("a drop of node 0: %+v", r)
 	}
+}
+
+// TestClusterHomeDown: the non-durable queues of a node the metadata
+// leader has not heard from for 3 forward timeouts are dropped (the node
+// is down); another node's stay; the node comes back without them.
+func TestClusterHomeDown(t *testing.T) {
+	c := newTestClusterFwd(t, 3, 0, 500*time.Millisecond)
+	c.leader()
+	n1, n2, n3 := c.nodes[0], c.nodes[1], c.nodes[2]
+	for _, d := range []struct {
+		nd   *clusterNode
+		name string
+	}{{n1, "dq"}, {n2, "kq"}} {
+		if _, err := d.nd.b.Load().DeclareQueueAs(&wire.QueueDeclare{Name: d.name}, 0, ""); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for _, nd := range c.nodes {
+		c.sees(nd, "queue dq ", "queue kq ")
+	}
+	c.waitFor("nodes 2 and 3 heard node 1", func() bool {
+		return n2.b.Load().origins.known(1) != 0 && n3.b.Load().origins.known(1) != 0
+	})
+	c.stop(n1)
+	for _, nd := range []*clusterNode{n2, n3} {
+		c.waitFor("node 1's queue dropped", func() bool { return !hasQueue(nd, "dq") })
+		if !hasQueue(nd, "kq") {
+			t.Fatalf("node %d dropped node 2's queue", nd.id)
+		}
+	}
+	c.start(n1, nil)
+	c.waitFor("node 1 back, without its queue", func() bool { return !hasQueue(n1, "dq") && hasQueue(n1, "kq") })
 }

@@ -204,8 +204,10 @@ const (
 	MetaRebuildDone    MetaOp = 16
 	// MetaDropHome: the queues whose home is node Home are gone with it
 	// (homed.go): those of every incarnation but HomeInc (0: every one:
-	// the node was removed). The node proposes it as it restarts, the
-	// metadata leader for a node removed from the cluster.
+	// the node was removed), or with HomeUpTo those of incarnations up to
+	// HomeInc (the node is down). The node proposes it as it restarts,
+	// the metadata leader for a node removed from the cluster or silent
+	// for homeDownMs.
 	MetaDropHome MetaOp = 17
 )
 
@@ -245,8 +247,10 @@ type MetaCommand struct {
 	Replicas []uint64
 	// Home and HomeInc: MetaDeclareQueue's declaring node and its
 	// incarnation, in a cluster (0 on one node); MetaDropHome's node and
-	// the incarnation whose queues stay.
+	// the incarnation whose queues stay (HomeUpTo: the last incarnation
+	// whose queues go).
 	Home, HomeInc uint64
+	HomeUpTo      bool
 }
 
 // MetaResult is what a command answers: a refusal (Code not OK, with its

@@ -71,6 +71,7 @@ func AppendMetaCommand(dst []byte, c *MetaCommand) []byte {
 	case MetaDropHome:
 		dst = binary.LittleEndian.AppendUint64(dst, c.Home)
 		dst = binary.LittleEndian.AppendUint64(dst, c.HomeInc)
+		dst = append(dst, flagByte(c.HomeUpTo))
 	case MetaDeleteQueue:
 		dst = appendMetaStr(dst, c.Queue.Name)
 		dst = binary.LittleEndian.AppendUint64(dst, c.QueueID)
@@ -161,6 +162,7 @@ func DecodeMetaCommand(b []byte) (MetaCommand, error) {
 			r.fail("home nodes are dropped from command version 2")
 		}
 		c.Home, c.HomeInc = r.u64(), r.u64()
+		c.HomeUpTo = r.flag()
 	case MetaDeleteQueue:
 		c.Queue.Name = r.str()
 		c.QueueID = r.u64()

@@ -278,6 +278,7 @@ func metaCodecSeeds() []MetaCommand {
 		{Op: MetaDeclareQueue, User: "u", Conn: 2<<32 | 1, Queue: wire.QueueDeclare{Name: "t", Exclusive: true}, Home: 2, HomeInc: 1 << 61},
 		{Op: MetaDropHome, Home: 3, HomeInc: 9},
 		{Op: MetaDropHome, Home: 3},
+		{Op: MetaDropHome, Home: 4, HomeInc: 1<<62 | 1, HomeUpTo: true},
 	}
 }
 
