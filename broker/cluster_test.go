@@ -31,6 +31,8 @@ type clusterNode struct {
 	log  *segment.Log
 	tr   *cluster.Transport
 	up   bool
+	// spool: its transport's SpoolDir (kept across a restart)
+	spool string
 }
 
 type testCluster struct {
@@ -48,6 +50,10 @@ type testCluster struct {
 	skewMs atomic.Int64
 	// softLimit: Config.QueueSoftLimit (0: none).
 	softLimit int64
+	// maxFrame: the transports' MaxFrameBytes (0: the default).
+	maxFrame int
+	// wrap, if set, wraps each node's first listener.
+	wrap func(id uint64, ln net.Listener) net.Listener
 	// alarm[id] is node id's Config.PublishBlocked (its memory or disk
 	// alarm).
 	alarm [8]atomic.Bool
@@ -132,7 +138,11 @@ func newTestClusterWith(t *testing.T, n int, set func(*testCluster)) *testCluste
 		c.nodes = append(c.nodes, &clusterNode{id: uint64(i + 1), addr: l.Addr().String(), fs: segment.NewMemFS()})
 	}
 	for i, nd := range c.nodes {
-		c.start(nd, ls[i])
+		ln := ls[i]
+		if c.wrap != nil {
+			ln = c.wrap(nd.id, ln)
+		}
+		c.start(nd, ln)
 	}
 	t.Cleanup(func() {
 		for _, nd := range c.nodes {
@@ -142,26 +152,41 @@ func newTestClusterWith(t *testing.T, n int, set func(*testCluster)) *testCluste
 	return c
 }
 
+// listen listens again on node nd's address.
+func (c *testCluster) listen(nd *clusterNode) net.Listener {
+	c.t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		ln, err := net.Listen("tcp", nd.addr)
+		if err == nil {
+			return ln
+		}
+		if time.Now().After(deadline) {
+			c.t.Fatalf("node %d: listening again on %s: %v", nd.id, nd.addr, err)
+		}
+		time.Sleep(20 * time.Millisecond) // the port is being released: poll
+	}
+}
+
 // start opens the node's broker on its log, its transport on ln (nil:
 // listen again on its address), and its metadata group.
 func (c *testCluster) start(nd *clusterNode, ln net.Listener) {
 	t := c.t
 	t.Helper()
 	if ln == nil {
-		var err error
-		deadline := time.Now().Add(10 * time.Second)
-		for ln, err = net.Listen("tcp", nd.addr); err != nil; ln, err = net.Listen("tcp", nd.addr) {
-			if time.Now().After(deadline) {
-				t.Fatalf("node %d: listening again on %s: %v", nd.id, nd.addr, err)
-			}
-			time.Sleep(20 * time.Millisecond) // the port is being released: poll
-		}
+		ln = c.listen(nd)
+	}
+	if nd.spool == "" {
+		nd.spool = t.TempDir()
 	}
 	peers := c.peers
 	if nd.join != "" {
 		peers = map[uint64]string{nd.id: nd.addr}
 	}
 	tr, err := cluster.New(cluster.Config{NodeID: nd.id, Listener: ln, Peers: peers, Secret: []byte(clusterTestSecret),
+		// Every snapshot with entries installs from its spool file (as one
+		// over 64 MiB does).
+		SpoolDir: nd.spool, SnapshotMemBytes: 1, MaxFrameBytes: c.maxFrame,
 		Deliver: func(gid uint64, m raftpb.Message) { c.deliverRaft(nd, gid, m) },
 		DeliverSnapshot: func(gid uint64, s *cluster.Snapshot) {
 			if b := nd.b.Load(); b != nil {

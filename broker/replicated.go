@@ -289,6 +289,9 @@ func (s *shard) sendSnapshot(send func(uint64, *replication.SnapshotMessage, fun
 	return func(gid uint64, m *replication.SnapshotMessage) {
 		to := m.Msg.To
 		send(gid, m, func(ok bool) {
+			if m.Release != nil {
+				m.Release() // (its entries are views of the log)
+			}
 			// Written (raft probes the follower, which asks again if it
 			// did not install it) or dropped (raft retries).
 			s.submit(Command{Kind: cmdPost, post: func() { s.rw.ReportSnapshot(gid, to, ok) }})

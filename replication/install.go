@@ -48,14 +48,38 @@ import (
 // usual. The install record keeps the entries a second time in the store
 // until the group's next snapshot replaces it: what a restart between 2
 // and 4 needs.
+//
+// A snapshot whose entries stayed in the transport's spool file (over
+// cluster.Config.SnapshotMemBytes: SnapshotMessage.ReadEntry) is
+// installed with an install record without them, the entries read and
+// stored a batch at a time after step 3 (installSnapshot): memory stays
+// bounded whatever the snapshot's size, and a crash before the last
+// batch leaves a copy that does not open (rebuilt from the others).
 
 // SnapshotMessage is a raft MsgSnap with what the transport streams with
 // it: the snapshot's data (the FSM image) and the live entries above the
-// follower's Match, in index order (their Data owned by the message).
+// follower's Match, in index order. On the leader their Data are views of
+// its log (Release releases them: the transport's sender calls it once
+// sent or dropped); on the follower, a big snapshot's entries stay in the
+// transport's spool file, read with ReadEntry as they are installed
+// (Release removes the file: the group calls it once it installed,
+// refused or replaced the snapshot). The fields match cluster.Snapshot's.
 type SnapshotMessage struct {
 	Msg     raftpb.Message
 	Data    []byte
 	Entries []segment.Entry
+	// ReadEntry, when set, reads the data of Entries[i] (whose Data is
+	// then nil) into dst's space.
+	ReadEntry func(i int, dst []byte) ([]byte, error)
+	// Release, when set, frees what the message holds; call it once.
+	Release func()
+}
+
+// release calls s.Release, if any (s may be nil).
+func (s *SnapshotMessage) release() {
+	if s != nil && s.Release != nil {
+		s.Release()
+	}
 }
 
 // SnapshotTransport is the part of a Transport that carries snapshots:
@@ -103,6 +127,7 @@ func (g *Group) sendSnapshot(m raftpb.Message) {
 		s, err := loadSnapshotMessage(w.log, store, gid, m, match)
 		w.cfg.Post(func() {
 			if g.removed || g.err != nil || w.failed != nil {
+				s.release()
 				return
 			}
 			if err != nil {
@@ -138,16 +163,26 @@ func loadSnapshotMessage(log *segment.Log, store *SnapStore, gid uint64, m raftp
 	}
 	s := &SnapshotMessage{Msg: m, Data: fsmData}
 	s.Msg.Snapshot = &raftpb.Snapshot{Metadata: meta}
+	// The entries are views of the log's files (mapped: not on the heap),
+	// held until the transport has sent them.
+	var views []func()
+	s.Release = func() {
+		for _, r := range views {
+			r()
+		}
+		views = nil
+	}
 	for _, idx := range fsm.LiveEntries(nil, meta.Index) {
 		if idx <= match {
 			continue
 		}
 		es, release, err := log.EntriesView(gid, idx, idx+1)
 		if err != nil {
+			s.Release()
 			return nil, fmt.Errorf("replication: group %d: live entry %d of snapshot %d: %w", gid, idx, meta.Index, err)
 		}
-		s.Entries = append(s.Entries, segment.Entry{Index: idx, Term: es[0].Term, Data: bytes.Clone(es[0].Data)})
-		release()
+		s.Entries = append(s.Entries, segment.Entry{Index: idx, Term: es[0].Term, Data: es[0].Data})
+		views = append(views, release)
 	}
 	return s, nil
 }
@@ -176,23 +211,33 @@ func (w *Worker) ReportSnapshot(gid, to uint64, delivered bool) {
 func (w *Worker) StepSnapshot(gid uint64, s *SnapshotMessage) error {
 	g := w.ids[gid]
 	if g == nil {
+		s.release()
 		return fmt.Errorf("replication: a snapshot for group %d, which is not open on this node", gid)
 	}
 	if g.err != nil {
+		s.release()
 		return g.err
 	}
 	if w.failed != nil {
+		s.release()
 		return ErrWorkerStopped
 	}
 	if s.Msg.Type != raftpb.MsgSnap || s.Msg.Snapshot == nil {
+		s.release()
 		return fmt.Errorf("replication: group %d: StepSnapshot of a %v", gid, s.Msg.Type)
 	}
 	if !slices.IsSortedFunc(s.Entries, func(a, b segment.Entry) int { return cmpIndex(a.Index, b.Index) }) {
+		s.release()
 		return fmt.Errorf("replication: group %d: a snapshot's live entries out of order", gid)
 	}
 	g.ledAt = w.ticks
 	if prev := g.staged; prev == nil || prev.Msg.Snapshot.Metadata.Index <= s.Msg.Snapshot.Metadata.Index {
+		if prev != s {
+			prev.release()
+		}
 		g.staged = s
+	} else {
+		defer s.release() // (stepped below: raft keeps none of it)
 	}
 	if err := g.rn.Step(s.Msg); err != nil {
 		return fmt.Errorf("replication: group %d: %v from %d: %w", gid, s.Msg.Type, s.Msg.From, err)
@@ -218,17 +263,20 @@ func (g *Group) install(rd raft.Ready) {
 	meta := rd.Snapshot.Metadata
 	s := g.staged
 	if s == nil || s.Msg.Snapshot.Metadata.Index != meta.Index || s.Msg.Snapshot.Metadata.Term != meta.Term {
+		g.dropStaged()
 		g.fail(fmt.Errorf("replication: group %d: raft installs snapshot %d (term %d), which was never staged", g.id, meta.Index, meta.Term))
 		return
 	}
 	g.staged = nil
 	store := w.cfg.Snapshots
 	if store == nil {
+		s.release()
 		g.fail(fmt.Errorf("replication: group %d: a snapshot to install and no SnapStore (WorkerConfig.Snapshots)", g.id))
 		return
 	}
 	fsm, err := RestoreQueueFSM(meta.Index, s.Data, nil)
 	if err != nil {
+		s.release()
 		g.fail(fmt.Errorf("replication: group %d: the leader's snapshot %d: %w", g.id, meta.Index, err))
 		return
 	}
@@ -236,7 +284,8 @@ func (g *Group) install(rd raft.Ready) {
 	g.inflight = true
 	gid, first, last, term := g.id, g.st.first, g.st.last, s.Msg.Term
 	w.cfg.Pool.Go(func() {
-		err := installSnapshot(w.log, store, gid, meta, s.Data, s.Entries, live, first, last, term)
+		err := installSnapshot(w.log, store, gid, meta, s.Data, s.Entries, s.ReadEntry, live, first, last, term)
+		s.release() // (the entries are stored, or the install failed)
 		w.cfg.Post(func() { g.installed(rd, meta, s.Data, err) })
 	})
 }
@@ -275,13 +324,31 @@ func (g *Group) installed(rd raft.Ready, meta raftpb.SnapshotMetadata, data []by
 	w.mark(g)
 }
 
+// dropStaged releases the staged snapshot, if any, and forgets it.
+func (g *Group) dropStaged() {
+	g.staged.release()
+	g.staged = nil
+}
+
+// installBatchBytes: a big install (its entries read from the transport's
+// spool file) stores them in AppendLive batches of about this size.
+const installBatchBytes = 16 << 20
+
 // installSnapshot makes the install durable (steps 1 to 4 above); first
-// and last are the group's raft log before it, term the leader's.
-func installSnapshot(log *segment.Log, store *SnapStore, gid uint64, meta raftpb.SnapshotMetadata, data []byte, ents []segment.Entry, live []uint64, first, last, term uint64) error {
+// and last are the group's raft log before it, term the leader's. With
+// read (the entries' data in the transport's spool file, not in memory:
+// a snapshot over cluster.Config.SnapshotMemBytes) the entries are not
+// put in the install record, which would hold them all in memory, but
+// read and stored a batch at a time after the compaction: a crash before
+// the last batch is durable leaves live entries missing, which Recover
+// reports (segment's Compact check), and the copy is rebuilt from the
+// other replicas (the broker's rebuild: it leaves the group first).
+func installSnapshot(log *segment.Log, store *SnapStore, gid uint64, meta raftpb.SnapshotMetadata, data []byte, ents []segment.Entry, read func(int, []byte) ([]byte, error), live []uint64, first, last, term uint64) error {
 	// 1. The divergent suffix.
 	cut := meta.Index + 1
 	write := make([]segment.Entry, 0, len(ents))
-	for _, e := range ents {
+	var from []int // with read: the message's entry each of write is
+	for i, e := range ents {
 		switch {
 		case e.Index >= first && e.Index <= last && e.Index < cut:
 			if t, err := log.Term(gid, e.Index); err == nil && t == e.Term {
@@ -299,27 +366,53 @@ func installSnapshot(log *segment.Log, store *SnapStore, gid uint64, meta raftpb
 			}
 		}
 		write = append(write, segment.Entry{Index: e.Index, Term: max(e.Term, term), Data: e.Data})
+		from = append(from, i)
 	}
 	if cut <= last {
 		if err := log.Truncate(gid, cut); err != nil {
 			return err
 		}
 	}
-	// 2. The snapshot, with what is still to write.
-	if err := store.Put(gid, meta, wrapInstall(data, write)); err != nil {
+	if read == nil {
+		// 2. The snapshot, with what is still to write.
+		if err := store.Put(gid, meta, wrapInstall(data, write)); err != nil {
+			return err
+		}
+		// 3 and 4.
+		return completeInstall(log, gid, meta, live, write)
+	}
+	// 2, without the entries.
+	if err := store.Put(gid, meta, wrapInstall(data, nil)); err != nil {
 		return err
 	}
-	// 3 and 4.
-	return completeInstall(log, gid, meta, live, write)
+	keep, missing := installSplit(log, gid, live, write)
+	if err := log.CompactAt(gid, meta.Index, meta.Term, keep); err != nil {
+		return err
+	}
+	// 4, a batch at a time, each entry read from the spool file.
+	var batch []segment.Entry
+	size := 0
+	for j, k := range missing {
+		d, err := read(from[k], nil)
+		if err != nil {
+			return err
+		}
+		batch = append(batch, segment.Entry{Index: write[k].Index, Term: write[k].Term, Data: d})
+		if size += len(d); size >= installBatchBytes || j == len(missing)-1 {
+			if err := log.AppendLive(gid, batch); err != nil {
+				return err
+			}
+			clear(batch)
+			batch, size = batch[:0], 0
+		}
+	}
+	return log.Compact(gid, meta.Index, live)
 }
 
-// completeInstall compacts the group's log to the snapshot keeping the
-// live entries it holds, stores the install's entries it lacks, and
-// checks that every live entry is then stored. Idempotent: Recover runs
-// it again after a crash.
-func completeInstall(log *segment.Log, gid uint64, meta raftpb.SnapshotMetadata, live []uint64, ents []segment.Entry) error {
-	var missing []segment.Entry
-	keep := make([]uint64, 0, len(live))
+// installSplit sorts the live entries into those the log holds (keep)
+// and the positions in ents of those it must store (missing).
+func installSplit(log *segment.Log, gid uint64, live []uint64, ents []segment.Entry) (keep []uint64, missing []int) {
+	keep = make([]uint64, 0, len(live))
 	k := 0
 	for _, idx := range live {
 		for k < len(ents) && ents[k].Index < idx {
@@ -334,10 +427,23 @@ func completeInstall(log *segment.Log, gid uint64, meta raftpb.SnapshotMetadata,
 					continue
 				}
 			}
-			missing = append(missing, ents[k])
+			missing = append(missing, k)
 			continue
 		}
 		keep = append(keep, idx)
+	}
+	return keep, missing
+}
+
+// completeInstall compacts the group's log to the snapshot keeping the
+// live entries it holds, stores the install's entries it lacks, and
+// checks that every live entry is then stored. Idempotent: Recover runs
+// it again after a crash.
+func completeInstall(log *segment.Log, gid uint64, meta raftpb.SnapshotMetadata, live []uint64, ents []segment.Entry) error {
+	keep, miss := installSplit(log, gid, live, ents)
+	missing := make([]segment.Entry, 0, len(miss))
+	for _, k := range miss {
+		missing = append(missing, ents[k])
 	}
 	if err := log.CompactAt(gid, meta.Index, meta.Term, keep); err != nil {
 		return err

@@ -277,6 +277,7 @@ func (w *Worker) Remove(g *Group, store *SnapStore, before func() error, done fu
 	clear(g.full)
 	g.full, g.enc, g.held = nil, EntryEncoder{}, nil
 	g.handed, g.spent = nil, nil
+	g.dropStaged()
 	g.pendingHS, g.forceHS = raftpb.HardState{}, false
 	if p := g.compactAfter; p != nil {
 		g.compactAfter, g.snapping = nil, false
@@ -643,7 +644,7 @@ func (w *Worker) process(g *Group, now int64) {
 		g.install(rd) // then the rest of rd (resume)
 		return
 	}
-	g.staged = nil // raft did not take it (or there was none)
+	g.dropStaged() // raft did not take it (or there was none)
 	w.handle(g, rd, now)
 }
 

@@ -31,6 +31,9 @@ type clusterConfig struct {
 	// Join: a member's cluster address (--join): this node asks it to be
 	// added to the cluster, unless its data already holds the cluster.
 	Join string
+	// SpoolDir: where snapshots from a leader are spooled as they arrive
+	// (under the data directory).
+	SpoolDir string
 }
 
 // clusterSettings validates --node-id, --cluster-listen, --peers and the
@@ -157,7 +160,7 @@ type clusterNode struct {
 // (the secret was checked by clusterSettings).
 func startCluster(cc *clusterConfig, log *slog.Logger) (*clusterNode, error) {
 	cn := &clusterNode{cc: cc, removed: make(chan string, 1)}
-	tr, err := cluster.New(cluster.Config{NodeID: cc.NodeID, Listen: cc.Listen, Peers: cc.Peers, Secret: cc.Secret, Logger: log,
+	tr, err := cluster.New(cluster.Config{NodeID: cc.NodeID, Listen: cc.Listen, Peers: cc.Peers, Secret: cc.Secret, Logger: log, SpoolDir: cc.SpoolDir,
 		Handle: func(from uint64, op byte, body []byte) ([]byte, error) {
 			if b := cn.b.Load(); b != nil {
 				return b.HandleClusterCall(from, op, body)

@@ -384,6 +384,7 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdin i
 		if why, err := os.ReadFile(filepath.Join(fc.Data, removedMarker)); err == nil {
 			return fmt.Errorf("node %d was removed from the cluster (%s): it cannot serve again; start a new node with an empty data directory and a new --node-id (--join)", cc.NodeID, strings.TrimSpace(string(why)))
 		}
+		cc.SpoolDir = filepath.Join(fc.Data, "spool")
 		if cn, err = startCluster(cc, log); err != nil {
 			return err
 		}

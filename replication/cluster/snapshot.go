@@ -1,10 +1,16 @@
 package cluster
 
 import (
+	"bufio"
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"io"
 	"net"
+	"os"
+	"runtime"
+	"slices"
+	"sync"
 	"time"
 
 	"github.com/warren-mq/warren/segment"
@@ -14,19 +20,32 @@ import (
 // Snapshot install over the transport (design §6.7): raft's MsgSnap
 // carries only the descriptor; the leader's worker loads the snapshot's
 // data and the live entries the follower lacks (replication.
-// SnapshotMessage, here Snapshot), and SendSnapshot sends them on the
-// peer's connection, encoded as
+// SnapshotMessage, here Snapshot: the entries are views of the leader's
+// log files), and SendSnapshot sends them on the peer's data connection,
+// encoded as
 //
 //	gid u64 | msgLen u32 | raftpb.Message (MsgSnap) | dataLen u32 | data |
 //	n u32 | n × (index u64 | term u64 | len u32 | entry data)
 //
-// cut into frames of kind kindSnap, each `last u8 | bytes`, written one
-// after the other (no other frame between them). The receiver joins them
-// and hands the snapshot to Config.DeliverSnapshot (the group's
-// Worker.StepSnapshot). A snapshot is held whole in memory on both sides:
-// one over Config.MaxSnapshotBytes (256 MiB by default: a queue holding
-// more than that in messages) is not sent, and the follower stays behind
-// (logged); streaming it from the log is not built.
+// cut into frames of kind kindSnap, each `last u8 | bytes` of at most
+// snapFrameBytes, written one after the other (forwards may go between
+// them, no other snapshot's) straight from the message's data and
+// entries: the sender never builds the whole. The receiver spools the frames to a file under
+// Config.SpoolDir (one frame in memory at a time) and, at the last frame,
+// decodes the file and hands the snapshot to Config.DeliverSnapshot (the
+// group's Worker.StepSnapshot): the FSM image read into memory, and the
+// live entries too when they total at most Config.SnapshotMemBytes;
+// past that they stay in the file, read one at a time (Snapshot.
+// ReadEntry) as the follower installs them. The file is removed once the
+// snapshot is released (Snapshot.Release: installed, refused or replaced),
+// when the connection breaks mid-snapshot (nothing partial is delivered:
+// the leader hears the snapshot failed, or the follower never answers it,
+// and raft sends it again), and at the next start (leftovers of a crash).
+// Bounds: Config.MaxSnapshotBytes per snapshot on disk, Config.MaxSpools
+// snapshots spooled or not yet released on the node and
+// maxSpoolsPerPeer per sending peer; a snapshot over them is refused
+// (logged; its frames are read and dropped) and raft sends it again
+// later. A sender queues at most maxQueuedSnaps per peer.
 
 // Snapshot is a snapshot to install: raft's MsgSnap, the FSM image and
 // the live entries the follower lacks. Its fields are those of
@@ -36,11 +55,32 @@ type Snapshot struct {
 	Msg     raftpb.Message
 	Data    []byte
 	Entries []segment.Entry
+	// ReadEntry, when set, reads the data of Entries[i] (whose Data is
+	// then nil) into dst's space: a snapshot spooled to disk.
+	ReadEntry func(i int, dst []byte) ([]byte, error)
+	// Release, when set, frees what the snapshot holds (views of the
+	// log, a spool file); its holder calls it once, when done with it.
+	Release func()
 }
 
+const (
+	// snapFrameBytes: the most snapshot bytes per frame (the window a
+	// sender holds besides the message: it writes views of it).
+	snapFrameBytes = 1 << 20
+	// maxQueuedSnaps: snapshots queued for one peer and not yet written.
+	maxQueuedSnaps = 4
+	// maxSpoolsPerPeer: snapshots from one peer spooled or not yet
+	// released here.
+	maxSpoolsPerPeer = 2
+	// spoolPattern names spool files (os.CreateTemp).
+	spoolPattern = "warren-snapshot-*.spool"
+)
+
 // SendSnapshot queues s for peer s.Msg.To; done hears once whether it was
-// written to the connection (true) or dropped (false: too big, the queue
-// full, the connection lost). It never blocks.
+// written to the connection (true) or dropped (false: the queue full,
+// the connection lost). It never blocks. The caller keeps s (and what it
+// views) unchanged until done; its entries are in memory (or views: no
+// ReadEntry).
 func (t *Transport) SendSnapshot(gid uint64, s *Snapshot, done func(ok bool)) {
 	p := t.peer(s.Msg.To)
 	if p == nil {
@@ -48,24 +88,16 @@ func (t *Transport) SendSnapshot(gid uint64, s *Snapshot, done func(ok bool)) {
 		done(false)
 		return
 	}
-	pl := appendSnapshot(nil, gid, s)
-	if len(pl) > t.cfg.MaxSnapshotBytes {
-		t.dropped.Add(1)
-		p.dropped.Add(1)
-		t.log.Warn("cluster: a snapshot too large to send: the follower stays behind", "group", gid, "peer", p.id, "bytes", len(pl), "max_snapshot_bytes", t.cfg.MaxSnapshotBytes)
-		done(false)
-		return
-	}
 	p.mu.Lock()
-	if p.snapBytes+len(pl) > t.cfg.MaxSnapshotBytes {
+	if len(p.snaps) >= maxQueuedSnaps {
 		p.mu.Unlock()
 		t.dropped.Add(1)
 		p.dropped.Add(1)
+		t.log.Warn("cluster: a snapshot not sent: this peer has snapshots queued already (raft sends it again)", "group", gid, "peer", p.id, "queued", maxQueuedSnaps)
 		done(false)
 		return
 	}
-	p.snaps = append(p.snaps, pendingSnap{payload: pl, done: done})
-	p.snapBytes += len(pl)
+	p.snaps = append(p.snaps, pendingSnap{gid: gid, s: s, done: done})
 	p.mu.Unlock()
 	select {
 	case p.dat.wake <- struct{}{}:
@@ -74,110 +106,33 @@ func (t *Transport) SendSnapshot(gid uint64, s *Snapshot, done func(ok bool)) {
 }
 
 type pendingSnap struct {
-	payload []byte
-	done    func(ok bool)
+	gid  uint64
+	s    *Snapshot
+	done func(ok bool)
 }
 
-func appendSnapshot(b []byte, gid uint64, s *Snapshot) []byte {
-	b = binary.BigEndian.AppendUint64(b, gid)
+// snapHeader is the encoding up to the data: gid, the message, dataLen.
+func snapHeader(gid uint64, s *Snapshot) []byte {
 	n := s.Msg.Size()
+	b := make([]byte, 0, 16+n)
+	b = binary.BigEndian.AppendUint64(b, gid)
 	b = binary.BigEndian.AppendUint32(b, uint32(n))
 	off := len(b)
-	b = append(b, make([]byte, n)...)
+	b = b[:off+n]
 	if _, err := s.Msg.MarshalTo(b[off:]); err != nil {
 		panic("cluster: BUG: a raft message that does not marshal: " + err.Error())
 	}
-	b = binary.BigEndian.AppendUint32(b, uint32(len(s.Data)))
-	b = append(b, s.Data...)
-	b = binary.BigEndian.AppendUint32(b, uint32(len(s.Entries)))
-	for _, e := range s.Entries {
-		b = binary.BigEndian.AppendUint64(b, e.Index)
-		b = binary.BigEndian.AppendUint64(b, e.Term)
-		b = binary.BigEndian.AppendUint32(b, uint32(len(e.Data)))
-		b = append(b, e.Data...)
-	}
-	return b
+	return binary.BigEndian.AppendUint32(b, uint32(len(s.Data)))
 }
 
-var errSnapFrame = errors.New("cluster: a snapshot frame that does not parse")
-
-// parseSnapshot decodes a snapshot frame's payload into owned copies.
-func parseSnapshot(p []byte) (uint64, *Snapshot, error) {
-	take := func(n int) ([]byte, bool) {
-		if n < 0 || n > len(p) {
-			return nil, false
-		}
-		b := p[:n:n]
-		p = p[n:]
-		return b, true
-	}
-	u32 := func() (int, bool) {
-		b, ok := take(4)
-		if !ok {
-			return 0, false
-		}
-		return int(binary.BigEndian.Uint32(b)), true
-	}
-	hdr, ok := take(8)
-	if !ok {
-		return 0, nil, errSnapFrame
-	}
-	gid := binary.BigEndian.Uint64(hdr)
-	s := &Snapshot{}
-	n, ok := u32()
-	mb, ok2 := take(n)
-	if !ok || !ok2 {
-		return 0, nil, errSnapFrame
-	}
-	if err := s.Msg.Unmarshal(mb); err != nil {
-		return 0, nil, fmt.Errorf("%w: %w", errSnapFrame, err)
-	}
-	n, ok = u32()
-	data, ok2 := take(n)
-	if !ok || !ok2 {
-		return 0, nil, errSnapFrame
-	}
-	s.Data = append([]byte(nil), data...)
-	k, ok := u32()
-	if !ok || k > len(p)/20 {
-		return 0, nil, errSnapFrame
-	}
-	s.Entries = make([]segment.Entry, 0, k)
-	for range k {
-		h, ok := take(20)
-		if !ok {
-			return 0, nil, errSnapFrame
-		}
-		d, ok := take(int(binary.BigEndian.Uint32(h[16:])))
-		if !ok {
-			return 0, nil, errSnapFrame
-		}
-		s.Entries = append(s.Entries, segment.Entry{Index: binary.BigEndian.Uint64(h), Term: binary.BigEndian.Uint64(h[8:]), Data: append([]byte(nil), d...)})
-	}
-	if len(p) != 0 {
-		return 0, nil, errSnapFrame
-	}
-	if s.Msg.Type != raftpb.MsgSnap || s.Msg.Snapshot == nil {
-		return 0, nil, fmt.Errorf("%w: a %v, not a MsgSnap", errSnapFrame, s.Msg.Type)
-	}
-	return gid, s, nil
-}
-
-// writeSnaps writes queued snapshots, one frame each, and tells each
-// sender; after a failed write the rest are dropped too.
+// writeSnaps writes queued snapshots, each in frames of at most
+// snapFrameBytes (with the forwards queued meanwhile between them), and
+// tells each sender; after a failed write the rest are dropped too.
 func (p *peer) writeSnaps(conn net.Conn, snaps []pendingSnap) error {
 	var err error
-	chunk := p.t.cfg.MaxFrameBytes - 2 // kind and the last flag
 	for _, s := range snaps {
-		for off := 0; err == nil && off < len(s.payload); off += chunk {
-			end := min(off+chunk, len(s.payload))
-			last := byte(0)
-			if end == len(s.payload) {
-				last = 1
-			}
-			conn.SetWriteDeadline(time.Now().Add(writeTimeout))
-			bufs := net.Buffers{append(appendFrameHeader(nil, kindSnap, end-off+1), last), s.payload[off:end]}
-			_, err = bufs.WriteTo(conn)
+		if err == nil {
+			err = p.writeSnap(conn, s.gid, s.s)
 		}
 		if err != nil {
 			p.dropped.Add(1)
@@ -190,41 +145,292 @@ func (p *peer) writeSnaps(conn net.Conn, snaps []pendingSnap) error {
 	return err
 }
 
+// writeSnap streams one snapshot: its pieces (views of the message) go
+// into frames as they come, written with writev.
+func (p *peer) writeSnap(conn net.Conn, gid uint64, s *Snapshot) error {
+	if s.ReadEntry != nil {
+		panic("cluster: BUG: SendSnapshot of a snapshot whose entries are not in memory")
+	}
+	w := snapWriter{conn: conn, max: min(p.t.cfg.MaxFrameBytes-2, snapFrameBytes), between: func() error { return p.writeFwds(conn) }}
+	w.add(snapHeader(gid, s))
+	w.add(s.Data)
+	w.add(binary.BigEndian.AppendUint32(nil, uint32(len(s.Entries))))
+	for _, e := range s.Entries {
+		h := make([]byte, 0, 20)
+		h = binary.BigEndian.AppendUint64(h, e.Index)
+		h = binary.BigEndian.AppendUint64(h, e.Term)
+		w.add(binary.BigEndian.AppendUint32(h, uint32(len(e.Data))))
+		w.add(e.Data)
+	}
+	w.flush(true)
+	return w.err
+}
+
+// snapWriter cuts a stream of pieces into snapshot frames.
+type snapWriter struct {
+	conn    net.Conn
+	max     int
+	between func() error // after each frame but the last
+	bufs    net.Buffers
+	pending int
+	err     error
+}
+
+func (w *snapWriter) add(b []byte) {
+	for len(b) > 0 && w.err == nil {
+		n := min(len(b), w.max-w.pending)
+		w.bufs = append(w.bufs, b[:n])
+		w.pending += n
+		b = b[n:]
+		if w.pending == w.max {
+			w.flush(false)
+		}
+	}
+}
+
+// flush writes what is pending as one frame (last: the snapshot's last).
+func (w *snapWriter) flush(last bool) {
+	if w.err != nil || w.pending == 0 && !last {
+		return
+	}
+	l := byte(0)
+	if last {
+		l = 1
+	}
+	bufs := append(net.Buffers{append(appendFrameHeader(nil, kindSnap, w.pending+1), l)}, w.bufs...)
+	w.conn.SetWriteDeadline(time.Now().Add(writeTimeout))
+	_, w.err = bufs.WriteTo(w.conn)
+	clear(w.bufs)
+	w.bufs, w.pending = w.bufs[:0], 0
+	if w.err == nil && !last && w.between != nil {
+		w.err = w.between()
+	}
+}
+
 func appendFrameHeader(b []byte, kind byte, n int) []byte {
 	b = binary.BigEndian.AppendUint32(b, uint32(n+1))
 	return append(b, kind)
 }
 
-// snapFrame takes one kindSnap frame from peer from into *joined, and
-// once it is the last one decodes the snapshot and hands it on.
-func (t *Transport) snapFrame(from uint64, pl []byte, joined *[]byte) error {
+// spool is a snapshot being received: its frames go to a file.
+type spool struct {
+	f    *os.File
+	size int64
+	skip bool // refused: its frames are read and dropped
+}
+
+// snapFrame takes one kindSnap frame from peer from into *sp (nil: none
+// under way), and once it is the last one hands the snapshot on.
+func (t *Transport) snapFrame(from uint64, pl []byte, sp **spool) error {
 	if len(pl) < 1 || pl[0] > 1 {
 		return errSnapFrame
 	}
-	if len(*joined)+len(pl)-1 > t.cfg.MaxSnapshotBytes {
-		return fmt.Errorf("cluster: node %d sent a snapshot over the %d-byte limit", from, t.cfg.MaxSnapshotBytes)
+	last := pl[0] == 1
+	if *sp == nil {
+		*sp = t.startSpool(from)
 	}
-	*joined = append(*joined, pl[1:]...)
-	if pl[0] == 0 {
+	s := *sp
+	if s.skip {
+		if last {
+			*sp = nil
+		}
 		return nil
 	}
-	whole := *joined
-	*joined = nil
-	return t.deliverSnapshot(from, whole)
+	if s.size+int64(len(pl)-1) > t.cfg.MaxSnapshotBytes {
+		t.dropSpool(from, s)
+		*sp = nil
+		return fmt.Errorf("cluster: node %d sent a snapshot over the %d-byte limit (MaxSnapshotBytes)", from, t.cfg.MaxSnapshotBytes)
+	}
+	if _, err := s.f.Write(pl[1:]); err != nil {
+		t.dropSpool(from, s)
+		*sp = nil
+		t.log.Error("cluster: a snapshot not spooled to disk: refused (raft sends it again)", "peer", from, "file", s.f.Name(), "err", err)
+		return nil
+	}
+	s.size += int64(len(pl) - 1)
+	if !last {
+		return nil
+	}
+	*sp = nil
+	return t.deliverSpool(from, s)
 }
 
-// deliverSnapshot decodes a snapshot from peer from and hands it on.
-func (t *Transport) deliverSnapshot(from uint64, pl []byte) error {
-	gid, s, err := parseSnapshot(pl)
+// startSpool opens a spool file for a snapshot from peer from, or
+// refuses it (over MaxSpools or maxSpoolsPerPeer, or no file).
+func (t *Transport) startSpool(from uint64) *spool {
+	t.smu.Lock()
+	total, mine := t.spools, t.spoolsBy[from]
+	ok := total < t.cfg.MaxSpools && mine < maxSpoolsPerPeer
+	if ok {
+		t.spools++
+		t.spoolsBy[from]++
+	}
+	t.smu.Unlock()
+	if !ok {
+		t.refusedSnaps.Add(1)
+		t.log.Warn("cluster: a snapshot refused: too many being received or installed (raft sends it again)", "peer", from, "spooled", total, "from_peer", mine, "max_spools", t.cfg.MaxSpools, "max_per_peer", maxSpoolsPerPeer)
+		return &spool{skip: true}
+	}
+	f, err := os.CreateTemp(t.cfg.SpoolDir, spoolPattern)
 	if err != nil {
+		t.unspool(from)
+		t.refusedSnaps.Add(1)
+		t.log.Error("cluster: a snapshot refused: no spool file (raft sends it again)", "peer", from, "dir", t.cfg.SpoolDir, "err", err)
+		return &spool{skip: true}
+	}
+	return &spool{f: f}
+}
+
+func (t *Transport) unspool(from uint64) {
+	t.smu.Lock()
+	t.spools--
+	if t.spoolsBy[from]--; t.spoolsBy[from] <= 0 {
+		delete(t.spoolsBy, from)
+	}
+	t.smu.Unlock()
+}
+
+// dropSpool removes a spool file not delivered (a partial snapshot).
+func (t *Transport) dropSpool(from uint64, s *spool) {
+	if s == nil || s.skip {
+		return
+	}
+	s.f.Close()
+	os.Remove(s.f.Name())
+	t.unspool(from)
+}
+
+// deliverSpool decodes a complete spooled snapshot from peer from and
+// hands it on; its file goes when the snapshot is released.
+func (t *Transport) deliverSpool(from uint64, s *spool) error {
+	var once sync.Once
+	release := func() {
+		once.Do(func() { t.dropSpool(from, s) })
+	}
+	gid, snap, err := readSpool(s.f, s.size, t.cfg.SnapshotMemBytes)
+	if err != nil {
+		release()
 		return err
 	}
-	if s.Msg.From != from {
-		return fmt.Errorf("cluster: node %d sent a snapshot from node %d", from, s.Msg.From)
+	if snap.Msg.From != from {
+		release()
+		return fmt.Errorf("cluster: node %d sent a snapshot from node %d", from, snap.Msg.From)
 	}
 	t.received.Add(1)
-	if t.cfg.DeliverSnapshot != nil {
-		t.cfg.DeliverSnapshot(gid, s)
+	if snap.ReadEntry == nil {
+		release() // all in memory
+	} else {
+		snap.Release = release
+		// A holder that drops it without Release: the file goes with it.
+		runtime.AddCleanup(snap, func(r func()) { r() }, release)
 	}
+	if t.cfg.DeliverSnapshot == nil {
+		if snap.Release != nil {
+			snap.Release()
+		}
+		return nil
+	}
+	t.cfg.DeliverSnapshot(gid, snap)
 	return nil
 }
+
+// readSpool decodes a spooled snapshot of size bytes: the message and
+// the data into memory, the entries too when their data total at most
+// memBytes, else their places in the file (Snapshot.ReadEntry).
+func readSpool(f *os.File, size, memBytes int64) (uint64, *Snapshot, error) {
+	r := bufio.NewReaderSize(io.NewSectionReader(f, 0, size), 64<<10)
+	var off int64
+	take := func(n int64) ([]byte, error) {
+		if n < 0 || n > size-off {
+			return nil, errSnapFrame
+		}
+		b := make([]byte, n)
+		if _, err := io.ReadFull(r, b); err != nil {
+			return nil, fmt.Errorf("%w: %w", errSnapFrame, err)
+		}
+		off += n
+		return b, nil
+	}
+	u32 := func() (int64, error) {
+		b, err := take(4)
+		if err != nil {
+			return 0, err
+		}
+		return int64(binary.BigEndian.Uint32(b)), nil
+	}
+	hdr, err := take(8)
+	if err != nil {
+		return 0, nil, err
+	}
+	gid := binary.BigEndian.Uint64(hdr)
+	s := &Snapshot{}
+	n, err := u32()
+	if err != nil {
+		return 0, nil, err
+	}
+	mb, err := take(n)
+	if err != nil {
+		return 0, nil, err
+	}
+	if err := s.Msg.Unmarshal(mb); err != nil {
+		return 0, nil, fmt.Errorf("%w: %w", errSnapFrame, err)
+	}
+	if s.Msg.Type != raftpb.MsgSnap || s.Msg.Snapshot == nil {
+		return 0, nil, fmt.Errorf("%w: a %v, not a MsgSnap", errSnapFrame, s.Msg.Type)
+	}
+	if n, err = u32(); err != nil {
+		return 0, nil, err
+	}
+	if s.Data, err = take(n); err != nil {
+		return 0, nil, err
+	}
+	k, err := u32()
+	if err != nil {
+		return 0, nil, err
+	}
+	if k > (size-off)/20 {
+		return 0, nil, errSnapFrame
+	}
+	inMem := size-off <= memBytes
+	s.Entries = make([]segment.Entry, 0, k)
+	var offs []int64
+	for range k {
+		h, err := take(20)
+		if err != nil {
+			return 0, nil, err
+		}
+		e := segment.Entry{Index: binary.BigEndian.Uint64(h), Term: binary.BigEndian.Uint64(h[8:])}
+		dn := int64(binary.BigEndian.Uint32(h[16:]))
+		if inMem {
+			if e.Data, err = take(dn); err != nil {
+				return 0, nil, err
+			}
+		} else {
+			if dn > size-off {
+				return 0, nil, errSnapFrame
+			}
+			offs = append(offs, off, dn)
+			if _, err := r.Discard(int(dn)); err != nil {
+				return 0, nil, fmt.Errorf("%w: %w", errSnapFrame, err)
+			}
+			off += dn
+		}
+		s.Entries = append(s.Entries, e)
+	}
+	if off != size {
+		return 0, nil, errSnapFrame
+	}
+	if !inMem {
+		s.ReadEntry = func(i int, dst []byte) ([]byte, error) {
+			at, dn := offs[2*i], offs[2*i+1]
+			dst = slices.Grow(dst[:0], int(dn))[:dn]
+			if _, err := f.ReadAt(dst, at); err != nil {
+				return nil, fmt.Errorf("cluster: reading the spooled snapshot %s: %w", f.Name(), err)
+			}
+			return dst, nil
+		}
+	}
+	return gid, s, nil
+}
+
+var errSnapFrame = errors.New("cluster: a snapshot frame that does not parse")

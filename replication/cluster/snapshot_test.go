@@ -1,6 +1,9 @@
 package cluster
 
 import (
+	"encoding/binary"
+	"os"
+	"path/filepath"
 	"reflect"
 	"testing"
 
@@ -8,9 +11,32 @@ import (
 	"go.etcd.io/raft/v3/raftpb"
 )
 
-// TestSnapshotFrame: a snapshot frame decodes to what was encoded (owned
-// copies), and every truncation, a trailing byte and a message that is
-// not a MsgSnap are refused.
+// appendSnapshot is the whole encoding of a snapshot (what writeSnap
+// streams).
+func appendSnapshot(b []byte, gid uint64, s *Snapshot) []byte {
+	b = binary.BigEndian.AppendUint64(b, gid)
+	n := s.Msg.Size()
+	b = binary.BigEndian.AppendUint32(b, uint32(n))
+	off := len(b)
+	b = append(b, make([]byte, n)...)
+	if _, err := s.Msg.MarshalTo(b[off:]); err != nil {
+		panic("cluster: BUG: a raft message that does not marshal: " + err.Error())
+	}
+	b = binary.BigEndian.AppendUint32(b, uint32(len(s.Data)))
+	b = append(b, s.Data...)
+	b = binary.BigEndian.AppendUint32(b, uint32(len(s.Entries)))
+	for _, e := range s.Entries {
+		b = binary.BigEndian.AppendUint64(b, e.Index)
+		b = binary.BigEndian.AppendUint64(b, e.Term)
+		b = binary.BigEndian.AppendUint32(b, uint32(len(e.Data)))
+		b = append(b, e.Data...)
+	}
+	return b
+}
+
+// TestSnapshotFrame: a spooled snapshot decodes to what was encoded, its
+// entries in memory or read from the file, and every truncation, a
+// trailing byte and a message that is not a MsgSnap are refused.
 func TestSnapshotFrame(t *testing.T) {
 	s := &Snapshot{
 		Msg: raftpb.Message{Type: raftpb.MsgSnap, From: 1, To: 2, Term: 3,
@@ -19,28 +45,52 @@ func TestSnapshotFrame(t *testing.T) {
 		Entries: []segment.Entry{{Index: 12, Term: 2, Data: []byte("twelve")}, {Index: 30, Term: 3, Data: []byte{}}},
 	}
 	pl := appendSnapshot(nil, 1<<32+5, s)
-	gid, got, err := parseSnapshot(pl)
+	f, err := os.Create(filepath.Join(t.TempDir(), "spool"))
 	if err != nil {
 		t.Fatal(err)
 	}
-	if gid != 1<<32+5 || !reflect.DeepEqual(got.Data, s.Data) || got.Msg.Snapshot.Metadata.Index != 40 ||
-		len(got.Entries) != 2 || string(got.Entries[0].Data) != "twelve" || got.Entries[1].Index != 30 || got.Entries[0].Term != 2 {
-		t.Fatalf("decoded %d %+v", gid, got)
+	defer f.Close()
+	if _, err := f.Write(append(pl, 0)); err != nil {
+		t.Fatal(err)
 	}
-	pl[len(pl)-1] = 'X' // the decoded copies do not alias the frame
-	if string(got.Entries[0].Data) != "twelve" {
-		t.Fatal("a decoded entry aliases the frame's buffer")
-	}
-	for n := range len(pl) {
-		if _, _, err := parseSnapshot(pl[:n]); err == nil {
-			t.Fatalf("a snapshot frame cut at %d of %d bytes decoded", n, len(pl))
+	size := int64(len(pl))
+	for _, mem := range []int64{1 << 20, 0} {
+		gid, got, err := readSpool(f, size, mem)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if mem == 0 {
+			if got.ReadEntry == nil || got.Entries[0].Data != nil {
+				t.Fatal("entries over SnapshotMemBytes read into memory")
+			}
+			for i := range got.Entries {
+				if got.Entries[i].Data, err = got.ReadEntry(i, nil); err != nil {
+					t.Fatal(err)
+				}
+			}
+			got.ReadEntry = nil
+		}
+		if gid != 1<<32+5 || !reflect.DeepEqual(got.Data, s.Data) || got.Msg.Snapshot.Metadata.Index != 40 ||
+			len(got.Entries) != 2 || string(got.Entries[0].Data) != "twelve" || len(got.Entries[1].Data) != 0 ||
+			got.Entries[1].Index != 30 || got.Entries[0].Term != 2 {
+			t.Fatalf("decoded %d %+v", gid, got)
 		}
 	}
-	if _, _, err := parseSnapshot(append(pl, 0)); err == nil {
+	for n := range size {
+		for _, mem := range []int64{1 << 20, 0} {
+			if _, _, err := readSpool(f, n, mem); err == nil {
+				t.Fatalf("a snapshot cut at %d of %d bytes decoded", n, size)
+			}
+		}
+	}
+	if _, _, err := readSpool(f, size+1, 1<<20); err == nil {
 		t.Fatal("a trailing byte accepted")
 	}
 	s.Msg.Type = raftpb.MsgApp
-	if _, _, err := parseSnapshot(appendSnapshot(nil, 1, s)); err == nil {
-		t.Fatal("a MsgApp in a snapshot frame accepted")
+	if _, err := f.WriteAt(appendSnapshot(nil, 1, s), 0); err != nil {
+		t.Fatal(err)
+	}
+	if _, _, err := readSpool(f, size, 1<<20); err == nil {
+		t.Fatal("a MsgApp in a snapshot accepted")
 	}
 }

@@ -3,6 +3,10 @@ package cluster_test
 import (
 	"bytes"
 	"fmt"
+	"net"
+	"os"
+	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -11,16 +15,54 @@ import (
 	"go.etcd.io/raft/v3/raftpb"
 )
 
-// TestSnapshotOverFrames: a snapshot many times a frame's size crosses
-// the transport in frames and arrives whole; one over MaxSnapshotBytes is
-// refused at once (done false) and never sent.
-func TestSnapshotOverFrames(t *testing.T) {
+// cutListener hands out connections of which the first to read past
+// cutAfter bytes is closed there (a connection lost mid-snapshot).
+type cutListener struct {
+	net.Listener
+	cutAfter int64
+	cut      atomic.Bool
+}
+
+func (l *cutListener) Accept() (net.Conn, error) {
+	c, err := l.Listener.Accept()
+	if err != nil {
+		return nil, err
+	}
+	return &cutConn{Conn: c, l: l}, nil
+}
+
+type cutConn struct {
+	net.Conn
+	l    *cutListener
+	read int64
+}
+
+func (c *cutConn) Read(b []byte) (int, error) {
+	n, err := c.Conn.Read(b)
+	if c.read += int64(n); c.read > c.l.cutAfter && c.l.cut.CompareAndSwap(false, true) {
+		c.Conn.Close()
+		return 0, net.ErrClosed
+	}
+	return n, err
+}
+
+// TestSnapshotStreamed: a snapshot about 300 times a frame's size (and
+// over the receiver's SnapshotMemBytes, so its entries stay in the spool
+// file) crosses the transport in frames and arrives whole, its entries
+// read from the file; releasing it removes the file. A connection lost
+// mid-snapshot delivers nothing and leaves no file; the snapshot sent
+// again arrives. A snapshot over MaxSpools (one not yet released) is
+// refused, and taken again once the first is released.
+func TestSnapshotStreamed(t *testing.T) {
 	ls, addrs := listeners(t, 2)
-	got := make(chan *cluster.Snapshot, 1)
+	cut := &cutListener{Listener: ls[1], cutAfter: 300 << 10}
+	ls[1] = cut
+	spool := t.TempDir()
+	got := make(chan *cluster.Snapshot, 4)
 	var trs []*cluster.Transport
 	for i := range 2 {
 		tr, err := cluster.New(cluster.Config{NodeID: uint64(i + 1), Listener: ls[i], Peers: addrs, Secret: secret,
-			MaxFrameBytes: 4 << 10, MaxSnapshotBytes: 1 << 20,
+			MaxFrameBytes: 4 << 10, SpoolDir: spool, MaxSpools: 1, SnapshotMemBytes: 64 << 10,
 			Deliver:         func(uint64, raftpb.Message) {},
 			DeliverSnapshot: func(gid uint64, s *cluster.Snapshot) { got <- s }})
 		if err != nil {
@@ -30,26 +72,88 @@ func TestSnapshotOverFrames(t *testing.T) {
 		trs = append(trs, tr)
 	}
 	s := &cluster.Snapshot{Msg: raftpb.Message{Type: raftpb.MsgSnap, From: 1, To: 2, Term: 2,
-		Snapshot: &raftpb.Snapshot{Metadata: raftpb.SnapshotMetadata{Index: 99, Term: 2}}}, Data: bytes.Repeat([]byte("d"), 10<<10)}
-	for i := range 40 {
-		s.Entries = append(s.Entries, segment.Entry{Index: uint64(10 + i), Term: 2, Data: []byte(fmt.Sprintf("%01000d", i))})
+		Snapshot: &raftpb.Snapshot{Metadata: raftpb.SnapshotMetadata{Index: 999, Term: 2}}}, Data: bytes.Repeat([]byte("d"), 10<<10)}
+	for i := range 600 {
+		s.Entries = append(s.Entries, segment.Entry{Index: uint64(10 + i), Term: 2, Data: fmt.Appendf(nil, "%02000d", i)})
 	}
-	sent := make(chan bool, 2)
-	trs[0].SendSnapshot(1<<32+1, s, func(ok bool) { sent <- ok })
+	var mu sync.Mutex
+	var dones []bool
+	send := func() {
+		trs[0].SendSnapshot(1<<32+1, s, func(ok bool) {
+			mu.Lock()
+			dones = append(dones, ok)
+			mu.Unlock()
+		})
+	}
+	spooled := func() int {
+		ents, err := os.ReadDir(spool)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return len(ents)
+	}
+	waitFor := func(what string, cond func() bool) {
+		t.Helper()
+		for deadline := time.Now().Add(10 * time.Second); !cond(); {
+			if time.Now().After(deadline) {
+				t.Fatalf("%s: not within 10 s", what)
+			}
+			time.Sleep(5 * time.Millisecond)
+		}
+	}
+	receive := func() *cluster.Snapshot {
+		t.Helper()
+		select {
+		case r := <-got:
+			return r
+		case <-time.After(10 * time.Second):
+			t.Fatal("the snapshot did not arrive within 10 s")
+			return nil
+		}
+	}
+
+	// Cut at 300 KiB of 1.2 MiB: nothing arrives, no file is left.
+	send()
+	waitFor("the cut", cut.cut.Load)
+	waitFor("the partial spool file removed", func() bool { return spooled() == 0 })
 	select {
 	case r := <-got:
-		if !bytes.Equal(r.Data, s.Data) || len(r.Entries) != 40 || string(r.Entries[39].Data) != string(s.Entries[39].Data) || r.Msg.Snapshot.Metadata.Index != 99 {
-			t.Fatalf("the snapshot arrived changed: %d bytes of data, %d entries", len(r.Data), len(r.Entries))
+		t.Fatalf("a snapshot cut mid-stream was delivered (%d entries)", len(r.Entries))
+	default:
+	}
+
+	// Sent again (raft does so): whole, its entries in the file.
+	send()
+	r := receive()
+	if !bytes.Equal(r.Data, s.Data) || len(r.Entries) != 600 || r.Msg.Snapshot.Metadata.Index != 999 || r.ReadEntry == nil || r.Release == nil {
+		t.Fatalf("the snapshot arrived changed: %d bytes of data, %d entries, read from a file %v", len(r.Data), len(r.Entries), r.ReadEntry != nil)
+	}
+	var buf []byte
+	for i, e := range r.Entries {
+		var err error
+		if buf, err = r.ReadEntry(i, buf); err != nil {
+			t.Fatal(err)
 		}
-	case <-time.After(10 * time.Second):
-		t.Fatal("the snapshot did not arrive within 10 s")
+		if e.Index != s.Entries[i].Index || e.Term != 2 || !bytes.Equal(buf, s.Entries[i].Data) {
+			t.Fatalf("entry %d arrived as %d/%d %q", i, e.Index, e.Term, buf[:min(len(buf), 20)])
+		}
 	}
-	if !<-sent {
-		t.Fatal("done said the snapshot was not sent")
+	if n := spooled(); n != 1 {
+		t.Fatalf("%d files spooled for the snapshot not yet released, want 1", n)
 	}
-	s.Data = make([]byte, 2<<20)
-	trs[0].SendSnapshot(1<<32+1, s, func(ok bool) { sent <- ok })
-	if <-sent {
-		t.Fatal("a snapshot over MaxSnapshotBytes was sent")
+
+	// MaxSpools 1: the next one is refused while it is held.
+	send()
+	waitFor("the second snapshot refused", func() bool { return trs[1].Stats().SnapsRefused == 1 })
+	r.Release()
+	if n := spooled(); n != 0 {
+		t.Fatalf("%d files spooled after the release, want 0", n)
+	}
+	send()
+	receive().Release()
+	mu.Lock()
+	defer mu.Unlock()
+	if len(dones) != 4 || !dones[1] || !dones[2] || !dones[3] {
+		t.Fatalf("the sender heard %v", dones)
 	}
 }

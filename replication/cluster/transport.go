@@ -32,6 +32,8 @@ import (
 	"log/slog"
 	"math/big"
 	"net"
+	"os"
+	"path/filepath"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -70,9 +72,18 @@ type Config struct {
 	// publish makes; a bigger message is dropped).
 	MaxQueueBytes int
 	MaxFrameBytes int
-	// MaxSnapshotBytes bounds a snapshot to install, sent or received
-	// (default 256 MiB; snapshot.go): it is held whole in memory.
-	MaxSnapshotBytes int
+	// SpoolDir is where snapshots being received are spooled (snapshot.go;
+	// "": os.TempDir()). Spool files left there by a crash are removed by
+	// New.
+	SpoolDir string
+	// MaxSnapshotBytes bounds a snapshot received, on disk in SpoolDir
+	// (default 64 GiB); MaxSpools bounds the snapshots spooled or not yet
+	// released at once (default 4; snapshot.go); SnapshotMemBytes is the
+	// most entry bytes a snapshot received has read into memory (default
+	// 64 MiB; a bigger one is read from its file as it is installed).
+	MaxSnapshotBytes int64
+	MaxSpools        int
+	SnapshotMemBytes int64
 	// ManualFlush: Send only queues, and Flush (the shard, after its
 	// Round) hands every peer's queue to its writer, so a round's
 	// messages to a peer go as one frame (design §3.2, transport.flush).
@@ -111,6 +122,7 @@ type Stats struct {
 	Dropped      uint64 // messages dropped (queue full, unknown peer, too big, lost with a connection)
 	AuthFailures uint64 // handshakes that failed the secret check (either side)
 	Refused      uint64 // inbound connections refused (bad hello, unknown node, handshake limit, bad frame)
+	SnapsRefused uint64 // snapshots refused on arrival (MaxSpools, maxSpoolsPerPeer, no spool file)
 }
 
 // PeerStats are one peer's.
@@ -141,6 +153,11 @@ type Transport struct {
 	conns   map[net.Conn]struct{} // inbound, for Close
 
 	frames, sent, received, dropped, authFailures, refused atomic.Uint64
+	refusedSnaps                                           atomic.Uint64
+
+	smu      sync.Mutex
+	spools   int            // smu: snapshots spooled or not yet released
+	spoolsBy map[uint64]int // smu: of them, by sending peer
 }
 
 // inboundKey names an inbound connection: one per peer and lane.
@@ -158,14 +175,13 @@ type peer struct {
 	// snaps and fwds.
 	ctl, dat lane
 
-	mu        sync.Mutex
-	pending   []byte // entries: gid u64 | len u32 | message
-	count     int    // messages in pending
-	snaps     []pendingSnap
-	snapBytes int
-	fwds      [][]byte // forward.go
-	fwdBytes  int
-	spare     []byte
+	mu       sync.Mutex
+	pending  []byte // entries: gid u64 | len u32 | message
+	count    int    // messages in pending
+	snaps    []pendingSnap
+	fwds     [][]byte // forward.go
+	fwdBytes int
+	spare    []byte
 
 	sent    atomic.Uint64
 	dropped atomic.Uint64
@@ -243,7 +259,24 @@ func New(cfg Config) (*Transport, error) {
 		cfg.MaxQueueBytes = max(64<<20, 2*cfg.MaxFrameBytes) // room for the largest message and more
 	}
 	if cfg.MaxSnapshotBytes <= 0 {
-		cfg.MaxSnapshotBytes = 256 << 20
+		cfg.MaxSnapshotBytes = 64 << 30
+	}
+	if cfg.MaxSpools <= 0 {
+		cfg.MaxSpools = 4
+	}
+	if cfg.SnapshotMemBytes <= 0 {
+		cfg.SnapshotMemBytes = 64 << 20
+	}
+	if cfg.SpoolDir == "" {
+		cfg.SpoolDir = os.TempDir()
+	} else {
+		if err := os.MkdirAll(cfg.SpoolDir, 0o700); err != nil {
+			return nil, fmt.Errorf("cluster: the snapshot spool directory: %w", err)
+		}
+		old, _ := filepath.Glob(filepath.Join(cfg.SpoolDir, spoolPattern))
+		for _, f := range old { // a crash's: nothing is received before New
+			os.Remove(f)
+		}
 	}
 	if cfg.Logger == nil {
 		cfg.Logger = slog.New(slog.DiscardHandler)
@@ -261,7 +294,7 @@ func New(cfg Config) (*Transport, error) {
 	}
 	t := &Transport{cfg: cfg, ln: ln, peers: map[uint64]*peer{}, closed: make(chan struct{}),
 		hs: make(chan struct{}, maxHandshakes), log: cfg.Logger,
-		inbound: map[inboundKey]net.Conn{}, conns: map[net.Conn]struct{}{}}
+		inbound: map[inboundKey]net.Conn{}, conns: map[net.Conn]struct{}{}, spoolsBy: map[uint64]int{}}
 	t.ctx, t.cancel = context.WithCancel(context.Background())
 	for id, addr := range cfg.Peers {
 		if id == cfg.NodeID {
@@ -459,7 +492,7 @@ func grow(b []byte, n int) []byte {
 // Stats returns the transport's counters.
 func (t *Transport) Stats() Stats {
 	s := Stats{Frames: t.frames.Load(), Sent: t.sent.Load(), Received: t.received.Load(),
-		Dropped: t.dropped.Load(), AuthFailures: t.authFailures.Load(), Refused: t.refused.Load()}
+		Dropped: t.dropped.Load(), AuthFailures: t.authFailures.Load(), Refused: t.refused.Load(), SnapsRefused: t.refusedSnaps.Load()}
 	for _, p := range t.peerList() {
 		if p.ctl.connected.Load() {
 			s.Connected++
@@ -611,29 +644,39 @@ func (p *peer) writeData(conn net.Conn, dead <-chan struct{}) error {
 		}
 		p.mu.Lock()
 		snaps := p.snaps
-		p.snaps, p.snapBytes = nil, 0
-		fwds := p.fwds
-		p.fwds, p.fwdBytes = nil, 0
+		p.snaps = nil
 		p.mu.Unlock()
 		if err := p.writeSnaps(conn, snaps); err != nil {
-			p.dropped.Add(uint64(len(fwds)))
-			p.t.dropped.Add(uint64(len(fwds)))
 			return err
 		}
-		if len(fwds) > 0 {
-			var bufs net.Buffers
-			for _, f := range fwds {
-				bufs = append(bufs, appendFrameHeader(nil, kindFwd, len(f)), f)
-			}
-			conn.SetWriteDeadline(time.Now().Add(writeTimeout))
-			if _, err := bufs.WriteTo(conn); err != nil {
-				p.dropped.Add(uint64(len(fwds)))
-				p.t.dropped.Add(uint64(len(fwds)))
-				return err
-			}
-			p.t.frames.Add(uint64(len(fwds)))
+		if err := p.writeFwds(conn); err != nil {
+			return err
 		}
 	}
+}
+
+// writeFwds writes the forwards queued (also between a snapshot's
+// frames: a big snapshot does not hold them up).
+func (p *peer) writeFwds(conn net.Conn) error {
+	p.mu.Lock()
+	fwds := p.fwds
+	p.fwds, p.fwdBytes = nil, 0
+	p.mu.Unlock()
+	if len(fwds) == 0 {
+		return nil
+	}
+	var bufs net.Buffers
+	for _, f := range fwds {
+		bufs = append(bufs, appendFrameHeader(nil, kindFwd, len(f)), f)
+	}
+	conn.SetWriteDeadline(time.Now().Add(writeTimeout))
+	if _, err := bufs.WriteTo(conn); err != nil {
+		p.dropped.Add(uint64(len(fwds)))
+		p.t.dropped.Add(uint64(len(fwds)))
+		return err
+	}
+	p.t.frames.Add(uint64(len(fwds)))
+	return nil
 }
 
 // write sends the raft messages queued each time Send (or Flush) wakes
@@ -832,7 +875,7 @@ func (t *Transport) accept() {
 func (p *peer) dropSnaps() {
 	p.mu.Lock()
 	snaps := p.snaps
-	p.snaps, p.snapBytes = nil, 0
+	p.snaps = nil
 	p.mu.Unlock()
 	for _, s := range snaps {
 		s.done(false)
@@ -873,7 +916,9 @@ func (t *Transport) serve(c net.Conn) {
 		}
 		t.mu.Unlock()
 	}()
-	var buf, snap []byte
+	var buf []byte
+	var snap *spool                            // a snapshot being received
+	defer func() { t.dropSpool(from, snap) }() // partial: never delivered
 	for {
 		kind, pl, err := readFrame(c, &buf, t.cfg.MaxFrameBytes)
 		if err == nil && kind != kindRaft && kind != kindSnap && kind != kindFwd {
@@ -881,14 +926,12 @@ func (t *Transport) serve(c net.Conn) {
 		}
 		if err == nil && kind == kindSnap {
 			err = t.snapFrame(from, pl, &snap)
-		} else if err == nil && len(snap) > 0 {
-			err = errors.New("cluster: another frame inside a snapshot's frames")
-		} else if err == nil && kind == kindFwd {
+		} else if err == nil && kind == kindFwd { // (between a snapshot's frames too)
 			t.received.Add(1)
 			if t.cfg.DeliverForward != nil {
 				t.cfg.DeliverForward(from, pl)
 			}
-		} else if err == nil && len(snap) > 0 {
+		} else if err == nil && snap != nil {
 			err = errors.New("cluster: a raft frame inside a snapshot's frames")
 		} else if err == nil {
 			err = eachMessage(pl, func(gid uint64, b []byte) error {

@@ -683,6 +683,9 @@ func (e endpoint) Send(gid uint64, msgs []raftpb.Message) {
 func (e endpoint) SendSnapshot(gid uint64, sm *replication.SnapshotMessage) {
 	net, s := e.net, e.net.s
 	from, inc := e.from, e.from.inc
+	if sm.Release != nil {
+		defer sm.Release() // (copied below)
+	}
 	s.res.Messages++
 	s.res.SnapsSent++
 	m := sm.Msg
