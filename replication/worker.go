@@ -208,8 +208,11 @@ type Group struct {
 	handed, spent [][]byte
 }
 
-// maxHanded bounds handed and spent (past it, buffers are left to the GC).
-const maxHanded = 16
+// maxHanded bounds handed and spent (past it, buffers are left to the
+// GC). A busy queue's entries are about entryBufMax each, and 20,000
+// messages of 1 KiB in flight (durable.sh's confirm windows) are 20 of
+// them: with 16, the rest were built in fresh buffers.
+const maxHanded = 64
 
 // ErrGroupRemoved: the group was removed (its queue deleted); it takes no
 // more commands.
