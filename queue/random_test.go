@@ -147,7 +147,8 @@ func randomStep(r *rand.Rand, env *traceEnv) []Effect {
 
 // TestSnapshotRoundTrip: at random points of random runs, a restored
 // snapshot re-snapshots to the same bytes and then behaves identically to
-// the original under the same further commands.
+// the original under the same further commands; SnapshotLen is its exact
+// length (Snapshot allocates it once) and AppendSnapshot appends it.
 func TestSnapshotRoundTrip(t *testing.T) {
 	for seed := uint64(0); seed < 200; seed++ {
 		r := rand.New(rand.NewPCG(seed, 99))
@@ -156,6 +157,12 @@ func TestSnapshotRoundTrip(t *testing.T) {
 			randomStep(r, a)
 		}
 		snap := a.m.Snapshot()
+		if n := a.m.SnapshotLen(); len(snap) != n || cap(snap) != n {
+			t.Fatalf("seed %d: a snapshot of %d bytes (capacity %d), SnapshotLen %d", seed, len(snap), cap(snap), n)
+		}
+		if b := a.m.AppendSnapshot([]byte("pre")); string(b) != "pre"+string(snap) {
+			t.Fatalf("seed %d: AppendSnapshot differs from Snapshot", seed)
+		}
 		m2, err := Restore(snap)
 		if err != nil {
 			t.Fatalf("seed %d: restore: %v", seed, err)

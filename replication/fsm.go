@@ -327,8 +327,9 @@ const (
 // and the machine's exact image (no bodies: they stay in the log, in the
 // live entries). Equal states give equal bytes.
 func (f *QueueFSM) Snapshot() ([]byte, error) {
-	ms := f.m.Snapshot()
-	b := make([]byte, fsmSnapHeaderLen, fsmSnapHeaderLen+8+24*f.enq.Len()+len(ms))
+	// One buffer of the snapshot's size: the machine's image is appended
+	// in place, not built apart and copied.
+	b := make([]byte, fsmSnapHeaderLen, fsmSnapHeaderLen+8+24*f.enq.Len()+f.m.SnapshotLen())
 	b[0] = fsmSnapVersion
 	binary.LittleEndian.PutUint64(b[8:], f.applied)
 	binary.LittleEndian.PutUint64(b[16:], uint64(f.lastNow))
@@ -337,7 +338,7 @@ func (f *QueueFSM) Snapshot() ([]byte, error) {
 		b[0] = fsmSnapVersionEnqueuers
 		b = f.enq.appendTo(b)
 	}
-	return append(b, ms...), nil
+	return f.m.AppendSnapshot(b), nil
 }
 
 // Restore replaces the state with that of a snapshot taken at index, and
