@@ -185,6 +185,7 @@ func TestClusterChildren(t *testing.T) {
 	seen(nodes[1], "orders")
 	seen(nodes[2], "orders")
 	exclusiveIsolated(t, ctx, nodes[0], nodes[1])
+	transientAcrossNodes(t, ctx, nodes[0], nodes[1], nodes[2])
 
 	leader := nodes[lead-1]
 	if err := leader.cmd.Process.Signal(syscall.SIGKILL); err != nil {
@@ -293,5 +294,72 @@ func exclusiveIsolated(t *testing.T, ctx context.Context, a, b *clusterChild) {
 	}
 	if _, err := ch.DeclareQueue(ctx, "mine", client.QueueOptions{Passive: true}); err != nil {
 		t.Fatalf("the exclusive queue after a connection on another node closed: %v", err)
+	}
+}
+
+// transientAcrossNodes: a non-durable queue declared through node a lives
+// there and is served from every node: published through b (confirmed),
+// its count answered by a passive declare on b, consumed through c. An
+// exclusive queue's consumer on another node is refused.
+func transientAcrossNodes(t *testing.T, ctx context.Context, a, b, c *clusterChild) {
+	t.Helper()
+	dial := func(n *clusterChild) *client.Channel {
+		t.Helper()
+		conn, err := client.Dial(ctx, "warren://guest:guest@"+n.addr)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { conn.Close() })
+		ch, err := conn.Channel(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return ch
+	}
+	ach, bch, cch := dial(a), dial(b), dial(c)
+	if _, err := ach.DeclareQueue(ctx, "transient", client.QueueOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := ach.DeclareQueue(ctx, "xonly", client.QueueOptions{Exclusive: true}); err != nil {
+		t.Fatal(err)
+	}
+	// Once node b has xonly, it has transient (declared before).
+	deadline := time.Now().Add(20 * time.Second)
+	for {
+		_, err := bch.Consume(ctx, "xonly", client.ConsumeOptions{})
+		if wire.CodeOf(err) == wire.ResourceLocked {
+			break
+		}
+		if err == nil || wire.CodeOf(err) != wire.NotFound || time.Now().After(deadline) {
+			t.Fatalf("a consumer on %s of an exclusive queue of a connection on %s: %v", b.addr, a.addr, err)
+		}
+		bch = dial(b)                     // the refusal closed the channel
+		time.Sleep(20 * time.Millisecond) // polling with a deadline
+	}
+	bch = dial(b)
+	for i := range 3 {
+		if err := bch.Publish(ctx, "", client.Message{RoutingKey: "transient", Body: []byte(fmt.Sprint("t", i))}); err != nil {
+			t.Fatalf("publish through %s: %v", b.addr, err)
+		}
+	}
+	if info, err := bch.DeclareQueue(ctx, "transient", client.QueueOptions{Passive: true}); err != nil || info.Messages != 3 {
+		t.Fatalf("passive declare on %s: %+v %v, want the home's 3 messages", b.addr, info, err)
+	}
+	cs, err := cch.Consume(ctx, "transient", client.ConsumeOptions{Prefetch: 10})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := range 3 {
+		select {
+		case d := <-cs.Deliveries():
+			if string(d.Body) != fmt.Sprint("t", i) {
+				t.Fatalf("delivery %d through %s: %q", i, c.addr, d.Body)
+			}
+			if err := d.Ack(); err != nil {
+				t.Fatal(err)
+			}
+		case <-ctx.Done():
+			t.Fatalf("delivery %d through %s: none", i, c.addr)
+		}
 	}
 }
