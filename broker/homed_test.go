@@ -33,10 +33,10 @@ func askShard(t *testing.T, b *Broker, c Command) Result {
 
 // TestClusterHomedQueues: a non-durable queue lives on the node that
 // declared it (its home) and is served from every node: a publish on a
-// second node is forwarded and confirmed once enqueued at the home, a
-// consumer and a purge on a third node are served by the home; what
-// needs the queue's contents (a conditional delete) is refused elsewhere
-// naming the home; a plain delete from anywhere removes it everywhere.
+// second node is forwarded and confirmed once enqueued at the home, its
+// counts are fetched from the home by a barrier there, a consumer, a get
+// and a purge on a third node are served by the home, and a conditional
+// delete on the second is checked and done by the home.
 // An exclusive queue takes publishes from every node, but a consumer or
 // purge of it on another node is refused, as the home refuses another
 // connection's; its owner's connection closing removes it everywhere.
@@ -104,11 +104,27 @@ func TestClusterHomedQueues(t *testing.T) {
 	// and done at the home.
 	p.publish(n2, "tq", 3)
 	p.confirmed()
+	// A get on node 3 (a one-shot consumer answered after its barrier).
+	kg := newFwdClient()
+	b3.Submit(Command{Kind: CmdSubscribe, Queue: q3, Sink: kg, Spec: queue.ConsumerSpec{ID: 5, Owner: 9, Prefetch: 1, Get: true}})
+	b3.Submit(Command{Kind: CmdBarrier, Queue: q3, Sink: kg, Req: 1})
+	kg.waitFor(t, "the get's answer", func() bool { return len(kg.answers) == 1 })
+	g := kg.snap().got
+	if len(g) != 1 {
+		t.Fatalf("the get on node 3 was handed %v, want one message", g)
+	}
+	b3.Submit(Command{Kind: CmdCancel, Queue: q3, Consumer: 5})
+	settleOn(b3, q3, 5, wire.SettleAck, g[0].tag)
+	kg.waitFor(t, "the get's consumer gone", func() bool { return slices.Contains(kg.gone, 5) })
+	c.waitFor("the get's ack at the home", func() bool {
+		info, _ := n1.b.Load().Queue("tq")
+		return info.Ready == 2 && info.Unacked == 0 && info.Consumers == 0
+	})
 	if r := askShard(t, n2.b.Load(), Command{Kind: CmdDelete, Queue: q2, IfEmpty: true, Req: 3}); r.Code != wire.PreconditionFailed || !strings.Contains(r.Reason, "not empty") {
 		t.Fatalf("an if-empty delete of a queue with messages, on node 2, answered %+v", r)
 	}
-	if r := askShard(t, b3, Command{Kind: CmdPurge, Queue: q3, Req: 2}); r.Code != wire.OK || r.N != 3 {
-		t.Fatalf("the purge on node 3 answered %+v, want 3 purged", r)
+	if r := askShard(t, b3, Command{Kind: CmdPurge, Queue: q3, Req: 2}); r.Code != wire.OK || r.N != 2 {
+		t.Fatalf("the purge on node 3 answered %+v, want 2 purged", r)
 	}
 	if r := askShard(t, n2.b.Load(), Command{Kind: CmdDelete, Queue: q2, IfEmpty: true, IfUnused: true, Req: 4}); r.Code != wire.OK {
 		t.Fatalf("an if-empty, if-unused delete of the empty queue on node 2 answered %+v", r)
