@@ -119,3 +119,33 @@ func TestSubmitInlineOff(t *testing.T) {
 		t.Fatal("a shard holding a durable queue runs inline")
 	}
 }
+
+// TestSubmitInlineLeavesControlToTheShard: a loop runs a shard's batch
+// only if it holds publishes and settlements; a control command queued
+// before them (a create may open a durable queue, a delete takes the
+// topology's lock) leaves the whole batch to the shard's goroutine.
+func TestSubmitInlineLeavesControlToTheShard(t *testing.T) {
+	b := startBroker(t, Config{Shards: 1})
+	k := &recSink{}
+	q := inlineQueue(t, b, k)
+	sh := q.shard
+	sh.own.Lock() // as submitInline holds it; the goroutine waits
+	sh.mu.Lock()
+	sh.inbox = append(sh.inbox, Command{Kind: CmdBarrier, Queue: q, Sink: k})
+	sh.mu.Unlock()
+	publishInline(b, q, k, "one") // TryLock fails: queued
+	if sh.drainOnce(true) {
+		t.Fatal("an inline run took a batch holding a control command")
+	}
+	sh.mu.Lock()
+	n := len(sh.inbox)
+	sh.mu.Unlock()
+	if d, _ := k.counts(); d != 0 || n != 2 {
+		t.Fatalf("after the refused inline run: %d deliveries, %d commands queued; want 0 and 2", d, n)
+	}
+	sh.own.Unlock()
+	barrier(t, sh)
+	if d, c := k.counts(); d != 1 || c != 1 {
+		t.Fatalf("after the shard ran: %d deliveries and %d confirms, want 1 and 1", d, c)
+	}
+}

@@ -159,7 +159,7 @@ func (s *shard) submitInline(c Command) {
 			// One batch only: work the batch makes for the shard itself
 			// (a delivery its sink hands back, say) goes to the shard's
 			// goroutine, never keeping a loop from its connections.
-			s.drainOnce()
+			s.drainOnce(true)
 			s.setInline()
 			s.own.Unlock()
 			s.mu.Lock()
@@ -223,15 +223,27 @@ func (s *shard) run() {
 }
 
 func (s *shard) drain() {
-	for s.drainOnce() {
+	for s.drainOnce(false) {
 	}
 }
 
 // drainOnce runs the commands queued now as one batch and reports whether
-// there were any (more may have come meanwhile).
-func (s *shard) drainOnce() bool {
+// there were any (more may have come meanwhile). inline: only if they are
+// all publishes and settlements (what SubmitInline sends); a control
+// command (a create that may open a durable queue, a delete that takes the
+// topology's lock) leaves the batch to the shard's goroutine, and
+// drainOnce reports false.
+func (s *shard) drainOnce(inline bool) bool {
 	// inbox and spare are two distinct arrays that trade places.
 	s.mu.Lock()
+	if inline {
+		for i := range s.inbox {
+			if k := s.inbox[i].Kind; k != CmdPublish && k != CmdSettle {
+				s.mu.Unlock()
+				return false
+			}
+		}
+	}
 	batch := s.inbox
 	s.inbox, s.spare = s.spare[:0], nil
 	s.mu.Unlock()

@@ -1060,21 +1060,25 @@ const runLookback = 4
 // settleAcross counts the acked deliveries and submits the settlements
 // (the broker splits them by shard and copies what it keeps).
 func (s *Server) settleAcross(items []broker.SettleItem, acked int) {
-	if len(items) == 0 {
-		return
-	}
-	s.metrics.acked.Add(acked)
-	s.Submit(broker.Command{Kind: broker.CmdSettle, Settles: items}) // split by shard, copied
+	s.settle(items, acked, false)
 }
 
 // settleAcrossInline is settleAcross from a loop holding no lock: an idle
 // shard runs the settlements before it returns (broker.SubmitInline).
 func (s *Server) settleAcrossInline(items []broker.SettleItem, acked int) {
+	s.settle(items, acked, true)
+}
+
+func (s *Server) settle(items []broker.SettleItem, acked int, inline bool) {
 	if len(items) == 0 {
 		return
 	}
 	s.metrics.acked.Add(acked)
-	s.SubmitInline(broker.Command{Kind: broker.CmdSettle, Settles: items})
+	if inline {
+		s.SubmitInline(broker.Command{Kind: broker.CmdSettle, Settles: items})
+	} else {
+		s.Submit(broker.Command{Kind: broker.CmdSettle, Settles: items})
+	}
 }
 
 func (e *requestErr) Error() string { return e.err.Error() }
