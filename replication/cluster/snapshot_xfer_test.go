@@ -157,3 +157,98 @@ func TestSnapshotStreamed(t *testing.T) {
 		t.Fatalf("the sender heard %v", dones)
 	}
 }
+
+// pauseListener's connections stop reading, once they have read past
+// after bytes, until resume is closed (paused is closed then).
+type pauseListener struct {
+	net.Listener
+	after          int64
+	paused, resume chan struct{}
+	once           sync.Once
+}
+
+func (l *pauseListener) Accept() (net.Conn, error) {
+	c, err := l.Listener.Accept()
+	if err != nil {
+		return nil, err
+	}
+	return &pauseConn{Conn: c, l: l}, nil
+}
+
+type pauseConn struct {
+	net.Conn
+	l    *pauseListener
+	read int64
+}
+
+func (c *pauseConn) Read(b []byte) (int, error) {
+	if c.read > c.l.after {
+		c.l.once.Do(func() { close(c.l.paused) })
+		<-c.l.resume
+	}
+	n, err := c.Conn.Read(b)
+	c.read += int64(n)
+	return n, err
+}
+
+// TestForwardBetweenSnapshotFrames: a forward queued while a snapshot of
+// 16 MiB is being written goes between its frames: it arrives before the
+// snapshot does.
+func TestForwardBetweenSnapshotFrames(t *testing.T) {
+	ls, addrs := listeners(t, 2)
+	pl := &pauseListener{Listener: ls[1], after: 256 << 10, paused: make(chan struct{}), resume: make(chan struct{})}
+	ls[1] = pl
+	var order []string
+	var mu sync.Mutex
+	note := func(what string) {
+		mu.Lock()
+		order = append(order, what)
+		mu.Unlock()
+	}
+	snapped := make(chan struct{})
+	var trs []*cluster.Transport
+	for i := range 2 {
+		tr, err := cluster.New(cluster.Config{NodeID: uint64(i + 1), Listener: ls[i], Peers: addrs, Secret: secret,
+			MaxFrameBytes: 64 << 10, SpoolDir: t.TempDir(),
+			Deliver:        func(uint64, raftpb.Message) {},
+			DeliverForward: func(from uint64, p []byte) { note(string(p)) },
+			DeliverSnapshot: func(gid uint64, s *cluster.Snapshot) {
+				note("snapshot")
+				if s.Release != nil {
+					s.Release()
+				}
+				close(snapped)
+			}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { tr.Close() })
+		trs = append(trs, tr)
+	}
+	s := &cluster.Snapshot{Msg: raftpb.Message{Type: raftpb.MsgSnap, From: 1, To: 2, Term: 2,
+		Snapshot: &raftpb.Snapshot{Metadata: raftpb.SnapshotMetadata{Index: 99, Term: 2}}}}
+	body := make([]byte, 1<<20)
+	for i := range 16 {
+		s.Entries = append(s.Entries, segment.Entry{Index: uint64(10 + i), Term: 2, Data: body})
+	}
+	trs[0].SendSnapshot(1, s, func(bool) {})
+	select {
+	case <-pl.paused:
+	case <-time.After(10 * time.Second):
+		t.Fatal("the snapshot's first frames never came")
+	}
+	if !trs[0].SendForward(2, []byte("forward")) {
+		t.Fatal("the forward was not queued")
+	}
+	close(pl.resume)
+	select {
+	case <-snapped:
+	case <-time.After(10 * time.Second):
+		t.Fatal("the snapshot did not arrive within 10 s")
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if len(order) != 2 || order[0] != "forward" {
+		t.Fatalf("delivered in the order %v, want the forward first", order)
+	}
+}
