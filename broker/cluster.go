@@ -205,7 +205,11 @@ func (b *Broker) openClusterMeta(ctx context.Context, cfg MetaLogConfig) error {
 		OnRemoved: func() { b.NoteRemoved("it applied its own removal") },
 		Done: func(seq uint64, res any) {
 			if _, ok := cl.waiting[seq]; ok {
-				r, _ := res.(MetaResult)
+				r, is := res.(MetaResult)
+				if err, _ := res.(error); !is && err != nil {
+					// replication.ErrMetaOutcomeUnknown
+					r = refuse(wire.PreconditionFailed, "this node caught up from a snapshot of the cluster's metadata and cannot tell whether the change was applied: check, and retry it if it was not")
+				}
 				cl.results[seq] = r
 			}
 		},
@@ -329,8 +333,9 @@ func (b *Broker) MetaStatus() (MetaStatus, bool) {
 	return MetaStatus{Node: st.ID, Leader: st.Lead, Term: st.Term, Commit: st.Commit, Applied: st.Applied, Voters: g.Voters()}, true
 }
 
-// clusterChange proposes c and waits until it is applied here (or lost,
-// or the timeout): the request's answer in a cluster.
+// clusterChange proposes c and waits until it is applied here (the
+// metadata group proposes it again if it was lost with its leader), or
+// the timeout: the request's answer in a cluster.
 func (t *topology) clusterChange(cl *metaCluster, c *MetaCommand) MetaResult {
 	if cl.removed.Load() {
 		return refuse(wire.PreconditionFailed, "this node was removed from the cluster: it no longer serves")
@@ -353,7 +358,9 @@ func (t *topology) clusterChange(cl *metaCluster, c *MetaCommand) MetaResult {
 	case ok:
 		return res
 	case err == nil:
-		return refuse(wire.PreconditionFailed, "the change was lost with a change of the cluster's metadata leader and not applied: retry it")
+		// The metadata group proposes again a change lost with its
+		// leader, and tells Done of every change it resolves: not met.
+		return refuse(wire.InternalError, "the metadata group gave no result for the change")
 	case errors.Is(err, context.DeadlineExceeded):
 		lead := "none known"
 		if l := cl.g.Status().Lead; l != 0 {

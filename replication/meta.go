@@ -49,7 +49,17 @@ const MetaGroupID = 2
 //
 //	entry := 'M' u8 | 2 u8 | reserved [2]u8 (0) | n u32 | node u64 | epoch u64 | first seq u64 | n × (len u32 | command)
 //
+// or version 3 (what this build writes with several voters), which also
+// names the raft term its origin proposed it in:
+//
+//	entry := 'M' u8 | 3 u8 | reserved [2]u8 (0) | n u32 | node u64 | epoch u64 | first seq u64 | term u64 | n × (len u32 | command)
+//
 // where each command is the owner's encoding (broker.AppendMetaCommand).
+// A version 3 entry that raft committed in another term than the one it
+// names is applied as nothing, on every node (the term is the entry's
+// own, in the log): a proposal counts only if the leader of the term it
+// was made in appended it. That is what makes a proposal lost with a
+// leadership safe to propose again (proposeLost).
 type MetaGroup struct {
 	cfg MetaConfig
 	log *segment.Log
@@ -64,7 +74,7 @@ type MetaGroup struct {
 	bytesSince int
 
 	mu      sync.Mutex
-	durable uint64        // seq of the last command committed
+	durable uint64        // every command up to this seq is committed (one voter) or resolved (several: applied, or told unknown)
 	changed chan struct{} // closed and replaced when durable moves or the group fails
 	failed  error
 	closing bool
@@ -85,6 +95,12 @@ type MetaGroup struct {
 	epoch   uint64            // this incarnation's tag on its entries (origin node, epoch)
 	applied uint64
 	status  raft.BasicStatus // g.mu
+	// This node's commands collected from pending and not yet resolved,
+	// in seq order (loop), the seq of the last collected, and the term of
+	// the last committed entry this node has seen (applied or installed).
+	inflight   []metaProposal
+	collected  uint64
+	commitTerm uint64
 
 	// Membership (members.go; several voters): the loop's copy, changed
 	// at apply, and what readers see (g.mu). conf is raft's configuration
@@ -108,6 +124,15 @@ type MetaGroup struct {
 	snapsIn   []*SnapshotMessage
 	reports   []snapReport
 	staged    *SnapshotMessage // loop
+}
+
+// metaProposal is one entry's worth of this node's commands, from seq
+// first on, and the term it was last proposed in (0: to propose, again
+// once known lost).
+type metaProposal struct {
+	first uint64
+	cmds  [][]byte
+	term  uint64
 }
 
 type memberView struct {
@@ -165,12 +190,18 @@ type MetaConfig struct {
 	// drives elections and heartbeats. Add on any node: the loop holds
 	// what was added while no leader is known, then proposes it, and raft
 	// forwards a follower's proposal to the leader. Each entry carries its
-	// origin (node, incarnation, first seq), so the origin's Wait(seq)
-	// returns once the entry is applied here, and Done is told each of its
-	// commands' results. A proposal lost with a leadership (forwarded to a
-	// leader that lost it) is resolved when a later one of this node's is
-	// applied (Wait returns, Done is never told: not applied), or not at
-	// all: bound Wait with a context. Membership (members.go): after the
+	// origin (node, incarnation, first seq) and the term it was proposed
+	// in, so the origin's Wait(seq) returns once the entry is applied here,
+	// and Done is told each of its commands' results. A proposal lost with
+	// a leadership (forwarded to a leader that died or lost it before
+	// appending it, or appended by a leader whose log the next one
+	// overwrote) is proposed again, once, when this node has seen an entry
+	// of a later term committed (proposeLost: from then on it can never
+	// commit); it is applied once, and Wait returns with Done told its
+	// result. If a leader's snapshot this node installs may hold it, its
+	// fate is unknown here: Done is told ErrMetaOutcomeUnknown. A proposal
+	// lost with the same leader (a dropped message) is not retried: bound
+	// Wait with a context. Membership (members.go): after the
 	// first snapshot, the snapshot's configuration and members win over
 	// Peers; a follower behind the leader's snapshot installs it
 	// (SendSnapshot, StepSnapshot).
@@ -209,6 +240,11 @@ type MetaConfig struct {
 // write; a change that was not durable before is not answered.
 var ErrMetaStopped = errors.New("replication: the metadata group is stopped")
 
+// ErrMetaOutcomeUnknown is what Done is told of a command whose entry
+// this node cannot tell applied or lost: it installed a leader's snapshot
+// that may hold it.
+var ErrMetaOutcomeUnknown = errors.New("replication: this node installed a snapshot of the metadata that may or may not hold the change")
+
 const (
 	metaEntryMagic   = 'M'
 	metaEntryVersion = 1
@@ -216,7 +252,11 @@ const (
 	// node u64 | epoch u64 | seq of the first command u64.
 	metaEntryVersionOrigin = 2
 	metaOriginHeader       = 32
-	metaSnapBytes          = 8 << 20
+	// metaEntryVersionTerm (several voters, this build) adds the term
+	// the entry was proposed in after the origin.
+	metaEntryVersionTerm = 3
+	metaTermHeader       = 40
+	metaSnapBytes        = 8 << 20
 )
 
 // OpenMeta recovers the metadata group from the log: cfg.Machine is
@@ -326,6 +366,9 @@ func (g *MetaGroup) drive(replay bool) (uint64, error) {
 			}
 			if e.Type != raftpb.EntryNormal || len(e.Data) == 0 || !replay {
 				continue
+			}
+			if _, _, _, term := metaOrigin(e.Data); term != 0 && term != e.Term {
+				continue // proposed in another term: nothing (driveMulti)
 			}
 			if err := eachMetaCommand(e.Data, func(cmd []byte) error {
 				_, err := g.cfg.Machine.Apply(e.Index, cmd)
@@ -449,25 +492,10 @@ func (g *MetaGroup) roundMulti() error {
 		seq := g.added.Load()
 		g.cfg.Lock.Unlock()
 		if len(cmds) > 0 {
-			first := seq - uint64(len(cmds)) + 1
-			data := []byte{metaEntryMagic, metaEntryVersionOrigin, 0, 0}
-			data = binary.LittleEndian.AppendUint32(data, uint32(len(cmds)))
-			data = binary.LittleEndian.AppendUint64(data, g.cfg.NodeID)
-			data = binary.LittleEndian.AppendUint64(data, g.epoch)
-			data = binary.LittleEndian.AppendUint64(data, first)
-			for _, c := range cmds {
-				data = binary.LittleEndian.AppendUint32(data, uint32(len(c)))
-				data = append(data, c...)
-			}
-			if err := g.rn.Propose(data); err != nil {
-				// Not appended anywhere (a transfer, or the leader just
-				// went): held for the next round.
-				g.cfg.Logger.Debug("replication: metadata group: proposal held for the next round", "commands", len(cmds), "err", err)
-				g.cfg.Lock.Lock()
-				g.pending = append(cmds, g.pending...)
-				g.cfg.Lock.Unlock()
-			}
+			g.inflight = append(g.inflight, metaProposal{first: seq - uint64(len(cmds)) + 1, cmds: cmds})
+			g.collected = seq
 		}
+		g.proposeLost(bs.Term)
 	}
 	leader := bs.RaftState == raft.StateLeader
 	for _, r := range reqs {
@@ -512,6 +540,79 @@ func (g *MetaGroup) roundMulti() error {
 		return g.snapshotAt(g.applied, snap)
 	}
 	return nil
+}
+
+// proposeLost proposes, in seq order, this node's collected commands
+// not proposed yet or known lost (term 0), each entry tagged with term,
+// raft's current term here (a leader is known). One raft refuses (a
+// transfer, or the leader just went) waits for the next round.
+//
+// Why proposing a lost one again cannot apply it twice: an entry counts
+// only if committed in the term it names (driveMulti), and it is known
+// lost only once this node applied an entry of a later term: that
+// entry's leader had committed it, so its log up to it is every node's
+// for good, and the entry was not in it (this node applies in log order:
+// it would have applied it first); after it, a log holds only entries of
+// that term or later, where the old tag does not count. Raft may still
+// append the old proposal (a forwarded MsgProp carries no term, and a
+// node forwards it on to the leader it knows): applied as nothing.
+func (g *MetaGroup) proposeLost(term uint64) {
+	for i := range g.inflight {
+		p := &g.inflight[i]
+		if p.term != 0 {
+			continue
+		}
+		data := []byte{metaEntryMagic, metaEntryVersionTerm, 0, 0}
+		data = binary.LittleEndian.AppendUint32(data, uint32(len(p.cmds)))
+		data = binary.LittleEndian.AppendUint64(data, g.cfg.NodeID)
+		data = binary.LittleEndian.AppendUint64(data, g.epoch)
+		data = binary.LittleEndian.AppendUint64(data, p.first)
+		data = binary.LittleEndian.AppendUint64(data, term)
+		for _, c := range p.cmds {
+			data = binary.LittleEndian.AppendUint32(data, uint32(len(c)))
+			data = append(data, c...)
+		}
+		if err := g.rn.Propose(data); err != nil {
+			g.cfg.Logger.Debug("replication: metadata group: proposal held for the next round", "commands", len(p.cmds), "err", err)
+			return
+		}
+		p.term = term
+	}
+}
+
+// resolved drops this node's proposal whose first seq is first (applied),
+// marks those an entry of a later term than theirs proved lost (to
+// propose again: proposeLost), and moves the waiters' seq to just
+// before the first one unresolved.
+func (g *MetaGroup) resolved(first uint64) {
+	lost := false
+	for i := 0; i < len(g.inflight); i++ {
+		p := &g.inflight[i]
+		if first != 0 && p.first == first {
+			g.inflight = slices.Delete(g.inflight, i, i+1)
+			i--
+			continue
+		}
+		if p.term != 0 && p.term < g.commitTerm {
+			g.cfg.Logger.Info("metadata group: a change proposed in an earlier term was lost with its leader; proposing it again",
+				"term", p.term, "committed term", g.commitTerm, "commands", len(p.cmds))
+			p.term, lost = 0, true
+		}
+	}
+	if lost {
+		g.Kick()
+	}
+	d := g.collected
+	if len(g.inflight) > 0 {
+		d = g.inflight[0].first - 1
+	}
+	g.mu.Lock()
+	if d > g.durable {
+		g.durable = d
+		close(g.changed)
+		g.changed = make(chan struct{})
+	}
+	g.mu.Unlock()
 }
 
 // confFree: raft would take a conf change now (none appended and not
@@ -831,6 +932,23 @@ func (g *MetaGroup) install(snap raftpb.Snapshot) error {
 	}
 	g.members, g.conf, g.applied = m, cloneConf(meta.ConfState), meta.Index
 	g.entrySince, g.bytesSince = 0, 0
+	// This node's proposals made in the snapshot's term or before may be
+	// in it: their fate is unknown here (one made later is not in it).
+	g.commitTerm = max(g.commitTerm, meta.Term)
+	g.cfg.Lock.Lock()
+	g.inflight = slices.DeleteFunc(g.inflight, func(p metaProposal) bool {
+		if p.term == 0 || p.term > meta.Term {
+			return false
+		}
+		if g.cfg.Done != nil {
+			for i := range p.cmds {
+				g.cfg.Done(p.first+uint64(i), ErrMetaOutcomeUnknown)
+			}
+		}
+		return true
+	})
+	g.cfg.Lock.Unlock()
+	g.resolved(0)
 	g.setMembersLocked()
 	g.cfg.Logger.Info("metadata group: installed the leader's snapshot", "entry", meta.Index, "term", meta.Term,
 		"voters", meta.ConfState.Voters, "learners", meta.ConfState.Learners)
@@ -900,8 +1018,8 @@ func (g *MetaGroup) driveMulti() error {
 			}
 		}
 		if len(rd.CommittedEntries) > 0 {
-			durable := uint64(0)
 			for _, e := range rd.CommittedEntries {
+				g.commitTerm = max(g.commitTerm, e.Term)
 				if e.Type == raftpb.EntryConfChange {
 					g.applyConf(e)
 					g.applied = e.Index
@@ -910,8 +1028,17 @@ func (g *MetaGroup) driveMulti() error {
 				if e.Type != raftpb.EntryNormal || len(e.Data) == 0 {
 					continue
 				}
-				node, epoch, seq := metaOrigin(e.Data)
+				node, epoch, seq, term := metaOrigin(e.Data)
+				if term != 0 && term != e.Term {
+					// Proposed in another term (a forwarded proposal raft
+					// appended late): it counts as nothing; its origin
+					// proposes it again once it knows it lost.
+					g.cfg.Logger.Debug("metadata group: an entry proposed in another term applied as nothing",
+						"entry", e.Index, "term", e.Term, "proposed in", term, "node", node)
+					continue
+				}
 				mine := node == g.cfg.NodeID && epoch == g.epoch
+				first := seq
 				g.cfg.Lock.Lock()
 				err := eachMetaCommand(e.Data, func(cmd []byte) error {
 					res, err := g.cfg.Machine.Apply(e.Index, cmd)
@@ -919,7 +1046,6 @@ func (g *MetaGroup) driveMulti() error {
 						if g.cfg.Done != nil {
 							g.cfg.Done(seq, res)
 						}
-						durable = seq
 						seq++
 					}
 					return err
@@ -928,33 +1054,32 @@ func (g *MetaGroup) driveMulti() error {
 				if err != nil {
 					return fmt.Errorf("replication: metadata group: entry %d: %w", e.Index, err)
 				}
+				if mine {
+					g.resolved(first)
+				}
 			}
 			last := rd.CommittedEntries[len(rd.CommittedEntries)-1].Index
 			g.st.applied(last)
 			g.applied = last
-			if durable > 0 {
-				g.mu.Lock()
-				if durable > g.durable {
-					g.durable = durable
-					close(g.changed)
-					g.changed = make(chan struct{})
-				}
-				g.mu.Unlock()
-			}
+			g.resolved(0)
 		}
 		g.rn.Advance(rd)
 	}
 	return nil
 }
 
-// metaOrigin is the origin of an entry with one (version 2): its node,
-// that node's incarnation, and the seq of its first command; zeros for
-// version 1.
-func metaOrigin(b []byte) (node, epoch, seq uint64) {
-	if len(b) < metaOriginHeader || b[1] != metaEntryVersionOrigin {
-		return 0, 0, 0
+// metaOrigin is the origin of an entry with one (versions 2 and 3): its
+// node, that node's incarnation, the seq of its first command, and
+// (version 3) the term it was proposed in; zeros for version 1, a zero
+// term for version 2.
+func metaOrigin(b []byte) (node, epoch, seq, term uint64) {
+	if len(b) < metaOriginHeader || (b[1] != metaEntryVersionOrigin && b[1] != metaEntryVersionTerm) {
+		return 0, 0, 0, 0
 	}
-	return binary.LittleEndian.Uint64(b[8:]), binary.LittleEndian.Uint64(b[16:]), binary.LittleEndian.Uint64(b[24:])
+	if b[1] == metaEntryVersionTerm && len(b) >= metaTermHeader {
+		term = binary.LittleEndian.Uint64(b[32:])
+	}
+	return binary.LittleEndian.Uint64(b[8:]), binary.LittleEndian.Uint64(b[16:]), binary.LittleEndian.Uint64(b[24:]), term
 }
 
 // eachMetaCommand calls fn with each command of an entry (views).
@@ -962,8 +1087,8 @@ func eachMetaCommand(b []byte, fn func([]byte) error) error {
 	if len(b) < 8 || b[0] != metaEntryMagic {
 		return errors.New("not a metadata entry")
 	}
-	if b[1] != metaEntryVersion && b[1] != metaEntryVersionOrigin {
-		return fmt.Errorf("metadata entry version %d: this build reads %d and %d (a newer Warren wrote it: upgrade)", b[1], metaEntryVersion, metaEntryVersionOrigin)
+	if b[1] != metaEntryVersion && b[1] != metaEntryVersionOrigin && b[1] != metaEntryVersionTerm {
+		return fmt.Errorf("metadata entry version %d: this build reads %d to %d (a newer Warren wrote it: upgrade)", b[1], metaEntryVersion, metaEntryVersionTerm)
 	}
 	if b[2]|b[3] != 0 {
 		return errors.New("metadata entry: reserved bytes are not zero")
@@ -974,6 +1099,11 @@ func eachMetaCommand(b []byte, fn func([]byte) error) error {
 			return errors.New("metadata entry: its origin is cut short")
 		}
 		b = b[metaOriginHeader:]
+	} else if b[1] == metaEntryVersionTerm {
+		if len(b) < metaTermHeader {
+			return errors.New("metadata entry: its origin is cut short")
+		}
+		b = b[metaTermHeader:]
 	} else {
 		b = b[8:]
 	}
@@ -1014,8 +1144,9 @@ func (g *MetaGroup) Kick() {
 // Added is the seq of the last command added.
 func (g *MetaGroup) Added() uint64 { return g.added.Load() }
 
-// Wait returns once the command of seq is committed (durable), or with
-// the error that stopped the group, or ctx's.
+// Wait returns once the command of seq is committed (durable; several
+// voters: applied here, or its fate told unknown, and so is every one
+// before it), or with the error that stopped the group, or ctx's.
 func (g *MetaGroup) Wait(ctx context.Context, seq uint64) error {
 	kicked := false
 	for {

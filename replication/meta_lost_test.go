@@ -1,0 +1,364 @@
+package replication
+
+import (
+	"context"
+	"fmt"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/warren-mq/warren/segment"
+	"go.etcd.io/raft/v3"
+	"go.etcd.io/raft/v3/raftpb"
+)
+
+// metaNet carries three metadata groups' raft messages in memory (each
+// one marshalled and unmarshalled, as the transport does), and lets a
+// test cut a node off (a node killed: nothing to or from it), watch
+// messages, or hold them back.
+type metaNet struct {
+	mu    sync.Mutex
+	nodes []*metaNode
+	down  map[uint64]bool
+	// watch is told of every message before it is delivered (under mu);
+	// true: the message is held back instead, in held.
+	watch func(m raftpb.Message) bool
+	held  []raftpb.Message
+}
+
+func (n *metaNet) send(gid uint64, msgs []raftpb.Message) {
+	for _, m := range msgs {
+		b, err := m.Marshal()
+		if err != nil {
+			panic(err)
+		}
+		var c raftpb.Message
+		if err := c.Unmarshal(b); err != nil {
+			panic(err)
+		}
+		n.mu.Lock()
+		if n.down[c.From] || n.down[c.To] {
+			n.mu.Unlock()
+			continue
+		}
+		if n.watch != nil && n.watch(c) {
+			n.held = append(n.held, c)
+			n.mu.Unlock()
+			continue
+		}
+		n.mu.Unlock()
+		if g := n.nodes[c.To-1].g.Load(); g != nil {
+			g.Step(c)
+		}
+	}
+}
+
+func (n *metaNet) setDown(id uint64, down bool) {
+	n.mu.Lock()
+	n.down[id] = down
+	n.mu.Unlock()
+}
+
+// newMetaTrioMem: newMetaTrio over metaNet.
+func newMetaTrioMem(t *testing.T) (*metaNet, []*metaNode) {
+	net := &metaNet{down: map[uint64]bool{}}
+	net.nodes = make([]*metaNode, 3)
+	for i := range net.nodes {
+		n := &metaNode{fs: segment.NewMemFS()}
+		net.nodes[i] = n
+	}
+	for i, n := range net.nodes {
+		openMetaNodeSend(t, n, uint64(i+1), net.send)
+		t.Cleanup(func() { closeMetaNode(n) })
+	}
+	return net, net.nodes
+}
+
+// openMetaNodeSend is openMetaNode with send for the transport.
+func openMetaNodeSend(t *testing.T, n *metaNode, id uint64, send func(uint64, []raftpb.Message)) {
+	t.Helper()
+	l, err := segment.Open(n.fs, "/data", segment.Options{Manual: true, WALSize: 16 << 10, SegmentSize: 32 << 10})
+	if err != nil {
+		t.Fatal(err)
+	}
+	store, err := OpenSnapStore(l)
+	if err != nil {
+		t.Fatal(err)
+	}
+	n.log, n.machine, n.lock = l, &listMachine{}, &sync.Mutex{}
+	m := n.machine
+	g, err := OpenMeta(MetaConfig{Log: l, Snapshots: store, Machine: m, Lock: n.lock,
+		Snapshot: func() []byte { b, _ := m.Snapshot(); return b },
+		NodeID:   id, Peers: []uint64{1, 2, 3}, Send: send,
+		Fatal: func(err error) { t.Errorf("node %d: %v", id, err) }})
+	if err != nil {
+		t.Fatal(err)
+	}
+	g.Start()
+	n.g.Store(g)
+}
+
+// metaLeaderAmong is metaLeader among nodes up (and with a leader every
+// live node knows), ticking only those.
+func metaLeaderAmong(t *testing.T, nodes []*metaNode, up []int) int {
+	t.Helper()
+	live := make([]*metaNode, len(up))
+	for i, u := range up {
+		live[i] = nodes[u]
+	}
+	lead := -1
+	metaTickUntil(t, live, "a leader among the nodes up", func() bool {
+		lead = -1
+		for _, u := range up {
+			st := nodes[u].g.Load().Status()
+			if st.RaftState == raft.StateLeader {
+				lead = u
+			}
+		}
+		if lead < 0 {
+			return false
+		}
+		for _, u := range up {
+			if nodes[u].g.Load().Status().Lead != uint64(lead+1) {
+				return false
+			}
+		}
+		return true
+	})
+	return lead
+}
+
+// waitAsync starts g.Wait(seq) and returns its answer's channel.
+func waitAsync(g *MetaGroup, seq uint64) chan error {
+	ch := make(chan error, 1)
+	go func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+		defer cancel()
+		ch <- g.Wait(ctx, seq)
+	}()
+	return ch
+}
+
+func addOn(n *metaNode, cmds ...string) uint64 {
+	n.lock.Lock()
+	defer n.lock.Unlock()
+	var seq uint64
+	for _, c := range cmds {
+		seq = n.g.Load().Add([]byte(c))
+	}
+	return seq
+}
+
+// others: the two nodes but i.
+func others(i int) []int { return []int{(i + 1) % 3, (i + 2) % 3} }
+
+// TestMetaProposalLostWithLeaderIsProposedAgain: a follower's proposal
+// forwarded to a leader that is gone before it appends it (killed: every
+// message to it dropped) is proposed again once the new leader has
+// committed an entry of its term, and applied exactly once on the
+// nodes up; the follower's Wait returns (it no longer waits out its
+// context). The same holds for a change nobody waits for (Add and
+// Kick: the broker's clusterRemove).
+func TestMetaProposalLostWithLeaderIsProposedAgain(t *testing.T) {
+	for _, waited := range []bool{true, false} {
+		t.Run(fmt.Sprintf("waited=%v", waited), func(t *testing.T) {
+			net, nodes := newMetaTrioMem(t)
+			lead := metaLeaderAmong(t, nodes, []int{0, 1, 2})
+			metaAdd(t, nodes, lead, "declare a")
+			up := others(lead)
+			f := up[0]
+			metaTickUntil(t, nodes, "the follower applying the first", func() bool { return nodes[f].machine.list() == "declare a" })
+
+			// The leader dies; the follower does not know yet and forwards
+			// its proposal to it (the network drops it).
+			dropped := make(chan struct{})
+			var once sync.Once
+			L, F := uint64(lead+1), uint64(f+1)
+			net.mu.Lock()
+			net.watch = func(m raftpb.Message) bool {
+				if m.To != L && m.From != L {
+					return false
+				}
+				if m.Type == raftpb.MsgProp && m.From == F {
+					once.Do(func() { close(dropped) })
+				}
+				return true // held: never delivered
+			}
+			net.mu.Unlock()
+			var done chan error
+			if waited {
+				done = waitAsync(nodes[f].g.Load(), addOn(nodes[f], "declare b"))
+			} else {
+				addOn(nodes[f], "declare b")
+				nodes[f].g.Load().Kick()
+			}
+			<-dropped
+			if got := nodes[f].g.Load().Status().Lead; got != L {
+				t.Fatalf("the follower forwarded with leader %d, want the dead %d", got, L)
+			}
+
+			metaLeaderAmong(t, nodes, up)
+			live := []*metaNode{nodes[up[0]], nodes[up[1]]}
+			metaTickUntil(t, live, "both nodes up applying the change", func() bool {
+				return nodes[up[0]].machine.list() == "declare a,declare b" && nodes[up[1]].machine.list() == "declare a,declare b"
+			})
+			if waited {
+				var err error
+				metaTickUntil(t, live, "the follower's Wait", func() bool {
+					select {
+					case err = <-done:
+						return true
+					default:
+						return false
+					}
+				})
+				if err != nil {
+					t.Fatal(err)
+				}
+			}
+			// More rounds change nothing: applied once.
+			metaAdd(t, nodes, up[1], "declare c")
+			metaTickUntil(t, live, "both applying the next", func() bool {
+				return nodes[up[0]].machine.list() == "declare a,declare b,declare c"
+			})
+			if got := nodes[up[1]].machine.list(); got != "declare a,declare b,declare c" {
+				t.Fatalf("applied %q", got)
+			}
+		})
+	}
+}
+
+// TestMetaProposalCommittedIsNotProposedAgain: a follower's proposal the
+// leader appended and replicated to both followers before it died (so
+// no follower knew it committed) is committed by the new leader and
+// applied exactly once: the origin does not propose it again.
+func TestMetaProposalCommittedIsNotProposedAgain(t *testing.T) {
+	net, nodes := newMetaTrioMem(t)
+	lead := metaLeaderAmong(t, nodes, []int{0, 1, 2})
+	metaAdd(t, nodes, lead, "declare a")
+	up := others(lead)
+	f := up[0]
+	metaTickUntil(t, nodes, "the followers applying the first", func() bool {
+		return nodes[up[0]].machine.list() == "declare a" && nodes[up[1]].machine.list() == "declare a"
+	})
+	L, F := uint64(lead+1), uint64(f+1)
+	got := map[uint64]bool{}
+	net.mu.Lock()
+	net.watch = func(m raftpb.Message) bool {
+		if len(got) == 2 && (m.To == L || m.From == L) {
+			return true // the leader is dead once both followers have the entry
+		}
+		if m.Type == raftpb.MsgApp && m.From == L {
+			for _, e := range m.Entries {
+				if node, _, _, _ := metaOrigin(e.Data); node == F {
+					got[m.To] = true
+				}
+			}
+		}
+		return false
+	}
+	net.mu.Unlock()
+	done := waitAsync(nodes[f].g.Load(), addOn(nodes[f], "declare b"))
+	live := []*metaNode{nodes[up[0]], nodes[up[1]]}
+	metaTickUntil(t, live, "both followers sent the entry", func() bool {
+		net.mu.Lock()
+		defer net.mu.Unlock()
+		return len(got) == 2
+	})
+	metaLeaderAmong(t, nodes, up)
+	var err error
+	metaTickUntil(t, live, "the follower's Wait", func() bool {
+		select {
+		case err = <-done:
+			return true
+		default:
+			return false
+		}
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	metaAdd(t, nodes, up[1], "declare c")
+	metaTickUntil(t, live, "both applying the next", func() bool {
+		return nodes[up[0]].machine.list() == "declare a,declare b,declare c" && nodes[up[1]].machine.list() == "declare a,declare b,declare c"
+	})
+}
+
+// TestMetaStaleProposalCountsAsNothing: a follower's proposal held in
+// the network while its leader is cut off is proposed again in the new
+// leader's term and applied; the old proposal, delivered late to the old
+// leader (now a follower, which forwards it on), is appended in the new
+// term and applied as nothing: the change is applied exactly once, on
+// every node, the old leader included.
+func TestMetaStaleProposalCountsAsNothing(t *testing.T) {
+	net, nodes := newMetaTrioMem(t)
+	lead := metaLeaderAmong(t, nodes, []int{0, 1, 2})
+	metaAdd(t, nodes, lead, "declare a")
+	up := others(lead)
+	f := up[0]
+	metaTickUntil(t, nodes, "the follower applying the first", func() bool { return nodes[f].machine.list() == "declare a" })
+	L, F := uint64(lead+1), uint64(f+1)
+	var prop []raftpb.Message
+	stale := false // an entry appended in a later term than it names
+	net.mu.Lock()
+	net.watch = func(m raftpb.Message) bool {
+		for _, e := range m.Entries {
+			if _, _, _, term := metaOrigin(e.Data); m.Type == raftpb.MsgApp && term != 0 && term != e.Term {
+				stale = true
+			}
+		}
+		if m.To != L && m.From != L {
+			return false
+		}
+		if m.Type == raftpb.MsgProp && m.From == F {
+			prop = append(prop, m)
+		}
+		return true
+	}
+	net.mu.Unlock()
+	done := waitAsync(nodes[f].g.Load(), addOn(nodes[f], "declare b"))
+	live := []*metaNode{nodes[up[0]], nodes[up[1]]}
+	metaTickUntil(t, live, "the proposal sent to the cut-off leader", func() bool {
+		net.mu.Lock()
+		defer net.mu.Unlock()
+		return len(prop) > 0
+	})
+	newLead := metaLeaderAmong(t, nodes, up)
+	var err error
+	metaTickUntil(t, live, "the follower's Wait", func() bool {
+		select {
+		case err = <-done:
+			return true
+		default:
+			return false
+		}
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Heal; once the old leader follows the new one, it gets the old
+	// proposal and forwards it.
+	net.mu.Lock()
+	inner := net.watch
+	net.watch = func(m raftpb.Message) bool { inner(m); return false }
+	net.mu.Unlock()
+	metaTickUntil(t, nodes, "the old leader following the new", func() bool {
+		return nodes[lead].g.Load().Status().Lead == uint64(newLead+1)
+	})
+	nodes[lead].g.Load().Step(prop[0])
+	metaTickUntil(t, nodes, "the old proposal appended in the new term", func() bool {
+		net.mu.Lock()
+		defer net.mu.Unlock()
+		return stale
+	})
+	// c comes after it in the log: applied, so is the old proposal.
+	metaAdd(t, nodes, newLead, "declare c")
+	metaTickUntil(t, nodes, "every node applying all three", func() bool {
+		for _, n := range nodes {
+			if n.machine.list() != "declare a,declare b,declare c" {
+				return false
+			}
+		}
+		return true
+	})
+}
