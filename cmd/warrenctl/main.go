@@ -67,7 +67,9 @@ Commands:
   permission list | set USER [--vhost /] [--configure RE] [--write RE] [--read RE] | clear USER [--vhost /]
       RabbitMQ's regular expressions over exchange and queue names; an omitted or empty one matches nothing.
 {{vhost}}  publish [--exchange EX] --routing-key KEY [--persistent] [--mandatory=false] [--priority N] [--content-type T]
-          [--message-id ID] [--header k=v]... [--lines] [--file F] [BODY]   (body from stdin when absent)
+          [--message-id ID] [--header k=v]... [--lines | --raw] [--file F] [BODY]   (body from stdin when absent)
+      A body read from stdin or --file loses one trailing newline (as from echo); --raw keeps the exact
+      bytes. --lines publishes each line as a message.
       The default exchange ("") delivers to the queue named by the routing key. A message that no queue
       takes fails the command (exit 1); --mandatory=false lets it be dropped silently instead.
   consume QUEUE [--count N] [--requeue | --reject] [--timeout D] [--window W]   (prints each body on its own line)
@@ -75,7 +77,7 @@ Commands:
       --requeue hands them back to the head of the queue, which counts as a failed delivery: their
       delivery and failed counts grow, and a queue with --delivery-limit dead-letters a message handed
       back too often; it takes at most W. To look without touching anything, use queue get.
-      --timeout: give up when no message has come for this long (default 5s).
+      --timeout: give up when no message has come for this long, or the subscribe is not answered in it (default 5s).
       --window: messages asked for at once (default 1000, the broker's default max_prefetch; set it
       to the broker's max_prefetch if that is lower).
   dlq peek QUEUE [--count N] | dlq replay QUEUE [--count N | --ids ID,…] [--rate R]
@@ -682,7 +684,7 @@ func (c *cli) queue(verb string, args []string) error {
 		if err := c.call("DELETE", c.inVhost("/api/queues/"+url.PathEscape(name)), nil, &r); err != nil {
 			return err
 		}
-		fmt.Fprintf(c.errw, "queue %s deleted (%d messages)\n", name, r.Messages)
+		fmt.Fprintf(c.errw, "queue %s deleted (%s)\n", name, plural(r.Messages, "message"))
 		return nil
 	case "purge":
 		name, err := one("purge", args)
@@ -924,6 +926,7 @@ func (c *cli) publish(args []string) error {
 	msgID := fs.String("message-id", "", "")
 	lines := fs.Bool("lines", false, "")
 	file := fs.String("file", "", "")
+	raw := fs.Bool("raw", false, "")
 	var hdrs headerFlags
 	fs.Var(&hdrs, "header", "")
 	pos, err := parse(fs, args)
@@ -932,6 +935,9 @@ func (c *cli) publish(args []string) error {
 	}
 	if *prio > 255 {
 		return usageErr{"publish: --priority must be 0-255"}
+	}
+	if *raw && *lines {
+		return usageErr{"publish: --raw and --lines exclude each other (--lines takes each line without its newline)"}
 	}
 	var props *wire.Props
 	if *ctype != "" || *msgID != "" || len(hdrs) > 0 {
@@ -949,6 +955,9 @@ func (c *cli) publish(args []string) error {
 	case len(pos) > 1:
 		return usageErr{"publish: at most one BODY argument (use --lines for many messages)"}
 	case len(pos) == 1:
+		if *raw {
+			return usageErr{"publish: --raw is for a body read from stdin or --file (a BODY argument is published as given)"}
+		}
 		bodies = [][]byte{[]byte(pos[0])}
 	default:
 		var r io.Reader = c.stdin
@@ -973,6 +982,14 @@ func (c *cli) publish(args []string) error {
 			b, err := io.ReadAll(r)
 			if err != nil {
 				return err
+			}
+			if !*raw {
+				// `echo hello | warrenctl publish` publishes "hello", as
+				// the BODY argument would: one trailing newline (\n or
+				// \r\n) goes.
+				if t, ok := bytes.CutSuffix(b, []byte("\n")); ok {
+					b = bytes.TrimSuffix(t, []byte("\r"))
+				}
 			}
 			bodies = [][]byte{b}
 		}
@@ -1107,10 +1124,15 @@ func (c *cli) consume(args []string) error {
 // (fewer when none comes for timeout), cancels the consumer, then settles
 // what it took. It returns how many it took.
 func (c *cli) consumeWindow(ch *client.Channel, queue string, want int, timeout time.Duration, requeue, reject bool) (int, error) {
-	ctx, cancel := context.WithTimeout(c.ctx, 10*time.Second)
+	// The subscribe's answer is waited for --timeout too (a broker that
+	// never answers it fails the command then, not 10 s later).
+	ctx, cancel := context.WithTimeout(c.ctx, timeout)
 	defer cancel()
 	cs, err := ch.Consume(ctx, queue, client.ConsumeOptions{Prefetch: uint32(want)})
 	if err != nil {
+		if errors.Is(err, context.DeadlineExceeded) && c.ctx.Err() == nil {
+			return 0, fmt.Errorf("consume: the broker did not answer the subscribe to queue %q within %v (--timeout)", queue, timeout)
+		}
 		return 0, consumeErr(queue, err)
 	}
 	var got []*client.Delivery
@@ -1220,4 +1242,12 @@ func nodesOrDash(ids []uint64) string {
 		s[i] = strconv.FormatUint(id, 10)
 	}
 	return strings.Join(s, ",")
+}
+
+// plural says n and noun, with an s unless n is 1: "1 message", "2 messages".
+func plural(n int64, noun string) string {
+	if n == 1 {
+		return "1 " + noun
+	}
+	return fmt.Sprintf("%d %ss", n, noun)
 }
