@@ -39,8 +39,13 @@ type metaCluster struct {
 	// balance runs the leader balancer every balanceTicks ticks.
 	balance func()
 	// place proposes MetaPlaceReplicas when the metadata leader finds a
-	// queue to move (every placeTicks; moves.go).
-	place func()
+	// queue to move, and MetaDropHome for the queues of dead homes (every
+	// placeTicks; moves.go, homed.go); ownHomes drops this node's own
+	// queues of an earlier life (every tick until none, homed.go).
+	place    func()
+	ownHomes func()
+	ownAt    int // the tick ownHomes last proposed at (the ticker's, as tickN)
+	tickN    int // the ticker's count of ticks
 	// forward carries a membership request to the leader (members.go).
 	forward func(ctx context.Context, node uint64, op byte, body []byte) ([]byte, error)
 	// removed: this node was removed from the cluster (members.go).
@@ -56,6 +61,11 @@ const balanceTicks = 100
 // ticks (2 s at the production tick).
 const placeTicks = 20
 
+// ownHomesTicks: a restarted node proposes the drop of its earlier
+// life's queues at most every 5 ticks until it is applied (it serves
+// once it is: MetaReady).
+const ownHomesTicks = 5
+
 func (cl *metaCluster) tick(every time.Duration) {
 	defer close(cl.stopped)
 	tk := time.NewTicker(every)
@@ -63,6 +73,7 @@ func (cl *metaCluster) tick(every time.Duration) {
 	for n := 1; ; n++ {
 		select {
 		case <-tk.C:
+			cl.tickN = n
 			cl.g.Tick()
 			if cl.tickQueues != nil {
 				cl.tickQueues()
@@ -72,6 +83,9 @@ func (cl *metaCluster) tick(every time.Duration) {
 			}
 			if cl.place != nil && n%placeTicks == 0 {
 				cl.place()
+			}
+			if cl.ownHomes != nil && n-cl.ownAt >= ownHomesTicks {
+				cl.ownHomes()
 			}
 		case <-cl.stop:
 			return
@@ -187,8 +201,9 @@ func (b *Broker) openClusterMeta(ctx context.Context, cfg MetaLogConfig) error {
 		cl.tickQueues, cl.balance = b.tickGroups, b.balanceLeaders
 		cl.place = func() {
 			t.placeIfNeeded()
-			t.dropDeadHomes(dc.NodeID, b.homeInc())
+			t.dropDeadHomes(dc.NodeID, b.homeInc(), false)
 		}
+		cl.ownHomes = func() { t.dropDeadHomes(dc.NodeID, b.homeInc(), true) }
 	}
 	g, err := replication.OpenMeta(replication.MetaConfig{
 		Log: cfg.Log, Snapshots: cfg.Snapshots, Machine: m,
@@ -445,7 +460,10 @@ func (b *Broker) MetaReady() bool {
 	if b.MetaRemoved() {
 		return false
 	}
-	return st.Leader != 0 && st.Commit > 0 && st.Applied >= st.Commit
+	// A node that restarted serves once its queues of the earlier life
+	// are dropped (homed.go): a client redeclaring one here must get a
+	// new queue, not one about to go.
+	return st.Leader != 0 && st.Commit > 0 && st.Applied >= st.Commit && !b.ownOldHomes()
 }
 
 // WaitMetaReady waits until MetaReady (polling every 20 ms; in a cluster

@@ -27,7 +27,8 @@ import (
 //
 // A home's queues do not outlive it: a node that restarts finds its
 // queues of the earlier incarnation in the metadata and proposes
-// MetaDropHome for them (every node drops them when it is applied), and
+// MetaDropHome for them (every node drops them when it is applied; it
+// serves once they are gone: MetaReady), and
 // the metadata leader proposes it for a node removed from the cluster,
 // and for a node down: one it has not heard a hello from (every
 // ForwardTimeout/4, forward_consume.go) for homeDownMs, the queues of
@@ -107,8 +108,10 @@ func (m *Meta) deadHomes(self, inc uint64, lead bool, down func(node uint64) (ui
 }
 
 // dropDeadHomes proposes the MetaDropHome commands the metadata asks for
-// (every placeTicks, from the cluster's ticker), without waiting.
-func (t *topology) dropDeadHomes(self, inc uint64) {
+// (every placeTicks, from the cluster's ticker; own: only this node's
+// own, every ownHomesTicks until none is left), without waiting. The
+// ticker's goroutine calls it.
+func (t *topology) dropDeadHomes(self, inc uint64, own bool) {
 	cl := t.cl.Load()
 	if cl == nil || cl.removed.Load() {
 		return
@@ -122,7 +125,10 @@ func (t *topology) dropDeadHomes(self, inc uint64) {
 	down := func(node uint64) (uint64, bool) { return b.homeDown(node, now) }
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	cs := t.meta.deadHomes(self, inc, st.Lead == st.ID, down)
+	cs := t.meta.deadHomes(self, inc, st.Lead == st.ID && !own, down)
+	if own && len(cs) > 0 {
+		cl.ownAt = cl.tickN
+	}
 	for i := range cs {
 		cs[i].NowMs = t.now()
 		t.mbuf = AppendMetaCommand(t.mbuf[:0], &cs[i])
@@ -163,6 +169,24 @@ func (b *Broker) homeDown(node uint64, now time.Time) (uint64, bool) {
 		return 0, false
 	}
 	return inc | 1, true
+}
+
+// ownOldHomes reports whether the metadata, as applied here, still has
+// queues of this node's earlier lives (MetaReady waits until not).
+func (b *Broker) ownOldHomes() bool {
+	dc := b.cfg.Durable
+	if dc == nil || dc.NodeID == 0 {
+		return false
+	}
+	t := b.topo
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	for k := range t.meta.homes {
+		if k.node == dc.NodeID && k.inc != b.homeInc() {
+			return true
+		}
+	}
+	return false
 }
 
 // homeInc is this node's incarnation as a home: its start time

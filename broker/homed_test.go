@@ -175,6 +175,13 @@ func TestClusterHomedQueues(t *testing.T) {
 	if _, err := n1.b.Load().DeclareQueueAs(&wire.QueueDeclare{Name: "t3"}, 0, ""); err != nil {
 		t.Fatal(err)
 	}
+	// It serves (its listener opens) only once they are gone there.
+	if err := n1.b.Load().WaitMetaReady(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+	if hasQueue(n1, "t1") || hasQueue(n1, "x1") {
+		t.Fatal("node 1 is ready with queues of its earlier life")
+	}
 	for _, nd := range c.nodes {
 		c.waitFor("node 1's queues of its last life dropped", func() bool { return !hasQueue(nd, "t1") && !hasQueue(nd, "x1") })
 	}
