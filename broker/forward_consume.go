@@ -14,7 +14,9 @@ import (
 
 // Consumer, get and purge forwarding (design replication.md §6.3, the
 // consume half; §6.4's resume and owner-gone rules, in a simpler form):
-// a client may consume from a replicated queue on any node. The node the
+// a client may consume from a replicated queue on any node (and from a
+// non-durable or exclusive queue, whose home serves it as a leader does:
+// homed.go). The node the
 // client is on (the origin) keeps a fwdConsumer for the client's
 // consumer and subscribes, on the queue's leader, a consumer of its own
 // for it: a link. The leader runs the link as any consumer, with the
