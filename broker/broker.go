@@ -177,11 +177,12 @@ func (b *Broker) AddStoredBytes(n int64) { b.storedBytes.Add(n) }
 // Submit hands a command to the shard that owns its queue: the Queue's,
 // or for a publish part or a run of settlements that of its first item
 // (a publish part is one shard's; settlements are split by shard here).
-// A Down goes to every shard. Safe from any goroutine; it copies the
-// command and allocates nothing (but for splitting settlements).
+// A Down or a CmdReleaseEnded goes to every shard. Safe from any
+// goroutine; it copies the command and allocates nothing (but for
+// splitting settlements).
 func (b *Broker) Submit(c Command) {
 	switch {
-	case c.Kind == CmdDown:
+	case c.Kind == CmdDown || c.Kind == CmdReleaseEnded:
 		for _, sh := range b.shards {
 			sh.submit(c)
 		}

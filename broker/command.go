@@ -23,6 +23,10 @@ const (
 	CmdPeek                         // Queue, N; answered to Sink under Req
 	CmdBarrier                      // answered to Sink under Req once everything before it is done
 	CmdTick                         // Queue: its time-driven work due by the command's time (TTL expiry, retries, leases, queue expiry)
+	// CmdReleaseEnded: a publisher's channel ended (PublishBatch.Ended
+	// set): every shard confirms the parts of its batches that queues
+	// over their soft limit hold back. To every shard, no queue.
+	CmdReleaseEnded
 
 	// cmdFire is a shard's timer firing, for a broker with ManualTicks
 	// (FireTimers): the shard makes a CmdTick of each due queue. Not a
@@ -137,6 +141,8 @@ func (s *shard) apply(c *Command) {
 		c.Sink.Answer(c.Req, s.peek(c.Queue, c.N))
 	case CmdTick:
 		s.tickQueue(c.Queue)
+	case CmdReleaseEnded:
+		s.releaseEnded()
 	case cmdFire:
 		s.tick()
 	case cmdPost:

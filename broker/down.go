@@ -94,8 +94,14 @@ func (x *connIndex) take(conn uint64, out []*Queue) []*Queue {
 
 // down returns everything a closed connection held, drops its consumers
 // and deletes the queues it owned exclusively: on the queues the index
-// names for it, no other.
+// names for it, no other. The confirms backlogs hold back for its
+// channels (ended: the connection set their PublishBatch.Ended before its
+// Down) are released, for its sink to drop, rather than keep the
+// connection in memory until their queues drain.
 func (s *shard) down(connID uint64) {
+	if len(s.holding) > 0 {
+		s.releaseEnded()
+	}
 	if len(s.fc.byOwner) > 0 {
 		s.fwdDown(connID)
 	}

@@ -101,7 +101,7 @@ func (s *shard) partRelease(w *partWait) {
 		return
 	}
 	if q := w.full; q != nil && !q.gone {
-		q.held = append(q.held, w.batch)
+		s.hold(q, w.batch)
 		s.releaseHeld(q)
 	} else {
 		w.batch.PartDone()

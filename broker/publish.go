@@ -17,7 +17,16 @@ type PublishBatch struct {
 	Codes    []uint32 // per message: 0 ack, else the nack code (written atomically)
 	Pending  atomic.Int32
 	Start    time.Time // when the loop read the frame, for the confirm latency
+	// Ended, if set, is set by the publisher once the channel the batch
+	// was published on has ended (before it submits CmdReleaseEnded, or
+	// the connection's Down): from then on its confirm is not held back
+	// by a queue's backlog (Config.QueueSoftLimit), since the channel's
+	// end waits for it. nil: held as long as the backlog lasts.
+	Ended *atomic.Bool
 }
+
+// ended reports whether the batch's channel has ended (Ended).
+func (b *PublishBatch) ended() bool { return b.Ended != nil && b.Ended.Load() }
 
 // Nack records message i's refusal.
 func (b *PublishBatch) Nack(i int, code wire.Code) { atomic.StoreUint32(&b.Codes[i], uint32(code)) }

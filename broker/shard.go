@@ -40,8 +40,9 @@ type shard struct {
 
 	// shard-owned
 	queues  map[*Queue]struct{}
-	byGroup map[uint64]*Queue // replicated queues by group id (replicated.go)
-	moves   shardMoves        // replicated queues with a move pending (reconcile.go)
+	holding map[*Queue]struct{} // queues holding confirms back (Queue.held not empty)
+	byGroup map[uint64]*Queue   // replicated queues by group id (replicated.go)
+	moves   shardMoves          // replicated queues with a move pending (reconcile.go)
 	// Publishes forwarded to other nodes, waiting for their confirm
 	// (forward.go): the stream to each queue, and the bytes they hold.
 	streams map[queue.QueueRef]*fwdStream
@@ -484,14 +485,31 @@ func (s *shard) enqueue(items []EnqItem, batch *PublishBatch, dl *dlWait) {
 		return
 	}
 	if full != nil && !forwarded(batch) {
-		// Backpressure: the messages are in the queue, but the confirm waits
-		// until the queue drains below half its soft limit. The publisher's
-		// confirm window fills and it slows to the consumers' pace, instead
-		// of growing the backlog (and its latency) without bound.
-		full.held = append(full.held, batch)
+		s.hold(full, batch)
 		return
 	}
 	batch.PartDone()
+}
+
+// hold holds back the confirm of batch's part at q, over its soft limit:
+// backpressure. The messages are in the queue, but the confirm waits
+// until the queue drains below half its soft limit (releaseHeld). The
+// publisher's confirm window fills and it slows to the consumers' pace,
+// instead of growing the backlog (and its latency) without bound. A batch
+// whose channel has ended is confirmed at once: the channel's end waits
+// for it (releaseEnded).
+func (s *shard) hold(q *Queue, batch *PublishBatch) {
+	if batch.ended() {
+		batch.PartDone()
+		return
+	}
+	if len(q.held) == 0 {
+		if s.holding == nil {
+			s.holding = map[*Queue]struct{}{}
+		}
+		s.holding[q] = struct{}{}
+	}
+	q.held = append(q.held, batch)
 }
 
 // releaseHeld confirms the batches held back by a queue's backlog once it
@@ -502,8 +520,32 @@ func (s *shard) releaseHeld(q *Queue) {
 	}
 	held := q.held
 	q.held = nil
+	delete(s.holding, q)
 	for _, b := range held {
 		b.PartDone()
+	}
+}
+
+// releaseEnded confirms the held batches whose channel has ended
+// (CmdReleaseEnded, a Down): their messages are in their queues, and the
+// channel's end, which waits for its confirms, must not wait for a
+// backlog to drain.
+func (s *shard) releaseEnded() {
+	for q := range s.holding {
+		kept := q.held[:0]
+		for _, b := range q.held {
+			if b.ended() {
+				b.PartDone()
+			} else {
+				kept = append(kept, b)
+			}
+		}
+		clear(q.held[len(kept):])
+		q.held = kept
+		if len(kept) == 0 {
+			q.held = nil
+			delete(s.holding, q)
+		}
 	}
 }
 

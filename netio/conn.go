@@ -102,10 +102,14 @@ type channel struct {
 	// frame that ends it (CHANNEL_CLOSE_OK to the client's close, or the
 	// broker's own CHANNEL_CLOSE) waits in endFrame, so nothing of this
 	// channel can arrive after it, on a channel the client reopened with
-	// the same id (PROTOCOL.md §6).
+	// the same id (PROTOCOL.md §6). A confirm a queue's backlog holds
+	// back is not waited for: once the channel has ended (ended, set with
+	// closed) its shards confirm it at once (CmdReleaseEnded), its
+	// messages being in their queues (§8.2).
 	owed      atomic.Int32
-	endFrame  wire.Body // (mu) the held end, sent when owed reaches 0
-	endForget bool      // (mu) endFrame answers the client's close: drop the id once it is sent
+	ended     atomic.Bool // PublishBatch.Ended of the channel's batches
+	endFrame  wire.Body   // (mu) the held end, sent when owed reaches 0
+	endForget bool        // (mu) endFrame answers the client's close: drop the id once it is sent
 }
 
 const (
@@ -759,8 +763,9 @@ func (c *conn) paidLocked(id uint16) {
 	c.endChannelLocked(ch, end, forget)
 }
 
-// closeChannelNow marks a channel closed and returns what its consumers
-// held.
+// closeChannelNow marks a channel closed, returns what its consumers
+// held, and has the shards confirm its batches that queues over their
+// soft limit hold back: the frame that ends the channel waits for them.
 func (c *conn) closeChannelNow(ch *channel) {
 	c.mu.Lock()
 	if ch.closed {
@@ -768,10 +773,14 @@ func (c *conn) closeChannelNow(ch *channel) {
 		return
 	}
 	ch.closed = true
+	ch.ended.Store(true) // before the release: a part held after it is not held
 	all := ch.all
 	ch.all, ch.consumers, ch.tags, ch.head = nil, nil, nil, 0
 	c.mu.Unlock()
 	c.srv.metrics.channels.Add(-1)
+	if ch.owed.Load() > 0 {
+		c.srv.Submit(broker.Command{Kind: broker.CmdReleaseEnded})
+	}
 	for _, cr := range all {
 		cr := cr
 		c.srv.Submit(broker.Command{Kind: broker.CmdCancel, Queue: cr.q, Consumer: cr.id, Requeue: true})
@@ -793,6 +802,7 @@ func (c *conn) onClose() {
 			n++
 		}
 		ch.closed = true
+		ch.ended.Store(true) // the Down releases what backlogs hold of it
 	}
 	vhost := c.vhost // set under mu by open, once
 	c.mu.Unlock()
@@ -825,7 +835,7 @@ func (c *conn) onPublish(ch *channel, f wire.Frame) error {
 	}
 	ch.nextSeq += uint64(b.Count)
 	c.srv.metrics.published.Add(int(b.Count))
-	batch := &broker.PublishBatch{Sink: c, Ch: ch.id, FirstSeq: b.FirstSeq, Codes: make([]uint32, b.Count), Start: time.Now()}
+	batch := &broker.PublishBatch{Sink: c, Ch: ch.id, FirstSeq: b.FirstSeq, Codes: make([]uint32, b.Count), Start: time.Now(), Ended: &ch.ended}
 	ch.owed.Add(1) // paid by Confirm
 	view := c.srv.View()
 	exLocal, exName := c.pubExchange(b.Exchange)

@@ -72,7 +72,9 @@
 //   - Publishers, per queue: past Config.QueueSoftLimit ready messages a
 //     queue still takes what is published but holds back the confirms
 //     until it has drained below half the limit, so publishers' confirm
-//     windows fill and they slow to the consumers' pace.
+//     windows fill and they slow to the consumers' pace. A channel's end
+//     sends its held confirms (CmdReleaseEnded): the close, which waits
+//     for its confirms, never waits for consumers.
 //   - Publishers, broker-wide: when the stored messages' memory passes the
 //     high-watermark (their bytes plus a measured per-message overhead,
 //     each publish batch's arena counted whole while any of its messages

@@ -215,3 +215,91 @@ func TestNothingAfterChannelEnd(t *testing.T) {
 		t.Fatalf("reopen answered req %d, want 31", ok.Req)
 	}
 }
+
+// §6, §8.2: a channel's end waits for the confirms that are coming (an
+// fsync), never for one a queue's backlog holds back. The messages of a
+// held confirm are in the queue, so its end confirms them (ack) and then
+// ends it. CHANNEL_CLOSE_OK used to wait until the queue drained below half
+// its soft limit: with no consumer, forever, and the id stayed taken.
+func TestChannelEndReleasesBacklogHolds(t *testing.T) {
+	for _, durable := range []bool{false, true} {
+		name := "memory"
+		cfg := &netio.Config{QueueSoftLimit: 5}
+		if durable {
+			name, cfg.DataDir = "durable", t.TempDir()
+		}
+		t.Run(name, func(t *testing.T) {
+			s := warrentest.StartServer(t, cfg)
+			r := rawDial(t, s, 0)
+			r.write(wire.AppendFrame(nil, 2, &wire.ChannelOpen{Req: 1}))
+			expectOn[*wire.OKReply](r, 2, "open 2")
+			r.write(wire.AppendFrame(nil, 2, &wire.QueueDeclare{Req: 2, Name: "backlog", Durable: durable}))
+			expectOn[*wire.QueueDeclareOK](r, 2, "declare")
+
+			// held publishes a batch of n on channel 1 past the soft limit
+			// and checks that its confirm is held: the passive declare,
+			// answered by the queue's shard after the enqueue (and, durable,
+			// after its apply: a barrier), comes first.
+			held := func(first uint64, n int, wantReady uint64) {
+				t.Helper()
+				out := persistentBatch(1, first, n, "backlog")
+				r.write(wire.AppendFrame(out, 1, &wire.QueueDeclare{Req: 3, Name: "backlog", Passive: true}))
+				ok := expectOn[*wire.QueueDeclareOK](r, 1, "passive declare (a CONFIRM first: not held)")
+				if ok.Messages != wantReady {
+					t.Fatalf("passive declare: %d messages, want %d", ok.Messages, wantReady)
+				}
+			}
+			confirmed := func(first, last uint64) {
+				t.Helper()
+				c := expectOn[*wire.Confirm](r, 1, "the held CONFIRM before the channel's end")
+				if len(c.Ranges) != 1 || c.Ranges[0].First != first || c.Ranges[0].Last != last || c.Ranges[0].Code != wire.OK {
+					t.Fatalf("CONFIRM %+v, want %d..%d ok", c.Ranges, first, last)
+				}
+			}
+
+			// The client closes.
+			r.write(wire.AppendFrame(nil, 1, &wire.ChannelOpen{Req: 10}))
+			expectOn[*wire.OKReply](r, 1, "open 1")
+			held(1, 20, 20)
+			r.write(wire.AppendFrame(nil, 1, &wire.ChannelClose{Code: wire.OK}))
+			confirmed(1, 20)
+			expectOn[*wire.ChannelCloseOK](r, 1, "CHANNEL_CLOSE_OK")
+
+			// The broker closes (a sequence gap).
+			r.write(wire.AppendFrame(nil, 1, &wire.ChannelOpen{Req: 20}))
+			expectOn[*wire.OKReply](r, 1, "reopen 1")
+			held(1, 10, 30)
+			r.write(persistentBatch(1, 99, 1, "backlog"))
+			confirmed(1, 10)
+			if cl := expectOn[*wire.ChannelClose](r, 1, "CHANNEL_CLOSE"); cl.Code != wire.SequenceError {
+				t.Fatalf("CHANNEL_CLOSE %v, want sequence_error", cl.Code)
+			}
+			r.write(wire.AppendFrame(nil, 1, &wire.ChannelCloseOK{}))
+
+			// A batch in flight to the queue when the close is read (its
+			// fsync not done yet, durable) is not held either.
+			r.write(wire.AppendFrame(nil, 1, &wire.ChannelOpen{Req: 30}))
+			expectOn[*wire.OKReply](r, 1, "reopen 1")
+			out := persistentBatch(1, 1, 5, "backlog")
+			r.write(wire.AppendFrame(out, 1, &wire.ChannelClose{Code: wire.OK}))
+			confirmed(1, 5)
+			expectOn[*wire.ChannelCloseOK](r, 1, "CHANNEL_CLOSE_OK")
+
+			// Backpressure still holds on an open channel; the
+			// connection's CLOSE is answered whatever is held.
+			r.write(wire.AppendFrame(nil, 1, &wire.ChannelOpen{Req: 40}))
+			expectOn[*wire.OKReply](r, 1, "reopen 1")
+			held(1, 5, 40)
+			r.write(wire.AppendFrame(nil, 0, &wire.Close{Code: wire.OK}))
+			for {
+				c, b, ok := r.readOn()
+				if !ok {
+					t.Fatal("socket closed before CLOSE_OK")
+				}
+				if _, is := b.(*wire.CloseOK); is && c == 0 {
+					break
+				}
+			}
+		})
+	}
+}

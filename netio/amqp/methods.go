@@ -770,6 +770,11 @@ func (c *conn) enqueue(ch *channel, pub *pending, view *broker.RouteView, exName
 	}
 	batch := &blk.batch
 	batch.Sink, batch.Ch, batch.FirstSeq, batch.Codes, batch.Start = c, ch.id, (ch.gen&(1<<24-1))<<40|seq, blk.code[:], time.Now()
+	// A backlog holds its confirm until the connection ends (its Down
+	// releases it, rather than keep the connection in memory until the
+	// queue drains). A channel.close does not wait for confirms: the
+	// channel's generation drops those that come after it.
+	batch.Ended = &c.stopped
 	parts := 1
 	if placed > 0 {
 		ar.Cost = int64(cap(a)) + pubBlockSize + int64(placed)*broker.PlacementOverhead
