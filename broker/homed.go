@@ -46,8 +46,9 @@ import (
 type homeKey struct{ node, inc uint64 }
 
 // dropHome is MetaDropHome: every queue whose home is c.Home, of an
-// incarnation other than c.HomeInc (0: of any), is removed with its
-// bindings.
+// incarnation before c.HomeInc (0: of any; HomeUpTo: up to it), is
+// removed with its bindings. Never a later one: a drop committed after
+// the node restarted again leaves that life's queues.
 func (m *Meta) dropHome(c *MetaCommand) (MetaResult, []MetaEffect) {
 	if c.Home == 0 {
 		return refuse(wire.InvalidArgument, "a home node to drop needs its id"), nil
@@ -55,22 +56,16 @@ func (m *Meta) dropHome(c *MetaCommand) (MetaResult, []MetaEffect) {
 	var effs []MetaEffect
 	for _, q := range m.Queues() {
 		mq := m.queues[q.Name]
-		if mq.home != c.Home || (c.HomeUpTo && mq.homeInc > c.HomeInc) || (!c.HomeUpTo && c.HomeInc != 0 && mq.homeInc == c.HomeInc) {
+		if mq.home != c.Home || (c.HomeUpTo && mq.homeInc > c.HomeInc) || (!c.HomeUpTo && c.HomeInc != 0 && mq.homeInc >= c.HomeInc) {
 			continue
 		}
-		m.count(mq, -1)
-		delete(m.queues, q.Name)
-		m.countQueue(q.Name, -1)
-		delete(m.ids, q.ID)
-		m.forgetExclusive(q.Exclusive)
-		m.unlinkAll(m.byQueue[q.Name])
-		effs = append(effs, MetaEffect{Kind: EffQueueRemoved, Queue: MetaQueue{ID: q.ID, Name: q.Name}})
+		effs = append(effs, m.removeQueue(mq))
 	}
 	return MetaResult{}, effs
 }
 
 // deadHomes lists the MetaDropHome commands the state asks for, as node
-// self (of incarnation inc) sees it: its own queues of other incarnations,
+// self (of incarnation inc) sees it: its own queues of earlier incarnations,
 // and, when lead, those of nodes no longer members, and those of the
 // nodes down says are down (down reports the last incarnation heard of a
 // node that is, as a home incarnation). Cheap: it looks at the (node,
@@ -82,7 +77,7 @@ func (m *Meta) deadHomes(self, inc uint64, lead bool, down func(node uint64) (ui
 	for k := range m.homes {
 		switch {
 		case k.node == self:
-			own = own || k.inc != inc
+			own = own || k.inc < inc
 		case !lead:
 		case !slices.Contains(m.Nodes(), k.node):
 			gone = append(gone, k.node)
@@ -93,7 +88,8 @@ func (m *Meta) deadHomes(self, inc uint64, lead bool, down func(node uint64) (ui
 		}
 	}
 	if own {
-		out = append(out, MetaCommand{Op: MetaDropHome, Home: self, HomeInc: inc})
+		// Those before this life only (inc is odd: inc-1 is none's).
+		out = append(out, MetaCommand{Op: MetaDropHome, Home: self, HomeInc: inc - 1, HomeUpTo: true})
 	}
 	slices.Sort(gone)
 	for _, n := range slices.Compact(gone) {
@@ -135,10 +131,10 @@ func (t *topology) dropDeadHomes(self, inc uint64, own bool) {
 		cl.g.Add(t.mbuf)
 		why := "removed from the cluster"
 		switch {
+		case cs[i].Home == self:
+			why = "restarted"
 		case cs[i].HomeUpTo:
 			why = "down: not heard from for " + strconv.FormatInt(b.homeDownMs(), 10) + " ms"
-		case cs[i].HomeInc != 0:
-			why = "restarted"
 		}
 		t.log.Info("dropping the non-durable and exclusive queues of a node (they live on one node)", "node", cs[i].Home, "why", why)
 	}
@@ -182,7 +178,7 @@ func (b *Broker) ownOldHomes() bool {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	for k := range t.meta.homes {
-		if k.node == dc.NodeID && k.inc != b.homeInc() {
+		if k.node == dc.NodeID && k.inc < b.homeInc() {
 			return true
 		}
 	}

@@ -243,7 +243,7 @@ func TestClusterForwardRedirected(t *testing.T) {
 // TestMetaHomes: a queue that is not placed records its home when a
 // cluster's declare says it (a placed one never has one); the home is in
 // snapshots (version 8) and a version 7 snapshot restores with none;
-// MetaDropHome drops a home's queues of other incarnations with their
+// MetaDropHome drops a home's queues of earlier incarnations with their
 // bindings, and deadHomes asks for it: for the node's own queues of an
 // earlier life, and (on the leader) for a node no longer a member.
 func TestMetaHomes(t *testing.T) {
@@ -283,7 +283,7 @@ func TestMetaHomes(t *testing.T) {
 		t.Fatalf("a version 7 snapshot's queue has home %d", q.Home)
 	}
 
-	want := []MetaCommand{{Op: MetaDropHome, Home: 1, HomeInc: 11}, {Op: MetaDropHome, Home: 4}}
+	want := []MetaCommand{{Op: MetaDropHome, Home: 1, HomeInc: 10, HomeUpTo: true}, {Op: MetaDropHome, Home: 4}}
 	if got := m.deadHomes(1, 11, true, nil); !reflect.DeepEqual(got, want) {
 		t.Fatalf("deadHomes on the leader, node 1 of incarnation 11: %+v", got)
 	}
@@ -312,6 +312,56 @@ func TestMetaHomes(t *testing.T) {
 	}
 	if r, _ := m.Apply(&MetaCommand{Op: MetaDropHome}); r.Code != wire.InvalidArgument {
 		t.Fatalf("a drop of node 0: %+v", r)
+	}
+}
+
+// TestMetaHomeLives: a restarted node's drop of its earlier lives'
+// queues, committed after it restarted once more, leaves the queues of
+// that later life; a drop in the form written before (every incarnation
+// but HomeInc) drops only earlier ones too. A declare by a node's new life
+// of a queue its earlier life still holds replaces it (a new id, bindings
+// gone, an exclusive owner of that life no obstacle: connection ids
+// restart with the node).
+func TestMetaHomeLives(t *testing.T) {
+	m := clusterMeta(1, 2, 3)
+	decl := func(name string, inc, conn uint64) MetaResult {
+		t.Helper()
+		c := MetaCommand{Op: MetaDeclareQueue, Conn: conn, Queue: wire.QueueDeclare{Name: name, Exclusive: conn != 0}, Home: 1, HomeInc: inc}
+		r, _ := m.Apply(&c)
+		if r.Code != wire.OK {
+			t.Fatalf("declare %s: %+v", name, r)
+		}
+		return r
+	}
+	decl("life1", 11, 0)
+	drop := m.deadHomes(1, 21, false, nil) // life 2 starts, proposes its drop
+	decl("life3", 31, 0)                   // life 3 declares before that commits
+	if len(drop) != 1 {
+		t.Fatalf("life 2's drop: %+v", drop)
+	}
+	m.Apply(&drop[0])
+	if m.HasQueue("life1") || !m.HasQueue("life3") {
+		t.Fatalf("after life 2's late drop: life1 %v, life3 %v", m.HasQueue("life1"), m.HasQueue("life3"))
+	}
+	m.Apply(&MetaCommand{Op: MetaDropHome, Home: 1, HomeInc: 21}) // the earlier form
+	if !m.HasQueue("life3") {
+		t.Fatal("an earlier-form drop of life 2 removed life 3's queue")
+	}
+
+	old := decl("x", 31, 1<<32|1)
+	metaDo(t, m, bindCmd("amq.direct", "x", "k"), wire.OK, "")
+	r := decl("x", 41, 1<<32|1) // life 4, the same connection id
+	if r.QueueID == old.QueueID || m.NumBindings() != 0 {
+		t.Fatalf("life 4's declare of life 3's x: id %d (was %d), %d bindings", r.QueueID, old.QueueID, m.NumBindings())
+	}
+	if q, _ := m.Queue("x"); q.HomeInc != 41 {
+		t.Fatalf("x's incarnation %d, want 41", q.HomeInc)
+	}
+	if r2 := decl("x", 41, 1<<32|1); r2.QueueID != r.QueueID {
+		t.Fatal("a redeclare in the same life replaced the queue")
+	}
+	if _, effs := m.Apply(&MetaCommand{Op: MetaDeclareQueue, Conn: 1<<32 | 2, Queue: wire.QueueDeclare{Name: "x", Exclusive: true}, Home: 1, HomeInc: 41}); len(effs) != 0 {
+		t.Fatalf("another connection of the same life: %+v", effs)
 	}
 }
 
@@ -345,4 +395,37 @@ func TestClusterHomeDown(t *testing.T) {
 	}
 	c.start(n1, nil)
 	c.waitFor("node 1 back, without its queue", func() bool { return !hasQueue(n1, "dq") && hasQueue(n1, "kq") })
+}
+
+// TestClusterHomeOldLife: a queue the metadata says lives on node 1 in
+// another of its lives (here a later one: its own restart's drop leaves
+// it, as it would a queue of a clock gone back) is not served by node 1:
+// it holds no copy, and a publish forwarded to it from node 2 is nacked,
+// never confirmed into a copy that its drop would delete.
+func TestClusterHomeOldLife(t *testing.T) {
+	c := newTestCluster(t, 3)
+	c.leader()
+	n1, n2 := c.nodes[0], c.nodes[1]
+	b2 := n2.b.Load()
+	cl := b2.topo.cl.Load()
+	cmd := MetaCommand{Op: MetaDeclareQueue, Queue: wire.QueueDeclare{Name: "old"}, Home: 1, HomeInc: n1.b.Load().homeInc() + 2}
+	if r := b2.topo.clusterChange(cl, &cmd); r.Code != wire.OK {
+		t.Fatalf("declare: %+v", r)
+	}
+	for _, nd := range c.nodes {
+		c.sees(nd, "queue old ")
+	}
+	q1 := n1.b.Load().topo.lookupQueue("old")
+	barrier(t, q1.shard)
+	if q1.m != nil {
+		t.Fatal("node 1 holds a copy of a queue of another of its lives")
+	}
+	k := newDurSink()
+	batch := publish(b2, b2.topo.lookupQueue("old"), k, true, "a", "b")
+	k.waitFor(t, "the forwarded publish's answer", func() bool { return k.confirmed(batch) })
+	for i, code := range batch.Codes {
+		if code == 0 {
+			t.Fatalf("message %d confirmed into a queue of node 1's other life", i)
+		}
+	}
 }

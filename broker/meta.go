@@ -203,9 +203,9 @@ const (
 	MetaRebuildReplica MetaOp = 15
 	MetaRebuildDone    MetaOp = 16
 	// MetaDropHome: the queues whose home is node Home are gone with it
-	// (homed.go): those of every incarnation but HomeInc (0: every one:
+	// (homed.go): those of every incarnation before HomeInc (0: every one:
 	// the node was removed), or with HomeUpTo those of incarnations up to
-	// HomeInc (the node is down). The node proposes it as it restarts,
+	// HomeInc (the node is down; the node's own drop as it restarts). The node proposes it as it restarts,
 	// the metadata leader for a node removed from the cluster or silent
 	// for homeDownMs.
 	MetaDropHome MetaOp = 17
@@ -652,6 +652,16 @@ func (m *Meta) declareQueue(c *MetaCommand) (MetaResult, []MetaEffect) {
 	if d.Durable && !d.Passive {
 		effs = append(effs, MetaEffect{Kind: EffDurableAccepted, What: "queue", Name: name})
 	}
+	if q, ok := m.queues[name]; ok && c.Home != 0 && q.home == c.Home && q.homeInc < c.HomeInc {
+		// A queue of its home's earlier life, not dropped yet (homed.go):
+		// it went with that life; a declare gets a new one, a passive one
+		// is told it is not there. (Connection ids restart with the node:
+		// an exclusive owner of that life is not this one.)
+		if d.Passive {
+			return refuse(wire.NotFound, "no queue "+strconv.Quote(name)+" (it went with its node's earlier life)"), effs
+		}
+		effs = append(effs, m.removeQueue(q))
+	}
 	if q, ok := m.queues[name]; ok {
 		if q.exclusive != 0 && q.exclusive != c.Conn {
 			return refuse(wire.ResourceLocked, "queue "+strconv.Quote(name)+" is exclusive to another connection"), effs
@@ -752,14 +762,20 @@ func (m *Meta) deleteQueue(c *MetaCommand) (MetaResult, []MetaEffect) {
 	if !ok || q.id != c.QueueID {
 		return refuse(wire.NotFound, "no queue "+strconv.Quote(c.Queue.Name)), nil
 	}
-	delete(m.queues, c.Queue.Name)
+	return MetaResult{Removed: true, QueueID: q.id, Name: c.Queue.Name}, []MetaEffect{m.removeQueue(q)}
+}
+
+// removeQueue removes queue q with its bindings (a delete, a node's
+// restart, a home's drop) and is the effect that says so.
+func (m *Meta) removeQueue(q *metaQueue) MetaEffect {
+	name := q.decl.Name
+	delete(m.queues, name)
 	m.count(q, -1)
-	m.countQueue(c.Queue.Name, -1)
+	m.countQueue(name, -1)
 	delete(m.ids, q.id)
 	m.forgetExclusive(q.exclusive)
-	m.unlinkAll(m.byQueue[c.Queue.Name])
-	return MetaResult{Removed: true, QueueID: q.id, Name: c.Queue.Name},
-		[]MetaEffect{{Kind: EffQueueRemoved, Queue: MetaQueue{ID: q.id, Name: c.Queue.Name}}}
+	m.unlinkAll(m.byQueue[name])
+	return MetaEffect{Kind: EffQueueRemoved, Queue: MetaQueue{ID: q.id, Name: name}}
 }
 
 // nodeUp drops what does not outlive a restart: non-durable exchanges,
@@ -780,13 +796,7 @@ func (m *Meta) nodeUp() (MetaResult, []MetaEffect) {
 		if q.Decl.Durable && q.Exclusive == 0 && !q.Decl.Exclusive {
 			continue
 		}
-		m.count(m.queues[q.Name], -1)
-		delete(m.queues, q.Name)
-		m.countQueue(q.Name, -1)
-		delete(m.ids, q.ID)
-		m.forgetExclusive(q.Exclusive)
-		m.unlinkAll(m.byQueue[q.Name])
-		effs = append(effs, MetaEffect{Kind: EffQueueRemoved, Queue: MetaQueue{ID: q.ID, Name: q.Name}})
+		effs = append(effs, m.removeQueue(m.queues[q.Name]))
 	}
 	return MetaResult{}, effs
 }

@@ -162,7 +162,11 @@ func DecodeMetaCommand(b []byte) (MetaCommand, error) {
 			r.fail("home nodes are dropped from command version 2")
 		}
 		c.Home, c.HomeInc = r.u64(), r.u64()
-		c.HomeUpTo = r.flag()
+		// The flag came after the first entries were written (by
+		// b09a9d2..4334fcd, without it): missing, it is false.
+		if r.err == nil && len(r.b) > 0 {
+			c.HomeUpTo = r.flag()
+		}
 	case MetaDeleteQueue:
 		c.Queue.Name = r.str()
 		c.QueueID = r.u64()

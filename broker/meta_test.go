@@ -295,6 +295,9 @@ func TestMetaCommandRoundTrip(t *testing.T) {
 			t.Fatalf("round trip:\n got %+v\nwant %+v", got, c)
 		}
 		for i := 0; i < len(enc); i++ {
+			if c.Op == MetaDropHome && i == len(enc)-1 {
+				continue // without its flag: as written before it (TestMetaDropHomeWithoutFlag)
+			}
 			if _, err := DecodeMetaCommand(enc[:i]); err == nil {
 				t.Fatalf("op %d cut to %d of %d bytes decoded", c.Op, i, len(enc))
 			}
@@ -307,6 +310,18 @@ func TestMetaCommandRoundTrip(t *testing.T) {
 	bad[0] = MetaCommandVersion + 1
 	if _, err := DecodeMetaCommand(bad); err == nil || !strings.Contains(err.Error(), "version") {
 		t.Fatalf("another version: %v", err)
+	}
+}
+
+// TestMetaDropHomeWithoutFlag: a MetaDropHome written before its
+// HomeUpTo flag existed (b09a9d2..4334fcd: version 2, no trailing byte)
+// still decodes, with the flag false.
+func TestMetaDropHomeWithoutFlag(t *testing.T) {
+	c := MetaCommand{Op: MetaDropHome, NowMs: 5, Home: 3, HomeInc: 9}
+	enc := AppendMetaCommand(nil, &c)
+	got, err := DecodeMetaCommand(enc[:len(enc)-1])
+	if err != nil || !reflect.DeepEqual(got, c) {
+		t.Fatalf("a drop without its flag: %+v, %v", got, err)
 	}
 }
 
@@ -323,7 +338,11 @@ func FuzzDecodeMetaCommand(f *testing.F) {
 		if err != nil {
 			return
 		}
-		if enc := AppendMetaCommand(nil, &c); !bytes.Equal(enc, b) {
+		enc := AppendMetaCommand(nil, &c)
+		if c.Op == MetaDropHome && len(enc) == len(b)+1 && !c.HomeUpTo {
+			enc = enc[:len(b)] // written before the flag: it reads as false
+		}
+		if !bytes.Equal(enc, b) {
 			t.Fatalf("accepted %x but encodes back to %x", b, enc)
 		}
 		m := NewMeta(2)

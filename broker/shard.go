@@ -374,6 +374,15 @@ func (s *shard) createQueue(q *Queue) {
 		s.queues[q] = struct{}{}
 		return
 	}
+	if q.home != 0 && q.homeInc != s.b.homeInc() {
+		// It lived here in an earlier life of this node, and went with
+		// it: its MetaDropHome is on its way (homed.go). Until then it
+		// serves nothing: a publish forwarded to it is refused (its origin
+		// nacks it), never confirmed into a copy about to go.
+		q.opened = true
+		s.queues[q] = struct{}{}
+		return
+	}
 	if q.home != 0 {
 		q.lead.Store(q.home)
 	}

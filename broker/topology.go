@@ -37,6 +37,7 @@ type Queue struct {
 	replicas   []uint64 // the nodes holding it (placement.go), sorted; shard-owned once created (reconcile.go)
 	prefLeader uint64   // the replica preferred to lead it (shard-owned, as replicas)
 	home       uint64   // the node it lives on (a queue that is not placed, in a cluster; homed.go), 0: none
+	homeInc    uint64   // that node's incarnation when it was declared (homed.go)
 
 	ready, unacked, consumers atomic.Int64
 	published, delivered      atomic.Uint64
@@ -415,7 +416,7 @@ func (t *topology) createQueueLocked(e *MetaEffect) {
 	q.shard = t.shards[q.shardIdx]
 	q.inCluster = len(mq.Replicas) > 0 && q.shard.clustered()
 	if q.shard.clustered() {
-		q.home = mq.Home
+		q.home, q.homeInc = mq.Home, mq.HomeInc
 	}
 	t.queues[mq.ID] = q
 	t.slots.set(q.id, q)
