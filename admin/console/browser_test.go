@@ -8,6 +8,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -138,6 +139,13 @@ func TestBrowser(t *testing.T) {
 			return err
 		})
 	}
+	// clickLive clicks the element sel names in one script turn, once it
+	// exists: a polled page re-renders its tables, and a click through
+	// chromedp's node id fails when the row or header it resolved was
+	// replaced in between ("Could not find node with given id", CI).
+	clickLive := func(sel string) chromedp.Action[chromedp.Void] {
+		return wait(`(() => { const el = document.querySelector(` + strconv.Quote(sel) + `); if (!el) return false; el.click(); return true })()`)
+	}
 	shot := func(name string) chromedp.Action[chromedp.Void] {
 		return chromedp.Func(func(ctx context.Context, t *chromedp.Target) error {
 			png, err := chromedp.CaptureScreenshot()(ctx, t)
@@ -188,7 +196,7 @@ func TestBrowser(t *testing.T) {
 		wait(`document.querySelectorAll("#queues tbody tr").length == 1 && document.querySelector('tr[data-queue="orders.dlq"]')`),
 		eval(`document.querySelector("#queue-filter").value = ""; document.querySelector("#queue-filter").dispatchEvent(new Event("input"))`),
 		wait(`document.querySelectorAll("#queues tbody tr").length == 2`),
-		chromedp.Click(chromedp.CSS(`th[data-sort="name"]`)), // name, descending
+		clickLive(`th[data-sort="name"]`), // name, descending
 		wait(`document.querySelector("#queues tbody tr").dataset.queue == "orders.dlq"`))
 
 	// Publish from the console; the queue's count changes.
@@ -233,7 +241,7 @@ func TestBrowser(t *testing.T) {
 		wait(`[...document.querySelectorAll(".deaths td")].some((td) => td.textContent === "rejected")`),
 		shot("dead-letters"),
 		// The second one alone: not the head of the queue.
-		chromedp.Click(chromedp.CSS(`input[data-index="1"]`)),
+		clickLive(`input[data-index="1"]`),
 		chromedp.Click(chromedp.CSS("#replay-selected")),
 		wait(`document.querySelector('[data-replayed="1"]')`))
 	if n, m := ready("orders.dlq"), ready("orders"); n != 1 || m != 1 {
@@ -295,12 +303,12 @@ func TestBrowser(t *testing.T) {
 	if err := e.srv.Permit("ops", netio.PermWrite, "exchange", "ops.x"); err == nil {
 		t.Fatal("ops may write with an empty write pattern")
 	}
-	step("clear permissions", chromedp.Click(chromedp.CSS(`tr[data-user="ops"] button.clear-perms`)),
+	step("clear permissions", clickLive(`tr[data-user="ops"] button.clear-perms`),
 		wait(`document.querySelector('tr[data-user="ops"] td[data-perm="configure"]').textContent === "—"`))
 	if err := e.srv.Permit("ops", netio.PermConfigure, "queue", "ops.orders"); err == nil {
 		t.Fatal("ops may still configure ops.orders after the console cleared its permissions")
 	}
-	step("delete user", chromedp.Click(chromedp.CSS(`tr[data-user="ops"] button.danger`)),
+	step("delete user", clickLive(`tr[data-user="ops"] button.danger`),
 		wait(`!document.querySelector('tr[data-user="ops"]')`))
 	if _, ok := e.srv.Authenticate("ops", "ops-pw", "127.0.0.1:1"); ok {
 		t.Fatal("the user deleted in the console still logs in")
