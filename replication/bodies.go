@@ -3,6 +3,7 @@ package replication
 import (
 	"errors"
 	"fmt"
+	"unsafe"
 
 	"github.com/warren-mq/warren/queue"
 )
@@ -19,11 +20,35 @@ import (
 var ErrNoBody = errors.New("replication: no body stored for message")
 
 type bodyCache struct {
-	entries  map[uint64][][]byte // entry index → its bodies, in slot order (views)
+	entries  map[uint64][]byte // entry index → its data (a view), until ReleaseBodies
 	releases []func()
-	free     [][][]byte
-	dec      EntryDecoder
+	// The body offsets of the last entries read (index), kept across
+	// ReleaseBodies: a consumer's deliveries from one entry come over many
+	// batches (as its acks free its prefetch), and decoding the whole
+	// entry again for each (a cache miss per message, to read each body's
+	// length) was a tenth of warrend's CPU with one busy durable queue.
+	index  [2]bodyIndex
+	next   int // the slot of index to fill next
+	builds int // indexes built (tests)
+	dec    EntryDecoder
+	// The entry Body read last, its data and index (a consumer's
+	// deliveries come in runs from one entry: no map lookup each).
+	cur     uint64
+	curData []byte
+	curIdx  *bodyIndex
 }
+
+// bodyIndex is where each message's body lies in an entry's data.
+type bodyIndex struct {
+	entry uint64
+	n     int      // the length of the data it was built from (0: unused)
+	offs  []uint32 // by slot: the offset of the body in the data, or noBody, emptyBody
+}
+
+const (
+	noBody    = 1<<32 - 1 // an Enqueue without bodies
+	emptyBody = 1<<32 - 2 // a body of 0 bytes
+)
 
 // Body returns the body of message id, a view valid until the next
 // ReleaseBodies (call it once the bytes are copied out: after the round's
@@ -32,22 +57,35 @@ type bodyCache struct {
 func (g *Group) Body(id uint64) ([]byte, error) {
 	idx, slot := id>>16, int(id&0xFFFF)
 	c := &g.bodies
-	bodies, ok := c.entries[idx]
-	if !ok {
+	data, bi := c.curData, c.curIdx
+	if bi == nil || c.cur != idx {
+		var ok bool
+		if data, ok = c.entries[idx]; !ok {
+			var err error
+			if data, err = g.loadEntry(idx); err != nil {
+				return nil, err
+			}
+		}
 		var err error
-		if bodies, err = g.loadBodies(idx); err != nil {
+		if bi, err = g.bodyIndex(idx, data); err != nil {
 			return nil, err
 		}
+		c.cur, c.curData, c.curIdx = idx, data, bi
 	}
-	if slot >= len(bodies) || bodies[slot] == nil {
-		return nil, fmt.Errorf("%w %#x: entry %d holds %d bodies", ErrNoBody, id, idx, len(bodies))
+	if slot >= len(bi.offs) || bi.offs[slot] == noBody {
+		return nil, fmt.Errorf("%w %#x: entry %d holds %d bodies", ErrNoBody, id, idx, len(bi.offs))
 	}
-	return bodies[slot], nil
+	off := bi.offs[slot]
+	if off == emptyBody {
+		return data[:0:0], nil
+	}
+	n := le.Uint32(data[off-4:])
+	return data[off : off+n : off+n], nil
 }
 
-// loadBodies finds entry idx (tail cache, else segment) and indexes its
-// bodies.
-func (g *Group) loadBodies(idx uint64) ([][]byte, error) {
+// loadEntry finds entry idx (tail cache, else segment) and keeps its data
+// until ReleaseBodies.
+func (g *Group) loadEntry(idx uint64) ([]byte, error) {
 	c := &g.bodies
 	var data []byte
 	if t := g.st.tail; len(t) > 0 && idx >= t[0].Index && idx <= t[len(t)-1].Index {
@@ -60,30 +98,52 @@ func (g *Group) loadBodies(idx uint64) ([][]byte, error) {
 		c.releases = append(c.releases, release)
 		data = es[0].Data
 	}
-	var bodies [][]byte
-	if n := len(c.free); n > 0 {
-		bodies, c.free = c.free[n-1][:0], c.free[:n-1]
+	if c.entries == nil {
+		c.entries = map[uint64][]byte{}
 	}
+	c.entries[idx] = data
+	return data, nil
+}
+
+// bodyIndex returns the index of entry idx, whose data is data: kept from
+// an earlier call, or built (the entry decoded once).
+func (g *Group) bodyIndex(idx uint64, data []byte) (*bodyIndex, error) {
+	c := &g.bodies
+	for i := range c.index {
+		if bi := &c.index[i]; bi.entry == idx && bi.n == len(data) && bi.n > 0 {
+			return bi, nil
+		}
+	}
+	bi := &c.index[c.next]
+	c.next = (c.next + 1) % len(c.index)
+	offs := bi.offs[:0]
+	*bi = bodyIndex{}
+	base := uintptr(unsafe.Pointer(unsafe.SliceData(data)))
 	err := c.dec.Each(data, func(_ int, cmd queue.Command) error {
 		if e, ok := cmd.(*queue.Enqueue); ok {
 			if e.Bodies == nil {
 				for range e.Msgs {
-					bodies = append(bodies, nil)
+					offs = append(offs, noBody)
 				}
-			} else {
-				bodies = append(bodies, e.Bodies...)
+				return nil
+			}
+			for _, b := range e.Bodies {
+				if len(b) == 0 {
+					offs = append(offs, emptyBody)
+				} else {
+					offs = append(offs, uint32(uintptr(unsafe.Pointer(unsafe.SliceData(b)))-base))
+				}
 			}
 		}
 		return nil
 	})
+	c.dec.Release()
 	if err != nil {
 		return nil, fmt.Errorf("replication: group %d: entry %d: %w", g.id, idx, err)
 	}
-	if c.entries == nil {
-		c.entries = map[uint64][][]byte{}
-	}
-	c.entries[idx] = bodies
-	return bodies, nil
+	*bi = bodyIndex{entry: idx, n: len(data), offs: offs}
+	c.builds++
+	return bi, nil
 }
 
 // ReleaseBodies ends the views Body handed out since the last call.
@@ -94,11 +154,8 @@ func (g *Group) ReleaseBodies() {
 	}
 	clear(c.releases)
 	c.releases = c.releases[:0]
-	for k, b := range c.entries {
-		clear(b)
-		c.free = append(c.free, b)
-		delete(c.entries, k)
-	}
+	clear(c.entries)
+	c.curData, c.curIdx = nil, nil
 	if len(g.spent) > 0 {
 		g.recycle()
 	}

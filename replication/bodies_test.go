@@ -133,3 +133,85 @@ func TestBodiesFromTheLog(t *testing.T) {
 	s2.settle()
 	check(g2, "after a restart")
 }
+
+// TestBodyIndexKept: a consumer's reads of one entry over many batches
+// (ReleaseBodies between them) decode the entry once, from the tail cache
+// or from segment; the bodies come back right whatever the order:
+// empty ones, an Enqueue without bodies (ErrNoBody), a slot past the
+// entry's messages (ErrNoBody), and reads that hop between more entries
+// than the index keeps.
+func TestBodyIndexKept(t *testing.T) {
+	l := openMemLog(t, segment.NewMemFS())
+	s := newShard(t, l)
+	want := map[uint64][]byte{} // nil: no body
+	var order []uint64
+	fsm := NewQueueFSM(queue.New(queue.Config{}, 0), 0, func(a *Applied) {
+		if e, ok := a.Command.(*queue.Enqueue); ok {
+			for i, m := range e.Msgs {
+				var b []byte
+				if e.Bodies != nil {
+					b = bytes.Clone(e.Bodies[i])
+				}
+				want[m.ID] = b
+				order = append(order, m.ID)
+			}
+		}
+	})
+	g, err := s.w.Open(4, raftpb.SnapshotMetadata{ConfState: raftpb.ConfState{Voters: []uint64{1}}}, fsm)
+	if err != nil {
+		t.Fatal(err)
+	}
+	const entries = 4
+	for e := range entries {
+		var msgs []queue.Message
+		var bs [][]byte
+		for i := range 50 {
+			b := bytes.Repeat([]byte{byte('a' + e)}, (i*37)%200) // the first one empty
+			msgs, bs = append(msgs, queue.Message{Size: uint32(len(b))}), append(bs, b)
+		}
+		_, _ = g.Add(&queue.Enqueue{Msgs: msgs, Bodies: bs})
+		_, _ = g.Add(&queue.Enqueue{Msgs: make([]queue.Message, 3)}) // no bodies
+		s.nowMs++
+		s.settle()
+	}
+	if len(order) != entries*53 {
+		t.Fatalf("%d messages applied", len(order))
+	}
+	check := func(id uint64) {
+		t.Helper()
+		b, err := g.Body(id)
+		switch {
+		case want[id] == nil:
+			if !errors.Is(err, ErrNoBody) {
+				t.Fatalf("message %#x, enqueued without a body: %q, %v", id, b, err)
+			}
+		case err != nil || !bytes.Equal(b, want[id]) || b == nil:
+			t.Fatalf("message %#x: %q, %v; want %q", id, b, err, want[id])
+		}
+	}
+	builds := g.bodies.builds
+	// In order, ten messages a batch: each entry decoded once.
+	for i, id := range order {
+		check(id)
+		if i%10 == 9 {
+			g.ReleaseBodies()
+		}
+	}
+	g.ReleaseBodies()
+	if n := g.bodies.builds - builds; n != entries {
+		t.Fatalf("%d entries read in batches of 10 messages: indexed %d times", entries, n)
+	}
+	if _, err := g.Body(order[0] | 0xFFFF); !errors.Is(err, ErrNoBody) {
+		t.Fatalf("a slot past the entry's messages: %v", err)
+	}
+	// Hopping between entries, in random order: right bodies throughout.
+	r := rand.New(rand.NewPCG(4, 4))
+	for i := range 2000 {
+		check(order[r.IntN(len(order))])
+		if i%7 == 0 {
+			g.ReleaseBodies()
+		}
+	}
+	g.ReleaseBodies()
+	s.w.Close()
+}
