@@ -30,8 +30,9 @@ import (
 // MetaDropHome for them (every node drops them when it is applied; it
 // serves once they are gone: MetaReady), and
 // the metadata leader proposes it for a node removed from the cluster,
-// and for a node down: one it has not heard a hello from (every
-// ForwardTimeout/4, forward_consume.go) for homeDownMs, the queues of
+// and for a node down: one it has heard neither a hello from (every
+// ForwardTimeout/4, forward_consume.go) nor a metadata raft message (a
+// heartbeat's answer) for homeDownMs, the queues of
 // the incarnation it heard last and earlier. A leader that never heard
 // the node since it started does not declare it down (a restart or a
 // removal drops its queues). All are checked every placeTicks
@@ -118,7 +119,7 @@ func (t *topology) dropDeadHomes(self, inc uint64, own bool) {
 	}
 	b := t.shards[0].b
 	now := time.Now()
-	down := func(node uint64) (uint64, bool) { return b.homeDown(node, now) }
+	down := func(node uint64) (uint64, bool) { return b.homeDown(node, now, cl.g.HeardAt(node)) }
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	cs := t.meta.deadHomes(self, inc, st.Lead == st.ID && !own, down)
@@ -156,11 +157,18 @@ func (b *Broker) homeDownMs() int64 {
 
 // homeDown reports whether node is down as a home at now, and the home
 // incarnation this node heard of it last; a node never heard from is not.
-func (b *Broker) homeDown(node uint64, now time.Time) (uint64, bool) {
+// Down: neither its hello (forward_consume.go) nor any metadata raft
+// message (raft: when the metadata group last heard it; on the leader,
+// every heartbeat of a live node) came for homeDownMs. Hellos alone do
+// not say: the forward queue to a busy peer drops them when full.
+func (b *Broker) homeDown(node uint64, now, raft time.Time) (uint64, bool) {
 	o := &b.origins
 	o.mu.Lock()
 	defer o.mu.Unlock()
 	inc, at := o.inc[node], o.heardAt[node]
+	if raft.After(at) {
+		at = raft
+	}
 	if inc == 0 || now.Sub(at).Milliseconds() < b.homeDownMs() {
 		return 0, false
 	}

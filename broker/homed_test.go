@@ -429,3 +429,67 @@ func TestClusterHomeOldLife(t *testing.T) {
 		}
 	}
 }
+
+// TestClusterHomeLiveWithoutHellos: a node whose hellos are lost (the
+// forward queue to a busy peer drops them when full) is not declared
+// down while the metadata group hears it: its queue stays, long past
+// homeDownMs without a hello.
+func TestClusterHomeLiveWithoutHellos(t *testing.T) {
+	c := newTestClusterFwd(t, 3, 0, 200*time.Millisecond)
+	lead := c.leader()
+	var home *clusterNode
+	for _, nd := range c.nodes {
+		if nd != lead {
+			home = nd
+			break
+		}
+	}
+	if _, err := home.b.Load().DeclareQueueAs(&wire.QueueDeclare{Name: "hq"}, 0, ""); err != nil {
+		t.Fatal(err)
+	}
+	c.sees(lead, "queue hq ")
+	lb := lead.b.Load()
+	c.waitFor("the leader heard the home", func() bool { return lb.origins.known(home.id) != 0 })
+	lose := func(from, _ uint64, p []byte) bool {
+		return from == home.id && len(p) > 1 && p[0] == 'c' && p[1] == 'I'
+	}
+	c.lose.Store(&lose)
+	defer c.lose.Store(nil)
+	silent := func() time.Duration {
+		o := &lb.origins
+		o.mu.Lock()
+		defer o.mu.Unlock()
+		return time.Since(o.heardAt[home.id])
+	}
+	// Several of the leader's checks (every placeTicks: 200 ms here)
+	// after homeDownMs (600 ms) without a hello.
+	c.waitFor("no hello from the home for 3 homeDownMs", func() bool {
+		return silent() > 3*time.Duration(lb.homeDownMs())*time.Millisecond
+	})
+	if l := c.leader(); l != lead {
+		t.Skipf("the metadata leader moved (node %d to %d): the check ran on another", lead.id, l.id)
+	}
+	if !hasQueue(lead, "hq") {
+		t.Fatal("a live node's queue was dropped for lost hellos")
+	}
+}
+
+// TestHomeDownHeard: a node is down as a home only when neither its
+// hello nor a metadata raft message came for homeDownMs.
+func TestHomeDownHeard(t *testing.T) {
+	b := &Broker{cfg: Config{Durable: &DurableConfig{ForwardTimeout: time.Second}}}
+	b.heardOrigin(2, 7)
+	hello := b.origins.heardAt[2]
+	if _, down := b.homeDown(2, hello.Add(2*time.Second), time.Time{}); down {
+		t.Fatal("down 2 s after its hello")
+	}
+	if inc, down := b.homeDown(2, hello.Add(4*time.Second), time.Time{}); !down || inc != 7 {
+		t.Fatalf("4 s after its hello, raft silent: down %v, inc %d", down, inc)
+	}
+	if _, down := b.homeDown(2, hello.Add(4*time.Second), hello.Add(3500*time.Millisecond)); down {
+		t.Fatal("down 0.5 s after a raft message")
+	}
+	if _, down := b.homeDown(3, hello.Add(time.Hour), time.Time{}); down {
+		t.Fatal("a node never heard from is down")
+	}
+}

@@ -90,9 +90,10 @@ type MetaGroup struct {
 	inMu    sync.Mutex
 	inbox   []raftpb.Message
 	ticks   int
-	clock   uint64            // ticks the loop has stepped
-	heard   map[uint64]uint64 // loop: peer → clock when a message from it was last stepped
-	epoch   uint64            // this incarnation's tag on its entries (origin node, epoch)
+	clock   uint64               // ticks the loop has stepped
+	heard   map[uint64]uint64    // loop: peer → clock when a message from it was last stepped
+	heardAt map[uint64]time.Time // g.mu: peer → when a message from it was last stepped (HeardAt)
+	epoch   uint64               // this incarnation's tag on its entries (origin node, epoch)
 	applied uint64
 	status  raft.BasicStatus // g.mu
 	// This node's commands collected from pending and not yet resolved,
@@ -440,6 +441,16 @@ func (g *MetaGroup) Voters() int {
 	return len(g.view.conf.Voters)
 }
 
+// HeardAt is when the loop last stepped a raft message from node (a
+// heartbeat's answer, a vote, an append): the zero time if never since
+// this node started. On the leader, a live peer is heard every heartbeat
+// (a node's liveness, as broker's homes judge it).
+func (g *MetaGroup) HeardAt(node uint64) time.Time {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	return g.heardAt[node]
+}
+
 // Status is raft's view of the group as of the loop's last round.
 func (g *MetaGroup) Status() raft.BasicStatus {
 	g.mu.Lock()
@@ -466,6 +477,17 @@ func (g *MetaGroup) roundMulti() error {
 			st = raft.SnapshotFailure
 		}
 		g.rn.ReportSnapshot(r.to, st)
+	}
+	if len(msgs) > 0 {
+		now := time.Now()
+		g.mu.Lock()
+		if g.heardAt == nil {
+			g.heardAt = map[uint64]time.Time{}
+		}
+		for _, m := range msgs {
+			g.heardAt[m.From] = now
+		}
+		g.mu.Unlock()
 	}
 	for _, m := range msgs {
 		if g.heard == nil {
