@@ -117,8 +117,10 @@ func (s *shard) apply(c *Command) {
 	case CmdCreate:
 		s.createQueue(c.Queue)
 	case CmdDelete:
-		if q := c.Queue; q.remote && !q.gone && (c.IfUnused || c.IfEmpty) && s.b.cfg.Durable != nil {
-			s.fwdDelete(q, c.Sink, c.Req, c.IfUnused, c.IfEmpty) // its conditions are checked where it is
+		if q := c.Queue; q.remote && !q.gone && s.b.cfg.Durable != nil && s.b.cfg.Durable.Forward != nil {
+			// Done where it is: its conditions checked there, and the
+			// count of messages it held answered from there.
+			s.fwdDelete(q, c.Sink, c.Req, c.IfUnused, c.IfEmpty)
 			return
 		}
 		c.Sink.Answer(c.Req, s.deleteIf(c.Queue, c.IfUnused, c.IfEmpty, c.Reason))

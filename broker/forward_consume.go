@@ -204,10 +204,13 @@ func (w *fwdPurge) what() string {
 	return "purge"
 }
 
-// A forwarded delete's conditions ('W').
+// A forwarded delete's conditions ('W'), and delPlain, set on every one
+// (a home of an earlier version reads a delete with neither condition
+// alike).
 const (
 	delIfUnused = 1
 	delIfEmpty  = 2
+	delPlain    = 4
 )
 
 // forwardTimeoutMs is DurableConfig.ForwardTimeout or its default, in ms.
@@ -662,14 +665,14 @@ func (s *shard) tickForwarded() {
 		p := fc.purges[id]
 		switch {
 		case p.to != 0:
-			if s.now-p.at >= limit {
+			if s.now-p.at >= limit && !s.deleteHere(id) {
 				s.endPurge(id, Result{Code: wire.InternalError, Reason: "the queue's leader did not answer the forwarded " + p.what() + " in time: it may or may not have happened"})
 			}
 		case p.q.gone:
 			s.endPurge(id, Result{Code: wire.NotFound, Reason: "no queue " + p.q.name})
 		case s.knownLeader(p.q) != 0:
 			s.sendPurge(id, s.knownLeader(p.q))
-		case s.now-p.at >= limit:
+		case s.now-p.at >= limit && !s.deleteHere(id):
 			code, reason := s.noLeaderRefusal(p.q)
 			s.endPurge(id, Result{Code: code, Reason: reason})
 		}
@@ -749,11 +752,14 @@ func (s *shard) fwdPurge(q *Queue, k Sink, req uint64) {
 	s.fwdPurgeOrDelete(q, k, req, 0)
 }
 
-// fwdDelete forwards a delete of q with if-unused or if-empty to its
-// leader, which checks them (this node holds no copy of q): as a purge
-// is forwarded, answered the same way.
+// fwdDelete forwards a delete of q to its leader or home, which checks
+// if-unused and if-empty and answers the count of messages deleted (this
+// node holds no copy of q): as a purge is forwarded, answered the same
+// way. One without conditions that no leader answers (none known, or
+// none answering within ForwardTimeout: a dead home) is done here
+// instead, its count unknown (0).
 func (s *shard) fwdDelete(q *Queue, k Sink, req uint64, ifUnused, ifEmpty bool) {
-	var del byte
+	del := byte(delPlain)
 	if ifUnused {
 		del |= delIfUnused
 	}
@@ -763,8 +769,23 @@ func (s *shard) fwdDelete(q *Queue, k Sink, req uint64, ifUnused, ifEmpty bool) 
 	s.fwdPurgeOrDelete(q, k, req, del)
 }
 
+// deleteHere ends forwarded delete id that no leader answered: done
+// here when it has no conditions (true), else left to the caller.
+func (s *shard) deleteHere(id uint64) bool {
+	w := s.fc.purges[id]
+	if w.del != delPlain {
+		return false
+	}
+	s.endPurge(id, s.deleteIf(w.q, false, false, "queue deleted"))
+	return true
+}
+
 func (s *shard) fwdPurgeOrDelete(q *Queue, k Sink, req uint64, del byte) {
 	lead := s.knownLeader(q)
+	if lead == 0 && del == delPlain {
+		k.Answer(req, s.deleteIf(q, false, false, "queue deleted"))
+		return
+	}
 	if lead == 0 {
 		if code, reason, ok := s.mayWait(q); !ok {
 			k.Answer(req, Result{Code: code, Reason: reason})

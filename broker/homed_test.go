@@ -493,3 +493,52 @@ func TestHomeDownHeard(t *testing.T) {
 		t.Fatal("a node never heard from is down")
 	}
 }
+
+// TestClusterDeleteCount: a delete on a node without a copy of the
+// queue answers the count of messages the queue held, from its home (a
+// non-durable queue) or its leader (a durable one with one replica),
+// not 0.
+func TestClusterDeleteCount(t *testing.T) {
+	c := newTestCluster(t, 3)
+	c.leader()
+	n2 := c.nodes[1]
+	one := wire.Table{{Key: "replicas", Value: wire.Int(1)}}
+	if _, err := n2.b.Load().DeclareQueueAs(&wire.QueueDeclare{Name: "n1"}, 0, ""); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := n2.b.Load().DeclareQueueAs(&wire.QueueDeclare{Name: "d1", Durable: true, Args: one}, 0, ""); err != nil {
+		t.Fatal(err)
+	}
+	for _, nd := range c.nodes {
+		c.sees(nd, "queue n1 ", "queue d1 ")
+	}
+	lead := c.queueLeader("d1")
+	var origin *clusterNode // holds no copy of either
+	for _, nd := range c.nodes {
+		if nd != n2 && nd != lead {
+			origin = nd
+		}
+	}
+	p := &fwdPublisher{t: t, k: newDurSink()}
+	p.publish(n2, "n1", 3)
+	p.publish(lead, "d1", 2)
+	p.confirmed()
+	for name, want := range map[string]int64{"n1": 3, "d1": 2} {
+		b := origin.b.Load()
+		q := b.topo.lookupQueue(name)
+		if !q.remote {
+			t.Fatalf("node %d holds a copy of %s", origin.id, name)
+		}
+		if r := askShard(t, b, Command{Kind: CmdDelete, Queue: q, Req: 1}); r.Code != wire.OK || r.N != want {
+			t.Fatalf("delete %s on node %d: %+v, want %d messages", name, origin.id, r, want)
+		}
+	}
+	c.waitFor("both gone everywhere", func() bool {
+		for _, nd := range c.nodes {
+			if hasQueue(nd, "n1") || hasQueue(nd, "d1") {
+				return false
+			}
+		}
+		return true
+	})
+}
