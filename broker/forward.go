@@ -649,6 +649,13 @@ func (b *Broker) forwardedPublish(from uint64, p []byte) {
 			k.busy = true // held back as this node's own publishers are
 			refuse()
 			return
+		case q.grp == nil && s.b.cfg.QueueSoftLimit > 0 && q.m.Ready() > s.b.cfg.QueueSoftLimit:
+			// It lives here, over its backlog's soft limit: held back as
+			// this node's own publishers' confirms are (shard.enqueue),
+			// the origin sending it again later.
+			k.busy = true
+			refuse()
+			return
 		case q.grp == nil:
 			s.enqueueForwarded(q, items, batch, k) // it lives here (homed.go)
 			return
@@ -776,7 +783,7 @@ func (k *fwdSink) Confirm(batch *PublishBatch) {
 		p = make([]byte, 0, fwdResendLen)
 		p = append(p, 'R')
 	} else {
-		p = make([]byte, 0, fwdConfirmHeader+4*len(batch.Codes))
+		p = make([]byte, 0, fwdConfirmHeader+4*len(batch.Codes)+4) // and its try
 		p = append(p, 'C')
 	}
 	p = binary.LittleEndian.AppendUint64(p, k.origin.Enqueuer)

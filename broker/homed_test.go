@@ -542,3 +542,44 @@ func TestClusterDeleteCount(t *testing.T) {
 		return true
 	})
 }
+
+// TestClusterHomeBacklog: a publish forwarded to a home whose queue is
+// over its soft limit is answered busy and held at its origin (nothing
+// of it enqueued), as the home's own publishers' confirms are held; once
+// the queue drains it is enqueued and confirmed.
+func TestClusterHomeBacklog(t *testing.T) {
+	c := newTestClusterWith(t, 3, func(c *testCluster) { c.softLimit = 5 })
+	c.leader()
+	n1, n2 := c.nodes[0], c.nodes[1]
+	if _, err := n1.b.Load().DeclareQueueAs(&wire.QueueDeclare{Name: "bq"}, 0, ""); err != nil {
+		t.Fatal(err)
+	}
+	for _, nd := range c.nodes {
+		c.sees(nd, "queue bq ")
+	}
+	p := &fwdPublisher{t: t, k: newDurSink()}
+	p.publish(n2, "bq", 10)
+	p.confirmed()
+	ready := func() int64 { info, _ := n1.b.Load().Queue("bq"); return info.Ready }
+	b2 := n2.b.Load()
+	busy := b2.fwdBusy.Load()
+	k := newDurSink()
+	held := publish(b2, b2.topo.lookupQueue("bq"), k, true, "x", "y")
+	c.waitFor("a busy answer from the home", func() bool { return b2.fwdBusy.Load() > busy })
+	k.mu.Lock()
+	early := k.confirmed(held)
+	k.mu.Unlock()
+	if early || ready() != 10 {
+		t.Fatalf("over the soft limit: confirmed %v, %d ready at the home, want held and 10", early, ready())
+	}
+	if r := askShard(t, n1.b.Load(), Command{Kind: CmdPurge, Queue: n1.b.Load().topo.lookupQueue("bq"), Req: 1}); r.N != 10 {
+		t.Fatalf("purge: %+v", r)
+	}
+	k.waitFor(t, "the held publish confirmed once the queue drained", func() bool { return k.confirmed(held) })
+	for i, code := range held.Codes {
+		if code != 0 {
+			t.Fatalf("message %d nacked (%d)", i, code)
+		}
+	}
+	c.waitFor("its 2 messages at the home", func() bool { return ready() == 2 })
+}
