@@ -13,7 +13,8 @@ import (
 // counts (ready, unacked, consumers), so a passive declare on any node
 // answers the queue's message and consumer counts. The barrier is
 // answered when the counts come, or after statusWaitMs with the counts
-// last fetched (no leader known, or none answering: at once, or then).
+// last fetched (no leader known, or none answering: at once, or then;
+// at once too past maxStatusWaits barriers waiting on the shard).
 //
 //	origin → leader  'T' id u64 | queue u64
 //	leader → origin  't' id u64 | ok u8 | ready u64 | unacked u64 | consumers u64
@@ -22,6 +23,10 @@ import (
 
 // statusWaitMs bounds how long a barrier waits for a queue's counts.
 const statusWaitMs = 1000
+
+// maxStatusWaits bounds the barriers of a shard waiting for counts; past
+// it a barrier is answered at once with the counts last fetched.
+const maxStatusWaits = 1024
 
 // fwdStatus is a barrier waiting for its queue's counts.
 type fwdStatus struct {
@@ -35,7 +40,7 @@ type fwdStatus struct {
 // is answered; it reports whether it holds c until then.
 func (s *shard) fwdStatusAsk(c *Command) bool {
 	q := c.Queue
-	if q == nil || !q.remote || q.gone || s.b.cfg.Durable == nil {
+	if q == nil || !q.remote || q.gone || s.b.cfg.Durable == nil || len(s.fc.status) >= maxStatusWaits {
 		return false
 	}
 	lead := s.knownLeader(q)

@@ -583,3 +583,32 @@ func TestClusterHomeBacklog(t *testing.T) {
 	}
 	c.waitFor("its 2 messages at the home", func() bool { return ready() == 2 })
 }
+
+// TestClusterStatusWaitsCapped: barriers on a queue this node holds no
+// copy of wait for its home's counts, at most maxStatusWaits of them per
+// shard; the ones past it are answered at once with the counts last
+// fetched (here the home's answers are lost, so the waiting ones stay).
+func TestClusterStatusWaitsCapped(t *testing.T) {
+	c := newTestCluster(t, 3)
+	c.leader()
+	n1, n2 := c.nodes[0], c.nodes[1]
+	if _, err := n1.b.Load().DeclareQueueAs(&wire.QueueDeclare{Name: "sq"}, 0, ""); err != nil {
+		t.Fatal(err)
+	}
+	c.sees(n2, "queue sq ")
+	lose := func(_, _ uint64, p []byte) bool { return len(p) > 1 && p[0] == 'c' && p[1] == 't' }
+	c.lose.Store(&lose)
+	defer c.lose.Store(nil)
+	b2 := n2.b.Load()
+	q := b2.topo.lookupQueue("sq")
+	k := newDurSink()
+	for i := range maxStatusWaits + 10 {
+		b2.Submit(Command{Kind: CmdBarrier, Queue: q, Sink: k, Req: uint64(i)})
+	}
+	waiting := make(chan int, 1)
+	q.shard.submit(Command{Kind: cmdPost, post: func() { waiting <- len(q.shard.fc.status) }})
+	if n := <-waiting; n != maxStatusWaits {
+		t.Fatalf("%d barriers wait for counts, want %d", n, maxStatusWaits)
+	}
+	k.waitFor(t, "the barriers past the cap answered", func() bool { return len(k.answers) >= 10 })
+}
