@@ -428,6 +428,28 @@ func TestClusterHomeOldLife(t *testing.T) {
 			t.Fatalf("message %d confirmed into a queue of node 1's other life", i)
 		}
 	}
+
+	// One of node 1's earlier life, declared again by node 1 (before or
+	// after its drop applies): a new queue, served at node 1 and known
+	// as that one everywhere.
+	cmd = MetaCommand{Op: MetaDeclareQueue, Queue: wire.QueueDeclare{Name: "prev"}, Home: 1, HomeInc: n1.b.Load().homeInc() - 2}
+	if r := b2.topo.clusterChange(cl, &cmd); r.Code != wire.OK {
+		t.Fatalf("declare: %+v", r)
+	}
+	q, err := n1.b.Load().DeclareQueueAs(&wire.QueueDeclare{Name: "prev"}, 0, "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	barrier(t, q.shard)
+	if q.m == nil {
+		t.Fatal("node 1 does not serve the queue it declared again")
+	}
+	for _, nd := range c.nodes {
+		c.waitFor("the new prev everywhere", func() bool {
+			mq := metaQueueAt(nd, "prev")
+			return mq.ID == uint64(q.id) && mq.HomeInc == n1.b.Load().homeInc()
+		})
+	}
 }
 
 // TestClusterHomeLiveWithoutHellos: a node whose hellos are lost (the
