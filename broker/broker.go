@@ -77,6 +77,7 @@ type Broker struct {
 	// messages of forwarded parts it did not enqueue again (applied
 	// before), and parts it sent that a leader under its alarm refused.
 	fwdResent, fwdDuplicates, fwdBusy atomic.Uint64
+	fwdNackLog                        ratelog.Limiter          // "forwarded publishes nacked" lines
 	removedNodes                      atomic.Pointer[[]uint64] // removed from the cluster (nodesRemoved)
 	dlInflight                        atomic.Int64             // held dead letters sent and not yet settled (deadletter.go)
 	writeFailed                       atomic.Bool              // a durable queue's log write failed (logFailed)
@@ -109,6 +110,7 @@ func New(cfg Config) *Broker {
 	if cfg.Durable != nil {
 		b.pool = replication.NewPool(poolSize)
 	}
+	b.fwdNackLog.Every = 10 * time.Second
 	for i := range b.dlDropLog {
 		b.dlDropLog[i].Every = 10 * time.Second
 	}

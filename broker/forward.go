@@ -6,6 +6,7 @@ import (
 	"errors"
 	"math"
 	"slices"
+	"strconv"
 	"time"
 
 	"github.com/warren-mq/warren/queue"
@@ -417,6 +418,9 @@ func (s *shard) checkForwards() {
 			// No leader answered for that long: nacked, every part (the
 			// later ones could only apply after it), and the stream starts
 			// over.
+			if ok, n := s.b.fwdNackLog.Allow(time.Now()); ok {
+				s.b.log.Warn(forwardNackReason(q, st.parts[0].to, limit), "suppressed_since_last", n)
+			}
 			for len(st.parts) > 0 {
 				s.partAnswered(st, len(st.parts)-1, nil)
 			}
@@ -668,6 +672,22 @@ func (b *Broker) forwardedPublish(from uint64, p []byte) {
 			batch.PartDone()
 		}
 	}})
+}
+
+// forwardNackReason says why publishes forwarded for q to node to were
+// nacked (the client's nack carries only internal_nack): no answer within
+// limit, naming the node and what it is to q.
+func forwardNackReason(q *Queue, to uint64, limit time.Duration) string {
+	what := "its leader"
+	if q.home != 0 {
+		what = "its home (a non-durable or exclusive queue lives on one node)"
+	}
+	node := "no node"
+	if to != 0 {
+		node = "node " + strconv.FormatUint(to, 10)
+	}
+	return "publishes forwarded to queue " + strconv.Quote(LocalName(q.name)) + " nacked (internal_nack): " + what + ", " + node +
+		", did not answer within " + limit.String() + " (down or unreachable?)"
 }
 
 // redirectTo is where this node, which holds no copy of q, sends the

@@ -634,3 +634,18 @@ func TestClusterStatusWaitsCapped(t *testing.T) {
 	}
 	k.waitFor(t, "the barriers past the cap answered", func() bool { return len(k.answers) >= 10 })
 }
+
+// TestForwardNackReason: the broker's log line for forwarded publishes
+// nacked for no answer names the queue and the node, its home or leader
+// (a CONFIRM nack carries only its code).
+func TestForwardNackReason(t *testing.T) {
+	got := forwardNackReason(&Queue{name: "n1", home: 2}, 2, 10*time.Second)
+	for _, want := range []string{`queue "n1"`, "its home", "node 2", "10s"} {
+		if !strings.Contains(got, want) {
+			t.Fatalf("%q lacks %q", got, want)
+		}
+	}
+	if got := forwardNackReason(&Queue{name: "d1"}, 3, time.Second); !strings.Contains(got, "its leader, node 3") {
+		t.Fatalf("a replicated queue's: %q", got)
+	}
+}

@@ -288,7 +288,7 @@ func nackReason(code wire.Code) string {
 	case wire.QueueFull:
 		return "a queue that takes this message is full (overflow reject-publish): retry once it has drained"
 	case wire.InternalNack:
-		return "the broker could not take the message: retry it"
+		return "the broker could not take the message: retry it (in a cluster, the node holding the queue may be down or unreachable: the broker's log names it)"
 	}
 	return "nacked by the broker"
 }
