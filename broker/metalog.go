@@ -133,10 +133,27 @@ func OpenNodeLog(dir string, logger *slog.Logger) (*segment.Log, *replication.Sn
 func openNodeLog(fs segment.FS, path string, logger *slog.Logger) (*segment.Log, *replication.SnapStore, error) {
 	l, err := segment.Open(fs, path, segment.Options{Logger: logger, Quarantine: true})
 	if err != nil {
+		if errors.Is(err, segment.ErrUnattributable) {
+			return nil, nil, fmt.Errorf("opening the log in %s: %w%s", path, err, damagedQueueNames(fs, path, "", nil))
+		}
 		return nil, nil, fmt.Errorf("opening the log in %s: %w", path, err)
 	}
-	if err := metadataDamage(l.Damaged()); err != nil {
+	damaged := l.Damaged()
+	if err := metadataDamage(damaged); err != nil {
 		_ = l.Close()
+		var groups []uint64
+		wal := "" // the first damaged WAL file
+		for _, d := range damaged {
+			if d.Group >= QueueGroupBase {
+				groups = append(groups, d.Group)
+			}
+			if strings.HasPrefix(d.File, "wal-") && (wal == "" || d.File < wal) {
+				wal = d.File
+			}
+		}
+		if len(groups) > 0 {
+			return nil, nil, fmt.Errorf("opening the log in %s: %w%s", path, err, damagedQueueNames(fs, path, wal, groups))
+		}
 		return nil, nil, fmt.Errorf("opening the log in %s: %w", path, err)
 	}
 	store, err := replication.OpenSnapStore(l)

@@ -1,0 +1,302 @@
+package broker
+
+import (
+	"errors"
+	"fmt"
+	"log/slog"
+	"path/filepath"
+	"slices"
+	"strings"
+	"sync"
+
+	"github.com/warren-mq/warren/replication"
+	"github.com/warren-mq/warren/segment"
+)
+
+// Naming the queues a refused start leaves without data (issue 14): damage
+// in a WAL file quarantines every group alive while it was written, the
+// metadata group included, or cannot be bounded at all; the node does not
+// start, and the operator needs to know which queues to rebuild or check
+// elsewhere. The names come from the metadata that can still be read: the
+// log opened a second time with Options.Repair (cut at the damage) over a
+// copy-on-write view of its files, so nothing is written to the damaged
+// log, and the result is used for names only, never served.
+
+// maxDamageNames caps the queues an error names.
+const maxDamageNames = 20
+
+// damagedQueueNames says which durable queues the damage may reach: the
+// queues of the quarantined groups (groups; every durable queue the
+// readable metadata holds when groups is nil: damage that cannot be
+// attributed). The text starts with "; ". wal, if not "", is the
+// damaged WAL file: the WAL files after it are left out of the reading
+// (they carry the quarantine marks of this and earlier opens, which a
+// Repair open refuses; records after the damage name nothing reliably).
+func damagedQueueNames(fs segment.FS, path, wal string, groups []uint64) string {
+	byGroup, err := readableQueues(fs, path, wal)
+	if err != nil {
+		return fmt.Sprintf("; the queues it reaches cannot be named (reading the metadata that is left: %v)", err)
+	}
+	var names []string
+	unnamed := 0
+	if groups == nil {
+		for _, n := range byGroup {
+			names = append(names, n)
+		}
+	} else {
+		for _, g := range groups {
+			if n, ok := byGroup[g]; ok {
+				names = append(names, n)
+			} else {
+				unnamed++
+			}
+		}
+	}
+	slices.Sort(names)
+	var b strings.Builder
+	if groups == nil {
+		b.WriteString("; it cannot be attributed to queues: every durable queue of this node may be affected")
+	} else {
+		b.WriteString("; durable queues whose data may be affected")
+	}
+	if len(names) > 0 {
+		b.WriteString(" (vhost/queue, from the metadata before the damage): ")
+		b.WriteString(strings.Join(names[:min(len(names), maxDamageNames)], ", "))
+		if len(names) > maxDamageNames {
+			fmt.Fprintf(&b, " and %d more", len(names)-maxDamageNames)
+		}
+	} else if groups == nil {
+		b.WriteString(" (the metadata before the damage names none)")
+	}
+	if unnamed > 0 {
+		if len(names) == 0 {
+			b.WriteString(":")
+		} else {
+			b.WriteString(",")
+		}
+		fmt.Fprintf(&b, " %d queue group(s) the metadata before the damage does not name (declared after it)", unnamed)
+	}
+	return b.String()
+}
+
+// readableQueues reads the durable queues' names, by group id, from the
+// metadata of the log in path that survives a cut at its damage, the WAL
+// files after wal (if not "") left out. Nothing is written to fs.
+func readableQueues(fs segment.FS, path, wal string) (map[uint64]string, error) {
+	quiet := slog.New(slog.DiscardHandler)
+	view := newCOWFS(fs)
+	if wal != "" {
+		names, err := fs.List(path)
+		if err != nil {
+			return nil, err
+		}
+		for _, n := range names {
+			if strings.HasPrefix(n, "wal-") && n > wal {
+				view.gone[filepath.Join(path, n)] = true
+			}
+		}
+	}
+	l, err := segment.Open(view, path, segment.Options{Repair: true, Manual: true, Logger: quiet})
+	if err != nil {
+		return nil, err
+	}
+	defer func() { _ = l.Close() }()
+	store, err := replication.OpenSnapStore(l)
+	if err != nil {
+		return nil, err
+	}
+	rec := NewMetaWithLimits(1, noMetaLimits)
+	var mu sync.Mutex
+	// Not started: it only recovers (snapshot, then the entries after it).
+	if _, err := replication.OpenMeta(replication.MetaConfig{
+		Log: l, Snapshots: store, Machine: &MetaMachine{Meta: rec}, Lock: &mu,
+		Snapshot: func() []byte { return rec.Snapshot() }, Logger: quiet,
+	}); err != nil {
+		return nil, err
+	}
+	out := map[uint64]string{}
+	for _, q := range rec.Queues() {
+		if q.Decl.Durable && q.Exclusive == 0 {
+			out[QueueGroupBase+q.ID] = VhostOf(q.Name) + "/" + LocalName(q.Name)
+		}
+	}
+	return out, nil
+}
+
+// cowFS is a copy-on-write view of base: reads go to base's files until
+// one is written, truncated or created; from then on that file lives in
+// memory. Removes only hide base's files. base is never written.
+type cowFS struct {
+	base segment.FS
+	mem  *segment.MemFS
+	mu   sync.Mutex
+	own  map[string]bool // in mem
+	gone map[string]bool // base's, removed in the view
+}
+
+func newCOWFS(base segment.FS) *cowFS {
+	return &cowFS{base: base, mem: segment.NewMemFS(), own: map[string]bool{}, gone: map[string]bool{}}
+}
+
+func (c *cowFS) inBase(name string) bool {
+	names, err := c.base.List(filepath.Dir(name))
+	return err == nil && slices.Contains(names, filepath.Base(name))
+}
+
+func (c *cowFS) Open(name string) (segment.File, error) {
+	name = filepath.Clean(name)
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if !c.own[name] && !c.gone[name] && c.inBase(name) {
+		f, err := c.base.Open(name)
+		if err != nil {
+			return nil, err
+		}
+		return &cowFile{fs: c, name: name, base: f}, nil
+	}
+	c.own[name] = true
+	return c.mem.Open(name)
+}
+
+func (c *cowFS) Remove(name string) error {
+	name = filepath.Clean(name)
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.own[name] {
+		delete(c.own, name)
+		c.gone[name] = true
+		return c.mem.Remove(name)
+	}
+	if c.gone[name] || !c.inBase(name) {
+		return errors.New("cowfs: " + name + ": no such file")
+	}
+	c.gone[name] = true
+	return nil
+}
+
+func (c *cowFS) List(dir string) ([]string, error) {
+	dir = filepath.Clean(dir)
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	base, err := c.base.List(dir)
+	if err != nil {
+		base = nil
+	}
+	var out []string
+	for _, n := range base {
+		if p := filepath.Join(dir, n); !c.gone[p] && !c.own[p] {
+			out = append(out, n)
+		}
+	}
+	mem, _ := c.mem.List(dir)
+	out = append(out, mem...)
+	slices.Sort(out)
+	return out, nil
+}
+
+func (c *cowFS) MkdirAll(string) error { return nil }
+func (c *cowFS) SyncDir(string) error  { return nil }
+
+// cowFile reads base until the first change, which copies it into the
+// view's memory.
+type cowFile struct {
+	fs   *cowFS
+	name string
+	mu   sync.Mutex
+	base segment.File
+	mem  segment.File // nil until changed
+}
+
+// copied returns the in-memory copy, making it on first use.
+func (f *cowFile) copied() (segment.File, error) {
+	if f.mem != nil {
+		return f.mem, nil
+	}
+	size, err := f.base.Size()
+	if err != nil {
+		return nil, err
+	}
+	buf := make([]byte, size)
+	if n, err := f.base.ReadAt(buf, 0); err != nil && int64(n) != size {
+		return nil, err
+	}
+	f.fs.mu.Lock()
+	m, err := f.fs.mem.Open(f.name)
+	f.fs.own[f.name] = true
+	f.fs.mu.Unlock()
+	if err != nil {
+		return nil, err
+	}
+	if _, err := m.WriteAt(buf, 0); err != nil {
+		return nil, err
+	}
+	f.mem = m
+	return m, nil
+}
+
+func (f *cowFile) cur() segment.File {
+	if f.mem != nil {
+		return f.mem
+	}
+	return f.base
+}
+
+func (f *cowFile) ReadAt(p []byte, off int64) (int, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.cur().ReadAt(p, off)
+}
+
+func (f *cowFile) WriteAt(p []byte, off int64) (int, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	m, err := f.copied()
+	if err != nil {
+		return 0, err
+	}
+	return m.WriteAt(p, off)
+}
+
+func (f *cowFile) Truncate(size int64) error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	m, err := f.copied()
+	if err != nil {
+		return err
+	}
+	return m.Truncate(size)
+}
+
+func (f *cowFile) Sync() error { return nil }
+
+func (f *cowFile) Size() (int64, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.cur().Size()
+}
+
+func (f *cowFile) Close() error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	err := f.base.Close()
+	if f.mem != nil {
+		_ = f.mem.Close()
+	}
+	return err
+}
+
+// fileMapper is segment's optional read-only mapping of a file.
+type fileMapper interface {
+	Map(size int64) (data []byte, unmap func() error, err error)
+}
+
+// Map maps the file as it is now in the view (segment reads through it).
+func (f *cowFile) Map(size int64) ([]byte, func() error, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	m, ok := f.cur().(fileMapper)
+	if !ok {
+		return nil, nil, errors.New("cowfs: " + f.name + ": cannot be mapped")
+	}
+	return m.Map(size)
+}
