@@ -78,6 +78,7 @@ type Result struct {
 // Run runs every class and writes a table and the final line. Its error
 // is non-nil when anything was lost or invented (or a class failed).
 func Run(ctx context.Context, cfg Config) ([]Result, error) {
+	var lostOrInvented bool // the verdict: a temporary directory is then kept
 	if cfg.Nodes <= 0 {
 		cfg.Nodes = 1
 	}
@@ -117,7 +118,15 @@ func Run(ctx context.Context, cfg Config) ([]Result, error) {
 		if err != nil {
 			return nil, err
 		}
-		defer os.RemoveAll(d)
+		// A run that lost or invented messages keeps its data and the
+		// nodes' logs for the post-mortem (said at the end).
+		defer func() {
+			if lostOrInvented {
+				fmt.Fprintf(cfg.Out, "warren-jepsen: kept %s (the nodes' data and logs) for a look at what was lost or invented\n", d)
+			} else {
+				os.RemoveAll(d)
+			}
+		}()
 		cfg.Dir = d
 	}
 	fmt.Fprintf(cfg.Out, "warren-jepsen: %d node(s), classes %s, %v each, %d producers × %d msg/s, %d consumers, %d queues, %d B, log files %d B, seed %d, dir %s\n",
@@ -141,6 +150,7 @@ func Run(ctx context.Context, cfg Config) ([]Result, error) {
 	fmt.Fprintln(cfg.Out)
 	printTable(cfg.Out, results)
 	fmt.Fprintf(cfg.Out, "lost=%d duplicated=%d invented=%d\n", lost, dup, inv)
+	lostOrInvented = lost != 0 || inv != 0
 	switch {
 	case lost != 0 || inv != 0:
 		return results, fmt.Errorf("jepsen: lost=%d invented=%d", lost, inv)
