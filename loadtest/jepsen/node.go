@@ -26,7 +26,12 @@ type node struct {
 	dir    string // data directory
 	listen string // native protocol
 	http   string
-	args   []string // cluster flags
+	// private, if set, is the native and HTTP addresses the next start
+	// listens on instead, which no client knows (the harness's look at a
+	// damaged single node: clients read listen, through url, at any
+	// time, so it never changes)
+	private [2]string
+	args    []string // cluster flags
 	// clusterAddr: the cluster port it listens on (a cluster's node;
 	// peers reach it through proxies, a node rebuilt directly)
 	clusterAddr string
@@ -66,7 +71,11 @@ func (n *node) start(ctx context.Context, timeout time.Duration) error {
 		return err
 	}
 	fmt.Fprintf(lf, "--- start %s\n", time.Now().Format(time.RFC3339Nano))
-	args := append([]string{"--listen", n.listen, "--http", n.http, "--data", n.dir, "--log-level", "warn",
+	listen, hp := n.listen, n.http
+	if n.private[0] != "" {
+		listen, hp = n.private[0], n.private[1]
+	}
+	args := append([]string{"--listen", listen, "--http", hp, "--data", n.dir, "--log-level", "warn",
 		"--disk-free-limit", "-1"}, n.args...)
 	cmd := exec.Command(n.bin, args...)
 	cmd.Env = append(os.Environ(), n.env...)
@@ -101,7 +110,7 @@ func (n *node) start(ctx context.Context, timeout time.Duration) error {
 			return &startError{node: n.id, err: n.exitErr, log: n.logTail(4096)}
 		default:
 		}
-		if resp, err := cl.Get("http://" + n.http + "/readyz"); err == nil {
+		if resp, err := cl.Get("http://" + hp + "/readyz"); err == nil {
 			resp.Body.Close()
 			if resp.StatusCode == 200 {
 				return nil
