@@ -417,6 +417,10 @@ func (ch *Channel) publish(ctx context.Context, exchange string, m *Message, wai
 		c.sealLocked()
 	}
 	if c.open == nil {
+		// Settlements queued before this publish go before it, as before
+		// any other frame (sendFrame): an ack then a publish reach the
+		// broker in that order.
+		c.flushSettlesLocked()
 		ch.batchAt = len(c.wbuf)
 		c.wbuf, ch.mark = wire.BeginPublish(c.wbuf, ch.id, ch.nextSeq, []byte(exchange))
 		ch.batchN, ch.batchEx = 0, exchange
