@@ -16,18 +16,6 @@ import (
 	amqp091 "github.com/rabbitmq/amqp091-go"
 )
 
-// freeAddr is a loopback address nothing listens on (just now).
-func freeAddr(t *testing.T) string {
-	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	a := ln.Addr().String()
-	ln.Close()
-	return a
-}
-
 // The AMQP listener gets the same connection bounds as the native one:
 // handshake_timeout_ms and max_connections_per_source from the config.
 func TestAMQPConnectionBoundsFromConfig(t *testing.T) {

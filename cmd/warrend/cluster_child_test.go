@@ -6,7 +6,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"net"
 	"net/http"
 	"os"
 	"os/exec"
@@ -25,21 +24,6 @@ import (
 type clusterChild struct {
 	cmd        *exec.Cmd
 	addr, http string
-}
-
-// freePorts reserves n loopback ports for the peers (listens, closes:
-// a port another process takes meanwhile fails the start plainly).
-func freePorts(t *testing.T, n int) []string {
-	var out []string
-	for range n {
-		l, err := net.Listen("tcp", "127.0.0.1:0")
-		if err != nil {
-			t.Fatal(err)
-		}
-		out = append(out, l.Addr().String())
-		l.Close()
-	}
-	return out
 }
 
 // startClusterChildren starts warrend node 1..3 at once (each waits for
