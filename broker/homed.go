@@ -47,9 +47,17 @@ import (
 type homeKey struct{ node, inc uint64 }
 
 // dropHome is MetaDropHome: every queue whose home is c.Home, of an
-// incarnation before c.HomeInc (0: of any; HomeUpTo: up to it), is
-// removed with its bindings. Never a later one: a drop committed after
-// the node restarted again leaves that life's queues.
+// incarnation up to c.HomeInc with HomeUpTo (what this build proposes),
+// or of any with HomeInc 0, is removed with its bindings. So a restarted
+// node's drop committed after it restarted again leaves that later life's
+// queues.
+//
+// The legacy form, HomeInc without HomeUpTo (a restarted node's own drop,
+// written by b09a9d2..4334fcd, and by no build since), removes every
+// incarnation's queues but HomeInc's, later ones too: what it did when
+// written, and so what the snapshots those builds took and every node
+// that applied it live hold. Reading it otherwise would make a replay of
+// their logs differ from their snapshots and from the other nodes.
 func (m *Meta) dropHome(c *MetaCommand) (MetaResult, []MetaEffect) {
 	if c.Home == 0 {
 		return refuse(wire.InvalidArgument, "a home node to drop needs its id"), nil
@@ -57,7 +65,7 @@ func (m *Meta) dropHome(c *MetaCommand) (MetaResult, []MetaEffect) {
 	var effs []MetaEffect
 	for _, q := range m.Queues() {
 		mq := m.queues[q.Name]
-		if mq.home != c.Home || (c.HomeUpTo && mq.homeInc > c.HomeInc) || (!c.HomeUpTo && c.HomeInc != 0 && mq.homeInc >= c.HomeInc) {
+		if mq.home != c.Home || (c.HomeUpTo && mq.homeInc > c.HomeInc) || (!c.HomeUpTo && c.HomeInc != 0 && mq.homeInc == c.HomeInc) {
 			continue
 		}
 		effs = append(effs, m.removeQueue(mq))

@@ -2,6 +2,7 @@ package broker
 
 import (
 	"bytes"
+	"fmt"
 	"maps"
 	"reflect"
 	"slices"
@@ -317,8 +318,7 @@ func TestMetaHomes(t *testing.T) {
 
 // TestMetaHomeLives: a restarted node's drop of its earlier lives'
 // queues, committed after it restarted once more, leaves the queues of
-// that later life; a drop in the form written before (every incarnation
-// but HomeInc) drops only earlier ones too. A declare by a node's new life
+// that later life. A declare by a node's new life
 // of a queue its earlier life still holds replaces it (a new id, bindings
 // gone, an exclusive owner of that life no obstacle: connection ids
 // restart with the node).
@@ -343,10 +343,6 @@ func TestMetaHomeLives(t *testing.T) {
 	if m.HasQueue("life1") || !m.HasQueue("life3") {
 		t.Fatalf("after life 2's late drop: life1 %v, life3 %v", m.HasQueue("life1"), m.HasQueue("life3"))
 	}
-	m.Apply(&MetaCommand{Op: MetaDropHome, Home: 1, HomeInc: 21}) // the earlier form
-	if !m.HasQueue("life3") {
-		t.Fatal("an earlier-form drop of life 2 removed life 3's queue")
-	}
 
 	old := decl("x", 31, 1<<32|1)
 	metaDo(t, m, bindCmd("amq.direct", "x", "k"), wire.OK, "")
@@ -362,6 +358,37 @@ func TestMetaHomeLives(t *testing.T) {
 	}
 	if _, effs := m.Apply(&MetaCommand{Op: MetaDeclareQueue, Conn: 1<<32 | 2, Queue: wire.QueueDeclare{Name: "x", Exclusive: true}, Home: 1, HomeInc: 41}); len(effs) != 0 {
 		t.Fatalf("another connection of the same life: %+v", effs)
+	}
+}
+
+// TestMetaDropHomeLegacyReplay: a MetaDropHome in the form builds
+// b09a9d2..4334fcd wrote (HomeInc without HomeUpTo, and with no flag byte
+// before cb6f99a) replays as it applied when written: every incarnation
+// of the home but HomeInc goes, a later one too (the snapshot those
+// builds took, and every node that applied it live, has it so).
+func TestMetaDropHomeLegacyReplay(t *testing.T) {
+	for _, flagByte := range []bool{false, true} {
+		mm := &MetaMachine{Meta: clusterMeta(1, 2, 3)}
+		apply := func(c MetaCommand, cut bool) {
+			t.Helper()
+			b := AppendMetaCommand(nil, &c)
+			if cut {
+				b = b[:len(b)-1] // b09a9d2..cb6f99a: no HomeUpTo byte
+			}
+			if _, err := mm.Apply(1, b); err != nil {
+				t.Fatal(err)
+			}
+		}
+		for i, inc := range []uint64{11, 21, 31} {
+			apply(MetaCommand{Op: MetaDeclareQueue, Queue: wire.QueueDeclare{Name: fmt.Sprintf("life%d", i+1)}, Home: 1, HomeInc: inc}, false)
+		}
+		apply(MetaCommand{Op: MetaDeclareQueue, Queue: wire.QueueDeclare{Name: "other"}, Home: 2, HomeInc: 21}, false)
+		apply(MetaCommand{Op: MetaDropHome, Home: 1, HomeInc: 21}, !flagByte) // life 2's drop, written by an old build
+		m := mm.Meta
+		if m.HasQueue("life1") || !m.HasQueue("life2") || m.HasQueue("life3") || !m.HasQueue("other") {
+			t.Fatalf("flag byte %v: after the legacy drop: life1 %v life2 %v life3 %v other %v, want false true false true",
+				flagByte, m.HasQueue("life1"), m.HasQueue("life2"), m.HasQueue("life3"), m.HasQueue("other"))
+		}
 	}
 }
 

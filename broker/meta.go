@@ -203,11 +203,13 @@ const (
 	MetaRebuildReplica MetaOp = 15
 	MetaRebuildDone    MetaOp = 16
 	// MetaDropHome: the queues whose home is node Home are gone with it
-	// (homed.go): those of every incarnation before HomeInc (0: every one:
-	// the node was removed), or with HomeUpTo those of incarnations up to
-	// HomeInc (the node is down; the node's own drop as it restarts). The node proposes it as it restarts,
-	// the metadata leader for a node removed from the cluster or silent
-	// for homeDownMs.
+	// (homed.go): with HomeUpTo those of incarnations up to HomeInc (the
+	// node is down; the node's own drop as it restarts), without it and
+	// HomeInc 0 those of every one (the node was removed). The node
+	// proposes it as it restarts, the metadata leader for a node removed
+	// from the cluster or silent for homeDownMs. The legacy form, HomeInc
+	// without HomeUpTo (b09a9d2..4334fcd), drops every incarnation's but
+	// HomeInc's, as it did when written (dropHome).
 	MetaDropHome MetaOp = 17
 )
 
@@ -247,8 +249,8 @@ type MetaCommand struct {
 	Replicas []uint64
 	// Home and HomeInc: MetaDeclareQueue's declaring node and its
 	// incarnation, in a cluster (0 on one node); MetaDropHome's node and
-	// the incarnation whose queues stay (HomeUpTo: the last incarnation
-	// whose queues go).
+	// (HomeUpTo) the last incarnation whose queues go (legacy, without
+	// HomeUpTo: the one incarnation whose queues stay).
 	Home, HomeInc uint64
 	HomeUpTo      bool
 }
