@@ -78,8 +78,9 @@ import (
 // from qseq from: send again". try counts a part's sends, so that the
 // answers to sends made before the last resend are told apart and
 // ignored. Busy: the leader holds its own publishers back (its memory or
-// disk alarm, Config.PublishBlocked) and took nothing of the part; the
-// origin holds it and sends it again after the resend interval, until
+// disk alarm, Config.PublishBlocked) and took nothing of the part (a
+// part whose messages the queue holds already is confirmed all the same:
+// it takes nothing); the origin holds it and sends it again after the resend interval, until
 // the alarm clears or ForwardTimeout passes (then nacked, as above). A
 // stream with nothing unconfirmed that has been idle for a
 // minute ends: 'D' tells the leader, which logs an enqueuer-down, so the
@@ -648,6 +649,13 @@ func (b *Broker) forwardedPublish(from uint64, p []byte) {
 		case !q.leads():
 			k.redirect = true // to the leader it names
 			refuse()
+			return
+		case q.forwardedBefore(k.origin, len(items)):
+			// A resend of a part the queue holds (its answer lost):
+			// confirmed now, before any check that holds new
+			// publishes back (busy), which would have its origin send
+			// it again until its forward timeout and nack it.
+			s.forwardedDuplicate(q, items, batch)
 			return
 		case b.cfg.PublishBlocked != nil && b.cfg.PublishBlocked():
 			k.busy = true // held back as this node's own publishers are

@@ -7,6 +7,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -555,5 +556,102 @@ func TestForwardAnswersOfEarlierTries(t *testing.T) {
 	defer mu.Unlock()
 	if len(sent) != 3 {
 		t.Fatalf("%d sends, want 3 (no resend of the forgotten stream)", len(sent))
+	}
+}
+
+// fwdPublishFrom is a forwarded publish ('P') of bodies to queue qid from
+// enqueuer enq (of incarnation inc), its first message at qseq, as an
+// origin node's shard writes it (shard.forward).
+func fwdPublishFrom(enq, inc, qid, qseq uint64, try uint32, bodies ...string) []byte {
+	p := []byte{'P'}
+	p = binary.LittleEndian.AppendUint64(p, enq)
+	p = binary.LittleEndian.AppendUint64(p, inc)
+	p = binary.LittleEndian.AppendUint64(p, qid)
+	p = binary.LittleEndian.AppendUint64(p, qseq)
+	p = binary.LittleEndian.AppendUint32(p, try)
+	p = binary.LittleEndian.AppendUint32(p, uint32(len(bodies)))
+	ar := &Arena{}
+	for _, body := range bodies {
+		p = binary.LittleEndian.AppendUint32(p, uint32(len(body)))
+		p = append(p, 0, 0)                        // priority, no expiration
+		p = binary.LittleEndian.AppendUint32(p, 0) // expiration ms
+		p = binary.LittleEndian.AppendUint64(p, 0) // dedup key
+		p = binary.LittleEndian.AppendUint32(p, 0) // length, below
+		off := len(p)
+		p = appendLogMsg(p, ar.add(nil, []byte("q"), nil, []byte(body), wire.Persistent, 0))
+		binary.LittleEndian.PutUint32(p[off-4:], uint32(len(p)-off))
+	}
+	return p
+}
+
+// TestForwardedResendUnderAlarmConfirmed: a part forwarded again whose
+// messages the queue already holds (the answer to its first send was
+// lost) is answered as the duplicate it is, a confirm, even while the
+// node's alarm holds new publishes back (busy): answered busy, its origin
+// would send it again until its forward timeout and then nack messages
+// that are in the queue. A new part under the alarm is still answered
+// busy. Both for a replicated queue's leader and a queue's home.
+func TestForwardedResendUnderAlarmConfirmed(t *testing.T) {
+	for _, durable := range []bool{true, false} {
+		t.Run(fmt.Sprintf("durable=%v", durable), func(t *testing.T) {
+			var alarm atomic.Bool
+			answers := make(chan []byte, 16)
+			n := openDurNodeWith(t, segment.NewMemFS(), "/data", func(c *Config, _ *MetaLogConfig) {
+				c.Durable.NodeID = 1
+				c.PublishBlocked = alarm.Load
+				c.Durable.Forward = func(to uint64, p []byte) bool {
+					if to == 2 {
+						answers <- slices.Clone(p)
+					}
+					return true
+				}
+			})
+			defer n.close(t)
+			b := n.b
+			q := declareDurable(t, b, "q", durable)
+			if !durable {
+				// One node has no homes (meta.go): this node is the
+				// queue's home as a cluster node would be.
+				done := make(chan struct{})
+				q.shard.submit(Command{Kind: cmdPost, post: func() { q.home = 1; close(done) }})
+				<-done
+			}
+			const enq, inc = 2<<48 | 1, 7
+			// answer sends p as node 2 and returns the answer: its op and,
+			// for a confirm, refused and the codes.
+			answer := func(p []byte) (byte, bool, []uint32) {
+				t.Helper()
+				b.StepForward(2, p)
+				a := <-answers
+				if a[0] != 'C' {
+					return a[0], false, nil
+				}
+				codes := make([]uint32, binary.LittleEndian.Uint32(a[42:]))
+				for i := range codes {
+					codes[i] = binary.LittleEndian.Uint32(a[fwdConfirmHeader+4*i:])
+				}
+				return a[0], a[41] != 0, codes
+			}
+			ready := func() int64 {
+				info, _ := b.Queue("q")
+				return info.Ready
+			}
+			if op, refused, codes := answer(fwdPublishFrom(enq, inc, uint64(q.id), 1, 1, "a", "b")); op != 'C' || refused || codes[0]|codes[1] != 0 {
+				t.Fatalf("first send answered %q refused=%v codes %v, want a confirm", op, refused, codes)
+			}
+			alarm.Store(true)
+			if op, refused, codes := answer(fwdPublishFrom(enq, inc, uint64(q.id), 1, 2, "a", "b")); op != 'C' || refused || len(codes) != 2 || codes[0]|codes[1] != 0 {
+				t.Fatalf("the resend of a stored part under the alarm answered %q refused=%v codes %v, want a confirm", op, refused, codes)
+			}
+			if op, _, _ := answer(fwdPublishFrom(enq, inc, uint64(q.id), 3, 1, "c")); op != 'B' {
+				t.Fatalf("a new part under the alarm answered %q, want busy", op)
+			}
+			if got := ready(); got != 2 {
+				t.Fatalf("the queue holds %d messages, want 2 (the resend not enqueued again, the new part held back)", got)
+			}
+			if got := b.fwdDuplicates.Load(); got != 2 {
+				t.Fatalf("%d duplicates counted, want 2", got)
+			}
+		})
 	}
 }

@@ -247,6 +247,40 @@ func (q *Queue) homeAdmit(o replication.Origin, n int) replication.FromResult {
 	return r
 }
 
+// homeDuplicate reports whether homeAdmit would find a forwarded part of
+// n messages from o a duplicate (every message enqueued before); it
+// changes nothing.
+func (q *Queue) homeDuplicate(o replication.Origin, n int) bool {
+	e, ok := q.homeEnq[o.Enqueuer]
+	return ok && o.Incarnation == e.inc && o.QSeq != 0 && o.QSeq+uint64(n) <= e.last+1
+}
+
+// forwardedBefore reports whether q holds every message of a forwarded
+// part of n messages from o already (a resend whose answer was lost):
+// its answer is a confirm, whatever holds new publishes back.
+func (q *Queue) forwardedBefore(o replication.Origin, n int) bool {
+	if q.grp != nil {
+		return q.grp.FSM().Duplicate(o, n)
+	}
+	return q.homeDuplicate(o, n)
+}
+
+// forwardedDuplicate answers a forwarded part whose messages q holds
+// already (forwardedBefore): confirmed, not enqueued again; on a
+// reject-publish queue nacked instead, as applying it would (homeAdmit,
+// appliedEnqueue).
+func (s *shard) forwardedDuplicate(q *Queue, items []EnqItem, batch *PublishBatch) {
+	s.b.fwdDuplicates.Add(uint64(len(items)))
+	reject := q.args.Overflow == wire.RejectPublish || q.args.Overflow == wire.RejectPublishDLX
+	for _, it := range items {
+		if reject {
+			batch.Nack(it.Idx, wire.InternalNack)
+		}
+		s.release(it.Msg)
+	}
+	batch.PartDone()
+}
+
 // enqueueForwarded enqueues a part another node forwarded to q, which
 // lives here (its home): confirmed once enqueued (codes in batch),
 // what was enqueued before not again (homeAdmit).

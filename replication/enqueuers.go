@@ -194,6 +194,14 @@ func (t *enqueuerTable) admit(o Origin, n int) FromResult {
 	return r
 }
 
+// duplicate reports whether admit would find a publish-from of n
+// messages from o a duplicate (every message applied before); it changes
+// nothing.
+func (t *enqueuerTable) duplicate(o Origin, n int) bool {
+	e, ok := t.m[o.Enqueuer]
+	return ok && o.Incarnation == e.inc && o.QSeq != 0 && o.QSeq+uint64(n) <= e.last+1
+}
+
 // down removes enqueuer (every enqueuer of its node, with EveryEnqueuer)
 // of incarnations up to inc.
 func (t *enqueuerTable) down(enqueuer, inc uint64) {

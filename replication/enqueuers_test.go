@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"errors"
 	"fmt"
+	"math/rand/v2"
 	"strings"
 	"testing"
 
@@ -237,5 +238,27 @@ func TestEntryVersion2NeedsEnqueuerFrame(t *testing.T) {
 	plain[0] = EntryVersionEnqueuers
 	if _, err := DecodeEntry(plain); !errors.Is(err, ErrMalformedEntry) {
 		t.Fatalf("a version 2 entry without enqueuer frames: %v", err)
+	}
+}
+
+// TestEnqueuerDuplicateAgreesWithAdmit: duplicate, which changes nothing,
+// says FromDuplicate exactly when admit would, over random publish-froms
+// of one message or more (incarnations, gaps, overlaps, resends) and
+// downs.
+func TestEnqueuerDuplicateAgreesWithAdmit(t *testing.T) {
+	rng := rand.New(rand.NewPCG(1, 2))
+	var tab enqueuerTable
+	for i := range 20000 {
+		enq := uint64(1+rng.IntN(3)) << 48
+		if rng.IntN(50) == 0 {
+			tab.down(enq, uint64(rng.IntN(3)))
+			continue
+		}
+		o := Origin{Enqueuer: enq, Incarnation: uint64(rng.IntN(3)), QSeq: uint64(rng.IntN(12))}
+		n := 1 + rng.IntN(4) // a part holds a message at least
+		want := tab.duplicate(o, n)
+		if got := tab.admit(o, n).Outcome == FromDuplicate; got != want {
+			t.Fatalf("op %d: %+v n=%d: duplicate %v, admit's outcome duplicate %v", i, o, n, want, got)
+		}
 	}
 }

@@ -194,6 +194,12 @@ func (f *QueueFSM) Apply(index uint64, data []byte) (any, error) {
 // Enqueuers is the number of enqueuers in the queue's table.
 func (f *QueueFSM) Enqueuers() int { return f.enq.Len() }
 
+// Duplicate reports whether every message of a publish-from of n
+// messages from o has been applied (its apply would be FromDuplicate): a
+// resend whose answer was lost, which a leader can confirm before it
+// proposes anything. It changes nothing.
+func (f *QueueFSM) Duplicate(o Origin, n int) bool { return f.enq.duplicate(o, n) }
+
 // HasEnqueuersOf reports whether an enqueuer of node is in the queue's
 // table.
 func (f *QueueFSM) HasEnqueuersOf(node uint64) bool { return f.enq.hasNode(node) }
