@@ -1,11 +1,9 @@
 package replication
 
 import (
-	"context"
 	"fmt"
 	"sync"
 	"testing"
-	"time"
 
 	"github.com/warren-mq/warren/segment"
 	"go.etcd.io/raft/v3"
@@ -59,6 +57,22 @@ func (n *metaNet) setDown(id uint64, down bool) {
 	n.mu.Unlock()
 }
 
+// setWatch sets watch (under mu).
+func (n *metaNet) setWatch(watch func(m raftpb.Message) bool) {
+	n.mu.Lock()
+	n.watch = watch
+	n.mu.Unlock()
+}
+
+// locked is cond run under mu (for a cond that reads what watch writes).
+func (n *metaNet) locked(cond func() bool) func() bool {
+	return func() bool {
+		n.mu.Lock()
+		defer n.mu.Unlock()
+		return cond()
+	}
+}
+
 // newMetaTrioMem: newMetaTrio over metaNet.
 func newMetaTrioMem(t *testing.T) (*metaNet, []*metaNode) {
 	net := &metaNet{down: map[uint64]bool{}}
@@ -72,30 +86,6 @@ func newMetaTrioMem(t *testing.T) (*metaNet, []*metaNode) {
 		t.Cleanup(func() { closeMetaNode(n) })
 	}
 	return net, net.nodes
-}
-
-// openMetaNodeSend is openMetaNode with send for the transport.
-func openMetaNodeSend(t *testing.T, n *metaNode, id uint64, send func(uint64, []raftpb.Message)) {
-	t.Helper()
-	l, err := segment.Open(n.fs, "/data", segment.Options{Manual: true, WALSize: 16 << 10, SegmentSize: 32 << 10})
-	if err != nil {
-		t.Fatal(err)
-	}
-	store, err := OpenSnapStore(l)
-	if err != nil {
-		t.Fatal(err)
-	}
-	n.log, n.machine, n.lock = l, &listMachine{}, &sync.Mutex{}
-	m := n.machine
-	g, err := OpenMeta(MetaConfig{Log: l, Snapshots: store, Machine: m, Lock: n.lock,
-		Snapshot: func() []byte { b, _ := m.Snapshot(); return b },
-		NodeID:   id, Peers: []uint64{1, 2, 3}, Send: send,
-		Fatal: func(err error) { t.Errorf("node %d: %v", id, err) }})
-	if err != nil {
-		t.Fatal(err)
-	}
-	g.Start()
-	n.g.Store(g)
 }
 
 // metaLeaderAmong is metaLeader among nodes up (and with a leader every
@@ -128,29 +118,21 @@ func metaLeaderAmong(t *testing.T, nodes []*metaNode, up []int) int {
 	return lead
 }
 
-// waitAsync starts g.Wait(seq) and returns its answer's channel.
-func waitAsync(g *MetaGroup, seq uint64) chan error {
-	ch := make(chan error, 1)
-	go func() {
-		ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
-		defer cancel()
-		ch <- g.Wait(ctx, seq)
-	}()
-	return ch
-}
-
-func addOn(n *metaNode, cmds ...string) uint64 {
-	n.lock.Lock()
-	defer n.lock.Unlock()
-	var seq uint64
-	for _, c := range cmds {
-		seq = n.g.Load().Add([]byte(c))
-	}
-	return seq
-}
-
 // others: the two nodes but i.
 func others(i int) []int { return []int{(i + 1) % 3, (i + 2) % 3} }
+
+// newMetaTrioFirst is newMetaTrioMem with a leader elected, "declare a"
+// added on it, and applied on the follower up[0] (up: the nodes but the
+// leader).
+func newMetaTrioFirst(t *testing.T) (net *metaNet, nodes []*metaNode, lead int, up []int) {
+	t.Helper()
+	net, nodes = newMetaTrioMem(t)
+	lead = metaLeaderAmong(t, nodes, []int{0, 1, 2})
+	metaAdd(t, nodes, lead, "declare a")
+	up = others(lead)
+	metaTickUntil(t, nodes, "the follower applying the first", func() bool { return nodes[up[0]].machine.list() == "declare a" })
+	return net, nodes, lead, up
+}
 
 // TestMetaProposalLostWithLeaderIsProposedAgain: a follower's proposal
 // forwarded to a leader that is gone before it appends it (killed: every
@@ -162,20 +144,15 @@ func others(i int) []int { return []int{(i + 1) % 3, (i + 2) % 3} }
 func TestMetaProposalLostWithLeaderIsProposedAgain(t *testing.T) {
 	for _, waited := range []bool{true, false} {
 		t.Run(fmt.Sprintf("waited=%v", waited), func(t *testing.T) {
-			net, nodes := newMetaTrioMem(t)
-			lead := metaLeaderAmong(t, nodes, []int{0, 1, 2})
-			metaAdd(t, nodes, lead, "declare a")
-			up := others(lead)
+			net, nodes, lead, up := newMetaTrioFirst(t)
 			f := up[0]
-			metaTickUntil(t, nodes, "the follower applying the first", func() bool { return nodes[f].machine.list() == "declare a" })
 
 			// The leader dies; the follower does not know yet and forwards
 			// its proposal to it (the network drops it).
 			dropped := make(chan struct{})
 			var once sync.Once
 			L, F := uint64(lead+1), uint64(f+1)
-			net.mu.Lock()
-			net.watch = func(m raftpb.Message) bool {
+			net.setWatch(func(m raftpb.Message) bool {
 				if m.To != L && m.From != L {
 					return false
 				}
@@ -183,8 +160,7 @@ func TestMetaProposalLostWithLeaderIsProposedAgain(t *testing.T) {
 					once.Do(func() { close(dropped) })
 				}
 				return true // held: never delivered
-			}
-			net.mu.Unlock()
+			})
 			var done chan error
 			if waited {
 				done = waitAsync(nodes[f].g.Load(), addOn(nodes[f], "declare b"))
@@ -199,22 +175,9 @@ func TestMetaProposalLostWithLeaderIsProposedAgain(t *testing.T) {
 
 			metaLeaderAmong(t, nodes, up)
 			live := []*metaNode{nodes[up[0]], nodes[up[1]]}
-			metaTickUntil(t, live, "both nodes up applying the change", func() bool {
-				return nodes[up[0]].machine.list() == "declare a,declare b" && nodes[up[1]].machine.list() == "declare a,declare b"
-			})
+			metaTickUntil(t, live, "both nodes up applying the change", metaAllApplied(live, "declare a,declare b"))
 			if waited {
-				var err error
-				metaTickUntil(t, live, "the follower's Wait", func() bool {
-					select {
-					case err = <-done:
-						return true
-					default:
-						return false
-					}
-				})
-				if err != nil {
-					t.Fatal(err)
-				}
+				metaAwait(t, live, "the follower's Wait", done)
 			}
 			// More rounds change nothing: applied once.
 			metaAdd(t, nodes, up[1], "declare c")
@@ -233,18 +196,12 @@ func TestMetaProposalLostWithLeaderIsProposedAgain(t *testing.T) {
 // no follower knew it committed) is committed by the new leader and
 // applied exactly once: the origin does not propose it again.
 func TestMetaProposalCommittedIsNotProposedAgain(t *testing.T) {
-	net, nodes := newMetaTrioMem(t)
-	lead := metaLeaderAmong(t, nodes, []int{0, 1, 2})
-	metaAdd(t, nodes, lead, "declare a")
-	up := others(lead)
+	net, nodes, lead, up := newMetaTrioFirst(t)
 	f := up[0]
-	metaTickUntil(t, nodes, "the followers applying the first", func() bool {
-		return nodes[up[0]].machine.list() == "declare a" && nodes[up[1]].machine.list() == "declare a"
-	})
+	metaTickUntil(t, nodes, "the other follower applying the first", func() bool { return nodes[up[1]].machine.list() == "declare a" })
 	L, F := uint64(lead+1), uint64(f+1)
 	got := map[uint64]bool{}
-	net.mu.Lock()
-	net.watch = func(m raftpb.Message) bool {
+	net.setWatch(func(m raftpb.Message) bool {
 		if len(got) == 2 && (m.To == L || m.From == L) {
 			return true // the leader is dead once both followers have the entry
 		}
@@ -256,32 +213,14 @@ func TestMetaProposalCommittedIsNotProposedAgain(t *testing.T) {
 			}
 		}
 		return false
-	}
-	net.mu.Unlock()
+	})
 	done := waitAsync(nodes[f].g.Load(), addOn(nodes[f], "declare b"))
 	live := []*metaNode{nodes[up[0]], nodes[up[1]]}
-	metaTickUntil(t, live, "both followers sent the entry", func() bool {
-		net.mu.Lock()
-		defer net.mu.Unlock()
-		return len(got) == 2
-	})
+	metaTickUntil(t, live, "both followers sent the entry", net.locked(func() bool { return len(got) == 2 }))
 	metaLeaderAmong(t, nodes, up)
-	var err error
-	metaTickUntil(t, live, "the follower's Wait", func() bool {
-		select {
-		case err = <-done:
-			return true
-		default:
-			return false
-		}
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
+	metaAwait(t, live, "the follower's Wait", done)
 	metaAdd(t, nodes, up[1], "declare c")
-	metaTickUntil(t, live, "both applying the next", func() bool {
-		return nodes[up[0]].machine.list() == "declare a,declare b,declare c" && nodes[up[1]].machine.list() == "declare a,declare b,declare c"
-	})
+	metaTickUntil(t, live, "both applying the next", metaAllApplied(live, "declare a,declare b,declare c"))
 }
 
 // TestMetaStaleProposalCountsAsNothing: a follower's proposal held in
@@ -291,17 +230,12 @@ func TestMetaProposalCommittedIsNotProposedAgain(t *testing.T) {
 // term and applied as nothing: the change is applied exactly once, on
 // every node, the old leader included.
 func TestMetaStaleProposalCountsAsNothing(t *testing.T) {
-	net, nodes := newMetaTrioMem(t)
-	lead := metaLeaderAmong(t, nodes, []int{0, 1, 2})
-	metaAdd(t, nodes, lead, "declare a")
-	up := others(lead)
+	net, nodes, lead, up := newMetaTrioFirst(t)
 	f := up[0]
-	metaTickUntil(t, nodes, "the follower applying the first", func() bool { return nodes[f].machine.list() == "declare a" })
 	L, F := uint64(lead+1), uint64(f+1)
 	var prop []raftpb.Message
 	stale := false // an entry appended in a later term than it names
-	net.mu.Lock()
-	net.watch = func(m raftpb.Message) bool {
+	watch := func(m raftpb.Message) bool {
 		for _, e := range m.Entries {
 			if _, _, _, term := metaOrigin(e.Data); m.Type == raftpb.MsgApp && term != 0 && term != e.Term {
 				stale = true
@@ -315,50 +249,21 @@ func TestMetaStaleProposalCountsAsNothing(t *testing.T) {
 		}
 		return true
 	}
-	net.mu.Unlock()
+	net.setWatch(watch)
 	done := waitAsync(nodes[f].g.Load(), addOn(nodes[f], "declare b"))
 	live := []*metaNode{nodes[up[0]], nodes[up[1]]}
-	metaTickUntil(t, live, "the proposal sent to the cut-off leader", func() bool {
-		net.mu.Lock()
-		defer net.mu.Unlock()
-		return len(prop) > 0
-	})
+	metaTickUntil(t, live, "the proposal sent to the cut-off leader", net.locked(func() bool { return len(prop) > 0 }))
 	newLead := metaLeaderAmong(t, nodes, up)
-	var err error
-	metaTickUntil(t, live, "the follower's Wait", func() bool {
-		select {
-		case err = <-done:
-			return true
-		default:
-			return false
-		}
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
+	metaAwait(t, live, "the follower's Wait", done)
 	// Heal; once the old leader follows the new one, it gets the old
 	// proposal and forwards it.
-	net.mu.Lock()
-	inner := net.watch
-	net.watch = func(m raftpb.Message) bool { inner(m); return false }
-	net.mu.Unlock()
+	net.setWatch(func(m raftpb.Message) bool { watch(m); return false })
 	metaTickUntil(t, nodes, "the old leader following the new", func() bool {
 		return nodes[lead].g.Load().Status().Lead == uint64(newLead+1)
 	})
 	nodes[lead].g.Load().Step(prop[0])
-	metaTickUntil(t, nodes, "the old proposal appended in the new term", func() bool {
-		net.mu.Lock()
-		defer net.mu.Unlock()
-		return stale
-	})
+	metaTickUntil(t, nodes, "the old proposal appended in the new term", net.locked(func() bool { return stale }))
 	// c comes after it in the log: applied, so is the old proposal.
 	metaAdd(t, nodes, newLead, "declare c")
-	metaTickUntil(t, nodes, "every node applying all three", func() bool {
-		for _, n := range nodes {
-			if n.machine.list() != "declare a,declare b,declare c" {
-				return false
-			}
-		}
-		return true
-	})
+	metaTickUntil(t, nodes, "every node applying all three", metaAllApplied(nodes, "declare a,declare b,declare c"))
 }

@@ -68,7 +68,15 @@ type metaNode struct {
 	tr      *cluster.Transport
 }
 
+// openMetaNode opens node id's group over its TCP transport.
 func openMetaNode(t *testing.T, n *metaNode, id uint64) {
+	t.Helper()
+	openMetaNodeSend(t, n, id, n.tr.Send)
+}
+
+// openMetaNodeSend opens node id's group (a voter of three) on n's
+// filesystem, with send for the transport.
+func openMetaNodeSend(t *testing.T, n *metaNode, id uint64, send func(uint64, []raftpb.Message)) {
 	t.Helper()
 	l, err := segment.Open(n.fs, "/data", segment.Options{Manual: true, WALSize: 16 << 10, SegmentSize: 32 << 10})
 	if err != nil {
@@ -82,7 +90,7 @@ func openMetaNode(t *testing.T, n *metaNode, id uint64) {
 	m := n.machine
 	g, err := OpenMeta(MetaConfig{Log: l, Snapshots: store, Machine: m, Lock: n.lock,
 		Snapshot: func() []byte { b, _ := m.Snapshot(); return b },
-		NodeID:   id, Peers: []uint64{1, 2, 3}, Send: n.tr.Send,
+		NodeID:   id, Peers: []uint64{1, 2, 3}, Send: send,
 		Fatal: func(err error) { t.Errorf("node %d: %v", id, err) }})
 	if err != nil {
 		t.Fatal(err)
@@ -173,30 +181,58 @@ func metaLeader(t *testing.T, nodes []*metaNode) int {
 // metaAdd adds cmds on node i and waits (ticking) for its Wait.
 func metaAdd(t *testing.T, nodes []*metaNode, i int, cmds ...string) {
 	t.Helper()
-	g := nodes[i].g.Load()
-	nodes[i].lock.Lock()
+	metaAwait(t, nodes, "the leader's Wait", waitAsync(nodes[i].g.Load(), addOn(nodes[i], cmds...)))
+}
+
+// addOn adds cmds on n (under its lock) and returns the last one's seq.
+func addOn(n *metaNode, cmds ...string) uint64 {
+	n.lock.Lock()
+	defer n.lock.Unlock()
 	var seq uint64
 	for _, c := range cmds {
-		seq = g.Add([]byte(c))
+		seq = n.g.Load().Add([]byte(c))
 	}
-	nodes[i].lock.Unlock()
-	waited := make(chan error, 1)
+	return seq
+}
+
+// waitAsync starts g.Wait(seq) and returns its answer's channel.
+func waitAsync(g *MetaGroup, seq uint64) chan error {
+	ch := make(chan error, 1)
 	go func() {
 		ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 		defer cancel()
-		waited <- g.Wait(ctx, seq)
+		ch <- g.Wait(ctx, seq)
 	}()
-	var werr error
-	metaTickUntil(t, nodes, "the leader's Wait", func() bool {
+	return ch
+}
+
+// metaAwait ticks nodes until done answers (what names the wait), and
+// fails the test on the error it answers.
+func metaAwait(t *testing.T, nodes []*metaNode, what string, done chan error) {
+	t.Helper()
+	var err error
+	metaTickUntil(t, nodes, what, func() bool {
 		select {
-		case werr = <-waited:
+		case err = <-done:
 			return true
 		default:
 			return false
 		}
 	})
-	if werr != nil {
-		t.Fatal(werr)
+	if err != nil {
+		t.Fatal(err)
+	}
+}
+
+// metaAllApplied: whether every one of nodes has applied exactly want.
+func metaAllApplied(nodes []*metaNode, want string) func() bool {
+	return func() bool {
+		for _, n := range nodes {
+			if n.machine.list() != want {
+				return false
+			}
+		}
+		return true
 	}
 }
 
@@ -214,14 +250,7 @@ func TestMetaThreeVotersOverTCP(t *testing.T) {
 	if got := nodes[lead].machine.list(); got != "declare a,declare b" {
 		t.Fatalf("leader applied %q once Wait returned", got)
 	}
-	metaTickUntil(t, nodes, "every node applying both", func() bool {
-		for _, n := range nodes {
-			if n.machine.list() != "declare a,declare b" {
-				return false
-			}
-		}
-		return true
-	})
+	metaTickUntil(t, nodes, "every node applying both", metaAllApplied(nodes, "declare a,declare b"))
 }
 
 // TestMetaVoterRestarts: a follower closed and reopened from its log
@@ -240,12 +269,5 @@ func TestMetaVoterRestarts(t *testing.T) {
 	}
 	lead = metaLeader(t, nodes)
 	metaAdd(t, nodes, lead, "declare c")
-	metaTickUntil(t, nodes, "every node applying all three", func() bool {
-		for _, n := range nodes {
-			if n.machine.list() != "declare a,declare b,declare c" {
-				return false
-			}
-		}
-		return true
-	})
+	metaTickUntil(t, nodes, "every node applying all three", metaAllApplied(nodes, "declare a,declare b,declare c"))
 }
