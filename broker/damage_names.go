@@ -125,17 +125,26 @@ func readableQueues(fs segment.FS, path, wal string) (map[uint64]string, error) 
 
 // cowFS is a copy-on-write view of base: reads go to base's files until
 // one is written, truncated or created; from then on that file lives in
-// memory. Removes only hide base's files. base is never written.
+// memory, for every handle of it (cowNode). Removes only hide base's
+// files. base is never written.
 type cowFS struct {
-	base segment.FS
-	mem  *segment.MemFS
-	mu   sync.Mutex
-	own  map[string]bool // in mem
-	gone map[string]bool // base's, removed in the view
+	base  segment.FS
+	mem   *segment.MemFS
+	mu    sync.Mutex
+	own   map[string]bool     // in mem
+	gone  map[string]bool     // base's, removed in the view
+	nodes map[string]*cowNode // base's files open in the view
+}
+
+// cowNode is what the handles of one base file share: its copy in the
+// view's memory, once one of them changed it. Guarded by cowFS.mu.
+type cowNode struct {
+	refs int
+	mem  segment.File // nil until changed
 }
 
 func newCOWFS(base segment.FS) *cowFS {
-	return &cowFS{base: base, mem: segment.NewMemFS(), own: map[string]bool{}, gone: map[string]bool{}}
+	return &cowFS{base: base, mem: segment.NewMemFS(), own: map[string]bool{}, gone: map[string]bool{}, nodes: map[string]*cowNode{}}
 }
 
 func (c *cowFS) inBase(name string) bool {
@@ -152,7 +161,13 @@ func (c *cowFS) Open(name string) (segment.File, error) {
 		if err != nil {
 			return nil, err
 		}
-		return &cowFile{fs: c, name: name, base: f}, nil
+		n := c.nodes[name]
+		if n == nil {
+			n = &cowNode{}
+			c.nodes[name] = n
+		}
+		n.refs++
+		return &cowFile{fs: c, name: name, base: f, node: n}, nil
 	}
 	c.own[name] = true
 	return c.mem.Open(name)
@@ -162,14 +177,18 @@ func (c *cowFS) Remove(name string) error {
 	name = filepath.Clean(name)
 	c.mu.Lock()
 	defer c.mu.Unlock()
+	// Handles still open keep what they had (their node), as an
+	// unlinked file's do.
 	if c.own[name] {
 		delete(c.own, name)
+		delete(c.nodes, name)
 		c.gone[name] = true
 		return c.mem.Remove(name)
 	}
 	if c.gone[name] || !c.inBase(name) {
 		return errors.New("cowfs: " + name + ": no such file")
 	}
+	delete(c.nodes, name)
 	c.gone[name] = true
 	return nil
 }
@@ -197,20 +216,22 @@ func (c *cowFS) List(dir string) ([]string, error) {
 func (c *cowFS) MkdirAll(string) error { return nil }
 func (c *cowFS) SyncDir(string) error  { return nil }
 
-// cowFile reads base until the first change, which copies it into the
-// view's memory.
+// cowFile is a handle of one of base's files in the view: it reads base
+// until the first change through any handle of the file, which copies it
+// into the view's memory (node.mem), where every handle then reads.
 type cowFile struct {
 	fs   *cowFS
 	name string
-	mu   sync.Mutex
 	base segment.File
-	mem  segment.File // nil until changed
+	node *cowNode
 }
 
-// copied returns the in-memory copy, making it on first use.
+// copied returns the file's copy in memory, making it on first use.
 func (f *cowFile) copied() (segment.File, error) {
-	if f.mem != nil {
-		return f.mem, nil
+	f.fs.mu.Lock()
+	defer f.fs.mu.Unlock()
+	if f.node.mem != nil {
+		return f.node.mem, nil
 	}
 	size, err := f.base.Size()
 	if err != nil {
@@ -220,36 +241,36 @@ func (f *cowFile) copied() (segment.File, error) {
 	if n, err := f.base.ReadAt(buf, 0); err != nil && int64(n) != size {
 		return nil, err
 	}
-	f.fs.mu.Lock()
 	m, err := f.fs.mem.Open(f.name)
-	f.fs.own[f.name] = true
-	f.fs.mu.Unlock()
 	if err != nil {
 		return nil, err
 	}
+	f.fs.own[f.name] = true
 	if _, err := m.WriteAt(buf, 0); err != nil {
+		_ = m.Close()
 		return nil, err
 	}
-	f.mem = m
+	f.node.mem = m
 	return m, nil
 }
 
-func (f *cowFile) cur() segment.File {
-	if f.mem != nil {
-		return f.mem
+// cur is what the handle reads now: the copy once there is one, else
+// base (and whether it is the copy).
+func (f *cowFile) cur() (segment.File, bool) {
+	f.fs.mu.Lock()
+	defer f.fs.mu.Unlock()
+	if f.node.mem != nil {
+		return f.node.mem, true
 	}
-	return f.base
+	return f.base, false
 }
 
 func (f *cowFile) ReadAt(p []byte, off int64) (int, error) {
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	return f.cur().ReadAt(p, off)
+	m, _ := f.cur()
+	return m.ReadAt(p, off)
 }
 
 func (f *cowFile) WriteAt(p []byte, off int64) (int, error) {
-	f.mu.Lock()
-	defer f.mu.Unlock()
 	m, err := f.copied()
 	if err != nil {
 		return 0, err
@@ -258,8 +279,6 @@ func (f *cowFile) WriteAt(p []byte, off int64) (int, error) {
 }
 
 func (f *cowFile) Truncate(size int64) error {
-	f.mu.Lock()
-	defer f.mu.Unlock()
 	m, err := f.copied()
 	if err != nil {
 		return err
@@ -270,17 +289,21 @@ func (f *cowFile) Truncate(size int64) error {
 func (f *cowFile) Sync() error { return nil }
 
 func (f *cowFile) Size() (int64, error) {
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	return f.cur().Size()
+	m, _ := f.cur()
+	return m.Size()
 }
 
 func (f *cowFile) Close() error {
-	f.mu.Lock()
-	defer f.mu.Unlock()
 	err := f.base.Close()
-	if f.mem != nil {
-		_ = f.mem.Close()
+	f.fs.mu.Lock()
+	defer f.fs.mu.Unlock()
+	if f.node.refs--; f.node.refs == 0 {
+		if f.node.mem != nil {
+			_ = f.node.mem.Close()
+		}
+		if f.fs.nodes[f.name] == f.node {
+			delete(f.fs.nodes, f.name)
+		}
 	}
 	return err
 }
@@ -291,12 +314,28 @@ type fileMapper interface {
 }
 
 // Map maps the file as it is now in the view (segment reads through it).
+// Its copy, once changed, is mapped as a MemFS file is: a snapshot of
+// what it holds now. A file not changed is base's, mapped read-only, but
+// never past base's end: reading a mapping there faults (SIGBUS), and the
+// view may have grown the file by then. A mapping shorter than size is
+// what segment's reader expects of a file that grew since (it maps
+// again), and one taken before a change keeps base's bytes, as a MemFS
+// snapshot does: segment changes no mapped byte without dropping the
+// mapping first.
 func (f *cowFile) Map(size int64) ([]byte, func() error, error) {
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	m, ok := f.cur().(fileMapper)
+	m, isCopy := f.cur()
+	if !isCopy {
+		n, err := m.Size()
+		if err != nil {
+			return nil, nil, err
+		}
+		if size = min(size, n); size == 0 {
+			return []byte{}, func() error { return nil }, nil
+		}
+	}
+	mp, ok := m.(fileMapper)
 	if !ok {
 		return nil, nil, errors.New("cowfs: " + f.name + ": cannot be mapped")
 	}
-	return m.Map(size)
+	return mp.Map(size)
 }

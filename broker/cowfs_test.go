@@ -1,0 +1,118 @@
+package broker
+
+import (
+	"bytes"
+	"os"
+	"path/filepath"
+	"runtime/debug"
+	"testing"
+
+	"github.com/warren-mq/warren/segment"
+)
+
+// TestCOWFileReadsTheView: every handle of a file in the copy-on-write
+// view reads and maps what the view holds, whichever handle changed it:
+// a handle opened before another one's first write does not keep reading
+// the base file (stale bytes), nor map it past its end (a SIGBUS where
+// the view grew), and a second writer does not copy the base over the
+// first one's changes. The base file is never written.
+func TestCOWFileReadsTheView(t *testing.T) {
+	dir := t.TempDir()
+	name := filepath.Join(dir, "f")
+	base := bytes.Repeat([]byte{'a'}, 100)
+	if err := os.WriteFile(name, base, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	v := newCOWFS(segment.OSFS{})
+	open := func() segment.File {
+		t.Helper()
+		f, err := v.Open(name)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { _ = f.Close() })
+		return f
+	}
+	reader, w1, w2 := open(), open(), open()
+	want := append([]byte(nil), base...)
+	write := func(f segment.File, p []byte, off int64) {
+		t.Helper()
+		if _, err := f.WriteAt(p, off); err != nil {
+			t.Fatal(err)
+		}
+		if end := off + int64(len(p)); end > int64(len(want)) {
+			want = append(want, make([]byte, end-int64(len(want)))...)
+		}
+		copy(want[off:], p)
+	}
+	write(w1, bytes.Repeat([]byte{'b'}, 5000), 50) // past the base's end, and its first page
+	write(w2, []byte("cc"), 10)                    // a second handle's first write
+
+	for i, f := range []segment.File{reader, w1, w2} {
+		if size, err := f.Size(); err != nil || size != int64(len(want)) {
+			t.Fatalf("handle %d: size %d (%v), want %d", i, size, err, len(want))
+		}
+		got := make([]byte, len(want))
+		if n, err := f.ReadAt(got, 0); n != len(want) {
+			t.Fatalf("handle %d: read %d bytes: %v", i, n, err)
+		}
+		if !bytes.Equal(got, want) {
+			t.Fatalf("handle %d reads other bytes than the view holds", i)
+		}
+		mapped := mapAll(t, f.(fileMapper), int64(len(want)))
+		if !bytes.Equal(mapped, want) {
+			t.Fatalf("handle %d maps other bytes than the view holds", i)
+		}
+	}
+	if got, err := os.ReadFile(name); err != nil || !bytes.Equal(got, base) {
+		t.Fatalf("the base file changed (%v)", err)
+	}
+}
+
+// TestCOWFileMapsBaseWithinItsEnd: a file the view has not changed is
+// mapped from the base (not copied), but never past the base's end, which
+// a read of the mapping would take as a SIGBUS: the mapping is shorter
+// than asked for, which segment's reader remaps past (as MemFS's is).
+func TestCOWFileMapsBaseWithinItsEnd(t *testing.T) {
+	dir := t.TempDir()
+	name := filepath.Join(dir, "f")
+	base := bytes.Repeat([]byte{'a'}, 100)
+	if err := os.WriteFile(name, base, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	f, err := newCOWFS(segment.OSFS{}).Open(name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	data, unmap, err := f.(fileMapper).Map(3 << 20) // with segment's headroom
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer unmap()
+	if !bytes.Equal(data, base) {
+		t.Fatalf("mapped %d bytes, want the base's %d", len(data), len(base))
+	}
+}
+
+// mapAll maps f's first size bytes and returns a copy of them; a fault
+// reading the mapping (a SIGBUS: mapped past a file's end) fails the test
+// instead of killing it.
+func mapAll(t *testing.T, f fileMapper, size int64) (out []byte) {
+	t.Helper()
+	data, unmap, err := f.Map(size)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = unmap() }()
+	defer debug.SetPanicOnFault(debug.SetPanicOnFault(true))
+	defer func() {
+		if r := recover(); r != nil {
+			t.Fatalf("reading the mapping faulted: %v", r)
+		}
+	}()
+	if int64(len(data)) < size {
+		t.Fatalf("mapped %d bytes, want %d", len(data), size)
+	}
+	return append([]byte(nil), data[:size]...)
+}
