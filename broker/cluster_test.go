@@ -3,6 +3,7 @@ package broker
 import (
 	"context"
 	"errors"
+	"fmt"
 	"log/slog"
 	"net"
 	"os"
@@ -306,6 +307,25 @@ func (c *testCluster) sees(nd *clusterNode, want ...string) {
 		}
 		return true
 	})
+}
+
+// declareOn declares queue d on node nd (for no connection) and fails the
+// test on an error.
+func (c *testCluster) declareOn(nd *clusterNode, d wire.QueueDeclare) {
+	c.t.Helper()
+	if _, err := nd.b.Load().DeclareQueueAs(&d, 0, ""); err != nil {
+		c.t.Fatal(err)
+	}
+}
+
+// declareSeen declares queue d on node 1 and waits until every node sees
+// it ("queue NAME durable=BOOL").
+func (c *testCluster) declareSeen(d wire.QueueDeclare) {
+	c.t.Helper()
+	c.declareOn(c.nodes[0], d)
+	for _, nd := range c.nodes {
+		c.sees(nd, fmt.Sprintf("queue %s durable=%t", d.Name, d.Durable))
+	}
 }
 
 // TestClusterTopology: three brokers whose metadata group has every node

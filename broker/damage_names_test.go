@@ -3,11 +3,11 @@ package broker
 import (
 	"errors"
 	"fmt"
+	"maps"
 	"path/filepath"
 	"strings"
 	"testing"
 
-	"github.com/warren-mq/warren/replication"
 	"github.com/warren-mq/warren/segment"
 )
 
@@ -34,15 +34,7 @@ func walDamageNode(t *testing.T, mem *segment.MemFS, n int) string {
 		k.waitFor(t, "the confirm", func() bool { return k.confirmed(batch) })
 	}
 	node.close(t)
-	l, err := segment.Open(mem, "/data", segment.Options{Manual: true})
-	if err != nil {
-		t.Fatal(err)
-	}
-	l.Rotate()
-	hs, _ := l.HardState(replication.MetaGroupID)
-	if err := l.Append(segment.Batch{Group: replication.MetaGroupID, HardState: &hs}); err != nil {
-		t.Fatal(err)
-	}
+	l := sealWAL(t, mem)
 	if err := l.Close(); err != nil {
 		t.Fatal(err)
 	}
@@ -107,7 +99,7 @@ func TestNodeLogWALDamageNamesQueues(t *testing.T) {
 
 	before := memState(t, mem)
 	got := damagedQueueNames(mem, "/data", filepath.Base(wal), []uint64{QueueGroupBase + 1})
-	if after := memState(t, mem); !maps2Equal(before, after) {
+	if after := memState(t, mem); !maps.Equal(before, after) {
 		t.Fatal("naming the queues wrote to the damaged log")
 	}
 	if !strings.Contains(got, "affected (vhost/queue, from the metadata before the damage): //q") {
@@ -142,16 +134,4 @@ func TestNodeLogActiveWALDamageNamesQueues(t *testing.T) {
 		!strings.Contains(err.Error(), "//a") || !strings.Contains(err.Error(), "//b") {
 		t.Fatalf("open with a damaged active WAL file: %v", err)
 	}
-}
-
-func maps2Equal(a, b map[string]string) bool {
-	if len(a) != len(b) {
-		return false
-	}
-	for k, v := range a {
-		if w, ok := b[k]; !ok || w != v {
-			return false
-		}
-	}
-	return true
 }

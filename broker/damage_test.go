@@ -19,10 +19,10 @@ import (
 // a durable queue's damaged data refuses that queue by name; damaged
 // metadata refuses the node.
 
-// moveToSegments moves everything in the WAL files of the log in /data
-// into segment files (as the worker does in time), so that damage can be
-// placed in one group's file.
-func moveToSegments(t *testing.T, fs segment.FS) {
+// sealWAL opens the log in /data (by hand: Manual) and seals its WAL
+// file: a new one is started, with the metadata's hard state in it. The
+// caller closes the log.
+func sealWAL(t *testing.T, fs segment.FS) *segment.Log {
 	t.Helper()
 	l, err := segment.Open(fs, "/data", segment.Options{Manual: true})
 	if err != nil {
@@ -33,6 +33,15 @@ func moveToSegments(t *testing.T, fs segment.FS) {
 	if err := l.Append(segment.Batch{Group: replication.MetaGroupID, HardState: &hs}); err != nil {
 		t.Fatal(err)
 	}
+	return l
+}
+
+// moveToSegments moves everything in the WAL files of the log in /data
+// into segment files (as the worker does in time), so that damage can be
+// placed in one group's file.
+func moveToSegments(t *testing.T, fs segment.FS) {
+	t.Helper()
+	l := sealWAL(t, fs)
 	if err := l.Maintain(); err != nil {
 		t.Fatal(err)
 	}
@@ -164,14 +173,7 @@ func TestNodeLogMetadataDamage(t *testing.T) {
 func TestClusterDamagedSegmentRebuilt(t *testing.T) {
 	c := newTestCluster(t, 3)
 	c.leader()
-	if _, err := c.nodes[0].b.Load().DeclareQueueAs(&wire.QueueDeclare{Name: "dmg", Durable: true}, 0, ""); err != nil {
-		t.Fatal(err)
-	}
-	c.publishConfirmed("dmg", "d", 10)
-	lead := c.queueLeader("dmg")
-	bad := c.nodes[lead.id%3]
-	gid := queueGroup(bad.b.Load().topo.lookupQueue("dmg").id)
-	c.stop(bad)
+	bad, lead, gid := c.stoppedFollower("dmg", "d")
 	moveToSegments(t, bad.fs)
 	file := damageGroup(t, bad.fs, gid)
 	c.start(bad, nil)
@@ -183,11 +185,7 @@ func TestClusterDamagedSegmentRebuilt(t *testing.T) {
 	c.publishConfirmed("dmg", "e", 10)
 	c.waitFor("the damaged replica rebuilt", func() bool {
 		info, _ := bad.b.Load().Queue("dmg")
-		li, _ := c.queueLeader("dmg").b.Load().Queue("dmg")
-		mq := metaQueueAt(c.nodes[(lead.id+1)%3], "dmg")
-		return info.RaftRole == "follower" && info.ReplicaError == "" && info.Ready == 20 && li.Ready == 20 &&
-			info.RaftApplied >= li.RaftCommit && mq.Rebuild == nil && slices.Equal(mq.Replicas, []uint64{1, 2, 3}) &&
-			slices.Equal(groupVoters(c.queueLeader("dmg"), "dmg"), []uint64{1, 2, 3}) &&
+		return c.replicaRebuilt(bad, c.nodes[(lead.id+1)%3], "dmg", 20) &&
 			slices.Equal(info.RaftVoters, []uint64{1, 2, 3}) // as the admin API shows them (the fault harness waits for it)
 	})
 	if _, ok := bad.log.Quarantined(gid); ok {

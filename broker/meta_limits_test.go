@@ -5,7 +5,6 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/warren-mq/warren/replication"
 	"github.com/warren-mq/warren/segment"
 	"github.com/warren-mq/warren/wire"
 )
@@ -133,14 +132,7 @@ func mustQueueID(t *testing.T, m *Meta, name string) uint64 {
 func TestMetaLimitsDoNotCutRecovery(t *testing.T) {
 	fs := segment.NewMemFS()
 	open := func(limits MetaLimits) (*Broker, *segment.Log) {
-		l, err := segment.Open(fs, "/data", segment.Options{})
-		if err != nil {
-			t.Fatal(err)
-		}
-		store, err := replication.OpenSnapStore(l)
-		if err != nil {
-			t.Fatal(err)
-		}
+		l, store := openLogStore(t, fs)
 		b := New(Config{Shards: 2, Limits: limits})
 		b.Start()
 		if err := b.OpenMetaLog(t.Context(), MetaLogConfig{Log: l, Snapshots: store}); err != nil {

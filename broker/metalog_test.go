@@ -20,7 +20,8 @@ type metaNode struct {
 	log *segment.Log
 }
 
-func openMetaNode(t *testing.T, fs segment.FS, snapEvery int) *metaNode {
+// openLogStore opens the log in /data of fs and its snapshot store.
+func openLogStore(t *testing.T, fs segment.FS) (*segment.Log, *replication.SnapStore) {
 	t.Helper()
 	l, err := segment.Open(fs, "/data", segment.Options{})
 	if err != nil {
@@ -30,6 +31,12 @@ func openMetaNode(t *testing.T, fs segment.FS, snapEvery int) *metaNode {
 	if err != nil {
 		t.Fatal(err)
 	}
+	return l, store
+}
+
+func openMetaNode(t *testing.T, fs segment.FS, snapEvery int) *metaNode {
+	t.Helper()
+	l, store := openLogStore(t, fs)
 	b := New(Config{Shards: 2})
 	b.Start()
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
@@ -246,14 +253,7 @@ func TestMetaLogWriteFailureStops(t *testing.T) {
 	}
 	n.close(t)
 
-	l, err := segment.Open(fs, "/data", segment.Options{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	store, err := replication.OpenSnapStore(l)
-	if err != nil {
-		t.Fatal(err)
-	}
+	l, store := openLogStore(t, fs)
 	b := New(Config{Shards: 1})
 	b.Start()
 	defer b.Stop(context.Background())

@@ -86,6 +86,54 @@ func (c *testCluster) consumeAll(name string, want int) []string {
 	return slices.Compact(got)
 }
 
+// stoppedFollower declares durable queue name on node 1, publishes 10
+// confirmed messages prefix0.. to it, and stops a node that holds a
+// replica of it but does not lead it. It returns that node, the queue's
+// leader and the queue's raft group.
+func (c *testCluster) stoppedFollower(name, prefix string) (bad, lead *clusterNode, gid uint64) {
+	c.t.Helper()
+	c.declareOn(c.nodes[0], wire.QueueDeclare{Name: name, Durable: true})
+	c.publishConfirmed(name, prefix, 10)
+	lead = c.queueLeader(name)
+	bad = c.nodes[lead.id%3]
+	gid = queueGroup(bad.b.Load().topo.lookupQueue(name).id)
+	c.stop(bad)
+	return bad, lead, gid
+}
+
+// editStoppedLog opens the log in /data of a stopped node's fs and its
+// snapshot store, hands them to edit, and closes the log.
+func editStoppedLog(t *testing.T, fs segment.FS, edit func(l *segment.Log, store *replication.SnapStore) error) {
+	t.Helper()
+	l, store := openLogStore(t, fs)
+	if err := edit(l, store); err != nil {
+		t.Fatal(err)
+	}
+	if err := l.Close(); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// replicaCaughtUp: whether node nd's copy of queue name is a follower
+// holding ready messages, as its leader does, having applied all the
+// leader committed, and the leader's group has the voters 1, 2, 3.
+func (c *testCluster) replicaCaughtUp(nd *clusterNode, name string, ready int64) bool {
+	info, _ := nd.b.Load().Queue(name)
+	li, _ := c.queueLeader(name).b.Load().Queue(name)
+	return info.RaftRole == "follower" && info.Ready == ready && li.Ready == ready && info.RaftApplied >= li.RaftCommit &&
+		slices.Equal(groupVoters(c.queueLeader(name), name), []uint64{1, 2, 3})
+}
+
+// replicaRebuilt: replicaCaughtUp, with no error left on nd's copy, and
+// the rebuild done in the metadata as node at has it (the replicas 1, 2,
+// 3 again).
+func (c *testCluster) replicaRebuilt(nd, at *clusterNode, name string, ready int64) bool {
+	info, _ := nd.b.Load().Queue(name)
+	mq := metaQueueAt(at, name)
+	return info.ReplicaError == "" && mq.Rebuild == nil && slices.Equal(mq.Replicas, []uint64{1, 2, 3}) &&
+		c.replicaCaughtUp(nd, name, ready)
+}
+
 // TestClusterMoveReplicas: a fourth node joins a cluster of three whose
 // three queues have a replica on every node, and replicas move to it
 // until the nodes hold counts at most one apart; the moved replica gets
@@ -100,9 +148,7 @@ func TestClusterMoveReplicas(t *testing.T) {
 	c.leader()
 	names := []string{"m0", "m1", "m2"}
 	for _, name := range names {
-		if _, err := c.nodes[0].b.Load().DeclareQueueAs(&wire.QueueDeclare{Name: name, Durable: true}, 0, ""); err != nil {
-			t.Fatal(err)
-		}
+		c.declareOn(c.nodes[0], wire.QueueDeclare{Name: name, Durable: true})
 	}
 	for _, name := range names {
 		c.publishConfirmed(name, name+"-a", 30)
@@ -206,9 +252,7 @@ func TestClusterRemoveReplacesReplicas(t *testing.T) {
 	c.leader()
 	names := []string{"r0", "r1", "r2"}
 	for _, name := range names {
-		if _, err := c.nodes[0].b.Load().DeclareQueueAs(&wire.QueueDeclare{Name: name, Durable: true}, 0, ""); err != nil {
-			t.Fatal(err)
-		}
+		c.declareOn(c.nodes[0], wire.QueueDeclare{Name: name, Durable: true})
 		c.publishConfirmed(name, name+"-", 20)
 	}
 	c.addNode(c.nodes[1])
@@ -242,28 +286,10 @@ func TestClusterRemoveReplacesReplicas(t *testing.T) {
 func TestClusterDamagedReplicaRebuilt(t *testing.T) {
 	c := newTestCluster(t, 3)
 	c.leader()
-	if _, err := c.nodes[0].b.Load().DeclareQueueAs(&wire.QueueDeclare{Name: "dmg", Durable: true}, 0, ""); err != nil {
-		t.Fatal(err)
-	}
-	c.publishConfirmed("dmg", "d", 10)
-	lead := c.queueLeader("dmg")
-	bad := c.nodes[lead.id%3]
-	gid := queueGroup(bad.b.Load().topo.lookupQueue("dmg").id)
-	c.stop(bad)
-	l, err := segment.Open(bad.fs, "/data", segment.Options{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	store, err := replication.OpenSnapStore(l)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := store.Put(gid, raftpb.SnapshotMetadata{Index: 3, Term: 1, ConfState: raftpb.ConfState{Voters: []uint64{1, 2, 3}}}, []byte("not a queue snapshot")); err != nil {
-		t.Fatal(err)
-	}
-	if err := l.Close(); err != nil {
-		t.Fatal(err)
-	}
+	bad, lead, gid := c.stoppedFollower("dmg", "d")
+	editStoppedLog(t, bad.fs, func(_ *segment.Log, store *replication.SnapStore) error {
+		return store.Put(gid, raftpb.SnapshotMetadata{Index: 3, Term: 1, ConfState: raftpb.ConfState{Voters: []uint64{1, 2, 3}}}, []byte("not a queue snapshot"))
+	})
 	c.start(bad, nil)
 	c.sees(bad, "queue dmg durable=true")
 	c.waitFor("the damaged replica named", func() bool {
@@ -273,14 +299,7 @@ func TestClusterDamagedReplicaRebuilt(t *testing.T) {
 	c.publishConfirmed("dmg", "e", 10)
 	// Rebuilt: a follower again, with the leader's state, the rebuild
 	// done in the metadata.
-	c.waitFor("the damaged replica rebuilt", func() bool {
-		info, _ := bad.b.Load().Queue("dmg")
-		li, _ := c.queueLeader("dmg").b.Load().Queue("dmg")
-		mq := metaQueueAt(c.nodes[(lead.id+1)%3], "dmg")
-		return info.RaftRole == "follower" && info.ReplicaError == "" && info.Ready == 20 && li.Ready == 20 &&
-			info.RaftApplied >= li.RaftCommit && mq.Rebuild == nil && slices.Equal(mq.Replicas, []uint64{1, 2, 3}) &&
-			slices.Equal(groupVoters(c.queueLeader("dmg"), "dmg"), []uint64{1, 2, 3})
-	})
+	c.waitFor("the damaged replica rebuilt", func() bool { return c.replicaRebuilt(bad, c.nodes[(lead.id+1)%3], "dmg", 20) })
 	if got := c.consumeAll("dmg", 20); len(got) != 20 {
 		t.Fatalf("with one replica damaged the queue holds %d distinct messages, want 20", len(got))
 	}
@@ -312,40 +331,17 @@ func groupVoters(nd *clusterNode, name string) []uint64 {
 func TestClusterLostCopyAddedBack(t *testing.T) {
 	c := newTestCluster(t, 3)
 	c.leader()
-	if _, err := c.nodes[0].b.Load().DeclareQueueAs(&wire.QueueDeclare{Name: "lost", Durable: true}, 0, ""); err != nil {
-		t.Fatal(err)
-	}
-	c.publishConfirmed("lost", "a", 10)
-	lead := c.queueLeader("lost")
-	bad := c.nodes[lead.id%3]
-	gid := queueGroup(bad.b.Load().topo.lookupQueue("lost").id)
-	c.stop(bad)
-	l, err := segment.Open(bad.fs, "/data", segment.Options{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	store, err := replication.OpenSnapStore(l)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := store.Forget(gid); err != nil {
-		t.Fatal(err)
-	}
-	if err := l.RemoveGroup(gid); err != nil {
-		t.Fatal(err)
-	}
-	if err := l.Close(); err != nil {
-		t.Fatal(err)
-	}
+	bad, lead, gid := c.stoppedFollower("lost", "a")
+	editStoppedLog(t, bad.fs, func(l *segment.Log, store *replication.SnapStore) error {
+		if err := store.Forget(gid); err != nil {
+			return err
+		}
+		return l.RemoveGroup(gid)
+	})
 	c.start(bad, nil)
 	c.sees(bad, "queue lost durable=true")
 	c.publishConfirmed("lost", "b", 10)
-	c.waitFor("the lost copy added back", func() bool {
-		info, _ := bad.b.Load().Queue("lost")
-		li, _ := c.queueLeader("lost").b.Load().Queue("lost")
-		return info.RaftRole == "follower" && info.Ready == 20 && li.Ready == 20 && info.RaftApplied >= li.RaftCommit &&
-			slices.Equal(groupVoters(c.queueLeader("lost"), "lost"), []uint64{1, 2, 3})
-	})
+	c.waitFor("the lost copy added back", func() bool { return c.replicaCaughtUp(bad, "lost", 20) })
 	if c.queueLeader("lost") != lead {
 		t.Log("(the leadership moved meanwhile)")
 	}
