@@ -129,12 +129,7 @@ func rqCluster(t *testing.T, n int) (*testCluster, *clusterNode, *clusterNode) {
 func rqClusterFwd(t *testing.T, n int, fwdTimeout time.Duration) (*testCluster, *clusterNode, *clusterNode) {
 	c := newTestClusterFwd(t, 3, 0, fwdTimeout)
 	c.leader()
-	if _, err := c.nodes[0].b.Load().DeclareQueueAs(&wire.QueueDeclare{Name: "rq", Durable: true}, 0, ""); err != nil {
-		t.Fatal(err)
-	}
-	for _, nd := range c.nodes {
-		c.sees(nd, "queue rq durable=true")
-	}
+	c.declareSeen(wire.QueueDeclare{Name: "rq", Durable: true})
 	lead := c.queueLeader("rq")
 	var bodies []string
 	for i := range n {

@@ -25,12 +25,7 @@ import (
 func TestClusterReplicatedQueue(t *testing.T) {
 	c := newTestCluster(t, 3)
 	c.leader()
-	if _, err := c.nodes[0].b.Load().DeclareQueueAs(&wire.QueueDeclare{Name: "rq", Durable: true}, 0, ""); err != nil {
-		t.Fatal(err)
-	}
-	for _, nd := range c.nodes {
-		c.sees(nd, "queue rq durable=true")
-	}
+	c.declareSeen(wire.QueueDeclare{Name: "rq", Durable: true})
 	lead := c.queueLeader("rq")
 	lq := lead.b.Load().topo.lookupQueue("rq")
 	k := newDurSink()
@@ -135,12 +130,7 @@ func TestClusterReplicatedQueue(t *testing.T) {
 func TestClusterSnapshotInstall(t *testing.T) {
 	c := newTestCluster(t, 3)
 	c.leader()
-	if _, err := c.nodes[0].b.Load().DeclareQueueAs(&wire.QueueDeclare{Name: "rq", Durable: true}, 0, ""); err != nil {
-		t.Fatal(err)
-	}
-	for _, nd := range c.nodes {
-		c.sees(nd, "queue rq durable=true")
-	}
+	c.declareSeen(wire.QueueDeclare{Name: "rq", Durable: true})
 	lead := c.queueLeader("rq")
 	var behind, other *clusterNode
 	for _, nd := range c.nodes {
@@ -265,9 +255,7 @@ func TestClusterTransferLeaderships(t *testing.T) {
 func TestClusterLeaderBalancer(t *testing.T) {
 	c := newTestCluster(t, 3)
 	c.leader()
-	if _, err := c.nodes[0].b.Load().DeclareQueueAs(&wire.QueueDeclare{Name: "rq", Durable: true}, 0, ""); err != nil {
-		t.Fatal(err)
-	}
+	c.declareOn(c.nodes[0], wire.QueueDeclare{Name: "rq", Durable: true})
 	lead := c.queueLeader("rq")
 	pref := c.nodes[lead.b.Load().topo.lookupQueue("rq").prefLeader-1]
 	if lead != pref {
@@ -290,13 +278,8 @@ func TestClusterLeaderBalancer(t *testing.T) {
 func TestClusterForwardedPublish(t *testing.T) {
 	c := newTestCluster(t, 3)
 	c.leader()
-	if _, err := c.nodes[0].b.Load().DeclareQueueAs(&wire.QueueDeclare{Name: "one", Durable: true,
-		Args: wire.Table{{Key: "replicas", Value: wire.Int(1)}}}, 0, ""); err != nil {
-		t.Fatal(err)
-	}
-	for _, nd := range c.nodes {
-		c.sees(nd, "queue one durable=true")
-	}
+	c.declareSeen(wire.QueueDeclare{Name: "one", Durable: true,
+		Args: wire.Table{{Key: "replicas", Value: wire.Int(1)}}})
 	holder := c.queueLeader("one")
 	var other *clusterNode
 	for _, nd := range c.nodes {
@@ -342,9 +325,7 @@ func TestClusterForwardedPublish(t *testing.T) {
 func TestClusterStepDownNacks(t *testing.T) {
 	c := newTestCluster(t, 3)
 	c.leader()
-	if _, err := c.nodes[0].b.Load().DeclareQueueAs(&wire.QueueDeclare{Name: "rq", Durable: true}, 0, ""); err != nil {
-		t.Fatal(err)
-	}
+	c.declareOn(c.nodes[0], wire.QueueDeclare{Name: "rq", Durable: true})
 	lead := c.queueLeader("rq")
 	lb := lead.b.Load()
 	lq := lb.topo.lookupQueue("rq")
@@ -380,9 +361,7 @@ func TestClusterStepDownNacks(t *testing.T) {
 func TestClusterPublishDuringAbortedTransfer(t *testing.T) {
 	c := newTestCluster(t, 3)
 	c.leader()
-	if _, err := c.nodes[0].b.Load().DeclareQueueAs(&wire.QueueDeclare{Name: "rq", Durable: true}, 0, ""); err != nil {
-		t.Fatal(err)
-	}
+	c.declareOn(c.nodes[0], wire.QueueDeclare{Name: "rq", Durable: true})
 	lead := c.queueLeader("rq")
 	var gone *clusterNode
 	for _, nd := range c.nodes {
@@ -429,9 +408,7 @@ func TestClusterLargestMessageReplicates(t *testing.T) {
 	}
 	c := newTestCluster(t, 3)
 	c.leader()
-	if _, err := c.nodes[0].b.Load().DeclareQueueAs(&wire.QueueDeclare{Name: "big", Durable: true}, 0, ""); err != nil {
-		t.Fatal(err)
-	}
+	c.declareOn(c.nodes[0], wire.QueueDeclare{Name: "big", Durable: true})
 	lead := c.queueLeader("big")
 	lq := lead.b.Load().topo.lookupQueue("big")
 	k := newDurSink()

@@ -47,9 +47,7 @@ func TestClusterHomedQueues(t *testing.T) {
 	c := newTestCluster(t, 3)
 	c.leader()
 	n1, n2, n3 := c.nodes[0], c.nodes[1], c.nodes[2]
-	if _, err := n1.b.Load().DeclareQueueAs(&wire.QueueDeclare{Name: "tq"}, 0, ""); err != nil {
-		t.Fatal(err)
-	}
+	c.declareOn(n1, wire.QueueDeclare{Name: "tq"})
 	for _, nd := range c.nodes {
 		c.sees(nd, "queue tq durable=false")
 		if mq := metaQueueAt(nd, "tq"); mq.Home != 1 || mq.HomeInc == 0 {
@@ -173,9 +171,7 @@ func TestClusterHomedQueues(t *testing.T) {
 	c.stop(n1)
 	c.start(n1, nil)
 	c.leader()
-	if _, err := n1.b.Load().DeclareQueueAs(&wire.QueueDeclare{Name: "t3"}, 0, ""); err != nil {
-		t.Fatal(err)
-	}
+	c.declareOn(n1, wire.QueueDeclare{Name: "t3"})
 	// It serves (its listener opens) only once they are gone there.
 	if err := n1.b.Load().WaitMetaReady(t.Context()); err != nil {
 		t.Fatal(err)
@@ -202,13 +198,8 @@ func TestClusterHomedQueues(t *testing.T) {
 func TestClusterForwardRedirected(t *testing.T) {
 	c := newTestCluster(t, 3)
 	c.leader()
-	if _, err := c.nodes[0].b.Load().DeclareQueueAs(&wire.QueueDeclare{Name: "one", Durable: true,
-		Args: wire.Table{{Key: "replicas", Value: wire.Int(1)}}}, 0, ""); err != nil {
-		t.Fatal(err)
-	}
-	for _, nd := range c.nodes {
-		c.sees(nd, "queue one durable=true")
-	}
+	c.declareSeen(wire.QueueDeclare{Name: "one", Durable: true,
+		Args: wire.Table{{Key: "replicas", Value: wire.Int(1)}}})
 	holder := c.queueLeader("one")
 	var others []*clusterNode
 	for _, nd := range c.nodes {
@@ -493,9 +484,7 @@ func TestClusterHomeLiveWithoutHellos(t *testing.T) {
 			break
 		}
 	}
-	if _, err := home.b.Load().DeclareQueueAs(&wire.QueueDeclare{Name: "hq"}, 0, ""); err != nil {
-		t.Fatal(err)
-	}
+	c.declareOn(home, wire.QueueDeclare{Name: "hq"})
 	c.sees(lead, "queue hq ")
 	lb := lead.b.Load()
 	c.waitFor("the leader heard the home", func() bool { return lb.origins.known(home.id) != 0 })
@@ -552,12 +541,8 @@ func TestClusterDeleteCount(t *testing.T) {
 	c.leader()
 	n2 := c.nodes[1]
 	one := wire.Table{{Key: "replicas", Value: wire.Int(1)}}
-	if _, err := n2.b.Load().DeclareQueueAs(&wire.QueueDeclare{Name: "n1"}, 0, ""); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := n2.b.Load().DeclareQueueAs(&wire.QueueDeclare{Name: "d1", Durable: true, Args: one}, 0, ""); err != nil {
-		t.Fatal(err)
-	}
+	c.declareOn(n2, wire.QueueDeclare{Name: "n1"})
+	c.declareOn(n2, wire.QueueDeclare{Name: "d1", Durable: true, Args: one})
 	for _, nd := range c.nodes {
 		c.sees(nd, "queue n1 ", "queue d1 ")
 	}
@@ -600,9 +585,7 @@ func TestClusterHomeBacklog(t *testing.T) {
 	c := newTestClusterWith(t, 3, func(c *testCluster) { c.softLimit = 5 })
 	c.leader()
 	n1, n2 := c.nodes[0], c.nodes[1]
-	if _, err := n1.b.Load().DeclareQueueAs(&wire.QueueDeclare{Name: "bq"}, 0, ""); err != nil {
-		t.Fatal(err)
-	}
+	c.declareOn(n1, wire.QueueDeclare{Name: "bq"})
 	for _, nd := range c.nodes {
 		c.sees(nd, "queue bq ")
 	}
@@ -641,9 +624,7 @@ func TestClusterStatusWaitsCapped(t *testing.T) {
 	c := newTestCluster(t, 3)
 	c.leader()
 	n1, n2 := c.nodes[0], c.nodes[1]
-	if _, err := n1.b.Load().DeclareQueueAs(&wire.QueueDeclare{Name: "sq"}, 0, ""); err != nil {
-		t.Fatal(err)
-	}
+	c.declareOn(n1, wire.QueueDeclare{Name: "sq"})
 	c.sees(n2, "queue sq ")
 	lose := func(_, _ uint64, p []byte) bool { return len(p) > 1 && p[0] == 'c' && p[1] == 't' }
 	c.lose.Store(&lose)
