@@ -31,7 +31,11 @@ type metaCluster struct {
 	timeout time.Duration
 	waiting map[uint64]struct{}   // seqs a request waits for
 	results map[uint64]MetaResult // their results, once applied here
-	stop    chan struct{}         // stops the ticker
+	// removes: seqs of this node's queue deletions proposed without a
+	// waiter (clusterRemove), until applied here (or told unknown):
+	// what clusterSync waits for.
+	removes map[uint64]struct{}
+	stop    chan struct{} // stops the ticker
 	stopped chan struct{}
 	// tickQueues ticks the replicated queue groups with the metadata
 	// group (nil without them).
@@ -192,7 +196,7 @@ func (b *Broker) openClusterMeta(ctx context.Context, cfg MetaLogConfig) error {
 	}
 	rec.SetNodes(nodes)
 	m := &clusterMachine{t: t, rec: &MetaMachine{Meta: rec}}
-	cl := &metaCluster{timeout: cfg.Timeout, waiting: map[uint64]struct{}{}, results: map[uint64]MetaResult{},
+	cl := &metaCluster{timeout: cfg.Timeout, waiting: map[uint64]struct{}{}, results: map[uint64]MetaResult{}, removes: map[uint64]struct{}{},
 		stop: make(chan struct{}), stopped: make(chan struct{}), forward: cfg.Forward, onRemoved: cfg.OnRemoved}
 	if cl.timeout <= 0 {
 		cl.timeout = DefaultMetaTimeout
@@ -219,6 +223,7 @@ func (b *Broker) openClusterMeta(ctx context.Context, cfg MetaLogConfig) error {
 		},
 		OnRemoved: func() { b.NoteRemoved("it applied its own removal") },
 		Done: func(seq uint64, res any) {
+			delete(cl.removes, seq)
 			if _, ok := cl.waiting[seq]; ok {
 				r, is := res.(MetaResult)
 				if err, _ := res.(error); !is && err != nil {
@@ -350,7 +355,12 @@ func (b *Broker) MetaStatus() (MetaStatus, bool) {
 
 // clusterChange proposes c and waits until it is applied here (the
 // metadata group proposes it again if it was lost with its leader), or
-// the timeout: the request's answer in a cluster.
+// the timeout: the request's answer in a cluster. It waits for c alone,
+// not for the changes this node proposed before it. A change not applied
+// in time is abandoned: the metadata group never proposes it again, so
+// it is applied only if its entry commits as first proposed (at once,
+// under the same leader), never later, after a change of leader, when
+// the client has moved on.
 func (t *topology) clusterChange(cl *metaCluster, c *MetaCommand) MetaResult {
 	if cl.removed.Load() {
 		return refuse(wire.PreconditionFailed, "this node was removed from the cluster: it no longer serves")
@@ -369,6 +379,9 @@ func (t *topology) clusterChange(cl *metaCluster, c *MetaCommand) MetaResult {
 	delete(cl.results, seq)
 	delete(cl.waiting, seq)
 	t.mu.Unlock()
+	if !ok && err != nil {
+		cl.g.Abandon(seq)
+	}
 	switch {
 	case ok:
 		return res
@@ -398,18 +411,29 @@ func (t *topology) clusterRemove(cl *metaCluster, q *Queue) bool {
 	}
 	c := MetaCommand{Op: MetaDeleteQueue, NowMs: t.now(), Queue: wire.QueueDeclare{Name: q.name}, QueueID: uint64(q.id)}
 	t.mbuf = AppendMetaCommand(t.mbuf[:0], &c)
-	cl.g.Add(t.mbuf)
+	cl.removes[cl.g.Add(t.mbuf)] = struct{}{}
 	cl.g.Kick()
 	return true
 }
 
-// clusterSync waits until every change this node proposed is applied here
-// (bounded by the cluster timeout).
+// clusterSync waits until every queue deletion this node proposed
+// (clusterRemove, whose requests wait here) is applied here, bounded by
+// the cluster timeout. Every other change's request waited for it alone
+// (clusterChange): none waits here behind another's change that was
+// lost (which would hold it until that one's request gave up).
 func (t *topology) clusterSync(ctx context.Context, cl *metaCluster) error {
 	ctx, cancel := context.WithTimeout(ctx, cl.timeout)
 	defer cancel()
-	if err := cl.g.Wait(ctx, cl.g.Added()); err != nil {
-		return &wire.Error{Code: wire.InternalError, Reason: "the cluster has not applied the topology change: " + err.Error()}
+	t.mu.Lock()
+	seqs := make([]uint64, 0, len(cl.removes))
+	for seq := range cl.removes {
+		seqs = append(seqs, seq)
+	}
+	t.mu.Unlock()
+	for _, seq := range seqs {
+		if err := cl.g.Wait(ctx, seq); err != nil {
+			return &wire.Error{Code: wire.InternalError, Reason: "the cluster has not applied the topology change: " + err.Error()}
+		}
 	}
 	return nil
 }

@@ -3,10 +3,12 @@ package broker
 import (
 	"context"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
 	"github.com/warren-mq/warren/wire"
+	"go.etcd.io/raft/v3/raftpb"
 )
 
 // TestClusterChangeSentAsLeaderDies: the newcomer trial's case. The
@@ -73,5 +75,63 @@ func TestClusterChangeSentAsLeaderDies(t *testing.T) {
 		b := nd.b.Load()
 		c.sees(nd, "queue q4 durable=true")
 		c.waitFor("queue old deleted on the nodes up", func() bool { return !strings.Contains(topoSummary(b), "queue old") })
+	}
+}
+
+// TestClusterChangeLostUnderSameLeader: a declare whose proposal is lost
+// on its way to the metadata leader, which stays leader, is answered as
+// not applied in time; the node's next declare does not wait behind it
+// (it is answered with its queue), and the lost declare is never applied,
+// not even after a change of leader (which used to propose it again: a
+// queue the client was told may not exist, or deleted since, coming
+// back).
+func TestClusterChangeLostUnderSameLeader(t *testing.T) {
+	c := newTestCluster(t, 3)
+	lead := c.leader()
+	f := c.nodes[lead.id%3]
+	fb := f.b.Load()
+	cl := fb.topo.cl.Load()
+	cl.timeout = 500 * time.Millisecond // the lost declare's answer (read by this goroutine's requests only)
+	var once sync.Once
+	drop := func(to uint64, m raftpb.Message) bool {
+		lost := false
+		if to == lead.id && m.From == f.id && m.Type == raftpb.MsgProp {
+			once.Do(func() { lost = true })
+		}
+		return lost
+	}
+	c.dropMeta.Store(&drop)
+	if _, err := fb.DeclareQueueAs(&wire.QueueDeclare{Name: "lost"}, 0, ""); err == nil || !strings.Contains(err.Error(), "may still be applied") {
+		t.Fatalf("the lost declare: %v", err)
+	}
+	cl.timeout = 20 * time.Second
+	start := time.Now()
+	if q, err := fb.DeclareQueueAs(&wire.QueueDeclare{Name: "next"}, 0, ""); err != nil || q.Name() != "next" {
+		t.Fatalf("the next declare: %v, %v", q, err)
+	}
+	if d := time.Since(start); d > 10*time.Second {
+		t.Fatalf("the next declare answered after %v: it waited behind the lost one", d) // milliseconds when it does not
+	}
+	if st, _ := fb.MetaStatus(); st.Leader != lead.id {
+		t.Fatalf("leader %d, want %d still", st.Leader, lead.id)
+	}
+	// A change of leader: the lost declare's entry is known lost.
+	to := c.nodes[(lead.id+1)%3]
+	if _, err := lead.b.Load().MetaGroup().TransferLeadership(t.Context(), to.id); err != nil {
+		t.Fatal(err)
+	}
+	c.waitFor("the node following the new leader", func() bool {
+		st, _ := fb.MetaStatus()
+		return st.Leader == to.id
+	})
+	// The node's next change comes after anything it proposes again.
+	if _, err := fb.DeclareQueueAs(&wire.QueueDeclare{Name: "after"}, 0, ""); err != nil {
+		t.Fatal(err)
+	}
+	for _, nd := range c.nodes {
+		c.sees(nd, "queue next", "queue after")
+		if s := topoSummary(nd.b.Load()); strings.Contains(s, "queue lost") {
+			t.Fatalf("node %d applied the declare answered as lost:\n%s", nd.id, s)
+		}
 	}
 }

@@ -64,6 +64,9 @@ type testCluster struct {
 	holdMu  sync.Mutex
 	holding [8]bool
 	held    [8][]heldRaft
+	// dropMeta, if set, says which metadata raft messages to node to are
+	// lost on the way.
+	dropMeta atomic.Pointer[func(to uint64, m raftpb.Message) bool]
 }
 
 type heldRaft struct {
@@ -94,6 +97,9 @@ func (c *testCluster) release(nd *clusterNode) {
 
 // deliverRaft steps node nd with a raft message, unless held.
 func (c *testCluster) deliverRaft(nd *clusterNode, gid uint64, m raftpb.Message) {
+	if drop := c.dropMeta.Load(); gid == replication.MetaGroupID && drop != nil && (*drop)(nd.id, m) {
+		return
+	}
 	if gid != replication.MetaGroupID {
 		c.holdMu.Lock()
 		defer c.holdMu.Unlock()

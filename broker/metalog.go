@@ -178,7 +178,9 @@ func (b *Broker) CloseMetaLog(ctx context.Context) error {
 }
 
 // MetaSync waits until every topology change made so far is durable (at
-// once without a metadata log).
+// once without a metadata log; in a cluster, every queue deletion this
+// node proposed is applied here: every other request waited for its own
+// change).
 func (b *Broker) MetaSync(ctx context.Context) error { return b.topo.sync(ctx) }
 
 // sync waits for the metadata log to hold every change applied so far.

@@ -74,8 +74,9 @@ type MetaGroup struct {
 	bytesSince int
 
 	mu      sync.Mutex
-	durable uint64        // every command up to this seq is committed (one voter) or resolved (several: applied, or told unknown)
-	changed chan struct{} // closed and replaced when durable moves or the group fails
+	durable uint64        // one voter: every command up to this seq is committed; several: every one up to it was collected by the loop
+	open    []seqRun      // several voters: the collected seqs not resolved yet (applied, told unknown, or abandoned), in order
+	changed chan struct{} // closed and replaced when durable or open moves or the group fails
 	failed  error
 	closing bool
 
@@ -90,6 +91,7 @@ type MetaGroup struct {
 	inMu    sync.Mutex
 	inbox   []raftpb.Message
 	ticks   int
+	gaveUp  []uint64             // seqs Abandon was told of, for the loop
 	clock   uint64               // ticks the loop has stepped
 	heard   map[uint64]uint64    // loop: peer → clock when a message from it was last stepped
 	heardAt map[uint64]time.Time // g.mu: peer → when a message from it was last stepped (HeardAt)
@@ -102,6 +104,7 @@ type MetaGroup struct {
 	inflight   []metaProposal
 	collected  uint64
 	commitTerm uint64
+	openNext   []seqRun // loop: publishOpen's spare
 
 	// Membership (members.go; several voters): the loop's copy, changed
 	// at apply, and what readers see (g.mu). conf is raft's configuration
@@ -129,11 +132,47 @@ type MetaGroup struct {
 
 // metaProposal is one entry's worth of this node's commands, from seq
 // first on, and the term it was last proposed in (0: to propose, again
-// once known lost).
+// once known lost). gone marks the commands whose request gave up
+// (Abandon; nil: none): never proposed again, and dropped with the
+// entry once it is known lost.
 type metaProposal struct {
 	first uint64
 	cmds  [][]byte
 	term  uint64
+	gone  []bool
+}
+
+// seqRun is the seqs from first up to (not including) end.
+type seqRun struct{ first, end uint64 }
+
+// live is how many of p's commands no request gave up on.
+func (p *metaProposal) live() int {
+	n := len(p.cmds)
+	for _, g := range p.gone {
+		if g {
+			n--
+		}
+	}
+	return n
+}
+
+// liveRuns splits p into proposals of its commands no request gave up
+// on, each a run of consecutive seqs, to propose (term 0).
+func (p *metaProposal) liveRuns() []metaProposal {
+	var out []metaProposal
+	for i := 0; i < len(p.cmds); {
+		if p.gone != nil && p.gone[i] {
+			i++
+			continue
+		}
+		j := i
+		for j < len(p.cmds) && (p.gone == nil || !p.gone[j]) {
+			j++
+		}
+		out = append(out, metaProposal{first: p.first + uint64(i), cmds: p.cmds[i:j:j]})
+		i = j
+	}
+	return out
 }
 
 type memberView struct {
@@ -192,17 +231,20 @@ type MetaConfig struct {
 	// what was added while no leader is known, then proposes it, and raft
 	// forwards a follower's proposal to the leader. Each entry carries its
 	// origin (node, incarnation, first seq) and the term it was proposed
-	// in, so the origin's Wait(seq) returns once the entry is applied here,
-	// and Done is told each of its commands' results. A proposal lost with
-	// a leadership (forwarded to a leader that died or lost it before
-	// appending it, or appended by a leader whose log the next one
-	// overwrote) is proposed again, once, when this node has seen an entry
-	// of a later term committed (proposeLost: from then on it can never
-	// commit); it is applied once, and Wait returns with Done told its
-	// result. If a leader's snapshot this node installs may hold it, its
-	// fate is unknown here: Done is told ErrMetaOutcomeUnknown. A proposal
-	// lost with the same leader (a dropped message) is not retried: bound
-	// Wait with a context. Membership (members.go): after the
+	// in, so the origin's Wait(seq) returns once that command is applied
+	// here (whatever became of the others), and Done is told each of its
+	// commands' results. A proposal lost with a leadership (forwarded to a
+	// leader that died or lost it before appending it, or appended by a
+	// leader whose log the next one overwrote) is proposed again, once,
+	// when this node has seen an entry of a later term committed
+	// (proposeLost: from then on it can never commit); it is applied once,
+	// and Wait returns with Done told its result. If a leader's snapshot
+	// this node installs may hold it, its fate is unknown here: Done is
+	// told ErrMetaOutcomeUnknown. A proposal lost with the same leader (a
+	// dropped message: no new term tells) is not known lost until a term
+	// changes: bound Wait with a context, and when it runs out, Abandon
+	// the command, which is then never proposed again (it is still applied
+	// if its entry commits under its own tag). Membership (members.go): after the
 	// first snapshot, the snapshot's configuration and members win over
 	// Peers; a follower behind the leader's snapshot installs it
 	// (SendSnapshot, StepSnapshot).
@@ -464,8 +506,8 @@ func (g *MetaGroup) Status() raft.BasicStatus {
 // and transfers asked for, then drive.
 func (g *MetaGroup) roundMulti() error {
 	g.inMu.Lock()
-	msgs, ticks, reqs, transfers, snaps, reports := g.inbox, g.ticks, g.reqs, g.transfers, g.snapsIn, g.reports
-	g.inbox, g.ticks, g.reqs, g.transfers, g.snapsIn, g.reports = nil, 0, nil, nil, nil, nil
+	msgs, ticks, reqs, transfers, snaps, reports, gaveUp := g.inbox, g.ticks, g.reqs, g.transfers, g.snapsIn, g.reports, g.gaveUp
+	g.inbox, g.ticks, g.reqs, g.transfers, g.snapsIn, g.reports, g.gaveUp = nil, 0, nil, nil, nil, nil, nil
 	g.inMu.Unlock()
 	for range ticks {
 		g.rn.Tick()
@@ -506,17 +548,25 @@ func (g *MetaGroup) roundMulti() error {
 			g.cfg.Logger.Debug("replication: metadata group: a snapshot refused", "from", sm.Msg.From, "err", err)
 		}
 	}
+	// Collected even with no leader known, so that a request giving up
+	// meanwhile (Abandon) finds its command, and it is never proposed.
+	g.cfg.Lock.Lock()
+	cmds := g.pending
+	g.pending = nil
+	seq := g.added.Load()
+	g.cfg.Lock.Unlock()
+	if len(cmds) > 0 {
+		g.inflight = append(g.inflight, metaProposal{first: seq - uint64(len(cmds)) + 1, cmds: cmds})
+		g.collected = seq
+	}
+	if len(gaveUp) > 0 {
+		g.giveUp(gaveUp)
+	}
+	if len(cmds) > 0 || len(gaveUp) > 0 {
+		g.publishOpen()
+	}
 	bs := g.rn.BasicStatus()
 	if bs.Lead != raft.None {
-		g.cfg.Lock.Lock()
-		cmds := g.pending
-		g.pending = nil
-		seq := g.added.Load()
-		g.cfg.Lock.Unlock()
-		if len(cmds) > 0 {
-			g.inflight = append(g.inflight, metaProposal{first: seq - uint64(len(cmds)) + 1, cmds: cmds})
-			g.collected = seq
-		}
 		g.proposeLost(bs.Term)
 	}
 	leader := bs.RaftState == raft.StateLeader
@@ -604,8 +654,8 @@ func (g *MetaGroup) proposeLost(term uint64) {
 
 // resolved drops this node's proposal whose first seq is first (applied),
 // marks those an entry of a later term than theirs proved lost (to
-// propose again: proposeLost), and moves the waiters' seq to just
-// before the first one unresolved.
+// propose again: proposeLost; only their commands no request gave up
+// on), and tells the waiters.
 func (g *MetaGroup) resolved(first uint64) {
 	lost := false
 	for i := 0; i < len(g.inflight); i++ {
@@ -616,23 +666,58 @@ func (g *MetaGroup) resolved(first uint64) {
 			continue
 		}
 		if p.term != 0 && p.term < g.commitTerm {
+			live := p.liveRuns()
 			g.cfg.Logger.Info("metadata group: a change proposed in an earlier term was lost with its leader; proposing it again",
-				"term", p.term, "committed term", g.commitTerm, "commands", len(p.cmds))
-			p.term, lost = 0, true
+				"term", p.term, "committed term", g.commitTerm, "commands", len(p.cmds), "given up", len(p.cmds)-p.live())
+			g.inflight = slices.Replace(g.inflight, i, i+1, live...)
+			i += len(live) - 1
+			lost = lost || len(live) > 0
 		}
 	}
 	if lost {
 		g.Kick()
 	}
-	d := g.collected
-	if len(g.inflight) > 0 {
-		d = g.inflight[0].first - 1
+	g.publishOpen()
+}
+
+// giveUp marks the commands of seqs as given up (Abandon): one not
+// proposed yet never will be; one proposed may still commit under its
+// tag (then it is applied, as any entry), but it is never proposed
+// again. An entry all of whose commands were given up is forgotten.
+func (g *MetaGroup) giveUp(seqs []uint64) {
+	for _, seq := range seqs {
+		i := slices.IndexFunc(g.inflight, func(p metaProposal) bool { return seq >= p.first && seq < p.first+uint64(len(p.cmds)) })
+		if i < 0 {
+			continue // resolved already, or never collected
+		}
+		p := &g.inflight[i]
+		if p.gone == nil {
+			p.gone = make([]bool, len(p.cmds))
+		}
+		p.gone[seq-p.first] = true
+		switch {
+		case p.live() == 0:
+			g.inflight = slices.Delete(g.inflight, i, i+1)
+		case p.term == 0:
+			g.inflight = slices.Replace(g.inflight, i, i+1, p.liveRuns()...)
+		}
+	}
+}
+
+// publishOpen tells Wait which collected seqs are not resolved yet.
+func (g *MetaGroup) publishOpen() {
+	next := g.openNext[:0]
+	for _, p := range g.inflight {
+		next = append(next, seqRun{p.first, p.first + uint64(len(p.cmds))})
 	}
 	g.mu.Lock()
-	if d > g.durable {
-		g.durable = d
+	if g.collected != g.durable || !slices.Equal(next, g.open) {
+		g.durable = g.collected
+		g.open, g.openNext = next, g.open
 		close(g.changed)
 		g.changed = make(chan struct{})
+	} else {
+		g.openNext = next
 	}
 	g.mu.Unlock()
 }
@@ -964,7 +1049,9 @@ func (g *MetaGroup) install(snap raftpb.Snapshot) error {
 		}
 		if g.cfg.Done != nil {
 			for i := range p.cmds {
-				g.cfg.Done(p.first+uint64(i), ErrMetaOutcomeUnknown)
+				if p.gone == nil || !p.gone[i] {
+					g.cfg.Done(p.first+uint64(i), ErrMetaOutcomeUnknown)
+				}
 			}
 		}
 		return true
@@ -1166,16 +1253,32 @@ func (g *MetaGroup) Kick() {
 // Added is the seq of the last command added.
 func (g *MetaGroup) Added() uint64 { return g.added.Load() }
 
-// Wait returns once the command of seq is committed (durable; several
-// voters: applied here, or its fate told unknown, and so is every one
-// before it), or with the error that stopped the group, or ctx's.
+// Wait returns once the command of seq is committed (durable; one voter:
+// so is every one before it; several voters: applied here, or its fate
+// told unknown, whatever became of the commands before it), or with the
+// error that stopped the group, or ctx's. A caller whose ctx ran out
+// calls Abandon(seq) (several voters), or the command may be proposed
+// again after a change of leader, and applied late.
 func (g *MetaGroup) Wait(ctx context.Context, seq uint64) error {
 	kicked := false
 	for {
 		g.mu.Lock()
-		d, failed, ch := g.durable, g.failed, g.changed
+		done := g.durable >= seq
+		if g.multi && done {
+			_, found := slices.BinarySearchFunc(g.open, seq, func(r seqRun, s uint64) int {
+				switch {
+				case r.end <= s:
+					return -1
+				case r.first > s:
+					return 1
+				}
+				return 0
+			})
+			done = !found
+		}
+		failed, ch := g.failed, g.changed
 		g.mu.Unlock()
-		if d >= seq {
+		if done {
 			return nil
 		}
 		if failed != nil {
@@ -1191,6 +1294,23 @@ func (g *MetaGroup) Wait(ctx context.Context, seq uint64) error {
 			return ctx.Err()
 		}
 	}
+}
+
+// Abandon gives up on the command of seq (several voters; one voter: no
+// effect): its request was answered without its result (Wait's ctx ran
+// out). It is never proposed again, so never applied late, after a
+// change of leader, when its requester has moved on; if its entry was
+// appended by the leader of its term, it may still commit under its tag
+// and is then applied, once, as any entry (Done is told, as of any
+// command of this node's). Safe for concurrent use.
+func (g *MetaGroup) Abandon(seq uint64) {
+	if !g.multi {
+		return
+	}
+	g.inMu.Lock()
+	g.gaveUp = append(g.gaveUp, seq)
+	g.inMu.Unlock()
+	g.Kick()
 }
 
 // Start runs the group's loop.

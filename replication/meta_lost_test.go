@@ -1,6 +1,7 @@
 package replication
 
 import (
+	"context"
 	"fmt"
 	"sync"
 	"testing"
@@ -266,4 +267,110 @@ func TestMetaStaleProposalCountsAsNothing(t *testing.T) {
 	// c comes after it in the log: applied, so is the old proposal.
 	metaAdd(t, nodes, newLead, "declare c")
 	metaTickUntil(t, nodes, "every node applying all three", metaAllApplied(nodes, "declare a,declare b,declare c"))
+}
+
+// TestMetaProposalLostWithSameLeader: a follower's proposal dropped on
+// its way to the leader, which stays leader (no new term tells anyone it
+// was lost): the follower's later command is applied and its Wait
+// returns while the lost one is unresolved (Wait is per command, not
+// for every one before it); once the lost one's request gives up
+// (Abandon), it is never proposed again, even after a change of leader
+// (which used to bring it back: a declare answered as timed out applied
+// much later).
+func TestMetaProposalLostWithSameLeader(t *testing.T) {
+	net, nodes, lead, up := newMetaTrioFirst(t)
+	f := up[0]
+	L, F := uint64(lead+1), uint64(f+1)
+	dropped := make(chan struct{})
+	net.setWatch(func(m raftpb.Message) bool {
+		if m.Type == raftpb.MsgProp && m.From == F && m.To == L {
+			select {
+			case <-dropped:
+				return false
+			default:
+				close(dropped) // the first: lost
+				return true
+			}
+		}
+		return false
+	})
+	g := nodes[f].g.Load()
+	lost := addOn(nodes[f], "declare b")
+	g.Kick()
+	<-dropped
+	metaAwait(t, nodes, "the later command's Wait, the lost one unresolved", waitAsync(g, addOn(nodes[f], "declare c")))
+	if got := nodes[f].machine.list(); got != "declare a,declare c" {
+		t.Fatalf("applied %q", got)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	if err := g.Wait(ctx, lost); err == nil {
+		t.Fatal("the lost command's Wait returned")
+	}
+	g.Abandon(lost)
+	metaAwait(t, nodes, "the lost command resolved by giving up", waitAsync(g, lost))
+
+	// A new term: the follower learns its entry of the old term is lost.
+	net.setDown(L, true)
+	newLead := metaLeaderAmong(t, nodes, up)
+	if nodes[newLead].g.Load().Status().Term <= nodes[lead].g.Load().Status().Term {
+		t.Fatal("no new term")
+	}
+	live := []*metaNode{nodes[up[0]], nodes[up[1]]}
+	metaAdd(t, nodes, newLead, "declare d")
+	metaTickUntil(t, live, "the follower applying the new leader's", func() bool {
+		return nodes[f].machine.list() == "declare a,declare c,declare d"
+	})
+	// The follower's next command comes after anything it proposes
+	// again: b, had it been kept, would be applied before e.
+	metaAwait(t, live, "the follower's next command", waitAsync(g, addOn(nodes[f], "declare e")))
+	metaTickUntil(t, live, "both nodes up applying e, and not b", metaAllApplied(live, "declare a,declare c,declare d,declare e"))
+}
+
+// TestMetaAbandonedProposalCommitsOnce: a proposal the leader appended
+// but had not committed when its request gave up (Abandon) still commits
+// under its tag once the leader's messages get through, and is applied
+// exactly once, on every node, through a later change of leader: giving
+// up takes back nothing already in the log, and proposes nothing again.
+func TestMetaAbandonedProposalCommitsOnce(t *testing.T) {
+	net, nodes, lead, up := newMetaTrioFirst(t)
+	f := up[0]
+	metaTickUntil(t, nodes, "the other follower applying the first", func() bool { return nodes[up[1]].machine.list() == "declare a" })
+	L, F := uint64(lead+1), uint64(f+1)
+	heldTo := map[uint64]bool{}
+	net.setWatch(func(m raftpb.Message) bool {
+		if m.From != L || m.Type != raftpb.MsgApp {
+			return false
+		}
+		for _, e := range m.Entries {
+			if node, _, _, _ := metaOrigin(e.Data); node == F {
+				heldTo[m.To] = true
+				return true // the entry reaches no follower: not committed
+			}
+		}
+		return false
+	})
+	g := nodes[f].g.Load()
+	seq := addOn(nodes[f], "declare b")
+	g.Kick()
+	metaTickUntil(t, nodes, "the leader appending the follower's entry", net.locked(func() bool { return len(heldTo) == 2 }))
+	g.Abandon(seq)
+	metaAwait(t, nodes, "the command resolved by giving up", waitAsync(g, seq))
+	if got := nodes[f].machine.list(); got != "declare a" {
+		t.Fatalf("applied %q before the leader's messages got through", got)
+	}
+	net.mu.Lock()
+	held := net.held
+	net.watch, net.held = nil, nil
+	net.mu.Unlock()
+	for _, m := range held {
+		nodes[m.To-1].g.Load().Step(m)
+	}
+	metaTickUntil(t, nodes, "every node applying the abandoned entry", metaAllApplied(nodes, "declare a,declare b"))
+	net.setDown(L, true)
+	newLead := metaLeaderAmong(t, nodes, up)
+	live := []*metaNode{nodes[up[0]], nodes[up[1]]}
+	metaAdd(t, nodes, newLead, "declare c")
+	metaAwait(t, live, "the follower's next command", waitAsync(g, addOn(nodes[f], "declare d")))
+	metaTickUntil(t, live, "both nodes up applying d, b once", metaAllApplied(live, "declare a,declare b,declare c,declare d"))
 }
