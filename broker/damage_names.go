@@ -30,8 +30,9 @@ const maxDamageNames = 20
 // readable metadata holds when groups is nil: damage that cannot be
 // attributed). The text starts with "; ". wal, if not "", is the
 // damaged WAL file: the WAL files after it are left out of the reading
-// (they carry the quarantine marks of this and earlier opens, which a
-// Repair open refuses; records after the damage name nothing reliably).
+// (they may carry quarantine marks, written by an earlier start that went
+// on with a damaged queue's group or by an earlier build, which a Repair
+// open refuses; records after the damage name nothing reliably).
 func damagedQueueNames(fs segment.FS, path, wal string, groups []uint64) string {
 	byGroup, err := readableQueues(fs, path, wal)
 	if err != nil {

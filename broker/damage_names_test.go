@@ -79,8 +79,7 @@ func TestNodeLogWALDamageNamesQueues(t *testing.T) {
 	wal := walDamageNode(t, mem, 23)
 	mem.Corrupt(wal, mem.FileSize(wal)*3/4, 3)
 
-	// A second start (the first one's quarantine marks on disk) names
-	// them too.
+	// A second start names them too.
 	for range 2 {
 		_, _, err := openNodeLog(mem, "/data", nil)
 		if !errors.Is(err, segment.ErrCorrupt) || !strings.Contains(err.Error(), "metadata of this node is damaged") {

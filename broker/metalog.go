@@ -131,16 +131,17 @@ func OpenNodeLog(dir string, logger *slog.Logger) (*segment.Log, *replication.Sn
 
 // openNodeLog is OpenNodeLog over fs, in path.
 func openNodeLog(fs segment.FS, path string, logger *slog.Logger) (*segment.Log, *replication.SnapStore, error) {
-	l, err := segment.Open(fs, path, segment.Options{Logger: logger, Quarantine: true})
-	if err != nil {
-		if errors.Is(err, segment.ErrUnattributable) {
-			return nil, nil, fmt.Errorf("opening the log in %s: %w%s", path, err, damagedQueueNames(fs, path, "", nil))
-		}
-		return nil, nil, fmt.Errorf("opening the log in %s: %w", path, err)
-	}
-	damaged := l.Damaged()
-	if err := metadataDamage(damaged); err != nil {
-		_ = l.Close()
+	// Damage that refuses the node is refused before the log writes
+	// anything (CheckDamage): the data directory stays as it was found,
+	// for an operator or a later build to inspect or repair.
+	var damaged []segment.DamagedGroup
+	var refused error
+	l, err := segment.Open(fs, path, segment.Options{Logger: logger, Quarantine: true,
+		CheckDamage: func(d []segment.DamagedGroup) error {
+			damaged, refused = d, metadataDamage(d)
+			return refused
+		}})
+	if refused != nil && errors.Is(err, refused) {
 		var groups []uint64
 		wal := "" // the first damaged WAL file
 		for _, d := range damaged {
@@ -153,6 +154,12 @@ func openNodeLog(fs segment.FS, path string, logger *slog.Logger) (*segment.Log,
 		}
 		if len(groups) > 0 {
 			return nil, nil, fmt.Errorf("opening the log in %s: %w%s", path, err, damagedQueueNames(fs, path, wal, groups))
+		}
+		return nil, nil, fmt.Errorf("opening the log in %s: %w", path, err)
+	}
+	if err != nil {
+		if errors.Is(err, segment.ErrUnattributable) {
+			return nil, nil, fmt.Errorf("opening the log in %s: %w%s", path, err, damagedQueueNames(fs, path, "", nil))
 		}
 		return nil, nil, fmt.Errorf("opening the log in %s: %w", path, err)
 	}

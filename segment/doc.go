@@ -171,7 +171,11 @@
 // an Open without Quarantine refuses it), also once the damage and the
 // WAL files that held its records are gone. Its segment files stay on
 // disk, untouched, until RemoveGroup removes it like any group; then the
-// id starts empty. Damage inside a record of a sealed file with an
+// id starts empty. Open writes nothing until recovery has read the
+// whole log: the torn tails it found are cut, and the quarantine marked,
+// only once Options.CheckDamage (if set) has accepted the damage found,
+// so an Open that refuses, for that or any other reason, leaves the
+// directory as it found it. Damage inside a record of a sealed file with an
 // intact footer is not read at Open (that is the footer's point): its
 // first read reports it (ErrCorrupt), as without Quarantine.
 //

@@ -52,7 +52,16 @@ type Options struct {
 	// (ErrCorrupt and ErrUnattributable). The package doc's "Damage"
 	// section says which is which. Not with Repair.
 	Quarantine bool
-	Logger     *slog.Logger
+	// CheckDamage, if set, is asked by Open once recovery has read the
+	// whole log, before Open writes anything to it (a torn tail cut, a
+	// header-less file removed, the WAL file that marks a quarantine, the
+	// background worker started), whether to go on with the damage found:
+	// damaged is what Damaged would list (with Quarantine; none without).
+	// An error refuses the open: Open returns it, and the directory is
+	// left as it was found, for an operator or a later build to inspect or
+	// repair. So does any other refusal of Open.
+	CheckDamage func(damaged []DamagedGroup) error
+	Logger      *slog.Logger
 	// WALSize is the size at which the WAL file is sealed and a new one
 	// started (default 64 MiB). Sealed WAL files are moved into segment
 	// files and deleted.
@@ -238,6 +247,7 @@ type Log struct {
 	// groups; their segment files are kept (held) until RemoveGroup.
 	quarantined map[uint64]*groupIndex
 	qCkpt       *DamagedGroup // recovery: the next WAL file's checkpoint groups are damaged so
+	cuts        []recoveryCut // recovery: torn tails to cut once it is done (cut)
 
 	maint sync.Mutex // one Maintain at a time
 	work  chan struct{}
@@ -465,6 +475,10 @@ func (l *Log) removeLocked(id uint64) {
 func (l *Log) Damaged() []DamagedGroup {
 	l.mu.Lock()
 	defer l.mu.Unlock()
+	return l.damagedLocked()
+}
+
+func (l *Log) damagedLocked() []DamagedGroup {
 	out := make([]DamagedGroup, 0, len(l.quarantined))
 	for _, g := range l.quarantined {
 		out = append(out, *g.damage)

@@ -100,6 +100,15 @@ func (l *Log) recover() error {
 	for _, w := range l.wals {
 		w.sealed = true
 	}
+	if check := l.opts.CheckDamage; check != nil {
+		if err := check(l.damagedLocked()); err != nil {
+			return err // nothing written yet
+		}
+	}
+	// Only now is anything written: the torn tails found are cut.
+	if err := l.applyCuts(); err != nil {
+		return err
+	}
 	if len(l.quarantined) > 0 && !lastGone {
 		// The quarantine must be durable before the worker deletes any WAL
 		// file that holds the damage or a quarantined group's records: a
@@ -180,31 +189,58 @@ func (l *Log) openAndMap(f *file) ([]byte, *mapping, error) {
 	return m.data[:size], m, nil
 }
 
+// recoveryCut is a torn tail recovery found: f ends at end (0: f goes).
+type recoveryCut struct {
+	f    *file
+	name string
+	end  int64
+}
+
 // cut makes end the end of f: a torn tail is cut (the mapping is dropped
 // first: a mapped file is never shrunk under a mapping). end 0 removes
-// the file.
+// the file. Recovery only records it: the file is cut on disk once
+// recovery has read the whole log and Open goes on (applyCuts), so an
+// Open that refuses leaves every file as it found it.
 func (l *Log) cut(f *file, end int64) error {
 	if end >= f.size {
 		return nil
 	}
 	f.maps.close()
+	l.cuts = append(l.cuts, recoveryCut{f: f, name: f.name, end: end})
 	if end == 0 {
 		if err := f.f.Close(); err != nil {
 			return err
 		}
 		f.f = nil
-		if err := l.fs.Remove(l.path(f.name)); err != nil {
-			return err
-		}
-		return l.fs.SyncDir(l.dir)
-	}
-	if err := f.f.Truncate(end); err != nil {
-		return err
-	}
-	if err := f.f.Sync(); err != nil {
-		return err
+		return nil
 	}
 	f.size, f.wsize = end, end
+	return nil
+}
+
+// applyCuts cuts on disk the torn tails recovery found (cut), in the
+// order it found them, and removes the files with nothing usable.
+func (l *Log) applyCuts() error {
+	removed := false
+	for _, c := range l.cuts {
+		if c.end == 0 {
+			if err := l.fs.Remove(l.path(c.name)); err != nil {
+				return err
+			}
+			removed = true
+			continue
+		}
+		if err := c.f.f.Truncate(c.end); err != nil {
+			return err
+		}
+		if err := c.f.f.Sync(); err != nil {
+			return err
+		}
+	}
+	l.cuts = nil
+	if removed {
+		return l.fs.SyncDir(l.dir)
+	}
 	return nil
 }
 
