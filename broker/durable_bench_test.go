@@ -219,6 +219,9 @@ func benchDurable(b *testing.B, nq, window int) {
 	b.ReportMetric(per1(st.WALBytes, st0.WALBytes), "wal-B/msg")
 	b.ReportMetric(per1(st.MovedBytes, st0.MovedBytes), "moved-B/msg")
 	b.ReportMetric(per1(st.CompactedBytes, st0.CompactedBytes), "compacted-B/msg")
+	if s := st.Syncs - st0.Syncs; s > 0 {
+		b.ReportMetric(float64(n)/float64(s), "msgs/sync")
+	}
 	if wb >= 0 {
 		b.ReportMetric(float64(wb-wb0)/float64(n), "written-B/msg")
 	}

@@ -48,7 +48,13 @@
 //     one in flight per group; commit-only hard states written lazily),
 //     applies committed entries, and hands the round's writes to its
 //     appender goroutine as one segment Append, whose completion is posted
-//     back to the shard (Advance then). An Append failure stops the worker
+//     back to the shard (Advance then). On a single node (no transport) a
+//     group that is its own only voter is pipelined instead: its rounds'
+//     writes are submitted while earlier ones are in flight, Advanced at
+//     once (raft commits them), and their entries applied only once
+//     persisted says they are durable (applyDurable); the appender merges
+//     the rounds that queued during a write into its next Append, so one
+//     hot queue keeps the disk busy. An Append failure stops the worker
 //     and is reported (Fatal). TestWorkerRounds checks one Append per
 //     round across groups, exactly-once apply, and recovery of every group
 //     after a clean close or a crash at a random sync.

@@ -311,6 +311,8 @@ func (g *Group) installed(rd raft.Ready, meta raftpb.SnapshotMetadata, data []by
 		return
 	}
 	g.st.installed(meta)
+	clear(g.waiting) // (none: a write was in flight while any waited) the log restarts after meta.Index
+	g.waiting = g.waiting[:0]
 	g.appliedIdx.Store(meta.Index)
 	g.setConf(meta.ConfState)
 	g.lastSnapSize, g.lastSnapAt = 0, w.now

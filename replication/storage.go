@@ -34,6 +34,12 @@ type raftStorage struct {
 	snap raftpb.SnapshotMetadata
 	// first, last: the raft log's range (empty: last = first-1).
 	first, last uint64
+	// durable: the last entry segment has made durable (≤ last). They
+	// differ only for a pipelined group (Worker: a single node's solo
+	// leader), whose entries raft is told are stable once their write is
+	// submitted (staged), before its fdatasync; hs is always what is
+	// durable.
+	durable uint64
 	// terms: runs of equal term over [first, last], ascending by start;
 	// the term of first-1 is snap.Term. 16 bytes per term change.
 	terms []termRun
@@ -73,6 +79,7 @@ func openRaftStorage(log *segment.Log, gid uint64, snap raftpb.SnapshotMetadata)
 	}
 	s.first = snap.Index + 1
 	s.last = max(segLast, snap.Index)
+	s.durable = s.last
 	if hs, ok := log.HardState(gid); ok {
 		s.hs = raftpb.HardState{Term: hs.Term, Vote: hs.Vote, Commit: hs.Commit}
 	}
@@ -246,22 +253,30 @@ func limitSize(es []raftpb.Entry, maxSize uint64) []raftpb.Entry {
 // raft's (conf changes excepted, which get their marker); the Entries
 // slice is scratch, valid until the next batch.
 func (s *raftStorage) batch(ents []raftpb.Entry, hs raftpb.HardState) (segment.Batch, error) {
+	b, conv, err := s.batchTo(s.conv[:0], ents, hs)
+	s.conv = conv
+	return b, err
+}
+
+// batchTo is batch with the entries converted into dst (returned grown:
+// the caller's to keep until the write is done, for a write that may
+// be in flight beside the group's next ones).
+func (s *raftStorage) batchTo(dst []segment.Entry, ents []raftpb.Entry, hs raftpb.HardState) (segment.Batch, []segment.Entry, error) {
 	b := segment.Batch{Group: s.gid}
-	s.conv = s.conv[:0]
 	for k := range ents {
 		d, err := raftData(&ents[k])
 		if err != nil {
-			return b, fmt.Errorf("replication: group %d: %w", s.gid, err)
+			return b, dst, fmt.Errorf("replication: group %d: %w", s.gid, err)
 		}
-		s.conv = append(s.conv, segment.Entry{Index: ents[k].Index, Term: ents[k].Term, Data: d})
+		dst = append(dst, segment.Entry{Index: ents[k].Index, Term: ents[k].Term, Data: d})
 	}
-	if len(s.conv) > 0 {
-		b.Entries = s.conv
+	if len(dst) > 0 {
+		b.Entries = dst
 	}
 	if !raft.IsEmptyHardState(hs) && hs != s.hs {
 		b.HardState = &segment.HardState{Term: hs.Term, Vote: hs.Vote, Commit: hs.Commit}
 	}
-	return b, nil
+	return b, dst, nil
 }
 
 // appended mirrors a batch segment has made durable: ents (contiguous,
@@ -271,6 +286,27 @@ func (s *raftStorage) appended(ents []raftpb.Entry, hs raftpb.HardState) error {
 	// The batch is written: its conversion must not keep the entries'
 	// data (the bodies) reachable until the group's next write.
 	clear(s.conv[:cap(s.conv)])
+	if err := s.stage(ents); err != nil {
+		return err
+	}
+	s.persisted(s.last, hs)
+	return nil
+}
+
+// persisted records that segment made the log durable up to entry last
+// (staged before) and hs (ignored when empty).
+func (s *raftStorage) persisted(last uint64, hs raftpb.HardState) {
+	s.durable = max(s.durable, min(last, s.last))
+	if !raft.IsEmptyHardState(hs) {
+		s.hs = hs
+	}
+	s.trimTail(0)
+}
+
+// stage mirrors entries whose write is submitted and not yet durable
+// (a pipelined group: raft takes them as stable now), as appended does,
+// but durable stays where it is: the tail keeps them until they are.
+func (s *raftStorage) stage(ents []raftpb.Entry) error {
 	if len(ents) > 0 {
 		i0 := ents[0].Index
 		if i0 < s.first || i0 > s.last+1 {
@@ -300,10 +336,7 @@ func (s *raftStorage) appended(ents []raftpb.Entry, hs raftpb.HardState) error {
 			s.tailBytes += len(e.Data)
 		}
 		s.last = ents[len(ents)-1].Index
-		s.trimTail(0)
-	}
-	if !raft.IsEmptyHardState(hs) {
-		s.hs = hs
+		s.durable = min(s.durable, i0-1) // an overwrite: what follows i0-1 is not durable yet
 	}
 	return nil
 }
@@ -324,7 +357,7 @@ func (s *raftStorage) applied(i uint64) { s.trimTail(i) }
 // raft lets go of it.
 func (s *raftStorage) trimTail(upTo uint64) {
 	k := 0
-	for k < len(s.tail) && (s.tail[k].Index <= upTo || s.tailBytes > s.maxTail) {
+	for k < len(s.tail) && (s.tail[k].Index <= upTo || s.tailBytes > s.maxTail && s.tail[k].Index <= s.durable) {
 		s.tailBytes -= len(s.tail[k].Data)
 		k++
 	}
@@ -366,6 +399,7 @@ func (s *raftStorage) compacted(meta raftpb.SnapshotMetadata) error {
 func (s *raftStorage) installed(meta raftpb.SnapshotMetadata) {
 	s.snap = meta
 	s.first, s.last = meta.Index+1, meta.Index
+	s.durable = s.last
 	s.terms = s.terms[:0]
 	clear(s.conv[:cap(s.conv)])
 	s.tail, s.tailBytes = nil, 0

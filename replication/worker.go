@@ -25,7 +25,13 @@ import (
 // Sync Ready/Advance with at most one Ready in flight per group: a group
 // whose write is in flight waits for its completion (persisted, posted back
 // to the shard) before it produces another Ready. The shard never blocks
-// on the disk; the appender goroutine does the waiting.
+// on the disk; the appender goroutine does the waiting. Except on a single
+// node (no Send), where a group is its only voter: there its rounds are
+// pipelined (pipelined: each round's entries are submitted while earlier
+// rounds' writes are still in flight, and raft is told at once that they
+// are stable) and nothing is applied before segment made it durable; the
+// appender merges the rounds that queued during a write into its next
+// Append (group commit), so the disk never waits for the shard.
 //
 // Everything but the appender runs on the shard goroutine: Worker and
 // Group are not safe for concurrent use. Post is how the appender hands
@@ -122,6 +128,10 @@ type WorkerStats struct {
 	Dropped   uint64 // proposals raft refused (no leader, transfer, size)
 	Applied   uint64 // entries applied
 	Recycled  uint64 // proposal buffers given back to segment's pool for later entries (spend)
+	// Pipelined: writes submitted while an earlier one of the same group
+	// was in flight (pipelined); Merged: rounds the appender added to
+	// an Append of an earlier round's (group commit). Read on the shard.
+	Pipelined, Merged uint64
 	// SnapshotsSent: snapshots handed to SendSnapshot; SnapshotsInstalled:
 	// leaders' snapshots installed here.
 	SnapshotsSent, SnapshotsInstalled uint64
@@ -134,6 +144,9 @@ type submission struct {
 	readies []raft.Ready
 	hss     []raftpb.HardState // what each batch wrote as hard state (empty: none)
 	hsOnly  []bool             // a hard state written for a snapshot, no Ready
+	piped   []bool             // a pipelined group's write: Advanced already
+	convs   [][]segment.Entry  // each batch's entries (reused; cleared once written)
+	bytes   int                // the entries' data
 	err     error
 }
 
@@ -165,6 +178,11 @@ type Group struct {
 	queued                bool
 	// inflight: a Ready whose write is with the appender.
 	inflight bool
+	// flights: pipelined writes with the appender (pipelined), and
+	// waiting: entries raft committed whose write is not durable yet, or
+	// that wait behind such entries, applied once it is, in order.
+	flights int
+	waiting []raftpb.Entry
 	// pendingHS: a commit-only hard state not yet written (written with
 	// the group's next batch: commit needs no fsync, design §3.2).
 	pendingHS raftpb.HardState
@@ -313,7 +331,7 @@ func (w *Worker) Remove(g *Group, store *SnapStore, before func() error, done fu
 // maybeRemove starts a removed group's removal once nothing of it is in
 // flight.
 func (g *Group) maybeRemove() {
-	if !g.removed || g.removing == nil || g.inflight || g.snapping {
+	if !g.removed || g.removing == nil || g.inflight || g.flights > 0 || g.snapping {
 		return
 	}
 	f := g.removing
@@ -603,12 +621,10 @@ func (w *Worker) process(g *Group, now int64) {
 	if !g.rn.HasReady() {
 		if g.forceHS && !raft.IsEmptyHardState(g.pendingHS) {
 			g.forceHS = false
-			b, err := g.st.batch(nil, g.pendingHS)
-			if err != nil {
+			if err := w.submit(g, raft.Ready{}, g.pendingHS, true, false); err != nil {
 				g.fail(err)
 				return
 			}
-			w.submit(b, g, raft.Ready{}, g.pendingHS, true)
 			g.pendingHS = raftpb.HardState{}
 		}
 		return
@@ -658,20 +674,12 @@ func (w *Worker) handle(g *Group, rd raft.Ready, now int64) {
 	// entries are applied. Those stored already apply now; the rest (a
 	// follower handed entries the others committed) once this Ready's
 	// write is durable, in persisted.
-	stored := rd.CommittedEntries
-	for k := range stored {
-		if stored[k].Index > g.st.last {
-			stored = stored[:k]
-			break
-		}
-	}
-	if err := g.apply(stored); err != nil {
+	applied := g.fsm.AppliedIndex()
+	if err := g.applyDurable(rd.CommittedEntries); err != nil {
 		g.fail(err)
 		return
 	}
-	if len(rd.CommittedEntries) > 0 && w.cfg.Snapshots != nil && !g.snapping && g.SnapshotDue(now) {
-		g.autoSnapshot()
-	}
+	g.maybeAutoSnapshot(applied, now)
 	write := len(rd.Entries) > 0 || rd.MustSync
 	if len(rd.Messages) > 0 {
 		if hs := rd.HardState; write && !raft.IsEmptyHardState(hs) && (hs.Term != g.st.hs.Term || hs.Vote != g.st.hs.Vote) {
@@ -691,13 +699,32 @@ func (w *Worker) handle(g *Group, rd raft.Ready, now int64) {
 	if raft.IsEmptyHardState(hs) {
 		hs = g.pendingHS
 	}
-	if write {
-		b, err := g.st.batch(rd.Entries, hs)
-		if err != nil {
+	if write && w.pipelined(g, rd) {
+		// Raft hears now that the entries are stable (a single voter
+		// commits them at once); applyDurable holds them back until
+		// persisted says they are.
+		if err := w.submit(g, rd, hs, false, true); err != nil {
 			g.fail(err)
 			return
 		}
-		w.submit(b, g, rd, hs, false)
+		g.pendingHS = raftpb.HardState{}
+		if err := g.st.stage(rd.Entries); err != nil {
+			g.fail(err)
+			return
+		}
+		if g.flights > 0 {
+			w.stats.Pipelined++
+		}
+		g.flights++
+		g.rn.Advance(rd)
+		w.mark(g)
+		return
+	}
+	if write {
+		if err := w.submit(g, rd, hs, false, false); err != nil {
+			g.fail(err)
+			return
+		}
 		g.pendingHS = raftpb.HardState{}
 		return
 	}
@@ -710,8 +737,24 @@ func (w *Worker) handle(g *Group, rd raft.Ready, now int64) {
 	w.mark(g)
 }
 
-// submit adds a group's batch to the round's Append.
-func (w *Worker) submit(b segment.Batch, g *Group, rd raft.Ready, hs raftpb.HardState, hsOnly bool) {
+// pipelined reports whether g's Ready rd may be written pipelined
+// (handle): on a single node (no transport: no other replica ever sees
+// an entry before this node made it durable), a group that is its own
+// only voter and leads, and rd changes neither term nor vote (those are
+// made durable before anything follows, as usual). Its entries are then
+// committed in raft's view before they are durable; nothing acts on
+// that but applyDurable, which waits for the write.
+func (w *Worker) pipelined(g *Group, rd raft.Ready) bool {
+	if w.cfg.Send != nil || !g.leader || !g.solo() || len(rd.Messages) > 0 || g.inflight {
+		return false
+	}
+	hs := rd.HardState
+	return raft.IsEmptyHardState(hs) || hs.Term == g.st.hs.Term && hs.Vote == g.st.hs.Vote
+}
+
+// submit adds a group's batch (rd's entries and hs) to the round's
+// Append; a pipelined one does not hold the group's next Ready.
+func (w *Worker) submit(g *Group, rd raft.Ready, hs raftpb.HardState, hsOnly, piped bool) error {
 	if w.sub == nil {
 		if n := len(w.free); n > 0 {
 			w.sub, w.free = w.free[n-1], w.free[:n-1]
@@ -719,12 +762,29 @@ func (w *Worker) submit(b segment.Batch, g *Group, rd raft.Ready, hs raftpb.Hard
 			w.sub = &submission{}
 		}
 	}
-	w.sub.batches = append(w.sub.batches, b)
-	w.sub.groups = append(w.sub.groups, g)
-	w.sub.readies = append(w.sub.readies, rd)
-	w.sub.hss = append(w.sub.hss, hs)
-	w.sub.hsOnly = append(w.sub.hsOnly, hsOnly)
-	g.inflight = true
+	sub := w.sub
+	k := len(sub.batches)
+	if k == len(sub.convs) {
+		sub.convs = append(sub.convs, nil)
+	}
+	b, conv, err := g.st.batchTo(sub.convs[k][:0], rd.Entries, hs)
+	sub.convs[k] = conv
+	if err != nil {
+		return err
+	}
+	for _, e := range b.Entries {
+		sub.bytes += len(e.Data)
+	}
+	sub.batches = append(sub.batches, b)
+	sub.groups = append(sub.groups, g)
+	sub.readies = append(sub.readies, rd)
+	sub.hss = append(sub.hss, hs)
+	sub.hsOnly = append(sub.hsOnly, hsOnly)
+	sub.piped = append(sub.piped, piped)
+	if !piped {
+		g.inflight = true
+	}
+	return nil
 }
 
 func (g *Group) propose(data []byte) {
@@ -780,6 +840,42 @@ func (g *Group) apply(ents []raftpb.Entry) error {
 		g.recycle() // no view of the tail is out
 	}
 	return nil
+}
+
+// applyDurable applies committed entries ents in order as far as they
+// are durable here (stored: a Ready's committed entries may include ones
+// its own write, or a pipelined write in flight, is still storing) and
+// keeps the rest, and any behind entries already waiting, in waiting for
+// applyWaiting. Raft may count them applied: it hands them out once.
+func (g *Group) applyDurable(ents []raftpb.Entry) error {
+	if len(g.waiting) == 0 {
+		k := 0
+		for k < len(ents) && ents[k].Index <= g.st.durable {
+			k++
+		}
+		if err := g.apply(ents[:k]); err != nil {
+			return err
+		}
+		ents = ents[k:]
+	}
+	g.waiting = append(g.waiting, ents...)
+	return g.applyWaiting()
+}
+
+// applyWaiting applies the waiting entries that are durable now.
+func (g *Group) applyWaiting() error {
+	k := 0
+	for k < len(g.waiting) && g.waiting[k].Index <= g.st.durable {
+		k++
+	}
+	if k == 0 {
+		return nil
+	}
+	err := g.apply(g.waiting[:k])
+	n := copy(g.waiting, g.waiting[k:])
+	clear(g.waiting[n:]) // their data: the bodies
+	g.waiting = g.waiting[:n]
+	return err
 }
 
 // solo: the group has one voter and no learners (and is not changing
@@ -893,28 +989,38 @@ func (w *Worker) persisted(sub *submission) {
 		return
 	}
 	for i, g := range sub.groups {
-		if g.removed {
+		piped := sub.piped[i]
+		if piped {
+			g.flights--
+		} else {
 			g.inflight = false
+		}
+		if g.removed {
 			g.maybeRemove()
 			continue
 		}
 		rd := sub.readies[i]
-		if err := g.st.appended(rd.Entries, sub.hss[i]); err != nil {
+		if piped {
+			last := g.st.durable
+			if n := len(rd.Entries); n > 0 {
+				last = rd.Entries[n-1].Index
+			}
+			g.st.persisted(last, sub.hss[i])
+		} else if err := g.st.appended(rd.Entries, sub.hss[i]); err != nil {
 			g.fail(err)
 			continue
 		}
-		g.inflight = false
 		w.mark(g)
 		g.maybeCompact()
-		if sub.hsOnly[i] {
-			continue // no Ready behind it
+		// Committed entries that were not durable when their Ready came.
+		applied := g.fsm.AppliedIndex()
+		if err := g.applyWaiting(); err != nil {
+			g.fail(err)
+			continue
 		}
-		if ents := rd.CommittedEntries; len(ents) > 0 && ents[len(ents)-1].Index > g.fsm.AppliedIndex() {
-			// Committed entries that were not stored when the Ready came.
-			if err := g.apply(ents[g.fsm.AppliedIndex()+1-ents[0].Index:]); err != nil {
-				g.fail(err)
-				continue
-			}
+		g.maybeAutoSnapshot(applied, w.now)
+		if sub.hsOnly[i] || piped {
+			continue // no Ready behind it, or Advanced already
 		}
 		held := g.held
 		g.held = nil
@@ -924,7 +1030,11 @@ func (w *Worker) persisted(sub *submission) {
 	clear(sub.batches)
 	clear(sub.groups)
 	clear(sub.readies)
-	*sub = submission{batches: sub.batches[:0], groups: sub.groups[:0], readies: sub.readies[:0], hss: sub.hss[:0], hsOnly: sub.hsOnly[:0]}
+	for _, c := range sub.convs {
+		clear(c[:cap(c)]) // the entries' data: the bodies
+	}
+	*sub = submission{batches: sub.batches[:0], groups: sub.groups[:0], readies: sub.readies[:0], hss: sub.hss[:0],
+		hsOnly: sub.hsOnly[:0], piped: sub.piped[:0], convs: sub.convs}
 	w.free = append(w.free, sub)
 }
 
@@ -938,10 +1048,14 @@ func (w *Worker) stop(err error) {
 	}
 }
 
-// appender makes each round's writes durable, one Append per round, and
-// posts the completion back to the shard.
+// appender makes the rounds' writes durable and posts their completions
+// back to the shard, in order: every round queued since its last Append
+// goes into the next one (group commit: one write and one fdatasync for
+// all of them, pipelined rounds of one group included).
 func (w *Worker) appender() {
 	defer close(w.done)
+	var subs []*submission
+	var batches []segment.Batch
 	for {
 		w.mu.Lock()
 		for len(w.queue) == 0 && !w.closing {
@@ -953,14 +1067,37 @@ func (w *Worker) appender() {
 			w.mu.Unlock()
 			return
 		}
-		sub := w.queue[0]
-		w.queue[0] = nil
-		w.queue = w.queue[1:]
+		n, size := 0, 0
+		for n < len(w.queue) && (n == 0 || size+w.queue[n].bytes <= maxMerged) {
+			size += w.queue[n].bytes
+			n++
+		}
+		subs = append(subs[:0], w.queue[:n]...)
+		k := copy(w.queue, w.queue[n:])
+		clear(w.queue[k:])
+		w.queue = w.queue[:k]
 		w.mu.Unlock()
-		sub.err = w.log.Append(sub.batches...)
-		w.cfg.Post(func() { w.persisted(sub) })
+		batches = batches[:0]
+		for _, sub := range subs {
+			batches = append(batches, sub.batches...)
+		}
+		err := w.log.Append(batches...)
+		clear(batches)
+		done := append([]*submission(nil), subs...)
+		clear(subs)
+		w.cfg.Post(func() {
+			w.stats.Merged += uint64(len(done) - 1)
+			for _, sub := range done {
+				sub.err = err
+				w.persisted(sub)
+			}
+		})
 	}
 }
+
+// maxMerged bounds the entry bytes of the rounds the appender merges
+// into one Append (segment takes at most 256 MiB in one).
+const maxMerged = 64 << 20
 
 // Close stops the appender once the submitted writes are done (their
 // completions are still posted), and the worker's own pool once its
@@ -1117,6 +1254,14 @@ func (g *Group) SnapshotDue(now int64) bool {
 // files (segment.Options.MoveLag: 256 MiB of appends later) unless the
 // snapshot is over 32 MiB (some 700,000 held messages).
 const snapReclaimFactor = 8
+
+// maybeAutoSnapshot takes a snapshot if entries were applied since
+// the FSM was at entry before and the policy asks for one.
+func (g *Group) maybeAutoSnapshot(before uint64, now int64) {
+	if g.fsm.AppliedIndex() > before && g.w.cfg.Snapshots != nil && !g.snapping && g.err == nil && g.SnapshotDue(now) {
+		g.autoSnapshot()
+	}
+}
 
 // autoSnapshot takes a snapshot the policy asked for.
 func (g *Group) autoSnapshot() {

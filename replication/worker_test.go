@@ -162,14 +162,14 @@ func workerRun(t *testing.T, seed uint64) {
 			}
 		}
 		for _, wg := range groups {
-			acked[wg.g.ID()] = wg.g.st.last // the storage mirrors only what is durable
+			acked[wg.g.ID()] = wg.g.st.durable // what segment made durable
 		}
 	}
 	if s.fatal == nil {
 		s.settle()
 	}
 	for _, wg := range groups {
-		acked[wg.g.ID()] = wg.g.st.last
+		acked[wg.g.ID()] = wg.g.st.durable
 		if wg.g.Err() != nil {
 			t.Fatalf("group %d: %v", wg.g.ID(), wg.g.Err())
 		}
