@@ -53,7 +53,6 @@ func damagedQueueNames(fs segment.FS, path, wal string, groups []uint64) string 
 			}
 		}
 	}
-	slices.Sort(names)
 	var b strings.Builder
 	if groups == nil {
 		b.WriteString("; it cannot be attributed to queues: every durable queue of this node may be affected")
@@ -61,11 +60,8 @@ func damagedQueueNames(fs segment.FS, path, wal string, groups []uint64) string 
 		b.WriteString("; durable queues whose data may be affected")
 	}
 	if len(names) > 0 {
-		b.WriteString(" (vhost/queue, from the metadata before the damage): ")
-		b.WriteString(strings.Join(names[:min(len(names), maxDamageNames)], ", "))
-		if len(names) > maxDamageNames {
-			fmt.Fprintf(&b, " and %d more", len(names)-maxDamageNames)
-		}
+		b.WriteString(" (from the metadata before the damage): ")
+		b.WriteString(queueList(names, maxDamageNames))
 	} else if groups == nil {
 		b.WriteString(" (the metadata before the damage names none)")
 	}
@@ -80,7 +76,7 @@ func damagedQueueNames(fs segment.FS, path, wal string, groups []uint64) string 
 	return b.String()
 }
 
-// readableQueues reads the durable queues' names, by group id, from the
+// readableQueues reads the durable queues' (internal) names, by group id, from the
 // metadata of the log in path that survives a cut at its damage, the WAL
 // files after wal (if not "") left out. Nothing is written to fs.
 func readableQueues(fs segment.FS, path, wal string) (map[uint64]string, error) {
@@ -118,7 +114,7 @@ func readableQueues(fs segment.FS, path, wal string) (map[uint64]string, error) 
 	out := map[uint64]string{}
 	for _, q := range rec.Queues() {
 		if q.Decl.Durable && q.Exclusive == 0 {
-			out[QueueGroupBase+q.ID] = VhostOf(q.Name) + "/" + LocalName(q.Name)
+			out[QueueGroupBase+q.ID] = q.Name // internal: queueList names it
 		}
 	}
 	return out, nil

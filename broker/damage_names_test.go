@@ -71,7 +71,7 @@ func memState(t *testing.T, mem *segment.MemFS) map[string]string {
 
 // TestNodeLogWALDamageNamesQueues: damage in a sealed WAL file quarantines
 // the metadata group with every queue alive then; the node refuses to
-// start, and its error names those durable queues (vhost/queue, read from
+// start, and its error names those durable queues (queues "q" in vhost "/", read from
 // the metadata before the damage; at most 20, then how many more), not
 // the non-durable one; reading them writes nothing to the log.
 func TestNodeLogWALDamageNamesQueues(t *testing.T) {
@@ -86,10 +86,12 @@ func TestNodeLogWALDamageNamesQueues(t *testing.T) {
 			t.Fatalf("open with a damaged sealed WAL file: %v", err)
 		}
 		msg := err.Error()
+		var want []string
 		for i := range 20 {
-			if !strings.Contains(msg, fmt.Sprintf("//q%02d", i)) {
-				t.Fatalf("the error does not name queue q%02d: %v", i, err)
-			}
+			want = append(want, fmt.Sprintf("%q", fmt.Sprintf("q%02d", i)))
+		}
+		if w := "queues " + strings.Join(want, ", ") + ` in vhost "/" and 3 more`; !strings.Contains(msg, w) {
+			t.Fatalf("the error does not name queues q00 to q19 as %s: %v", w, err)
 		}
 		if strings.Contains(msg, "q20") || !strings.Contains(msg, "and 3 more") || strings.Contains(msg, "transient") {
 			t.Fatalf("the error names more than 20 queues, or the non-durable one: %v", err)
@@ -101,7 +103,7 @@ func TestNodeLogWALDamageNamesQueues(t *testing.T) {
 	if after := memState(t, mem); !maps.Equal(before, after) {
 		t.Fatal("naming the queues wrote to the damaged log")
 	}
-	if !strings.Contains(got, "affected (vhost/queue, from the metadata before the damage): //q") {
+	if !strings.Contains(got, `affected (from the metadata before the damage): queue "q`) || !strings.HasSuffix(got, `in vhost "/"`) {
 		t.Fatalf("naming one group: %q", got)
 	}
 }
@@ -130,7 +132,7 @@ func TestNodeLogActiveWALDamageNamesQueues(t *testing.T) {
 	mem.Corrupt(wal, mem.FileSize(wal)*3/4, 3)
 	_, _, err := openNodeLog(mem, "/data", nil)
 	if !errors.Is(err, segment.ErrUnattributable) || !strings.Contains(err.Error(), "cannot be attributed to queues") ||
-		!strings.Contains(err.Error(), "//a") || !strings.Contains(err.Error(), "//b") {
+		!strings.Contains(err.Error(), `queues "a", "b" in vhost "/"`) {
 		t.Fatalf("open with a damaged active WAL file: %v", err)
 	}
 }

@@ -133,7 +133,7 @@ func (s *shard) dlDone(w *dlWait) {
 		s.sdlCmd = queue.SettleDeadLetter{NowMs: s.now, ID: w.id}
 		if _, err := q.grp.Add(&s.sdlCmd); err != nil {
 			// The group has stopped: the next start sends it again.
-			s.b.log.Error("durable queue: cannot settle a dead letter its targets have; it is sent again at the next start", "queue", q.name, "err", err)
+			s.b.log.Error("durable queue: cannot settle a dead letter its targets have; it is sent again at the next start", queueLog(q.name), "err", err)
 		}
 	}
 	if s.b.dlInflight.Add(-1) == 0 {

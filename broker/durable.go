@@ -129,7 +129,7 @@ func (s *shard) openDurable(q *Queue) {
 		// Its data here is damaged (segment quarantine): the queue is
 		// refused (q.m stays nil), never opened short of what it held.
 		msg := damagedQueueMsg(q, d) + "; it refuses publishes and consumers (the other queues are served): restore this node's data or delete and declare the queue again"
-		s.b.log.Error("durable queue refused: its data is damaged", "vhost", VhostOf(q.name), "queue", LocalName(q.name),
+		s.b.log.Error("durable queue refused: its data is damaged", queueLog(q.name),
 			"group", gid, "file", d.File, "offset", d.Offset, "damage", d.Why)
 		q.replicaErr.Store(&msg)
 		return
@@ -142,7 +142,7 @@ func (s *shard) openDurable(q *Queue) {
 	g, err := s.rw.Recover(gid, dc.Snapshots, raftpb.ConfState{Voters: []uint64{1}}, func() *queue.Machine { return queue.New(cfg, now) }, sink)
 	if err != nil {
 		// The queue refuses work (q.m stays nil) rather than start empty.
-		s.b.log.Error("durable queue not recovered: it refuses publishes and consumers until a restart recovers it", "queue", q.name, "group", gid, "err", err)
+		s.b.log.Error("durable queue not recovered: it refuses publishes and consumers until a restart recovers it", queueLog(q.name), "group", gid, "err", err)
 		return
 	}
 	q.grp, q.m, q.replayTo = g, g.FSM().Machine(), replayTo
@@ -157,7 +157,7 @@ func (s *shard) openDurable(q *Queue) {
 	slices.Sort(owners)
 	for _, o := range slices.Compact(owners) {
 		if _, err := g.Add(&queue.Down{NowMs: now, Owner: o}); err != nil {
-			s.b.log.Error("durable queue: cannot return what a connection before the restart held", "queue", q.name, "err", err)
+			s.b.log.Error("durable queue: cannot return what a connection before the restart held", queueLog(q.name), "err", err)
 		}
 	}
 	// Arms the queue's expiry timer, if any (a Tick before anything is due
@@ -499,7 +499,7 @@ func (s *shard) msgOf(q *Queue, id uint64) *StoredMsg {
 		s.viewers = append(s.viewers, q)
 	}
 	if err != nil {
-		s.b.log.Error("durable queue: a message's body is not in the log", "queue", q.name, "id", id, "err", err)
+		s.b.log.Error("durable queue: a message's body is not in the log", queueLog(q.name), "id", id, "err", err)
 		return nil
 	}
 	if s.viewUsed == len(s.views) {
@@ -509,7 +509,7 @@ func (s *shard) msgOf(q *Queue, id uint64) *StoredMsg {
 	v.ar.Buf = b
 	m := &v.m
 	if !parseLogMsg(&v.ar, b, m) {
-		s.b.log.Error("durable queue: a message in the log does not parse", "queue", q.name, "id", id)
+		s.b.log.Error("durable queue: a message in the log does not parse", queueLog(q.name), "id", id)
 		return nil
 	}
 	s.viewUsed++
@@ -707,7 +707,7 @@ func (s *shard) removeGroup(q *Queue) {
 		s.removing--
 		delete(s.openedGrps, gid)
 		if err != nil {
-			s.b.log.Error("durable queue deleted: its log was not removed now; the next start removes it", "queue", q.name, "group", gid, "err", err)
+			s.b.log.Error("durable queue deleted: its log was not removed now; the next start removes it", queueLog(q.name), "group", gid, "err", err)
 		}
 		s.checkRemovals()
 	})

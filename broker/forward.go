@@ -694,7 +694,7 @@ func forwardNackReason(q *Queue, to uint64, limit time.Duration) string {
 	if to != 0 {
 		node = "node " + strconv.FormatUint(to, 10)
 	}
-	return "publishes forwarded to queue " + strconv.Quote(LocalName(q.name)) + " nacked (internal_nack): " + what + ", " + node +
+	return "publishes forwarded to " + QueueText(q.name) + " nacked (internal_nack): " + what + ", " + node +
 		", did not answer within " + limit.String() + " (down or unreachable?)"
 }
 

@@ -648,7 +648,7 @@ func TestClusterStatusWaitsCapped(t *testing.T) {
 // (a CONFIRM nack carries only its code).
 func TestForwardNackReason(t *testing.T) {
 	got := forwardNackReason(&Queue{name: "n1", home: 2}, 2, 10*time.Second)
-	for _, want := range []string{`queue "n1"`, "its home", "node 2", "10s"} {
+	for _, want := range []string{`queue "n1" in vhost "/"`, "its home", "node 2", "10s"} {
 		if !strings.Contains(got, want) {
 			t.Fatalf("%q lacks %q", got, want)
 		}

@@ -276,5 +276,5 @@ func damagedQueueMsg(q *Queue, d segment.DamagedGroup) string {
 	if where != "" {
 		where = fmt.Sprintf(" (%s at offset %d)", d.File, d.Offset)
 	}
-	return fmt.Sprintf("queue %q in vhost %q: its data on this node is damaged%s: %s", LocalName(q.name), VhostOf(q.name), where, d.Why)
+	return fmt.Sprintf("%s: its data on this node is damaged%s: %s", QueueText(q.name), where, d.Why)
 }

@@ -34,7 +34,7 @@ func (s *shard) askRebuild(q *Queue, at uint64) {
 		// Under way: the leader takes the copy out of the group.
 	case at == 0 || s.moves.ticks-at >= moveRetryTicks:
 		s.moves.failed[q] = s.moves.ticks
-		s.b.log.Warn("replicated queue: asking the cluster to rebuild this node's damaged copy from the other replicas", "queue", q.name)
+		s.b.log.Warn("replicated queue: asking the cluster to rebuild this node's damaged copy from the other replicas", queueLog(q.name))
 		s.b.topo.reportReplica(q, MetaRebuildReplica, me)
 	}
 }
@@ -46,7 +46,7 @@ func (s *shard) rebuildFresh(q *Queue) {
 	gid := queueGroup(q.id)
 	delete(s.moves.failed, q)
 	s.removing++
-	s.b.log.Info("replicated queue: the leader took this node's damaged copy out of the group; deleting it and joining again as a new replica", "queue", q.name, "group", gid)
+	s.b.log.Info("replicated queue: the leader took this node's damaged copy out of the group; deleting it and joining again as a new replica", queueLog(q.name), "group", gid)
 	go func() {
 		err := dc.Snapshots.Forget(gid)
 		if err == nil {
@@ -56,7 +56,7 @@ func (s *shard) rebuildFresh(q *Queue) {
 			s.removing--
 			s.checkRemovals()
 			if err != nil {
-				s.b.log.Error("replicated queue: the damaged copy was not deleted; a restart tries again", "queue", q.name, "group", gid, "err", err)
+				s.b.log.Error("replicated queue: the damaged copy was not deleted; a restart tries again", queueLog(q.name), "group", gid, "err", err)
 				return
 			}
 			delete(s.openedGrps, gid)

@@ -139,7 +139,7 @@ func (s *shard) placementChanged(q *Queue, mq *MetaQueue) {
 	}
 	switch {
 	case q.holdsReplica(me) && q.grp == nil && q.remote:
-		s.b.log.Info("replicated queue: a replica moves to this node; it catches up from the leader", "queue", q.name, "target", q.target)
+		s.b.log.Info("replicated queue: a replica moves to this node; it catches up from the leader", queueLog(q.name), "target", q.target)
 		q.remote = false
 		s.openReplicated(q)
 	}
@@ -228,12 +228,12 @@ func (s *shard) dropReplica(q *Queue) {
 	q.unacked.Store(0)
 	q.consumers.Store(0)
 	s.removing++
-	s.b.log.Info("replicated queue: this node's replica moved to other nodes; deleting it", "queue", q.name, "replicas", q.replicas)
+	s.b.log.Info("replicated queue: this node's replica moved to other nodes; deleting it", queueLog(q.name), "replicas", q.replicas)
 	s.rw.Remove(g, s.b.cfg.Durable.Snapshots, nil, func(err error) {
 		s.removing--
 		delete(s.openedGrps, gid)
 		if err != nil {
-			s.b.log.Error("replicated queue: the replica moved away was not deleted now; the next start deletes it", "queue", q.name, "group", gid, "err", err)
+			s.b.log.Error("replicated queue: the replica moved away was not deleted now; the next start deletes it", queueLog(q.name), "group", gid, "err", err)
 		}
 		s.checkRemovals()
 		if !q.gone && q.grp == nil && q.holdsReplica(s.nodeID()) {
@@ -286,11 +286,11 @@ func (s *shard) reconcile(q *Queue) {
 	me := s.nodeID()
 	step := func(what string, node uint64, cc ...raftpb.ConfChangeSingle) {
 		if err := g.ProposeConf(raftpb.ConfChangeV2{Changes: cc}); err != nil {
-			s.b.log.Warn("replicated queue: a replica move not proposed", "queue", q.name, "step", what, "node", node, "err", err)
+			s.b.log.Warn("replicated queue: a replica move not proposed", queueLog(q.name), "step", what, "node", node, "err", err)
 			return
 		}
 		mv.at, mv.conf = now, conf
-		s.b.log.Info("replicated queue: moving replicas", "queue", q.name, "step", what, "node", node, "voters", conf.Voters, "learners", conf.Learners, "target", target)
+		s.b.log.Info("replicated queue: moving replicas", queueLog(q.name), "step", what, "node", node, "voters", conf.Voters, "learners", conf.Learners, "target", target)
 	}
 	if n := lostPeer(q); n != 0 && n != me {
 		// It lost what it acknowledged: out, then back as a new learner
@@ -337,7 +337,7 @@ func (s *shard) reconcile(q *Queue) {
 		for _, n := range target {
 			if g.TransferToPreferred(n) {
 				mv.at, mv.conf = now, conf
-				s.b.log.Info("replicated queue: handing its leadership on before leaving the group", "queue", q.name, "to", n)
+				s.b.log.Info("replicated queue: handing its leadership on before leaving the group", queueLog(q.name), "to", n)
 				return
 			}
 		}

@@ -131,11 +131,11 @@ func (s *shard) openReplicated(q *Queue) (handled bool) {
 		// of what it acknowledged; rebuilt from the other replicas.
 		err = errors.New(damagedQueueMsg(q, d))
 		s.b.log.Error("replicated queue refused on this node: its data here is damaged; it serves nothing of it, and it is rebuilt from the other replicas, which serve the queue",
-			"vhost", VhostOf(q.name), "queue", LocalName(q.name), "group", gid, "file", d.File, "offset", d.Offset, "damage", d.Why)
+			queueLog(q.name), "group", gid, "file", d.File, "offset", d.Offset, "damage", d.Why)
 	} else {
 		g, err = s.rw.Recover(gid, dc.Snapshots, q.firstConf(), func() *queue.Machine { return queue.New(cfg, now) }, sink)
 		if err != nil {
-			s.b.log.Error("replicated queue not opened: this node's replica is damaged or unreadable; it serves nothing of it, and it is rebuilt from the other replicas, which serve the queue", "queue", q.name, "group", gid, "err", err)
+			s.b.log.Error("replicated queue not opened: this node's replica is damaged or unreadable; it serves nothing of it, and it is rebuilt from the other replicas, which serve the queue", queueLog(q.name), "group", gid, "err", err)
 		}
 	}
 	if err != nil {
@@ -165,7 +165,7 @@ func (s *shard) openReplicated(q *Queue) (handled bool) {
 		// A new group's preferred leader (a replica moved here is no
 		// voter yet: the balancer hands it the leadership later).
 		if err := g.Campaign(); err != nil {
-			s.b.log.Warn("replicated queue: campaign failed", "queue", q.name, "err", err)
+			s.b.log.Warn("replicated queue: campaign failed", queueLog(q.name), "err", err)
 		}
 	}
 	return true
@@ -198,7 +198,7 @@ func (s *shard) leaderChanged(g *replication.Group, lead uint64, leader bool) {
 		q.caughtUp, q.dlResent = false, false
 		s.sweepEnqueuers(q) // of nodes removed before it led
 		s.moves.track(q)    // a move or rebuild the last leader left unfinished
-		s.b.log.Info("replicated queue: this node leads it", "queue", q.name)
+		s.b.log.Info("replicated queue: this node leads it", queueLog(q.name))
 	case !leader && q.leading:
 		q.leading = false
 		s.stepDown(q)
@@ -231,7 +231,7 @@ func (s *shard) stepDown(q *Queue) {
 		c.sink.ConsumerGone(id)
 	}
 	s.flushEffects()
-	s.b.log.Info("replicated queue: this node no longer leads it", "queue", q.name, "leader", q.lead.Load())
+	s.b.log.Info("replicated queue: this node no longer leads it", queueLog(q.name), "leader", q.lead.Load())
 }
 
 // replicatedState is the part of a Queue a replicated group adds.
@@ -309,7 +309,7 @@ func (s *shard) installed(g *replication.Group, meta raftpb.SnapshotMetadata) {
 	q.m = g.FSM().Machine()
 	q.opened = true
 	q.storeStats()
-	s.b.log.Info("replicated queue: installed the leader's snapshot", "queue", q.name, "index", meta.Index)
+	s.b.log.Info("replicated queue: installed the leader's snapshot", queueLog(q.name), "index", meta.Index)
 }
 
 // StepSnapshot hands a replicated queue's group a snapshot its leader sent
@@ -317,7 +317,7 @@ func (s *shard) installed(g *replication.Group, meta raftpb.SnapshotMetadata) {
 func (b *Broker) StepSnapshot(gid uint64, m *replication.SnapshotMessage) {
 	b.onQueueGroup(gid, func(s *shard, q *Queue) {
 		if err := s.rw.StepSnapshot(gid, m); err != nil {
-			s.b.log.Warn("replicated queue: a leader's snapshot not taken", "queue", q.name, "err", err)
+			s.b.log.Warn("replicated queue: a leader's snapshot not taken", queueLog(q.name), "err", err)
 		}
 	})
 }

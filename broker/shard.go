@@ -737,13 +737,13 @@ func (r DLDrop) String() string { return dlDropNames[r] }
 // (if known) and broker-wide by reason, and logs it (at most one line per
 // reason per 10 s, with the count of those left out).
 func (s *shard) dropDeadLetter(q *Queue, target string, r DLDrop) {
-	name := ""
-	if q != nil {
-		name = q.name
-	}
 	// Logged before counted: whoever sees the count finds the line.
 	if ok, n := s.b.dlDropLog[r].Allow(time.Now()); ok {
-		s.b.log.Warn("dead letter dropped", "queue", name, "target", target, "reason", r.String(), "suppressed_since_last", n)
+		if q != nil { // target: its dead-letter exchange, in its vhost
+			s.b.log.Warn("dead letter dropped", queueLog(q.name), "target", target, "reason", r.String(), "suppressed_since_last", n)
+		} else { // target: the queue that refused it
+			s.b.log.Warn("dead letter dropped", "vhost", VhostOf(target), "target", LocalName(target), "reason", r.String(), "suppressed_since_last", n)
+		}
 	}
 	if f := s.b.cfg.DeadLetterDropped; f != nil {
 		f(r)

@@ -1,6 +1,10 @@
 package broker
 
 import (
+	"cmp"
+	"fmt"
+	"log/slog"
+	"slices"
 	"strconv"
 	"strings"
 
@@ -61,6 +65,63 @@ func SplitName(internal string) (vhost, name string) {
 func LocalName(internal string) string {
 	_, n := SplitName(internal)
 	return n
+}
+
+// QueueText names the queue of an internal name for an operator (an
+// error logged or answered to the admin API): queue "q" in vhost "/". The
+// one form; a client's own refusals name its queue without the vhost
+// (LocalName), log lines with queueLog.
+func QueueText(internal string) string {
+	v, n := SplitName(internal)
+	return "queue " + strconv.Quote(n) + " in vhost " + strconv.Quote(v)
+}
+
+// queueLog is the attributes naming the queue of an internal name in a
+// log line: vhost=/ queue=q (an empty group's attributes are inlined).
+func queueLog(internal string) slog.Attr {
+	v, n := SplitName(internal)
+	return slog.Group("", slog.String("vhost", v), slog.String("queue", n))
+}
+
+// queueList names the queues of internal names (their order is not kept)
+// as QueueText does, each vhost once, its queues by name: queues "a",
+// "b" in vhost "/"; queue "c" in vhost "v". At most limit are named, and
+// how many more there are said.
+func queueList(internal []string, limit int) string {
+	type vn struct{ v, n string }
+	all := make([]vn, len(internal))
+	for i, name := range internal {
+		all[i].v, all[i].n = SplitName(name)
+	}
+	slices.SortFunc(all, func(a, b vn) int { return cmp.Or(cmp.Compare(a.v, b.v), cmp.Compare(a.n, b.n)) })
+	shown := all[:min(len(all), limit)]
+	var b strings.Builder
+	for i := 0; i < len(shown); {
+		j := i + 1
+		for j < len(shown) && shown[j].v == shown[i].v {
+			j++
+		}
+		if i > 0 {
+			b.WriteString("; ")
+		}
+		if j-i == 1 {
+			b.WriteString("queue ")
+		} else {
+			b.WriteString("queues ")
+		}
+		for k := i; k < j; k++ {
+			if k > i {
+				b.WriteString(", ")
+			}
+			b.WriteString(strconv.Quote(shown[k].n))
+		}
+		b.WriteString(" in vhost " + strconv.Quote(shown[i].v))
+		i = j
+	}
+	if len(all) > limit {
+		fmt.Fprintf(&b, " and %d more", len(all)-limit)
+	}
+	return b.String()
 }
 
 // VhostOf is the vhost of an internal name.
