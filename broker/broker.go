@@ -64,6 +64,9 @@ type Broker struct {
 	shards []*shard
 
 	seqBase uint64 // the shards' proposal seqs count from here (New)
+	// features: what this build tells the other nodes it can do, in its
+	// hello (helloFeatures; forward_serve.go).
+	features uint64
 
 	// storedBytes is what the stored messages cost (their arenas, counted
 	// by reference: see Arena), compared with the memory watermark.
@@ -107,6 +110,7 @@ func New(cfg Config) *Broker {
 	// Above every proposal seq an earlier run of this node used
 	// (replication.WorkerConfig.SeqBase): its start time, 2^20 seqs a ms.
 	b.seqBase = uint64(time.Now().UnixMilli()) << 20
+	b.features = helloFeatures
 	if cfg.Durable != nil {
 		b.pool = replication.NewPool(poolSize)
 	}

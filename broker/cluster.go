@@ -222,6 +222,9 @@ func (b *Broker) openClusterMeta(ctx context.Context, cfg MetaLogConfig) error {
 			b.nodesRemoved(m.Removed)
 		},
 		OnRemoved: func() { b.NoteRemoved("it applied its own removal") },
+		// Version 3 entries once every member reads them (its hello says
+		// so): none of an older build's while a cluster is upgraded.
+		TagTerms: func(nodes []uint64) bool { return b.metaTagTerms(cfg.NodeID, nodes) },
 		Done: func(seq uint64, res any) {
 			delete(cl.removes, seq)
 			if _, ok := cl.waiting[seq]; ok {

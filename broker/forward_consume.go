@@ -82,7 +82,9 @@ import (
 // after the timeout.
 //
 // Messages (after the 'c' that marks them; little-endian, internal to
-// one Warren version):
+// one Warren version, but for the hello, which nodes of two versions
+// exchange during an upgrade: a field is only ever added at its end, and
+// a reader ignores what follows the fields it knows):
 //
 //	origin → leader
 //	  'S' link u64 | queue u64 | prefetch u32 | prefetch bytes u32 | priority u16 | flags u8 | timeout ms u64 | incarnation u64
@@ -91,7 +93,7 @@ import (
 //	  'K' n u32 | n × (link | queue | sent u64)                                 keepalive
 //	  'U' id u64 | queue                                                        purge
 //	  'W' id u64 | queue | if u8 (1 if-unused, 2 if-empty)                      delete (answered as a purge)
-//	  'I' incarnation u64                                                       hello, to every node
+//	  'I' incarnation u64 | features u64                                        hello, to every node (features: helloFeatures; absent from builds before it)
 //	leader → origin
 //	  's' link | code u32 | leader u64 | moved u8 | reason                      subscribed
 //	  'd' n u32 | n × (link | qtag u64 | msg id u64 | dc u32 | fc u32 | len u32 | log form)

@@ -38,7 +38,11 @@ func (b *Broker) forwardedConsume(from uint64, p []byte) {
 		s.submit(Command{Kind: cmdPost, post: func() { s.forLeader(from, q, p) }})
 	case 'I':
 		if len(p) >= 10 {
-			b.heardOrigin(from, binary.LittleEndian.Uint64(p[2:]))
+			var features uint64
+			if len(p) >= 18 { // builds before the features field: none
+				features = binary.LittleEndian.Uint64(p[10:])
+			}
+			b.heardOrigin(from, binary.LittleEndian.Uint64(p[2:]), features)
 		}
 	case 'K':
 		if len(p) < 6 {
@@ -450,12 +454,26 @@ func (getDrained) Cancelled(queue.ConsumerID, wire.Code, string)          {}
 func (getDrained) LeaseExpired(queue.ConsumerID, uint64)                  {}
 func (getDrained) ConsumerGone(queue.ConsumerID)                          {}
 
+// helloFeatures is what this build can do that an earlier one could
+// not, as its hello tells the other nodes (a bit each; a build that sends
+// no features field has none):
+//
+//   - featMetaTerms: it reads the metadata group's version 3 entries
+//     (replication.MetaGroup; older builds stop at one). A node writes
+//     them only once every member said so (metaTagTerms): a cluster is
+//     upgraded one node at a time without losing its metadata quorum.
+const (
+	featMetaTerms = 1 << 0
+	helloFeatures = featMetaTerms
+)
+
 // fwdOrigins is what a node knows of the others' incarnations.
 type fwdOrigins struct {
-	mu      sync.Mutex
-	inc     map[uint64]uint64    // node → the latest incarnation heard
-	heardAt map[uint64]time.Time // node → when its last hello came (monotonic: a step of the wall clock declares no node down)
-	helloAt int64                // ms: when this node last said hello
+	mu       sync.Mutex
+	features map[uint64]uint64    // node → the features its latest incarnation's hello named
+	inc      map[uint64]uint64    // node → the latest incarnation heard
+	heardAt  map[uint64]time.Time // node → when its last hello came (monotonic: a step of the wall clock declares no node down)
+	helloAt  int64                // ms: when this node last said hello
 }
 
 func (o *fwdOrigins) known(node uint64) uint64 {
@@ -464,8 +482,27 @@ func (o *fwdOrigins) known(node uint64) uint64 {
 	return o.inc[node]
 }
 
+// metaTagTerms says whether every one of nodes reads version 3 metadata
+// entries (featMetaTerms; the metadata group's MetaConfig.TagTerms): this
+// build (self) does, another node if its latest hello said so. A node not
+// heard from yet does not.
+func (b *Broker) metaTagTerms(self uint64, nodes []uint64) bool {
+	o := &b.origins
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	if b.features&featMetaTerms == 0 {
+		return false // (a test's node playing an older build)
+	}
+	for _, n := range nodes {
+		if n != self && o.features[n]&featMetaTerms == 0 {
+			return false
+		}
+	}
+	return true
+}
+
 // helloOrigins says hello to every other node, every ForwardTimeout/4
-// (from the cluster's ticker).
+// (from the cluster's ticker), naming its incarnation and features.
 func (b *Broker) helloOrigins() {
 	if b.cfg.Durable == nil || b.cfg.Durable.Forward == nil {
 		return
@@ -490,15 +527,17 @@ func (b *Broker) helloOrigins() {
 	b.topo.mu.Unlock()
 	for _, n := range nodes {
 		if n != b.cfg.Durable.NodeID {
-			p := binary.LittleEndian.AppendUint64(append(make([]byte, 0, 10), 'c', 'I'), b.seqBase)
+			p := binary.LittleEndian.AppendUint64(append(make([]byte, 0, 18), 'c', 'I'), b.seqBase)
+			p = binary.LittleEndian.AppendUint64(p, b.features)
 			b.cfg.Durable.Forward(n, p)
 		}
 	}
 }
 
-// heardOrigin notes node's incarnation; a newer one than known Downs the
-// links of the earlier ones on every shard.
-func (b *Broker) heardOrigin(node, inc uint64) {
+// heardOrigin notes node's incarnation and the features it named; a
+// newer incarnation than known Downs the links of the earlier ones on
+// every shard.
+func (b *Broker) heardOrigin(node, inc, features uint64) {
 	o := &b.origins
 	now := time.Now()
 	o.mu.Lock()
@@ -511,9 +550,10 @@ func (b *Broker) heardOrigin(node, inc uint64) {
 	}
 	if inc >= was {
 		if o.heardAt == nil {
-			o.heardAt = map[uint64]time.Time{}
+			o.heardAt, o.features = map[uint64]time.Time{}, map[uint64]uint64{}
 		}
 		o.heardAt[node] = now
+		o.features[node] = features
 	}
 	o.mu.Unlock()
 	if was == 0 || inc <= was {

@@ -516,7 +516,7 @@ func TestClusterHomeLiveWithoutHellos(t *testing.T) {
 // hello nor a metadata raft message came for homeDownMs.
 func TestHomeDownHeard(t *testing.T) {
 	b := &Broker{cfg: Config{Durable: &DurableConfig{ForwardTimeout: time.Second}}}
-	b.heardOrigin(2, 7)
+	b.heardOrigin(2, 7, helloFeatures)
 	hello := b.origins.heardAt[2]
 	if _, down := b.homeDown(2, hello.Add(2*time.Second), time.Time{}); down {
 		t.Fatal("down 2 s after its hello")

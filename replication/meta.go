@@ -49,8 +49,9 @@ const MetaGroupID = 2
 //
 //	entry := 'M' u8 | 2 u8 | reserved [2]u8 (0) | n u32 | node u64 | epoch u64 | first seq u64 | n × (len u32 | command)
 //
-// or version 3 (what this build writes with several voters), which also
-// names the raft term its origin proposed it in:
+// or version 3 (what this build writes with several voters once every
+// member reads it: MetaConfig.TagTerms), which also names the raft term
+// its origin proposed it in:
 //
 //	entry := 'M' u8 | 3 u8 | reserved [2]u8 (0) | n u32 | node u64 | epoch u64 | first seq u64 | term u64 | n × (len u32 | command)
 //
@@ -140,6 +141,10 @@ type metaProposal struct {
 	cmds  [][]byte
 	term  uint64
 	gone  []bool
+	// untagged: proposed as a version 2 entry (a member could not read
+	// version 3: MetaConfig.TagTerms), which names no term: it is never
+	// known lost, so never proposed again.
+	untagged bool
 }
 
 // seqRun is the seqs from first up to (not including) end.
@@ -253,6 +258,15 @@ type MetaConfig struct {
 	// Done (several voters) is told, under Lock, of each command this node
 	// added, by seq, once it is applied here, with Machine.Apply's result.
 	Done func(seq uint64, res any)
+	// TagTerms (several voters) says whether every one of nodes (the
+	// group's voters and learners, this node among them) reads version 3
+	// entries (builds before it stop at one: a cluster upgraded one node
+	// at a time would lose its quorum). Asked on the loop before each
+	// proposal; false: the entry is written as version 2, without its
+	// term, and is not proposed again if lost with its leader (nothing
+	// could tell a late copy of it from the new one), as before version
+	// 3. nil: every node does (one build).
+	TagTerms func(nodes []uint64) bool
 	// Cluster: several voters' mode whatever Peers holds: a node joining
 	// an existing cluster (no Peers) starts with no configuration and
 	// learns the group, its members and their addresses from the
@@ -629,17 +643,27 @@ func (g *MetaGroup) roundMulti() error {
 // append the old proposal (a forwarded MsgProp carries no term, and a
 // node forwards it on to the leader it knows): applied as nothing.
 func (g *MetaGroup) proposeLost(term uint64) {
+	asked, tag := false, false
 	for i := range g.inflight {
 		p := &g.inflight[i]
 		if p.term != 0 {
 			continue
 		}
-		data := []byte{metaEntryMagic, metaEntryVersionTerm, 0, 0}
+		if !asked {
+			asked, tag = true, g.tagTerms()
+		}
+		v := byte(metaEntryVersionTerm)
+		if !tag {
+			v = metaEntryVersionOrigin
+		}
+		data := []byte{metaEntryMagic, v, 0, 0}
 		data = binary.LittleEndian.AppendUint32(data, uint32(len(p.cmds)))
 		data = binary.LittleEndian.AppendUint64(data, g.cfg.NodeID)
 		data = binary.LittleEndian.AppendUint64(data, g.epoch)
 		data = binary.LittleEndian.AppendUint64(data, p.first)
-		data = binary.LittleEndian.AppendUint64(data, term)
+		if tag {
+			data = binary.LittleEndian.AppendUint64(data, term)
+		}
 		for _, c := range p.cmds {
 			data = binary.LittleEndian.AppendUint32(data, uint32(len(c)))
 			data = append(data, c...)
@@ -648,8 +672,18 @@ func (g *MetaGroup) proposeLost(term uint64) {
 			g.cfg.Logger.Debug("replication: metadata group: proposal held for the next round", "commands", len(p.cmds), "err", err)
 			return
 		}
-		p.term = term
+		p.term, p.untagged = term, !tag
 	}
+}
+
+// tagTerms: whether every member reads version 3 entries (TagTerms).
+func (g *MetaGroup) tagTerms() bool {
+	if g.cfg.TagTerms == nil {
+		return true
+	}
+	nodes := make([]uint64, 0, len(g.conf.Voters)+len(g.conf.Learners))
+	nodes = append(append(nodes, g.conf.Voters...), g.conf.Learners...)
+	return g.cfg.TagTerms(nodes)
 }
 
 // resolved drops this node's proposal whose first seq is first (applied),
@@ -665,7 +699,7 @@ func (g *MetaGroup) resolved(first uint64) {
 			i--
 			continue
 		}
-		if p.term != 0 && p.term < g.commitTerm {
+		if p.term != 0 && p.term < g.commitTerm && !p.untagged {
 			live := p.liveRuns()
 			g.cfg.Logger.Info("metadata group: a change proposed in an earlier term was lost with its leader; proposing it again",
 				"term", p.term, "committed term", g.commitTerm, "commands", len(p.cmds), "given up", len(p.cmds)-p.live())

@@ -374,3 +374,83 @@ func TestMetaAbandonedProposalCommitsOnce(t *testing.T) {
 	metaAwait(t, live, "the follower's next command", waitAsync(g, addOn(nodes[f], "declare d")))
 	metaTickUntil(t, live, "both nodes up applying d, b once", metaAllApplied(live, "declare a,declare b,declare c,declare d"))
 }
+
+// TestMetaMixedVersions: while a member cannot read version 3 entries
+// (TagTerms false: a cluster upgraded one node at a time; node 3 plays
+// the old build, and no version 3 entry may reach it), every node's
+// proposals are written as version 2 and applied everywhere; one lost
+// with its leader is not proposed again (a version 2 entry names no
+// term: a late copy could not be told from it), and its Wait runs out.
+// Once every member reads version 3, entries are written so again.
+func TestMetaMixedVersions(t *testing.T) {
+	net, nodes := newMetaTrioMem(t)
+	for _, n := range nodes {
+		n.untagged.Store(true)
+	}
+	v3To := map[uint64]bool{} // nodes a version 3 entry was sent to
+	watch := func(m raftpb.Message) bool {
+		for _, e := range m.Entries {
+			if len(e.Data) > 1 && e.Data[0] == metaEntryMagic && e.Data[1] == metaEntryVersionTerm {
+				v3To[m.To] = true
+			}
+		}
+		return false
+	}
+	net.setWatch(watch)
+	lead := metaLeaderAmong(t, nodes, []int{0, 1, 2})
+	for i := range nodes {
+		metaAdd(t, nodes, i, fmt.Sprintf("declare %d", i+1))
+	}
+	metaTickUntil(t, nodes, "every node applying every node's", metaAllApplied(nodes, "declare 1,declare 2,declare 3"))
+	if net.locked(func() bool { return len(v3To) > 0 })() {
+		t.Fatalf("version 3 entries sent while a member could not read them: to %v", v3To)
+	}
+
+	// The leader is cut off as a follower forwards to it.
+	up := others(lead)
+	f := up[0]
+	L, F := uint64(lead+1), uint64(f+1)
+	dropped := make(chan struct{})
+	var once sync.Once
+	net.setWatch(func(m raftpb.Message) bool {
+		watch(m)
+		if m.To != L && m.From != L {
+			return false
+		}
+		if m.Type == raftpb.MsgProp && m.From == F {
+			once.Do(func() { close(dropped) })
+		}
+		return true
+	})
+	g := nodes[f].g.Load()
+	lost := addOn(nodes[f], "declare b")
+	g.Kick()
+	<-dropped
+	metaLeaderAmong(t, nodes, up)
+	live := []*metaNode{nodes[up[0]], nodes[up[1]]}
+	metaAwait(t, live, "the follower's next command", waitAsync(g, addOn(nodes[f], "declare c")))
+	metaTickUntil(t, live, "both nodes up applying c, not b", metaAllApplied(live, "declare 1,declare 2,declare 3,declare c"))
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	if err := g.Wait(ctx, lost); err == nil {
+		t.Fatal("the lost command's Wait returned")
+	}
+	g.Abandon(lost)
+	net.setWatch(watch)
+	metaTickUntil(t, nodes, "the cut-off node catching up", metaAllApplied(nodes, "declare 1,declare 2,declare 3,declare c"))
+	if net.locked(func() bool { return len(v3To) > 0 })() {
+		t.Fatalf("version 3 entries sent while a member could not read them: to %v", v3To)
+	}
+
+	// Every member upgraded.
+	for _, n := range nodes {
+		n.untagged.Store(false)
+	}
+	for i := range nodes {
+		metaAdd(t, nodes, i, fmt.Sprintf("bind %d", i+1))
+	}
+	metaTickUntil(t, nodes, "every node applying the last", metaAllApplied(nodes, "declare 1,declare 2,declare 3,declare c,bind 1,bind 2,bind 3"))
+	if !net.locked(func() bool { return len(v3To) > 0 })() {
+		t.Fatal("no version 3 entry once every member reads them")
+	}
+}

@@ -66,6 +66,9 @@ type metaNode struct {
 	machine *listMachine
 	lock    *sync.Mutex
 	tr      *cluster.Transport
+	// untagged: its TagTerms says a member does not read version 3
+	// entries (a cluster mid-upgrade).
+	untagged atomic.Bool
 }
 
 // openMetaNode opens node id's group over its TCP transport.
@@ -91,7 +94,8 @@ func openMetaNodeSend(t *testing.T, n *metaNode, id uint64, send func(uint64, []
 	g, err := OpenMeta(MetaConfig{Log: l, Snapshots: store, Machine: m, Lock: n.lock,
 		Snapshot: func() []byte { b, _ := m.Snapshot(); return b },
 		NodeID:   id, Peers: []uint64{1, 2, 3}, Send: send,
-		Fatal: func(err error) { t.Errorf("node %d: %v", id, err) }})
+		TagTerms: func([]uint64) bool { return !n.untagged.Load() },
+		Fatal:    func(err error) { t.Errorf("node %d: %v", id, err) }})
 	if err != nil {
 		t.Fatal(err)
 	}
