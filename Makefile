@@ -126,7 +126,8 @@ fuzz:
 
 # The example client spec/examples/minimal_client.py (Python 3, standard
 # library only, written from spec/PROTOCOL.md alone) against a warrend of its
-# own on free loopback ports with a temporary data directory (disk alarm off:
+# own on free loopback ports (outside the ephemeral range: internal/freeport)
+# with a temporary data directory (disk alarm off:
 # the check must not depend on the machine's free space); exits non-zero when
 # any of its checks fails, with the broker's log. Not part of make test: CI
 # may have no python3.
@@ -135,7 +136,7 @@ spec-client-check:
 	$(GO) build -o bin/warrend ./cmd/warrend
 	@command -v python3 >/dev/null || { echo "spec-client-check needs python3"; exit 1; }
 	@data=$$(mktemp -d); log=$$data.log; \
-	read -r port http < <(python3 -c 'import socket; s = [socket.socket() for _ in range(2)]; [x.bind(("127.0.0.1", 0)) for x in s]; print(*[x.getsockname()[1] for x in s])'); \
+	read -r port http < <($(GO) run ./internal/freeport/freeports 2); \
 	bin/warrend --listen 127.0.0.1:$$port --http 127.0.0.1:$$http --data $$data --disk-free-limit -1 >$$log 2>&1 & pid=$$!; \
 	trap 'kill $$pid 2>/dev/null; wait $$pid 2>/dev/null; rm -rf $$data $$log' EXIT; \
 	for i in $$(seq 300); do \

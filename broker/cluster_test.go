@@ -14,6 +14,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/warren-mq/warren/internal/freeport"
 	"github.com/warren-mq/warren/replication"
 	"github.com/warren-mq/warren/replication/cluster"
 	"github.com/warren-mq/warren/segment"
@@ -174,7 +175,10 @@ func newTestClusterWith(t *testing.T, n int, set func(*testCluster)) *testCluste
 	set(c)
 	ls := make([]net.Listener, n)
 	for i := range ls {
-		l, err := net.Listen("tcp", "127.0.0.1:0")
+		// Outside the ephemeral range: a node restarts on its address,
+		// which a freed ephemeral port could have lost meanwhile to any
+		// 127.0.0.1:0 listener or dial.
+		l, err := freeport.Listen()
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -4,12 +4,12 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
-	"net"
 	"slices"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/warren-mq/warren/internal/freeport"
 	"github.com/warren-mq/warren/replication"
 	"github.com/warren-mq/warren/replication/cluster"
 	"github.com/warren-mq/warren/segment"
@@ -48,7 +48,7 @@ func (c *testCluster) membership(nd *clusterNode, tr *cluster.Transport, mc *Met
 // addNode starts a new node that joins the cluster through member via.
 func (c *testCluster) addNode(via *clusterNode) *clusterNode {
 	c.t.Helper()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
+	l, err := freeport.Listen() // restarted on it: as newTestClusterWith's
 	if err != nil {
 		c.t.Fatal(err)
 	}

@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/warren-mq/warren/client"
+	"github.com/warren-mq/warren/internal/freeport"
 	"github.com/warren-mq/warren/netio"
 	"github.com/warren-mq/warren/netio/warrentest"
 )
@@ -26,10 +27,10 @@ func nodesURL(addrs ...string) string {
 // refused at once.
 func deadAddr(t *testing.T) string {
 	t.Helper()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
+	// Outside the ephemeral range: a freed ephemeral port may be taken
+	// by any 127.0.0.1:0 listener or dial, and then answer.
+	addr, err := freeport.Addr()
 	must(t, err)
-	addr := l.Addr().String()
-	must(t, l.Close())
 	return addr
 }
 

@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/warren-mq/warren/client"
+	"github.com/warren-mq/warren/internal/freeport"
 	"github.com/warren-mq/warren/netio"
 	"github.com/warren-mq/warren/netio/warrentest"
 	"github.com/warren-mq/warren/wire"
@@ -60,7 +61,13 @@ func (r *rawConn) expectCloseWith(code wire.Code, reason string) {
 // again on the same port at once (SO_REUSEADDR: the closed connections sit
 // in TIME_WAIT on the broker's port).
 func TestRestartOnSamePortWithClientsConnected(t *testing.T) {
-	s, err := netio.Start(netio.Config{Addr: "127.0.0.1:0"})
+	// Outside the ephemeral range: a freed ephemeral port may be taken
+	// by any 127.0.0.1:0 listener or dial before the restart.
+	first, err := freeport.Addr()
+	if err != nil {
+		t.Fatal(err)
+	}
+	s, err := netio.Start(netio.Config{Addr: first})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -19,6 +19,7 @@ import (
 	"time"
 
 	"github.com/warren-mq/warren/client"
+	"github.com/warren-mq/warren/internal/freeport"
 )
 
 // BrokerConfig is how the suite starts each warrend.
@@ -52,15 +53,21 @@ type Broker struct {
 	tail   int
 }
 
-// freePort asks the kernel for a free loopback port. There is a window in
-// which another process may take it; Start retries.
+// freePort is a loopback port nothing listens on now, outside the
+// kernel's ephemeral range (freeport): one freed by a 127.0.0.1:0
+// listener could be taken by warrend's own such listeners or any dial
+// before warrend listens on it. Another process may still take it in the
+// window; Start retries.
 func freePort() (int, error) {
-	l, err := net.Listen("tcp", "127.0.0.1:0")
+	a, err := freeport.Addr()
 	if err != nil {
 		return 0, err
 	}
-	defer l.Close()
-	return l.Addr().(*net.TCPAddr).Port, nil
+	_, p, err := net.SplitHostPort(a)
+	if err != nil {
+		return 0, err
+	}
+	return strconv.Atoi(p)
 }
 
 // hashPassword runs "warrend hash-password" so the suite needs no bcrypt of

@@ -7,7 +7,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"net"
 	"net/http"
 	"os"
 	"os/exec"
@@ -16,6 +15,8 @@ import (
 	"sync"
 	"syscall"
 	"time"
+
+	"github.com/warren-mq/warren/internal/freeport"
 )
 
 // node is one warrend process on loopback, restarted on the same data
@@ -45,15 +46,11 @@ type node struct {
 	expectEnd   bool // the harness killed it
 }
 
-// freePort returns a loopback address no one listens on now.
-func freePort() (string, error) {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		return "", err
-	}
-	defer ln.Close()
-	return ln.Addr().String(), nil
-}
+// freePort returns a loopback address no one listens on now, outside the
+// kernel's ephemeral range (freeport): a node is handed it and restarted
+// on it, and a freed ephemeral port may be taken meanwhile by any
+// 127.0.0.1:0 listener or dial, the node's own included.
+func freePort() (string, error) { return freeport.Addr() }
 
 func (n *node) url() string { return "warren://guest:guest@" + n.listen }
 

@@ -8,6 +8,8 @@ import (
 	"time"
 
 	"go.etcd.io/raft/v3/raftpb"
+
+	"github.com/warren-mq/warren/internal/freeport"
 )
 
 // A refusal saying "removed" from whatever answers on a peer's address
@@ -67,12 +69,10 @@ func TestQueuedSnapshotReportedOnClose(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	nowhere, err := net.Listen("tcp", "127.0.0.1:0")
+	addr, err := freeport.Addr() // nothing listens there: every dial fails (outside the ephemeral range: no 127.0.0.1:0 listener takes it)
 	if err != nil {
 		t.Fatal(err)
 	}
-	addr := nowhere.Addr().String()
-	nowhere.Close() // nothing listens there: every dial fails
 	tr, err := New(Config{NodeID: 1, Listener: self, Secret: []byte("0123456789abcdef0123456789abcdef"),
 		Peers: map[uint64]string{1: self.Addr().String(), 2: addr}, Deliver: func(uint64, raftpb.Message) {}})
 	if err != nil {

@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/warren-mq/warren/internal/freeport"
 	"github.com/warren-mq/warren/queue"
 	"github.com/warren-mq/warren/replication"
 	"github.com/warren-mq/warren/replication/cluster"
@@ -92,7 +93,10 @@ func listeners(t *testing.T, n int) ([]net.Listener, map[uint64]string) {
 	ls := make([]net.Listener, n)
 	addrs := map[uint64]string{}
 	for i := range ls {
-		l, err := net.Listen("tcp", "127.0.0.1:0")
+		// Outside the ephemeral range: tests listen on an address again
+		// (a node restarted), which a freed ephemeral port could have
+		// lost meanwhile to any 127.0.0.1:0 listener or dial.
+		l, err := freeport.Listen()
 		if err != nil {
 			t.Fatal(err)
 		}
