@@ -23,7 +23,8 @@ type rawConn struct {
 	buf []byte
 }
 
-func rawDial(t *testing.T, s *netio.Server, heartbeatMs uint32) *rawConn {
+// rawHello connects, sends the preamble and reads HELLO.
+func rawHello(t *testing.T, s *netio.Server) *rawConn {
 	t.Helper()
 	nc, err := net.Dial("tcp", s.Addr().String())
 	if err != nil {
@@ -35,6 +36,13 @@ func rawDial(t *testing.T, s *netio.Server, heartbeatMs uint32) *rawConn {
 	if _, ok := r.read().(*wire.Hello); !ok {
 		t.Fatal("no HELLO")
 	}
+	return r
+}
+
+// rawDial is rawHello, then AUTH as guest (asking heartbeatMs) and OPEN_OK.
+func rawDial(t *testing.T, s *netio.Server, heartbeatMs uint32) *rawConn {
+	t.Helper()
+	r := rawHello(t, s)
 	r.write(wire.AppendFrame(nil, 0, &wire.Auth{Mechanism: "PLAIN", Response: wire.PlainResponse("guest", "guest"), MaxFrame: wire.MinMaxFrame, HeartbeatMs: heartbeatMs}))
 	if _, ok := r.read().(*wire.OpenOK); !ok {
 		t.Fatal("no OPEN_OK")
@@ -50,8 +58,23 @@ func (r *rawConn) write(b []byte) {
 }
 
 // read returns the next frame's body, or nil when the broker closed the
-// socket.
+// socket; no frame within 10 s fails the test.
 func (r *rawConn) read() wire.Body {
+	r.t.Helper()
+	_, b, err := r.next()
+	if err != nil {
+		var ne net.Error
+		if errors.As(err, &ne) && ne.Timeout() {
+			r.t.Fatal("timed out waiting for a frame")
+		}
+		return nil
+	}
+	return b
+}
+
+// next returns the next frame's channel and body, or the socket's read
+// error (the broker closed it, or no frame within 10 s).
+func (r *rawConn) next() (ch uint16, b wire.Body, err error) {
 	r.t.Helper()
 	_ = r.nc.SetReadDeadline(time.Now().Add(10 * time.Second))
 	for {
@@ -65,16 +88,12 @@ func (r *rawConn) read() wire.Body {
 				r.t.Fatal(err)
 			}
 			r.buf = r.buf[n:]
-			return b
+			return f.Channel, b, nil
 		}
 		tmp := make([]byte, 64<<10)
 		m, err := r.nc.Read(tmp)
 		if err != nil {
-			var ne net.Error
-			if errors.As(err, &ne) && ne.Timeout() {
-				r.t.Fatal("timed out waiting for a frame")
-			}
-			return nil
+			return 0, nil, err
 		}
 		r.buf = append(r.buf, tmp[:m]...)
 	}

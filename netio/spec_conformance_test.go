@@ -1,7 +1,6 @@
 package netio_test
 
 import (
-	"net"
 	"testing"
 	"time"
 
@@ -12,22 +11,6 @@ import (
 
 // Behaviour a client written from spec/PROTOCOL.md relies on, found by
 // writing spec/examples/minimal_client.py from the spec alone.
-
-// rawHello connects, sends the preamble and reads HELLO.
-func rawHello(t *testing.T, s *netio.Server) *rawConn {
-	t.Helper()
-	nc, err := net.Dial("tcp", s.Addr().String())
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { nc.Close() })
-	r := &rawConn{t: t, nc: nc}
-	r.write(wire.Preamble[:])
-	if _, ok := r.read().(*wire.Hello); !ok {
-		t.Fatal("no HELLO")
-	}
-	return r
-}
 
 // §5.5: the receiver of CLOSE answers CLOSE_OK, before OPEN_OK as after
 // (it used to answer CLOSE ok).
@@ -75,30 +58,11 @@ func TestHeartbeatFloor(t *testing.T) {
 }
 
 // readOn returns the next frame's channel and body; ok false when the
-// broker closed the socket.
+// broker closed the socket (or sent nothing within 10 s).
 func (r *rawConn) readOn() (ch uint16, b wire.Body, ok bool) {
 	r.t.Helper()
-	_ = r.nc.SetReadDeadline(time.Now().Add(10 * time.Second))
-	for {
-		f, n, err := wire.Split(r.buf, wire.HardMaxFrame)
-		if err != nil {
-			r.t.Fatal(err)
-		}
-		if n > 0 {
-			b, err := wire.Decode(f, wire.HardMaxFrame, nil)
-			if err != nil {
-				r.t.Fatal(err)
-			}
-			r.buf = r.buf[n:]
-			return f.Channel, b, true
-		}
-		tmp := make([]byte, 64<<10)
-		m, err := r.nc.Read(tmp)
-		if err != nil {
-			return 0, nil, false
-		}
-		r.buf = append(r.buf, tmp[:m]...)
-	}
+	ch, b, err := r.next()
+	return ch, b, err == nil
 }
 
 // expectOn reads until a frame of type T on channel ch (skipping
