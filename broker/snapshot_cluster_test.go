@@ -5,66 +5,41 @@ import (
 	"net"
 	"os"
 	"strings"
-	"sync/atomic"
 	"testing"
 
+	"github.com/warren-mq/warren/internal/cutnet"
 	"github.com/warren-mq/warren/queue"
 	"github.com/warren-mq/warren/wire"
 	"go.etcd.io/raft/v3/raftpb"
 )
 
-// cutListener hands out connections of which the first to read past
-// cutAfter bytes of snapshot frames is closed there (a connection lost
-// mid-snapshot).
-type cutListener struct {
-	net.Listener
-	cutAfter atomic.Int64
-	cut      atomic.Bool
-}
-
-func (l *cutListener) Accept() (net.Conn, error) {
-	c, err := l.Listener.Accept()
-	if err != nil {
-		return nil, err
-	}
-	return &cutConn{Conn: c, l: l}, nil
-}
-
-// cutConn follows the transport's frames (len u32 | kind | payload) as
-// they are read, counting the payload bytes of snapshot frames (kind 7).
-type cutConn struct {
-	net.Conn
-	l         *cutListener
-	hdr       [5]byte
-	got       int // header bytes read
-	left      int // payload bytes of the current frame still to come
-	snapBytes int64
-}
-
-func (c *cutConn) Read(b []byte) (int, error) {
-	n, err := c.Conn.Read(b)
-	for p := b[:n]; len(p) > 0; {
-		if c.left == 0 {
-			k := copy(c.hdr[c.got:], p)
-			c.got += k
-			p = p[k:]
-			if c.got == 5 {
-				c.got, c.left = 0, int(binary.BigEndian.Uint32(c.hdr[:4]))-1
+// snapshotPayload is a cutnet counter of the payload bytes of snapshot
+// frames (kind 7) on a transport connection: it follows the frames
+// (len u32 | kind | payload) as they are read.
+func snapshotPayload() func(read []byte) int64 {
+	var hdr [5]byte
+	got, left := 0, 0 // header bytes read; payload bytes of the current frame still to come
+	return func(read []byte) int64 {
+		var snapBytes int64
+		for p := read; len(p) > 0; {
+			if left == 0 {
+				k := copy(hdr[got:], p)
+				got += k
+				p = p[k:]
+				if got == 5 {
+					got, left = 0, int(binary.BigEndian.Uint32(hdr[:4]))-1
+				}
+				continue
 			}
-			continue
+			k := min(left, len(p))
+			if hdr[4] == 7 {
+				snapBytes += int64(k)
+			}
+			left -= k
+			p = p[k:]
 		}
-		k := min(c.left, len(p))
-		if c.hdr[4] == 7 {
-			c.snapBytes += int64(k)
-		}
-		c.left -= k
-		p = p[k:]
+		return snapBytes
 	}
-	if c.snapBytes > c.l.cutAfter.Load() && c.l.cut.CompareAndSwap(false, true) {
-		c.Conn.Close()
-		return 0, net.ErrClosed
-	}
-	return n, err
 }
 
 // TestClusterSnapshotStreamedAndCut: a replica whose queue's raft
@@ -75,12 +50,12 @@ func (c *cutConn) Read(b []byte) (int, error) {
 // installed, the leader sends it again, and the replica ends with every
 // message (served with the old leader stopped), its spool file gone.
 func TestClusterSnapshotStreamedAndCut(t *testing.T) {
-	cuts := map[uint64]*cutListener{}
+	cuts := map[uint64]*cutnet.Listener{}
 	c := newTestClusterWith(t, 3, func(c *testCluster) {
 		c.maxFrame = 16 << 10
 		c.wrap = func(id uint64, ln net.Listener) net.Listener {
-			cuts[id] = &cutListener{Listener: ln}
-			cuts[id].cutAfter.Store(1 << 62)
+			cuts[id] = &cutnet.Listener{Listener: ln, Count: snapshotPayload}
+			cuts[id].CutAfter.Store(1 << 62)
 			return cuts[id]
 		}
 	})
@@ -128,14 +103,14 @@ func TestClusterSnapshotStreamedAndCut(t *testing.T) {
 		}
 	}
 	cut := cuts[behind.id]
-	cut.cutAfter.Store(100 << 10) // (no snapshot frame read yet: nothing was sent)
+	cut.CutAfter.Store(100 << 10) // (no snapshot frame read yet: nothing was sent)
 	c.holdMu.Lock()
 	c.holding[behind.id], c.held[behind.id] = false, nil // lost
 	c.holdMu.Unlock()
 
 	c.waitFor("the replica installed the snapshot and caught up", func() bool {
 		got, _ := behind.b.Load().Queue("big")
-		return got.Ready == 40 && cut.cut.Load()
+		return got.Ready == 40 && cut.Cut()
 	})
 	bq := behind.b.Load().topo.lookupQueue("big")
 	installs := make(chan uint64, 1)

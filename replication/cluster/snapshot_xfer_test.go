@@ -6,45 +6,14 @@ import (
 	"net"
 	"os"
 	"sync"
-	"sync/atomic"
 	"testing"
 	"time"
 
+	"github.com/warren-mq/warren/internal/cutnet"
 	"github.com/warren-mq/warren/replication/cluster"
 	"github.com/warren-mq/warren/segment"
 	"go.etcd.io/raft/v3/raftpb"
 )
-
-// cutListener hands out connections of which the first to read past
-// cutAfter bytes is closed there (a connection lost mid-snapshot).
-type cutListener struct {
-	net.Listener
-	cutAfter int64
-	cut      atomic.Bool
-}
-
-func (l *cutListener) Accept() (net.Conn, error) {
-	c, err := l.Listener.Accept()
-	if err != nil {
-		return nil, err
-	}
-	return &cutConn{Conn: c, l: l}, nil
-}
-
-type cutConn struct {
-	net.Conn
-	l    *cutListener
-	read int64
-}
-
-func (c *cutConn) Read(b []byte) (int, error) {
-	n, err := c.Conn.Read(b)
-	if c.read += int64(n); c.read > c.l.cutAfter && c.l.cut.CompareAndSwap(false, true) {
-		c.Conn.Close()
-		return 0, net.ErrClosed
-	}
-	return n, err
-}
 
 // TestSnapshotStreamed: a snapshot about 300 times a frame's size (and
 // over the receiver's SnapshotMemBytes, so its entries stay in the spool
@@ -55,7 +24,8 @@ func (c *cutConn) Read(b []byte) (int, error) {
 // refused, and taken again once the first is released.
 func TestSnapshotStreamed(t *testing.T) {
 	ls, addrs := listeners(t, 2)
-	cut := &cutListener{Listener: ls[1], cutAfter: 300 << 10}
+	cut := &cutnet.Listener{Listener: ls[1]}
+	cut.CutAfter.Store(300 << 10)
 	ls[1] = cut
 	spool := t.TempDir()
 	got := make(chan *cluster.Snapshot, 4)
@@ -114,7 +84,7 @@ func TestSnapshotStreamed(t *testing.T) {
 
 	// Cut at 300 KiB of 1.2 MiB: nothing arrives, no file is left.
 	send()
-	waitFor("the cut", cut.cut.Load)
+	waitFor("the cut", cut.Cut)
 	waitFor("the partial spool file removed", func() bool { return spooled() == 0 })
 	select {
 	case r := <-got:
