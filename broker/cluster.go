@@ -32,9 +32,12 @@ type metaCluster struct {
 	waiting map[uint64]struct{}   // seqs a request waits for
 	results map[uint64]MetaResult // their results, once applied here
 	// removes: seqs of this node's queue deletions proposed without a
-	// waiter (clusterRemove), until applied here (or told unknown):
-	// what clusterSync waits for.
-	removes map[uint64]struct{}
+	// waiter (clusterRemove), until applied here (or told unknown), or
+	// until a clusterSync found it not applied when the timeout after it
+	// was proposed ran out: what clusterSync waits for, each until then
+	// at most. (The deletion may still be applied: proposed again at the
+	// next change of leader.)
+	removes map[uint64]time.Time
 	stop    chan struct{} // stops the ticker
 	stopped chan struct{}
 	// tickQueues ticks the replicated queue groups with the metadata
@@ -196,7 +199,7 @@ func (b *Broker) openClusterMeta(ctx context.Context, cfg MetaLogConfig) error {
 	}
 	rec.SetNodes(nodes)
 	m := &clusterMachine{t: t, rec: &MetaMachine{Meta: rec}}
-	cl := &metaCluster{timeout: cfg.Timeout, waiting: map[uint64]struct{}{}, results: map[uint64]MetaResult{}, removes: map[uint64]struct{}{},
+	cl := &metaCluster{timeout: cfg.Timeout, waiting: map[uint64]struct{}{}, results: map[uint64]MetaResult{}, removes: map[uint64]time.Time{},
 		stop: make(chan struct{}), stopped: make(chan struct{}), forward: cfg.Forward, onRemoved: cfg.OnRemoved}
 	if cl.timeout <= 0 {
 		cl.timeout = DefaultMetaTimeout
@@ -414,29 +417,53 @@ func (t *topology) clusterRemove(cl *metaCluster, q *Queue) bool {
 	}
 	c := MetaCommand{Op: MetaDeleteQueue, NowMs: t.now(), Queue: wire.QueueDeclare{Name: q.name}, QueueID: uint64(q.id)}
 	t.mbuf = AppendMetaCommand(t.mbuf[:0], &c)
-	cl.removes[cl.g.Add(t.mbuf)] = struct{}{}
+	cl.removes[cl.g.Add(t.mbuf)] = time.Now().Add(cl.timeout)
 	cl.g.Kick()
 	return true
 }
 
 // clusterSync waits until every queue deletion this node proposed
 // (clusterRemove, whose requests wait here) is applied here, bounded by
-// the cluster timeout. Every other change's request waited for it alone
+// the cluster timeout, and each by the timeout after it was proposed: one
+// not applied by then fails the sync that saw it run out, and no later
+// one waits for it. Every other change's request waited for it alone
 // (clusterChange): none waits here behind another's change that was
-// lost (which would hold it until that one's request gave up).
+// lost.
 func (t *topology) clusterSync(ctx context.Context, cl *metaCluster) error {
 	ctx, cancel := context.WithTimeout(ctx, cl.timeout)
 	defer cancel()
+	type removal struct {
+		seq uint64
+		by  time.Time
+	}
 	t.mu.Lock()
-	seqs := make([]uint64, 0, len(cl.removes))
-	for seq := range cl.removes {
-		seqs = append(seqs, seq)
+	rs := make([]removal, 0, len(cl.removes))
+	for seq, by := range cl.removes {
+		rs = append(rs, removal{seq, by})
 	}
 	t.mu.Unlock()
-	for _, seq := range seqs {
-		if err := cl.g.Wait(ctx, seq); err != nil {
-			return &wire.Error{Code: wire.InternalError, Reason: "the cluster has not applied the topology change: " + err.Error()}
+	var failed error
+	for _, r := range rs {
+		wctx, wcancel := context.WithDeadline(ctx, r.by)
+		err := cl.g.Wait(wctx, r.seq)
+		wcancel()
+		switch {
+		case err == nil:
+		case errors.Is(err, context.DeadlineExceeded) && !time.Now().Before(r.by):
+			// Its own time ran out: answered (here) as not applied, once.
+			t.mu.Lock()
+			delete(cl.removes, r.seq)
+			t.mu.Unlock()
+			failed = err
+		default:
+			failed = err
 		}
+		if ctx.Err() != nil {
+			break
+		}
+	}
+	if failed != nil {
+		return &wire.Error{Code: wire.InternalError, Reason: "the cluster has not applied the topology change: " + failed.Error()}
 	}
 	return nil
 }

@@ -4,7 +4,7 @@ import (
 	"context"
 	"fmt"
 	"strings"
-	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -86,21 +86,23 @@ func TestClusterChangeSentAsLeaderDies(t *testing.T) {
 // (it is answered with its queue), and the lost declare is never applied,
 // not even after a change of leader (which used to propose it again: a
 // queue the client was told may not exist, or deleted since, coming
-// back).
+// back). A queue deletion lost so is answered as not applied in time,
+// holds up no later sync of the node's changes, and is proposed again
+// at the change of leader.
 func TestClusterChangeLostUnderSameLeader(t *testing.T) {
 	c := newTestCluster(t, 3)
+	c.tagging()
 	lead := c.leader()
 	f := c.nodes[lead.id%3]
 	fb := f.b.Load()
 	cl := fb.topo.cl.Load()
-	cl.timeout = 500 * time.Millisecond // the lost declare's answer (read by this goroutine's requests only)
-	var once sync.Once
+	// The lost changes' answers. Read by this goroutine's requests and
+	// by the shard a delete is handed to (after it is set).
+	cl.timeout = 500 * time.Millisecond
+	var dropping atomic.Bool // the node's next proposal is lost
+	dropping.Store(true)
 	drop := func(to uint64, m raftpb.Message) bool {
-		lost := false
-		if to == lead.id && m.From == f.id && m.Type == raftpb.MsgProp {
-			once.Do(func() { lost = true })
-		}
-		return lost
+		return to == lead.id && m.From == f.id && m.Type == raftpb.MsgProp && dropping.CompareAndSwap(true, false)
 	}
 	c.dropMeta.Store(&drop)
 	if _, err := fb.DeclareQueueAs(&wire.QueueDeclare{Name: "lost"}, 0, ""); err == nil || !strings.Contains(err.Error(), "may still be applied") {
@@ -114,10 +116,26 @@ func TestClusterChangeLostUnderSameLeader(t *testing.T) {
 	if d := time.Since(start); d > 10*time.Second {
 		t.Fatalf("the next declare answered after %v: it waited behind the lost one", d) // milliseconds when it does not
 	}
+	if _, err := fb.DeclareQueueAs(&wire.QueueDeclare{Name: "gone"}, 0, ""); err != nil {
+		t.Fatal(err)
+	}
+	cl.timeout = 500 * time.Millisecond
+	dropping.Store(true)
+	if _, err := fb.DeleteQueue(t.Context(), "gone", false, false); err == nil || !strings.Contains(err.Error(), "has not applied") {
+		t.Fatalf("the lost delete: %v", err)
+	}
+	cl.timeout = 20 * time.Second
+	start = time.Now()
+	if err := fb.MetaSync(t.Context()); err != nil {
+		t.Fatalf("a sync after the lost delete: %v", err)
+	}
+	if d := time.Since(start); d > 10*time.Second {
+		t.Fatalf("a sync after the lost delete answered after %v: it waited for it", d)
+	}
 	if st, _ := fb.MetaStatus(); st.Leader != lead.id {
 		t.Fatalf("leader %d, want %d still", st.Leader, lead.id)
 	}
-	// A change of leader: the lost declare's entry is known lost.
+	// A change of leader: the lost entries are known lost.
 	to := c.nodes[(lead.id+1)%3]
 	if _, err := lead.b.Load().MetaGroup().TransferLeadership(t.Context(), to.id); err != nil {
 		t.Fatal(err)
@@ -135,6 +153,9 @@ func TestClusterChangeLostUnderSameLeader(t *testing.T) {
 		if s := topoSummary(nd.b.Load()); strings.Contains(s, "queue lost") {
 			t.Fatalf("node %d applied the declare answered as lost:\n%s", nd.id, s)
 		}
+		c.waitFor(fmt.Sprintf("node %d applying the deletion proposed again", nd.id), func() bool {
+			return !strings.Contains(topoSummary(nd.b.Load()), "queue gone")
+		})
 	}
 }
 
