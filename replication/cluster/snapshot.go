@@ -43,9 +43,12 @@ import (
 // and raft sends it again), and at the next start (leftovers of a crash).
 // Bounds: Config.MaxSnapshotBytes per snapshot on disk, Config.MaxSpools
 // snapshots spooled or not yet released on the node and
-// maxSpoolsPerPeer per sending peer; a snapshot over them is refused
-// (logged; its frames are read and dropped) and raft sends it again
-// later. A sender queues at most maxQueuedSnaps per peer.
+// maxSpoolsPerPeer per sending peer; a snapshot over the spool counts is
+// refused (logged; its frames are read and dropped) and raft sends it
+// again later. One that cannot be spooled (no file, a write failed: a
+// full or failing disk) is refused at once by closing the data
+// connection, so that its sender stops sending it (its write fails; raft
+// sends it again later), as one over MaxSnapshotBytes is. A sender queues at most maxQueuedSnaps per peer.
 
 // Snapshot is a snapshot to install: raft's MsgSnap, the FSM image and
 // the live entries the follower lacks. Its fields are those of
@@ -227,7 +230,10 @@ func (t *Transport) snapFrame(from uint64, pl []byte, sp **spool) error {
 	}
 	last := pl[0] == 1
 	if *sp == nil {
-		*sp = t.startSpool(from)
+		var err error
+		if *sp, err = t.startSpool(from); err != nil {
+			return err
+		}
 	}
 	s := *sp
 	if s.skip {
@@ -242,10 +248,14 @@ func (t *Transport) snapFrame(from uint64, pl []byte, sp **spool) error {
 		return fmt.Errorf("cluster: node %d sent a snapshot over the %d-byte limit (MaxSnapshotBytes)", from, t.cfg.MaxSnapshotBytes)
 	}
 	if _, err := s.f.Write(pl[1:]); err != nil {
+		// The disk is full, or failing: refused now, the connection
+		// closed, so that the sender stops (its write fails) rather than
+		// send all of it to be dropped here.
 		t.dropSpool(from, s)
 		*sp = nil
-		t.log.Error("cluster: a snapshot not spooled to disk: refused (raft sends it again)", "peer", from, "file", s.f.Name(), "err", err)
-		return nil
+		t.refusedSnaps.Add(1)
+		t.log.Error("cluster: a snapshot not spooled to disk: refused, the data connection closed so its sender stops (raft sends it again)", "peer", from, "file", s.f.Name(), "err", err)
+		return fmt.Errorf("cluster: a snapshot from node %d not spooled to disk: %w", from, err)
 	}
 	s.size += int64(len(pl) - 1)
 	if !last {
@@ -256,8 +266,10 @@ func (t *Transport) snapFrame(from uint64, pl []byte, sp **spool) error {
 }
 
 // startSpool opens a spool file for a snapshot from peer from, or
-// refuses it (over MaxSpools or maxSpoolsPerPeer, or no file).
-func (t *Transport) startSpool(from uint64) *spool {
+// refuses it: over MaxSpools or maxSpoolsPerPeer (its frames are read and
+// dropped), or with an error when no file can be made (the disk full or
+// failing: the connection closes, and its sender stops at once).
+func (t *Transport) startSpool(from uint64) (*spool, error) {
 	t.smu.Lock()
 	total, mine := t.spools, t.spoolsBy[from]
 	ok := total < t.cfg.MaxSpools && mine < maxSpoolsPerPeer
@@ -269,16 +281,20 @@ func (t *Transport) startSpool(from uint64) *spool {
 	if !ok {
 		t.refusedSnaps.Add(1)
 		t.log.Warn("cluster: a snapshot refused: too many being received or installed (raft sends it again)", "peer", from, "spooled", total, "from_peer", mine, "max_spools", t.cfg.MaxSpools, "max_per_peer", maxSpoolsPerPeer)
-		return &spool{skip: true}
+		return &spool{skip: true}, nil
 	}
-	f, err := os.CreateTemp(t.cfg.SpoolDir, spoolPattern)
+	create := t.createSpool
+	if create == nil {
+		create = func() (*os.File, error) { return os.CreateTemp(t.cfg.SpoolDir, spoolPattern) }
+	}
+	f, err := create()
 	if err != nil {
 		t.unspool(from)
 		t.refusedSnaps.Add(1)
-		t.log.Error("cluster: a snapshot refused: no spool file (raft sends it again)", "peer", from, "dir", t.cfg.SpoolDir, "err", err)
-		return &spool{skip: true}
+		t.log.Error("cluster: a snapshot refused: no spool file; the data connection closed so its sender stops (raft sends it again)", "peer", from, "dir", t.cfg.SpoolDir, "err", err)
+		return nil, fmt.Errorf("cluster: a snapshot from node %d refused: no spool file: %w", from, err)
 	}
-	return &spool{f: f}
+	return &spool{f: f}, nil
 }
 
 func (t *Transport) unspool(from uint64) {

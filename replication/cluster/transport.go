@@ -122,7 +122,7 @@ type Stats struct {
 	Dropped      uint64 // messages dropped (queue full, unknown peer, too big, lost with a connection)
 	AuthFailures uint64 // handshakes that failed the secret check (either side)
 	Refused      uint64 // inbound connections refused (bad hello, unknown node, handshake limit, bad frame)
-	SnapsRefused uint64 // snapshots refused on arrival (MaxSpools, maxSpoolsPerPeer, no spool file)
+	SnapsRefused uint64 // snapshots refused on arrival (MaxSpools, maxSpoolsPerPeer, no spool file, a spool write failed)
 }
 
 // PeerStats are one peer's.
@@ -158,6 +158,9 @@ type Transport struct {
 	smu      sync.Mutex
 	spools   int            // smu: snapshots spooled or not yet released
 	spoolsBy map[uint64]int // smu: of them, by sending peer
+	// createSpool, if set (tests), creates a spool file instead of
+	// os.CreateTemp in Config.SpoolDir. Set before any snapshot arrives.
+	createSpool func() (*os.File, error)
 }
 
 // inboundKey names an inbound connection: one per peer and lane.
