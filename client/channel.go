@@ -391,6 +391,7 @@ func (ch *Channel) publish(ctx context.Context, exchange string, m *Message, wai
 		return 0, ch.err
 	}
 	ch.unconfirmed++
+	inline := ch.unconfirmed <= inlineUnconfirmed
 	ch.mu.Unlock()
 
 	var fl wire.MessageFlags
@@ -441,7 +442,7 @@ func (ch *Channel) publish(ctx context.Context, exchange string, m *Message, wai
 		ch.waiters[seq] = wait
 		ch.mu.Unlock()
 	}
-	c.wcond.Signal()
+	c.kickLocked(inline)
 	return seq, nil
 }
 
