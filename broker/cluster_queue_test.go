@@ -278,15 +278,8 @@ func TestClusterLeaderBalancer(t *testing.T) {
 func TestClusterForwardedPublish(t *testing.T) {
 	c := newTestCluster(t, 3)
 	c.leader()
-	c.declareSeen(wire.QueueDeclare{Name: "one", Durable: true,
-		Args: wire.Table{{Key: "replicas", Value: wire.Int(1)}}})
-	holder := c.queueLeader("one")
-	var other *clusterNode
-	for _, nd := range c.nodes {
-		if nd != holder {
-			other = nd
-		}
-	}
+	holder, others := c.declareOneReplica("one")
+	other := others[len(others)-1]
 	if info, _ := other.b.Load().Queue("one"); info.RaftRole != "none" {
 		t.Fatalf("node %d, not a replica, says its part is %q", other.id, info.RaftRole)
 	}

@@ -379,6 +379,22 @@ func (c *testCluster) declareSeen(d wire.QueueDeclare) {
 	}
 }
 
+// declareOneReplica declares durable queue name with one replica (as
+// declareSeen) and returns the node that holds it and the others, in
+// node order.
+func (c *testCluster) declareOneReplica(name string) (holder *clusterNode, others []*clusterNode) {
+	c.t.Helper()
+	c.declareSeen(wire.QueueDeclare{Name: name, Durable: true,
+		Args: wire.Table{{Key: "replicas", Value: wire.Int(1)}}})
+	holder = c.queueLeader(name)
+	for _, nd := range c.nodes {
+		if nd != holder {
+			others = append(others, nd)
+		}
+	}
+	return holder, others
+}
+
 // TestClusterTopology: three brokers whose metadata group has every node
 // a voter, over the TCP transport on loopback. Topology declared on one
 // node (a follower, whose proposals go to the leader, and the leader) is

@@ -198,15 +198,7 @@ func TestClusterHomedQueues(t *testing.T) {
 func TestClusterForwardRedirected(t *testing.T) {
 	c := newTestCluster(t, 3)
 	c.leader()
-	c.declareSeen(wire.QueueDeclare{Name: "one", Durable: true,
-		Args: wire.Table{{Key: "replicas", Value: wire.Int(1)}}})
-	holder := c.queueLeader("one")
-	var others []*clusterNode
-	for _, nd := range c.nodes {
-		if nd != holder {
-			others = append(others, nd)
-		}
-	}
+	holder, others := c.declareOneReplica("one")
 	origin, stale := others[0], others[1]
 	oq := origin.b.Load().topo.lookupQueue("one")
 	barrier(t, oq.shard)    // the queue is open there
