@@ -54,7 +54,10 @@
 //     once (raft commits them), and their entries applied only once
 //     persisted says they are durable (applyDurable); the appender merges
 //     the rounds that queued during a write into its next Append, so one
-//     hot queue keeps the disk busy. An Append failure stops the worker
+//     hot queue keeps the disk busy. Two appender goroutines, so one
+//     writes while the other's fdatasync runs (segment.AppendThen keeps
+//     their places in the log, tickets their completions, in submission
+//     order). An Append failure stops the worker
 //     and is reported (Fatal). TestWorkerRounds checks one Append per
 //     round across groups, exactly-once apply, and recovery of every group
 //     after a clean close or a crash at a random sync.

@@ -52,12 +52,19 @@ type Worker struct {
 	ticks uint64 // RaftTick calls
 
 	mu      sync.Mutex
-	queue   []*submission // waiting for the appender
-	wake    chan struct{}
+	queue   []*submission // waiting for the appenders
+	work    *sync.Cond    // on mu: queue or closing changed
 	closing bool
-	done    chan struct{}
-	failed  error // an Append failed: the worker is stopped for good
-	ownPool bool
+	// tickets: the order the appenders took their work in, which their
+	// Appends enter segment in (entered: how many did) and their
+	// completions are posted in (turn: the next to post). turns: on mu,
+	// entered or turn changed.
+	tickets, entered, turn uint64
+	turns                  *sync.Cond
+	running                int // appenders not yet stopped
+	done                   chan struct{}
+	failed                 error // an Append failed: the worker is stopped for good
+	ownPool                bool
 
 	stats WorkerStats
 }
@@ -256,11 +263,15 @@ func NewWorker(log *segment.Log, cfg WorkerConfig) *Worker {
 	if cfg.MaxUncommittedBytes <= 0 {
 		cfg.MaxUncommittedBytes = 64 << 20
 	}
-	w := &Worker{log: log, cfg: cfg, ids: map[uint64]*Group{}, wake: make(chan struct{}, 1), done: make(chan struct{})}
+	w := &Worker{log: log, cfg: cfg, ids: map[uint64]*Group{}, done: make(chan struct{})}
+	w.work, w.turns = sync.NewCond(&w.mu), sync.NewCond(&w.mu)
 	if w.cfg.Pool == nil {
 		w.cfg.Pool, w.ownPool = NewPool(4), true
 	}
-	go w.appender()
+	w.running = appenders
+	for range appenders {
+		go w.appender()
+	}
 	return w
 }
 
@@ -567,13 +578,10 @@ func (w *Worker) Round(now int64) (more bool) {
 	if w.sub != nil {
 		w.mu.Lock()
 		w.queue = append(w.queue, w.sub)
+		w.work.Signal()
 		w.mu.Unlock()
 		w.sub = nil
 		w.stats.Appends++
-		select {
-		case w.wake <- struct{}{}:
-		default:
-		}
 	}
 	return len(w.dirty) > 0
 }
@@ -1048,20 +1056,34 @@ func (w *Worker) stop(err error) {
 	}
 }
 
+// appenders is how many appender goroutines a worker runs: two, so one
+// writes while the other's fdatasync runs (segment keeps two writes in
+// flight), and the disk does not wait for a write() of the next rounds.
+const appenders = 2
+
 // appender makes the rounds' writes durable and posts their completions
-// back to the shard, in order: every round queued since its last Append
-// goes into the next one (group commit: one write and one fdatasync for
-// all of them, pipelined rounds of one group included).
+// back to the shard, in the order the rounds were submitted: every round
+// queued since an appender's last Append goes into its next one (group
+// commit: one write and one fdatasync for all of them, pipelined rounds
+// of one group included). segment makes Appends durable in the order
+// they took their place (a later one returns after an earlier one), and
+// the tickets keep the completions in that order too.
 func (w *Worker) appender() {
-	defer close(w.done)
+	defer func() {
+		w.mu.Lock()
+		w.running--
+		last := w.running == 0
+		w.mu.Unlock()
+		if last {
+			close(w.done)
+		}
+	}()
 	var subs []*submission
 	var batches []segment.Batch
 	for {
 		w.mu.Lock()
 		for len(w.queue) == 0 && !w.closing {
-			w.mu.Unlock()
-			<-w.wake
-			w.mu.Lock()
+			w.work.Wait()
 		}
 		if len(w.queue) == 0 {
 			w.mu.Unlock()
@@ -1076,15 +1098,43 @@ func (w *Worker) appender() {
 		k := copy(w.queue, w.queue[n:])
 		clear(w.queue[k:])
 		w.queue = w.queue[:k]
+		if k > 0 {
+			w.work.Signal() // the other appender may take the rest
+		}
+		ticket := w.tickets
+		w.tickets++
+		// The Appends take their places in the log in ticket order too:
+		// a group's later entries must not be written before its earlier
+		// ones. An Append has its place once segment queued its batches
+		// (enter), or once it returned.
+		for w.entered != ticket {
+			w.turns.Wait()
+		}
 		w.mu.Unlock()
 		batches = batches[:0]
 		for _, sub := range subs {
 			batches = append(batches, sub.batches...)
 		}
-		err := w.log.Append(batches...)
+		in := false
+		enter := func() {
+			if !in {
+				in = true
+				w.mu.Lock()
+				w.entered++
+				w.turns.Broadcast()
+				w.mu.Unlock()
+			}
+		}
+		err := w.log.AppendThen(enter, batches...)
+		enter()
 		clear(batches)
 		done := append([]*submission(nil), subs...)
 		clear(subs)
+		w.mu.Lock()
+		for w.turn != ticket {
+			w.turns.Wait()
+		}
+		w.mu.Unlock()
 		w.cfg.Post(func() {
 			w.stats.Merged += uint64(len(done) - 1)
 			for _, sub := range done {
@@ -1092,6 +1142,10 @@ func (w *Worker) appender() {
 				w.persisted(sub)
 			}
 		})
+		w.mu.Lock()
+		w.turn++
+		w.turns.Broadcast()
+		w.mu.Unlock()
 	}
 }
 
@@ -1109,11 +1163,8 @@ func (w *Worker) Close() {
 	}
 	w.mu.Lock()
 	w.closing = true
+	w.work.Broadcast()
 	w.mu.Unlock()
-	select {
-	case w.wake <- struct{}{}:
-	default:
-	}
 	<-w.done
 }
 

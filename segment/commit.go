@@ -51,6 +51,15 @@ func (l *Log) rollback() {
 // whatever other goroutines appended meanwhile. It returns once they are
 // on disk, or the error that stopped the engine.
 func (l *Log) Append(batches ...Batch) error {
+	return l.AppendThen(nil, batches...)
+}
+
+// AppendThen is Append, and calls queued (if not nil) once the batches
+// have their place in the log, before it waits for the write: an Append
+// that starts after that is written after them. queued runs under the
+// log's lock (it must not call the Log, nor block); it is not called
+// when Append fails before the batches are queued.
+func (l *Log) AppendThen(queued func(), batches ...Batch) error {
 	l.mu.Lock()
 	if err := l.usableLocked(); err != nil {
 		l.mu.Unlock()
@@ -104,6 +113,9 @@ func (l *Log) Append(batches ...Batch) error {
 	}
 	if l.queuedHook != nil {
 		l.queuedHook()
+	}
+	if queued != nil {
+		queued()
 	}
 	return l.commitLocked()
 }
