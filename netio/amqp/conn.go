@@ -86,8 +86,16 @@ type conn struct {
 	held        atomic.Bool
 	waitConfirm atomic.Bool
 	alarmHeld   atomic.Bool
-	proxyDone   bool // the PROXY header, if trusted peers are set, was read
-	viaProxy    bool // the peer is a trusted proxy: a PROXY header may come first
+	// While held, the buffered frames behind the held publish are
+	// scanned for a channel.close or connection.close (closeBehind,
+	// loop-owned): closeAhead, one was found, and the publishes before it
+	// are read past the bound until it is reached; scanned, the bytes of
+	// complete frames from the head scanned without finding one; scanNeed,
+	// the bytes buffered before a scan can find more.
+	closeAhead        bool
+	scanned, scanNeed int
+	proxyDone         bool // the PROXY header, if trusted peers are set, was read
+	viaProxy          bool // the peer is a trusted proxy: a PROXY header may come first
 	// refusal: the connection is refused (the per-source cap, on the
 	// source a PROXY header named); it is told so in place of
 	// connection.start.
@@ -281,14 +289,16 @@ func (c *conn) OnTraffic(gc gnet.Conn) gnet.Action {
 		}
 		return gnet.None
 	}
-	if c.waitConfirm.Load() && c.unconfirmed.Load() >= int64(c.l.cfg.MaxUnconfirmed) {
-		c.pause(gc)
+	n := c.unconfirmed.Load()
+	atBound := c.waitConfirm.Load() && n >= int64(c.l.cfg.MaxUnconfirmed)
+	if (atBound || c.alarmHeld.Load() && c.srv.MemoryAlarm() && c.state.Load() == stOpen) && !c.closeBehind(gc) {
+		if hook := c.l.hookAtBound.Load(); hook != nil && atBound {
+			(*hook)(n)
+		}
+		c.holdReading(gc)
 		return gnet.None
 	}
-	if c.alarmHeld.Load() && c.srv.MemoryAlarm() && c.state.Load() == stOpen {
-		c.pause(gc)
-		return gnet.None
-	}
+	c.scanned, c.scanNeed = 0, 0 // the head moves on
 	c.resume(gc)
 	for {
 		st := c.state.Load()
@@ -358,6 +368,9 @@ func (c *conn) OnTraffic(gc gnet.Conn) gnet.Action {
 			_, _ = gc.Discard(-1)
 			return gnet.None
 		}
+		if c.closeAhead && isClose(typ, chID, p) {
+			c.closeAhead = false // reached: publishes wait at the bound again
+		}
 		if st == stHandshake || slowFrame(typ, chID, p) {
 			c.startRun(gc, st == stHandshake)
 			return gnet.None
@@ -424,6 +437,9 @@ func (c *conn) startRun(gc gnet.Conn, handshake bool) {
 		if k > 0 && (handshake || !slowFrame(buf[0], binary.BigEndian.Uint16(buf[1:]), buf[7:7+n])) {
 			break // the loop deals with it when it goes on
 		}
+		if c.closeAhead && isClose(buf[0], binary.BigEndian.Uint16(buf[1:]), buf[7:7+n]) {
+			c.closeAhead = false // reached (in this run): publishes wait at the bound again
+		}
 		run = append(run, buf...)
 		_, _ = gc.Discard(size)
 	}
@@ -460,13 +476,19 @@ func (c *conn) runOff(gc gnet.Conn, run []byte, handshake bool) {
 // bound of unconfirmed publishes (Confirm wakes it) or the memory alarm on
 // (the tick wakes it); reading pauses meanwhile. Loop goroutine.
 func (c *conn) mustWait(gc gnet.Conn) bool {
+	if c.closeAhead {
+		return false // a close is buffered behind it: read on to it
+	}
 	if n := c.unconfirmed.Load(); n >= int64(c.l.cfg.MaxUnconfirmed) {
 		if hook := c.l.hookAtBound.Load(); hook != nil {
 			(*hook)(n)
 		}
 		c.waitConfirm.Store(true)
 		if c.unconfirmed.Load() >= int64(c.l.cfg.MaxUnconfirmed) { // else a confirm came in between
-			c.pause(gc)
+			if c.closeBehind(gc) {
+				return false
+			}
+			c.holdReading(gc)
 			return true
 		}
 		c.waitConfirm.Store(false)
@@ -476,7 +498,10 @@ func (c *conn) mustWait(gc gnet.Conn) bool {
 			c.alarmHeld.Store(true)
 			c.sendBlocked(true)
 		}
-		c.pause(gc)
+		if c.closeBehind(gc) {
+			return false
+		}
+		c.holdReading(gc)
 		return true
 	}
 	if c.alarmHeld.Load() {
@@ -484,6 +509,88 @@ func (c *conn) mustWait(gc gnet.Conn) bool {
 		c.sendBlocked(false)
 	}
 	return false
+}
+
+// closeScanBytes bounds what a held connection reads ahead of its held
+// publish looking for a close (closeBehind): past it reading pauses, and
+// a close further behind waits for the confirms as everything else does.
+const closeScanBytes = 64 << 10
+
+// isClose: a channel.close or a connection.close frame.
+func isClose(typ uint8, chID uint16, p []byte) bool {
+	if typ != frameMethod || len(p) < 4 {
+		return false
+	}
+	class, method := binary.BigEndian.Uint16(p), binary.BigEndian.Uint16(p[2:])
+	return chID == 0 && class == classConnection && method == 50 || chID != 0 && class == classChannel && method == 40
+}
+
+// closeBehind reports whether a channel.close or connection.close is
+// buffered behind the frame held at the head (a publish at the
+// unconfirmed bound or under the memory alarm): then the frames before it
+// are read past the hold, so that the client's close is read, and
+// answered, without waiting for confirms that may be long in coming. The
+// publishes so read are what the connection has buffered already (at most
+// closeScanBytes). Each frame is scanned once while the head is held.
+// Loop goroutine.
+func (c *conn) closeBehind(gc gnet.Conn) bool {
+	if c.closeAhead {
+		return true
+	}
+	total := gc.InboundBuffered()
+	if c.scanNeed < 0 || total < c.scanNeed {
+		return false // nothing new to scan, or past closeScanBytes
+	}
+	buf, err := gc.Peek(min(total, closeScanBytes))
+	if err != nil {
+		return false
+	}
+	off := c.scanned
+	for {
+		if len(buf)-off < 7 {
+			c.scanNeed = off + 7
+			break
+		}
+		n := binary.BigEndian.Uint32(buf[off+3:])
+		if uint64(n)+8 > uint64(c.frameMax) {
+			c.scanNeed = -1 // the loop refuses it when it gets there
+			return false
+		}
+		size := int(n) + 8
+		if len(buf)-off < size {
+			c.scanNeed = off + size
+			break
+		}
+		if isClose(buf[off], binary.BigEndian.Uint16(buf[off+1:]), buf[off+7:off+7+int(n)]) {
+			// From here the head moves on: the next hold scans anew.
+			c.closeAhead, c.scanned, c.scanNeed = true, 0, 0
+			return true
+		}
+		off += size
+		c.scanned = off
+	}
+	if c.scanNeed > closeScanBytes {
+		c.scanNeed = -1
+	}
+	return false
+}
+
+// holdReading holds the frame at the head of a connection held at the
+// unconfirmed bound or by the memory alarm: the socket is read on while
+// closeBehind may still find a close behind it (less than closeScanBytes
+// buffered; its heartbeats are seen arriving), else paused. Loop
+// goroutine.
+func (c *conn) holdReading(gc gnet.Conn) {
+	if c.scanNeed < 0 || gc.InboundBuffered() >= closeScanBytes {
+		c.pause(gc)
+		return
+	}
+	if c.paused { // read again: as resume, but still waiting for confirms
+		c.paused = false
+		c.held.Store(false)
+		_ = c.gate.Set(gc, true)
+		c.lastRecv.Store(time.Now().UnixMilli())
+	}
 }
 
 // pause takes the socket out of the loop's read interest (again: gnet

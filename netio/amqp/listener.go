@@ -124,8 +124,8 @@ type Listener struct {
 	replyMu sync.Mutex
 	replies map[string]*replyConsumer
 
-	// hookAtBound, if set (tests), hears a connection stop reading at the
-	// unconfirmed bound with that many publishes in flight (loop).
+	// hookAtBound, if set (tests), hears a connection hold what it read
+	// at the unconfirmed bound, with that many publishes in flight (loop).
 	hookAtBound atomic.Pointer[func(inFlight int64)]
 	// beforeOpen, if set (tests), runs as a connection is about to be
 	// marked open, its vhost admitted and open-ok not yet sent.

@@ -1,0 +1,109 @@
+package amqp
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	amqp091 "github.com/rabbitmq/amqp091-go"
+	"github.com/warren-mq/warren/netio"
+)
+
+// TestCloseReadAtUnconfirmedBound: a connection held at its bound of
+// unconfirmed publishes (their queue past its soft limit holds the
+// confirms back) still reads a channel.close and a connection.close sent
+// behind the held publishes: the publishes before the close are read past
+// the bound (what the connection has buffered already), then the close,
+// which is answered at once, not once the confirms come back (here:
+// never, the queue is not drained).
+func TestCloseReadAtUnconfirmedBound(t *testing.T) {
+	t.Parallel() // its own broker
+	const soft, bound, total = 10, 20, 40
+	srv, err := netio.Start(netio.Config{Addr: "127.0.0.1:0", Shards: 1, EventLoops: 1, QueueSoftLimit: soft})
+	if err != nil {
+		t.Fatal(err)
+	}
+	l, err := Listen(srv, Config{Addr: "127.0.0.1:0", MaxUnconfirmed: bound})
+	if err != nil {
+		t.Fatal(err)
+	}
+	atBound := make(chan int64, 64)
+	hook := func(n int64) {
+		select {
+		case atBound <- n:
+		default:
+		}
+	}
+	l.hookAtBound.Store(&hook)
+	defer func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		_ = l.Close()
+		_ = srv.Close(ctx)
+	}()
+	pc, err := amqp091.Dial("amqp://guest:guest@" + l.Addr().String() + "/")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pc.CloseDeadline(time.Now().Add(time.Second))
+	pch, err := pc.Channel()
+	if err != nil {
+		t.Fatal(err)
+	}
+	other, err := pc.Channel()
+	if err != nil {
+		t.Fatal(err)
+	}
+	third, err := pc.Channel() // opened now: at the bound, a channel.open waits as a publish does
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := pch.QueueDeclare("held", false, false, false, false, nil); err != nil {
+		t.Fatal(err)
+	}
+	if err := pch.Confirm(false); err != nil {
+		t.Fatal(err)
+	}
+	for i := 0; i < total; i++ { // buffered by the client's socket: the last ones wait behind the bound
+		if err := pch.PublishWithContext(context.Background(), "", "held", false, false, amqp091.Publishing{Body: []byte("m")}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	select {
+	case <-atBound:
+	case <-time.After(10 * time.Second):
+		t.Fatal("the publisher never reached the unconfirmed bound")
+	}
+	closed := func(what string, close func() error) {
+		t.Helper()
+		done := make(chan error, 1)
+		go func() { done <- close() }()
+		select {
+		case err := <-done:
+			if err != nil {
+				t.Fatalf("%s: %v", what, err)
+			}
+		case <-time.After(5 * time.Second):
+			t.Fatalf("%s not answered within 5 s at the unconfirmed bound (its confirms held back)", what)
+		}
+	}
+	// A queue.declare and the close behind it go off the loop in one run.
+	if _, err := other.QueueDeclare("x", false, false, false, true, nil); err != nil {
+		t.Fatal(err)
+	}
+	closed("channel.close of another channel", other.Close)
+	// The close reached, a publish waits at the bound again.
+	for len(atBound) > 0 {
+		<-atBound
+	}
+	if err := third.PublishWithContext(context.Background(), "", "held", false, false, amqp091.Publishing{Body: []byte("m")}); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-atBound:
+	case <-time.After(10 * time.Second):
+		t.Fatal("a publish after the close was not held at the unconfirmed bound")
+	}
+	closed("channel.close of the publishing channel", pch.Close)
+	closed("connection.close", pc.Close)
+}
