@@ -616,6 +616,11 @@ func TestForwardedResendUnderAlarmConfirmed(t *testing.T) {
 				q.shard.submit(Command{Kind: cmdPost, post: func() { q.home = 1; close(done) }})
 				<-done
 			}
+			// A publish here confirmed: the queue's group leads (a
+			// single voter elects itself after its open).
+			k := newDurSink()
+			first := publish(b, q, k, true, "x")
+			k.waitFor(t, "the local publish's confirm", func() bool { return k.confirmed(first) })
 			const enq, inc = 2<<48 | 1, 7
 			// answer sends p as node 2 and returns the answer: its op and,
 			// for a confirm, refused and the codes.
@@ -646,8 +651,8 @@ func TestForwardedResendUnderAlarmConfirmed(t *testing.T) {
 			if op, _, _ := answer(fwdPublishFrom(enq, inc, uint64(q.id), 3, 1, "c")); op != 'B' {
 				t.Fatalf("a new part under the alarm answered %q, want busy", op)
 			}
-			if got := ready(); got != 2 {
-				t.Fatalf("the queue holds %d messages, want 2 (the resend not enqueued again, the new part held back)", got)
+			if got := ready(); got != 3 {
+				t.Fatalf("the queue holds %d messages, want 3 (the local one and the part's two: the resend not enqueued again, the new part held back)", got)
 			}
 			if got := b.fwdDuplicates.Load(); got != 2 {
 				t.Fatalf("%d duplicates counted, want 2", got)
