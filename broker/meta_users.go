@@ -9,6 +9,16 @@ import (
 	"github.com/warren-mq/warren/wire"
 )
 
+// MetaUser is a broker user as the metadata state machine keeps it.
+// PasswordHash is a bcrypt hash (salted: the runtime draws the salt and
+// hashes before the command, so Apply stays pure); the password itself is
+// never in a command, the log or a snapshot.
+type MetaUser struct {
+	Name         string
+	PasswordHash string
+	Tags         []string
+}
+
 // Bounds of one user account (what an administrator can make the broker
 // hold, beside MetaLimits.MaxUsers).
 const (
