@@ -1,8 +1,8 @@
 // Package broker is Warren's core at run time: the metadata state machine
-// (exchanges, queues, bindings; meta.go) and the runtime around it
-// (topology.go), the shards that own the queues' state machines, message
-// bodies and dead-lettering (shard.go), and the operator API the admin API
-// uses (ops.go).
+// (exchanges, queues, bindings; meta.go and meta_*.go) and the runtime
+// around it (topology.go), the shards that own the queues' state
+// machines, message bodies and dead-lettering (shard.go and shard_*.go),
+// and the operator API the admin API uses (ops.go).
 //
 // Metadata. Meta is pure and deterministic: Apply(MetaCommand) returns a
 // MetaResult and MetaEffects, values. A command carries everything the

@@ -610,7 +610,7 @@ func TestForwardedResendUnderAlarmConfirmed(t *testing.T) {
 			b := n.b
 			q := declareDurable(t, b, "q", durable)
 			if !durable {
-				// One node has no homes (meta.go): this node is the
+				// One node has no homes (meta_declare.go): this node is the
 				// queue's home as a cluster node would be.
 				done := make(chan struct{})
 				q.shard.submit(Command{Kind: cmdPost, post: func() { q.home = 1; close(done) }})

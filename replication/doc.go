@@ -86,12 +86,12 @@
 //
 // And phase D3 on one node:
 //
-//   - meta.go: MetaGroup, the metadata group (§4): a single voter over
-//     segment group 2 whose entries carry the broker's encoded metadata
-//     commands, one entry per round (every command added since the last
-//     round: a run of declarations shares one entry and one fdatasync);
-//     snapshots of the metadata state into the SnapStore every 10,000
-//     entries or 8 MiB, the log compacted to each; OpenMeta recovers
+//   - meta.go (and meta_*.go): MetaGroup, the metadata group (§4): a
+//     single voter over segment group 2 whose entries carry the broker's
+//     encoded metadata commands, one entry per round (every command added
+//     since the last round: a run of declarations shares one entry and one
+//     fdatasync); snapshots of the metadata state into the SnapStore every
+//     10,000 entries or 8 MiB, the log compacted to each; OpenMeta recovers
 //     (snapshot, then replay). On one voter the caller applies a command
 //     as it adds it (the proposal order is the log order, and a failed
 //     write stops the node) and answers only once Wait says it is
