@@ -31,13 +31,14 @@ type metaCluster struct {
 	timeout time.Duration
 	waiting map[uint64]struct{}   // seqs a request waits for
 	results map[uint64]MetaResult // their results, once applied here
-	// removes: seqs of this node's queue deletions proposed without a
-	// waiter (clusterRemove), until applied here (or told unknown), or
-	// until a clusterSync found it not applied when the timeout after it
-	// was proposed ran out: what clusterSync waits for, each until then
-	// at most. (The deletion may still be applied: proposed again at the
-	// next change of leader.)
-	removes map[uint64]time.Time
+	// removes: this node's queue deletions proposed without a waiter
+	// (clusterRemove), by seq, until applied here (or told unknown), or
+	// until a clusterSync found one not applied when the timeout after
+	// it was proposed ran out. A sync waits only for those its own
+	// request asked for (syncFor), each until then at most. (One not
+	// applied may still be: proposed again at the next change of
+	// leader.)
+	removes map[uint64]removal
 	stop    chan struct{} // stops the ticker
 	stopped chan struct{}
 	// tickQueues ticks the replicated queue groups with the metadata
@@ -199,7 +200,7 @@ func (b *Broker) openClusterMeta(ctx context.Context, cfg MetaLogConfig) error {
 	}
 	rec.SetNodes(nodes)
 	m := &clusterMachine{t: t, rec: &MetaMachine{Meta: rec}}
-	cl := &metaCluster{timeout: cfg.Timeout, waiting: map[uint64]struct{}{}, results: map[uint64]MetaResult{}, removes: map[uint64]time.Time{},
+	cl := &metaCluster{timeout: cfg.Timeout, waiting: map[uint64]struct{}{}, results: map[uint64]MetaResult{}, removes: map[uint64]removal{},
 		stop: make(chan struct{}), stopped: make(chan struct{}), forward: cfg.Forward, onRemoved: cfg.OnRemoved}
 	if cl.timeout <= 0 {
 		cl.timeout = DefaultMetaTimeout
@@ -406,10 +407,24 @@ func (t *topology) clusterChange(cl *metaCluster, c *MetaCommand) MetaResult {
 	}
 }
 
+// removal is a queue deletion this node proposed (metaCluster.removes).
+type removal struct {
+	conn  uint64    // the connection that asked for it, 0 for none (auto-delete, expiry, an owner gone, a forward)
+	queue uint64    // the queue's id
+	until time.Time // waited for until then at most
+}
+
+// syncFor names the queue deletions a sync waits for in a cluster: those
+// connection conn asked for (its control run's end: EndControlRun), and
+// queue's (an operator's delete, a deleted queue's log removed). Zero:
+// none (every other request waited for its own change: clusterChange).
+type syncFor struct{ conn, queue uint64 }
+
 // clusterRemove proposes a queue's deletion without waiting (its shard
 // asks, and deletes its own copy at once); every node drops the queue
-// when the deletion is applied there.
-func (t *topology) clusterRemove(cl *metaCluster, q *Queue) bool {
+// when the deletion is applied there. conn is the connection that asked
+// for it (0: none), whose control run's end waits for it.
+func (t *topology) clusterRemove(cl *metaCluster, q *Queue, conn uint64) bool {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	if t.queues[uint64(q.id)] != q {
@@ -417,29 +432,36 @@ func (t *topology) clusterRemove(cl *metaCluster, q *Queue) bool {
 	}
 	c := MetaCommand{Op: MetaDeleteQueue, NowMs: t.now(), Queue: wire.QueueDeclare{Name: q.name}, QueueID: uint64(q.id)}
 	t.mbuf = AppendMetaCommand(t.mbuf[:0], &c)
-	cl.removes[cl.g.Add(t.mbuf)] = time.Now().Add(cl.timeout)
+	cl.removes[cl.g.Add(t.mbuf)] = removal{conn: conn, queue: uint64(q.id), until: time.Now().Add(cl.timeout)}
 	cl.g.Kick()
 	return true
 }
 
-// clusterSync waits until every queue deletion this node proposed
-// (clusterRemove, whose requests wait here) is applied here, bounded by
-// the cluster timeout, and each by the timeout after it was proposed: one
-// not applied by then fails the sync that saw it run out, and no later
-// one waits for it. Every other change's request waited for it alone
-// (clusterChange): none waits here behind another's change that was
-// lost.
-func (t *topology) clusterSync(ctx context.Context, cl *metaCluster) error {
+// clusterSync waits until the queue deletions this node proposed that
+// for names (syncFor) are applied here, bounded by the cluster timeout,
+// and each by the timeout after it was proposed: one not applied by then
+// fails the sync that saw it run out ("it may still be applied": it is
+// proposed again at the next change of leader), and no later one waits
+// for it. No sync waits for another request's deletion, nor for one no
+// request asked for: a deletion lost on its way to a leader that stays
+// holds up nothing else.
+func (t *topology) clusterSync(ctx context.Context, cl *metaCluster, what syncFor) error {
+	if what == (syncFor{}) {
+		return nil
+	}
+	parent := ctx
 	ctx, cancel := context.WithTimeout(ctx, cl.timeout)
 	defer cancel()
-	type removal struct {
+	type pending struct {
 		seq uint64
 		by  time.Time
 	}
+	var rs []pending
 	t.mu.Lock()
-	rs := make([]removal, 0, len(cl.removes))
-	for seq, by := range cl.removes {
-		rs = append(rs, removal{seq, by})
+	for seq, r := range cl.removes {
+		if (what.conn != 0 && r.conn == what.conn) || (what.queue != 0 && r.queue == what.queue) {
+			rs = append(rs, pending{seq, r.until})
+		}
 	}
 	t.mu.Unlock()
 	var failed error
@@ -462,10 +484,20 @@ func (t *topology) clusterSync(ctx context.Context, cl *metaCluster) error {
 			break
 		}
 	}
-	if failed != nil {
-		return &wire.Error{Code: wire.InternalError, Reason: "the cluster has not applied the topology change: " + failed.Error()}
+	switch {
+	case failed == nil:
+		return nil
+	case parent.Err() != nil:
+		return parent.Err()
+	case errors.Is(failed, context.DeadlineExceeded):
+		lead := "none known"
+		if l := cl.g.Status().Lead; l != 0 {
+			lead = fmt.Sprintf("node %d", l)
+		}
+		return &wire.Error{Code: wire.PreconditionFailed, Reason: fmt.Sprintf("the cluster did not apply the queue deletion within %v (metadata leader: %s); it may still be applied", cl.timeout, lead)}
+	default:
+		return &wire.Error{Code: wire.InternalError, Reason: "the metadata group stopped: " + failed.Error()}
 	}
-	return nil
 }
 
 // clusterDeclareQueue is declareQueue in a cluster: a generated name is

@@ -121,7 +121,7 @@ func TestClusterChangeLostUnderSameLeader(t *testing.T) {
 	}
 	cl.timeout = 500 * time.Millisecond
 	dropping.Store(true)
-	if _, err := fb.DeleteQueue(t.Context(), "gone", false, false); err == nil || !strings.Contains(err.Error(), "has not applied") {
+	if _, err := fb.DeleteQueue(t.Context(), "gone", false, false); err == nil || !strings.Contains(err.Error(), "may still be applied") {
 		t.Fatalf("the lost delete: %v", err)
 	}
 	cl.timeout = 20 * time.Second
@@ -204,5 +204,95 @@ func TestClusterMixedVersions(t *testing.T) {
 	}
 	if c.v3Entries.Load() == 0 {
 		t.Fatal("no version 3 entry once every member reads them")
+	}
+}
+
+// TestClusterLostDeletionHoldsUpOnlyItsRequester: a queue deletion whose
+// proposal is lost on its way to a metadata leader that stays leader is
+// waited for by the request that asked for it only. Another connection's
+// control run on the node (a declare) ends at once and without an error
+// (it used to wait until the lost deletion's time ran out and then fail,
+// closing that connection); the asking connection's control run fails,
+// saying the deletion may still be applied; a deletion no request asked
+// for (auto-delete, expiry, an exclusive owner gone) holds up no one.
+func TestClusterLostDeletionHoldsUpOnlyItsRequester(t *testing.T) {
+	c := newTestCluster(t, 3)
+	c.tagging()
+	lead := c.leader()
+	f := c.nodes[lead.id%3]
+	fb := f.b.Load()
+	cl := fb.topo.cl.Load()
+	// The lost deletions' time (read by the shard, which is handed the
+	// delete after it is set).
+	cl.timeout = 2 * time.Second
+	var dropping atomic.Bool // the node's next proposal is lost
+	dropped := make(chan struct{}, 1)
+	drop := func(to uint64, m raftpb.Message) bool {
+		if to == lead.id && m.From == f.id && m.Type == raftpb.MsgProp && dropping.CompareAndSwap(true, false) {
+			dropped <- struct{}{}
+			return true
+		}
+		return false
+	}
+	c.dropMeta.Store(&drop)
+	for _, name := range []string{"gone", "auto"} {
+		if _, err := fb.DeclareQueueAs(&wire.QueueDeclare{Name: name}, 0, ""); err != nil {
+			t.Fatal(err)
+		}
+	}
+	const asker, other = 1 << 40, 1<<40 + 1 // connection ids no test connection has
+	otherRun := func() {
+		t.Helper()
+		fb.BeginControlRun()
+		_, err := fb.DeclareQueueAs(&wire.QueueDeclare{Name: "other"}, 0, "")
+		start := time.Now()
+		if serr := fb.EndControlRun(other); err == nil {
+			err = serr
+		}
+		if err != nil {
+			t.Fatalf("another connection's control run: %v", err)
+		}
+		if d := time.Since(start); d > time.Second {
+			t.Fatalf("another connection's control run ended after %v: it waited for the lost deletion", d) // milliseconds when it does not
+		}
+	}
+
+	// A connection's delete, lost.
+	dropping.Store(true)
+	q := fb.LookupQueue("gone")
+	w := make(waitSink, 1)
+	fb.Submit(Command{Kind: CmdDelete, Queue: q, Sink: w, Owner: asker, Reason: "queue deleted"})
+	if r := <-w; r.Err() != nil {
+		t.Fatal(r.Err())
+	}
+	<-dropped
+	otherRun()
+	if err := fb.EndControlRun(asker); err == nil || !strings.Contains(err.Error(), "may still be applied") {
+		t.Fatalf("the asking connection's control run: %v, want the deletion not applied in time, may still be", err)
+	}
+
+	// A deletion no request asked for, lost (as auto-delete, expiry and
+	// an exclusive owner's close propose it).
+	dropping.Store(true)
+	aq := fb.LookupQueue("auto")
+	if !fb.topo.removeQueue(aq, 0) {
+		t.Fatal("queue auto not removed")
+	}
+	<-dropped
+	otherRun()
+	fb.BeginControlRun()
+	if err := fb.EndControlRun(asker); err != nil {
+		t.Fatalf("the asking connection's next control run: %v", err)
+	}
+	// Both are proposed again at the next change of leader.
+	to := c.nodes[(lead.id+1)%3]
+	if _, err := lead.b.Load().MetaGroup().TransferLeadership(t.Context(), to.id); err != nil {
+		t.Fatal(err)
+	}
+	for _, nd := range c.nodes {
+		c.waitFor(fmt.Sprintf("node %d applying the deletions proposed again", nd.id), func() bool {
+			s := topoSummary(nd.b.Load())
+			return !strings.Contains(s, "queue gone") && !strings.Contains(s, "queue auto")
+		})
 	}
 }

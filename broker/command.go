@@ -73,7 +73,10 @@ type Command struct {
 	Spec     queue.ConsumerSpec // CmdSubscribe
 	Consumer queue.ConsumerID   // CmdCancel
 	Requeue  bool               // CmdCancel
-	Owner    uint64             // CmdDown: the connection's id
+	// Owner: CmdDown: the connection's id. CmdDelete: the connection
+	// that asks (0: none), whose control run's end (EndControlRun) waits
+	// for the deletion in a cluster.
+	Owner uint64
 
 	IfUnused, IfEmpty bool   // CmdDelete
 	Reason            string // CmdDelete: what its consumers are told
@@ -123,7 +126,7 @@ func (s *shard) apply(c *Command) {
 			s.fwdDelete(q, c.Sink, c.Req, c.IfUnused, c.IfEmpty)
 			return
 		}
-		c.Sink.Answer(c.Req, s.deleteIf(c.Queue, c.IfUnused, c.IfEmpty, c.Reason))
+		c.Sink.Answer(c.Req, s.deleteIf(c.Queue, c.IfUnused, c.IfEmpty, c.Reason, c.Owner))
 	case CmdPurge:
 		if q := c.Queue; q.ledElsewhere() {
 			s.fwdPurge(q, c.Sink, c.Req)
@@ -201,8 +204,9 @@ func noQueue(q *Queue) Result {
 	return Result{Code: wire.NotFound, Reason: "no queue " + strconv.Quote(q.name)}
 }
 
-// deleteIf deletes a queue unless a condition refuses it.
-func (s *shard) deleteIf(q *Queue, ifUnused, ifEmpty bool, reason string) Result {
+// deleteIf deletes a queue unless a condition refuses it; conn asked for
+// it (0: none, or not on this node).
+func (s *shard) deleteIf(q *Queue, ifUnused, ifEmpty bool, reason string, conn uint64) Result {
 	switch {
 	case q.remote && !q.gone && (ifUnused || ifEmpty):
 		code, reason := q.notHere()
@@ -219,7 +223,7 @@ func (s *shard) deleteIf(q *Queue, ifUnused, ifEmpty bool, reason string) Result
 		return Result{Code: wire.PreconditionFailed, Reason: "queue " + strconv.Quote(q.name) + " is not empty"}
 	}
 	n := int64(0)
-	if s.b.topo.removeQueue(q) {
+	if s.b.topo.removeQueue(q, conn) {
 		n = s.deleteQueue(q, reason)
 	}
 	return Result{N: n}

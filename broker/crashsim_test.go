@@ -369,7 +369,7 @@ func (s *crashSim) setup() {
 	}
 	bind("tx", "d0", "")
 	bind("tx", "t0", "")
-	s.must(b.EndControlRun())
+	s.must(b.EndControlRun(0))
 	for _, name := range s.order {
 		s.queues[name].declared = true
 		sq := s.queues[name]

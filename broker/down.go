@@ -113,7 +113,7 @@ func (s *shard) down(connID uint64) {
 			continue
 		}
 		if q.exclusive == connID {
-			if s.b.topo.removeQueue(q) {
+			if s.b.topo.removeQueue(q, 0) {
 				s.deleteQueue(q, "exclusive owner closed")
 			}
 			continue

@@ -701,7 +701,7 @@ func (s *shard) removeGroup(q *Queue) {
 	metaSynced := func() error {
 		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 		defer cancel()
-		return s.b.topo.sync(ctx)
+		return s.b.topo.sync(ctx, syncFor{queue: uint64(q.id)})
 	}
 	s.rw.Remove(q.grp, s.b.cfg.Durable.Snapshots, metaSynced, func(err error) {
 		s.removing--

@@ -74,14 +74,14 @@ func (s *shard) deleteHere(id uint64) bool {
 	if w.del != delPlain {
 		return false
 	}
-	s.endPurge(id, s.deleteIf(w.q, false, false, "queue deleted"))
+	s.endPurge(id, s.deleteIf(w.q, false, false, "queue deleted", 0))
 	return true
 }
 
 func (s *shard) fwdPurgeOrDelete(q *Queue, k Sink, req uint64, del byte) {
 	lead := s.knownLeader(q)
 	if lead == 0 && del == delPlain {
-		k.Answer(req, s.deleteIf(q, false, false, "queue deleted"))
+		k.Answer(req, s.deleteIf(q, false, false, "queue deleted", 0))
 		return
 	}
 	if lead == 0 {

@@ -185,19 +185,21 @@ func (b *Broker) CloseMetaLog(ctx context.Context) error {
 }
 
 // MetaSync waits until every topology change made so far is durable (at
-// once without a metadata log; in a cluster, every queue deletion this
-// node proposed is applied here: every other request waited for its own
-// change).
-func (b *Broker) MetaSync(ctx context.Context) error { return b.topo.sync(ctx) }
+// once without a metadata log). In a cluster it returns at once: every
+// request waited for its own change, and a queue deletion is waited for
+// by its own request only (EndControlRun, DeleteQueue).
+func (b *Broker) MetaSync(ctx context.Context) error { return b.topo.sync(ctx, syncFor{}) }
 
-// sync waits for the metadata log to hold every change applied so far.
-func (t *topology) sync(ctx context.Context) error {
+// sync waits for the metadata log to hold every change applied so far;
+// in a cluster, for the queue deletions what names to be applied here
+// (clusterSync).
+func (t *topology) sync(ctx context.Context, what syncFor) error {
 	g := t.mlog.Load()
 	if g == nil {
 		return nil
 	}
 	if cl := t.cl.Load(); cl != nil {
-		return t.clusterSync(ctx, cl)
+		return t.clusterSync(ctx, cl, what)
 	}
 	if err := g.Wait(ctx, g.Added()); err != nil {
 		if errors.Is(err, ctx.Err()) {

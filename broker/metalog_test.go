@@ -110,7 +110,7 @@ func declareMix(t *testing.T, b *Broker) {
 	must(b.BindAs(&wire.Bind{Source: "tx", Destination: "dq", RoutingKey: "t"}, who))
 	must(b.BindAs(&wire.Bind{Source: "dx", Destination: "tq", RoutingKey: "b"}, who))
 	must(b.BindAs(&wire.Bind{Source: "dx", Destination: "eq", RoutingKey: "c"}, who))
-	must(b.EndControlRun())
+	must(b.EndControlRun(0))
 }
 
 const wantDurableOnly = `exchange amq.direct direct durable=true
@@ -233,7 +233,7 @@ func TestMetaLogOneEntryPerControlRun(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	if err := n.b.EndControlRun(); err != nil {
+	if err := n.b.EndControlRun(0); err != nil {
 		t.Fatal(err)
 	}
 	if got := n.log.LastIndex(g) - before; got != 1 {
@@ -266,7 +266,7 @@ func TestMetaLogWriteFailureStops(t *testing.T) {
 	if _, err := b.DeclareQueueAs(&wire.QueueDeclare{Name: "lost", Durable: true}, 1, "u"); err != nil {
 		t.Fatal(err)
 	}
-	if err := b.EndControlRun(); err == nil {
+	if err := b.EndControlRun(0); err == nil {
 		t.Fatal("the run ended without an error though its change was not written")
 	}
 	select {

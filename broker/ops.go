@@ -63,7 +63,7 @@ func (b *Broker) DeclareExchange(d wire.ExchangeDeclare) error {
 	if err := b.topo.declareExchange(&d, ""); err != nil {
 		return err
 	}
-	return b.topo.sync(context.Background())
+	return b.topo.sync(context.Background(), syncFor{})
 }
 
 // DeleteExchange deletes an exchange as EXCHANGE_DELETE does.
@@ -71,7 +71,7 @@ func (b *Broker) DeleteExchange(name string, ifUnused bool) error {
 	if err := b.topo.deleteExchange(&wire.ExchangeDelete{Name: name, IfUnused: ifUnused}, Requester{Admin: true}); err != nil {
 		return err
 	}
-	return b.topo.sync(context.Background())
+	return b.topo.sync(context.Background(), syncFor{})
 }
 
 // DeclareQueue declares a queue as QUEUE_DECLARE does (exclusive queues
@@ -82,7 +82,7 @@ func (b *Broker) DeclareQueue(d wire.QueueDeclare) (string, error) {
 	}
 	q, err := b.topo.declareQueue(&d, 0, "")
 	if err == nil {
-		err = b.topo.sync(context.Background())
+		err = b.topo.sync(context.Background(), syncFor{})
 	}
 	b.topo.publishIfDirty()
 	if err != nil {
@@ -97,7 +97,7 @@ func (b *Broker) Bind(d wire.Bind) error {
 	if err := b.topo.bind(&d, Requester{Admin: true}); err != nil {
 		return err
 	}
-	return b.topo.sync(context.Background())
+	return b.topo.sync(context.Background(), syncFor{})
 }
 
 // ask submits a request command to a shard and waits for its answer.
@@ -127,7 +127,7 @@ func (b *Broker) DeleteQueue(ctx context.Context, name string, ifUnused, ifEmpty
 	if err := r.Err(); err != nil {
 		return r.N, err
 	}
-	return r.N, b.topo.sync(ctx)
+	return r.N, b.topo.sync(ctx, syncFor{queue: uint64(q.id)})
 }
 
 // PurgeQueue removes a queue's ready messages and returns how many.

@@ -47,14 +47,17 @@ func (b *Broker) View() *RouteView { return b.topo.view.Load() }
 // at the end of the run, not once per request. Every Begin needs its End.
 func (b *Broker) BeginControlRun() { b.topo.batching.Add(1) }
 
-// EndControlRun ends a run begun with BeginControlRun: with a metadata
-// log it waits until every change made so far is durable (one entry, one
-// fsync for the whole run: send the run's replies only after it), then
-// publishes the routing view if the run changed it. An error means the
-// metadata log stopped: the changes may be lost, so the replies must not
-// go out.
-func (b *Broker) EndControlRun() error {
-	err := b.topo.sync(context.Background())
+// EndControlRun ends a run begun with BeginControlRun by connection conn
+// (the Owner of its CmdDelete commands): with a metadata log it waits
+// until every change made so far is durable (one entry, one fsync for the
+// whole run: send the run's replies only after it), in a cluster until
+// the queue deletions conn asked for are applied here (any other change
+// was waited for by its request), then publishes the routing view if the
+// run changed it. An error means the changes may be lost, or in a
+// cluster not applied yet (a deletion: "it may still be applied"), so the
+// replies must not go out.
+func (b *Broker) EndControlRun(conn uint64) error {
+	err := b.topo.sync(context.Background(), syncFor{conn: conn})
 	b.topo.batching.Add(-1)
 	b.topo.publishIfDirty()
 	return err

@@ -424,7 +424,7 @@ func (s *shard) handle(q *Queue, effs []queue.Effect) {
 				continue // the leader deletes it (a follower may lag behind)
 			}
 			q.storeStats() // final counts, for the broker-wide totals
-			if s.b.topo.removeQueue(q) {
+			if s.b.topo.removeQueue(q, 0) {
 				s.deleteQueue(q, "queue deleted (auto-delete or expiry)")
 			}
 		}

@@ -614,10 +614,11 @@ func (t *topology) declareQueue(d *wire.QueueDeclare, owner uint64, user string)
 }
 
 // removeQueue unlists a queue and its bindings; the caller (its shard)
-// tells the shard.
-func (t *topology) removeQueue(q *Queue) bool {
+// tells the shard. conn is the connection that asked (0: none), whose
+// control run's end waits for the deletion in a cluster.
+func (t *topology) removeQueue(q *Queue, conn uint64) bool {
 	if cl := t.cl.Load(); cl != nil {
-		return t.clusterRemove(cl, q)
+		return t.clusterRemove(cl, q, conn)
 	}
 	t.mu.Lock()
 	defer t.mu.Unlock()

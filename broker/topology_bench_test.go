@@ -63,7 +63,7 @@ func routeBenchBroker(b *testing.B) *Broker {
 				panic(err)
 			}
 		}
-		br.EndControlRun()
+		br.EndControlRun(0)
 		routeBench = br
 	})
 	return routeBench

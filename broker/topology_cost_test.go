@@ -26,7 +26,7 @@ func TestTopologyChangeCostIsLocal(t *testing.T) {
 			must(err)
 			must(b.topo.bind(&wire.Bind{Source: "amq.topic", Destination: name, RoutingKey: "q." + strconv.Itoa(i)}, Requester{Admin: true}))
 		}
-		b.EndControlRun()
+		b.EndControlRun(0)
 	}
 	perPair := func(from int) float64 {
 		const pairs = 200

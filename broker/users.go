@@ -87,7 +87,7 @@ func (b *Broker) userCommand(ctx context.Context, c *MetaCommand) error {
 	if err != nil {
 		return err
 	}
-	return t.sync(ctx)
+	return t.sync(ctx, syncFor{})
 }
 
 // SetPermission sets a user's permissions in a vhost, as an operator.

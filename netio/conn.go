@@ -458,7 +458,7 @@ func (c *conn) runControl(run []byte, limit uint32) {
 	c.holdOut = true
 	c.mu.Unlock()
 	defer func() {
-		if err := c.srv.EndControlRun(); err != nil {
+		if err := c.srv.EndControlRun(c.id); err != nil {
 			// The run's changes may not be on disk: its replies must not
 			// claim them. The connection goes without them.
 			c.srv.log.Error("topology changes not written; closing the connection without its replies", "conn", c.id, "err", err)

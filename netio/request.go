@@ -72,7 +72,7 @@ func (c *conn) onRequest(ch *channel, body wire.Body) error {
 			return fail(r.Req, err)
 		}
 		ch.owed.Add(1) // paid by Answer
-		c.srv.Submit(broker.Command{Kind: broker.CmdDelete, Queue: q, Sink: c, Req: reqRef(ch.id, r.Req),
+		c.srv.Submit(broker.Command{Kind: broker.CmdDelete, Queue: q, Sink: c, Req: reqRef(ch.id, r.Req), Owner: c.id,
 			IfUnused: r.IfUnused, IfEmpty: r.IfEmpty, Reason: "queue deleted"})
 	case *wire.QueuePurge:
 		q := c.srv.LookupQueue(c.qn(r.Name))

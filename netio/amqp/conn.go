@@ -1266,8 +1266,8 @@ func (c *conn) reply(ch uint16, class, id uint16, fill func([]byte) []byte) {
 func (c *conn) control(f func() error) error {
 	c.srv.BeginControlRun()
 	err := f()
-	if serr := c.srv.EndControlRun(); serr != nil {
-		return connErr(internalError, "INTERNAL_ERROR - the metadata log stopped: "+serr.Error())
+	if serr := c.srv.EndControlRun(c.id); serr != nil {
+		return connErr(internalError, "INTERNAL_ERROR - the topology changes are not confirmed: "+serr.Error())
 	}
 	return err
 }

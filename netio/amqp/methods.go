@@ -386,7 +386,7 @@ func (c *conn) onQueue(ch *channel, id uint16, r *reader) error {
 		if err := c.srv.Authorize(c.user, netio.ActDelete, q.DeclaredBy(), "queue "+strconv.Quote(qn)); err != nil {
 			return err
 		}
-		c.srv.Submit(broker.Command{Kind: broker.CmdDelete, Queue: q, Sink: deleteAnswer{c, qn}, Req: ref | ansDelete,
+		c.srv.Submit(broker.Command{Kind: broker.CmdDelete, Queue: q, Sink: deleteAnswer{c, qn}, Req: ref | ansDelete, Owner: c.id,
 			IfUnused: ifUnused, IfEmpty: ifEmpty, Reason: "queue deleted"})
 		return nil
 	}
