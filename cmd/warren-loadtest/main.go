@@ -9,6 +9,7 @@
 //	warren-loadtest --scenario throughput --html throughput.html
 //	warren-loadtest compare --out compare.md --html compare.html
 //	warren-loadtest rawsync --dir /var/lib/warren --block 262144 --duration 5s   # the disk's raw pwrite+fdatasync rate
+//	warren-loadtest rawsync --dir /var/lib/warren --block 16384 --rate 600 --duration 30s   # its latency per second at a fixed rate
 //	warren-loadtest --persistent --ledger run.ledger --duration 60s   # the broker may be killed meanwhile
 //	warren-loadtest scale-idle --idle 10000 --broker-pid PID        # a pair beside 10,000 idle connections (make bench-scale)
 //	warren-loadtest rawnet --rate 10000 --duration 20s             # a loopback TCP echo's round trip: the latency floor
@@ -194,8 +195,18 @@ func rawsync(args []string, stdout, stderr io.Writer) int {
 	dir := fs.String("dir", ".", "a directory on the disk to measure (a temporary file is written there and removed)")
 	block := fs.Int("block", 256<<10, "bytes written before each fdatasync")
 	dur := fs.Duration("duration", 5*time.Second, "how long to measure")
+	rate := fs.Int("rate", 0, "syncs per second, paced: report each pwrite+fdatasync's latency, per second and over the run, and the CPU per sync (0: as fast as possible, the rate)")
 	if err := fs.Parse(args); err != nil {
 		return 2
+	}
+	if *rate > 0 {
+		r, err := loadtest.RawSyncPaced(*dir, *block, *rate, *dur)
+		if err != nil {
+			fmt.Fprintln(stderr, err)
+			return 1
+		}
+		fmt.Fprintln(stdout, r)
+		return 0
 	}
 	r, err := loadtest.RawSync(*dir, *block, *dur)
 	if err != nil {
