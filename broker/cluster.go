@@ -235,7 +235,7 @@ func (b *Broker) openClusterMeta(ctx context.Context, cfg MetaLogConfig) error {
 				r, is := res.(MetaResult)
 				if err, _ := res.(error); !is && err != nil {
 					// replication.ErrMetaOutcomeUnknown
-					r = refuse(wire.PreconditionFailed, "this node caught up from a snapshot of the cluster's metadata and cannot tell whether the change was applied: check, and retry it if it was not")
+					r = refuse(wire.PreconditionFailed, "this node cannot tell whether the cluster applied the change (it caught up from a snapshot of the cluster's metadata, or the change's leader changed while a member's build could not read the newer metadata format): check, and retry it if it was not")
 				}
 				cl.results[seq] = r
 			}

@@ -198,7 +198,10 @@ type MetaConfig struct {
 	// proposal; false: the entry is written as version 2, without its
 	// term, and is not proposed again if lost with its leader (nothing
 	// could tell a late copy of it from the new one), as before version
-	// 3. nil: every node does (one build).
+	// 3: once an entry of a later term is applied before it, Done is
+	// told ErrMetaOutcomeUnknown of its commands (and their results too,
+	// should a late copy be applied after all). nil: every node does
+	// (one build).
 	TagTerms func(nodes []uint64) bool
 	// Cluster: several voters' mode whatever Peers holds: a node joining
 	// an existing cluster (no Peers) starts with no configuration and
@@ -232,8 +235,9 @@ var ErrMetaStopped = errors.New("replication: the metadata group is stopped")
 
 // ErrMetaOutcomeUnknown is what Done is told of a command whose entry
 // this node cannot tell applied or lost: it installed a leader's snapshot
-// that may hold it.
-var ErrMetaOutcomeUnknown = errors.New("replication: this node installed a snapshot of the metadata that may or may not hold the change")
+// that may hold it, or (proposed as version 2: TagTerms) an entry of a
+// later term was applied before it, and it may still be appended late.
+var ErrMetaOutcomeUnknown = errors.New("replication: this node cannot tell whether the metadata change was applied (it installed a snapshot that may hold it, or it was proposed untagged and its leader changed)")
 
 const (
 	metaEntryMagic   = 'M'

@@ -20,7 +20,8 @@ type metaProposal struct {
 	gone  []bool
 	// untagged: proposed as a version 2 entry (a member could not read
 	// version 3: MetaConfig.TagTerms), which names no term: it is never
-	// known lost, so never proposed again.
+	// known lost, so never proposed again; once an entry of a later term
+	// is applied here its outcome is unknown (resolved).
 	untagged bool
 }
 
@@ -118,12 +119,34 @@ func (g *MetaGroup) tagTerms() bool {
 // resolved drops this node's proposal whose first seq is first (applied),
 // marks those an entry of a later term than theirs proved lost (to
 // propose again: proposeLost; only their commands no request gave up
-// on), and tells the waiters.
+// on), and tells the waiters. An untagged one (version 2) not applied
+// before such an entry is dropped with its outcome unknown (Done told
+// ErrMetaOutcomeUnknown): it may have been lost, or its entry may still
+// be appended late (a forwarded proposal carries no term), then applied
+// as any entry (Done told its result then), and nothing tells the two
+// apart; so it is not proposed again, and it does not stay in flight
+// (unresolved) for the life of the process either.
 func (g *MetaGroup) resolved(first uint64) {
 	lost := false
 	for i := 0; i < len(g.inflight); i++ {
 		p := &g.inflight[i]
 		if first != 0 && p.first == first {
+			g.inflight = slices.Delete(g.inflight, i, i+1)
+			i--
+			continue
+		}
+		if p.term != 0 && p.term < g.commitTerm && p.untagged {
+			g.cfg.Logger.Info("metadata group: a change proposed in an earlier term, in the format older builds read, was not applied before the next term's: its outcome is unknown",
+				"term", p.term, "committed term", g.commitTerm, "commands", len(p.cmds), "given up", len(p.cmds)-p.live())
+			if g.cfg.Done != nil {
+				g.cfg.Lock.Lock()
+				for j := range p.cmds {
+					if p.gone == nil || !p.gone[j] {
+						g.cfg.Done(p.first+uint64(j), ErrMetaOutcomeUnknown)
+					}
+				}
+				g.cfg.Lock.Unlock()
+			}
 			g.inflight = slices.Delete(g.inflight, i, i+1)
 			i--
 			continue

@@ -69,6 +69,8 @@ type metaNode struct {
 	// untagged: its TagTerms says a member does not read version 3
 	// entries (a cluster mid-upgrade).
 	untagged atomic.Bool
+	// done: what Done was told, by seq (lock).
+	done map[uint64]any
 }
 
 // openMetaNode opens node id's group over its TCP transport.
@@ -89,12 +91,13 @@ func openMetaNodeSend(t *testing.T, n *metaNode, id uint64, send func(uint64, []
 	if err != nil {
 		t.Fatal(err)
 	}
-	n.log, n.machine, n.lock = l, &listMachine{}, &sync.Mutex{}
+	n.log, n.machine, n.lock, n.done = l, &listMachine{}, &sync.Mutex{}, map[uint64]any{}
 	m := n.machine
 	g, err := OpenMeta(MetaConfig{Log: l, Snapshots: store, Machine: m, Lock: n.lock,
 		Snapshot: func() []byte { b, _ := m.Snapshot(); return b },
 		NodeID:   id, Peers: []uint64{1, 2, 3}, Send: send,
 		TagTerms: func([]uint64) bool { return !n.untagged.Load() },
+		Done:     func(seq uint64, res any) { n.done[seq] = res },
 		Fatal:    func(err error) { t.Errorf("node %d: %v", id, err) }})
 	if err != nil {
 		t.Fatal(err)
