@@ -116,3 +116,56 @@ func mapAll(t *testing.T, f fileMapper, size int64) (out []byte) {
 	}
 	return append([]byte(nil), data[:size]...)
 }
+
+// TestCOWFileRemovedStaysRemoved: a handle still open on a base file the
+// view removed keeps what it had, as an unlinked file's does, and may be
+// written; that write does not bring the file back into the view (it
+// used to: its copy was made under the file's name), nor reach a file
+// created in the view under that name since.
+func TestCOWFileRemovedStaysRemoved(t *testing.T) {
+	dir := t.TempDir()
+	name := filepath.Join(dir, "f")
+	base := bytes.Repeat([]byte{'a'}, 100)
+	if err := os.WriteFile(name, base, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	v := newCOWFS(segment.OSFS{})
+	h, err := v.Open(name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = h.Close() }()
+	if err := v.Remove(name); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := h.WriteAt([]byte("bb"), 10); err != nil {
+		t.Fatal(err)
+	}
+	if names, err := v.List(dir); err != nil || len(names) != 0 {
+		t.Fatalf("the view lists %v (%v) after the removal and a write through an open handle, want nothing", names, err)
+	}
+	n, err := v.Open(name) // a new file of that name
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = n.Close() }()
+	if size, err := n.Size(); err != nil || size != 0 {
+		t.Fatalf("a file created in the view after the removal holds %d bytes (%v), want 0", size, err)
+	}
+	if _, err := h.WriteAt([]byte("cc"), 20); err != nil {
+		t.Fatal(err)
+	}
+	if size, err := n.Size(); err != nil || size != 0 {
+		t.Fatalf("the new file holds %d bytes (%v) after a write through the removed one's handle, want 0", size, err)
+	}
+	want := append([]byte(nil), base...)
+	copy(want[10:], "bb")
+	copy(want[20:], "cc")
+	got := make([]byte, len(want))
+	if k, err := h.ReadAt(got, 0); k != len(want) || !bytes.Equal(got, want) {
+		t.Fatalf("the removed file's handle reads %q (%v), want %q", got[:k], err, want)
+	}
+	if got, err := os.ReadFile(name); err != nil || !bytes.Equal(got, base) {
+		t.Fatalf("the base file changed (%v)", err)
+	}
+}

@@ -123,7 +123,11 @@ func readableQueues(fs segment.FS, path, wal string) (map[uint64]string, error) 
 // cowFS is a copy-on-write view of base: reads go to base's files until
 // one is written, truncated or created; from then on that file lives in
 // memory, for every handle of it (cowNode). Removes only hide base's
-// files. base is never written.
+// files; a handle still open on one removed keeps it, as an unlinked
+// file's (a write through it copies it outside the view, so the
+// file does not come back: the view does not rely on segment never
+// doing that). base is never
+// written.
 type cowFS struct {
 	base  segment.FS
 	mem   *segment.MemFS
@@ -138,6 +142,10 @@ type cowFS struct {
 type cowNode struct {
 	refs int
 	mem  segment.File // nil until changed
+	// removed: the view removed the file; its handles still read and
+	// change it, as an unlinked file's, but a copy made now is not in
+	// the view (not under its name, which a new file may have since).
+	removed bool
 }
 
 func newCOWFS(base segment.FS) *cowFS {
@@ -184,6 +192,9 @@ func (c *cowFS) Remove(name string) error {
 	}
 	if c.gone[name] || !c.inBase(name) {
 		return errors.New("cowfs: " + name + ": no such file")
+	}
+	if n := c.nodes[name]; n != nil {
+		n.removed = true
 	}
 	delete(c.nodes, name)
 	c.gone[name] = true
@@ -238,11 +249,19 @@ func (f *cowFile) copied() (segment.File, error) {
 	if n, err := f.base.ReadAt(buf, 0); err != nil && int64(n) != size {
 		return nil, err
 	}
-	m, err := f.fs.mem.Open(f.name)
+	var m segment.File
+	if f.node.removed {
+		// Unlinked: a copy of its own, outside the view.
+		m, err = segment.NewMemFS().Open(f.name)
+	} else {
+		m, err = f.fs.mem.Open(f.name)
+	}
 	if err != nil {
 		return nil, err
 	}
-	f.fs.own[f.name] = true
+	if !f.node.removed {
+		f.fs.own[f.name] = true
+	}
 	if _, err := m.WriteAt(buf, 0); err != nil {
 		_ = m.Close()
 		return nil, err
