@@ -175,8 +175,8 @@ func publishedSeqsPrefix(b []byte) []uint64 {
 
 // A publish behind more than inlineUnconfirmed unconfirmed ones (a
 // publisher at a high rate) leaves its bytes to the writer goroutine,
-// batched with what follows, as does any publish on a TLS connection (no
-// raw socket).
+// batched with what follows, as do PublishBatch's messages and any
+// publish on a TLS connection (no raw socket).
 func TestPublishLeavesBusySocketToWriter(t *testing.T) {
 	nc, _ := tcpPair(t)
 	c := inlineConn(nc)
@@ -191,8 +191,25 @@ func TestPublishLeavesBusySocketToWriter(t *testing.T) {
 	if queued == 0 {
 		t.Fatal("a publish right after a write was sent inline; want it queued for the writer")
 	}
+	// PublishBatch's messages go to the writer, to be sent as one batch.
+	ch.release(int(ch.unconfirmed))
+	c.wmu.Lock()
+	queued = len(c.wbuf)
+	c.wmu.Unlock()
+	if _, err := ch.publish(context.Background(), "", &Message{RoutingKey: "q", Body: []byte("b")}, nil, false); err != nil {
+		t.Fatal(err)
+	}
+	c.wmu.Lock()
+	batched := len(c.wbuf) > queued
+	c.wmu.Unlock()
+	if !batched {
+		t.Fatal("a PublishBatch message was sent inline; want it queued for the writer")
+	}
 	c.raw = nil
 	ch.release(int(ch.unconfirmed))
+	c.wmu.Lock()
+	queued = len(c.wbuf)
+	c.wmu.Unlock()
 	if _, err := ch.PublishAsync(context.Background(), "", Message{RoutingKey: "q", Body: []byte("y")}); err != nil {
 		t.Fatal(err)
 	}
