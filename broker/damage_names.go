@@ -124,10 +124,9 @@ func readableQueues(fs segment.FS, path, wal string) (map[uint64]string, error) 
 // one is written, truncated or created; from then on that file lives in
 // memory, for every handle of it (cowNode). Removes only hide base's
 // files; a handle still open on one removed keeps it, as an unlinked
-// file's (a write through it copies it outside the view, so the
-// file does not come back: the view does not rely on segment never
-// doing that). base is never
-// written.
+// file's (a write through it copies it outside the view, so the file
+// does not come back: the view does not rely on segment never doing
+// that). base is never written.
 type cowFS struct {
 	base  segment.FS
 	mem   *segment.MemFS
