@@ -5,7 +5,12 @@
 // Publishing is asynchronous and batched: PublishAsync appends the message
 // to an open batch and returns; one writer goroutine sends whatever has
 // accumulated whenever the socket is free, so a plain loop of publishes
-// goes out as large PUBLISH frames. Confirms arrive as ranges and are
+// goes out as large PUBLISH frames. A publish with at most two unconfirmed
+// on its channel (a low rate, or one that waits for its confirms), on a
+// plain TCP connection with no write under way, makes one non-blocking
+// write itself instead, saving the hand-off to the writer on its
+// confirm's path; what the socket does not take goes to the writer first.
+// Confirms arrive as ranges and are
 // delivered to Publish waiters and NotifyConfirm handlers. Acks are batched
 // the same way: Delivery.Ack only records the tag; the writer sends them as
 // ranges.
