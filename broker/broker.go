@@ -87,6 +87,13 @@ type Broker struct {
 	shardsStopped                     atomic.Int32             // shards whose run has returned (Stop)
 	sweepOnce                         sync.Once                // the first WaitRecovered removes deleted queues' groups
 	sweepErr                          error
+	// dels: per connection, its CmdDelete commands its queues' shards
+	// have not answered yet (runDelete), which its control run's end
+	// waits for (EndControlRun); stopped is closed once every shard's
+	// run has returned (Stop), so nothing waits for an answer then.
+	delMu   sync.Mutex
+	dels    map[uint64]*delWait
+	stopped chan struct{}
 }
 
 // poolSize is how many snapshot writes and compactions of durable queues
@@ -106,7 +113,7 @@ func New(cfg Config) *Broker {
 	if cfg.Logger == nil {
 		cfg.Logger = slog.New(slog.NewTextHandler(io.Discard, nil))
 	}
-	b := &Broker{cfg: cfg, log: cfg.Logger}
+	b := &Broker{cfg: cfg, log: cfg.Logger, dels: map[uint64]*delWait{}, stopped: make(chan struct{})}
 	// Above every proposal seq an earlier run of this node used
 	// (replication.WorkerConfig.SeqBase): its start time, 2^20 seqs a ms.
 	b.seqBase = uint64(time.Now().UnixMilli()) << 20
@@ -149,6 +156,7 @@ func (b *Broker) Stop(ctx context.Context) error {
 			return ctx.Err()
 		}
 	}
+	close(b.stopped)
 	// The shards quiesced their durable queues' writes; the workers'
 	// appenders and the pool stop (the log is the caller's to close).
 	for _, sh := range b.shards {
@@ -195,6 +203,9 @@ func (b *Broker) Submit(c Command) {
 	case c.Kind == CmdSettle:
 		b.settleAcross(c.Settles, false)
 	case c.Queue != nil:
+		if c.Kind == CmdDelete && c.Owner != 0 {
+			c.Sink = b.trackDelete(c.Owner, c.Sink)
+		}
 		c.Queue.shard.submit(c)
 	case c.Kind == CmdPublish && len(c.Items) > 0:
 		c.Items[0].Q.shard.submit(c)

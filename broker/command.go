@@ -75,7 +75,8 @@ type Command struct {
 	Requeue  bool               // CmdCancel
 	// Owner: CmdDown: the connection's id. CmdDelete: the connection
 	// that asks (0: none), whose control run's end (EndControlRun) waits
-	// for the deletion in a cluster.
+	// for its answer, then for the deletion to be durable (one node) or
+	// applied (a cluster).
 	Owner uint64
 
 	IfUnused, IfEmpty bool   // CmdDelete

@@ -43,24 +43,88 @@ func (b *Broker) LookupQueue(name string) *Queue { return b.topo.lookupQueue(nam
 func (b *Broker) View() *RouteView { return b.topo.view.Load() }
 
 // BeginControlRun and EndControlRun bracket a run of topology requests
-// (declares, binds) from one connection: the routing view is rebuilt once,
-// at the end of the run, not once per request. Every Begin needs its End.
+// (declares, binds, queue deletes) from one connection: the routing view
+// is rebuilt once, at the end of the run, not once per request. Every
+// Begin needs its End.
 func (b *Broker) BeginControlRun() { b.topo.batching.Add(1) }
 
 // EndControlRun ends a run begun with BeginControlRun by connection conn
-// (the Owner of its CmdDelete commands): with a metadata log it waits
-// until every change made so far is durable (one entry, one fsync for the
-// whole run: send the run's replies only after it), in a cluster until
-// the queue deletions conn asked for are applied here (any other change
-// was waited for by its request), then publishes the routing view if the
-// run changed it. An error means the changes may be lost, or in a
-// cluster not applied yet (a deletion: "it may still be applied"), so the
-// replies must not go out.
+// (the Owner of its CmdDelete commands). It first waits until the
+// queues' shards have answered every CmdDelete conn submitted (each
+// answer is given once the deletion is proposed: handed to the metadata
+// log, or in a cluster to the metadata group). Then, with a metadata
+// log, it waits until every change made so far is durable (one entry,
+// one fsync for the whole run: send the run's replies only after it;
+// a delete's answer, given meanwhile, must be held until then too), in
+// a cluster until the queue deletions conn asked for are applied here
+// (any other change was waited for by its request), then publishes the
+// routing view if the run changed it. An error means the changes may be
+// lost, or in a cluster not applied yet (a deletion: "it may still be
+// applied"), so the replies must not go out.
 func (b *Broker) EndControlRun(conn uint64) error {
+	b.waitDeletes(conn)
 	err := b.topo.sync(context.Background(), syncFor{conn: conn})
 	b.topo.batching.Add(-1)
 	b.topo.publishIfDirty()
 	return err
+}
+
+// delWait counts a connection's CmdDelete commands not yet answered
+// (Broker.dels); done is closed when the count drops to 0.
+type delWait struct {
+	n    int
+	done chan struct{}
+}
+
+// runDelete is the Sink of a connection's CmdDelete (Submit): it tells
+// the broker once the answer is given.
+type runDelete struct {
+	Sink
+	b    *Broker
+	conn uint64
+}
+
+// Answer gives the answer, then counts it.
+func (d *runDelete) Answer(req uint64, r Result) {
+	d.Sink.Answer(req, r)
+	b := d.b
+	b.delMu.Lock()
+	if w := b.dels[d.conn]; w != nil {
+		if w.n--; w.n == 0 {
+			delete(b.dels, d.conn)
+			close(w.done)
+		}
+	}
+	b.delMu.Unlock()
+}
+
+// trackDelete counts a CmdDelete of connection conn until its answer
+// (runDelete). A delete is no hot path: this allocates.
+func (b *Broker) trackDelete(conn uint64, k Sink) Sink {
+	b.delMu.Lock()
+	w := b.dels[conn]
+	if w == nil {
+		w = &delWait{done: make(chan struct{})}
+		b.dels[conn] = w
+	}
+	w.n++
+	b.delMu.Unlock()
+	return &runDelete{Sink: k, b: b, conn: conn}
+}
+
+// waitDeletes waits until every CmdDelete conn submitted is answered, or
+// the shards stopped (what they had not run is never answered).
+func (b *Broker) waitDeletes(conn uint64) {
+	b.delMu.Lock()
+	w := b.dels[conn]
+	b.delMu.Unlock()
+	if w == nil {
+		return
+	}
+	select {
+	case <-w.done:
+	case <-b.stopped:
+	}
 }
 
 // ViewRebuilds counts the routing view's rebuilds (for tests).

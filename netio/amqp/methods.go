@@ -386,8 +386,21 @@ func (c *conn) onQueue(ch *channel, id uint16, r *reader) error {
 		if err := c.srv.Authorize(c.user, netio.ActDelete, q.DeclaredBy(), "queue "+strconv.Quote(qn)); err != nil {
 			return err
 		}
-		c.srv.Submit(broker.Command{Kind: broker.CmdDelete, Queue: q, Sink: deleteAnswer{c, qn}, Req: ref | ansDelete, Owner: c.id,
-			IfUnused: ifUnused, IfEmpty: ifEmpty, Reason: "queue deleted"})
+		// The shard answers once it has proposed the deletion; the
+		// control run's end waits for that answer, then for the deletion
+		// to be durable (one node) or applied here (a cluster), and only
+		// then does the answer go out.
+		k := heldAnswer{deleteAnswer: deleteAnswer{c, qn}}
+		if err := c.control(func() error {
+			c.srv.Submit(broker.Command{Kind: broker.CmdDelete, Queue: q, Sink: &k, Req: ref | ansDelete, Owner: c.id,
+				IfUnused: ifUnused, IfEmpty: ifEmpty, Reason: "queue deleted"})
+			return nil
+		}); err != nil {
+			return err
+		}
+		if k.answered {
+			k.deleteAnswer.Answer(k.ref, k.r)
+		}
 		return nil
 	}
 	return connErr(commandInvalid, "COMMAND_INVALID - unknown queue method "+strconv.Itoa(int(id)))
@@ -1104,6 +1117,20 @@ func (c *conn) ConsumerGone(id queue.ConsumerID) {
 	}
 	delete(c.byID, id)
 	c.mu.Unlock()
+}
+
+// heldAnswer keeps a shard's answer to a queue.delete (a Sink for one
+// CmdDelete) for the control run to give once the deletion is durable
+// (EndControlRun waits for the answer first).
+type heldAnswer struct {
+	deleteAnswer
+	answered bool
+	ref      uint64
+	r        broker.Result
+}
+
+func (k *heldAnswer) Answer(ref uint64, r broker.Result) {
+	k.ref, k.r, k.answered = ref, r, true
 }
 
 // deleteAnswer answers a queue.delete, naming the queue in a refusal as
