@@ -112,6 +112,11 @@ func workerRun(t *testing.T, seed uint64) {
 		wg := &workerGroup{cfg: randomConfig(r), w: &workload{r: r, tags: map[queue.ConsumerID][]uint64{}}}
 		fsm := NewQueueFSM(queue.New(wg.cfg, 0), 0, func(a *Applied) {
 			wg.seen++
+			// Applied (and so confirmed) only once its write is durable,
+			// pipelined rounds included.
+			if wg.g != nil && a.Index > wg.g.st.durable {
+				t.Errorf("group %d: entry %d applied before it was durable (durable up to %d)", wg.g.ID(), a.Index, wg.g.st.durable)
+			}
 			if a.Header.Proposer != 1<<48 {
 				t.Errorf("proposer %#x, want node 1 shard 0", a.Header.Proposer)
 			}
