@@ -91,9 +91,13 @@ type conn struct {
 	// loop-owned): closeAhead, one was found, and the publishes before it
 	// are read past the bound until it is reached; scanned, the bytes of
 	// complete frames from the head scanned without finding one; scanNeed,
-	// the bytes buffered before a scan can find more.
+	// the bytes buffered before a scan can find more; aheadUsed, the bytes
+	// read past the hold for closes since the connection was last not held
+	// (at most closeScanBytes: closing channel after channel does not lift
+	// the bound).
 	closeAhead        bool
 	scanned, scanNeed int
+	aheadUsed         int
 	proxyDone         bool // the PROXY header, if trusted peers are set, was read
 	viaProxy          bool // the peer is a trusted proxy: a PROXY header may come first
 	// refusal: the connection is refused (the per-source cap, on the
@@ -508,12 +512,15 @@ func (c *conn) mustWait(gc gnet.Conn) bool {
 		c.alarmHeld.Store(false)
 		c.sendBlocked(false)
 	}
+	c.aheadUsed = 0 // not held: the next hold may read ahead to a close again
 	return false
 }
 
 // closeScanBytes bounds what a held connection reads ahead of its held
 // publish looking for a close (closeBehind): past it reading pauses, and
 // a close further behind waits for the confirms as everything else does.
+// It bounds the whole hold too: what is read past it for every close
+// found until the connection is no longer held (aheadUsed).
 const closeScanBytes = 64 << 10
 
 // isClose: a channel.close or a connection.close frame.
@@ -541,7 +548,7 @@ func (c *conn) closeBehind(gc gnet.Conn) bool {
 	if c.scanNeed < 0 || total < c.scanNeed {
 		return false // nothing new to scan, or past closeScanBytes
 	}
-	buf, err := gc.Peek(min(total, closeScanBytes))
+	buf, err := gc.Peek(min(total, closeScanBytes-c.aheadUsed))
 	if err != nil {
 		return false
 	}
@@ -562,14 +569,16 @@ func (c *conn) closeBehind(gc gnet.Conn) bool {
 			break
 		}
 		if isClose(buf[off], binary.BigEndian.Uint16(buf[off+1:]), buf[off+7:off+7+int(n)]) {
-			// From here the head moves on: the next hold scans anew.
+			// From here the head moves on: the next hold scans anew,
+			// within what is left of closeScanBytes.
+			c.aheadUsed += off + size
 			c.closeAhead, c.scanned, c.scanNeed = true, 0, 0
 			return true
 		}
 		off += size
 		c.scanned = off
 	}
-	if c.scanNeed > closeScanBytes {
+	if c.scanNeed > closeScanBytes-c.aheadUsed {
 		c.scanNeed = -1
 	}
 	return false
@@ -581,7 +590,7 @@ func (c *conn) closeBehind(gc gnet.Conn) bool {
 // buffered; its heartbeats are seen arriving), else paused. Loop
 // goroutine.
 func (c *conn) holdReading(gc gnet.Conn) {
-	if c.scanNeed < 0 || gc.InboundBuffered() >= closeScanBytes {
+	if c.scanNeed < 0 || gc.InboundBuffered() >= closeScanBytes-c.aheadUsed {
 		c.pause(gc)
 		return
 	}

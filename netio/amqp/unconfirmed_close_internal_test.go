@@ -107,3 +107,96 @@ func TestCloseReadAtUnconfirmedBound(t *testing.T) {
 	closed("channel.close of the publishing channel", pch.Close)
 	closed("connection.close", pc.Close)
 }
+
+// TestClosesDoNotLiftUnconfirmedBound: a client that follows every few
+// publishes with a channel.close (channels opened beforehand) is read past
+// its unconfirmed bound for those closes only up to closeScanBytes over
+// the whole hold, not again for each close: the bound still bounds it.
+func TestClosesDoNotLiftUnconfirmedBound(t *testing.T) {
+	t.Parallel() // its own broker
+	const soft, bound, rounds, per = 10, 20, 30, 10 // per × body under closeScanBytes: each close is found
+	body := make([]byte, 4096)
+	srv, err := netio.Start(netio.Config{Addr: "127.0.0.1:0", Shards: 1, EventLoops: 1, QueueSoftLimit: soft})
+	if err != nil {
+		t.Fatal(err)
+	}
+	l, err := Listen(srv, Config{Addr: "127.0.0.1:0", MaxUnconfirmed: bound})
+	if err != nil {
+		t.Fatal(err)
+	}
+	atBound := make(chan int64, 1024)
+	hook := func(n int64) {
+		select {
+		case atBound <- n:
+		default:
+		}
+	}
+	l.hookAtBound.Store(&hook)
+	pc, err := amqp091.Dial("amqp://guest:guest@" + l.Addr().String() + "/")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() {
+		_ = pc.CloseDeadline(time.Now().Add(time.Second))
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		_ = l.Close()
+		_ = srv.Close(ctx)
+	}()
+	pch, err := pc.Channel()
+	if err != nil {
+		t.Fatal(err)
+	}
+	spares := make([]*amqp091.Channel, rounds)
+	for i := range spares {
+		if spares[i], err = pc.Channel(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if _, err := pch.QueueDeclare("held", false, false, false, false, nil); err != nil {
+		t.Fatal(err)
+	}
+	if err := pch.Confirm(false); err != nil {
+		t.Fatal(err)
+	}
+	// The abuser: publishes, a close (waiting for its close-ok, so the
+	// close follows its round's publishes), publishes, a close... It
+	// blocks once the broker stops reading; the connection's close ends
+	// it.
+	go func() {
+		for i := range rounds {
+			for range per {
+				if pch.PublishWithContext(context.Background(), "", "held", false, false, amqp091.Publishing{Body: body}) != nil {
+					return
+				}
+			}
+			if spares[i].Close() != nil {
+				return
+			}
+		}
+	}()
+	// Each publish read past the bound raises the unconfirmed count a
+	// held publish reports. Without the whole-hold budget it climbs to
+	// about rounds × per; with it, at most what closeScanBytes holds.
+	limit := int64(bound + closeScanBytes/len(body) + 2)
+	var most int64
+	quiet := time.NewTimer(3 * time.Second) // no new hold reported for this long: done
+	defer quiet.Stop()
+	for {
+		select {
+		case n := <-atBound:
+			most = max(most, n)
+			if n > limit {
+				t.Fatalf("a publisher closing channel after channel was read to %d unconfirmed publishes; the bound is %d, plus at most %d for closes", n, bound, limit-bound)
+			}
+			quiet.Reset(3 * time.Second)
+			continue
+		case <-quiet.C:
+		}
+		break
+	}
+	t.Logf("most unconfirmed when held: %d (limit %d)", most, limit)
+	if most < bound {
+		t.Fatalf("the publisher never reached its unconfirmed bound (most %d)", most)
+	}
+}
