@@ -113,8 +113,9 @@ func TestCloseReadAtUnconfirmedBound(t *testing.T) {
 // its unconfirmed bound for those closes only up to closeScanBytes over
 // the whole hold, not again for each close: the bound still bounds it.
 func TestClosesDoNotLiftUnconfirmedBound(t *testing.T) {
-	t.Parallel()                                    // its own broker
-	const soft, bound, rounds, per = 10, 20, 30, 10 // per × body under closeScanBytes: each close is found
+	t.Parallel() // its own broker
+	// per × body is under closeScanBytes: each round's close is found.
+	const soft, bound, rounds, per = 10, 20, 30, 10
 	body := make([]byte, 4096)
 	srv, err := netio.Start(netio.Config{Addr: "127.0.0.1:0", Shards: 1, EventLoops: 1, QueueSoftLimit: soft})
 	if err != nil {
