@@ -117,7 +117,10 @@ func TestHarnessControl(t *testing.T) {
 	if !r.OK() {
 		t.Fatalf("control: %s", strings.Join(r.Failures, "; "))
 	}
-	if r.Confirmed < PairRate || r.Consumed < r.Confirmed || r.RSSBaseline == 0 || r.RSSPeak < r.RSSBaseline || !r.BrokerUp {
+	// The peak is the probe's window only (the high-water mark is reset
+	// after the baseline): it may be a little under the baseline when the
+	// runtime hands memory back meanwhile (CI: 23.33 MB against 23.42).
+	if r.Confirmed < PairRate || r.Consumed < r.Confirmed || r.RSSBaseline == 0 || r.RSSPeak == 0 || !r.BrokerUp {
 		t.Fatalf("control: implausible result %+v", r)
 	}
 }
