@@ -273,7 +273,7 @@ var ErrTooLarge = errors.New("client: message larger than the negotiated frame s
 // full or the broker has paused publishing (FLOW). The confirm arrives at
 // NotifyConfirm handlers.
 func (ch *Channel) PublishAsync(ctx context.Context, exchange string, m Message) (uint64, error) {
-	return ch.publish(ctx, exchange, &m, nil, true)
+	return ch.publish(ctx, exchange, &m, nil)
 }
 
 // nackReason says what a nack means and what to do about it. A CONFIRM
@@ -312,7 +312,7 @@ func namedNack(err error, exchange string) error {
 // back as a *Error with the reason code.
 func (ch *Channel) Publish(ctx context.Context, exchange string, m Message) error {
 	wait := make(chan error, 1)
-	if _, err := ch.publish(ctx, exchange, &m, wait, true); err != nil {
+	if _, err := ch.publish(ctx, exchange, &m, wait); err != nil {
 		return err
 	}
 	select {
@@ -329,7 +329,7 @@ func (ch *Channel) PublishBatch(ctx context.Context, exchange string, ms []Messa
 	waits := make([]chan error, len(ms))
 	for i := range ms {
 		waits[i] = make(chan error, 1)
-		if _, err := ch.publish(ctx, exchange, &ms[i], waits[i], false); err != nil {
+		if _, err := ch.publish(ctx, exchange, &ms[i], waits[i]); err != nil {
 			return err
 		}
 	}
@@ -347,10 +347,7 @@ func (ch *Channel) PublishBatch(ctx context.Context, exchange string, ms []Messa
 	return first
 }
 
-// publish queues m (wait, if not nil, hears its confirm). mayInline lets
-// a publish with few unconfirmed write itself (kickLocked); PublishBatch
-// leaves its messages to the writer, which sends them as one batch.
-func (ch *Channel) publish(ctx context.Context, exchange string, m *Message, wait chan error, mayInline bool) (uint64, error) {
+func (ch *Channel) publish(ctx context.Context, exchange string, m *Message, wait chan error) (uint64, error) {
 	c := ch.c
 	if len(m.RoutingKey) > wire.MaxNameLen || len(exchange) > wire.MaxNameLen {
 		return 0, &wire.Error{Code: wire.InvalidArgument, Reason: "exchange or routing key longer than 255 bytes"}
@@ -394,7 +391,6 @@ func (ch *Channel) publish(ctx context.Context, exchange string, m *Message, wai
 		return 0, ch.err
 	}
 	ch.unconfirmed++
-	inline := mayInline && ch.unconfirmed <= inlineUnconfirmed
 	ch.mu.Unlock()
 
 	var fl wire.MessageFlags
@@ -445,7 +441,7 @@ func (ch *Channel) publish(ctx context.Context, exchange string, m *Message, wai
 		ch.waiters[seq] = wait
 		ch.mu.Unlock()
 	}
-	c.kickLocked(inline)
+	c.wcond.Signal()
 	return seq, nil
 }
 

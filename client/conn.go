@@ -5,12 +5,7 @@
 // Publishing is asynchronous and batched: PublishAsync appends the message
 // to an open batch and returns; one writer goroutine sends whatever has
 // accumulated whenever the socket is free, so a plain loop of publishes
-// goes out as large PUBLISH frames. A publish with at most two unconfirmed
-// on its channel (a low rate, or one that waits for its confirms), on a
-// plain TCP connection with no write under way, makes one non-blocking
-// write itself instead, saving the hand-off to the writer on its
-// confirm's path; what the socket does not take goes to the writer first.
-// Confirms arrive as ranges and are
+// goes out as large PUBLISH frames. Confirms arrive as ranges and are
 // delivered to Publish waiters and NotifyConfirm handlers. Acks are batched
 // the same way: Delivery.Ack only records the tag; the writer sends them as
 // ranges.
@@ -38,7 +33,6 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
-	"syscall"
 	"time"
 
 	"github.com/warren-mq/warren/wire"
@@ -89,10 +83,7 @@ type Conn struct {
 	wcond    *sync.Cond
 	wbuf     []byte
 	wspare   []byte
-	whead    []byte          // written before wbuf: what an inline write left (writeInline)
-	writing  bool            // a write is under way (the writer's or an inline one): one at a time, in order
-	raw      syscall.RawConn // plain TCP only: for writeInline's one non-blocking attempt
-	open     *Channel        // channel with an open publish batch at the end of wbuf
+	open     *Channel // channel with an open publish batch at the end of wbuf
 	settles  map[*Channel]struct{}
 	closing  bool
 	lastSend atomic.Int64
@@ -331,9 +322,6 @@ func dialNode(ctx context.Context, pu *parsedURL, i int, o Options) (*Conn, erro
 		return nil, err
 	}
 	_ = nc.SetDeadline(time.Time{})
-	if tc, ok := nc.(*net.TCPConn); ok {
-		c.raw, _ = tc.SyscallConn()
-	}
 	now := time.Now().UnixNano()
 	c.lastSend.Store(now)
 	c.lastRecv.Store(now)
@@ -519,21 +507,17 @@ func (c *Conn) shutdown(err error) {
 func (c *Conn) writer() {
 	for {
 		c.wmu.Lock()
-		for c.writing || len(c.whead) == 0 && len(c.wbuf) == 0 && len(c.settles) == 0 && c.open == nil && !c.closing {
+		for len(c.wbuf) == 0 && len(c.settles) == 0 && c.open == nil && !c.closing {
 			c.wcond.Wait()
 		}
 		c.sealLocked()
 		c.flushSettlesLocked()
-		head, out := c.whead, c.wbuf
-		c.whead, c.wbuf = nil, c.wspare[:0]
+		out := c.wbuf
+		c.wbuf = c.wspare[:0]
 		closing := c.closing
-		c.writing = true
 		c.wmu.Unlock()
-		for _, b := range [2][]byte{head, out} {
-			if len(b) == 0 {
-				continue
-			}
-			if _, err := c.nc.Write(b); err != nil {
+		if len(out) > 0 {
+			if _, err := c.nc.Write(out); err != nil {
 				c.shutdown(fmt.Errorf("client: write: %w", err))
 				return
 			}
@@ -541,7 +525,6 @@ func (c *Conn) writer() {
 		}
 		c.wmu.Lock()
 		c.wspare = out[:0]
-		c.writing = false
 		c.wmu.Unlock()
 		if closing {
 			select {
@@ -550,7 +533,7 @@ func (c *Conn) writer() {
 			default:
 			}
 			c.wmu.Lock()
-			empty := len(c.wbuf) == 0 && len(c.whead) == 0
+			empty := len(c.wbuf) == 0
 			c.wmu.Unlock()
 			if empty {
 				// Wait for CLOSE_OK (the reader shuts down), but not forever.
@@ -563,64 +546,6 @@ func (c *Conn) writer() {
 			}
 		}
 	}
-}
-
-// inlineUnconfirmed: a publish writes itself (writeInline) only when its
-// channel then has at most this many publishes awaiting confirms, its own
-// included. A publisher at a low rate, or one that waits for each confirm,
-// then skips the hand-off to the writer goroutine (one wake-up, and one
-// more chance to wait for a CPU, on its confirm's path); one at a high
-// rate has thousands unconfirmed and leaves its messages to the writer,
-// which sends them in batches. (A clock check would cost 60 ns a publish
-// on this kvm-clock VM: the count is free.)
-const inlineUnconfirmed = 2
-
-// kickLocked is how a publish hands its bytes on: it wakes the writer,
-// or, when inline is set, on a plain TCP connection with no write under
-// way, sends them itself (writeInline). c.wmu must be held; it is held
-// again when kickLocked returns.
-func (c *Conn) kickLocked(inline bool) {
-	if !inline || c.raw == nil || c.writing || c.closing || len(c.whead) > 0 {
-		c.wcond.Signal()
-		return
-	}
-	c.sealLocked()
-	c.flushSettlesLocked()
-	out := c.wbuf
-	c.wbuf = c.wspare[:0]
-	c.writing = true
-	c.wmu.Unlock()
-	n := c.writeInline(out)
-	if n > 0 {
-		c.lastSend.Store(time.Now().UnixNano())
-	}
-	c.wmu.Lock()
-	c.writing = false
-	if n == len(out) {
-		c.wspare = out[:0]
-	} else {
-		// The socket took part (or none, or failed): the writer sends
-		// the rest first, and meets the error if there is one.
-		c.whead, c.wspare = out[n:], nil
-	}
-	if len(c.whead) > 0 || len(c.wbuf) > 0 || len(c.settles) > 0 || c.open != nil || c.closing {
-		c.wcond.Signal()
-	}
-}
-
-// writeInline makes one non-blocking write of b and returns how much of
-// it the socket took (0 on EAGAIN or an error: the writer retries and
-// reports).
-func (c *Conn) writeInline(b []byte) int {
-	var n int
-	_ = c.raw.Write(func(fd uintptr) bool {
-		m, err := syscall.Write(int(fd), b)
-		if err == nil && m > 0 {
-			n = m
-		}
-		return true // one attempt: never wait for the socket here
-	})
-	return n
 }
 
 // sendFrame queues one control frame. c.wmu must not be held.
