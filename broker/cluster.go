@@ -409,14 +409,15 @@ func (t *topology) clusterChange(cl *metaCluster, c *MetaCommand) MetaResult {
 
 // removal is a queue deletion this node proposed (metaCluster.removes).
 type removal struct {
-	conn  uint64    // the connection that asked for it, 0 for none (auto-delete, expiry, an owner gone, a forward)
+	conn  uint64    // the connection that asked for it, 0 for none (auto-delete, expiry, an owner gone, a forward: its answer waits for it by queue)
 	queue uint64    // the queue's id
 	until time.Time // waited for until then at most
 }
 
 // syncFor names the queue deletions a sync waits for in a cluster: those
 // connection conn asked for (its control run's end: EndControlRun), and
-// queue's (an operator's delete, a deleted queue's log removed). Zero:
+// queue's (an operator's delete, a deleted queue's log removed, a
+// forwarded delete's answer to its origin: purgeSink). Zero:
 // none (every other request waited for its own change: clusterChange).
 type syncFor struct{ conn, queue uint64 }
 

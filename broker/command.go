@@ -124,7 +124,7 @@ func (s *shard) apply(c *Command) {
 		if q := c.Queue; q.remote && !q.gone && s.b.cfg.Durable != nil && s.b.cfg.Durable.Forward != nil {
 			// Done where it is: its conditions checked there, and the
 			// count of messages it held answered from there.
-			s.fwdDelete(q, c.Sink, c.Req, c.IfUnused, c.IfEmpty)
+			s.fwdDelete(q, c.Sink, c.Req, c.IfUnused, c.IfEmpty, c.Owner)
 			return
 		}
 		c.Sink.Answer(c.Req, s.deleteIf(c.Queue, c.IfUnused, c.IfEmpty, c.Reason, c.Owner))

@@ -89,7 +89,7 @@ import (
 //	  'X' link | queue | mode u8                                                cancel, cancel+requeue, down
 //	  'K' n u32 | n × (link | queue | sent u64)                                 keepalive
 //	  'U' id u64 | queue                                                        purge
-//	  'W' id u64 | queue | if u8 (1 if-unused, 2 if-empty)                      delete (answered as a purge)
+//	  'W' id u64 | queue | if u8 (1 if-unused, 2 if-empty)                      delete (answered as a purge, once applied)
 //	  'I' incarnation u64 | features u64                                        hello, to every node (features: helloFeatures; absent from builds before it)
 //	leader → origin
 //	  's' link | code u32 | leader u64 | moved u8 | reason                      subscribed

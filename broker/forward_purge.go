@@ -21,6 +21,9 @@ type fwdPurge struct {
 	// del: a delete with if-unused (delIfUnused) or if-empty
 	// (delIfEmpty), forwarded as a purge is (0: a purge)
 	del byte
+	// conn: the connection that asked for the delete (0: none), whose
+	// control run's end waits for a deletion done here (deleteHere)
+	conn uint64
 }
 
 func (w *fwdPurge) what() string {
@@ -47,7 +50,7 @@ func (s *shard) fwdPurge(q *Queue, k Sink, req uint64) {
 		k.Answer(req, Result{Code: code, Reason: reason})
 		return
 	}
-	s.fwdPurgeOrDelete(q, k, req, 0)
+	s.fwdPurgeOrDelete(q, k, req, 0, 0)
 }
 
 // fwdDelete forwards a delete of q to its leader or home, which checks
@@ -55,8 +58,9 @@ func (s *shard) fwdPurge(q *Queue, k Sink, req uint64) {
 // node holds no copy of q): as a purge is forwarded, answered the same
 // way. One without conditions that no leader answers (none known, or
 // none answering within ForwardTimeout: a dead home) is done here
-// instead, its count unknown (0).
-func (s *shard) fwdDelete(q *Queue, k Sink, req uint64, ifUnused, ifEmpty bool) {
+// instead, its count unknown (0), for conn (the connection that asked, 0:
+// none), whose control run's end waits for it as for a local delete.
+func (s *shard) fwdDelete(q *Queue, k Sink, req uint64, ifUnused, ifEmpty bool, conn uint64) {
 	del := byte(delPlain)
 	if ifUnused {
 		del |= delIfUnused
@@ -64,7 +68,7 @@ func (s *shard) fwdDelete(q *Queue, k Sink, req uint64, ifUnused, ifEmpty bool) 
 	if ifEmpty {
 		del |= delIfEmpty
 	}
-	s.fwdPurgeOrDelete(q, k, req, del)
+	s.fwdPurgeOrDelete(q, k, req, del, conn)
 }
 
 // deleteHere ends forwarded delete id that no leader answered: done
@@ -74,14 +78,14 @@ func (s *shard) deleteHere(id uint64) bool {
 	if w.del != delPlain {
 		return false
 	}
-	s.endPurge(id, s.deleteIf(w.q, false, false, "queue deleted", 0))
+	s.endPurge(id, s.deleteIf(w.q, false, false, "queue deleted", w.conn))
 	return true
 }
 
-func (s *shard) fwdPurgeOrDelete(q *Queue, k Sink, req uint64, del byte) {
+func (s *shard) fwdPurgeOrDelete(q *Queue, k Sink, req uint64, del byte, conn uint64) {
 	lead := s.knownLeader(q)
 	if lead == 0 && del == delPlain {
-		k.Answer(req, s.deleteIf(q, false, false, "queue deleted", 0))
+		k.Answer(req, s.deleteIf(q, false, false, "queue deleted", conn))
 		return
 	}
 	if lead == 0 {
@@ -96,7 +100,7 @@ func (s *shard) fwdPurgeOrDelete(q *Queue, k Sink, req uint64, del byte) {
 	if fc.purges == nil {
 		fc.purges = map[uint64]*fwdPurge{}
 	}
-	fc.purges[id] = &fwdPurge{q: q, sink: k, req: req, at: s.now, del: del}
+	fc.purges[id] = &fwdPurge{q: q, sink: k, req: req, at: s.now, del: del, conn: conn}
 	if lead == 0 {
 		s.purgeWaits(fc.purges[id], true)
 		return

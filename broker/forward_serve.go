@@ -1,7 +1,9 @@
 package broker
 
 import (
+	"context"
 	"encoding/binary"
+	"errors"
 	"slices"
 	"strconv"
 	"sync"
@@ -153,6 +155,7 @@ func (s *shard) forLeader(from uint64, q *Queue, p []byte) {
 			if len(p) < 1 {
 				return
 			}
+			k.queue = uint64(q.id)
 			s.apply(&Command{Kind: CmdDelete, Queue: q, Sink: k, IfUnused: p[0]&delIfUnused != 0, IfEmpty: p[0]&delIfEmpty != 0, Reason: "queue deleted"})
 			return
 		}
@@ -427,9 +430,33 @@ type purgeSink struct {
 	b  *Broker
 	to uint64
 	id uint64
+	// queue: a delete's queue id (0: a purge). A delete that proposed
+	// the queue's deletion is answered once it is applied here (or its
+	// time ran out: the origin is told it may still be), as a local
+	// delete's control run ends: the origin's reply follows the apply.
+	queue uint64
 }
 
-func (k *purgeSink) Answer(_ uint64, r Result) { k.b.sendFwd(k.to, purgeAnswer(k.id, r)) }
+func (k *purgeSink) Answer(_ uint64, r Result) {
+	t := k.b.topo
+	cl := t.cl.Load()
+	if k.queue == 0 || r.Code != wire.OK || cl == nil {
+		k.b.sendFwd(k.to, purgeAnswer(k.id, r))
+		return
+	}
+	// Off the shard's goroutine: the wait is bounded by the cluster
+	// timeout, and ends when the metadata group stops.
+	go func() {
+		if err := t.clusterSync(context.Background(), cl, syncFor{queue: k.queue}); err != nil {
+			r = Result{Code: wire.InternalError, Reason: reasonOf(err)}
+			var we *wire.Error
+			if errors.As(err, &we) {
+				r.Code = we.Code
+			}
+		}
+		k.b.sendFwd(k.to, purgeAnswer(k.id, r))
+	}()
+}
 
 func (*purgeSink) Deliver([]Delivery)                                     {}
 func (*purgeSink) Confirm(*PublishBatch)                                  {}
