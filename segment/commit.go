@@ -423,20 +423,27 @@ func (l *Log) commitLocked() error {
 			nf := &file{seq: l.nextSeq, wal: true, owner: l}
 			nf.name = walName(nf.seq)
 			l.nextSeq++
-			head = l.checkpointLocked(nf.gen())
+			head = l.checkpointLocked(nf.gen(), 1|tagAlone, size == 0)
 			nf.head = int64(len(head))
 			f.sealed = true
 			l.wals = append(l.wals, f)
 			l.wal, f, base = nf, nf, nf.head
 		}
 		f.wsize = base + size
+		var tag uint32 // the write's tag in f (none in an older file)
+		if !f.old {
+			f.wnum = nextWrite(f.wnum)
+			if tag = f.wnum; l.inflight == 0 {
+				tag |= tagAlone
+			}
+		}
 		if l.inflight > 0 {
 			l.stats.Pipelined++
 		}
 		l.writing = true
 		l.inflight++
 		l.mu.Unlock()
-		seal(buf, ext, f.gen())
+		seal(buf, ext, f.gen(), tag, true)
 		err := l.write(f, head, buf, ext, base)
 		l.mu.Lock()
 		l.writing = false
@@ -586,7 +593,9 @@ const (
 	ckptQuarantined = 2 // the group is quarantined (Options.Quarantine): it opens quarantined until removed
 )
 
-func (l *Log) checkpointLocked(gen uint32) []byte {
+// Its records are sealed as part of write tag of the new file (the
+// last of it if last).
+func (l *Log) checkpointLocked(gen, tag uint32, last bool) []byte {
 	b := appendFileHeader(l.ckpt[:0], walMagic, gen)
 	ids := l.groupIDsLocked()
 	if len(l.quarantined) > 0 {
@@ -623,8 +632,9 @@ func (l *Log) checkpointLocked(gen uint32) []byte {
 			// A damaged file keeps the promise it broke.
 			b = binary.LittleEndian.AppendUint64(b, uint64(max(f.size, f.promised)))
 		}
-		b = endRecord(b, start, gen, recCheckpoint)
+		b = closeRecord(b, start, recCheckpoint)
 	}
+	seal(b[fileHeader:], nil, gen, tag, last)
 	l.ckpt = b
 	return b
 }

@@ -35,10 +35,11 @@
 //	| magic  | version | generation | reserved | records...
 //	+--------+---------+------------+----------+==========
 //
-// magic is "WRNWAL" or "WRNSEG"; version (u16) is 4 (version 1 lacks
+// magic is "WRNWAL" or "WRNSEG"; version (u16) is 5 (version 1 lacks
 // record type 7, version 2 the footer, type 8, version 3 the live record,
 // type 9, which goes only into a version-4 WAL file: an older one is
-// sealed first; this build reads all four
+// sealed first; version 4 the write tag, which goes only into a version-5
+// WAL file: appends to an older one carry none; this build reads all five
 // and never writes a type-7 record into a version-1 file: RemoveGroup
 // starts a new WAL file first, so a build that reads only version 1
 // refuses any file that may hold one),
@@ -47,9 +48,14 @@
 // generation is the low 32 bits of the file's sequence number (in its
 // name). Each record is 8-byte aligned
 // (record.go has the byte diagram): crc32c | length | generation | type |
-// payload | zero pad. The CRC-32C (Castagnoli) covers the header after the
+// write tag (u24) | payload | zero pad. The CRC-32C (Castagnoli) covers the header after the
 // CRC and the payload; the generation must be the file's, so bytes left
-// from another use of the space are never taken for records. Record types:
+// from another use of the space are never taken for records. The write
+// tag (version 5, WAL files only; zero elsewhere) names the group-commit
+// write that wrote the record: bits 0-21 its number in the file (the
+// first write, with the checkpoint, is 1; wrapping from 2^22-1 to 1), bit
+// 22 set when the write started with no other in flight, bit 23 on the
+// write's last record. Record types:
 //
 //	1 entries     group u64, count u32, count × (index u64, term u64, len u32, data)
 //	2 hard state  group u64, term u64, vote u64, commit u64
@@ -84,7 +90,9 @@
 // lets the next writer start, calls fdatasync, and once every earlier
 // write is applied, applies its own to the index and wakes every waiter
 // it covered (group commit, pipelined two deep: a disk completes
-// overlapping flushes faster than one after another). A new WAL file is
+// overlapping flushes faster than one after another). Each write's
+// records carry its write tag, so recovery knows which writes may have
+// been in flight together. A new WAL file is
 // started only with nothing in flight, so its checkpoint follows every
 // record before it. Writes never go through a mapping. Any write
 // or fsync failure stops the engine for good (ErrStopped): after a failed
@@ -142,7 +150,28 @@
 // (segments), or the file is a sealed WAL file, it is corruption: Open
 // refuses with ErrCorrupt, naming the file, the offset and the groups and
 // index ranges of the intact records after it. Otherwise it is a torn
-// tail (a partial last write, or zeros) and is cut. A raft log with a
+// tail (a partial last write, or zeros) and is cut. One exception, in the
+// active WAL file (version 5): with two writes in flight (A in its
+// fdatasync, B written after it), a power cut may keep B's pages and lose
+// one of A's (XFS, btrfs, ext4 data=writeback); neither was acknowledged
+// (B's completion waits for A's). So damage whose intact records after it
+// all belong to its own write or to the next one, where that one started
+// while the damaged one was in flight (its tag lacks bit 22), is a torn
+// tail too, cut from the first damaged byte with everything after it
+// (keeping B would leave a hole in a raft log): a write starts only once
+// the write two before it is synced, and one that started alone only once
+// every earlier one is, so a record of any other write proves the damaged
+// write was synced, and the damage is corruption. The file's first write
+// (its checkpoint) qualifies only while an earlier WAL file is still
+// there (none goes before that write is synced; a fresh log's first file
+// syncs its checkpoint alone). The cost of the rule: bit rot inside one
+// of the last two writes, when the later one started while the earlier
+// was in flight, is cut as a torn tail like bit rot in the last write,
+// not reported, and both writes' records are lost although they were
+// acknowledged. A WAL file of version 4 or older has no tags: damage with
+// intact records after it there is corruption, as before. Segment files
+// have no tags: a hole in the unsynced tail a move left (before its
+// promise) with intact records after it is still reported as corruption. A raft log with a
 // hole is corruption naming the group and the missing range. With
 // Options.Repair, Open truncates at the damage instead, with an
 // error-level log line.
@@ -160,7 +189,8 @@
 // those known when the damage is reached (the file's checkpoint lists
 // every group alive when it started), those with intact records after
 // it, and those in the next WAL file's checkpoint (alive when it ended).
-// Damage in the active WAL file (intact records after it), or a torn
+// Damage in the active WAL file (intact records after it, and not a
+// torn tail by the in-flight rule above), or a torn
 // checkpoint after a damaged WAL file, cannot be bounded (a group created
 // since the last checkpoint may have had records only in the damaged
 // part): Open refuses with ErrCorrupt and ErrUnattributable. A group the

@@ -28,6 +28,12 @@ type file struct {
 	touched bool // written by the current move (worker-owned)
 	dead    bool // scheduled for deletion
 	old     bool // written in a format version before formatVersion
+	// wnum: WAL files of version 5: the number of the last write into it
+	// (record.go: write tags).
+	wnum uint32
+	// afterWAL: at Open, an earlier WAL file is still there, so this one's
+	// first write (its checkpoint) need not have been synced.
+	afterWAL bool
 	// damaged: Open found damage in it (Options.Quarantine): never
 	// appended to, never cut. held: a segment file of a quarantined group,
 	// kept on disk until the group is removed.

@@ -200,6 +200,10 @@ func (m *MemFS) FailWrite(n int) { m.mu.Lock(); m.failWrite = n; m.mu.Unlock() }
 func (m *MemFS) Crash(tornBytes int) *MemFS {
 	m.mu.Lock()
 	defer m.mu.Unlock()
+	return m.crashLocked(tornBytes)
+}
+
+func (m *MemFS) crashLocked(tornBytes int) *MemFS {
 	out := NewMemFS()
 	for name, f := range m.removed {
 		out.files[name] = &memFile{data: append([]byte(nil), f.synced...), synced: append([]byte(nil), f.synced...)}
@@ -214,6 +218,30 @@ func (m *MemFS) Crash(tornBytes int) *MemFS {
 			keep = append(keep, f.data[len(f.synced):len(f.synced)+n]...)
 		}
 		out.files[name] = &memFile{data: keep, synced: append([]byte(nil), keep...)}
+	}
+	return out
+}
+
+// CrashHole is Crash with the unsynced bytes reordered, as a disk may
+// write them (XFS, btrfs, ext4 data=writeback): every unsynced byte that
+// extends a file's synced content survives except lose bytes from skip
+// bytes after the synced end, which read as zeros. A later write survives
+// while part of an earlier one, not yet synced either, does not. Synced
+// bytes are never touched. Only files whose name match accepts (nil: all)
+// are holed; the others keep their synced content, as Crash(0).
+func (m *MemFS) CrashHole(skip, lose int, match func(name string) bool) *MemFS {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	out := m.crashLocked(0)
+	for name, f := range m.files {
+		o := out.files[name]
+		if o == nil || len(f.data) <= len(f.synced) || !bytesEqualPrefix(f.data, f.synced) || match != nil && !match(name) {
+			continue
+		}
+		keep := append(o.data, f.data[len(f.synced):]...)
+		lo := min(len(f.synced)+skip, len(keep))
+		clear(keep[lo:min(lo+lose, len(keep))])
+		o.data, o.synced = keep, append([]byte(nil), keep...)
 	}
 	return out
 }

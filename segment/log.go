@@ -191,9 +191,13 @@ const (
 	// new WAL file first), so a build that reads only version 1 refuses
 	// every file that may hold one. Version 3 added the index footer
 	// (segment files only: footer.go). Version 4 added the live record
-	// (AppendLive; WAL files only). This build reads versions 1 to 4.
-	formatVersion    = 4
+	// (AppendLive; WAL files only). Version 5 added the write tag (record
+	// header bytes 13..15, WAL files only; zero before): an older build
+	// would take a tagged record for damage. This build reads versions 1
+	// to 5, and tags writes only into a version-5 file.
+	formatVersion    = 5
 	liveVersion      = 4
+	tagVersion       = 5
 	minFormatVersion = 1
 )
 

@@ -10,11 +10,16 @@ import (
 //
 //	0        4        8            12     13        16
 //	+--------+--------+------------+------+---------+==================+=====+
-//	| crc32c | length | generation | type | 0  0  0 | payload (length) | pad |
+//	| crc32c | length | generation | type | write   | payload (length) | pad |
 //	+--------+--------+------------+------+---------+==================+=====+
 //
 // crc32c (Castagnoli) covers bytes 4 .. 16+length: the rest of the header
-// and the payload. pad zero-fills to the next multiple of 8. generation is
+// and the payload. write (u24, version 5, WAL files only; zero elsewhere)
+// tags the record with the group-commit write that wrote it: bits 0-21
+// the write's number in its file (1, 2, ... wrapping from 2^22-1 to 1),
+// bit 22 set when the write started with no other in flight (every
+// earlier one synced), bit 23 set on the write's last record, so recovery can tell a torn tail
+// of writes still in flight from damage before synced records. pad zero-fills to the next multiple of 8. generation is
 // the file's generation (from its header), so a record left over from an
 // earlier use of the same bytes is never mistaken for a current one. A
 // header of all zeros marks the end of the written part (a preallocated
@@ -135,10 +140,75 @@ func readRecord(buf []byte, off int, gen uint32) (typ uint8, payload []byte, nex
 	if crc32.Checksum(buf[off+4:off+recordHeader+int(length)], castagnoli) != crc {
 		return 0, nil, 0, errBadRec
 	}
-	if binary.LittleEndian.Uint32(h[8:]) != gen || h[13]|h[14]|h[15] != 0 {
+	if binary.LittleEndian.Uint32(h[8:]) != gen {
 		return 0, nil, 0, errBadRec
 	}
 	return h[12], buf[off+recordHeader : off+recordHeader+int(length)], end, nil
+}
+
+// Write tags (bytes 13..15 of a record header).
+const (
+	tagLast  = 1 << 23      // the last record of its write
+	tagAlone = 1 << 22      // its write started with no other in flight
+	tagMask  = tagAlone - 1 // the write's number
+)
+
+// nextWrite is the number of the write after write n (0: none yet).
+func nextWrite(n uint32) uint32 {
+	if n >= tagMask {
+		return 1
+	}
+	return n + 1
+}
+
+// recTag is the write tag of the record at off.
+func recTag(buf []byte, off int) uint32 {
+	h := buf[off:]
+	return uint32(h[13]) | uint32(h[14])<<8 | uint32(h[15])<<16
+}
+
+// inFlightTail reports whether damage at off in a tagged WAL file (version
+// 5) lies in the last writes that may have been in flight together when
+// the writer stopped: every intact record after it (the first at next)
+// belongs to the write the damage is in, or to the one after it if that
+// one started while the damaged one was in flight (maxInflight is 2). A
+// write starts only once the one before the one before it is synced, and
+// a write that started alone (tagAlone) once every earlier one is, so a
+// record of any other write proves the damaged one was synced: damage,
+// not a torn tail. prev is the tag of the last intact record before off
+// (first: there is none). The file's first write (its checkpoint, which
+// restates the state of the WAL files before it) was synced before any
+// earlier WAL file could go, and a fresh log's first WAL file syncs it
+// alone: damage in it is a torn tail only with afterWAL (an earlier WAL
+// file is still there).
+func inFlightTail(buf []byte, off, next int, gen uint32, prev uint32, first, afterWAL bool) bool {
+	var d uint32 // the damaged write
+	switch {
+	case first:
+		d = 1 // the file's first write (its checkpoint) is damaged
+	case prev&tagMask == 0:
+		return false // untagged: unknown
+	case prev&tagLast != 0:
+		d = nextWrite(prev & tagMask) // the damage starts the next write
+	default:
+		d = prev & tagMask
+	}
+	if d == 1 && !afterWAL {
+		return false
+	}
+	for o := next; o+recordHeader <= len(buf); {
+		_, _, n, err := readRecord(buf, o, gen)
+		if err != nil {
+			o += align
+			continue
+		}
+		t := recTag(buf, o)
+		if w := t & tagMask; w != d && (w != nextWrite(d) || t&tagAlone != 0) {
+			return false
+		}
+		o = n
+	}
+	return true
 }
 
 // validAfter reports whether a valid record of generation gen starts at any
@@ -153,14 +223,20 @@ func validAfter(buf []byte, off int, gen uint32) (int, bool) {
 	return 0, false
 }
 
-// seal sets the generation of every record in buf (closed by closeRecord)
-// and computes their checksums. The group-commit writer calls it outside
-// the lock, once it knows the file.
-func seal(buf []byte, ext []extent, gen uint32) {
+// seal sets the generation and write tag of every record in buf (closed
+// by closeRecord) and computes their checksums; with last, the final
+// record is tagged the write's last (tagLast). The group-commit writer
+// calls it outside the lock, once it knows the file.
+func seal(buf []byte, ext []extent, gen, tag uint32, last bool) {
 	for off := 0; off < len(buf); {
 		r := buf[off:]
 		n := int(binary.LittleEndian.Uint32(r[4:]))
 		binary.LittleEndian.PutUint32(r[8:], gen)
+		t := tag
+		if last && off+recordHeader+n-extIn(ext, off, n)+padded(recordHeader+n)-(recordHeader+n) == len(buf) {
+			t |= tagLast
+		}
+		r[13], r[14], r[15] = byte(t), byte(t>>8), byte(t>>16)
 		if len(ext) == 0 || ext[0].at >= off+recordHeader+n {
 			binary.LittleEndian.PutUint32(r, crc32.Checksum(r[4:recordHeader+n], castagnoli))
 			off += padded(recordHeader + n)
@@ -188,4 +264,28 @@ func seal(buf []byte, ext []extent, gen uint32) {
 		binary.LittleEndian.PutUint32(r, crc)
 		off = p + padded(recordHeader+n) - (recordHeader + n)
 	}
+}
+
+// extIn is how many payload bytes of the record at off (n payload bytes)
+// come from extents rather than buf, walking ext as seal does.
+func extIn(ext []extent, off, n int) int {
+	if len(ext) == 0 || ext[0].at >= off+recordHeader+n {
+		return 0
+	}
+	sum, p, left := 0, off+recordHeader, n
+	for left > 0 {
+		if len(ext) > 0 && ext[0].at == p {
+			sum += len(ext[0].data)
+			left -= len(ext[0].data)
+			ext = ext[1:]
+			continue
+		}
+		end := p + left
+		if len(ext) > 0 && ext[0].at < end {
+			end = ext[0].at
+		}
+		left -= end - p
+		p = end
+	}
+	return sum
 }

@@ -82,6 +82,7 @@ func (l *Log) recover() error {
 	}
 
 	for i, f := range wals {
+		f.afterWAL = i > 0
 		if err := l.loadWAL(f, i == len(wals)-1); err != nil {
 			return err
 		}
@@ -141,7 +142,8 @@ func (l *Log) newWAL() error {
 	f := &file{seq: l.nextSeq, wal: true, owner: l}
 	f.name = walName(f.seq)
 	l.nextSeq++
-	head := l.checkpointLocked(f.gen())
+	head := l.checkpointLocked(f.gen(), 1|tagAlone, true)
+	f.wnum = 1
 	h, err := l.fs.Open(l.path(f.name))
 	if err != nil {
 		return err
@@ -260,6 +262,7 @@ type scanDamage struct {
 // corruption too).
 func (l *Log) scan(f *file, buf []byte, magic string, tornOK bool, promised int64, fn func(typ uint8, p []byte, off int) error) (int, *scanDamage, error) {
 	gen := f.gen()
+	prev, first := uint32(0), true // the last intact record's write tag; none yet
 	if int64(len(buf)) < promised {
 		if l.opts.Quarantine {
 			return 0, &scanDamage{off: len(buf), next: -1,
@@ -290,6 +293,10 @@ func (l *Log) scan(f *file, buf []byte, magic string, tornOK bool, promised int6
 			if err != nil {
 				break
 			}
+			if magic == walMagic {
+				prev, first = recTag(buf, off), false
+				f.wnum = prev & tagMask
+			}
 			if err := fn(typ, payload, off); err != nil {
 				if l.opts.Quarantine && magic == segMagic {
 					// A group's own file: the group's damage.
@@ -304,7 +311,11 @@ func (l *Log) scan(f *file, buf []byte, magic string, tornOK bool, promised int6
 		return off, nil, nil
 	}
 	nextValid, found := validAfter(buf, max(off, fileHeader-align), gen)
-	if !found && tornOK && int64(off) >= promised {
+	if tornOK && int64(off) >= promised && (!found ||
+		// Intact records after it, all of writes that may have been in
+		// flight with the damaged one (none acknowledged): a torn tail too.
+		magic == walMagic && f.version >= tagVersion && off >= fileHeader &&
+			inFlightTail(buf, off, nextValid, gen, prev, first, f.afterWAL)) {
 		return off, nil, nil
 	}
 	what := "no intact records after it"
