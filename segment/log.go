@@ -197,7 +197,6 @@ const (
 	// to 5, and tags writes only into a version-5 file.
 	formatVersion    = 5
 	liveVersion      = 4
-	tagVersion       = 5
 	minFormatVersion = 1
 )
 

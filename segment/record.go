@@ -185,7 +185,7 @@ func inFlightTail(buf []byte, off, next int, gen uint32, prev uint32, first, aft
 	var d uint32 // the damaged write
 	switch {
 	case first:
-		d = 1 // the file's first write (its checkpoint) is damaged
+		d = 1 // the file's first write (its header or checkpoint) is damaged
 	case prev&tagMask == 0:
 		return false // untagged: unknown
 	case prev&tagLast != 0:

@@ -314,8 +314,9 @@ func (l *Log) scan(f *file, buf []byte, magic string, tornOK bool, promised int6
 	if tornOK && int64(off) >= promised && (!found ||
 		// Intact records after it, all of writes that may have been in
 		// flight with the damaged one (none acknowledged): a torn tail too.
-		magic == walMagic && f.version >= tagVersion && off >= fileHeader &&
-			inFlightTail(buf, off, nextValid, gen, prev, first, f.afterWAL)) {
+		// Untagged records (a file before version 5) never qualify: their
+		// write is unknown.
+		magic == walMagic && inFlightTail(buf, off, nextValid, gen, prev, first, f.afterWAL)) {
 		return off, nil, nil
 	}
 	what := "no intact records after it"
