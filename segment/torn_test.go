@@ -172,3 +172,44 @@ func TestDamageBeforeSyncedWrite(t *testing.T) {
 		}
 	}
 }
+
+// TestWriteTags: every record of a version-5 WAL file names its write;
+// each write's last record (extents included) and only it carries
+// tagLast; a write that started alone carries tagAlone; numbers follow
+// one another from the checkpoint's write 1.
+func TestWriteTags(t *testing.T) {
+	mem := NewMemFS()
+	l, err := Open(mem, "/data", Options{Manual: true})
+	must(t, err)
+	big := bytes.Repeat([]byte("e"), 2*minExtent) // written from the caller's slice (an extent)
+	must(t, l.Append(Batch{Group: 1, Entries: []Entry{{Index: 1, Term: 1, Data: big}}},
+		Batch{Group: 2, Entries: ents(1, 2, 1, "x")}))
+	must(t, l.Append(Batch{Group: 1, Entries: ents(2, 2, 1, "y")},
+		Batch{Group: 2, Entries: []Entry{{Index: 3, Term: 1, Data: big}}}))
+	must(t, l.Close())
+	wal := walFiles(mem)[0]
+	buf := readAllFS(t, mem, wal)
+	var tags []uint32
+	for off := fileHeader; ; {
+		_, _, next, err := readRecord(buf, off, 1)
+		if err != nil {
+			if off != len(buf) {
+				t.Fatalf("records end at %d of %d", off, len(buf))
+			}
+			break
+		}
+		tags = append(tags, recTag(buf, off))
+		off = next
+	}
+	// newWAL's checkpoint (no group yet: none), then two writes of two
+	// records each, each started alone.
+	want := []uint32{2 | tagAlone, 2 | tagAlone | tagLast, 3 | tagAlone, 3 | tagAlone | tagLast}
+	if len(tags) != len(want) {
+		t.Fatalf("tags %x, want %x", tags, want)
+	}
+	for i := range want {
+		if tags[i] != want[i] {
+			t.Fatalf("tags %x, want %x", tags, want)
+		}
+	}
+}
