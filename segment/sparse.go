@@ -36,7 +36,7 @@ func (l *Log) CompactAt(group, upTo, term uint64, live []uint64) error {
 // term accordingly (replication stores them under the installing
 // leader's term, at least that of any stale copy). Like Append, it
 // returns once they are durable (a live record, type 9, in the WAL: a
-// file of format version 4; an older WAL file is sealed first), in a
+// file of format version 4 or later; an older WAL file is sealed first), in a
 // group commit with whatever else is pending; the mover later copies
 // them into the group's segment files like any stored entry.
 func (l *Log) AppendLive(group uint64, entries []Entry) error {
@@ -70,7 +70,7 @@ func (l *Log) AppendLive(group uint64, entries []Entry) error {
 		return fmt.Errorf("segment: AppendLive: group %d: index %d is not below its raft log, which starts at %d", group, entries[len(entries)-1].Index, s.first)
 	}
 	if l.wal.old {
-		l.rotate = true // a live record goes only into a version-4 file
+		l.rotate = true // a live record goes only into a version-4 (or later) file
 	}
 	l.undo = l.undo[:0]
 	for i := 0; i < len(entries); {
