@@ -443,7 +443,7 @@ func (l *Log) commitLocked() error {
 		l.writing = true
 		l.inflight++
 		l.mu.Unlock()
-		seal(buf, ext, f.gen(), tag, true)
+		seal(buf, ext, f.gen(), tag, !f.old) // an older file's records carry no tag at all: an older build reads them
 		err := l.write(f, head, buf, ext, base)
 		l.mu.Lock()
 		l.writing = false

@@ -2,6 +2,7 @@ package segment
 
 import (
 	"bytes"
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"slices"
@@ -684,5 +685,60 @@ func TestRemoveGroupWhileDeletingDeadSegment(t *testing.T) {
 	}
 	if err := l.Append(Batch{Group: 8, Entries: ents(62, 62, 1, "b")}); err != nil {
 		t.Fatalf("append after that Maintain: %v", err)
+	}
+}
+
+// TestAppendToOlderWALLeavesTagsZero: records this build appends to an
+// active WAL file of an older format version carry no write tag (bytes
+// 13..15 zero, as that version requires): an older build reading the file
+// back must not take them for damage and cut them (a review found the
+// write's last record tagged, and build 9eb919a dropped five acknowledged
+// appends without an error).
+func TestAppendToOlderWALLeavesTagsZero(t *testing.T) {
+	fs := NewMemFS()
+	l := mustOpen(t, fs)
+	must(t, l.Append(Batch{Group: 1, Entries: ents(1, 3, 1, "a")}))
+	must(t, l.Close())
+	name := "/data/" + walName(1)
+	for b := uint(0); b < 8; b++ { // the version → 4, the one before write tags
+		if (formatVersion^4)>>b&1 != 0 {
+			fs.Corrupt(name, 6, b)
+		}
+	}
+	before := fs.FileSize(name)
+	l = mustOpen(t, fs)
+	for i := uint64(4); i <= 8; i++ {
+		must(t, l.Append(Batch{Group: 1, Entries: ents(i, i, 1, "b")}))
+	}
+	must(t, l.Close())
+	if after := fs.FileSize(name); after <= before {
+		t.Fatalf("nothing appended to the version-4 file (%d bytes before, %d after)", before, after)
+	}
+	h, err := fs.Open(name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer h.Close()
+	buf := make([]byte, fs.FileSize(name))
+	if _, err := h.ReadAt(buf, 0); err != nil {
+		t.Fatal(err)
+	}
+	if v := binary.LittleEndian.Uint16(buf[6:]); v != 4 {
+		t.Fatalf("the file's version is %d, want it left at 4", v)
+	}
+	appended := 0
+	for off := int(before); off+recordHeader <= len(buf); {
+		n := int(binary.LittleEndian.Uint32(buf[off+4:]))
+		if n == 0 && binary.LittleEndian.Uint32(buf[off:]) == 0 {
+			break // the rest is unwritten
+		}
+		if tag := buf[off+13 : off+16]; tag[0]|tag[1]|tag[2] != 0 {
+			t.Fatalf("record at %d appended to a version-4 file carries tag bytes % x, want zero", off, tag)
+		}
+		appended++
+		off += padded(recordHeader + n)
+	}
+	if appended == 0 {
+		t.Fatal("no appended record found")
 	}
 }
