@@ -6,7 +6,6 @@ import (
 	"time"
 
 	amqp091 "github.com/rabbitmq/amqp091-go"
-	"github.com/warren-mq/warren/netio"
 )
 
 // TestCloseReadAtUnconfirmedBound: a connection held at its bound of
@@ -19,28 +18,7 @@ import (
 func TestCloseReadAtUnconfirmedBound(t *testing.T) {
 	t.Parallel() // its own broker
 	const soft, bound, total = 10, 20, 40
-	srv, err := netio.Start(netio.Config{Addr: "127.0.0.1:0", Shards: 1, EventLoops: 1, QueueSoftLimit: soft})
-	if err != nil {
-		t.Fatal(err)
-	}
-	l, err := Listen(srv, Config{Addr: "127.0.0.1:0", MaxUnconfirmed: bound})
-	if err != nil {
-		t.Fatal(err)
-	}
-	atBound := make(chan int64, 64)
-	hook := func(n int64) {
-		select {
-		case atBound <- n:
-		default:
-		}
-	}
-	l.hookAtBound.Store(&hook)
-	defer func() {
-		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-		defer cancel()
-		_ = l.Close()
-		_ = srv.Close(ctx)
-	}()
+	l, atBound := boundListener(t, soft, bound)
 	pc, err := amqp091.Dial("amqp://guest:guest@" + l.Addr().String() + "/")
 	if err != nil {
 		t.Fatal(err)
@@ -117,33 +95,12 @@ func TestClosesDoNotLiftUnconfirmedBound(t *testing.T) {
 	// per × body is under closeScanBytes: each round's close is found.
 	const soft, bound, rounds, per = 10, 20, 30, 10
 	body := make([]byte, 4096)
-	srv, err := netio.Start(netio.Config{Addr: "127.0.0.1:0", Shards: 1, EventLoops: 1, QueueSoftLimit: soft})
-	if err != nil {
-		t.Fatal(err)
-	}
-	l, err := Listen(srv, Config{Addr: "127.0.0.1:0", MaxUnconfirmed: bound})
-	if err != nil {
-		t.Fatal(err)
-	}
-	atBound := make(chan int64, 1024)
-	hook := func(n int64) {
-		select {
-		case atBound <- n:
-		default:
-		}
-	}
-	l.hookAtBound.Store(&hook)
+	l, atBound := boundListener(t, soft, bound)
 	pc, err := amqp091.Dial("amqp://guest:guest@" + l.Addr().String() + "/")
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer func() {
-		_ = pc.CloseDeadline(time.Now().Add(time.Second))
-		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-		defer cancel()
-		_ = l.Close()
-		_ = srv.Close(ctx)
-	}()
+	defer pc.CloseDeadline(time.Now().Add(time.Second))
 	pch, err := pc.Channel()
 	if err != nil {
 		t.Fatal(err)

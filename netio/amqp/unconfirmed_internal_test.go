@@ -17,29 +17,7 @@ import (
 func TestUnconfirmedBound(t *testing.T) {
 	t.Parallel() // its own broker; the 0.5 s each spends stopping it overlaps
 	const soft, bound, total = 10, 20, 40
-	srv, err := netio.Start(netio.Config{Addr: "127.0.0.1:0", Shards: 1, EventLoops: 1, QueueSoftLimit: soft})
-	if err != nil {
-		t.Fatal(err)
-	}
-	l, err := Listen(srv, Config{Addr: "127.0.0.1:0", MaxUnconfirmed: bound})
-	if err != nil {
-		t.Fatal(err)
-	}
-	atBound := make(chan int64, 64)
-	hook := func(n int64) {
-		select {
-		case atBound <- n:
-		default:
-		}
-	}
-	l.hookAtBound.Store(&hook)
-
-	defer func() {
-		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-		defer cancel()
-		_ = l.Close()
-		_ = srv.Close(ctx)
-	}()
+	l, atBound := boundListener(t, soft, bound)
 	url := "amqp://guest:guest@" + l.Addr().String() + "/"
 	pc, err := amqp091.Dial(url)
 	if err != nil {
@@ -111,4 +89,35 @@ func TestUnconfirmedBound(t *testing.T) {
 			t.Fatalf("%d of %d confirmed after the queue drained", i, total)
 		}
 	}
+}
+
+// boundListener starts a broker whose queues hold confirms back past soft
+// messages and an AMQP listener with MaxUnconfirmed bound; the channel
+// hears the unconfirmed count each time a publish is held at the bound.
+// Both stop when the test ends.
+func boundListener(t *testing.T, soft int64, bound int) (*Listener, chan int64) {
+	t.Helper()
+	srv, err := netio.Start(netio.Config{Addr: "127.0.0.1:0", Shards: 1, EventLoops: 1, QueueSoftLimit: soft})
+	if err != nil {
+		t.Fatal(err)
+	}
+	l, err := Listen(srv, Config{Addr: "127.0.0.1:0", MaxUnconfirmed: bound})
+	if err != nil {
+		t.Fatal(err)
+	}
+	atBound := make(chan int64, 1024)
+	hook := func(n int64) {
+		select {
+		case atBound <- n:
+		default:
+		}
+	}
+	l.hookAtBound.Store(&hook)
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		_ = l.Close()
+		_ = srv.Close(ctx)
+	})
+	return l, atBound
 }
