@@ -17,12 +17,7 @@ import (
 // the view grew), and a second writer does not copy the base over the
 // first one's changes. The base file is never written.
 func TestCOWFileReadsTheView(t *testing.T) {
-	dir := t.TempDir()
-	name := filepath.Join(dir, "f")
-	base := bytes.Repeat([]byte{'a'}, 100)
-	if err := os.WriteFile(name, base, 0o600); err != nil {
-		t.Fatal(err)
-	}
+	name, base := cowBaseFile(t)
 	v := newCOWFS(segment.OSFS{})
 	open := func() segment.File {
 		t.Helper()
@@ -74,12 +69,7 @@ func TestCOWFileReadsTheView(t *testing.T) {
 // a read of the mapping would take as a SIGBUS: the mapping is shorter
 // than asked for, which segment's reader remaps past (as MemFS's is).
 func TestCOWFileMapsBaseWithinItsEnd(t *testing.T) {
-	dir := t.TempDir()
-	name := filepath.Join(dir, "f")
-	base := bytes.Repeat([]byte{'a'}, 100)
-	if err := os.WriteFile(name, base, 0o600); err != nil {
-		t.Fatal(err)
-	}
+	name, base := cowBaseFile(t)
 	f, err := newCOWFS(segment.OSFS{}).Open(name)
 	if err != nil {
 		t.Fatal(err)
@@ -123,12 +113,7 @@ func mapAll(t *testing.T, f fileMapper, size int64) (out []byte) {
 // used to: its copy was made under the file's name), nor reach a file
 // created in the view under that name since.
 func TestCOWFileRemovedStaysRemoved(t *testing.T) {
-	dir := t.TempDir()
-	name := filepath.Join(dir, "f")
-	base := bytes.Repeat([]byte{'a'}, 100)
-	if err := os.WriteFile(name, base, 0o600); err != nil {
-		t.Fatal(err)
-	}
+	name, base := cowBaseFile(t)
 	v := newCOWFS(segment.OSFS{})
 	h, err := v.Open(name)
 	if err != nil {
@@ -141,7 +126,7 @@ func TestCOWFileRemovedStaysRemoved(t *testing.T) {
 	if _, err := h.WriteAt([]byte("bb"), 10); err != nil {
 		t.Fatal(err)
 	}
-	if names, err := v.List(dir); err != nil || len(names) != 0 {
+	if names, err := v.List(filepath.Dir(name)); err != nil || len(names) != 0 {
 		t.Fatalf("the view lists %v (%v) after the removal and a write through an open handle, want nothing", names, err)
 	}
 	n, err := v.Open(name) // a new file of that name
@@ -168,4 +153,16 @@ func TestCOWFileRemovedStaysRemoved(t *testing.T) {
 	if got, err := os.ReadFile(name); err != nil || !bytes.Equal(got, base) {
 		t.Fatalf("the base file changed (%v)", err)
 	}
+}
+
+// cowBaseFile writes a 100-byte base file of 'a's on disk for a
+// copy-on-write view over it, and returns its name and bytes.
+func cowBaseFile(t *testing.T) (string, []byte) {
+	t.Helper()
+	name := filepath.Join(t.TempDir(), "f")
+	base := bytes.Repeat([]byte{'a'}, 100)
+	if err := os.WriteFile(name, base, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	return name, base
 }
