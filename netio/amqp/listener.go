@@ -20,10 +20,12 @@
 // connection. One tick goroutine per listener (tickInterval) looks after
 // deadlines: the handshake's, heartbeats, a close-ok not coming.
 //
-// Files: conn.go the connection and its frames on the loop, hold.go its
-// reading held at the unconfirmed bound or under the memory alarm,
-// methods.go the methods, publish.go a publish's content and routing,
-// sink.go what the shards send back (confirms, deliveries, consumers).
+// Files: conn.go the connection and its frames on the loop, handshake.go
+// its handshake, hold.go its reading held at the unconfirmed bound or
+// under the memory alarm, outbox.go its output written, close.go its
+// closing, methods.go the methods, publish.go a publish's content and
+// routing, sink.go what the shards send back (confirms, deliveries,
+// consumers).
 package amqp
 
 import (
