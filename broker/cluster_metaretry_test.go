@@ -90,21 +90,12 @@ func TestClusterChangeSentAsLeaderDies(t *testing.T) {
 // holds up no later sync of the node's changes, and is proposed again
 // at the change of leader.
 func TestClusterChangeLostUnderSameLeader(t *testing.T) {
-	c := newTestCluster(t, 3)
-	c.tagging()
-	lead := c.leader()
-	f := c.nodes[lead.id%3]
-	fb := f.b.Load()
-	cl := fb.topo.cl.Load()
+	lp := newLostProposal(t)
+	c, lead, fb, cl := lp.c, lp.lead, lp.fb, lp.cl
 	// The lost changes' answers. Read by this goroutine's requests and
 	// by the shard a delete is handed to (after it is set).
 	cl.timeout = 500 * time.Millisecond
-	var dropping atomic.Bool // the node's next proposal is lost
-	dropping.Store(true)
-	drop := func(to uint64, m raftpb.Message) bool {
-		return to == lead.id && m.From == f.id && m.Type == raftpb.MsgProp && dropping.CompareAndSwap(true, false)
-	}
-	c.dropMeta.Store(&drop)
+	lp.dropping.Store(true)
 	if _, err := fb.DeclareQueueAs(&wire.QueueDeclare{Name: "lost"}, 0, ""); err == nil || !strings.Contains(err.Error(), "may still be applied") {
 		t.Fatalf("the lost declare: %v", err)
 	}
@@ -120,7 +111,7 @@ func TestClusterChangeLostUnderSameLeader(t *testing.T) {
 		t.Fatal(err)
 	}
 	cl.timeout = 500 * time.Millisecond
-	dropping.Store(true)
+	lp.dropping.Store(true)
 	if _, err := fb.DeleteQueue(t.Context(), "gone", false, false); err == nil || !strings.Contains(err.Error(), "may still be applied") {
 		t.Fatalf("the lost delete: %v", err)
 	}
@@ -216,25 +207,11 @@ func TestClusterMixedVersions(t *testing.T) {
 // saying the deletion may still be applied; a deletion no request asked
 // for (auto-delete, expiry, an exclusive owner gone) holds up no one.
 func TestClusterLostDeletionHoldsUpOnlyItsRequester(t *testing.T) {
-	c := newTestCluster(t, 3)
-	c.tagging()
-	lead := c.leader()
-	f := c.nodes[lead.id%3]
-	fb := f.b.Load()
-	cl := fb.topo.cl.Load()
+	lp := newLostProposal(t)
+	c, lead, fb, cl := lp.c, lp.lead, lp.fb, lp.cl
 	// The lost deletions' time (read by the shard, which is handed the
 	// delete after it is set).
 	cl.timeout = 2 * time.Second
-	var dropping atomic.Bool // the node's next proposal is lost
-	dropped := make(chan struct{}, 1)
-	drop := func(to uint64, m raftpb.Message) bool {
-		if to == lead.id && m.From == f.id && m.Type == raftpb.MsgProp && dropping.CompareAndSwap(true, false) {
-			dropped <- struct{}{}
-			return true
-		}
-		return false
-	}
-	c.dropMeta.Store(&drop)
 	for _, name := range []string{"gone", "auto"} {
 		if _, err := fb.DeclareQueueAs(&wire.QueueDeclare{Name: name}, 0, ""); err != nil {
 			t.Fatal(err)
@@ -258,14 +235,14 @@ func TestClusterLostDeletionHoldsUpOnlyItsRequester(t *testing.T) {
 	}
 
 	// A connection's delete, lost.
-	dropping.Store(true)
+	lp.dropping.Store(true)
 	q := fb.LookupQueue("gone")
 	w := make(waitSink, 1)
 	fb.Submit(Command{Kind: CmdDelete, Queue: q, Sink: w, Owner: asker, Reason: "queue deleted"})
 	if r := <-w; r.Err() != nil {
 		t.Fatal(r.Err())
 	}
-	<-dropped
+	<-lp.dropped
 	otherRun()
 	if err := fb.EndControlRun(asker); err == nil || !strings.Contains(err.Error(), "may still be applied") {
 		t.Fatalf("the asking connection's control run: %v, want the deletion not applied in time, may still be", err)
@@ -273,12 +250,12 @@ func TestClusterLostDeletionHoldsUpOnlyItsRequester(t *testing.T) {
 
 	// A deletion no request asked for, lost (as auto-delete, expiry and
 	// an exclusive owner's close propose it).
-	dropping.Store(true)
+	lp.dropping.Store(true)
 	aq := fb.LookupQueue("auto")
 	if !fb.topo.removeQueue(aq, 0) {
 		t.Fatal("queue auto not removed")
 	}
-	<-dropped
+	<-lp.dropped
 	otherRun()
 	fb.BeginControlRun()
 	if err := fb.EndControlRun(asker); err != nil {
@@ -295,4 +272,40 @@ func TestClusterLostDeletionHoldsUpOnlyItsRequester(t *testing.T) {
 			return !strings.Contains(s, "queue gone") && !strings.Contains(s, "queue auto")
 		})
 	}
+}
+
+// lostProposal is the setup of the tests of a lost change: a 3-node
+// cluster writing version 3 metadata entries (tagging), its metadata
+// leader lead, and a follower f whose next proposal (MsgProp) to lead is
+// lost each time dropping is set; each loss is signalled on dropped
+// (buffered 1; a signal nobody took leaves it full, and later ones go
+// unsignalled).
+type lostProposal struct {
+	c        *testCluster
+	lead, f  *clusterNode
+	fb       *Broker // f's
+	cl       *metaCluster
+	dropping atomic.Bool // f's next proposal is lost
+	dropped  chan struct{}
+}
+
+func newLostProposal(t *testing.T) *lostProposal {
+	c := newTestCluster(t, 3)
+	c.tagging()
+	lead := c.leader()
+	f := c.nodes[lead.id%3]
+	fb := f.b.Load()
+	lp := &lostProposal{c: c, lead: lead, f: f, fb: fb, cl: fb.topo.cl.Load(), dropped: make(chan struct{}, 1)}
+	drop := func(to uint64, m raftpb.Message) bool {
+		if to == lead.id && m.From == f.id && m.Type == raftpb.MsgProp && lp.dropping.CompareAndSwap(true, false) {
+			select {
+			case lp.dropped <- struct{}{}:
+			default:
+			}
+			return true
+		}
+		return false
+	}
+	c.dropMeta.Store(&drop)
+	return lp
 }
