@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"reflect"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -96,6 +97,43 @@ func dlPair(t *testing.T, b *Broker, dlqArgs, srcArgs wire.Table) (src, dlq *Que
 	return src, dlq
 }
 
+// deliverM publishes message "m" (persistent, confirmed) to src and
+// delivers it to consumer 1 (owner 7); it returns the delivery's tag.
+func deliverM(t *testing.T, b *Broker, src *Queue) (tag uint64) {
+	t.Helper()
+	k := newDurSink()
+	p := publish(b, src, k, true, "m")
+	k.waitFor(t, "the confirm", func() bool { return k.confirmed(p) })
+	b.Submit(Command{Kind: CmdSubscribe, Queue: src, Sink: k, Spec: queue.ConsumerSpec{ID: 1, Owner: 7}, Req: 1})
+	k.waitFor(t, "the delivery", func() bool { return len(k.got) == 1 })
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	return k.got[0].tag
+}
+
+// holdShard holds s: what is submitted to it after waits in its inbox
+// until release (which may be called more than once).
+func holdShard(s *shard) (release func()) {
+	gate, held := make(chan struct{}), make(chan struct{})
+	s.submit(Command{Kind: cmdPost, post: func() { close(held); <-gate }})
+	<-held
+	var once sync.Once
+	return func() { once.Do(func() { close(gate) }) }
+}
+
+// recoveredPair waits for n's recovery and returns its queues src and dlq
+// (dlPair's), each with what it recovered applied.
+func recoveredPair(t *testing.T, n *durNode, src string) (*Queue, *Queue) {
+	t.Helper()
+	if err := n.b.WaitRecovered(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+	src2, dlq2 := n.b.topo.lookupQueue(src), n.b.topo.lookupQueue("dlq")
+	qbarrier(t, src2)
+	qbarrier(t, dlq2)
+	return src2, dlq2
+}
+
 // TestDeadLetterSurvivesCrash: a message rejected (without requeue) in a
 // durable queue whose dead letters go to a durable queue is, after a
 // crash at any point, in one of the two. The crash here falls after the
@@ -109,27 +147,11 @@ func TestDeadLetterSurvivesCrash(t *testing.T) {
 	n := openDurNodeWith(t, mem, "/data", clockAt(&clock))
 	b := n.b
 	src, dlq := dlPair(t, b, nil, nil)
-	k := newDurSink()
-	p := publish(b, src, k, true, "m")
-	k.waitFor(t, "the confirm", func() bool { return k.confirmed(p) })
-	b.Submit(Command{Kind: CmdSubscribe, Queue: src, Sink: k, Spec: queue.ConsumerSpec{ID: 1, Owner: 7}, Req: 1})
-	k.waitFor(t, "the delivery", func() bool { return len(k.got) == 1 })
+	tag := deliverM(t, b, src)
 
 	// The target's shard is held: the dead letter waits in its inbox.
-	gate, held := make(chan struct{}), make(chan struct{})
-	dlq.shard.submit(Command{Kind: cmdPost, post: func() { close(held); <-gate }})
-	<-held
-	released := false
-	release := func() {
-		if !released {
-			released = true
-			close(gate)
-		}
-	}
+	release := holdShard(dlq.shard)
 	defer release()
-	k.mu.Lock()
-	tag := k.got[0].tag
-	k.mu.Unlock()
 	clock.Store(1_000_500)
 	b.Submit(Command{Kind: CmdSettle, Settles: []SettleItem{{Q: src, Consumer: 1, Op: wire.SettleReject, QTag: tag}}})
 	qbarrier(t, src) // the reject is applied (after its sync)
@@ -166,12 +188,7 @@ func TestDeadLetterSurvivesCrash(t *testing.T) {
 	clock.Store(2_000_000)
 	n2 := openDurNodeWith(t, img, "/data", clockAt(&clock))
 	defer n2.close(t)
-	if err := n2.b.WaitRecovered(t.Context()); err != nil {
-		t.Fatal(err)
-	}
-	src2, dlq2 := n2.b.topo.lookupQueue(src.name), n2.b.topo.lookupQueue("dlq")
-	qbarrier(t, src2)
-	qbarrier(t, dlq2)
+	src2, dlq2 := recoveredPair(t, n2, src.name)
 	if r, d := src2.ready.Load(), dlq2.ready.Load(); r+d == 0 {
 		t.Fatalf("after the crash the dead letter is gone from both the source (ready %d) and the target (ready %d)", r, d)
 	}
@@ -198,14 +215,7 @@ func TestDeadLetterNotResentAfterRestart(t *testing.T) {
 	n := openDurNodeWith(t, mem, "/data", clockAt(&clock))
 	b := n.b
 	src, dlq := dlPair(t, b, nil, nil)
-	k := newDurSink()
-	p := publish(b, src, k, true, "m")
-	k.waitFor(t, "the confirm", func() bool { return k.confirmed(p) })
-	b.Submit(Command{Kind: CmdSubscribe, Queue: src, Sink: k, Spec: queue.ConsumerSpec{ID: 1, Owner: 7}, Req: 1})
-	k.waitFor(t, "the delivery", func() bool { return len(k.got) == 1 })
-	k.mu.Lock()
-	tag := k.got[0].tag
-	k.mu.Unlock()
+	tag := deliverM(t, b, src)
 	b.Submit(Command{Kind: CmdSettle, Settles: []SettleItem{{Q: src, Consumer: 1, Op: wire.SettleReject, QTag: tag}}})
 	kd := newDeathSink()
 	b.Submit(Command{Kind: CmdSubscribe, Queue: dlq, Sink: kd, Spec: queue.ConsumerSpec{ID: 2, Owner: 7}, Req: 2})
@@ -223,12 +233,7 @@ func TestDeadLetterNotResentAfterRestart(t *testing.T) {
 
 	n2 := openDurNodeWith(t, mem, "/data", clockAt(&clock))
 	defer n2.close(t)
-	if err := n2.b.WaitRecovered(t.Context()); err != nil {
-		t.Fatal(err)
-	}
-	src2, dlq2 := n2.b.topo.lookupQueue(src.name), n2.b.topo.lookupQueue("dlq")
-	qbarrier(t, src2)
-	qbarrier(t, dlq2)
+	src2, dlq2 := recoveredPair(t, n2, src.name)
 	if r, d := src2.ready.Load(), dlq2.ready.Load(); r+d != 0 {
 		t.Fatalf("after a clean restart the source has %d ready and the target %d, want 0 and 0: the acked dead letter was sent again", r, d)
 	}
@@ -329,18 +334,9 @@ func TestDeadLetterInFlightAtStop(t *testing.T) {
 	n := openDurNode(t, mem)
 	b := n.b
 	src, dlq := dlPair(t, b, nil, nil)
-	k := newDurSink()
-	p := publish(b, src, k, true, "m")
-	k.waitFor(t, "the confirm", func() bool { return k.confirmed(p) })
-	b.Submit(Command{Kind: CmdSubscribe, Queue: src, Sink: k, Spec: queue.ConsumerSpec{ID: 1, Owner: 7}, Req: 1})
-	k.waitFor(t, "the delivery", func() bool { return len(k.got) == 1 })
+	tag := deliverM(t, b, src)
 
-	gate, held := make(chan struct{}), make(chan struct{})
-	dlq.shard.submit(Command{Kind: cmdPost, post: func() { close(held); <-gate }})
-	<-held
-	k.mu.Lock()
-	tag := k.got[0].tag
-	k.mu.Unlock()
+	release := holdShard(dlq.shard)
 	b.Submit(Command{Kind: CmdSettle, Settles: []SettleItem{{Q: src, Consumer: 1, Op: wire.SettleReject, QTag: tag}}})
 	qbarrier(t, src) // the dead letter waits in the target shard's inbox
 
@@ -370,7 +366,7 @@ func TestDeadLetterInFlightAtStop(t *testing.T) {
 	case <-time.After(10 * time.Second):
 		t.Fatal("the source's shard neither stopped nor waited for its dead letter")
 	}
-	close(gate)
+	release()
 	if err := <-stopped; err != nil {
 		t.Fatal(err)
 	}
@@ -380,12 +376,7 @@ func TestDeadLetterInFlightAtStop(t *testing.T) {
 
 	n2 := openDurNode(t, mem)
 	defer n2.close(t)
-	if err := n2.b.WaitRecovered(t.Context()); err != nil {
-		t.Fatal(err)
-	}
-	src2, dlq2 := n2.b.topo.lookupQueue(src.name), n2.b.topo.lookupQueue("dlq")
-	qbarrier(t, src2)
-	qbarrier(t, dlq2)
+	src2, dlq2 := recoveredPair(t, n2, src.name)
 	if r, d := src2.ready.Load(), dlq2.ready.Load(); r != 0 || d != 1 {
 		t.Fatalf("after a clean stop with a dead letter in flight and a restart: source ready %d, target ready %d; want 0 and 1 (one copy)", r, d)
 	}
