@@ -62,10 +62,7 @@ func TestReplayThroughTheBroker(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	must := mustFunc(t)
-	declareDeadLetterQueue(t, b)
-	_, err := b.DeclareQueue(wire.QueueDeclare{Name: "orders", Args: wire.Table{{Key: "dead-letter-exchange", Value: wire.String("dlx")}}})
-	must(err)
-	orders, dlq := b.LookupQueue("orders"), b.LookupQueue("dlq")
+	orders, dlq := declareOrders(t, b)
 	publishTo(b, orders, "a", "b", "c")
 	rejectAll(t, b, orders, 3)
 	if got := dlq.ReadyCount(); got != 3 {
@@ -140,6 +137,16 @@ func declareDeadLetterQueue(t *testing.T, b *Broker) {
 	must(b.Bind(wire.Bind{Source: "dlx", Destination: "dlq"}))
 }
 
+// declareOrders declares the dead-letter target (declareDeadLetterQueue)
+// and the queue "orders" whose dead letters go to it, and returns both.
+func declareOrders(t *testing.T, b *Broker) (orders, dlq *Queue) {
+	t.Helper()
+	declareDeadLetterQueue(t, b)
+	_, err := b.DeclareQueue(wire.QueueDeclare{Name: "orders", Args: wire.Table{{Key: "dead-letter-exchange", Value: wire.String("dlx")}}})
+	mustFunc(t)(err)
+	return b.LookupQueue("orders"), b.LookupQueue("dlq")
+}
+
 // TestReplaySelected: a replay of chosen messages (by the ids a peek
 // shows) moves those and only those, wherever they are in the queue; the
 // others stay, in their order; an id the queue no longer holds is counted
@@ -149,10 +156,7 @@ func TestReplaySelected(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	must := mustFunc(t)
-	declareDeadLetterQueue(t, b)
-	_, err := b.DeclareQueue(wire.QueueDeclare{Name: "orders", Args: wire.Table{{Key: "dead-letter-exchange", Value: wire.String("dlx")}}})
-	must(err)
-	orders, dlq := b.LookupQueue("orders"), b.LookupQueue("dlq")
+	orders, dlq := declareOrders(t, b)
 	publishTo(b, orders, "a", "b", "c", "d", "e")
 	rejectAll(t, b, orders, 5)
 	peeked, err := b.PeekQueue(ctx, "dlq", 10)

@@ -13,12 +13,7 @@ import (
 // (round-robin interleaves them); a delivery in the range settled before
 // is skipped, not settled twice; a requeue run puts back exactly the run's.
 func TestSettleRunSettlesTheConsumersDeliveriesInRange(t *testing.T) {
-	b := startBroker(t, Config{Shards: 1})
-	must := mustFunc(t)
-	_, err := b.DeclareQueue(wire.QueueDeclare{Name: "q"})
-	must(err)
-	q := b.LookupQueue("q")
-	sh := b.shards[0]
+	b, q, sh := oneQueue(t)
 	ka, kb := &recSink{}, &recSink{}
 	ca, cb := b.NewConsumerID(), b.NewConsumerID()
 	b.Submit(Command{Kind: CmdSubscribe, Queue: q, Sink: ka, Spec: queue.ConsumerSpec{ID: ca, Owner: 1, Prefetch: 10}})
@@ -62,12 +57,7 @@ func TestSettleRunSettlesTheConsumersDeliveriesInRange(t *testing.T) {
 // consecutive queue tags, joined into one machine command, settle what the
 // tags one by one would.
 func TestSettleJoinsAdjacentRuns(t *testing.T) {
-	b := startBroker(t, Config{Shards: 1})
-	must := mustFunc(t)
-	_, err := b.DeclareQueue(wire.QueueDeclare{Name: "q"})
-	must(err)
-	q := b.LookupQueue("q")
-	sh := b.shards[0]
+	b, q, sh := oneQueue(t)
 	k := &recSink{}
 	c := b.NewConsumerID()
 	b.Submit(Command{Kind: CmdSubscribe, Queue: q, Sink: k, Spec: queue.ConsumerSpec{ID: c, Owner: 1, Prefetch: 10}})
@@ -85,4 +75,13 @@ func TestSettleJoinsAdjacentRuns(t *testing.T) {
 	if n := q.unacked.Load(); n != 1 || q.m.Stats.Acked != 5 {
 		t.Errorf("%d unacked, %d acked; want 1 and 5", n, q.m.Stats.Acked)
 	}
+}
+
+// oneQueue starts a broker with one shard and declares queue "q" on it.
+func oneQueue(t *testing.T) (*Broker, *Queue, *shard) {
+	t.Helper()
+	b := startBroker(t, Config{Shards: 1})
+	_, err := b.DeclareQueue(wire.QueueDeclare{Name: "q"})
+	mustFunc(t)(err)
+	return b, b.LookupQueue("q"), b.shards[0]
 }
