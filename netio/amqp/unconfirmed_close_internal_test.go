@@ -19,27 +19,13 @@ func TestCloseReadAtUnconfirmedBound(t *testing.T) {
 	t.Parallel() // its own broker
 	const soft, bound, total = 10, 20, 40
 	l, atBound := boundListener(t, soft, bound)
-	pc, err := amqp091.Dial("amqp://guest:guest@" + l.Addr().String() + "/")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer pc.CloseDeadline(time.Now().Add(time.Second))
-	pch, err := pc.Channel()
-	if err != nil {
-		t.Fatal(err)
-	}
+	pc, pch := heldPublisher(t, l, time.Second)
 	other, err := pc.Channel()
 	if err != nil {
 		t.Fatal(err)
 	}
 	third, err := pc.Channel() // opened now: at the bound, a channel.open waits as a publish does
 	if err != nil {
-		t.Fatal(err)
-	}
-	if _, err := pch.QueueDeclare("held", false, false, false, false, nil); err != nil {
-		t.Fatal(err)
-	}
-	if err := pch.Confirm(false); err != nil {
 		t.Fatal(err)
 	}
 	for i := 0; i < total; i++ { // buffered by the client's socket: the last ones wait behind the bound
@@ -96,26 +82,13 @@ func TestClosesDoNotLiftUnconfirmedBound(t *testing.T) {
 	const soft, bound, rounds, per = 10, 20, 30, 10
 	body := make([]byte, 4096)
 	l, atBound := boundListener(t, soft, bound)
-	pc, err := amqp091.Dial("amqp://guest:guest@" + l.Addr().String() + "/")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer pc.CloseDeadline(time.Now().Add(time.Second))
-	pch, err := pc.Channel()
-	if err != nil {
-		t.Fatal(err)
-	}
+	pc, pch := heldPublisher(t, l, time.Second)
 	spares := make([]*amqp091.Channel, rounds)
 	for i := range spares {
+		var err error
 		if spares[i], err = pc.Channel(); err != nil {
 			t.Fatal(err)
 		}
-	}
-	if _, err := pch.QueueDeclare("held", false, false, false, false, nil); err != nil {
-		t.Fatal(err)
-	}
-	if err := pch.Confirm(false); err != nil {
-		t.Fatal(err)
 	}
 	// The abuser: publishes, a close (waiting for its close-ok, so the
 	// close follows its round's publishes), publishes, a close... It

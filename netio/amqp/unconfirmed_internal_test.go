@@ -19,21 +19,7 @@ func TestUnconfirmedBound(t *testing.T) {
 	const soft, bound, total = 10, 20, 40
 	l, atBound := boundListener(t, soft, bound)
 	url := "amqp://guest:guest@" + l.Addr().String() + "/"
-	pc, err := amqp091.Dial(url)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer pc.CloseDeadline(time.Now().Add(5 * time.Second))
-	pch, err := pc.Channel()
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, err := pch.QueueDeclare("held", false, false, false, false, nil); err != nil {
-		t.Fatal(err)
-	}
-	if err := pch.Confirm(false); err != nil {
-		t.Fatal(err)
-	}
+	_, pch := heldPublisher(t, l, 5*time.Second)
 	confirms := pch.NotifyPublish(make(chan amqp091.Confirmation, total))
 	go func() {
 		for i := 0; i < total; i++ {
@@ -120,4 +106,27 @@ func boundListener(t *testing.T, soft int64, bound int) (*Listener, chan int64) 
 		_ = srv.Close(ctx)
 	})
 	return l, atBound
+}
+
+// heldPublisher dials l and opens a channel in confirm mode, with the
+// queue "held" declared; the connection is closed when the test ends
+// (waiting for its close-ok closeWithin at most).
+func heldPublisher(t *testing.T, l *Listener, closeWithin time.Duration) (*amqp091.Connection, *amqp091.Channel) {
+	t.Helper()
+	pc, err := amqp091.Dial("amqp://guest:guest@" + l.Addr().String() + "/")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = pc.CloseDeadline(time.Now().Add(closeWithin)) })
+	pch, err := pc.Channel()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := pch.QueueDeclare("held", false, false, false, false, nil); err != nil {
+		t.Fatal(err)
+	}
+	if err := pch.Confirm(false); err != nil {
+		t.Fatal(err)
+	}
+	return pc, pch
 }
