@@ -77,14 +77,29 @@ func BenchmarkPublish(b *testing.B) {
 	}
 }
 
-// BenchmarkDeliver: one basic.deliver with its content (content type,
-// delivery mode, a header, a 100-byte body) to an auto-ack consumer.
-func BenchmarkDeliver(b *testing.B) {
-	c, _ := benchConn(b)
+// autoAckConsumer adds an auto-ack consumer (id 1, tag ctag) on c's
+// channel 1.
+func autoAckConsumer(c *conn) {
 	ch := c.channels[1]
 	cr := &consumer{id: 1, tag: "ctag", ch: ch, autoAck: true}
 	ch.consumers["ctag"] = cr
 	c.byID[cr.id] = cr
+}
+
+// deliverDropped delivers ds on c and drops what it wrote and the
+// auto-acks it noted.
+func deliverDropped(c *conn, ds []broker.Delivery) {
+	c.Deliver(ds)
+	c.mu.Lock()
+	c.out, c.autoAcks = c.out[:0], c.autoAcks[:0]
+	c.mu.Unlock()
+}
+
+// BenchmarkDeliver: one basic.deliver with its content (content type,
+// delivery mode, a header, a 100-byte body) to an auto-ack consumer.
+func BenchmarkDeliver(b *testing.B) {
+	c, _ := benchConn(b)
+	autoAckConsumer(c)
 	var p wire.Properties
 	p.ContentType = []byte("text/plain")
 	p.Set(wire.PropContentType)
@@ -96,10 +111,7 @@ func BenchmarkDeliver(b *testing.B) {
 	b.ResetTimer()
 	for i := 0; i < b.N; i++ {
 		ds[0].QTag = uint64(i + 1)
-		c.Deliver(ds)
-		c.mu.Lock()
-		c.out, c.autoAcks = c.out[:0], c.autoAcks[:0]
-		c.mu.Unlock()
+		deliverDropped(c, ds)
 	}
 }
 
@@ -107,10 +119,7 @@ func BenchmarkDeliver(b *testing.B) {
 // (read in place from the stored message, written straight as AMQP).
 func TestDeliverAllocs(t *testing.T) {
 	c, _ := benchConnT(t)
-	ch := c.channels[1]
-	cr := &consumer{id: 1, tag: "ctag", ch: ch, autoAck: true}
-	ch.consumers["ctag"] = cr
-	c.byID[cr.id] = cr
+	autoAckConsumer(c)
 	var p wire.Properties
 	p.ContentType = []byte("text/plain")
 	p.Set(wire.PropContentType)
@@ -124,10 +133,7 @@ func TestDeliverAllocs(t *testing.T) {
 	n := testing.AllocsPerRun(1000, func() {
 		tag++
 		ds[0].QTag = tag
-		c.Deliver(ds)
-		c.mu.Lock()
-		c.out, c.autoAcks = c.out[:0], c.autoAcks[:0]
-		c.mu.Unlock()
+		deliverDropped(c, ds)
 	})
 	if n != 0 {
 		t.Fatalf("%v allocations per delivery, want 0", n)
