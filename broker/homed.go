@@ -18,7 +18,7 @@ import (
 // replicated queue's leader serves one; every other node holds no copy
 // (q.remote) and forwards to the home what its clients do with it, as it
 // does for a replicated queue it holds no replica of: publishes
-// (forward.go: the home enqueues a forwarded part and confirms it once
+// (forward_enqueue.go: the home enqueues a forwarded part and confirms it once
 // enqueued), consumers, gets and purges (forward_consume.go). An
 // exclusive queue's owner is a connection on its home (connection ids
 // are the cluster's: node << 32 | a count), so a consumer or purge of

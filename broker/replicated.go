@@ -39,7 +39,7 @@ import (
 // On losing leadership it nacks the publishes still waiting for an apply
 // (they may or may not be in the log: at-least-once, the publisher
 // resends; a forwarded part is answered "resend to the new leader"
-// instead, which applies it at most once: forward.go), refuses the waiting subscribes and purges, and cancels its
+// instead, which applies it at most once: forward_enqueue.go), refuses the waiting subscribes and purges, and cancels its
 // consumers of the queue (their unacked deliveries return to the queue
 // through the next leader's Down).
 
