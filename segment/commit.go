@@ -634,6 +634,14 @@ func (l *Log) checkpointLocked(gen, tag uint32, last bool) []byte {
 		}
 		b = closeRecord(b, start, recCheckpoint)
 	}
+	if len(ids) == 0 {
+		// No group: the checkpoint is one empty promise, so the file's
+		// first write always holds a record. Recovery then tells damage
+		// in it (synced before the next write, unless an earlier WAL file
+		// is still there) from damage in the next write, which may be
+		// torn (record.go: inFlightTail).
+		b = appendEmptyPromise(b)
+	}
 	seal(b[fileHeader:], nil, gen, tag, last)
 	l.ckpt = b
 	return b

@@ -290,7 +290,12 @@ func records(o op) []op {
 // (acknowledged) and failed (the op whose sync failed, or nil): the
 // history, plus any prefix of the failed op's records, or all of it.
 func candidates(history []op, failed *op) []model {
-	m := model{}
+	return candidatesFrom(model{}, history, failed)
+}
+
+// candidatesFrom is candidates for a history that starts from base.
+func candidatesFrom(base model, history []op, failed *op) []model {
+	m := base.clone()
 	for _, o := range history {
 		m.apply(o)
 	}

@@ -64,7 +64,8 @@
 //	5 checkpoint  group u64, first u64, last u64, term of first-1 u64, term u64, vote u64,
 //	              commit u64, flags u64 (bit 0: hard state set; bit 1: quarantined),
 //	              n u64, n × (segment seq u64, size u64)
-//	6 promise     group u64, segment seq u64, size u64
+//	6 promise     group u64, segment seq u64, size u64 (segment 0, which never exists:
+//	              an empty promise, a WAL file's checkpoint when the log holds no group)
 //	7 remove      group u64 (version 2)
 //	9 live        as entries (type 1), stored below the group's raft log, placed
 //	              by the higher-term rule, not appended (version 4; WAL only)
@@ -164,7 +165,21 @@
 // write was synced, and the damage is corruption. The file's first write
 // (its checkpoint) qualifies only while an earlier WAL file is still
 // there (none goes before that write is synced; a fresh log's first file
-// syncs its checkpoint alone). The cost of the rule: bit rot inside one
+// syncs its checkpoint alone). A WAL file started while the log holds no
+// group has no checkpoint record to open with: it opens with an empty
+// promise instead, so that its first write always holds a record and
+// damage in the write after it is told from damage in it. And a partial
+// write (the first records of a torn write, kept by Open: its last
+// record, with bit 23, is gone) at the end of the active WAL file would
+// make damage in the next write seem to lie in it, which that write,
+// started alone, proves synced: Open seals such a file and starts a new
+// one (as for a quarantine, its checkpoint synced alone), so a tear of
+// the first two writes after that restart is a torn tail too, at the
+// cost of a WAL file. An earlier
+// build of version 5 did neither: a WAL file it appended to after an
+// empty checkpoint (header only) or a kept partial write still refuses
+// such a tear as corruption; one it left with a header only is sealed
+// at Open like a partial write. The cost of the rule: bit rot inside one
 // of the last two writes, when the later one started while the earlier
 // was in flight, is cut as a torn tail like bit rot in the last write,
 // not reported, and both writes' records are lost although they were
@@ -202,8 +217,9 @@
 // WAL files that held its records are gone. Its segment files stay on
 // disk, untouched, until RemoveGroup removes it like any group; then the
 // id starts empty. Open writes nothing until recovery has read the
-// whole log: the torn tails it found are cut, and the quarantine marked,
-// only once Options.CheckDamage (if set) has accepted the damage found,
+// whole log: the torn tails it found are cut, the quarantine marked and
+// a WAL file ending in a partial write sealed, only once
+// Options.CheckDamage (if set) has accepted the damage found,
 // so an Open that refuses, for that or any other reason, leaves the
 // directory as it found it. Damage inside a record of a sealed file with an
 // intact footer is not read at Open (that is the footer's point): its

@@ -34,6 +34,9 @@ type file struct {
 	// afterWAL: at Open, an earlier WAL file is still there, so this one's
 	// first write (its checkpoint) need not have been synced.
 	afterWAL bool
+	// partial: at Open, a WAL file of version 5 whose last write kept is
+	// not whole (its last record, tagged tagLast, is not there).
+	partial bool
 	// damaged: Open found damage in it (Options.Quarantine): never
 	// appended to, never cut. held: a segment file of a quarantined group,
 	// kept on disk until the group is removed.

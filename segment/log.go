@@ -197,6 +197,7 @@ const (
 	// to 5, and tags writes only into a version-5 file.
 	formatVersion    = 5
 	liveVersion      = 4
+	tagVersion       = 5 // write tags (WAL files)
 	minFormatVersion = 1
 )
 

@@ -49,6 +49,9 @@ const (
 	// recPromise: group u64, segment seq u64, size u64. The segment file's
 	// first size bytes are synced: damage before that is corruption, never a
 	// torn tail. Written after the mover syncs, before its source goes.
+	// Segment sequence numbers start at 1: a promise of segment 0 (group
+	// 0, size 0: appendEmptyPromise) promises nothing. It is a WAL file's
+	// checkpoint when the log holds no group.
 	recPromise uint8 = 6
 	// recRemove: group u64. The group is gone: its entries, hard state and
 	// segment files (deleted by the worker before any WAL file that could
@@ -68,6 +71,22 @@ func appendFileHeader(dst []byte, magic string, gen uint32) []byte {
 	dst = binary.LittleEndian.AppendUint16(dst, formatVersion)
 	dst = binary.LittleEndian.AppendUint32(dst, gen)
 	return binary.LittleEndian.AppendUint32(dst, 0)
+}
+
+// appendEmptyPromise appends a promise of nothing (segment 0, size 0),
+// closed: a WAL file's checkpoint when the log holds no group (a
+// checkpoint record would name one), so that its first write is never
+// empty. Every build that reads version 5 replays it as a promise.
+func appendEmptyPromise(dst []byte) []byte {
+	var start int
+	dst, start = beginRecord(dst)
+	dst = append(dst, make([]byte, 24)...)
+	return closeRecord(dst, start, recPromise)
+}
+
+// emptyPromise reports whether a record is appendEmptyPromise's.
+func emptyPromise(typ uint8, p []byte) bool {
+	return typ == recPromise && len(p) == 24 && binary.LittleEndian.Uint64(p[8:]) == 0
 }
 
 // ckptFixed is the size of a checkpoint record's fixed part.
@@ -180,7 +199,9 @@ func recTag(buf []byte, off int) uint32 {
 // restates the state of the WAL files before it) was synced before any
 // earlier WAL file could go, and a fresh log's first WAL file syncs it
 // alone: damage in it is a torn tail only with afterWAL (an earlier WAL
-// file is still there).
+// file is still there). That first write is never empty (a log with no
+// group opens the file with an empty promise), so damage after its last
+// record lies in a later write.
 func inFlightTail(buf []byte, off, next int, gen uint32, prev uint32, first, afterWAL bool) bool {
 	var d uint32 // the damaged write
 	switch {

@@ -110,12 +110,19 @@ func (l *Log) recover() error {
 	if err := l.applyCuts(); err != nil {
 		return err
 	}
-	if len(l.quarantined) > 0 && !lastGone {
+	if !lastGone && (len(l.quarantined) > 0 || l.wal.partial) {
 		// The quarantine must be durable before the worker deletes any WAL
 		// file that holds the damage or a quarantined group's records: a
 		// new WAL file opens with a checkpoint that marks each quarantined
 		// group, and every later checkpoint carries the mark until the
 		// group is removed.
+		//
+		// A WAL file whose last write is partial (a torn write's first
+		// records kept) is sealed too: a write after it would seem to
+		// follow damage in it (its last record, tagLast, is missing), and
+		// a tear of that write and the next, in flight together, would be
+		// taken for damage of a synced write (inFlightTail). The new file
+		// opens with a complete checkpoint, synced alone.
 		l.wal.sealed = true
 		l.wals = append(l.wals, l.wal)
 		l.wal, lastGone = nil, true
@@ -306,6 +313,9 @@ func (l *Log) scan(f *file, buf []byte, magic string, tornOK bool, promised int6
 			}
 			off = next
 		}
+		// Whether the last write kept is partial: its last record (tagLast)
+		// is not among the intact ones.
+		f.partial = magic == walMagic && v >= tagVersion && (first || prev&tagLast == 0)
 	}
 	if off == len(buf) {
 		return off, nil, nil
@@ -579,11 +589,11 @@ func (l *Log) damagedWAL(f *file, buf []byte, d *scanDamage, last bool) error {
 	}
 	if d.next >= 0 {
 		for off := d.next; ; {
-			_, p, next, err := readRecord(buf, off, f.gen())
+			typ, p, next, err := readRecord(buf, off, f.gen())
 			if err != nil {
 				break
 			}
-			if len(p) >= 8 {
+			if len(p) >= 8 && !emptyPromise(typ, p) {
 				l.grp(binary.LittleEndian.Uint64(p)).markDamage(dg)
 			}
 			off = next
