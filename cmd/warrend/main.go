@@ -33,6 +33,7 @@ import (
 	"time"
 
 	"github.com/VictoriaMetrics/metrics"
+	"golang.org/x/crypto/bcrypt"
 
 	"github.com/warren-mq/warren/admin"
 	"github.com/warren-mq/warren/admin/console"
@@ -115,6 +116,28 @@ type fileConfig struct {
 	TLSCA     string `json:"tls_ca"` // client certificates: optional, verified against it when given
 }
 
+// checkUsers refuses config-file users that could never log in (a
+// password_hash that is not a bcrypt hash, such as the README's "$2a$10$..."
+// placeholder) or that the file cannot mean (no name, a name twice): the
+// broker would otherwise create them at the first start and keep them in
+// its metadata, and with disable_guest nobody could log in.
+func checkUsers(users []netio.User) error {
+	seen := make(map[string]bool, len(users))
+	for i, u := range users {
+		if u.Name == "" {
+			return fmt.Errorf("users[%d]: a user without a name (each needs a name and a password_hash made with warrend hash-password)", i)
+		}
+		if seen[u.Name] {
+			return fmt.Errorf("user %q is listed twice (give each user once, with its password_hash from warrend hash-password)", u.Name)
+		}
+		seen[u.Name] = true
+		if _, err := bcrypt.Cost([]byte(u.PasswordHash)); err != nil {
+			return fmt.Errorf("user %q: password_hash is not a bcrypt hash (%v); make one with: warrend hash-password < password-file", u.Name, err)
+		}
+	}
+	return nil
+}
+
 // ready is told the bound addresses once serving (for tests): the plain
 // native listener's (the TLS one's with --listen off) and the HTTP
 // port's (the HTTPS one's with --http off).
@@ -195,6 +218,9 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdin i
 		if err := dec.Decode(&fc); err != nil {
 			return configErr(path, b, dec.InputOffset(), err)
 		}
+	}
+	if err := checkUsers(fc.Users); err != nil {
+		return fmt.Errorf("config %s: %w", path, err)
 	}
 	pick(*listen, "WARREN_LISTEN", &fc.Listen)
 	pick(*amqpListen, "WARREN_AMQP_LISTEN", &fc.AMQPListen)

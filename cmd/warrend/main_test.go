@@ -17,6 +17,7 @@ import (
 	"github.com/prometheus/common/model"
 
 	"github.com/warren-mq/warren/client"
+	"github.com/warren-mq/warren/netio"
 	"github.com/warren-mq/warren/wire"
 )
 
@@ -268,5 +269,51 @@ func TestHandshakeTimeoutFlag(t *testing.T) {
 	}
 	if len(codes) != 1 || codes[0] != wire.ResourceLimit {
 		t.Fatalf("CLOSE codes %v, want one resource_limit", codes)
+	}
+}
+
+// A config file's user whose password_hash is not a bcrypt hash (the
+// README's "$2a$10$..." placeholder pasted as it is) could never log in:
+// with disable_guest nobody could. warrend refuses to start, naming the
+// user and how to make a hash, and writes nothing to the data directory.
+func TestConfigUserNeedsABcryptHash(t *testing.T) {
+	dir := t.TempDir()
+	h, err := netio.HashPassword("s3cret")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range []struct{ users, want string }{
+		{`[{"name": "app", "password_hash": "$2a$10$...", "tags": ["administrator"]}]`, `user "app": password_hash is not a bcrypt hash`},
+		{`[{"name": "app"}]`, `user "app": password_hash is not a bcrypt hash`},
+		{`[{"name": "", "password_hash": "` + h + `"}]`, `a user without a name`},
+		{`[{"name": "app", "password_hash": "` + h + `"}, {"name": "app", "password_hash": "` + h + `"}]`, `user "app" is listed twice`},
+	} {
+		cfg := filepath.Join(dir, "warren.json")
+		if err := os.WriteFile(cfg, []byte(`{"disable_guest": true, "users": `+c.users+`}`), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		data := filepath.Join(dir, "data")
+		// A warrend that takes the config serves: stop it as soon as it is
+		// ready, so the test fails rather than waits.
+		ctx, cancel := context.WithCancel(context.Background())
+		err := run(ctx, []string{"--config", cfg, "--data", data, "--listen", "127.0.0.1:0", "--http", "127.0.0.1:0"},
+			func(k string) string {
+				if k == "WARREN_DISK_FREE_LIMIT" {
+					return "-1"
+				}
+				return ""
+			}, strings.NewReader(""), io.Discard, io.Discard, func(net.Addr, net.Addr) { cancel() })
+		cancel()
+		_, statErr := os.Stat(data)
+		os.RemoveAll(data)
+		if err == nil || !strings.Contains(err.Error(), c.want) || !strings.Contains(err.Error(), "warrend hash-password") {
+			t.Errorf("users %s: %v; want an error saying %q and naming warrend hash-password", c.users, err, c.want)
+		}
+		if exitCode(err) != 1 {
+			t.Errorf("users %s: exit %d, want 1", c.users, exitCode(err))
+		}
+		if !os.IsNotExist(statErr) {
+			t.Errorf("users %s: the data directory was made (%v)", c.users, statErr)
+		}
 	}
 }
