@@ -92,7 +92,7 @@ func (a *API) putUser(w http.ResponseWriter, r *http.Request) {
 		u.PasswordHash = string(h)
 	case body.PasswordHash != "":
 		if _, err := bcrypt.Cost([]byte(body.PasswordHash)); err != nil {
-			writeErr(w, &wire.Error{Code: wire.InvalidArgument, Reason: "password_hash is not a bcrypt hash (make one with warrenctl hash-password): " + err.Error()})
+			writeErr(w, &wire.Error{Code: wire.InvalidArgument, Reason: "password_hash is not a bcrypt hash (make one with warrend hash-password): " + err.Error()})
 			return
 		}
 		u.PasswordHash = body.PasswordHash

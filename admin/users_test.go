@@ -6,6 +6,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/warren-mq/warren/admin"
 	"github.com/warren-mq/warren/client"
 )
 
@@ -99,5 +100,19 @@ func TestPermissionsAPI(t *testing.T) {
 	}
 	if st := e.do("DELETE", "/api/permissions/%2F/app", "", nil); st != 204 {
 		t.Fatalf("delete: %d", st)
+	}
+}
+
+// A password_hash that is not a bcrypt hash is refused, and the message
+// names the command that makes one: warrend hash-password (warrenctl has
+// no such command).
+func TestUserPasswordHashRefusalNamesTheCommand(t *testing.T) {
+	e := setup(t)
+	var eb admin.ErrorBody
+	if st := e.do("PUT", "/api/users/app", `{"password_hash":"$2a$10$..."}`, &eb); st != 400 || eb.Error.Name != "invalid_argument" {
+		t.Fatalf("a bad password_hash: %d %+v", st, eb)
+	}
+	if !strings.Contains(eb.Error.Message, "warrend hash-password") || strings.Contains(eb.Error.Message, "warrenctl") {
+		t.Fatalf("the refusal %q does not name warrend hash-password", eb.Error.Message)
 	}
 }

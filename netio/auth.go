@@ -16,7 +16,7 @@ import (
 )
 
 // User is a broker user. PasswordHash is a bcrypt hash (make one with
-// `warrenctl hash-password` or any bcrypt tool); passwords are never kept
+// `warrend hash-password` or any bcrypt tool); passwords are never kept
 // in clear.
 type User struct {
 	Name         string   `json:"name"`

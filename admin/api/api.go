@@ -264,7 +264,7 @@ type PublishResult struct {
 
 // UserSettings is the body of PUT /api/users/{name}: a password (hashed
 // with bcrypt by the broker, never kept) or a bcrypt password_hash made
-// elsewhere (warrenctl hash-password), and the tags ("administrator").
+// elsewhere (warrend hash-password), and the tags ("administrator").
 type UserSettings struct {
 	Password     *string  `json:"password,omitempty"`
 	PasswordHash string   `json:"password_hash,omitempty"`
