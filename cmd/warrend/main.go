@@ -70,6 +70,9 @@ func exitCode(err error) int {
 
 const usageHead = `usage: warrend [--listen ADDR|off] [--amqp-listen ADDR] [--http ADDR|off (off needs --https)] [--data DIR] [--config FILE] [--log-level LEVEL]
                [--tls-listen ADDR] [--https ADDR] [--tls-cert FILE --tls-key FILE] [--tls-ca FILE]
+               [--max-queues N] [--max-exchanges N] [--max-bindings N] [--max-exclusive-queues-per-connection N]
+               [--handshake-timeout-ms MS] [--disk-free-limit SIZE] [--pprof ADDR]
+               [--node-id N (--peers 1=HOST:PORT,2=HOST:PORT,... | --join HOST:PORT) [--cluster-listen ADDR] --cluster-secret-file FILE]
        warrend hash-password < password      (prints a bcrypt hash for the config file)
 
 Settings come from, in rising precedence: defaults, the JSON config file, WARREN_* environment
