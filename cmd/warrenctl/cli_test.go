@@ -77,3 +77,23 @@ func TestPublishToMissingExchange(t *testing.T) {
 		t.Fatalf("publish to a missing exchange: exit %d %q", code, errs)
 	}
 }
+
+// publish to the default exchange needs --routing-key (the queue it names):
+// without one it is a usage error saying so (exit 2, nothing sent), not a
+// publish to the queue "" with the advice to declare a queue named "".
+func TestPublishWithoutRoutingKey(t *testing.T) {
+	t.Parallel()
+	c := newCtl(t, nil)
+	_, errs, code := c.run("", "publish", "hi")
+	if code != 2 || !strings.Contains(errs, "--routing-key") || strings.Contains(errs, "queue declare )") {
+		t.Fatalf("publish without --routing-key: exit %d %q", code, errs)
+	}
+	// To an exchange, an empty routing key is a routing key like any other.
+	c.ok("", "exchange", "declare", "all", "--type", "fanout")
+	c.ok("", "queue", "declare", "q")
+	c.ok("", "binding", "add", "--exchange", "all", "--queue", "q", "--routing-key", "")
+	c.ok("", "publish", "--exchange", "all", "hi")
+	if ready := c.queueJSON("q")["ready"]; ready != 1.0 {
+		t.Errorf("q has %v ready messages, want 1", ready)
+	}
+}

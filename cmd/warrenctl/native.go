@@ -73,6 +73,9 @@ func (c *cli) publish(args []string) error {
 	if *raw && *lines {
 		return usageErr{"publish: --raw and --lines exclude each other (--lines takes each line without its newline)"}
 	}
+	if *ex == "" && *key == "" {
+		return usageErr{"publish: --routing-key is needed with the default exchange: it names the queue the message goes to (or publish to an exchange with --exchange EX)"}
+	}
 	var props *wire.Props
 	if *ctype != "" || *msgID != "" || len(hdrs) > 0 {
 		props = &wire.Props{ContentType: *ctype, MessageID: *msgID}
