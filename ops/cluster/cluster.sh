@@ -13,11 +13,31 @@ PEERS="1=127.0.0.1:$((B + 2)),2=127.0.0.1:$((B + 12)),3=127.0.0.1:$((B + 22))"
 # alive PID: the process runs (not a zombie waiting to be reaped).
 alive() { kill -0 "$1" 2>/dev/null && [ "$(ps -o stat= -p "$1" 2>/dev/null | cut -c1)" != Z ]; }
 
+# in_use PORT: something on this machine accepts connections on 127.0.0.1:PORT.
+in_use() { (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null; }
+
 start() {
 	mkdir -p "$DATA"
 	if [ ! -s "$DATA/cluster-secret" ]; then
 		(umask 077; head -c 32 /dev/urandom | base64 > "$DATA/cluster-secret")
 	fi
+	# The ports of the nodes to start must be free: another process on one
+	# (a make run broker on 5680 and 15680) would answer the readiness check
+	# below in that node's place while the node exits on "address already
+	# in use".
+	for n in 1 2 3; do
+		dir="$DATA/node$n"
+		if [ -f "$dir/warrend.pid" ] && alive "$(cat "$dir/warrend.pid")"; then
+			continue
+		fi
+		off=$(( (n - 1) * 10 ))
+		for p in $((B + off)) $((B + 10000 + off)) $((B + 2 + off)); do
+			if in_use "$p"; then
+				echo "node $n: 127.0.0.1:$p is in use (a warrend from make run? stop it first, or move the cluster: make cluster PORT_BASE=6680); no node started" >&2
+				exit 1
+			fi
+		done
+	done
 	for n in 1 2 3; do
 		dir="$DATA/node$n"
 		mkdir -p "$dir"
@@ -50,6 +70,14 @@ start() {
 		done
 		if [ $ready = no ]; then
 			echo "node $n is not ready after 60 s: $(curl -sS "http://127.0.0.1:$((B + 10000 + off))/readyz" 2>&1); its log: $DATA/node$n/warrend.log" >&2
+			exit 1
+		fi
+	done
+	# A node that exited after another process answered for it.
+	for n in 1 2 3; do
+		if ! alive "$(cat "$DATA/node$n/warrend.pid")"; then
+			echo "node $n exited; its log:" >&2
+			tail -20 "$DATA/node$n/warrend.log" >&2
 			exit 1
 		fi
 	done
