@@ -110,6 +110,17 @@ func (l *Log) recover() error {
 	if err := l.applyCuts(); err != nil {
 		return err
 	}
+	if !lastGone {
+		// What was replayed from the active WAL file may be only in the
+		// page cache (a process killed after a write's pwrite, before its
+		// fdatasync): make it durable before anything counts on it. A
+		// checkpoint written later (a new file's, the seal below) restates
+		// the groups' last indexes, and the file it describes may never be
+		// synced again.
+		if err := l.wal.f.Sync(); err != nil {
+			return err
+		}
+	}
 	if !lastGone && (len(l.quarantined) > 0 || l.wal.partial) {
 		// The quarantine must be durable before the worker deletes any WAL
 		// file that holds the damage or a quarantined group's records: a

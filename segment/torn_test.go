@@ -72,7 +72,9 @@ func TestTornInFlightWrites(t *testing.T) {
 			must(t, l.Close())
 
 			g := &walGateFS{MemFS: mem, syncing: make(chan string), release: make(chan error)}
+			g.open.Store(true)
 			l, err = Open(g, "/data", Options{Manual: true})
+			g.open.Store(false)
 			must(t, err)
 			go func() { <-g.syncing; g.release <- nil }() // the first write after Open
 			must(t, l.Append(Batch{Group: 1, Entries: ents(4, 4, 1, "acked")}))
