@@ -9,6 +9,7 @@ import (
 	"math/bits"
 	"slices"
 	"sync"
+	"time"
 	"unsafe"
 )
 
@@ -65,11 +66,23 @@ func (l *Log) AppendThen(queued func(), batches ...Batch) error {
 		l.mu.Unlock()
 		return err
 	}
-	for l.failed == nil && !l.closed && ((l.pos() > maxPending && l.inflight > 0) ||
-		(!l.opts.Manual && len(l.wals)-l.opts.MoveLag >= l.opts.MaxSealedWALs)) {
+	var waited time.Time // when this append started waiting for the worker
+	for l.failed == nil && !l.closed && ((l.pos() > maxPending && l.inflight > 0) || l.behindLocked()) {
 		// The next write takes what is pending: bound it. And let the
 		// worker catch up when it is behind.
+		if waited.IsZero() && l.behindLocked() {
+			waited = time.Now()
+		}
+		if l.waitHook != nil {
+			l.waitHook()
+		}
 		l.cond.Wait()
+	}
+	if !waited.IsZero() {
+		d := time.Since(waited)
+		l.stats.MoverWaits++
+		l.stats.MoverWaited += d
+		l.stats.MoverWaitMax = max(l.stats.MoverWaitMax, d)
 	}
 	if err := l.usableLocked(); err != nil {
 		l.mu.Unlock()
@@ -118,6 +131,27 @@ func (l *Log) AppendThen(queued func(), batches ...Batch) error {
 		queued()
 	}
 	return l.commitLocked()
+}
+
+// behindLocked reports whether the worker is Options.MaxSealedWALs WAL
+// files behind: the sealed files beyond MoveLag, less how far the move of
+// the first one is, plus how full the current file is (its written and
+// pending bytes). The count changes by steps of the move, not by whole
+// files: a move's end takes its file off as its progress drops back to
+// zero, and a new WAL file adds one as the current one, full, starts
+// empty. So an appender waits for the next step of the move, not for the
+// rest of it.
+func (l *Log) behindLocked() bool {
+	n := len(l.wals) - l.opts.MoveLag
+	if l.opts.Manual || n <= 0 {
+		return false
+	}
+	behind := float64(n)
+	if l.moving != nil && l.moving == l.wals[0] {
+		behind -= l.moveDone
+	}
+	behind += min(1, float64(l.wal.wsize+int64(l.pos()))/float64(l.opts.WALSize))
+	return behind >= float64(l.opts.MaxSealedWALs)
 }
 
 func (l *Log) usableLocked() error {

@@ -19,7 +19,10 @@
 // dropped by a compaction meanwhile) to the end of each group's current
 // segment file, syncs them, records a promise of
 // their synced size in the WAL, points the index at the copies and
-// deletes the WAL file. A segment file is sealed at Options.SegmentSize.
+// deletes the WAL file. When the worker falls Options.MaxSealedWALs
+// files behind, appends go at the pace of its move, each waiting for a
+// step of it (a group's copies, a file's sync), not for a whole WAL file.
+// A segment file is sealed at Options.SegmentSize.
 // The owner tells storage which entries below its compaction point are
 // live (Compact): a sealed segment file left with no stored entry is
 // deleted; one whose stored entries fall below Options.CompactBelow of

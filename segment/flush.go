@@ -49,6 +49,7 @@ func (l *Log) Maintain() error {
 			break
 		}
 		w := l.wals[0]
+		l.moving, l.moveDone = w, 0
 		l.mu.Unlock()
 		if err := l.moveOut(w); err != nil {
 			return l.fail(err)
@@ -59,6 +60,7 @@ func (l *Log) Maintain() error {
 		if refs != 0 {
 			return l.fail(fmt.Errorf("segment: %s still holds %d entries after they were moved", w.name, refs))
 		}
+		l.progress(1) // what is left is deleting it: appenders need not wait for that
 		// Its successor opens with a checkpoint of everything in it, and its
 		// entries are synced in segment files: it can go. A removed group's
 		// files go first: the remove record may be in it.
@@ -73,6 +75,7 @@ func (l *Log) Maintain() error {
 		}
 		l.mu.Lock()
 		l.wals = l.wals[1:]
+		l.moving, l.moveDone = nil, 0
 		l.stats.DeletedFiles++
 		l.cond.Broadcast() // appenders waiting for the worker to catch up
 		l.mu.Unlock()
@@ -204,6 +207,20 @@ func (l *Log) groupIDsLocked() []uint64 {
 	return ids
 }
 
+// progress records how far the move of l.moving is (done, from 0 to 1)
+// and wakes the appenders waiting for it (behindLocked).
+func (l *Log) progress(done float64) {
+	l.mu.Lock()
+	if done > l.moveDone {
+		l.moveDone = done
+		l.cond.Broadcast()
+	}
+	l.mu.Unlock()
+	if l.progressHook != nil {
+		l.progressHook()
+	}
+}
+
 // moveJob is a run of src as the mover found it.
 type moveJob struct {
 	g    *groupIndex
@@ -237,6 +254,19 @@ func (l *Log) moveOut(src *file) error {
 		l.mu.Unlock()
 		return nil
 	}
+	w := segWriter{l: l}
+	if src == l.moving {
+		// Report the move's progress to the appenders: half of it is
+		// copying the stored entries, half syncing the files written.
+		w.report = true
+		for _, j := range jobs {
+			for _, o := range j.offs {
+				if o != 0 {
+					w.total++
+				}
+			}
+		}
+	}
 	m, err := src.maps.acquire(src.f, src.size)
 	l.mu.Unlock()
 	if err != nil {
@@ -244,7 +274,6 @@ func (l *Log) moveOut(src *file) error {
 	}
 	defer src.maps.release(m)
 
-	w := segWriter{l: l}
 	var moved [][]piece
 	for start := 0; start < len(jobs); {
 		end := start
@@ -328,6 +357,10 @@ type segWriter struct {
 	sealed  []*file // files filled up (sealed once the copies are synced)
 	created bool
 	bytes   uint64 // written, headers and footers included
+	// report: the move's progress goes to l.progress (a WAL file's move);
+	// total entries to copy, copied so far.
+	report        bool
+	total, copied int
 }
 
 // group writes the entries of jobs (one group's) and returns where each
@@ -348,6 +381,10 @@ func (w *segWriter) group(g *groupIndex, jobs []moveJob, srcFile *file, src []by
 		g.seg.foot.recs = append(g.seg.foot.recs, uint32(g.seg.wsize))
 		g.seg.wsize += int64(len(w.buf))
 		g.seg.written += count
+		if w.report {
+			w.copied += count
+			w.l.progress(0.5 * float64(w.copied) / float64(max(w.total, 1)))
+		}
 		w.buf, recStart, count = w.buf[:0], -1, 0
 		return nil
 	}
@@ -476,7 +513,7 @@ func (w *segWriter) sync() error {
 			files = append(files, f)
 		}
 	}
-	var next atomic.Int64
+	var next, synced atomic.Int64
 	var wg sync.WaitGroup
 	errs := make([]error, min(syncParallel, len(files)))
 	for i := range errs {
@@ -491,6 +528,9 @@ func (w *segWriter) sync() error {
 				if err := files[k].f.Sync(); err != nil {
 					errs[i] = err
 					return
+				}
+				if w.report {
+					w.l.progress(0.5 + 0.5*float64(synced.Add(1))/float64(len(files)))
 				}
 			}
 		}()

@@ -11,6 +11,7 @@ import (
 	"path/filepath"
 	"slices"
 	"sync"
+	"time"
 )
 
 // Entry is one raft log entry of a group.
@@ -77,10 +78,17 @@ type Options struct {
 	// Manual turns the background worker off: the owner calls Maintain.
 	// Tests use it to place maintenance deterministically.
 	Manual bool
-	// MaxSealedWALs bounds how far the worker may fall behind: while this
-	// many sealed WAL files beyond MoveLag wait to be moved, appends wait
-	// (default 2). Disk use stays bounded and the append rate is what the
-	// disk sustains with the moves, not a burst. Not applied with Manual.
+	// MaxSealedWALs bounds how far the worker may fall behind: appends
+	// wait while the WAL files beyond MoveLag still to be moved come to
+	// this many (default 2), counted in fractions: the one being moved
+	// less how far its move is, and the current WAL file by how full it
+	// is. So once the worker is that far behind, appends go at the pace of
+	// its move, each waiting for a step of it (a group's copies, one
+	// file's sync), not for the whole move of a WAL file. Disk use stays
+	// bounded (at most MaxSealedWALs+1 sealed WAL files beyond MoveLag,
+	// the first of them in the last steps of its move) and the append
+	// rate is what the disk sustains with the moves, not a burst. Not
+	// applied with Manual.
 	MaxSealedWALs int
 	// MoveLag is how many of the newest sealed WAL files Maintain leaves
 	// where they are: their entries are read from the WAL file meanwhile,
@@ -253,6 +261,13 @@ type Log struct {
 	qCkpt       *DamagedGroup // recovery: the next WAL file's checkpoint groups are damaged so
 	cuts        []recoveryCut // recovery: torn tails to cut once it is done (cut)
 
+	// moving is the sealed WAL file the worker is moving out (Maintain),
+	// nil when none; moveDone is how far that move is, from 0 to 1: half
+	// for its copies, half for their syncs. Appenders pace themselves by
+	// it (behindLocked).
+	moving   *file
+	moveDone float64
+
 	maint sync.Mutex // one Maintain at a time
 	work  chan struct{}
 	quit  chan struct{}
@@ -262,6 +277,8 @@ type Log struct {
 
 	queuedHook   func() // tests: called (under l.mu) when an append is queued
 	promisedHook func() // tests: called by a move between its promise and its repoint
+	progressHook func() // tests: called by a move of a WAL file (without l.mu) after each step it reports
+	waitHook     func() // tests: called (under l.mu) when an append starts waiting for the mover
 }
 
 // Stats are counters for benchmarks and metrics.
@@ -281,6 +298,11 @@ type Stats struct {
 	StoredEntries                        int
 	SegmentsSealed                       uint64
 	FootersRead                          uint64 // sealed segment files Open loaded from their index footers
+	// MoverWaits: appends that waited for the worker to catch up
+	// (Options.MaxSealedWALs); MoverWaited, their waits added up;
+	// MoverWaitMax, the longest.
+	MoverWaits                uint64
+	MoverWaited, MoverWaitMax time.Duration
 }
 
 type spanUndo struct {
