@@ -13,6 +13,7 @@ import (
 
 	"github.com/VictoriaMetrics/metrics"
 	"github.com/warren-mq/warren/broker"
+	"github.com/warren-mq/warren/segment"
 )
 
 type serverMetrics struct {
@@ -78,6 +79,9 @@ func (s *Server) initMetrics() {
 		return float64(busy-prev) / float64(now-prevAt) / float64(s.cfg.EventLoops)
 	})
 	m.set.RegisterMetricsWriter(func(w io.Writer) {
+		if s.nodeLog != nil {
+			writeLogMetrics(w, s.nodeLog.Stats())
+		}
 		for _, q := range s.Queues() {
 			l := queueLabels(q.Name)
 			fmt.Fprintf(w, "warren_queue_ready%s %d\n", l, q.Ready)
@@ -104,6 +108,25 @@ func (s *Server) initMetrics() {
 			}
 		}
 	})
+}
+
+// writeLogMetrics writes the node log's counters (segment.Stats): its
+// fdatasyncs and what it wrote, its files, and how often and how long
+// appends waited for the mover to catch up (segment.Options.MaxSealedWALs),
+// which shows whether a durable queue's confirm stall came from the mover.
+func writeLogMetrics(w io.Writer, st segment.Stats) {
+	fmt.Fprintf(w, "warren_log_syncs_total %d\n", st.Syncs)
+	fmt.Fprintf(w, "warren_log_pipelined_writes_total %d\n", st.Pipelined)
+	fmt.Fprintf(w, "warren_log_records_total %d\n", st.Records)
+	fmt.Fprintf(w, "warren_log_wal_written_bytes_total %d\n", st.WALBytes)
+	fmt.Fprintf(w, "warren_log_moved_bytes_total %d\n", st.MovedBytes)
+	fmt.Fprintf(w, "warren_log_compacted_bytes_total %d\n", st.CompactedBytes)
+	fmt.Fprintf(w, "warren_log_wal_files %d\n", st.WALFiles)
+	fmt.Fprintf(w, "warren_log_segment_files %d\n", st.SegmentFiles)
+	fmt.Fprintf(w, "warren_log_deleted_files_total %d\n", st.DeletedFiles)
+	fmt.Fprintf(w, "warren_log_mover_waits_total %d\n", st.MoverWaits)
+	fmt.Fprintf(w, "warren_log_mover_wait_seconds_total %g\n", st.MoverWaited.Seconds())
+	fmt.Fprintf(w, "warren_log_mover_wait_max_seconds %g\n", st.MoverWaitMax.Seconds())
 }
 
 // confirmBuckets are the upper bounds of warren_publish_confirm_seconds.

@@ -18,6 +18,7 @@ import (
 
 	"github.com/panjf2000/gnet/v2"
 	"github.com/warren-mq/warren/broker"
+	"github.com/warren-mq/warren/segment"
 
 	"github.com/warren-mq/warren/wire"
 	"go.etcd.io/raft/v3/raftpb"
@@ -206,8 +207,8 @@ type Server struct {
 	// (the TLS front enrolls connections only after it).
 	loopsUp     chan struct{}
 	loopsUpOnce sync.Once
-	privateDir  string    // with DisablePlain: the directory of the engine's unreachable Unix socket
-	nodeLog     io.Closer // the node's log (Config.DataDir), closed last by Close
+	privateDir  string       // with DisablePlain: the directory of the engine's unreachable Unix socket
+	nodeLog     *segment.Log // the node's log (Config.DataDir), closed last by Close
 	booted      chan error
 	stopped     chan struct{}
 	closing     atomic.Bool
