@@ -9,6 +9,7 @@ import (
 	"crypto/tls"
 	"encoding/json"
 	"fmt"
+	"io"
 	"math/rand/v2"
 	"os"
 	"sort"
@@ -66,6 +67,10 @@ type Config struct {
 	Verify string `json:"-"`
 	// Live, when set, is given the run's running totals.
 	Live *Live `json:"-"`
+	// CPUProfile, when set, is given a CPU profile (go tool pprof) of
+	// this process over the measured window: after the warmup, to the end
+	// of the drain, what the report's load generator CPU counts.
+	CPUProfile io.Writer `json:"-"`
 
 	sizeLo, sizeHi int
 	prioLo, prioHi int

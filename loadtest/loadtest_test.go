@@ -9,6 +9,7 @@ import (
 	"io"
 	"os"
 	"path/filepath"
+	"runtime/pprof"
 	"testing"
 	"time"
 
@@ -65,6 +66,29 @@ func TestShortRunAccountsForEveryMessage(t *testing.T) {
 	if l := m["e2e_latency_ms"].(map[string]any); l["p999"] == nil {
 		t.Error("latency lacks p999")
 	}
+}
+
+// TestCPUProfileOfTheMeasuredWindow: Config.CPUProfile gets a CPU profile
+// (gzipped protobuf, what go tool pprof reads) of the run, and profiling
+// is off again when Run returns.
+func TestCPUProfileOfTheMeasuredWindow(t *testing.T) {
+	s := warrentest.StartServer(t, nil)
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	var out, prof bytes.Buffer
+	cfg := testConfig(warrentest.URL(s))
+	cfg.Count = 5000
+	cfg.CPUProfile = &prof
+	if _, err := Run(ctx, cfg, &out); err != nil {
+		t.Fatalf("%v\n%s", err, out.String())
+	}
+	if b := prof.Bytes(); len(b) < 100 || b[0] != 0x1f || b[1] != 0x8b {
+		t.Fatalf("the profile: %d bytes, not a gzipped profile\n%s", len(b), out.String())
+	}
+	if err := pprof.StartCPUProfile(io.Discard); err != nil {
+		t.Fatalf("profiling still on after the run: %v", err)
+	}
+	pprof.StopCPUProfile()
 }
 
 func TestFanoutCountsEveryCopy(t *testing.T) {

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"math/rand/v2"
+	"runtime/pprof"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -148,9 +149,12 @@ func run(ctx context.Context, cfg *Config, d driver, out io.Writer, dropNth int6
 	var warmPub, warmCons int64
 	var warmCPU cpuTimes
 	warmed := cfg.Warmup == 0
+	prof := profiler{w: cfg.CPUProfile, out: out}
+	defer prof.stop()
 	if warmed {
 		tr.setActive(true)
 		warmCPU = meter.sample()
+		prof.start()
 	}
 	var lastPub, lastCons int64
 	lastAt := start
@@ -204,6 +208,7 @@ loop:
 				warmed = true
 				warmPub, warmCons = pub, cons
 				warmCPU = meter.sample()
+				prof.start()
 				tr.setActive(true)
 			}
 			p := interval(tr, now.Sub(start), now.Sub(lastAt), pub-lastPub, cons-lastCons)
@@ -237,6 +242,7 @@ loop:
 		warmPub, warmCons = 0, 0
 		measureFrom = start
 		warmCPU = startCPU
+		prof.start()
 		tr.setActive(true)
 	}
 	wctx, cancel := context.WithTimeout(context.Background(), cfg.DrainTimeout)
@@ -261,6 +267,7 @@ loop:
 	}
 	consEnd := time.Now()
 	endCPU := meter.sample()
+	prof.stop()
 	consumed := tr.consumed.Load() - warmCons
 	rep := tr.report(cfg, pubEnd.Sub(measureFrom), consEnd.Sub(measureFrom), pubAtEnd-warmPub, consumed)
 	rep.ClientCPU = perMessage(warmCPU.client, endCPU.client, consumed)
@@ -353,3 +360,30 @@ func interval(tr *tracker, t, dt time.Duration, published, consumed int64) Secon
 }
 
 func ms(us int64) float64 { return float64(us) / 1000 }
+
+// profiler writes a CPU profile of the load generator over the measured
+// window, what ClientCPU counts (Config.CPUProfile).
+type profiler struct {
+	w   io.Writer
+	out io.Writer
+	on  bool
+}
+
+func (p *profiler) start() {
+	if p.w == nil || p.on {
+		return
+	}
+	if err := pprof.StartCPUProfile(p.w); err != nil {
+		fmt.Fprintf(p.out, "no CPU profile: %v\n", err)
+		p.w = nil
+		return
+	}
+	p.on = true
+}
+
+func (p *profiler) stop() {
+	if p.on {
+		pprof.StopCPUProfile()
+		p.on = false
+	}
+}

@@ -82,6 +82,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	fs.BoolVar(&c.PublishOnly, "publish-only", false, "start no consumers: the queues keep what is published (with --ledger, for a later --verify)")
 	quiet := fs.Duration("quiet", 5*time.Second, "--verify: stop after this long without a delivery")
 	fs.IntVar(&c.BrokerPID, "broker-pid", 0, "the broker's process id on this machine: report its CPU time per message (from /proc)")
+	cpuProfile := fs.String("cpuprofile", "", "write a CPU profile of the load generator over the measured window (after the warmup, what its CPU per message counts) to this file, for go tool pprof")
 	caFile := fs.String("ca", "", "warrens:// URLs: a PEM CA to verify the broker's certificate with (default: the system's roots)")
 	certFile := fs.String("cert", "", "warrens:// URLs: a PEM client certificate (mutual TLS; with no user in the URL, EXTERNAL)")
 	keyFile := fs.String("key", "", "the key of --cert")
@@ -115,6 +116,15 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 			return 2
 		}
 		cfg = overlay(sc, c)
+	}
+	if *cpuProfile != "" {
+		f, err := os.Create(*cpuProfile)
+		if err != nil {
+			fmt.Fprintln(stderr, err)
+			return 2
+		}
+		defer f.Close()
+		cfg.CPUProfile = f
 	}
 	rep, err := loadtest.Run(ctx, cfg, stdout)
 	if rep != nil && c.JSONPath != "" {
