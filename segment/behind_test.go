@@ -208,3 +208,56 @@ func TestAppendPacedByMover(t *testing.T) {
 		}
 	}
 }
+
+// TestCompactionYieldsToWALMoves: appends wait for WAL moves, not for
+// compaction, so Maintain goes back to the WAL files due between two
+// compacted segment files (after compacting one at least). A WAL file
+// sealed while the first of three compactions runs is moved before the
+// third: with the old order the whole compaction pass came first, and an
+// appender waiting for that move waited for all of it.
+func TestCompactionYieldsToWALMoves(t *testing.T) {
+	mem := NewMemFS()
+	data := make([]byte, 1000)
+	l, err := Open(mem, "/data", Options{Manual: true, WALSize: 64 << 10, SegmentSize: 8 << 10})
+	must(t, err)
+	defer l.Close()
+	var es []Entry
+	for i := uint64(1); i <= 40; i++ {
+		es = append(es, Entry{Index: i, Term: 1, Data: data})
+	}
+	must(t, l.Append(Batch{Group: 1, Entries: es}))
+	g2 := uint64(0)
+	sealWAL := func() { // Rotate seals at the next write
+		l.Rotate()
+		g2++
+		must(t, l.Append(Batch{Group: 2, Entries: []Entry{{Index: g2, Term: 1, Data: data}}}))
+	}
+	sealWAL()
+	must(t, l.Maintain()) // group 1's entries in segment files of about 7 each
+	// One live entry in each of the first three files: three compactions.
+	must(t, l.Compact(1, 40, []uint64{1, 9, 17}))
+	var sealed []int // WAL files sealed at each compaction
+	l.compactHook = func() {
+		if len(sealed) == 0 {
+			sealWAL() // due now
+		}
+		l.mu.Lock()
+		sealed = append(sealed, len(l.wals))
+		l.mu.Unlock()
+	}
+	must(t, l.Maintain())
+	if len(sealed) < 3 || sealed[len(sealed)-1] != 0 {
+		t.Fatalf("sealed WAL files seen before each compaction: %v; want the one sealed during the first moved before the third", sealed)
+	}
+	for _, i := range []uint64{1, 9, 17} {
+		e, release, err := l.EntriesView(1, i, i+1)
+		must(t, err)
+		if len(e) != 1 || len(e[0].Data) != len(data) {
+			t.Fatalf("live entry %d after the compactions: %d entries", i, len(e))
+		}
+		release()
+	}
+	if st := l.Stats(); st.Compacted < 3 {
+		t.Fatalf("%d entries compacted, want the three live ones", st.Compacted)
+	}
+}

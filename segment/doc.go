@@ -21,7 +21,9 @@
 // their synced size in the WAL, points the index at the copies and
 // deletes the WAL file. When the worker falls Options.MaxSealedWALs
 // files behind, appends go at the pace of its move, each waiting for a
-// step of it (a group's copies, a file's sync), not for a whole WAL file.
+// step of it (a group's copies, a file's sync), not for a whole WAL file;
+// and a compaction pass goes back to the WAL files due between two
+// compacted segment files, so appends never wait for a whole pass.
 // A segment file is sealed at Options.SegmentSize.
 // The owner tells storage which entries below its compaction point are
 // live (Compact): a sealed segment file left with no stored entry is

@@ -39,10 +39,27 @@ func (l *Log) Maintain() error {
 		return l.fail(err)
 	}
 	for {
+		yielded, err := l.maintainPass()
+		if err != nil || !yielded {
+			return err
+		}
+	}
+}
+
+// maintainPass is one pass of Maintain: the WAL files due moved, then the
+// segment files due compacted, then the files left empty deleted. Appends
+// wait for WAL moves (Options.MaxSealedWALs), not for compaction, so a
+// pass goes back to the WAL files as soon as one is due again, between two
+// compacted files (after one at least, so compaction is not starved):
+// yielded says it did, and the caller runs another pass. Without that a
+// long compaction pass (many groups, each copying up to half of its 64 MiB
+// files) held every appender waiting that the mover was behind.
+func (l *Log) maintainPass() (yielded bool, err error) {
+	for {
 		l.mu.Lock()
 		if err := l.usableLocked(); err != nil {
 			l.mu.Unlock()
-			return err
+			return false, err
 		}
 		if len(l.wals) <= l.opts.MoveLag {
 			l.mu.Unlock()
@@ -52,26 +69,26 @@ func (l *Log) Maintain() error {
 		l.moving, l.moveDone = w, 0
 		l.mu.Unlock()
 		if err := l.moveOut(w); err != nil {
-			return l.fail(err)
+			return false, l.fail(err)
 		}
 		l.mu.Lock()
 		refs := w.refs
 		l.mu.Unlock()
 		if refs != 0 {
-			return l.fail(fmt.Errorf("segment: %s still holds %d entries after they were moved", w.name, refs))
+			return false, l.fail(fmt.Errorf("segment: %s still holds %d entries after they were moved", w.name, refs))
 		}
 		l.progress(1) // what is left is deleting it: appenders need not wait for that
 		// Its successor opens with a checkpoint of everything in it, and its
 		// entries are synced in segment files: it can go. A removed group's
 		// files go first: the remove record may be in it.
 		if err := l.dropRemoved(); err != nil {
-			return l.fail(err)
+			return false, l.fail(err)
 		}
 		if err := l.fs.Remove(l.path(w.name)); err != nil {
-			return l.fail(err)
+			return false, l.fail(err)
 		}
 		if err := l.fs.SyncDir(l.dir); err != nil {
-			return l.fail(err)
+			return false, l.fail(err)
 		}
 		l.mu.Lock()
 		l.wals = l.wals[1:]
@@ -95,9 +112,19 @@ func (l *Log) Maintain() error {
 		}
 	}
 	l.mu.Unlock()
-	for _, f := range compact {
+	for i, f := range compact {
+		if l.compactHook != nil {
+			l.compactHook()
+		}
+		l.mu.Lock()
+		due := len(l.wals) > l.opts.MoveLag
+		l.mu.Unlock()
+		if i > 0 && due {
+			yielded = true
+			break
+		}
 		if err := l.moveOut(f); err != nil {
-			return l.fail(err)
+			return false, l.fail(err)
 		}
 	}
 
@@ -106,15 +133,15 @@ func (l *Log) Maintain() error {
 	l.dead = nil
 	l.mu.Unlock()
 	if len(dead) == 0 {
-		return nil
+		return yielded, nil
 	}
 	for _, f := range dead {
 		if err := l.fs.Remove(l.path(f.name)); err != nil {
-			return l.fail(err)
+			return false, l.fail(err)
 		}
 	}
 	if err := l.fs.SyncDir(l.dir); err != nil {
-		return l.fail(err)
+		return false, l.fail(err)
 	}
 	l.mu.Lock()
 	for _, f := range dead {
@@ -127,7 +154,7 @@ func (l *Log) Maintain() error {
 	for _, f := range dead {
 		l.closeFile(f)
 	}
-	return nil
+	return yielded, nil
 }
 
 // dropRemoved deletes the segment files of removed groups (every one,

@@ -85,8 +85,9 @@ type Options struct {
 	// is. So once the worker is that far behind, appends go at the pace of
 	// its move, each waiting for a step of it (a group's copies, one
 	// file's sync), not for the whole move of a WAL file. Disk use stays
-	// bounded (at most MaxSealedWALs+1 sealed WAL files beyond MoveLag,
-	// the first of them in the last steps of its move) and the append
+	// bounded (at most MaxSealedWALs+1 sealed WAL files beyond MoveLag:
+	// an append let through just under the bound may seal one more) and
+	// the append
 	// rate is what the disk sustains with the moves, not a burst. Not
 	// applied with Manual.
 	MaxSealedWALs int
@@ -279,6 +280,7 @@ type Log struct {
 	promisedHook func() // tests: called by a move between its promise and its repoint
 	progressHook func() // tests: called by a move of a WAL file (without l.mu) after each step it reports
 	waitHook     func() // tests: called (under l.mu) when an append starts waiting for the mover
+	compactHook  func() // tests: called by Maintain (without l.mu) before each segment file it compacts
 }
 
 // Stats are counters for benchmarks and metrics.
