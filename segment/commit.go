@@ -464,6 +464,7 @@ func (l *Log) commitLocked() error {
 			l.wal, f, base = nf, nf, nf.head
 		}
 		f.wsize = base + size
+		f.marked = false
 		var tag uint32 // the write's tag in f (none in an older file)
 		if !f.old {
 			f.wnum = nextWrite(f.wnum)
@@ -745,4 +746,44 @@ func (l *Log) promise(fs []*file, sizes []int64) error {
 		l.stats.Records++
 	}
 	return l.commitLocked()
+}
+
+// markLocked writes a close mark at the end of the active WAL file: an
+// empty promise (which every reader of version 5 replays as nothing:
+// appendEmptyPromise), written alone as a write of its own, tagged its
+// write's last, and synced. Recovery takes damage in one of the last two
+// writes of the active WAL file for a torn tail (inFlightTail): the mark,
+// a write that started with nothing in flight, proves every write before
+// it synced, so damage found there later is reported (ErrCorrupt, or a
+// quarantine), and only damage in the mark itself, which holds nothing, is
+// cut. Close writes one, and Open after it synced the active WAL file it
+// kept. It writes nothing when the log is stopped (a failed write or
+// fsync: the process must restart and recover), when a write is in
+// flight or pending (Close's callers must have let their appends return),
+// into a WAL file of an older version (no tags), or when the file already
+// ends with a mark (repeated opens and closes add nothing). Called with
+// l.mu held and no write in flight; it holds l.mu over the write.
+func (l *Log) markLocked() error {
+	f := l.wal
+	if f == nil || f.f == nil || f.old || f.marked || f.damaged || l.failed != nil || l.writing || l.inflight > 0 || l.pos() > 0 {
+		return nil
+	}
+	buf := appendEmptyPromise(make([]byte, 0, recordHeader+24))
+	base := f.wsize
+	f.wnum = nextWrite(f.wnum)
+	seal(buf, nil, f.gen(), f.wnum|tagAlone, true)
+	_, err := f.f.WriteAt(buf, base)
+	if err == nil {
+		err = l.sync(f, false)
+	}
+	l.stats.Syncs++
+	l.stats.Records++
+	l.stats.WALBytes += uint64(len(buf))
+	if err != nil {
+		l.failLocked(err)
+		return fmt.Errorf("%w: the close mark: %w", ErrStopped, err)
+	}
+	f.size, f.wsize = base+int64(len(buf)), base+int64(len(buf))
+	f.marked = true
+	return nil
 }

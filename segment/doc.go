@@ -188,8 +188,23 @@
 // of the last two writes, when the later one started while the earlier
 // was in flight, is cut as a torn tail like bit rot in the last write,
 // not reported, and both writes' records are lost although they were
-// acknowledged. A WAL file of version 4 or older has no tags: damage with
-// intact records after it there is corruption, as before. Segment files
+// acknowledged. Close and Open narrow that to the writes just before a
+// crash: Close (not after a failure: ErrStopped) ends the active WAL
+// file with a close mark, an empty promise written alone as a write of
+// its own (started with nothing in flight, tagged its write's last) and
+// synced, and Open writes one after it has synced the active WAL file it
+// kept. The mark proves every write before it synced, so damage there is
+// reported (ErrCorrupt; unattributable, in the active file); damage in the
+// mark itself, which holds nothing, is a torn tail. A file that already
+// ends with a mark gets none, so opens and closes with no write between
+// add nothing; otherwise each adds 40 bytes (to a full WAL file too, past
+// Options.WALSize). No format change: every reader of version 5 replays
+// the mark as the empty promise it is, and the mover, which reads WAL
+// files through the index, never sees it. The cost remains for the last
+// two writes before a crash (a process killed, a power cut) or before a
+// Close by an earlier build, for damage done before the next Open. A WAL
+// file of version 4 or older has no tags: damage with intact records
+// after it there is corruption, as before. Segment files
 // have no tags: a hole in the unsynced tail a move left (before its
 // promise) with intact records after it is still reported as corruption. A raft log with a
 // hole is corruption naming the group and the missing range. With
@@ -222,8 +237,9 @@
 // WAL files that held its records are gone. Its segment files stay on
 // disk, untouched, until RemoveGroup removes it like any group; then the
 // id starts empty. Open writes nothing until recovery has read the
-// whole log: the torn tails it found are cut, the quarantine marked and
-// a WAL file ending in a partial write sealed, only once
+// whole log: the torn tails it found are cut, the quarantine marked, a
+// WAL file ending in a partial write sealed and the active one closed
+// with a mark, only once
 // Options.CheckDamage (if set) has accepted the damage found,
 // so an Open that refuses, for that or any other reason, leaves the
 // directory as it found it. Damage inside a record of a sealed file with an

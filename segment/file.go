@@ -37,6 +37,10 @@ type file struct {
 	// partial: at Open, a WAL file of version 5 whose last write kept is
 	// not whole (its last record, tagged tagLast, is not there).
 	partial bool
+	// marked: WAL files of version 5, the last write into it is a close
+	// mark (an empty promise written alone, markLocked): every write
+	// before it is synced, and damage in one of them is reported.
+	marked bool
 	// damaged: Open found damage in it (Options.Quarantine): never
 	// appended to, never cut. held: a segment file of a quarantined group,
 	// kept on disk until the group is removed.

@@ -592,8 +592,9 @@ func (l *Log) Stats() Stats {
 	return s
 }
 
-// Close stops the background worker and closes the files. Appends in
-// flight must have returned.
+// Close stops the background worker, writes a close mark at the end of
+// the active WAL file (markLocked; not after a failure, ErrStopped) and
+// closes the files. Appends in flight must have returned.
 func (l *Log) Close() error {
 	l.mu.Lock()
 	if l.closed {
@@ -609,7 +610,11 @@ func (l *Log) Close() error {
 	defer l.maint.Unlock()
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	return l.closeFiles()
+	err := l.markLocked()
+	if cerr := l.closeFiles(); err == nil {
+		err = cerr
+	}
+	return err
 }
 
 // closeFiles closes every open file (views keep their mappings until

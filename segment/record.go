@@ -201,7 +201,9 @@ func recTag(buf []byte, off int) uint32 {
 // alone: damage in it is a torn tail only with afterWAL (an earlier WAL
 // file is still there). That first write is never empty (a log with no
 // group opens the file with an empty promise), so damage after its last
-// record lies in a later write.
+// record lies in a later write. A close mark (markLocked: Close, and Open
+// once it synced the file) is a write started alone: damage before one is
+// never taken for a torn tail.
 func inFlightTail(buf []byte, off, next int, gen uint32, prev uint32, first, afterWAL bool) bool {
 	var d uint32 // the damaged write
 	switch {

@@ -142,6 +142,12 @@ func (l *Log) recover() error {
 		if err := l.newWAL(); err != nil {
 			return err
 		}
+	} else if err := l.markLocked(); err != nil {
+		// The active WAL file kept, its records now synced: a close mark
+		// after them (a write of its own, after that sync) makes damage
+		// found in them later corruption, not a torn tail. A file that
+		// already ends with one (a clean Close) gets none.
+		return err
 	}
 	// Segments left holding nothing go.
 	for _, list := range segs {
@@ -306,6 +312,7 @@ func (l *Log) scan(f *file, buf []byte, magic string, tornOK bool, promised int6
 	} else {
 		f.old = v < formatVersion
 		f.version = v
+		mark := false // the last intact record is a close mark
 		for {
 			typ, payload, next, err := readRecord(buf, off, gen)
 			if err != nil {
@@ -314,6 +321,7 @@ func (l *Log) scan(f *file, buf []byte, magic string, tornOK bool, promised int6
 			if magic == walMagic {
 				prev, first = recTag(buf, off), false
 				f.wnum = prev & tagMask
+				mark = emptyPromise(typ, payload) && prev&(tagAlone|tagLast) == tagAlone|tagLast
 			}
 			if err := fn(typ, payload, off); err != nil {
 				if l.opts.Quarantine && magic == segMagic {
@@ -327,6 +335,9 @@ func (l *Log) scan(f *file, buf []byte, magic string, tornOK bool, promised int6
 		// Whether the last write kept is partial: its last record (tagLast)
 		// is not among the intact ones.
 		f.partial = magic == walMagic && v >= tagVersion && (first || prev&tagLast == 0)
+		// Whether it ends with a close mark (markLocked), a write of its
+		// own: the records before it need none.
+		f.marked = magic == walMagic && v >= tagVersion && mark
 	}
 	if off == len(buf) {
 		return off, nil, nil

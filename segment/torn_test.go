@@ -141,8 +141,13 @@ func TestTornInFlightWrites(t *testing.T) {
 						t.Fatalf("entry %d: %q", e.Index, e.Data)
 					}
 				}
-				if got, want := fs.FileSize(wal), synced+int64(min(skip, int(sizeA))); got > want || got < synced {
+				// Cut, synced, then closed by Open with a mark (markLocked).
+				got := fs.FileSize(wal) - markSize
+				if want := synced + int64(min(skip, int(sizeA))); got > want || got < synced {
 					t.Fatalf("Quarantine %v: the WAL was cut to %d, want %d..%d (from the first damaged byte)", q, got, synced, want)
+				}
+				if !endsWithMark(readAllFS(t, fs, wal)[got:], walGen(t, wal)) {
+					t.Fatalf("Quarantine %v: no close mark after the cut at %d", q, got)
 				}
 				// The log goes on: index 5 follows, and a restart finds it
 				// with nothing of B after it.
@@ -211,7 +216,8 @@ func TestWriteTags(t *testing.T) {
 	}
 	// newWAL's checkpoint (no group yet: the empty promise, write 1 alone),
 	// then two writes of two records each, each started alone.
-	want := []uint32{1 | tagAlone | tagLast, 2 | tagAlone, 2 | tagAlone | tagLast, 3 | tagAlone, 3 | tagAlone | tagLast}
+	// Close's mark, write 4, alone.
+	want := []uint32{1 | tagAlone | tagLast, 2 | tagAlone, 2 | tagAlone | tagLast, 3 | tagAlone, 3 | tagAlone | tagLast, 4 | tagAlone | tagLast}
 	if len(tags) != len(want) {
 		t.Fatalf("tags %x, want %x", tags, want)
 	}
