@@ -42,9 +42,14 @@
 //     log after a clean close or a crash at a random sync
 //     (TestSingleVoterRecovers; a test driver, not the worker).
 //   - raftconfig.go: a group's raft.Config (§3.7) and raft's logger on slog.
-//   - worker.go: the round (§3.2). A Worker, owned by a shard goroutine,
-//     drives many groups' RawNodes: Group.Add buffers commands, Round
-//     makes one proposal per group, handles each group's Ready (at most
+//   - worker.go and the files of its concerns: the round (§3.2). worker.go
+//     holds the Worker, its config and the Group; round.go the round;
+//     propose.go the commands added and the proposals made of them;
+//     appender.go the appenders and the writes' completions; groups.go a
+//     group's Open, Recover and Remove; snapshot.go snapshots and their
+//     policy. A Worker, owned by a shard goroutine, drives many groups'
+//     RawNodes: Group.Add buffers commands, Round makes one proposal per
+//     group, handles each group's Ready (at most
 //     one in flight per group; commit-only hard states written lazily),
 //     applies committed entries, and hands the round's writes to its
 //     appender goroutine as one segment Append, whose completion is posted
@@ -61,7 +66,8 @@
 //     and is reported (Fatal). TestWorkerRounds checks one Append per
 //     round across groups, exactly-once apply, and recovery of every group
 //     after a clean close or a crash at a random sync.
-//   - snapstore.go and Group.Snapshot / Worker.Recover: snapshots (§2.4).
+//   - snapstore.go and Group.Snapshot (snapshot.go) / Worker.Recover
+//     (groups.go): snapshots (§2.4).
 //     SnapStore keeps each group's latest snapshot in segment group 1
 //     (chunks of at most 4 MiB, no files of their own); Group.Snapshot
 //     takes the FSM's snapshot on the shard, stores it on a goroutine, and
