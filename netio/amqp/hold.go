@@ -164,3 +164,20 @@ func (c *conn) resume(gc gnet.Conn) {
 	// Its heartbeats were not read meanwhile: the clock restarts.
 	c.lastRecv.Store(time.Now().UnixMilli())
 }
+
+// sendBlocked sends connection.blocked or unblocked, to a client that
+// takes them.
+func (c *conn) sendBlocked(on bool) {
+	if !c.blockedCap {
+		return
+	}
+	if on {
+		why := "low on memory" // RabbitMQ's words
+		if c.srv.DiskAlarm() {
+			why = "low on disk"
+		}
+		c.reply(0, classConnection, 60, func(b []byte) []byte { return putShortstr(b, why) })
+		return
+	}
+	c.reply(0, classConnection, 61, nil)
+}

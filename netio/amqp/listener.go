@@ -22,8 +22,10 @@
 //
 // Files: conn.go the connection and its frames on the loop, handshake.go
 // its handshake, hold.go its reading held at the unconfirmed bound or
-// under the memory alarm, outbox.go its output written, close.go its
-// closing, methods.go the methods, publish.go a publish's content and
+// under the memory alarm (and connection.blocked), outbox.go its output
+// written, close.go its closing, methods.go a method's dispatch by class
+// (and the channel and confirm classes), exchange.go, queue.go, basic.go
+// and tx.go those classes' methods, publish.go a publish's content and
 // routing, sink.go what the shards send back (confirms, deliveries,
 // consumers).
 package amqp

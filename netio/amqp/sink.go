@@ -268,3 +268,10 @@ func (c *conn) ConsumerGone(id queue.ConsumerID) {
 	delete(c.byID, id)
 	c.mu.Unlock()
 }
+
+func boolByte(v bool) byte {
+	if v {
+		return 1
+	}
+	return 0
+}
