@@ -32,7 +32,8 @@
 //     loop, a run of up to 256 at a time, while the loop reads nothing more
 //     of that connection (its frames keep their order, and past 1 MiB
 //     buffered behind the run its socket is paused); a storm of them costs
-//     its own connection time, not the loop's other connections.
+//     its own connection time, not the loop's other connections
+//     (control.go).
 //
 // Commands cross threads in batches: a lock and a wake-up per batch, never
 // per message. The boundary between loops and shards is where raft will sit
@@ -92,5 +93,5 @@
 //     read, so it is not closed for missing them; the heartbeat clock
 //     restarts when it is unblocked (a peer that dies meanwhile is noticed
 //     by a reset, or two intervals after the alarm clears). ConnInfo.Blocked
-//     and warren_connections_blocked show it.
+//     and warren_connections_blocked show it. See block.go.
 package netio
