@@ -2,6 +2,7 @@
 // (exchanges, queues, bindings; meta.go and meta_*.go) and the runtime
 // around it (topology.go), the shards that own the queues' state
 // machines, message bodies and dead-lettering (shard.go and shard_*.go),
+// a durable queue's raft group over the log (durable.go and durable_*.go),
 // and the operator API the admin API uses (ops.go).
 //
 // Metadata. Meta is pure and deterministic: Apply(MetaCommand) returns a
