@@ -53,11 +53,22 @@ func lastRecordAt(t *testing.T, buf []byte, from, end int64, gen uint32) int64 {
 // a starts.
 func pipelinedPair(t *testing.T, mem *MemFS) (*Log, string, int64) {
 	t.Helper()
+	return pipelinedPairAt(t, mem, ents(1, 1, 1, "first"), 2)
+}
+
+// pipelinedPairAt opens the log in mem, appends first (if any), then the
+// pair: entry idx of 400 bytes and idx+1, the second pipelined behind the
+// first's fdatasync, both acknowledged. It returns the open log, its
+// active WAL file and where the pair's first write starts.
+func pipelinedPairAt(t *testing.T, mem *MemFS, first []Entry, idx uint64) (*Log, string, int64) {
+	t.Helper()
 	g := &walGateFS{MemFS: mem, syncing: make(chan string), release: make(chan error)}
 	g.open.Store(true)
 	l, err := Open(g, "/data", Options{Manual: true})
 	must(t, err)
-	must(t, l.Append(Batch{Group: 1, Entries: ents(1, 1, 1, "first")}))
+	if len(first) > 0 {
+		must(t, l.Append(Batch{Group: 1, Entries: first}))
+	}
 	g.open.Store(false)
 	wal := walFiles(mem)[len(walFiles(mem))-1]
 	aAt := mem.FileSize(wal)
@@ -66,10 +77,10 @@ func pipelinedPair(t *testing.T, mem *MemFS) (*Log, string, int64) {
 	wg.Add(2)
 	go func() {
 		defer wg.Done()
-		errs[0] = l.Append(Batch{Group: 1, Entries: []Entry{{Index: 2, Term: 1, Data: bytes.Repeat([]byte("a"), 400)}}})
+		errs[0] = l.Append(Batch{Group: 1, Entries: []Entry{{Index: idx, Term: 1, Data: bytes.Repeat([]byte("a"), 400)}}})
 	}()
 	<-g.syncing // a is in its fdatasync
-	go func() { defer wg.Done(); errs[1] = l.Append(Batch{Group: 1, Entries: ents(3, 3, 1, "b")}) }()
+	go func() { defer wg.Done(); errs[1] = l.Append(Batch{Group: 1, Entries: ents(idx+1, idx+1, 1, "b")}) }()
 	<-g.syncing // b too
 	if st := l.Stats(); st.Pipelined == 0 {
 		t.Fatalf("b was not pipelined behind a: %+v", st)
@@ -289,6 +300,64 @@ func TestCloseMarkWithMover(t *testing.T) {
 		if _, err := l.Entries(g, 1, n/3+1); err != nil {
 			t.Fatalf("group %d: %v", g, err)
 		}
+	}
+	must(t, l.Close())
+}
+
+// TestCloseAfterReopenMarks: a clean Close, a reopen (the file ends with
+// a mark: Open writes none), two pipelined acknowledged writes, Close: the
+// writes cleared the file's mark, so Close writes a fresh one, and a flip
+// in the first of the two is reported. (Found by review: no test caught a
+// write that left the file marked.)
+func TestCloseAfterReopenMarks(t *testing.T) {
+	mem := NewMemFS()
+	l, err := Open(mem, "/data", Options{Manual: true})
+	must(t, err)
+	must(t, l.Append(Batch{Group: 1, Entries: ents(1, 1, 1, "x")}))
+	must(t, l.Close())
+	l, wal, aAt := pipelinedPairAt(t, mem, nil, 2)
+	end := mem.FileSize(wal)
+	must(t, l.Close())
+	if got := mem.FileSize(wal); got != end+markSize {
+		t.Fatalf("Close after a reopen and writes: %d bytes, want %d (a mark)", got, end+markSize)
+	}
+	fs := mem.Crash(0)
+	fs.Corrupt(wal, aAt+200, 3)
+	if _, err := Open(fs, "/data", Options{Manual: true}); !errors.Is(err, ErrCorrupt) {
+		t.Fatalf("%v, want ErrCorrupt", err)
+	}
+}
+
+// TestMarkWriteFailureLeavesNoMark: a mark that cannot be written (a full
+// disk) does not keep the node from starting: Open takes it back and
+// starts without it, everything acknowledged there; appends and Close go
+// on (Close marks once it can).
+func TestMarkWriteFailureLeavesNoMark(t *testing.T) {
+	mem := NewMemFS()
+	_, wal, _ := pipelinedPair(t, mem) // never closed: a crash
+	fs := mem.Crash(0)
+	size := fs.FileSize(wal)
+	fs.FailWrite(1) // the mark's
+	l, err := Open(fs, "/data", Options{Manual: true})
+	if err != nil {
+		t.Fatalf("Open with the mark's write failing: %v", err)
+	}
+	if got := fs.FileSize(wal); got != size {
+		t.Fatalf("%d bytes after Open, want %d (no mark, nothing left of it)", got, size)
+	}
+	if la := l.LastIndex(1); la != 3 {
+		t.Fatalf("last index %d, want 3", la)
+	}
+	must(t, l.Append(Batch{Group: 1, Entries: ents(4, 4, 1, "after")}))
+	end := fs.FileSize(wal)
+	must(t, l.Close())
+	if got := fs.FileSize(wal); got != end+markSize {
+		t.Fatalf("Close: %d bytes, want %d (a mark)", got, end+markSize)
+	}
+	l, err = Open(fs.Crash(0), "/data", Options{Manual: true})
+	must(t, err)
+	if la := l.LastIndex(1); la != 4 {
+		t.Fatalf("last index %d after a reopen, want 4", la)
 	}
 	must(t, l.Close())
 }

@@ -761,7 +761,9 @@ func (l *Log) promise(fs []*file, sizes []int64) error {
 // fsync: the process must restart and recover), when a write is in
 // flight or pending (Close's callers must have let their appends return),
 // into a WAL file of an older version (no tags), or when the file already
-// ends with a mark (repeated opens and closes add nothing). Called with
+// ends with a mark (repeated opens and closes add nothing). A mark that
+// cannot be written (a full disk) is taken back and left out; one whose
+// fsync fails stops the log, as any fsync failure does. Called with
 // l.mu held and no write in flight; it holds l.mu over the write.
 func (l *Log) markLocked() error {
 	f := l.wal
@@ -769,13 +771,23 @@ func (l *Log) markLocked() error {
 		return nil
 	}
 	buf := appendEmptyPromise(make([]byte, 0, recordHeader+24))
-	base := f.wsize
+	base, wnum := f.wsize, f.wnum
 	f.wnum = nextWrite(f.wnum)
 	seal(buf, nil, f.gen(), f.wnum|tagAlone, true)
-	_, err := f.f.WriteAt(buf, base)
-	if err == nil {
-		err = l.sync(f, false)
+	if _, err := f.f.WriteAt(buf, base); err != nil {
+		// A full disk (ENOSPC) must not keep the node from starting or
+		// stopping cleanly for 40 bytes that hold nothing: take back what
+		// was written and go on without a mark (the tail's last two writes
+		// are then judged as before it: damage there is cut).
+		if terr := f.f.Truncate(base); terr != nil {
+			l.failLocked(terr)
+			return fmt.Errorf("%w: the close mark: %w (and taking it back: %w)", ErrStopped, err, terr)
+		}
+		f.wnum = wnum
+		l.log.Warn("segment: no close mark written", "file", f.name, "err", err)
+		return nil
 	}
+	err := l.sync(f, false)
 	l.stats.Syncs++
 	l.stats.Records++
 	l.stats.WALBytes += uint64(len(buf))

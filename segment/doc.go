@@ -194,8 +194,11 @@
 // its own (started with nothing in flight, tagged its write's last) and
 // synced, and Open writes one after it has synced the active WAL file it
 // kept. The mark proves every write before it synced, so damage there is
-// reported (ErrCorrupt; unattributable, in the active file); damage in the
-// mark itself, which holds nothing, is a torn tail. A file that already
+// reported (ErrCorrupt; unattributable, in the active file); damage in a
+// mark that ends the file, which holds nothing, is a torn tail (a mark with
+// writes after it is a synced record like any other: damage in it is
+// reported). A mark that cannot be written (ENOSPC) is taken back and left
+// out, so a full disk does not keep a node from starting. A file that already
 // ends with a mark gets none, so opens and closes with no write between
 // add nothing; otherwise each adds 40 bytes (to a full WAL file too, past
 // Options.WALSize). No format change: every reader of version 5 replays
