@@ -51,6 +51,11 @@ type Config struct {
 	// NoInlineShards keeps every shard's work on the shard's goroutine:
 	// SubmitInline is then Submit (for comparisons; shard.submitInline).
 	NoInlineShards bool
+	// Incarnation, when set, is this life's start (OpenIncarnation: above
+	// every earlier life's on the same data directory, whatever the clock
+	// did), kept up to date while the broker runs; nil: the clock's now
+	// (time.Now) at New.
+	Incarnation *Incarnation
 }
 
 // Broker is the broker core at run time: the topology (exchanges, queues,
@@ -94,6 +99,8 @@ type Broker struct {
 	delMu   sync.Mutex
 	dels    map[uint64]*delWait
 	stopped chan struct{}
+	// incStop, incDone: Start's keepIncarnation (Config.Incarnation).
+	incStop, incDone chan struct{}
 }
 
 // poolSize is how many snapshot writes and compactions of durable queues
@@ -115,8 +122,13 @@ func New(cfg Config) *Broker {
 	}
 	b := &Broker{cfg: cfg, log: cfg.Logger, dels: map[uint64]*delWait{}, stopped: make(chan struct{})}
 	// Above every proposal seq an earlier run of this node used
-	// (replication.WorkerConfig.SeqBase): its start time, 2^20 seqs a ms.
-	b.seqBase = uint64(time.Now().UnixMilli()) << 20
+	// (replication.WorkerConfig.SeqBase): its start time, 2^20 seqs a ms
+	// (incarnation.go).
+	if cfg.Incarnation != nil {
+		b.seqBase = uint64(cfg.Incarnation.StartMs()) << 20
+	} else {
+		b.seqBase = uint64(time.Now().UnixMilli()) << 20
+	}
 	b.features = helloFeatures
 	if cfg.Durable != nil {
 		b.pool = replication.NewPool(poolSize)
@@ -142,6 +154,10 @@ func (b *Broker) Start() {
 	for _, sh := range b.shards {
 		go sh.run()
 	}
+	if b.cfg.Incarnation != nil {
+		b.incStop, b.incDone = make(chan struct{}), make(chan struct{})
+		go keepIncarnation(b.cfg.Incarnation, b.log, b.incStop, b.incDone)
+	}
 }
 
 // Stop stops the shards once they have worked through what was submitted.
@@ -157,6 +173,12 @@ func (b *Broker) Stop(ctx context.Context) error {
 		}
 	}
 	close(b.stopped)
+	if b.incStop != nil {
+		// Nothing is proposed or forwarded any more: the incarnation's
+		// bound comes down to what this life ran.
+		close(b.incStop)
+		<-b.incDone
+	}
 	// The shards quiesced their durable queues' writes; the workers'
 	// appenders and the pool stop (the log is the caller's to close).
 	for _, sh := range b.shards {
@@ -177,6 +199,10 @@ func (b *Broker) NowMs() int64 {
 	}
 	return time.Now().UnixMilli()
 }
+
+// IncarnationMs is this life's incarnation: its start (ms), above every
+// earlier life's on the same data directory (Config.Incarnation).
+func (b *Broker) IncarnationMs() int64 { return int64(b.seqBase >> 20) }
 
 // Shards is the number of shards; a queue's ShardIndex is below it.
 func (b *Broker) Shards() int { return len(b.shards) }

@@ -35,6 +35,11 @@ type clusterNode struct {
 	up   bool
 	// spool: its transport's SpoolDir (kept across a restart)
 	spool string
+	// incDir holds its incarnation file (kept across a restart: the
+	// MemFS has no rename); backMs sets its clock back that much for
+	// the incarnation at its next start.
+	incDir string
+	backMs int64
 }
 
 type testCluster struct {
@@ -267,11 +272,18 @@ func (c *testCluster) start(nd *clusterNode, ln net.Listener) {
 	}
 	fatal := func(err error) { t.Errorf("node %d: %v", nd.id, err) }
 	clock := func() int64 { return time.Now().UnixMilli() + c.skewMs.Load() }
+	if nd.incDir == "" {
+		nd.incDir = t.TempDir()
+	}
+	inc, err := OpenIncarnation(nd.incDir, clock()-nd.backMs)
+	if err != nil {
+		t.Fatal(err)
+	}
 	var lg *slog.Logger
 	if os.Getenv("WARREN_TEST_CLUSTER_LOG") != "" {
 		lg = slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelInfo})).With("node", nd.id)
 	}
-	b := New(Config{Shards: 2, Clock: clock, QueueSoftLimit: c.softLimit, Logger: lg, PublishBlocked: func() bool { return c.alarm[nd.id].Load() }, Durable: &DurableConfig{Log: l, Snapshots: store, Fatal: fatal, NodeID: nd.id, Send: tr.Send, SendSnapshot: func(gid uint64, s *SnapshotMessage, done func(bool)) {
+	b := New(Config{Shards: 2, Clock: clock, Incarnation: inc, QueueSoftLimit: c.softLimit, Logger: lg, PublishBlocked: func() bool { return c.alarm[nd.id].Load() }, Durable: &DurableConfig{Log: l, Snapshots: store, Fatal: fatal, NodeID: nd.id, Send: tr.Send, SendSnapshot: func(gid uint64, s *SnapshotMessage, done func(bool)) {
 		tr.SendSnapshot(gid, (*cluster.Snapshot)(s), done)
 	}, Forward: func(to uint64, p []byte) bool {
 		if lose := c.lose.Load(); lose != nil && (*lose)(nd.id, to, p) {

@@ -302,9 +302,20 @@ func Start(cfg Config) (*Server, error) {
 	// broker.Config.Durable, the durable queues).
 	var metaCfg broker.MetaLogConfig
 	var durable *broker.DurableConfig
+	var incarnation *broker.Incarnation
 	if cfg.DataDir != "" {
 		l, store, err := broker.OpenNodeLog(cfg.DataDir, s.log)
 		if err != nil {
+			return nil, err
+		}
+		// The node's incarnation: above its earlier lives', whatever
+		// the clock did across the restart (broker/incarnation.go).
+		startMs := time.Now().UnixMilli()
+		if cfg.clock != nil {
+			startMs = cfg.clock()
+		}
+		if incarnation, err = broker.OpenIncarnation(cfg.DataDir, startMs); err != nil {
+			_ = l.Close()
 			return nil, err
 		}
 		fatal := cfg.Fatal
@@ -331,7 +342,7 @@ func Start(cfg Config) (*Server, error) {
 		DeadLetterDropped: func(r broker.DLDrop) { s.metrics.dlDropped[r].Inc() }, Durable: durable,
 		// A publish forwarded here is held back as this node's own
 		// publishers are (the memory or the disk alarm).
-		PublishBlocked: s.memoryAlarm})
+		PublishBlocked: s.memoryAlarm, Incarnation: incarnation})
 	s.initMetrics()
 	s.Broker.Start()
 	if cfg.OnBroker != nil {

@@ -1,0 +1,96 @@
+package broker
+
+import (
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+)
+
+// OpenIncarnation starts from max(now, the file's bound + 1); the bound
+// covers what a life that crashed ran up to its last renewal plus the
+// reserve, and what a life that stopped ran.
+func TestIncarnationBound(t *testing.T) {
+	dir := t.TempDir()
+	const now = 1_764_690_000_000
+	inc, err := OpenIncarnation(dir, now)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if inc.StartMs() != now || inc.Bound() != now+incarnationReserveMs {
+		t.Fatalf("a new directory: start %d bound %d", inc.StartMs(), inc.Bound())
+	}
+	if err := inc.renew(50_000, incarnationReserveMs); err != nil {
+		t.Fatal(err)
+	}
+	if err := inc.renew(40_000, incarnationReserveMs); err != nil { // never lower while running
+		t.Fatal(err)
+	}
+	if inc.Bound() != now+50_000+incarnationReserveMs {
+		t.Fatalf("renewed: bound %d", inc.Bound())
+	}
+	// A torn write of the temporary file (a crash before the rename)
+	// changes nothing.
+	if err := os.WriteFile(filepath.Join(dir, "incarnation.tmp"), []byte("warren-inc"), 0o640); err != nil {
+		t.Fatal(err)
+	}
+
+	// It crashed; the clock went back a day.
+	inc, err = OpenIncarnation(dir, now-86_400_000)
+	if err != nil {
+		t.Fatal(err)
+	}
+	crashed := int64(now) + 50_000 + incarnationReserveMs + 1
+	if inc.StartMs() != crashed {
+		t.Fatalf("after a crash with the clock back: start %d, want %d", inc.StartMs(), crashed)
+	}
+	// It stops cleanly after 20 s: the bound comes down to what it ran.
+	if err := inc.renew(20_000, 0); err != nil {
+		t.Fatal(err)
+	}
+	inc, err = OpenIncarnation(dir, now)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if inc.StartMs() != crashed+20_000+1 {
+		t.Fatalf("after a stop with the clock back: start %d, want %d", inc.StartMs(), crashed+20_001)
+	}
+	// The clock ahead of the bound wins.
+	inc, err = OpenIncarnation(dir, now+3_600_000)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if inc.StartMs() != now+3_600_000 {
+		t.Fatalf("the clock ahead: start %d", inc.StartMs())
+	}
+}
+
+// A file that does not read as an incarnation is an error naming it, and
+// stays as found.
+func TestIncarnationBadFile(t *testing.T) {
+	good := string(appendIncarnation(nil, 1_764_690_000_000))
+	for _, bad := range []string{
+		"",
+		"\n",
+		strings.TrimSuffix(good, "\n"),         // torn
+		strings.Replace(good, "176", "076", 1), // a digit changed
+		"warren-incarnation 2 1764690000000 0\n",
+		"warren-incarnation 1 -5 " + strings.Fields(string(appendIncarnation(nil, -5)))[3] + "\n",
+	} {
+		dir := t.TempDir()
+		path := filepath.Join(dir, "incarnation")
+		if err := os.WriteFile(path, []byte(bad), 0o640); err != nil {
+			t.Fatal(err)
+		}
+		_, err := OpenIncarnation(dir, 1_764_690_000_000)
+		if err == nil || !strings.Contains(err.Error(), path) {
+			t.Fatalf("%q: %v", bad, err)
+		}
+		if raw, _ := os.ReadFile(path); string(raw) != bad {
+			t.Fatalf("%q: the file was changed to %q", bad, raw)
+		}
+	}
+	if b, err := parseIncarnation([]byte(good)); err != nil || b != 1_764_690_000_000 {
+		t.Fatalf("good file: %d %v", b, err)
+	}
+}
