@@ -177,7 +177,10 @@ func (b *Broker) Stop(ctx context.Context) error {
 		// Nothing is proposed or forwarded any more: the incarnation's
 		// bound comes down to what this life ran.
 		close(b.incStop)
-		<-b.incDone
+		select {
+		case <-b.incDone:
+		case <-ctx.Done(): // a hung disk: the last renewal's bound holds
+		}
 	}
 	// The shards quiesced their durable queues' writes; the workers'
 	// appenders and the pool stop (the log is the caller's to close).

@@ -11,6 +11,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"sync"
+	"syscall"
 	"time"
 )
 
@@ -52,21 +53,36 @@ const (
 type Incarnation struct {
 	path    string
 	startMs int64
-	opened  time.Time // monotonic: the time run is measured from here
+	existed bool      // the file was there at ReadIncarnation
+	opened  time.Time // monotonic: the time run is measured from here (Begin)
 
 	mu      sync.Mutex
 	written int64 // the bound in the file
 }
 
-// OpenIncarnation reads dir's incarnation file, chooses this life's start,
-// max(nowMs, the bound in the file + 1) (nowMs without a file: a new data
-// directory, or one of a build before the file), and writes the new bound
-// before returning, so that the broker serves nothing under an
-// incarnation that a crash could let the next life reuse.
+// OpenIncarnation is ReadIncarnation and then Begin.
 func OpenIncarnation(dir string, nowMs int64) (*Incarnation, error) {
+	inc, err := ReadIncarnation(dir, nowMs)
+	if err == nil {
+		err = inc.Begin()
+	}
+	if err != nil {
+		return nil, err
+	}
+	return inc, nil
+}
+
+// ReadIncarnation reads dir's incarnation file and chooses this life's
+// start, max(nowMs, the bound in the file + 1) (nowMs without a file: a
+// new data directory, or one of a build before the file). It writes
+// nothing: a start refused after it (a bad file here, or damage in the
+// node's log) leaves the data directory as it found it. Begin writes the
+// new bound.
+func ReadIncarnation(dir string, nowMs int64) (*Incarnation, error) {
 	path := filepath.Join(dir, incarnationFile)
 	start := nowMs
 	raw, err := os.ReadFile(path)
+	existed := err == nil
 	switch {
 	case errors.Is(err, fs.ErrNotExist):
 	case err != nil:
@@ -75,18 +91,32 @@ func OpenIncarnation(dir string, nowMs int64) (*Incarnation, error) {
 		last, err := parseIncarnation(raw)
 		if err != nil {
 			return nil, fmt.Errorf("broker: %s: %w (it bounds what this node's earlier lives used; if it is lost, "+
-				"remove it only once the clock is past the earlier lives' end)", path, err)
+				"remove it only once the clock is past the earlier lives' end: its last change, as its mtime says, plus 30 s)", path, err)
 		}
 		start = max(start, last+1)
 	}
 	if start <= 0 || start > incarnationMaxMs-incarnationReserveMs {
 		return nil, fmt.Errorf("broker: %s: the node's incarnation would be %d ms, outside (0, %d)", path, start, incarnationMaxMs-incarnationReserveMs)
 	}
-	inc := &Incarnation{path: path, startMs: start, opened: time.Now()}
-	if err := inc.write(start + incarnationReserveMs); err != nil {
-		return nil, err
+	return &Incarnation{path: path, startMs: start, existed: existed}, nil
+}
+
+// Begin writes the new bound (the start plus incarnationReserveMs) before
+// the broker serves anything under this incarnation, so that a crash
+// cannot let the next life reuse it. On a full disk (ENOSPC), where the
+// file cannot be replaced by a new one, it is overwritten in place (a
+// line of a few dozen bytes in the block the file already has); a data
+// directory with no file yet then starts without one, as an earlier build
+// did, and the renewals try again.
+func (inc *Incarnation) Begin() error {
+	inc.opened = time.Now()
+	inc.mu.Lock()
+	defer inc.mu.Unlock()
+	err := inc.writeLocked(inc.startMs + incarnationReserveMs)
+	if err != nil && !inc.existed && errors.Is(err, syscall.ENOSPC) {
+		return nil
 	}
-	return inc, nil
+	return err
 }
 
 // StartMs is this life's start (ms).
@@ -118,20 +148,25 @@ func (inc *Incarnation) renew(ranMs, reserveMs int64) error {
 // ran is the time run since the open (monotonic), in ms.
 func (inc *Incarnation) ran() int64 { return time.Since(inc.opened).Milliseconds() }
 
-func (inc *Incarnation) write(bound int64) error {
-	inc.mu.Lock()
-	defer inc.mu.Unlock()
-	return inc.writeLocked(bound)
-}
-
 func (inc *Incarnation) writeLocked(bound int64) error {
+	line := appendIncarnation(nil, bound)
 	tmp := inc.path + ".tmp"
-	err := writeSynced(tmp, appendIncarnation(nil, bound))
+	err := writeNew(tmp, line)
 	if err == nil {
 		err = os.Rename(tmp, inc.path)
 	}
 	if err == nil {
 		err = syncDir(filepath.Dir(inc.path))
+	}
+	if err != nil && errors.Is(err, syscall.ENOSPC) {
+		// A full disk: overwrite the file in place (no new block), not
+		// creating it (no file: ENOSPC stays the answer).
+		_ = os.Remove(tmp)
+		if ierr := writeSynced(inc.path, line, 0); ierr == nil {
+			err = nil
+		} else if !errors.Is(ierr, fs.ErrNotExist) {
+			err = fmt.Errorf("%w (in place: %w)", err, ierr)
+		}
 	}
 	if err != nil {
 		return fmt.Errorf("broker: writing the node's incarnation: %w", err)
@@ -140,11 +175,14 @@ func (inc *Incarnation) writeLocked(bound int64) error {
 	return nil
 }
 
+// appendIncarnation appends the file's line for bound, of one length
+// whatever the bound (19 digits, 8 hex: 50 bytes, the longest an earlier
+// build's unpadded line could be), so a line written in place covers the
+// one before it.
 func appendIncarnation(p []byte, bound int64) []byte {
-	p = strconv.AppendInt(append(p, incarnationMagic...), bound, 10)
+	p = fmt.Appendf(p, "%s%019d", incarnationMagic, bound)
 	sum := crc32.ChecksumIEEE(p)
-	p = strconv.AppendUint(append(p, ' '), uint64(sum), 16)
-	return append(p, '\n')
+	return fmt.Appendf(p, " %08x\n", sum)
 }
 
 func parseIncarnation(raw []byte) (int64, error) {
@@ -174,12 +212,26 @@ func trimmed(raw []byte) []byte {
 	return raw
 }
 
-func writeSynced(path string, p []byte) error {
-	f, err := os.OpenFile(path, os.O_WRONLY|os.O_CREATE|os.O_TRUNC, 0o640)
+// writeNew writes a new file (a variable: tests make it fail as a full
+// disk does).
+var writeNew = func(path string, p []byte) error { return writeSynced(path, p, os.O_TRUNC) }
+
+// writeSynced writes p at the start of path and syncs it: with O_TRUNC a
+// new file (created if need be), with 0 over an existing one in place, p
+// as long as what it replaces or longer (appendIncarnation's lines are
+// all as long as the longest an earlier build wrote).
+func writeSynced(path string, p []byte, flag int) error {
+	if flag&os.O_TRUNC != 0 {
+		flag |= os.O_CREATE
+	}
+	f, err := os.OpenFile(path, os.O_WRONLY|flag, 0o640)
 	if err != nil {
 		return err
 	}
-	_, err = f.Write(p)
+	_, err = f.WriteAt(p, 0)
+	if err == nil && flag&os.O_TRUNC == 0 {
+		err = f.Truncate(int64(len(p))) // an older, shorter line's file grows; never a longer one
+	}
 	if err == nil {
 		err = f.Sync()
 	}

@@ -1,9 +1,12 @@
 package broker
 
 import (
+	"hash/crc32"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
+	"syscall"
 	"testing"
 )
 
@@ -92,5 +95,56 @@ func TestIncarnationBadFile(t *testing.T) {
 	}
 	if b, err := parseIncarnation([]byte(good)); err != nil || b != 1_764_690_000_000 {
 		t.Fatalf("good file: %d %v", b, err)
+	}
+}
+
+// On a full disk (the new file's write fails with ENOSPC) the bound is
+// written over the file in place, also over a shorter line an earlier
+// build wrote; with no file yet the start goes on without one (as an
+// earlier build did) and writes none.
+func TestIncarnationFullDisk(t *testing.T) {
+	const now = 1_764_690_000_000
+	writeNew = func(string, []byte) error {
+		return &os.PathError{Op: "write", Path: "incarnation.tmp", Err: syscall.ENOSPC}
+	}
+	defer func() { writeNew = func(path string, p []byte) error { return writeSynced(path, p, os.O_TRUNC) } }()
+
+	dir := t.TempDir()
+	path := filepath.Join(dir, "incarnation")
+	// An earlier build's line: unpadded, shorter than this build's.
+	short := []byte(incarnationMagic + "1764690000000")
+	short = strconv.AppendUint(append(short, ' '), uint64(crc32.ChecksumIEEE(short)), 16)
+	short = append(short, '\n')
+	if b, err := parseIncarnation(short); err != nil || b != now {
+		t.Fatalf("an earlier build's line: %d %v", b, err)
+	}
+	if err := os.WriteFile(path, short, 0o640); err != nil {
+		t.Fatal(err)
+	}
+	inc, err := OpenIncarnation(dir, now-1000)
+	if err != nil {
+		t.Fatalf("a full disk: %v", err)
+	}
+	if inc.StartMs() != now+1 {
+		t.Fatalf("start %d, want %d", inc.StartMs(), now+1)
+	}
+	raw, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if b, err := parseIncarnation(raw); err != nil || b != now+1+incarnationReserveMs {
+		t.Fatalf("the file after an in-place write: %q: %d %v", raw, b, err)
+	}
+	if _, err := os.Stat(path + ".tmp"); err == nil {
+		t.Fatal("incarnation.tmp left behind")
+	}
+
+	empty := t.TempDir()
+	inc, err = OpenIncarnation(empty, now)
+	if err != nil || inc.StartMs() != now {
+		t.Fatalf("a full disk, no file yet: %v", err)
+	}
+	if _, err := os.Stat(filepath.Join(empty, "incarnation")); err == nil {
+		t.Fatal("a file was written on a full disk")
 	}
 }

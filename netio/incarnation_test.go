@@ -2,6 +2,8 @@ package netio
 
 import (
 	"context"
+	"fmt"
+	"hash/crc32"
 	"os"
 	"path/filepath"
 	"strings"
@@ -60,4 +62,53 @@ func TestIncarnationRisesWhenTheClockGoesBack(t *testing.T) {
 			t.Fatalf("the error does not name the file: %v", err)
 		}
 	}
+
+	// A start refused for it leaves the data directory as it was: the
+	// log is not opened (its torn tail, here 40 zero bytes after the
+	// active WAL file's last record, is not cut; no mark is written).
+	wals, _ := filepath.Glob(filepath.Join(dir, "log", "wal-*"))
+	if len(wals) == 0 {
+		t.Fatal("no WAL file")
+	}
+	wal := wals[len(wals)-1]
+	f, err := os.OpenFile(wal, os.O_WRONLY|os.O_APPEND, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, err = f.Write(make([]byte, 40))
+	if cerr := f.Close(); err == nil {
+		err = cerr
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	before := dirState(t, dir)
+	if s, err = Start(cfg); err == nil {
+		_ = s.Close(ctx)
+		t.Fatal("started over a bad incarnation file")
+	}
+	if after := dirState(t, dir); after != before {
+		t.Fatalf("a start refused for its incarnation file changed the data directory:\n%s\nbecame\n%s", before, after)
+	}
+}
+
+// dirState lists every file under dir with its size and content's hash.
+func dirState(t *testing.T, dir string) string {
+	t.Helper()
+	var b strings.Builder
+	err := filepath.WalkDir(dir, func(p string, d os.DirEntry, err error) error {
+		if err != nil || d.IsDir() {
+			return err
+		}
+		raw, err := os.ReadFile(p)
+		if err != nil {
+			return err
+		}
+		fmt.Fprintf(&b, "%s %d %08x\n", p, len(raw), crc32.ChecksumIEEE(raw))
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return b.String()
 }

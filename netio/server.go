@@ -304,17 +304,23 @@ func Start(cfg Config) (*Server, error) {
 	var durable *broker.DurableConfig
 	var incarnation *broker.Incarnation
 	if cfg.DataDir != "" {
-		l, store, err := broker.OpenNodeLog(cfg.DataDir, s.log)
-		if err != nil {
-			return nil, err
-		}
 		// The node's incarnation: above its earlier lives', whatever
-		// the clock did across the restart (broker/incarnation.go).
+		// the clock did across the restart (broker/incarnation.go). Read
+		// before the log opens and written after, so that a start refused
+		// for either leaves the data directory as it was.
 		startMs := time.Now().UnixMilli()
 		if cfg.clock != nil {
 			startMs = cfg.clock()
 		}
-		if incarnation, err = broker.OpenIncarnation(cfg.DataDir, startMs); err != nil {
+		var err error
+		if incarnation, err = broker.ReadIncarnation(cfg.DataDir, startMs); err != nil {
+			return nil, err
+		}
+		l, store, err := broker.OpenNodeLog(cfg.DataDir, s.log)
+		if err != nil {
+			return nil, err
+		}
+		if err := incarnation.Begin(); err != nil {
 			_ = l.Close()
 			return nil, err
 		}
