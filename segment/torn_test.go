@@ -62,7 +62,7 @@ func TestTornInFlightWrites(t *testing.T) {
 	}{
 		{"A's middle", 100, 512},
 		{"A's start", 0, 64},
-		{"A's end and B's start", 0, 0}, // set below: from A's last bytes into B
+		{"A's end and B's start", -8, 24}, // from A's last 8 bytes into B
 	} {
 		t.Run(lose.name, func(t *testing.T) {
 			mem := NewMemFS()
@@ -78,43 +78,14 @@ func TestTornInFlightWrites(t *testing.T) {
 			must(t, err)
 			go func() { <-g.syncing; g.release <- nil }() // the first write after Open
 			must(t, l.Append(Batch{Group: 1, Entries: ents(4, 4, 1, "acked")}))
-			wal := walFiles(mem)[len(walFiles(mem))-1]
-			synced := mem.FileSize(wal)
-
-			big := bytes.Repeat([]byte("a"), 3000)
-			var wg sync.WaitGroup
-			errs := make([]error, 2)
-			wg.Add(1)
-			go func() {
-				defer wg.Done()
-				errs[0] = l.Append(Batch{Group: 1, Entries: []Entry{{Index: 5, Term: 1, Data: big}}})
-			}()
-			<-g.syncing // A is in its fdatasync
-			sizeA := mem.FileSize(wal) - synced
-			wg.Add(1)
-			go func() {
-				defer wg.Done()
-				errs[1] = l.Append(Batch{Group: 1, Entries: []Entry{{Index: 6, Term: 1, Data: []byte("B")}}},
-					Batch{Group: 2, Entries: ents(1, 2, 1, "B")})
-			}()
-			<-g.syncing // B is written, in its fdatasync too
-			if st := l.Stats(); st.Pipelined == 0 {
-				t.Fatalf("B was not pipelined behind A: %+v", st)
+			crashed, wal, synced, sizeA := tearInFlight(t, l, g,
+				[]Batch{{Group: 1, Entries: []Entry{{Index: 5, Term: 1, Data: bytes.Repeat([]byte("a"), 3000)}}}},
+				[]Batch{{Group: 1, Entries: []Entry{{Index: 6, Term: 1, Data: []byte("B")}}}, {Group: 2, Entries: ents(1, 2, 1, "B")}},
+				lose.skip, lose.size)
+			skip := lose.skip
+			if skip < 0 {
+				skip += int(sizeA)
 			}
-			skip, size := lose.skip, lose.size
-			if size == 0 {
-				skip, size = int(sizeA)-8, 24
-			}
-			crashed := mem.CrashHole(skip, size, nil)
-			g.release <- ErrInjected
-			g.release <- ErrInjected
-			wg.Wait()
-			for i, err := range errs {
-				if !errors.Is(err, ErrStopped) {
-					t.Fatalf("write %d: %v, want ErrStopped (never acknowledged)", i, err)
-				}
-			}
-			l.Close()
 			if crashed.FileSize(wal) <= synced+sizeA {
 				t.Fatalf("the crash kept %d bytes, B's should survive past %d", crashed.FileSize(wal), synced+sizeA)
 			}
@@ -231,10 +202,11 @@ func TestWriteTags(t *testing.T) {
 // tearInFlight writes a (alone: nothing may be in flight) and b,
 // pipelined behind it, into l, opened over g.MemFS through g; cuts the
 // power with both in their fdatasync, losing size bytes skip bytes into
-// a and keeping b's (MemFS.CrashHole); and returns the crashed
-// filesystem, the WAL file written and where its synced part ended.
-// Neither write is acknowledged.
-func tearInFlight(t *testing.T, l *Log, g *walGateFS, a, b []Batch, skip, size int) (*MemFS, string, int64) {
+// a (a negative skip counts back from a's end) and keeping b's
+// (MemFS.CrashHole); and returns the crashed filesystem, the WAL file
+// written, where its synced part ended and a's size. Neither write is
+// acknowledged.
+func tearInFlight(t *testing.T, l *Log, g *walGateFS, a, b []Batch, skip, size int) (*MemFS, string, int64, int64) {
 	t.Helper()
 	wal := walFiles(g.MemFS)[len(walFiles(g.MemFS))-1]
 	synced := g.MemFS.FileSize(wal)
@@ -243,6 +215,10 @@ func tearInFlight(t *testing.T, l *Log, g *walGateFS, a, b []Batch, skip, size i
 	wg.Add(1)
 	go func() { defer wg.Done(); errs[0] = l.Append(a...) }()
 	<-g.syncing // a is in its fdatasync
+	sizeA := g.MemFS.FileSize(wal) - synced
+	if skip < 0 {
+		skip += int(sizeA)
+	}
 	wg.Add(1)
 	go func() { defer wg.Done(); errs[1] = l.Append(b...) }()
 	<-g.syncing // b too
@@ -262,7 +238,7 @@ func tearInFlight(t *testing.T, l *Log, g *walGateFS, a, b []Batch, skip, size i
 	if crashed.FileSize(wal) < synced+int64(skip+size) {
 		t.Fatalf("the crash kept %d bytes of %s, the hole ends at %d: b's bytes should survive", crashed.FileSize(wal), wal, synced+int64(skip+size))
 	}
-	return crashed, wal, synced
+	return crashed, wal, synced, sizeA
 }
 
 // openTorn opens fs, with and without Quarantine (each on a copy), and
@@ -322,7 +298,7 @@ func TestTornFirstWriteOfEmptyLog(t *testing.T) {
 			must(t, err)
 			g.open.Store(false)
 			big := bytes.Repeat([]byte("a"), 3000)
-			crashed, _, _ := tearInFlight(t, l, g,
+			crashed, _, _, _ := tearInFlight(t, l, g,
 				[]Batch{{Group: 1, Entries: []Entry{{Index: 1, Term: 1, Data: big}}, HardState: &HardState{Term: 1}}},
 				[]Batch{{Group: 1, Entries: ents(2, 2, 1, "b")}, {Group: 2, Entries: ents(1, 2, 1, "b")}}, 0, 64)
 			l2, crashed := openTorn(t, crashed, 0)
@@ -403,7 +379,7 @@ func TestTornAfterKeptPartialWrite(t *testing.T) {
 			must(t, err)
 			g.open.Store(false)
 			big := bytes.Repeat([]byte("a"), 3000)
-			torn, _, _ := tearInFlight(t, l, g,
+			torn, _, _, _ := tearInFlight(t, l, g,
 				[]Batch{{Group: 1, Entries: []Entry{{Index: 5, Term: 1, Data: big}}, HardState: &HardState{Term: 1, Commit: 4}}},
 				[]Batch{{Group: 1, Entries: ents(6, 6, 1, "b")}, {Group: 2, Entries: ents(1, 2, 1, "b")}}, 0, 64)
 			l2, torn := openTorn(t, torn, 4)
