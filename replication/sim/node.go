@@ -203,20 +203,7 @@ func (n *node) round() {
 				s.fail("node %d: no completion from the appender in 30 s", n.id)
 				return
 			}
-			n.diskAt = max(n.diskAt, s.now+int64(s.r.IntN(s.disk)))
-			inc := n.inc
-			s.at(n.diskAt, func() {
-				if n.inc != inc || !n.up {
-					return // crashed meanwhile: the completion is lost
-				}
-				fn()
-				n.dirty = true
-				if n.fatal != nil {
-					s.tracef("node %d: %v", n.id, n.fatal)
-					s.res.SyncFails++
-					n.crash(s.r.IntN(3) * s.r.IntN(4096))
-				}
-			})
+			n.completeLater(fn)
 		}
 		if !more {
 			n.dirty = false
@@ -254,23 +241,30 @@ func (s *sim) flush() {
 // simulation's goroutine (the inline pool's) as events after a disk
 // latency, in the order posted.
 func (n *node) schedule() {
-	s := n.s
 	later := n.later
 	n.later = nil
 	for _, fn := range later {
-		n.diskAt = max(n.diskAt, s.now+int64(s.r.IntN(s.disk)))
-		inc := n.inc
-		s.at(n.diskAt, func() {
-			if n.inc != inc || !n.up {
-				return // crashed meanwhile: the completion is lost
-			}
-			fn()
-			n.dirty = true
-			if n.fatal != nil {
-				s.tracef("node %d: %v", n.id, n.fatal)
-				s.res.SyncFails++
-				n.crash(s.r.IntN(3) * s.r.IntN(4096))
-			}
-		})
+		n.completeLater(fn)
 	}
+}
+
+// completeLater runs an appender's completion fn after a random disk
+// latency (in posting order: no earlier than the last one's), unless the
+// node crashed meanwhile; a completion that failed the node crashes it.
+func (n *node) completeLater(fn func()) {
+	s := n.s
+	n.diskAt = max(n.diskAt, s.now+int64(s.r.IntN(s.disk)))
+	inc := n.inc
+	s.at(n.diskAt, func() {
+		if n.inc != inc || !n.up {
+			return // crashed meanwhile: the completion is lost
+		}
+		fn()
+		n.dirty = true
+		if n.fatal != nil {
+			s.tracef("node %d: %v", n.id, n.fatal)
+			s.res.SyncFails++
+			n.crash(s.r.IntN(3) * s.r.IntN(4096))
+		}
+	})
 }
