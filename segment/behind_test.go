@@ -90,6 +90,11 @@ func benchBehind(b *testing.B, manual bool, groups int) {
 	b.ReportMetric(float64(st.MoverWaitMax)/1e6, "mover-wait-max-ms")
 }
 
+// hangGuard bounds each wait of the mover tests: what should happen in
+// microseconds and has not after this long never will (a lost wakeup),
+// and the test fails naming it rather than hanging until go test's timeout.
+const hangGuard = 10 * time.Second
+
 // TestAppendPacedByMover: once the worker is MaxSealedWALs WAL files
 // behind, an append waits for the next step of the move in progress, not
 // for the whole move: with the mover held after copying one group of
@@ -117,6 +122,16 @@ func TestAppendPacedByMover(t *testing.T) {
 		case <-release:
 		}
 	}
+	// step waits for the mover's next step; a mover that never gets there
+	// fails the test instead of hanging it.
+	step := func() {
+		t.Helper()
+		select {
+		case <-steps:
+		case <-time.After(hangGuard):
+			t.Fatalf("the mover did not report a step in %v", hangGuard)
+		}
+	}
 	waits := make(chan struct{}, 64)
 	l.waitHook = func() { waits <- struct{}{} }
 	data := make([]byte, 1000)
@@ -139,6 +154,8 @@ func TestAppendPacedByMover(t *testing.T) {
 			must(t, err)
 		case <-waits:
 			t.Fatalf("%s: the append waited for the mover", what)
+		case <-time.After(hangGuard):
+			t.Fatalf("%s: the append neither returned nor reported a wait in %v", what, hangGuard)
 		}
 	}
 	// WAL file 1: 8 entries in each of 4 groups. Sealing it starts its
@@ -148,7 +165,7 @@ func TestAppendPacedByMover(t *testing.T) {
 	}
 	l.Rotate()
 	noWait("file 2", batch(1, 1))
-	<-steps
+	step()
 	l.mu.Lock()
 	done := l.moveDone
 	l.mu.Unlock()
@@ -177,6 +194,8 @@ func TestAppendPacedByMover(t *testing.T) {
 			must(t, err)
 		case <-waits:
 			waiting = ch
+		case <-time.After(hangGuard):
+			t.Fatalf("an append neither returned nor reported a wait in %v", hangGuard)
 		}
 	}
 	l.mu.Lock()
@@ -188,12 +207,14 @@ func TestAppendPacedByMover(t *testing.T) {
 	// One more step of the move (group 2's copies: a quarter done) lets
 	// the waiting append through, the move still unfinished.
 	resume <- struct{}{}
-	<-steps
+	step()
 	select {
 	case err := <-waiting:
 		must(t, err)
 	case <-waits:
 		t.Fatal("the append still waits with the move a quarter done")
+	case <-time.After(hangGuard):
+		t.Fatalf("the waiting append was not woken by the mover's step in %v (a lost wakeup)", hangGuard)
 	}
 	if st := l.Stats(); st.DeletedFiles != 0 || st.MoverWaits != 1 {
 		t.Fatalf("%d files deleted (want none: the move is not finished), %d appends waited for the mover (want 1)", st.DeletedFiles, st.MoverWaits)
