@@ -253,22 +253,29 @@ func syncDir(dir string) error {
 	return err
 }
 
-// keepIncarnation renews the bound while the broker runs, until stop is
-// closed; then writes what was run.
+// keepIncarnation renews the bound every incarnationRenewEvery while the
+// broker runs, until stop is closed; then writes what was run.
 func keepIncarnation(inc *Incarnation, log *slog.Logger, stop <-chan struct{}, done chan<- struct{}) {
-	defer close(done)
 	t := time.NewTicker(incarnationRenewEvery)
 	defer t.Stop()
+	renewIncarnation(inc, log, t.C, inc.ran, stop, done)
+}
+
+// renewIncarnation is keepIncarnation's loop, with its clock as inputs:
+// each tick renews the bound to the start plus ran() plus the reserve; a
+// failed renewal is logged and the next tick tries again (the bound
+// written before still holds for incarnationReserveMs past the last
+// renewal); stop writes the start plus ran().
+func renewIncarnation(inc *Incarnation, log *slog.Logger, tick <-chan time.Time, ran func() int64, stop <-chan struct{}, done chan<- struct{}) {
+	defer close(done)
 	for {
 		select {
-		case <-t.C:
-			if err := inc.renew(inc.ran(), incarnationReserveMs); err != nil {
-				// The bound written before still holds for a while
-				// (incarnationReserveMs past the last renewal).
+		case <-tick:
+			if err := inc.renew(ran(), incarnationReserveMs); err != nil {
 				log.Error("the node's incarnation was not renewed", "err", err)
 			}
 		case <-stop:
-			if err := inc.renew(inc.ran(), 0); err != nil {
+			if err := inc.renew(ran(), 0); err != nil {
 				log.Error("the node's incarnation was not written at stop", "err", err)
 			}
 			return

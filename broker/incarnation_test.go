@@ -1,13 +1,18 @@
 package broker
 
 import (
+	"bytes"
 	"hash/crc32"
+	"log/slog"
 	"os"
 	"path/filepath"
 	"strconv"
 	"strings"
+	"sync"
+	"sync/atomic"
 	"syscall"
 	"testing"
+	"time"
 )
 
 // OpenIncarnation starts from max(now, the file's bound + 1); the bound
@@ -147,4 +152,100 @@ func TestIncarnationFullDisk(t *testing.T) {
 	if _, err := os.Stat(filepath.Join(empty, "incarnation")); err == nil {
 		t.Fatal("a file was written on a full disk")
 	}
+}
+
+// The renewal loop: each tick moves the bound on to the start plus the
+// time run plus the reserve, never back while running; a renewal that
+// fails is logged, leaves the bound written before, and the next tick
+// writes it; the stop writes the start plus the time run.
+func TestIncarnationRenewal(t *testing.T) {
+	dir := t.TempDir()
+	const now = 1_764_690_000_000
+	inc, err := OpenIncarnation(dir, now)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var ranMs atomic.Int64
+	var logged lockedBuffer // the second tick of renewAt may log while the test reads
+	log := slog.New(slog.NewTextHandler(&logged, nil))
+	tick, stop, done := make(chan time.Time), make(chan struct{}), make(chan struct{})
+	go renewIncarnation(inc, log, tick, ranMs.Load, stop, done)
+	// renewAt delivers a tick at ran and then one more at the same time
+	// (a no-op renewal): once the second is taken, the first's renewal is
+	// over.
+	renewAt := func(ran int64) {
+		ranMs.Store(ran)
+		tick <- time.Time{}
+		tick <- time.Time{}
+	}
+	onDisk := func() int64 {
+		t.Helper()
+		raw, err := os.ReadFile(filepath.Join(dir, incarnationFile))
+		if err != nil {
+			t.Fatal(err)
+		}
+		b, err := parseIncarnation(raw)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return b
+	}
+
+	renewAt(25_000)
+	if got, want := onDisk(), int64(now+25_000+incarnationReserveMs); got != want {
+		t.Fatalf("after a tick at 25 s: bound %d on disk, want %d", got, want)
+	}
+	renewAt(20_000) // a running life's bound never comes down
+	if got, want := onDisk(), int64(now+25_000+incarnationReserveMs); got != want {
+		t.Fatalf("after a tick at 20 s: bound %d on disk, want %d (unchanged)", got, want)
+	}
+
+	// The file cannot be replaced (a directory in its place, with
+	// something in it): the renewal is logged, the bound stays.
+	path := filepath.Join(dir, incarnationFile)
+	if err := os.Remove(path); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.MkdirAll(filepath.Join(path, "x"), 0o750); err != nil {
+		t.Fatal(err)
+	}
+	renewAt(35_000)
+	if !strings.Contains(logged.String(), "the node's incarnation was not renewed") {
+		t.Fatalf("a failed renewal was not logged; the log: %q", logged.String())
+	}
+	if inc.Bound() != now+25_000+incarnationReserveMs {
+		t.Fatalf("after a failed renewal the bound reads %d", inc.Bound())
+	}
+	if err := os.RemoveAll(path); err != nil {
+		t.Fatal(err)
+	}
+	renewAt(45_000) // the next tick writes it
+	if got, want := onDisk(), int64(now+45_000+incarnationReserveMs); got != want {
+		t.Fatalf("the tick after the failure: bound %d on disk, want %d", got, want)
+	}
+
+	ranMs.Store(50_000)
+	close(stop)
+	<-done
+	if got, want := onDisk(), int64(now+50_000); got != want {
+		t.Fatalf("after the stop at 50 s: bound %d on disk, want %d", got, want)
+	}
+}
+
+// lockedBuffer is a bytes.Buffer safe for one writer and one reader.
+type lockedBuffer struct {
+	mu  sync.Mutex
+	buf bytes.Buffer
+}
+
+func (b *lockedBuffer) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.Write(p)
+}
+
+func (b *lockedBuffer) String() string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.String()
 }
