@@ -5,6 +5,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/warren-mq/warren/admin/api"
 	"github.com/warren-mq/warren/netio"
 )
 
@@ -26,5 +27,26 @@ func TestClusterStatus(t *testing.T) {
 	}
 	if _, errs, code := c.run("", "cluster", "nope"); code != 2 || !strings.Contains(errs, "want status") {
 		t.Fatalf("cluster nope: exit %d %s", code, errs)
+	}
+}
+
+// queue list's THIS NODE column: what the answering node's replica is,
+// whose counts the row shows.
+func TestReplicaHere(t *testing.T) {
+	for _, c := range []struct {
+		q    api.QueueStats
+		want string
+	}{
+		{api.QueueStats{}, "-"},
+		{api.QueueStats{RaftRole: "leader", Leader: 1, RaftCommit: 9, RaftApplied: 9}, "leader"},
+		{api.QueueStats{RaftRole: "follower", Leader: 1, RaftCommit: 9, RaftApplied: 9}, "follower"},
+		{api.QueueStats{RaftRole: "follower", Leader: 1, RaftCommit: 9, RaftApplied: 4}, "follower, applying 5"},
+		{api.QueueStats{RaftRole: "follower", RaftCommit: 9, RaftApplied: 9}, "follower, no leader known"},
+		{api.QueueStats{RaftRole: "none", Leader: 2}, "no replica"},
+		{api.QueueStats{RaftRole: "failed", ReplicaError: "damaged"}, "failed: damaged"},
+	} {
+		if got := replicaHere(c.q); got != c.want {
+			t.Errorf("%+v: %q, want %q", c.q, got, c.want)
+		}
 	}
 }

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"net/url"
+	"slices"
 	"strconv"
 	"strings"
 	"text/tabwriter"
@@ -89,11 +90,22 @@ func (c *cli) queue(verb string, args []string) error {
 		}
 		var qs []api.Queue
 		_ = json.Unmarshal(raw, &qs)
+		// In a cluster the counts are the answering node's replica's:
+		// THIS NODE says what that replica is, and how far behind.
+		here := slices.ContainsFunc(qs, func(q api.Queue) bool { return q.RaftRole != "" })
 		return c.show(raw, func(w *tabwriter.Writer) error {
-			fmt.Fprintln(w, "NAME\tREADY\tUNACKED\tCONSUMERS\tPUBLISH/S\tDELIVER/S\tACK/S\tLEADER\tREPLICAS")
+			head := "NAME\tREADY\tUNACKED\tCONSUMERS\tPUBLISH/S\tDELIVER/S\tACK/S\tLEADER\tREPLICAS"
+			if here {
+				head += "\tTHIS NODE"
+			}
+			fmt.Fprintln(w, head)
 			for _, q := range qs {
-				fmt.Fprintf(w, "%s\t%d\t%d\t%d\t%s\t%s\t%s\t%s\t%s\n", q.Name, q.Ready, q.Unacked, q.Consumers,
+				fmt.Fprintf(w, "%s\t%d\t%d\t%d\t%s\t%s\t%s\t%s\t%s", q.Name, q.Ready, q.Unacked, q.Consumers,
 					fmtVal(q.Rates.Publish), fmtVal(q.Rates.Deliver), fmtVal(q.Rates.Ack), nodeOrDash(q.Leader), nodesOrDash(q.Replicas))
+				if here {
+					fmt.Fprintf(w, "\t%s", replicaHere(q.QueueStats))
+				}
+				fmt.Fprintln(w)
 			}
 			return nil
 		})
@@ -325,4 +337,29 @@ func (c *cli) replay(args []string) error {
 		return errors.New("replay stopped early: " + r.Error)
 	}
 	return nil
+}
+
+// replicaHere says what the answering node holds of a replicated queue,
+// whose counts it shows: "leader"; "follower"; a follower still applying
+// what it knows is committed ("follower, applying N"), or that knows no
+// leader yet (just restarted: its counts are its log's, the leader's may
+// be ahead); "no replica" (the counts come from elsewhere); "failed: why".
+// "-" for a queue every node keeps its own copy of.
+func replicaHere(q api.QueueStats) string {
+	switch q.RaftRole {
+	case "":
+		return "-"
+	case "none":
+		return "no replica"
+	case "failed":
+		return "failed: " + q.ReplicaError
+	case "follower":
+		switch {
+		case q.RaftCommit > q.RaftApplied:
+			return fmt.Sprintf("follower, applying %d", q.RaftCommit-q.RaftApplied)
+		case q.Leader == 0:
+			return "follower, no leader known"
+		}
+	}
+	return q.RaftRole
 }
