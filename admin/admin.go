@@ -93,7 +93,8 @@ func (a *API) sample() { a.sampleAt(time.Now()) }
 // sample; now is the time of this one (an input, so tests can fake it).
 // The broker's rates sum the queues' changes, each queue counted only
 // against its own previous sample, so a deleted queue does not make a
-// rate dip below zero.
+// rate dip below zero, and a queue first seen has no rates until its
+// next sample.
 func (a *API) sampleAt(now time.Time) {
 	cur := map[string]broker.QueueStats{}
 	for _, q := range a.b.Queues() {
@@ -106,7 +107,14 @@ func (a *API) sampleAt(now time.Time) {
 		rates := make(map[string]Rates, len(cur))
 		var d broker.QueueStats // the changes since the last sample
 		for n, q := range cur {
-			p := a.prev[n]
+			p, seen := a.prev[n]
+			if !seen {
+				// First seen: its totals are this sample's baseline, not
+				// this interval's work (a replica opened or caught up
+				// here brings the counts of its log; a queue declared in
+				// the interval shows rates from the next one).
+				continue
+			}
 			rates[n] = Rates{Publish: rate(q.Published, p.Published, dt), Deliver: rate(q.Delivered, p.Delivered, dt), Ack: rate(q.Acked, p.Acked, dt),
 				Redeliver: rate(q.Redelivered, p.Redelivered, dt), DeadLetter: rate(q.DeadLettered, p.DeadLettered, dt)}
 			d.Published += delta(q.Published, p.Published)

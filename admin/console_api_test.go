@@ -213,6 +213,48 @@ func TestRedeliverAndDeadLetterRates(t *testing.T) {
 	}
 }
 
+// TestRatesFirstSeenQueue: a queue the sampler sees for the first time
+// brings its totals as a baseline (a replica opened or caught up on this
+// node has its log's counts), not as the interval's publishes: its rates
+// read 0, and the next sample counts what came since.
+func TestRatesFirstSeenQueue(t *testing.T) {
+	srv := warrentest.StartServer(t, nil)
+	a := admin.New(srv.Broker, warrentest.AdminConnections(srv), nil, time.Hour)
+	t.Cleanup(a.Close)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	e := &env{t: t, srv: srv, api: httptestServer(t, a)}
+	t0 := time.Unix(1000, 0)
+	a.SampleAt(t0) // no queue yet
+	if st := e.do("PUT", "/api/queues/late", `{}`, nil); st != 200 {
+		t.Fatalf("declare: %d", st)
+	}
+	c, err := client.Dial(ctx, warrentest.URL(srv))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	ch, _ := c.Channel(ctx)
+	publish(t, ch, "late", 40)
+	expectReady(t, srv, ch, "late", 40)
+	a.SampleAt(t0.Add(2 * time.Second))
+	var q api.Queue
+	getJSON(t, e.api, "/api/queues/late", &q)
+	var o api.Overview
+	getJSON(t, e.api, "/api/overview", &o)
+	if q.Rates.Publish != 0 || o.Rates.Publish != 0 {
+		t.Fatalf("first seen with 40 published: queue rates %+v, overview %+v (want 0: a baseline)", q.Rates, o.Rates)
+	}
+	publish(t, ch, "late", 4)
+	expectReady(t, srv, ch, "late", 44)
+	a.SampleAt(t0.Add(4 * time.Second))
+	getJSON(t, e.api, "/api/queues/late", &q)
+	getJSON(t, e.api, "/api/overview", &o)
+	if q.Rates.Publish != 2 || o.Rates.Publish != 2 {
+		t.Fatalf("4 more in 2 s: queue rates %+v, overview %+v (want publish 2)", q.Rates, o.Rates)
+	}
+}
+
 // expectUnacked is expectReady for a queue whose messages are all out.
 func expectUnacked(t *testing.T, srv *netio.Server, ch *client.Channel, q string, n int64) {
 	t.Helper()
