@@ -195,6 +195,15 @@ func TestWarrenctlReplayIDs(t *testing.T) {
 	if out := c.ok("", "consume", "orders", "--count", "1"); out != "b\n" {
 		t.Fatalf("consume after replaying b printed %q", out)
 	}
+	// b again (replayed already) with a: a partial replay, exit 0; b
+	// alone: nothing replayed, exit 1 saying so.
+	a := fmt.Sprint(peeked.Messages[0].ID)
+	if out := c.ok("", "dlq", "replay", "dlq", "--ids", a+","+b); !regexpLine(out, "moved", "1") || !regexpLine(out, "missing", "1") {
+		t.Fatalf("dlq replay --ids %s,%s:\n%s", a, b, out)
+	}
+	if out, errs, code := c.run("", "dlq", "replay", "dlq", "--ids", b); code != 1 || !regexpLine(out, "missing", "1") || !strings.Contains(errs, "nothing replayed") {
+		t.Fatalf("dlq replay --ids %s (none held): exit %d, %q %q", b, code, out, errs)
+	}
 	if _, errs, code := c.run("", "dlq", "replay", "dlq", "--ids", "x"); code != 2 || !strings.Contains(errs, "--ids") {
 		t.Fatalf("dlq replay --ids x: exit %d %q", code, errs)
 	}
