@@ -1,18 +1,18 @@
 package broker
 
 import (
-	"bytes"
 	"hash/crc32"
 	"log/slog"
 	"os"
 	"path/filepath"
 	"strconv"
 	"strings"
-	"sync"
 	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/warren-mq/warren/internal/syncbuf"
 )
 
 // OpenIncarnation starts from max(now, the file's bound + 1); the bound
@@ -166,7 +166,7 @@ func TestIncarnationRenewal(t *testing.T) {
 		t.Fatal(err)
 	}
 	var ranMs atomic.Int64
-	var logged lockedBuffer // the second tick of renewAt may log while the test reads
+	var logged syncbuf.Buffer // the second tick of renewAt may log while the test reads
 	log := slog.New(slog.NewTextHandler(&logged, nil))
 	tick, stop, done := make(chan time.Time), make(chan struct{}), make(chan struct{})
 	go renewIncarnation(inc, log, tick, ranMs.Load, stop, done)
@@ -230,22 +230,4 @@ func TestIncarnationRenewal(t *testing.T) {
 	if got, want := onDisk(), int64(now+50_000); got != want {
 		t.Fatalf("after the stop at 50 s: bound %d on disk, want %d", got, want)
 	}
-}
-
-// lockedBuffer is a bytes.Buffer safe for one writer and one reader.
-type lockedBuffer struct {
-	mu  sync.Mutex
-	buf bytes.Buffer
-}
-
-func (b *lockedBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.Write(p)
-}
-
-func (b *lockedBuffer) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.String()
 }

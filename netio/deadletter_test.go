@@ -5,6 +5,7 @@ import (
 	"testing"
 
 	"github.com/warren-mq/warren/client"
+	"github.com/warren-mq/warren/internal/syncbuf"
 	"github.com/warren-mq/warren/netio"
 	"github.com/warren-mq/warren/netio/warrentest"
 	"github.com/warren-mq/warren/wire"
@@ -16,7 +17,7 @@ import (
 // as dropped, per queue and broker-wide by reason, and logged. The broker
 // stays up.
 func TestDeadLetterDropsAreCountedAndLogged(t *testing.T) {
-	var logs syncBuffer
+	var logs syncbuf.Buffer
 	s := warrentest.StartServer(t, &netio.Config{Logger: logTo(&logs)})
 	ctx := ctxT(t)
 	ch := channel(t, dial(t, s))

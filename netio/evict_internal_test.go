@@ -1,34 +1,15 @@
 package netio
 
 import (
-	"bytes"
 	"log/slog"
 	"net"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
+	"github.com/warren-mq/warren/internal/syncbuf"
 	"github.com/warren-mq/warren/wire"
 )
-
-// syncBuffer is a log destination the loops and the test share.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (w *syncBuffer) Write(p []byte) (int, error) {
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	return w.b.Write(p)
-}
-
-func (w *syncBuffer) count(s string) int {
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	return strings.Count(w.b.String(), s)
-}
 
 // waitFor waits, with a deadline, for cond on the server's connection-side
 // state, waking at each change of it (Server.Changed): an event, not a
@@ -87,7 +68,7 @@ func readClose(nc net.Conn) *wire.Close {
 // pair beside the flood shares). The evicted socket still gets the CLOSE
 // with the reason.
 func TestEvictionIsConstantWork(t *testing.T) {
-	var logs syncBuffer
+	var logs syncbuf.Buffer
 	s, err := Start(Config{
 		Addr: "127.0.0.1:0", MaxUnauthenticated: 4,
 		Logger: slog.New(slog.NewTextHandler(&logs, &slog.HandlerOptions{Level: slog.LevelInfo})),
@@ -169,7 +150,7 @@ func TestEvictionIsConstantWork(t *testing.T) {
 	if examined != evicted {
 		t.Errorf("%d connections examined for %d evictions, want one each (the %d being checked were walked past)", examined, evicted, checking)
 	}
-	if n := logs.count("closed to admit"); n == 0 || n > 2 {
+	if n := logs.Count("closed to admit"); n == 0 || n > 2 {
 		t.Errorf("%d log lines for %d evictions, want one (a summary, at most one each 10 s)", n, evictions)
 	}
 	if d := s.downs.Load(); d != 0 {

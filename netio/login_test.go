@@ -5,6 +5,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/warren-mq/warren/internal/syncbuf"
 	"github.com/warren-mq/warren/netio"
 	"github.com/warren-mq/warren/netio/warrentest"
 	"github.com/warren-mq/warren/wire"
@@ -14,7 +15,7 @@ import (
 // malformed PLAIN response are failed logins too, logged with their source
 // and reason.
 func TestMalformedLoginsAreLogged(t *testing.T) {
-	var logs syncBuffer
+	var logs syncbuf.Buffer
 	s := warrentest.StartServer(t, &netio.Config{Logger: logTo(&logs)})
 	for _, auth := range []*wire.Auth{
 		{Mechanism: "XX", MaxFrame: wire.MinMaxFrame},

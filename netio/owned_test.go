@@ -4,35 +4,16 @@ import (
 	"bytes"
 	"log/slog"
 	"strings"
-	"sync"
 	"testing"
 
 	"github.com/warren-mq/warren/client"
+	"github.com/warren-mq/warren/internal/syncbuf"
 	"github.com/warren-mq/warren/netio"
 	"github.com/warren-mq/warren/netio/warrentest"
 	"github.com/warren-mq/warren/wire"
 )
 
-// syncBuffer is a log sink the broker's goroutines may write to while the
-// test reads it.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
-}
-
-func logTo(b *syncBuffer) *slog.Logger {
+func logTo(b *syncbuf.Buffer) *slog.Logger {
 	return slog.New(slog.NewTextHandler(b, &slog.HandlerOptions{Level: slog.LevelDebug}))
 }
 
@@ -114,7 +95,7 @@ func TestClientDeathHistoryIsDropped(t *testing.T) {
 // TestDurableIsWarnedNotYetHonoured: durable declares are accepted but
 // kept in memory only; the broker says so in its log, rate-limited.
 func TestDurableIsWarnedNotYetHonoured(t *testing.T) {
-	var logs syncBuffer
+	var logs syncbuf.Buffer
 	s := warrentest.StartServer(t, &netio.Config{Logger: logTo(&logs)})
 	ctx := ctxT(t)
 	ch := channel(t, dial(t, s))
