@@ -597,10 +597,15 @@ func (c *conn) handle(typ uint8, chID uint16, p []byte) error {
 		return connErr(channelError, "CHANNEL_ERROR - expected 'channel.open' on channel "+strconv.Itoa(int(chID)))
 	}
 	if ch.closing {
-		if class == classChannel && (id == 41 || id == 40) {
-			if id == 40 {
-				c.reply(chID, classChannel, 41, nil)
-			}
+		// The broker sent channel.close: a client's channel.close that
+		// crossed it is answered, and the channel is free only at the
+		// client's close-ok (which it sends to the broker's close after
+		// its own), as RabbitMQ's reader does; freed at the close, the
+		// close-ok after it met no channel (504 CHANNEL_ERROR).
+		switch {
+		case class == classChannel && id == 40:
+			c.reply(chID, classChannel, 41, nil)
+		case class == classChannel && id == 41:
 			c.mu.Lock()
 			delete(c.channels, chID)
 			c.mu.Unlock()

@@ -2,6 +2,7 @@ package amqp_test
 
 import (
 	"context"
+	"encoding/binary"
 	"errors"
 	"runtime"
 	"sync/atomic"
@@ -475,5 +476,36 @@ func TestPublishUserIDIsChecked(t *testing.T) {
 		}
 	case <-time.After(deadline):
 		t.Fatal("a publish with another user's user-id was taken")
+	}
+}
+
+// TestCrossedChannelClose: a client's channel.close that crosses the
+// broker's (here the broker closes the channel for an ack of an unknown
+// tag) is answered with close-ok, and the channel is free again only at
+// the client's close-ok to the broker's close, as RabbitMQ has it. Before,
+// the client's close freed the channel, and the close-ok behind it closed
+// the connection with 504 (amqp091-go sends exactly this when an
+// application closes a channel the broker is closing).
+func TestCrossedChannelClose(t *testing.T) {
+	_, l, _ := start(t, amqp.Config{})
+	nc := rawConn(t, l.Addr().String())
+	writeFrame(t, nc, 1, 1, []byte{0, 20, 0, 10, 0}) // channel.open
+	if cm := readMethod(t, nc); cm != [2]uint16{20, 11} {
+		t.Fatalf("want channel.open-ok, got %v", cm)
+	}
+	ack := []byte{0, 60, 0, 80, 0, 0, 0, 0, 0, 0, 0, 99, 0} // basic.ack tag 99
+	writeFrame(t, nc, 1, 1, ack)
+	writeFrame(t, nc, 1, 1, []byte{0, 20, 0, 40, 0, 200, 0, 0, 0, 0, 0}) // the client's channel.close, crossing
+	cm, p := readMethodPayload(t, nc)
+	if cm != [2]uint16{20, 40} || binary.BigEndian.Uint16(p) != 406 {
+		t.Fatalf("want channel.close 406, got %v %x", cm, p)
+	}
+	if cm := readMethod(t, nc); cm != [2]uint16{20, 41} {
+		t.Fatalf("want channel.close-ok to the client's close, got %v", cm)
+	}
+	writeFrame(t, nc, 1, 1, []byte{0, 20, 0, 41})    // close-ok to the broker's close
+	writeFrame(t, nc, 1, 1, []byte{0, 20, 0, 10, 0}) // the channel again
+	if cm := readMethod(t, nc); cm != [2]uint16{20, 11} {
+		t.Fatalf("want channel.open-ok on the reused channel, got %v", cm)
 	}
 }
