@@ -281,7 +281,7 @@ func (g *Group) install(rd raft.Ready) {
 		return
 	}
 	live := fsm.LiveEntries(nil, meta.Index)
-	g.inflight = true
+	g.inflight, g.installing = true, true
 	gid, first, last, term := g.id, g.st.first, g.st.last, s.Msg.Term
 	w.cfg.Pool.Go(func() {
 		err := installSnapshot(w.log, store, gid, meta, s.Data, s.Entries, s.ReadEntry, live, first, last, term)
@@ -293,7 +293,7 @@ func (g *Group) install(rd raft.Ready) {
 // installed runs on the shard once installSnapshot returned.
 func (g *Group) installed(rd raft.Ready, meta raftpb.SnapshotMetadata, data []byte, err error) {
 	w := g.w
-	g.inflight = false
+	g.inflight, g.installing = false, false
 	if g.removed {
 		g.maybeRemove()
 		return

@@ -169,6 +169,10 @@ type Group struct {
 	queued                bool
 	// inflight: a Ready whose write is with the appender.
 	inflight bool
+	// installing: a snapshot install is off the shard (install to
+	// installed): the log is compacted to the snapshot before the FSM is
+	// restored from it (Installing).
+	installing bool
 	// flights: pipelined writes with the appender (pipelined), and
 	// waiting: entries raft committed whose write is not durable yet, or
 	// that wait behind such entries, applied once it is, in order.
@@ -258,8 +262,16 @@ func (w *Worker) Groups() int { return len(w.ids) }
 // ID is the group's id (its segment group).
 func (g *Group) ID() uint64 { return g.id }
 
-// FSM is the group's state machine.
+// FSM is the group's state machine. Its live entries are in the log,
+// but while a snapshot install is under way (Installing): the install
+// compacts the log to the snapshot, off the shard, before the FSM is
+// restored from it.
 func (g *Group) FSM() *QueueFSM { return g.fsm }
+
+// Installing reports whether a snapshot install is under way: the FSM is
+// still the one from before it, and the log may already hold only the
+// snapshot's live entries.
+func (g *Group) Installing() bool { return g.installing }
 
 // Leader reports whether this node leads the group (and so may propose).
 func (g *Group) Leader() bool { return g.leader }

@@ -93,6 +93,9 @@ func (s *sim) checkLogs() {
 				}
 			}
 			g := a.group(gs.gid)
+			if g.Installing() {
+				continue // the log is compacted to the snapshot, the FSM not restored yet
+			}
 			for _, idx := range g.FSM().LiveEntries(nil, g.FSM().AppliedIndex()) {
 				es, release, err := a.log.EntriesView(gs.gid, idx, idx+1)
 				if err != nil || len(es) != 1 {
