@@ -15,7 +15,7 @@ type channel struct {
 	id        uint16
 	nextSeq   uint64                  // loop-owned: the next publish sequence number
 	consumers map[string]*consumerRef // active consumers by tag (mu)
-	all       []*consumerRef          // every consumer until the channel closes (mu)
+	all       []*consumerRef          // its consumers until the channel closes, those their queues let go of dropped now and then (onSubscribe) (mu)
 	closed    bool                    // (mu)
 	nextTag   uint64                  // last delivery tag given (mu)
 	tagBase   uint64                  // tag of tags[head] (mu)

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"net"
 	"net/netip"
+	"strconv"
 
 	"github.com/panjf2000/gnet/v2"
 )
@@ -28,6 +29,18 @@ func (s *Server) DiskAlarm() bool { return s.diskAlarm.Load() }
 
 // MaxPrefetch is the cap on a consumer's unacked deliveries.
 func (s *Server) MaxPrefetch() uint32 { return s.cfg.MaxPrefetch }
+
+// MaxConsumersPerConnection is the cap on one connection's consumers
+// (Config.MaxConsumersPerConnection).
+func (s *Server) MaxConsumersPerConnection() int { return s.cfg.MaxConsumersPerConnection }
+
+// ConsumerLimitReason is the refusal of a consumer past that cap, the
+// connection having n.
+func (s *Server) ConsumerLimitReason(n int) string {
+	return "consumer limit reached: this connection has " + strconv.Itoa(n) + " consumers, its max_consumers_per_connection" +
+		" (a cancelled consumer counts until its deliveries are settled; raise it with \"max_consumers_per_connection\"" +
+		" in the config file, or cancel some)"
+}
 
 // MaxOutboundBytes is the per-connection outbox cap.
 func (s *Server) MaxOutboundBytes() int { return s.cfg.MaxOutboundBytes }

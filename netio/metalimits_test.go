@@ -51,3 +51,50 @@ func TestQueueLimitOverTheProtocol(t *testing.T) {
 		t.Fatalf("sixth exchange: %v", err)
 	}
 }
+
+// TestConsumerLimitOverTheProtocol: with max_consumers_per_connection 3, a
+// connection's fourth SUBSCRIBE (on any of its channels) is refused with
+// limit_reached naming the setting, a refusal of that request only; another
+// connection is not limited by it; once a consumer is cancelled and its
+// queue let it go, a SUBSCRIBE succeeds again. Before, a connection could
+// make consumers without end (each one a consumer of the queue's too).
+func TestConsumerLimitOverTheProtocol(t *testing.T) {
+	s := warrentest.StartServer(t, &netio.Config{MaxConsumersPerConnection: 3})
+	ctx := ctxT(t)
+	conn := dial(t, s)
+	ch1, ch2 := channel(t, conn), channel(t, conn)
+	if _, err := ch1.DeclareQueue(ctx, "q", client.QueueOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	var first *client.Consumer
+	for i, ch := range []*client.Channel{ch1, ch1, ch2} {
+		cs, err := ch.Consume(ctx, "q", client.ConsumeOptions{})
+		if err != nil {
+			t.Fatalf("consumer %d: %v", i+1, err)
+		}
+		if first == nil {
+			first = cs
+		}
+	}
+	_, err := ch2.Consume(ctx, "q", client.ConsumeOptions{})
+	if wire.CodeOf(err) != wire.LimitReached || !strings.Contains(err.Error(), "max_consumers_per_connection") {
+		t.Fatalf("fourth consumer: %v, want limit_reached naming max_consumers_per_connection", err)
+	}
+	if _, err := ch2.DeclareQueue(ctx, "q", client.QueueOptions{Passive: true}); err != nil {
+		t.Fatalf("the same channel after the refusal: %v", err)
+	}
+	if _, err := channel(t, dial(t, s)).Consume(ctx, "q", client.ConsumeOptions{}); err != nil {
+		t.Fatalf("another connection: %v", err)
+	}
+	if err := first.Cancel(ctx); err != nil {
+		t.Fatal(err)
+	}
+	// Answered by the queue's shard after the cancel before it: the
+	// queue has let the consumer go.
+	if _, err := ch1.PurgeQueue(ctx, "q"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := ch2.Consume(ctx, "q", client.ConsumeOptions{}); err != nil {
+		t.Fatalf("after a cancel made room: %v", err)
+	}
+}

@@ -189,6 +189,10 @@ func (c *conn) onSubscribe(ch *channel, r *wire.Subscribe) error {
 		c.mu.Unlock()
 		return fail(reqErr(wire.PreconditionFailed, "consumer tag %q in use on this channel", tag))
 	}
+	if n := len(c.byID); n >= c.srv.cfg.MaxConsumersPerConnection {
+		c.mu.Unlock()
+		return fail(&wire.Error{Code: wire.LimitReached, Reason: c.srv.ConsumerLimitReason(n)})
+	}
 	prefetch := r.PrefetchCount
 	if prefetch == 0 || prefetch > c.srv.cfg.MaxPrefetch {
 		prefetch = c.srv.cfg.MaxPrefetch
@@ -204,6 +208,20 @@ func (c *conn) onSubscribe(ch *channel, r *wire.Subscribe) error {
 		ch.consumers = map[string]*consumerRef{}
 	}
 	ch.consumers[tag] = cr
+	if len(ch.all) >= 2*len(c.byID)+16 {
+		// Keep only the consumers their queues still have (c.byID): a
+		// channel that subscribes and cancels in a loop holds its live
+		// consumers, not every one it ever had (at most twice the
+		// connection's, plus 16, each pass paid for by as many appends).
+		live := ch.all[:0]
+		for _, x := range ch.all {
+			if c.byID[x.id] == x {
+				live = append(live, x)
+			}
+		}
+		clear(ch.all[len(live):])
+		ch.all = live
+	}
 	ch.all = append(ch.all, cr)
 	if c.byID == nil {
 		c.byID = map[queue.ConsumerID]*consumerRef{}

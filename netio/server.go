@@ -62,6 +62,13 @@ type Config struct {
 	TickInterval                         time.Duration // heartbeat and flow checks; 100ms
 	Logger                               *slog.Logger  // discard if nil
 
+	// MaxConsumersPerConnection: the consumers one connection may have
+	// on its queues at once, on every channel together, a cancelled one
+	// counting until its queue has let it go (its deliveries settled or
+	// taken back); a SUBSCRIBE (AMQP: basic.consume, basic.get) past it
+	// is refused with limit_reached. 0: 10,000.
+	MaxConsumersPerConnection int
+
 	// Connections before they authenticate (see connlimits.go).
 
 	// HandshakeTimeout bounds the time from accept to OPEN_OK; 10s.
@@ -151,6 +158,9 @@ func (c *Config) fill() {
 	}
 	if c.MaxPrefetch == 0 {
 		c.MaxPrefetch = 1000
+	}
+	if c.MaxConsumersPerConnection <= 0 {
+		c.MaxConsumersPerConnection = 10_000
 	}
 	if c.MaxOutboundBytes == 0 {
 		c.MaxOutboundBytes = 64 << 20

@@ -14,10 +14,11 @@ import (
 
 // TestTopologyLimitFlags: max_queues, max_exchanges and max_bindings come
 // from the config file, the environment and flags (a flag over the file);
-// a declare past one is refused with limit_reached naming it.
+// a declare past one is refused with limit_reached naming it. So is a
+// second consumer with the file's max_consumers_per_connection 1.
 func TestTopologyLimitFlags(t *testing.T) {
 	cfg := filepath.Join(t.TempDir(), "warren.json")
-	if err := os.WriteFile(cfg, []byte(`{"max_queues": 100, "max_exchanges": 5, "max_bindings": 100}`), 0o600); err != nil {
+	if err := os.WriteFile(cfg, []byte(`{"max_queues": 100, "max_exchanges": 5, "max_bindings": 100, "max_consumers_per_connection": 1}`), 0o600); err != nil {
 		t.Fatal(err)
 	}
 	a := startWarrend(t, []string{"--config", cfg, "--max-queues", "1"}, map[string]string{"WARREN_MAX_BINDINGS": "1"})
@@ -57,6 +58,12 @@ func TestTopologyLimitFlags(t *testing.T) {
 		t.Fatal(err)
 	}
 	refused("second binding (WARREN_MAX_BINDINGS=1 over the file's 100)", c.Bind(ctx, client.Binding{Source: "x1", Destination: "q1", RoutingKey: "b"}), "--max-bindings")
+	c = ch()
+	if _, err := c.Consume(ctx, "q1", client.ConsumeOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	_, err = c.Consume(ctx, "q1", client.ConsumeOptions{})
+	refused("second consumer (the file's max_consumers_per_connection 1)", err, "max_consumers_per_connection")
 }
 
 // TestExclusivePerConnectionFlag: --max-exclusive-queues-per-connection

@@ -104,6 +104,7 @@ type fileConfig struct {
 	MaxExchanges     int          `json:"max_exchanges"`                       // 0: 100,000 (the four amq.* included)
 	MaxBindings      int          `json:"max_bindings"`                        // 0: 4,000,000
 	MaxExclusive     int          `json:"max_exclusive_queues_per_connection"` // 0: 10,000
+	MaxConsumers     int          `json:"max_consumers_per_connection"`        // 0: 10,000
 
 	HandshakeTimeoutMs      int64    `json:"handshake_timeout_ms"`            // accept to OPEN_OK; 10000
 	MaxUnauthenticated      int      `json:"max_unauthenticated_connections"` // 1000
@@ -262,6 +263,9 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdin i
 		if *l.dst < 0 {
 			return fmt.Errorf("%s %d: want a positive number (0: the default)", l.key, *l.dst)
 		}
+	}
+	if fc.MaxConsumers < 0 {
+		return fmt.Errorf("max_consumers_per_connection %d: want a positive number (0: the default)", fc.MaxConsumers)
 	}
 	dl := ""
 	pick(*diskLimit, "WARREN_DISK_FREE_LIMIT", &dl)
@@ -433,7 +437,7 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdin i
 			default:
 			}
 		},
-		MaxQueues: fc.MaxQueues, MaxExchanges: fc.MaxExchanges, MaxBindings: fc.MaxBindings, MaxExclusivePerConnection: fc.MaxExclusive,
+		MaxQueues: fc.MaxQueues, MaxExchanges: fc.MaxExchanges, MaxBindings: fc.MaxBindings, MaxExclusivePerConnection: fc.MaxExclusive, MaxConsumersPerConnection: fc.MaxConsumers,
 		NodeID: cn.id(), MetaPeers: cn.ids(), RaftSend: cn.send(), RaftSendSnapshot: cn.sendSnapshot(), RaftForward: cn.forward(), OnBroker: cn.setBroker, ClusterCtx: ctx,
 		Membership: cn.membership(),
 	})

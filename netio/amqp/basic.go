@@ -254,6 +254,10 @@ func (c *conn) onConsume(ch *channel, r *reader) error {
 		c.mu.Unlock()
 		return connErr(notAllowed, "NOT_ALLOWED - attempt to reuse consumer tag '"+tag+"'")
 	}
+	if n := len(c.byID); n >= c.srv.MaxConsumersPerConnection() {
+		c.mu.Unlock()
+		return brokerErr(wire.LimitReached, c.srv.ConsumerLimitReason(n))
+	}
 	cr := &consumer{id: c.srv.NewConsumerID(), tag: tag, ch: ch, q: q, autoAck: noAck, noWait: noWait}
 	ch.consumers[tag] = cr
 	c.byID[cr.id] = cr
@@ -294,6 +298,10 @@ func (c *conn) onGet(ch *channel, r *reader) error {
 	}
 	cr := &consumer{id: c.srv.NewConsumerID(), ch: ch, q: q, autoAck: noAck, noWait: true, get: make(chan struct{})}
 	c.mu.Lock()
+	if n := len(c.byID); n >= c.srv.MaxConsumersPerConnection() { // a get's message unacked keeps its consumer
+		c.mu.Unlock()
+		return brokerErr(wire.LimitReached, c.srv.ConsumerLimitReason(n))
+	}
 	c.byID[cr.id] = cr
 	c.mu.Unlock()
 	c.srv.Submit(broker.Command{Kind: broker.CmdSubscribe, Queue: q, Sink: c, Spec: queue.ConsumerSpec{ID: cr.id, Owner: queue.OwnerID(c.id), Prefetch: 1, Get: true}})

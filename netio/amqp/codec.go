@@ -74,7 +74,7 @@ func replyCodeOf(c wire.Code) uint16 {
 	switch c {
 	case wire.NotFound, wire.ExchangeNotFound:
 		return notFound
-	case wire.PreconditionFailed, wire.InvalidArgument, wire.ResourceLimit, wire.QueueFull:
+	case wire.PreconditionFailed, wire.InvalidArgument, wire.ResourceLimit, wire.QueueFull, wire.LimitReached:
 		return preconditionFailed
 	case wire.AccessRefused, wire.NotAllowed, wire.ExchangeInternal:
 		return accessRefused
