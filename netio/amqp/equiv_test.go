@@ -386,6 +386,20 @@ func TestRefusalsInRabbitMQWords(t *testing.T) {
 	check("bind another connection's exclusive queue", other.QueueBind("r.excl", "k", "amq.direct", false, nil), 405,
 		"RESOURCE_LOCKED - cannot obtain exclusive access to locked queue 'r.excl' in vhost '/'. It could be originally declared on another connection or the exclusive property value does not match that of the original declaration.")
 
+	// A bind's 404s name the missing exchange or queue in RabbitMQ's
+	// words, the source first when both are missing (found by the
+	// differential test, make amqp-diff).
+	check("bind to a missing exchange", ch.QueueBind("r.q", "k", "r.nox", false, nil), 404,
+		"NOT_FOUND - no exchange 'r.nox' in vhost '/'")
+	check("bind a missing queue", ch.QueueBind("r.noq", "k", "amq.direct", false, nil), 404,
+		"NOT_FOUND - no queue 'r.noq' in vhost '/'")
+	check("bind a missing queue to a missing exchange", ch.QueueBind("r.noq", "k", "r.nox", false, nil), 404,
+		"NOT_FOUND - no exchange 'r.nox' in vhost '/'")
+	check("bind a missing exchange", ch.ExchangeBind("r.nox", "k", "amq.direct", false, nil), 404,
+		"NOT_FOUND - no exchange 'r.nox' in vhost '/'")
+	check("bind from a missing exchange", ch.ExchangeBind("amq.direct", "k", "r.nox", false, nil), 404,
+		"NOT_FOUND - no exchange 'r.nox' in vhost '/'")
+
 	check("channel.flow active=false", ch.Flow(false), 540, "NOT_IMPLEMENTED - active=false")
 }
 

@@ -116,7 +116,7 @@ func (c *conn) onExchange(ch *channel, id uint16, r *reader) error {
 		// Unbinding what is not there (binding, exchange or queue) is ok,
 		// as RabbitMQ 3.10 answers it.
 		if err := c.control(func() error { return c.srv.BindAs(b, c.requester()) }); err != nil && !(b.Unbind && isCode(err, wire.NotFound)) {
-			return err
+			return c.bindNotFound(err, src, dst, false)
 		}
 		if !noWait {
 			okID := uint16(31)
@@ -128,6 +128,26 @@ func (c *conn) onExchange(ch *channel, id uint16, r *reader) error {
 		return nil
 	}
 	return connErr(commandInvalid, "COMMAND_INVALID - unknown exchange method "+strconv.Itoa(int(id)))
+}
+
+// bindNotFound words a bind's 404 as RabbitMQ does: the source exchange
+// named first if it is missing, then the destination, "no exchange 'x' in
+// vhost '/'" (the broker's own reason names neither vhost nor the quotes
+// RabbitMQ uses). Any other error is returned as it is.
+func (c *conn) bindNotFound(err error, src, dst string, toQueue bool) error {
+	if !isCode(err, wire.NotFound) {
+		return err
+	}
+	t := c.srv.View().Table
+	switch {
+	case !t.HasExchange(c.qn(src)):
+		return chErr(notFound, "NOT_FOUND - no exchange '"+src+"' in vhost '"+c.vh()+"'")
+	case toQueue && c.srv.LookupQueue(c.qn(dst)) == nil:
+		return chErr(notFound, "NOT_FOUND - no queue '"+dst+"' in vhost '"+c.vh()+"'")
+	case !toQueue && !t.HasExchange(c.qn(dst)):
+		return chErr(notFound, "NOT_FOUND - no exchange '"+dst+"' in vhost '"+c.vh()+"'")
+	}
+	return err
 }
 
 // bindArgs puts a binding's arguments in key order: a binding is the same

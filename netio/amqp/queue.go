@@ -142,7 +142,7 @@ func (c *conn) onQueue(ch *channel, id uint16, r *reader) error {
 		b := &wire.Bind{Unbind: id == 50, Destination: c.qn(ch.queueName(qn)), Source: c.qn(ex), RoutingKey: key, Args: bindArgs(args)}
 		// Unbinding what is not there is ok, as above.
 		if err := c.control(func() error { return c.srv.BindAs(b, c.requester()) }); err != nil && !(b.Unbind && isCode(err, wire.NotFound)) {
-			return err
+			return c.bindNotFound(err, ex, ch.queueName(qn), true)
 		}
 		if !noWait {
 			c.reply(ch.id, classQueue, id+1, nil)
