@@ -176,6 +176,9 @@ func TestInvalidArgumentsAsRabbitMQ(t *testing.T) {
 	check(err, 406, "PRECONDITION_FAILED - invalid property 'auto-delete' for queue 'qq' in vhost '/'")
 	_, err = ch.QueueDeclare("sq", true, false, false, false, amqp091.Table{"x-queue-type": "bogus"})
 	check(err, 406, "PRECONDITION_FAILED - invalid arg 'x-queue-type' for queue 'sq' in vhost '/': \"unsupported queue type 'bogus'\"")
+	// RabbitMQ: "...: routing_key_but_no_dlx_defined" (found by make amqp-diff).
+	_, err = ch.QueueDeclare("dk", false, false, false, false, amqp091.Table{"x-dead-letter-routing-key": "k"})
+	check(err, 406, "PRECONDITION_FAILED - invalid arg 'x-dead-letter-routing-key' for queue 'dk' in vhost '/': \"x-dead-letter-exchange is not set\"")
 	if _, err := ch.QueueDeclare("cp", false, true, false, false, nil); err != nil {
 		t.Fatal(err)
 	}

@@ -341,6 +341,12 @@ func queueArgs(t wire.Table, rs string) (_ wire.Table, quorum bool, _ *amqpError
 	if quorum {
 		out = append(out, wire.Field{Key: "replicas", Value: wire.Int(quorumReplicas)})
 	}
+	// A dead-letter routing key without a dead-letter exchange would be
+	// kept and never used: refused, as RabbitMQ refuses it.
+	_, dlrk := t.Get("x-dead-letter-routing-key")
+	if _, dlx := t.Get("x-dead-letter-exchange"); dlrk && !dlx {
+		return nil, false, invalid("x-dead-letter-routing-key", strconv.Quote("x-dead-letter-exchange is not set"))
+	}
 	if _, err := wire.ParseQueueArgs(out); err != nil {
 		reason := reasonText(err)
 		for _, m := range queueArgMap { // "queue argument max-priority: want …"
