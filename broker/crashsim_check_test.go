@@ -2,13 +2,16 @@ package broker
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"slices"
 	"sort"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	"github.com/warren-mq/warren/queue"
+	"github.com/warren-mq/warren/replication"
 	"github.com/warren-mq/warren/segment"
 	"github.com/warren-mq/warren/wire"
 )
@@ -69,6 +72,9 @@ func (s *crashSim) crashAndCheck(clean bool, torn int) {
 	}
 
 	s.logf("dead letters dropped before the crash: %v", s.takeDrops())
+	if s.rng.IntN(3) == 0 {
+		fs = s.recrash(fs.(*segment.MemFS))
+	}
 	s.now.Add(1000)
 	if names, _ := fs.List("/data"); slices.ContainsFunc(names, func(n string) bool { return strings.HasPrefix(n, "seg-") }) {
 		s.st.segmentFiles++
@@ -88,6 +94,84 @@ func (s *crashSim) crashAndCheck(clean bool, torn int) {
 	s.checkTopology(b2)
 	found := s.drain(b2)
 	s.checkMessages(confirmed, found)
+}
+
+// recrash restarts the node on the disk m, as the first crash or stop
+// left it, and crashes it again in or right after its recovery: one of
+// the first few fsyncs from the start failing (the recovered WAL's at
+// Open, its close mark, the first writes of the metadata or a queue), or
+// a power cut once it has recovered (torn or not). Nothing happens in
+// between but the recovery: what the checks expect is what they expect
+// of the first crash alone. Returns the disk as the second crash left it.
+func (s *crashSim) recrash(m *segment.MemFS) *segment.MemFS {
+	t := s.t
+	torn := 0
+	if s.rng.IntN(2) == 0 {
+		torn = 1 + s.rng.IntN(700)
+	}
+	failAt := 0
+	if s.rng.IntN(2) == 0 {
+		failAt = 1 + s.rng.IntN(4)
+		m.FailSync(failAt)
+		s.logf("restart with the %d-th fsync from now failing, then a crash (torn bytes %d)", failAt, torn)
+	} else {
+		s.logf("restart, then a power cut once recovered (torn bytes %d)", torn)
+	}
+	s.now.Add(1000)
+	s.st.recrashes++
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	var fatal atomic.Pointer[error]
+	onFatal := func(err error) {
+		fatal.CompareAndSwap(nil, &err)
+		cancel()
+	}
+	crash := func() *segment.MemFS {
+		m.FailSync(0)
+		return m.Crash(torn)
+	}
+	l, err := segment.Open(m, "/data", s.segOpts)
+	if err != nil {
+		if failAt == 0 || !errors.Is(err, segment.ErrInjected) && !errors.Is(err, segment.ErrStopped) {
+			t.Fatalf("seed %d: the restart before the second crash: %v", s.seed, err)
+		}
+		s.logf("the restart failed: %v", err)
+		s.st.recrashFailed++
+		return crash()
+	}
+	store, err := replication.OpenSnapStore(l)
+	if err != nil {
+		t.Fatalf("seed %d: the restart before the second crash: snapshot store: %v", s.seed, err)
+	}
+	cfg, mcfg := Config{Shards: 2, Durable: &DurableConfig{Log: l, Snapshots: store}}, MetaLogConfig{Log: l, Snapshots: store}
+	s.tweak(false)(&cfg, &mcfg)
+	cfg.Durable.Fatal, mcfg.Fatal = onFatal, onFatal
+	b := New(cfg)
+	b.Start()
+	err = b.OpenMetaLog(ctx, mcfg)
+	if err == nil {
+		err = b.WaitRecovered(ctx)
+	}
+	out := crash() // the power cut, before the node stops (which writes)
+	stop, stopCancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer stopCancel()
+	_ = b.CloseMetaLog(stop)
+	if serr := b.Stop(stop); serr != nil {
+		t.Fatalf("seed %d: the node restarted before the second crash did not stop: %v", s.seed, serr)
+	}
+	_ = l.Close()
+	if f := fatal.Load(); f != nil {
+		err = *f
+	}
+	if err != nil {
+		if failAt == 0 || !errors.Is(err, segment.ErrInjected) && !errors.Is(err, segment.ErrStopped) {
+			t.Fatalf("seed %d: the restart before the second crash failed, with no failure injected: %v", s.seed, err)
+		}
+		s.logf("the recovery stopped: %v", err)
+		s.st.recrashFailed++
+	}
+	s.takeDrops()
+	return out
 }
 
 // checkTopology: the durable exchanges, queues and bindings whose

@@ -21,8 +21,11 @@ import (
 // a MemFS, driven by a seeded random workload, crashed at a random sync
 // point (an injected fsync or write failure, or a power cut while writes
 // are in flight, torn writes included) or stopped cleanly, and recovered
-// into a new Broker from what survived. The invariants are checked on
-// what the recovered broker delivers when every queue is drained.
+// into a new Broker from what survived. One seed in three crashes again
+// in or right after that recovery (recrash: one of its first fsyncs
+// failing, or a power cut once recovered) before the last recovery. The
+// invariants are checked on what the recovered broker delivers when
+// every queue is drained.
 //
 // A failing seed prints itself and its trace; rerun it alone with
 //
@@ -90,6 +93,8 @@ type crashSimStats struct {
 	confirmed, ackedOnDisk, found, dlFound   int
 	deletedSeen, snapshotsOnDisk, redeclared int
 	segmentFiles                             int // seeds whose crash left a segment file (WAL moved)
+	recrashes                                int // seeds crashed a second time, in or right after the recovery (recrash)
+	recrashFailed                            int // of those, recoveries stopped by their failed fsync
 }
 
 func (a *crashSimStats) add(b crashSimStats) {
@@ -106,12 +111,14 @@ func (a *crashSimStats) add(b crashSimStats) {
 	a.snapshotsOnDisk += b.snapshotsOnDisk
 	a.redeclared += b.redeclared
 	a.segmentFiles += b.segmentFiles
+	a.recrashes += b.recrashes
+	a.recrashFailed += b.recrashFailed
 }
 
 func (a *crashSimStats) String() string {
 	return fmt.Sprintf("clean restarts %d, crashes by a failed fsync or write %d, by a power cut %d (torn %d); confirmed persistent copies in durable queues %d, "+
-		"acks and rejects on disk %d, copies delivered after recovery %d (dead letters %d), queues deleted %d (names declared again %d), seeds with a queue snapshot %d, with segment files %d",
-		a.clean, a.failSync, a.powerCut, a.torn, a.confirmed, a.ackedOnDisk, a.found, a.dlFound, a.deletedSeen, a.redeclared, a.snapshotsOnDisk, a.segmentFiles)
+		"acks and rejects on disk %d, copies delivered after recovery %d (dead letters %d), queues deleted %d (names declared again %d), seeds with a queue snapshot %d, with segment files %d, crashed again in or right after the recovery %d (%d of them stopped by a failed fsync)",
+		a.clean, a.failSync, a.powerCut, a.torn, a.confirmed, a.ackedOnDisk, a.found, a.dlFound, a.deletedSeen, a.redeclared, a.snapshotsOnDisk, a.segmentFiles, a.recrashes, a.recrashFailed)
 }
 
 // crashSim is one seed's run.
