@@ -37,6 +37,7 @@ import (
 
 	"github.com/warren-mq/warren/admin"
 	"github.com/warren-mq/warren/admin/console"
+	"github.com/warren-mq/warren/internal/httpbound"
 	"github.com/warren-mq/warren/netio"
 	"github.com/warren-mq/warren/netio/adminconn"
 	"github.com/warren-mq/warren/netio/amqp"
@@ -105,6 +106,10 @@ type fileConfig struct {
 	MaxBindings      int          `json:"max_bindings"`                        // 0: 4,000,000
 	MaxExclusive     int          `json:"max_exclusive_queues_per_connection"` // 0: 10,000
 	MaxConsumers     int          `json:"max_consumers_per_connection"`        // 0: 10,000
+	// The HTTP listeners (console, admin API, /metrics, probes), both
+	// together: internal/httpbound.
+	MaxHTTPConnections int   `json:"max_http_connections"` // 0: 1,000
+	HTTPTimeoutMs      int64 `json:"http_timeout_ms"`      // a request's body, a response, idle between requests; 0: 60,000
 
 	HandshakeTimeoutMs      int64    `json:"handshake_timeout_ms"`            // accept to OPEN_OK; 10000
 	MaxUnauthenticated      int      `json:"max_unauthenticated_connections"` // 1000
@@ -267,6 +272,9 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdin i
 	if fc.MaxConsumers < 0 {
 		return fmt.Errorf("max_consumers_per_connection %d: want a positive number (0: the default)", fc.MaxConsumers)
 	}
+	if fc.MaxHTTPConnections < 0 || fc.HTTPTimeoutMs < 0 {
+		return fmt.Errorf("max_http_connections %d, http_timeout_ms %d: want positive numbers (0: the default)", fc.MaxHTTPConnections, fc.HTTPTimeoutMs)
+	}
 	dl := ""
 	pick(*diskLimit, "WARREN_DISK_FREE_LIMIT", &dl)
 	if dl == "-1" {
@@ -395,15 +403,16 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdin i
 	})
 	mux.Handle("/api/", web)
 	mux.Handle("/", web)
-	hs := &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
+	hb := httpbound.New(httpbound.Limits{MaxConns: fc.MaxHTTPConnections, Timeout: time.Duration(fc.HTTPTimeoutMs) * time.Millisecond})
+	hs := hb.Server(&http.Server{Handler: mux})
 	if ln != nil {
-		go func() { _ = hs.Serve(ln) }()
+		go func() { _ = hs.Serve(hb.Listener(ln)) }()
 	}
 	defer hs.Close()
-	hsTLS := &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
+	hsTLS := hb.Server(&http.Server{Handler: mux})
 	if lnTLS != nil {
 		hsTLS.TLSConfig = tlsFiles.Config()
-		go func() { _ = hsTLS.ServeTLS(lnTLS, "", "") }()
+		go func() { _ = hsTLS.ServeTLS(hb.Listener(lnTLS), "", "") }()
 	}
 	defer hsTLS.Close()
 	if tlsFiles != nil {
