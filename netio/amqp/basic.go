@@ -149,6 +149,7 @@ func (c *conn) recover(ch *channel) {
 	ch.inflight = 0
 	items = c.unstashLocked(ch, nil, items)
 	c.mu.Unlock()
+	requeueOrder(items)
 	if len(items) > 0 {
 		c.srv.Submit(broker.Command{Kind: broker.CmdSettle, Settles: items})
 	}
@@ -206,6 +207,7 @@ func (c *conn) settle(ch *channel, tag uint64, multiple bool, op wire.SettleOp) 
 		items = nil
 	}
 	c.mu.Unlock()
+	requeueOrder(items)
 	if len(items) > 0 {
 		c.srv.Submit(broker.Command{Kind: broker.CmdSettle, Settles: items})
 	}

@@ -6,6 +6,7 @@ import (
 	"encoding/binary"
 	"errors"
 	"net/netip"
+	"slices"
 	"strconv"
 	"sync"
 	"sync/atomic"
@@ -670,12 +671,17 @@ func (c *conn) releaseChannel(ch *channel) []*consumer {
 	for _, cr := range ch.consumers {
 		cons = append(cons, cr)
 	}
+	// What no consumer's cancel returns: the basic.gets' unacked messages
+	// and those of the consumers the client cancelled (a basic.cancel
+	// leaves its deliveries unacked on the channel, as in RabbitMQ),
+	// returned in the order they were delivered.
 	var back []broker.SettleItem
 	for _, e := range ch.tags {
-		if e.live && e.get && e.q != nil {
+		if e.live && e.q != nil && (e.get || !ch.hasConsumer(e.cid)) {
 			back = append(back, broker.SettleItem{Q: e.q, Consumer: e.cid, Op: wire.SettleRequeue, QTag: e.qtag})
 		}
 	}
+	requeueOrder(back)
 	for _, i := range ch.txGets { // acked in a transaction not committed
 		it := ch.txSettles[i]
 		it.Op = wire.SettleRequeue
@@ -692,6 +698,41 @@ func (c *conn) releaseChannel(ch *channel) []*consumer {
 		c.srv.Submit(broker.Command{Kind: broker.CmdSettle, Settles: back})
 	}
 	return cons
+}
+
+// hasConsumer reports whether consumer id is one of ch's (not cancelled).
+// c.mu held.
+func (ch *channel) hasConsumer(id queue.ConsumerID) bool {
+	for _, cr := range ch.consumers {
+		if cr.id == id {
+			return true
+		}
+	}
+	return false
+}
+
+// requeueOrder orders requeue settlements so that their messages go back
+// in the order they were delivered, before the queue's other messages, as
+// RabbitMQ returns them: the queue puts each run of one consumer's it
+// takes back at the head of its level, so the runs go last first (each
+// still in ascending tags, which the shard joins into one command). Before,
+// two basic.gets' messages requeued together came back in reverse. items
+// of other ops are left as they are.
+func requeueOrder(items []broker.SettleItem) {
+	for i := range items {
+		if items[i].Op != wire.SettleRequeue {
+			return
+		}
+	}
+	slices.Reverse(items)
+	for i := 0; i < len(items); {
+		j := i + 1
+		for j < len(items) && items[j].Q == items[i].Q && items[j].Consumer == items[i].Consumer {
+			j++
+		}
+		slices.Reverse(items[i:j])
+		i = j
+	}
 }
 
 // reply sends a method whose arguments fill appends (nil: none).

@@ -1,0 +1,135 @@
+package amqp_test
+
+import (
+	"testing"
+
+	amqp091 "github.com/rabbitmq/amqp091-go"
+	"github.com/warren-mq/warren/netio/amqp"
+)
+
+// getAll takes every message of q (no-ack) and returns their bodies, a
+// "*" after each redelivered one.
+func getAll(t *testing.T, ch *amqp091.Channel, q string) []string {
+	t.Helper()
+	var got []string
+	for {
+		d, ok, err := ch.Get(q, true)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !ok {
+			return got
+		}
+		s := string(d.Body)
+		if d.Redelivered {
+			s += "*"
+		}
+		got = append(got, s)
+	}
+}
+
+func publishAll(t *testing.T, ch *amqp091.Channel, q string, bodies ...string) {
+	t.Helper()
+	for _, b := range bodies {
+		publishConfirmed(t, ch, "", q, amqp091.Publishing{Body: []byte(b)})
+	}
+}
+
+func sameList(a, b []string) bool {
+	if len(a) != len(b) {
+		return false
+	}
+	for i := range a {
+		if a[i] != b[i] {
+			return false
+		}
+	}
+	return true
+}
+
+// Messages requeued together go back in the order they were delivered,
+// ahead of the rest, as RabbitMQ returns them: two basic.gets' messages
+// on a channel's close, or on a nack with multiple (each get is its own
+// consumer in the queue, and each came back at the head, so the second
+// went before the first). Found by the AMQP differential test.
+func TestRequeuedGetsKeepTheirOrder(t *testing.T) {
+	_, _, url := start(t, amqp.Config{})
+	conn, ch := dial(t, url)
+	if _, err := ch.QueueDeclare("rq", false, false, false, false, nil); err != nil {
+		t.Fatal(err)
+	}
+	publishAll(t, ch, "rq", "m0", "m1", "m2")
+	take := func(ch *amqp091.Channel, n int) (last uint64) {
+		t.Helper()
+		for range n {
+			d, ok, err := ch.Get("rq", false)
+			if err != nil || !ok {
+				t.Fatalf("get: %v %v", ok, err)
+			}
+			last = d.DeliveryTag
+		}
+		return last
+	}
+	gc, err := conn.Channel()
+	if err != nil {
+		t.Fatal(err)
+	}
+	take(gc, 2)
+	if err := gc.Close(); err != nil { // answered once their return is submitted
+		t.Fatal(err)
+	}
+	if got, want := getAll(t, ch, "rq"), []string{"m0*", "m1*", "m2"}; !sameList(got, want) {
+		t.Fatalf("after the channel's close: %v, want %v", got, want)
+	}
+
+	publishAll(t, ch, "rq", "m0", "m1", "m2")
+	if err := ch.Nack(take(ch, 2), true, true); err != nil { // both gets
+		t.Fatal(err)
+	}
+	if got, want := getAll(t, ch, "rq"), []string{"m0*", "m1*", "m2"}; !sameList(got, want) {
+		t.Fatalf("after a nack multiple: %v, want %v", got, want)
+	}
+}
+
+// A basic.cancel leaves its consumer's deliveries unacked on the channel
+// (they can still be acked there); the channel's close returns them, in
+// order, as RabbitMQ does. Before, nothing returned them: they stayed
+// with the cancelled consumer until the connection closed.
+func TestCancelledConsumersUnackedReturnOnChannelClose(t *testing.T) {
+	_, _, url := start(t, amqp.Config{})
+	conn, ch := dial(t, url)
+	if _, err := ch.QueueDeclare("cq", false, false, false, false, nil); err != nil {
+		t.Fatal(err)
+	}
+	publishAll(t, ch, "cq", "m0", "m1", "m2")
+	cc, err := conn.Channel()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := cc.Qos(2, 0, false); err != nil {
+		t.Fatal(err)
+	}
+	ds, err := cc.Consume("cq", "c", false, false, false, false, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, want := range []string{"m0", "m1"} {
+		if d := recv(t, ds); string(d.Body) != want {
+			t.Fatalf("delivered %q, want %q", d.Body, want)
+		}
+	}
+	if err := cc.Cancel("c", false); err != nil {
+		t.Fatal(err)
+	}
+	if err := cc.Close(); err != nil {
+		t.Fatal(err)
+	}
+	// The passive declare is answered after what the close submitted.
+	q, err := ch.QueueDeclarePassive("cq", false, false, false, false, nil)
+	if err != nil || q.Messages != 3 {
+		t.Fatalf("after the close: %d ready, %v; want 3", q.Messages, err)
+	}
+	if got, want := getAll(t, ch, "cq"), []string{"m0*", "m1*", "m2"}; !sameList(got, want) {
+		t.Fatalf("got %v, want %v", got, want)
+	}
+}
