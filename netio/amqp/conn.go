@@ -134,6 +134,11 @@ type conn struct {
 
 	stashBytes int // bytes waiting in the channels' stashes (mu)
 
+	// partial: the body sizes the content headers of publishes not yet
+	// complete announced, every channel together (each one's arena is
+	// made that size at its header): at most maxPartial (publish.go).
+	partial atomic.Int64
+
 	txHeld, txHeldBytes int // publishes held by the channels' transactions (mu)
 
 	sc pubScratch // parseHeader's buffers (loop)
@@ -226,6 +231,7 @@ type pending struct {
 	in        inbound
 	arena     []byte // exchange, key, properties, then the body as it arrives
 	bodyAt    int
+	held      int64 // size, counted in conn.partial while the body is awaited
 }
 
 var _ netio.FrontConn = (*conn)(nil)
@@ -666,6 +672,9 @@ func (c *conn) closeChannel(ch *channel, ae *amqpError) {
 func (c *conn) releaseChannel(ch *channel) []*consumer {
 	c.mu.Lock()
 	ch.closing = true
+	if ch.pub != nil {
+		c.dropPending(ch.pub)
+	}
 	ch.pub = nil
 	cons := make([]*consumer, 0, len(ch.consumers))
 	for _, cr := range ch.consumers {

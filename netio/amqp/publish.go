@@ -29,6 +29,12 @@ func (c *conn) onHeader(ch *channel, p []byte) error {
 		ch.pub = nil
 		return chErr(preconditionFailed, "PRECONDITION_FAILED - message size "+strconv.FormatUint(size, 10)+" is larger than the configured max size "+strconv.Itoa(c.l.cfg.MaxMessageSize))
 	}
+	if max := c.maxPartial(); size > 0 && c.partial.Load()+int64(size) > max {
+		ch.pub = nil
+		return chErr(preconditionFailed, "PRECONDITION_FAILED - message size "+strconv.FormatUint(size, 10)+" announced while this connection's channels await "+
+			strconv.FormatInt(c.partial.Load(), 10)+" bytes of bodies of other messages; at most "+strconv.FormatInt(max, 10)+
+			" (4 times the max message size) at once: send a message's body before the next message's header")
+	}
 	replyName := ""
 	if ch.reply != nil {
 		replyName = ch.reply.name
@@ -53,7 +59,25 @@ func (c *conn) onHeader(ch *channel, p []byte) error {
 	if size == 0 {
 		return c.publish(ch)
 	}
+	pub.held = int64(size)
+	c.partial.Add(pub.held)
 	return nil
+}
+
+// maxPartial bounds conn.partial: the arenas of a connection's publishes
+// whose bodies have not all come (each made its announced size at the
+// header), so a client announcing the max message size on every channel
+// and sending no body (2,047 × 16 MiB) makes the broker allocate at most
+// 4 messages' worth.
+func (c *conn) maxPartial() int64 { return 4 * int64(c.l.cfg.MaxMessageSize) }
+
+// dropPending lets go of pub's share of conn.partial (its body complete,
+// or its channel closing).
+func (c *conn) dropPending(pub *pending) {
+	if pub.held != 0 {
+		c.partial.Add(-pub.held)
+		pub.held = 0
+	}
 }
 
 func (c *conn) onBody(ch *channel, p []byte) error {
@@ -73,6 +97,7 @@ func (c *conn) onBody(ch *channel, p []byte) error {
 func (c *conn) publish(ch *channel) error {
 	pub := ch.pub
 	ch.pub = nil
+	c.dropPending(pub)
 	// The bounds on what this connection makes the broker hold (its
 	// publishes in flight, the memory alarm) were checked before the
 	// basic.publish was read (conn.mustWait).
