@@ -219,6 +219,8 @@ func putValueTyped(b []byte, v *wire.Value, sig *typeSig) []byte {
 		return binary.BigEndian.AppendUint16(append(b, tag), uint16(v.Int))
 	case 'I', 'i':
 		return binary.BigEndian.AppendUint32(append(b, tag), uint32(v.Int))
+	case 'L':
+		return binary.BigEndian.AppendUint64(append(b, 'L'), uint64(v.Int))
 	case 'f':
 		return binary.BigEndian.AppendUint32(append(b, 'f'), math.Float32bits(float32(v.Float)))
 	case 'D':
