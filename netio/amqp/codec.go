@@ -204,6 +204,15 @@ func (r *reader) bitAt() bool {
 	return v
 }
 
+// timestampMs is an AMQP timestamp (seconds, read as signed as RabbitMQ
+// does) in Warren's milliseconds. One past what int64 milliseconds hold
+// (beyond ±292 million years) is the farthest whole second that fits, so
+// it comes back as one timestamp, not as a wrapped product.
+func timestampMs(sec uint64) int64 {
+	const lim = math.MaxInt64 / 1000
+	return min(max(int64(sec), -lim), lim) * 1000
+}
+
 // table reads a field table into Warren's table model.
 func (r *reader) table() wire.Table {
 	raw := r.longstr()
@@ -275,7 +284,7 @@ func (r *reader) value(depth int) wire.Value {
 	case 'x':
 		return wire.Bytes(append([]byte(nil), r.longstr()...))
 	case 'T':
-		return wire.Timestamp(int64(r.u64()) * 1000)
+		return wire.Timestamp(timestampMs(r.u64()))
 	case 'V':
 		return wire.Null()
 	case 'F':

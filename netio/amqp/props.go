@@ -111,7 +111,7 @@ func parseHeader(r *reader, in *inbound, sc *pubScratch, replyName string) *amqp
 		str(wire.PropMessageID, &p.MessageID)
 	}
 	if fl&flTimestamp != 0 {
-		p.TimestampMs = int64(r.u64()) * 1000
+		p.TimestampMs = timestampMs(r.u64())
 		p.Set(wire.PropTimestamp)
 	}
 	if fl&flType != 0 {

@@ -351,7 +351,7 @@ func (r *reader) appendWarrenValue(dst []byte, depth int, sig *[]byte) ([]byte, 
 		v := r.longstr()
 		dst = append(binary.LittleEndian.AppendUint32(append(dst, byte(kind)), uint32(len(v))), v...)
 	case 'T':
-		dst = binary.LittleEndian.AppendUint64(append(dst, byte(wire.KindTimestamp)), r.u64()*1000)
+		dst = binary.LittleEndian.AppendUint64(append(dst, byte(wire.KindTimestamp)), uint64(timestampMs(r.u64())))
 	case 'V':
 		dst = append(dst, byte(wire.KindNull))
 	case 'F', 'A':
