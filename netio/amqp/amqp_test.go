@@ -6,6 +6,7 @@ import (
 	"errors"
 	"io"
 	"net"
+	"strconv"
 	"testing"
 	"time"
 
@@ -402,6 +403,18 @@ func TestBadFrames(t *testing.T) {
 			t.Fatalf("code %d, want 504 channel_error", code)
 		}
 	})
+	// A method frame too short for its class and method ids (0 to 3
+	// bytes) is a frame_error; it panicked the event loop, ending the
+	// broker, from any client past the handshake (found by FuzzConn).
+	for n := range 4 {
+		t.Run("method frame of "+strconv.Itoa(n)+" bytes", func(t *testing.T) {
+			nc := rawConn(t, addr)
+			writeFrame(t, nc, 1, 1, make([]byte, n))
+			if code := expectConnClose(t, nc); code != 501 {
+				t.Fatalf("code %d, want 501 frame_error", code)
+			}
+		})
+	}
 	// None of them is still held.
 	ctx, cancel := context.WithTimeout(context.Background(), deadline)
 	defer cancel()

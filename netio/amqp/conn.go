@@ -386,7 +386,7 @@ func (c *conn) OnTraffic(gc gnet.Conn) gnet.Action {
 			c.startRun(gc, st == stHandshake)
 			return gnet.None
 		}
-		if typ == frameMethod && binary.BigEndian.Uint16(p) == classBasic && binary.BigEndian.Uint16(p[2:]) == 40 && c.mustWait(gc) {
+		if typ == frameMethod && len(p) >= 4 && binary.BigEndian.Uint16(p) == classBasic && binary.BigEndian.Uint16(p[2:]) == 40 && c.mustWait(gc) {
 			return gnet.None // the publish stays in the buffer
 		}
 		err = c.handle(typ, chID, p)
