@@ -139,6 +139,7 @@ func TestBadInputIsRefusedWhole(t *testing.T) {
 		{"PUT", "/api/exchanges/x", ``, 400, "invalid_argument"},
 		{"PUT", "/api/bindings", `{"exchange":"amq.topic","routing_key":"a"}`, 400, "invalid_argument"},
 		{"PUT", "/api/bindings", `{"exchange":"amq.topic","queue":"missing","routing_key":"a"}`, 404, "not_found"},
+		{"PUT", "/api/bindings", `{"exchange":"amq.topic","queue":"missing","routing_key":"` + strings.Repeat("a", 256) + `"}`, 400, "invalid_argument"},
 		{"GET", "/api/queues/missing", ``, 404, "not_found"},
 		{"POST", "/api/queues/missing/purge", ``, 404, "not_found"},
 		{"POST", "/api/queues/missing/get", `{"count":1}`, 404, "not_found"},

@@ -535,6 +535,9 @@ func (t *topology) declareExchange(d *wire.ExchangeDeclare, user string) error {
 				return reqErr(wire.InvalidArgument, "exchange argument %q given twice", d.Args[i].Key)
 			}
 			seen = true
+			if n := len(d.Args[i].Value.Bytes); n > wire.MaxNameLen {
+				return reqErr(wire.InvalidArgument, "exchange argument \"hash-header\" of %d bytes: a header name is at most %d bytes", n, wire.MaxNameLen)
+			}
 		}
 	}
 	if cl := t.cl.Load(); cl != nil {
@@ -646,7 +649,22 @@ func (t *topology) lookupQueue(name string) *Queue {
 
 // bind adds or removes a binding; who may remove one declared by another
 // if it is an administrator.
+// MaxBindingArgsLen bounds a new binding's arguments, encoded (a headers
+// exchange's match table): with max_bindings, what bindings can make the
+// metadata hold. Checked before the metadata log, as declareExchange's.
+const MaxBindingArgsLen = 65535
+
 func (t *topology) bind(b *wire.Bind, who Requester) error {
+	if !b.Unbind { // an unbind of what exists is never refused
+		if n := len(b.RoutingKey); n > wire.MaxNameLen {
+			return reqErr(wire.InvalidArgument, "binding key of %d bytes: at most %d (a routing key is at most %d bytes, so a longer one matches nothing)", n, wire.MaxNameLen, wire.MaxNameLen)
+		}
+		if len(b.Args) > 0 {
+			if n := len(wire.AppendTable(nil, b.Args)) - 4; n > MaxBindingArgsLen {
+				return reqErr(wire.InvalidArgument, "binding arguments of %d bytes (encoded): at most %d", n, MaxBindingArgsLen)
+			}
+		}
+	}
 	if cl := t.cl.Load(); cl != nil {
 		return t.clusterChange(cl, &MetaCommand{Op: MetaBind, User: who.User, Admin: who.Admin, Conn: who.Conn, Bind: *b}).Err()
 	}

@@ -98,3 +98,33 @@ func TestConsumerLimitOverTheProtocol(t *testing.T) {
 		t.Fatalf("after a cancel made room: %v", err)
 	}
 }
+
+// TestBindingArgsBound: a binding's arguments are at most 65,535 bytes
+// encoded and a consistent-hash exchange's hash-header at most 255 (a
+// header name), refused with invalid_argument, nothing created. Before,
+// each could be as large as a frame (4 MiB), held in the metadata and its
+// log for every one of max_bindings bindings and max_exchanges exchanges.
+func TestBindingArgsBound(t *testing.T) {
+	s := warrentest.StartServer(t, &netio.Config{})
+	ctx := ctxT(t)
+	ch := channel(t, dial(t, s))
+	if _, err := ch.DeclareQueue(ctx, "q", client.QueueOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	big := wire.Table{{Key: "x-match", Value: wire.String("any")}, {Key: "k", Value: wire.Bytes(make([]byte, 70000))}}
+	err := ch.Bind(ctx, client.Binding{Source: "amq.headers", Destination: "q", Args: big})
+	if wire.CodeOf(err) != wire.InvalidArgument || !strings.Contains(err.Error(), "at most 65535") {
+		t.Fatalf("a binding with 70,000 bytes of arguments: %v, want invalid_argument naming the bound", err)
+	}
+	ok := wire.Table{{Key: "x-match", Value: wire.String("any")}, {Key: "k", Value: wire.Bytes(make([]byte, 60000))}}
+	if err := ch.Bind(ctx, client.Binding{Source: "amq.headers", Destination: "q", Args: ok}); err != nil {
+		t.Fatalf("a binding with 60,000 bytes of arguments: %v", err)
+	}
+	err = ch.DeclareExchange(ctx, "h", "consistent-hash", client.ExchangeOptions{Args: wire.Table{{Key: "hash-header", Value: wire.String(strings.Repeat("h", 256))}}})
+	if wire.CodeOf(err) != wire.InvalidArgument || !strings.Contains(err.Error(), "hash-header") {
+		t.Fatalf("a hash-header of 256 bytes: %v, want invalid_argument", err)
+	}
+	if err := ch.DeclareExchange(ctx, "h", "consistent-hash", client.ExchangeOptions{Passive: true}); wire.CodeOf(err) != wire.NotFound {
+		t.Fatalf("the refused exchange: %v, want not_found", err)
+	}
+}
