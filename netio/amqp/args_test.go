@@ -12,7 +12,7 @@ import (
 
 // Each RabbitMQ queue argument becomes its Warren argument (their effects
 // are the broker's, tested there); quorum is a durable queue with
-// replicas 3.
+// replicas 3; x-max-priority is strict, as RabbitMQ dispatches.
 func TestQueueArgumentsMapped(t *testing.T) {
 	t.Parallel() // its own broker; the 0.5 s each spends stopping it overlaps
 	srv, _, url := start(t, amqp.Config{})
@@ -30,7 +30,7 @@ func TestQueueArgumentsMapped(t *testing.T) {
 	if !ok {
 		t.Fatal("no queue")
 	}
-	want := wire.QueueArgs{MaxPriority: 7, MessageTTL: time.Minute, Expires: time.Hour, MaxLength: 100, MaxLengthBytes: 1 << 20,
+	want := wire.QueueArgs{MaxPriority: 7, StrictPriority: true, MessageTTL: time.Minute, Expires: time.Hour, MaxLength: 100, MaxLengthBytes: 1 << 20,
 		Overflow: wire.RejectPublishDLX, DeadLetterExchange: "dlx", DeadLetterRoutingKey: "dead", DeliveryLimit: 5,
 		SingleActiveConsumer: true, Replicas: 3, RetryMultiplier: 1}
 	if info.Args != want || !info.Durable {

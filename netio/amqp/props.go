@@ -290,6 +290,10 @@ var queueArgMap = [...]struct{ amqp, warren string }{
 	{"x-delivery-limit", "delivery-limit"},
 }
 
+// strictPriority is the argument a queue declared with x-max-priority
+// gets: dispatch strictly by priority, as RabbitMQ's priority queues do.
+const strictPriority = "strict-priority"
+
 // quorumReplicas is the replicas a quorum queue is declared with: copies
 // on three nodes, RabbitMQ's usual quorum group.
 const quorumReplicas = 3
@@ -340,6 +344,11 @@ func queueArgs(t wire.Table, rs string) (_ wire.Table, quorum bool, _ *amqpError
 	}
 	if quorum {
 		out = append(out, wire.Field{Key: "replicas", Value: wire.Int(quorumReplicas)})
+	}
+	// RabbitMQ dispatches a priority queue strictly by priority; Warren's
+	// default lets a waiting lower level through after 8 from the top.
+	if _, ok := t.Get("x-max-priority"); ok {
+		out = append(out, wire.Field{Key: strictPriority, Value: wire.Bool(true)})
 	}
 	// A dead-letter routing key without a dead-letter exchange would be
 	// kept and never used: refused, as RabbitMQ refuses it.

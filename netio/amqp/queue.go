@@ -6,6 +6,7 @@ package amqp
 
 import (
 	"encoding/binary"
+	"slices"
 	"strconv"
 	"strings"
 
@@ -74,6 +75,16 @@ func (c *conn) onQueue(ch *channel, id uint16, r *reader) error {
 		}
 		if err := c.srv.PermitDeclareIn(c.vh(), c.user, passive, "queue", name, dlx); err != nil { // permissions (issue 15)
 			return err
+		}
+		if _, strict := wargs.Get(strictPriority); strict && !passive {
+			// A priority queue that exists without strict-priority (declared
+			// natively, or over AMQP before x-max-priority meant strict)
+			// keeps its dispatch: its redeclare is not refused for it.
+			if info, ok := c.srv.Queue(c.qn(name)); ok {
+				if _, had := info.Declared.Get(strictPriority); !had {
+					wargs = slices.DeleteFunc(slices.Clone(wargs), func(f wire.Field) bool { return f.Key == strictPriority })
+				}
+			}
 		}
 		d := &wire.QueueDeclare{Name: c.qn(name), Durable: durable, Exclusive: exclusive, AutoDelete: autoDelete, Passive: passive, Args: wargs}
 		var q *broker.Queue

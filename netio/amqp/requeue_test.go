@@ -5,6 +5,7 @@ import (
 
 	amqp091 "github.com/rabbitmq/amqp091-go"
 	"github.com/warren-mq/warren/netio/amqp"
+	"github.com/warren-mq/warren/wire"
 )
 
 // getAll takes every message of q (no-ack) and returns their bodies, a
@@ -131,5 +132,39 @@ func TestCancelledConsumersUnackedReturnOnChannelClose(t *testing.T) {
 	}
 	if got, want := getAll(t, ch, "cq"), []string{"m0*", "m1*", "m2"}; !sameList(got, want) {
 		t.Fatalf("got %v, want %v", got, want)
+	}
+}
+
+// A queue declared with x-max-priority dispatches strictly by priority, as
+// RabbitMQ's do: nine high messages come before the low one published
+// first (Warren's default valve would let it through after eight). A
+// priority queue that exists without strict dispatch keeps it, and its
+// redeclare is not refused. Found by the AMQP differential test.
+func TestMaxPriorityIsStrict(t *testing.T) {
+	srv, _, url := start(t, amqp.Config{})
+	_, ch := dial(t, url)
+	if _, err := ch.QueueDeclare("pq", false, false, false, false, amqp091.Table{"x-max-priority": int32(9)}); err != nil {
+		t.Fatal(err)
+	}
+	publishConfirmed(t, ch, "", "pq", amqp091.Publishing{Body: []byte("low"), Priority: 1})
+	want := []string{}
+	for i := range 9 {
+		b := "high" + string(rune('0'+i))
+		publishConfirmed(t, ch, "", "pq", amqp091.Publishing{Body: []byte(b), Priority: 9})
+		want = append(want, b)
+	}
+	want = append(want, "low")
+	if got := getAll(t, ch, "pq"); !sameList(got, want) {
+		t.Fatalf("got %v, want %v", got, want)
+	}
+
+	if _, err := srv.DeclareQueueAs(&wire.QueueDeclare{Name: "weighted", Args: wire.Table{{Key: "max-priority", Value: wire.Int(9)}}}, 0, "guest"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := ch.QueueDeclare("weighted", false, false, false, false, amqp091.Table{"x-max-priority": int32(9)}); err != nil {
+		t.Fatalf("redeclare of a weighted priority queue: %v", err)
+	}
+	if info, _ := srv.Queue("weighted"); info.Args.StrictPriority {
+		t.Fatal("the redeclare made the existing queue strict")
 	}
 }
