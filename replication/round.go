@@ -152,6 +152,13 @@ func (w *Worker) handle(g *Group, rd raft.Ready, now int64) {
 	// follower handed entries the others committed) once this Ready's
 	// write is durable, in persisted.
 	applied := g.fsm.AppliedIndex()
+	if len(rd.Entries) > 0 && rd.Entries[0].Index <= g.st.durable {
+		// rd overwrites entries this node made durable (a follower's
+		// divergent suffix, cut as raft requires): what the log holds at
+		// those indexes is not what rd commits there, so none of them is
+		// durable until rd's write is (stage lowers it alike, later).
+		g.st.durable = rd.Entries[0].Index - 1
+	}
 	if err := g.applyDurable(rd.CommittedEntries); err != nil {
 		g.fail(err)
 		return

@@ -393,3 +393,79 @@ func TestTransferLeadership(t *testing.T) {
 		t.Fatalf("the new leader's publish was applied on %d of 3 nodes", n)
 	}
 }
+
+// TestFollowerAppliesOverwrittenEntriesOnceStored: a leader cut off
+// appends entries only it holds; the other two elect a new leader, which
+// commits entries of its own at the same indexes. Healed, the old leader
+// gets them in a message that also says they are committed: its Ready
+// overwrites its own entries and commits the new ones. It must apply them
+// only once they are stored (what its log held at those indexes, durable
+// as it was, is not what it applies): applied before, a snapshot could
+// record them while a crash kept the old entries in the log, and the
+// replica would be stuck (replication/sim seed 9000183: its log's term at
+// the snapshot's index not the leader's, every append refused).
+func TestFollowerAppliesOverwrittenEntriesOnceStored(t *testing.T) {
+	const gid = 11
+	var tr *trio
+	checked := 0
+	tr = newTrio(t, gid, func(node int) Sink {
+		return func(a *Applied) {
+			enq, ok := a.Command.(*queue.Enqueue)
+			if !ok {
+				return
+			}
+			es, release, err := tr.logs[node].EntriesView(gid, a.Index, a.Index+1)
+			if err != nil {
+				t.Errorf("node %d applied entry %d, not in its log: %v", node+1, a.Index, err)
+				return
+			}
+			defer release()
+			for _, b := range enq.Bodies {
+				if !bytes.Contains(es[0].Data, b) {
+					t.Errorf("node %d applied entry %d with body %q while its log holds another entry there", node+1, a.Index, b)
+				}
+			}
+			checked++
+		}
+	})
+	old := tr.elect()
+	tr.down[uint64(old+1)] = true
+	for i := range 3 {
+		if _, err := tr.groups[old].Add(&queue.Enqueue{Msgs: make([]queue.Message, 1), Bodies: [][]byte{[]byte("old-" + string(rune('a'+i)))}}); err != nil {
+			t.Fatal(err)
+		}
+		tr.step()
+	}
+	term := tr.groups[old].Status().Term
+	lead := -1
+	for tick := 0; lead < 0; tick++ {
+		if tick > 100 {
+			t.Fatal("no new leader 100 ticks after the old one was cut off")
+		}
+		tr.tick()
+		if l := tr.leader(); l >= 0 && l != old && tr.groups[l].Status().Term > term {
+			lead = l
+		}
+	}
+	for i := range 4 {
+		if _, err := tr.groups[lead].Add(&queue.Enqueue{Msgs: make([]queue.Message, 1), Bodies: [][]byte{[]byte("new-" + string(rune('a'+i)))}}); err != nil {
+			t.Fatal(err)
+		}
+		tr.step()
+	}
+	tr.tick()
+	delete(tr.down, uint64(old+1))
+	for range 4 {
+		tr.tick()
+	}
+	if got, want := tr.groups[old].FSM().AppliedIndex(), tr.groups[lead].FSM().AppliedIndex(); got != want {
+		t.Fatalf("the old leader applied up to %d after the heal, the new one %d", got, want)
+	}
+	want, _ := tr.groups[lead].FSM().Snapshot()
+	if got, _ := tr.groups[old].FSM().Snapshot(); !bytes.Equal(got, want) {
+		t.Fatal("the old leader's snapshot differs from the new leader's at the same index")
+	}
+	if checked == 0 {
+		t.Fatal("nothing applied")
+	}
+}
