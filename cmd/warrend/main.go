@@ -378,8 +378,7 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdin i
 	var amqpp atomic.Pointer[amqp.Listener]
 	var webH atomic.Pointer[console.Console]
 	mux := http.NewServeMux()
-	mux.HandleFunc("/metrics", func(w http.ResponseWriter, r *http.Request) {
-		w.Header().Set("Content-Type", "text/plain; version=0.0.4")
+	scrapes := newSharedScrape(func(w io.Writer) {
 		if s := srvp.Load(); s != nil {
 			s.WriteMetrics(w)
 		}
@@ -388,6 +387,10 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdin i
 		}
 		metrics.WriteProcessMetrics(w)
 		writeDiskMetrics(w, fc.Data)
+	})
+	mux.HandleFunc("/metrics", func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "text/plain; version=0.0.4")
+		_, _ = w.Write(scrapes.get())
 	})
 	mux.HandleFunc("/healthz", func(w http.ResponseWriter, r *http.Request) { io.WriteString(w, "ok\n") })
 	mux.Handle("/readyz", readyzHandler(&state, func() bool {
