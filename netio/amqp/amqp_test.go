@@ -652,3 +652,45 @@ func TestBasicGet(t *testing.T) {
 		t.Fatalf("get after both were taken: ok=%v err=%v, want get-empty", ok, err)
 	}
 }
+
+// A queue deleted while a basic.get's message is unacked sends no
+// basic.cancel: a get is no consumer to the client. The broker used to
+// cancel the get's internal consumer with an empty consumer tag, which
+// pika 1.2 does not know (a KeyError on the empty tag in its dispatcher: it closed the
+// connection); RabbitMQ sends nothing. Found by driving a cluster with pika.
+func TestDeleteDuringGetSendsNoCancel(t *testing.T) {
+	_, _, url := start(t, amqp.Config{})
+	conn, ch := dial(t, url)
+	if _, err := ch.QueueDeclare("gd", false, false, false, false, nil); err != nil {
+		t.Fatal(err)
+	}
+	publishAll(t, ch, "gd", "m0")
+	gc, err := conn.Channel()
+	if err != nil {
+		t.Fatal(err)
+	}
+	cancels := gc.NotifyCancel(make(chan string, 4))
+	d, ok, err := gc.Get("gd", false)
+	if !ok || err != nil {
+		t.Fatalf("get: ok=%v err=%v", ok, err)
+	}
+	// The cancel, if any, is written before the delete's answer on the
+	// same connection, and amqp091-go dispatches frames in order.
+	if _, err := ch.QueueDelete("gd", false, false, false); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := gc.QueueDeclarePassive("amq.rabbitmq.reply-to", false, false, false, false, nil); err != nil {
+		t.Fatal(err) // a round trip on the getter's channel, which stays open
+	}
+	if err := d.Ack(false); err != nil { // its tag is still the channel's, as in RabbitMQ
+		t.Fatal(err)
+	}
+	if _, err := gc.QueueDeclarePassive("amq.rabbitmq.reply-to", false, false, false, false, nil); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case tag := <-cancels:
+		t.Fatalf("basic.cancel %q sent for a get", tag)
+	default:
+	}
+}

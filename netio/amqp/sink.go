@@ -221,7 +221,8 @@ func (c *conn) closeChannelFromShard(ch *channel, ae *amqpError) {
 	go c.closeChannel(ch, ae)
 }
 
-// Cancelled tells the client the broker cancelled a consumer.
+// Cancelled tells the client the broker cancelled a consumer (a
+// basic.consume's; a basic.get's is cancelled silently).
 func (c *conn) Cancelled(id queue.ConsumerID, _ wire.Code, _ string) {
 	c.mu.Lock()
 	cr := c.byID[id]
@@ -232,6 +233,12 @@ func (c *conn) Cancelled(id queue.ConsumerID, _ wire.Code, _ string) {
 	delete(cr.ch.consumers, cr.tag)
 	c.forgetStashedLocked(cr.ch, id, 0)
 	c.mu.Unlock()
+	if cr.get != nil {
+		// A basic.get's consumer (its message still unacked when the
+		// queue went): no consumer to the client, which has no tag for
+		// it; RabbitMQ sends nothing.
+		return
+	}
 	c.reply(cr.ch.id, classBasic, 30, func(b []byte) []byte { return append(putShortstr(b, cr.tag), 1) })
 }
 
