@@ -22,7 +22,7 @@ func (m *Machine) Subscribe(now int64, spec ConsumerSpec) ([]Effect, error) {
 			return nil, ErrExclusive
 		}
 	}
-	if spec.Exclusive && m.Consumers() > 0 {
+	if spec.Exclusive && m.activeConsumers() > 0 {
 		return nil, ErrNotExclusive
 	}
 	m.arrivals++
@@ -36,6 +36,9 @@ func (m *Machine) Subscribe(now int64, spec ConsumerSpec) ([]Effect, error) {
 	m.consumers = slices.Insert(m.consumers, i, c)
 	m.byID[c.ID] = c
 	m.active++
+	if c.Get {
+		m.gets++
+	}
 	m.regroup()
 	m.lastUsed = now
 	return m.finish(now), nil

@@ -44,15 +44,18 @@ func (m *Machine) checkInvariants() error {
 	}
 	// Length limits are enforced on publish only (see Enqueue), so they
 	// are checked by the traces, not here.
-	unacked, active := 0, 0
+	unacked, active, gets := 0, 0, 0
 	for _, c := range m.consumers {
 		unacked += c.live
 		if !c.cancelled {
 			active++
+			if c.Get {
+				gets++
+			}
 		}
 	}
-	if unacked != m.unacked || active != m.active {
-		return fmt.Errorf("unacked %d/%d, active consumers %d/%d (counted/kept)", unacked, m.unacked, active, m.active)
+	if unacked != m.unacked || active != m.active || gets != m.gets {
+		return fmt.Errorf("unacked %d/%d, active consumers %d/%d, gets %d/%d (counted/kept)", unacked, m.unacked, active, m.active, gets, m.gets)
 	}
 	for _, c := range m.consumers {
 		live, liveBytes := 0, uint64(0)

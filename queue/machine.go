@@ -268,9 +268,11 @@ type Machine struct {
 	byID      map[ConsumerID]*consumer
 	// unacked is Σ live over consumers, active the consumers not
 	// cancelled: counters kept on every change (checkInvariants recounts
-	// them), since the caller reads both after every command.
+	// them), since the caller reads both after every command; gets the
+	// active consumers standing for a get (ConsumerSpec.Get).
 	unacked   int
 	active    int
+	gets      int
 	groupEnds []int // end index in consumers of each equal-priority run
 	rr        int
 	arrivals  uint64
@@ -370,14 +372,25 @@ func (m *Machine) Parked() int { return len(m.parked) }
 // Unacked is the number of deliveries out with consumers. O(1).
 func (m *Machine) Unacked() int { return m.unacked }
 
-// Consumers is the number of active (not cancelled) consumers. O(1).
-func (m *Machine) Consumers() int { return m.active }
+// Consumers is the number of active (not cancelled) consumers, those
+// standing for a get not counted: a get is no consumer to a client (AMQP
+// queue.declare-ok's consumer count, queue.delete's if-unused), though
+// the one-shot consumer of a get on a replicated queue stays active until
+// its cancel is committed, after the client has its message. O(1).
+func (m *Machine) Consumers() int { return m.active - m.gets }
+
+// activeConsumers is the number of active consumers, gets included: what
+// the machine's own decisions (an exclusive subscribe, expiry) count.
+func (m *Machine) activeConsumers() int { return m.active }
 
 // cancel marks c cancelled (once).
 func (m *Machine) cancel(c *consumer) {
 	if !c.cancelled {
 		c.cancelled = true
 		m.active--
+		if c.Get {
+			m.gets--
+		}
 	}
 }
 

@@ -196,3 +196,46 @@ func TestCountersCheckedByInvariants(t *testing.T) {
 		t.Fatalf("a drifted consumer counter passes the check: %v", err)
 	}
 }
+
+// TestGetIsNoConsumer: the one-shot consumer standing for a get is not
+// counted by Consumers (AMQP declare-ok's consumer count, queue.delete's
+// if-unused), while it is active as after a snapshot's restore. On a
+// replicated queue it stays active until its cancel is committed, after
+// the client has its message: a client's get, then delete with if-unused,
+// was refused 406 "in use" (found driving a cluster with pika; RabbitMQ
+// deletes, a get being no consumer).
+func TestGetIsNoConsumer(t *testing.T) {
+	m := New(Config{}, 0)
+	m.Enqueue(0, []Message{{ID: 1}, {ID: 2}})
+	if _, err := m.Subscribe(0, ConsumerSpec{ID: 1, Owner: 1, Prefetch: 1, Get: true}); err != nil {
+		t.Fatal(err)
+	}
+	if m.Consumers() != 0 || m.Unacked() != 1 {
+		t.Fatalf("a get: consumers %d unacked %d, want 0 and 1", m.Consumers(), m.Unacked())
+	}
+	if _, err := m.Subscribe(0, ConsumerSpec{ID: 2, Owner: 2, Prefetch: 1}); err != nil {
+		t.Fatal(err)
+	}
+	if m.Consumers() != 1 {
+		t.Fatalf("a get and a consumer: consumers %d, want 1", m.Consumers())
+	}
+	r, err := Restore(m.Snapshot())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if r.Consumers() != 1 {
+		t.Fatalf("restored: consumers %d, want 1", r.Consumers())
+	}
+	if err := r.checkInvariants(); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := m.Cancel(0, 1, false); err != nil {
+		t.Fatal(err)
+	}
+	if m.Consumers() != 1 {
+		t.Fatalf("the get cancelled: consumers %d, want 1", m.Consumers())
+	}
+	if err := m.checkInvariants(); err != nil {
+		t.Fatal(err)
+	}
+}

@@ -326,6 +326,9 @@ func Restore(b []byte) (*Machine, error) {
 		m.unacked += cs.live
 		if !cs.cancelled {
 			m.active++
+			if cs.Get {
+				m.gets++
+			}
 		}
 	}
 	m.regroup()

@@ -42,7 +42,7 @@ func (m *Machine) Tick(now int64) []Effect {
 			m.expireLeases(now, c)
 		}
 	}
-	if m.cfg.ExpiresMs > 0 && m.Consumers() == 0 && now-m.lastUsed >= m.cfg.ExpiresMs {
+	if m.cfg.ExpiresMs > 0 && m.activeConsumers() == 0 && now-m.lastUsed >= m.cfg.ExpiresMs {
 		m.deleteOnce()
 	}
 	return m.finish(now)
@@ -105,7 +105,7 @@ func (m *Machine) nextWake(now int64) (int64, bool) {
 			}
 		}
 	}
-	if m.cfg.ExpiresMs > 0 && !m.deleted && m.Consumers() == 0 {
+	if m.cfg.ExpiresMs > 0 && !m.deleted && m.activeConsumers() == 0 {
 		consider(m.lastUsed + m.cfg.ExpiresMs)
 	}
 	return at, ok
