@@ -79,6 +79,9 @@ func (c *conn) onRequest(ch *channel, body wire.Body) error {
 		if q == nil {
 			return fail(r.Req, reqErr(wire.NotFound, "no queue %q", r.Name))
 		}
+		if q.ExclusiveTo() != 0 && q.ExclusiveTo() != c.id {
+			return fail(r.Req, reqErr(wire.ResourceLocked, "queue %q is exclusive to another connection", r.Name))
+		}
 		if err := c.srv.PermitIn(c.vhostName(), c.user, PermRead, "queue", r.Name); err != nil {
 			return fail(r.Req, err)
 		}
@@ -93,6 +96,11 @@ func (c *conn) onRequest(ch *channel, body wire.Body) error {
 		}
 		d := *r
 		d.Source, d.Destination = c.qn(r.Source), c.qn(r.Destination)
+		if !r.ToExchange {
+			if q := c.srv.LookupQueue(d.Destination); q != nil && q.ExclusiveTo() != 0 && q.ExclusiveTo() != c.id {
+				return fail(r.Req, reqErr(wire.ResourceLocked, "queue %q is exclusive to another connection", r.Destination))
+			}
+		}
 		if err := c.srv.BindAs(&d, c.requester()); err != nil {
 			return fail(r.Req, c.local(err))
 		}
