@@ -259,7 +259,6 @@ func cmpIndex(a, b uint64) int {
 // install starts installing the snapshot of rd (raft took it): off the
 // shard, then the rest of rd once it is durable (Group.resume).
 func (g *Group) install(rd raft.Ready) {
-	w := g.w
 	meta := rd.Snapshot.Metadata
 	s := g.staged
 	if s == nil || s.Msg.Snapshot.Metadata.Index != meta.Index || s.Msg.Snapshot.Metadata.Term != meta.Term {
@@ -268,6 +267,52 @@ func (g *Group) install(rd raft.Ready) {
 		return
 	}
 	g.staged = nil
+	if g.snapping {
+		if p := g.compactAfter; p != nil {
+			// This node's own snapshot is stored and waits to compact:
+			// the leader's, newer, supersedes it (its compaction would
+			// run after the install's).
+			g.compactAfter, g.snapping = nil, false
+			p.done(p.meta, ErrSnapshotSuperseded)
+		} else {
+			// Being stored or compacted: the install waits for it to end
+			// (snapshotEnded), the group's rounds with it.
+			g.deferred = &deferredInstall{rd: rd, s: s}
+			g.inflight = true
+			return
+		}
+	}
+	g.startInstall(rd, s)
+}
+
+// deferredInstall is a snapshot install waiting for the group's own
+// snapshot to end (Group.deferred).
+type deferredInstall struct {
+	rd raft.Ready
+	s  *SnapshotMessage
+}
+
+// snapshotEnded runs when the group's own snapshot has ended (stored and
+// compacted, or failed): a leader's snapshot deferred meanwhile is
+// installed now.
+func (g *Group) snapshotEnded() {
+	d := g.deferred
+	if d == nil {
+		return
+	}
+	g.deferred, g.inflight = nil, false
+	if g.removed || g.err != nil || g.w.failed != nil {
+		d.s.release()
+		g.maybeRemove()
+		return
+	}
+	g.startInstall(d.rd, d.s)
+}
+
+// startInstall installs s, the staged snapshot of rd, off the shard.
+func (g *Group) startInstall(rd raft.Ready, s *SnapshotMessage) {
+	w := g.w
+	meta := rd.Snapshot.Metadata
 	store := w.cfg.Snapshots
 	if store == nil {
 		s.release()

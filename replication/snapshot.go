@@ -16,6 +16,10 @@ import (
 // again after it finished.
 var ErrSnapshotLater = errors.New("replication: a snapshot is in progress; retry once it is done")
 
+// ErrSnapshotSuperseded: the group's snapshot was stored but not
+// compacted to, a leader's newer snapshot being installed instead.
+var ErrSnapshotSuperseded = errors.New("replication: a snapshot superseded by the leader's, installed instead")
+
 type pendingCompact struct {
 	meta raftpb.SnapshotMetadata
 	live []uint64
@@ -40,7 +44,9 @@ func (g *Group) Snapshot(store *SnapStore, done func(meta raftpb.SnapshotMetadat
 	if g.w.failed != nil {
 		return ErrWorkerStopped
 	}
-	if g.snapping {
+	if g.snapping || g.installing || g.deferred != nil {
+		// (while a leader's snapshot is installed the FSM is the one from
+		// before it, and the log may already start after it)
 		return ErrSnapshotLater
 	}
 	at := g.fsm.AppliedIndex()
@@ -67,10 +73,14 @@ func (g *Group) Snapshot(store *SnapStore, done func(meta raftpb.SnapshotMetadat
 			if err == nil && g.removed {
 				err = ErrGroupRemoved
 			}
+			if err == nil && g.deferred != nil {
+				err = ErrSnapshotSuperseded // a leader's snapshot waits to be installed
+			}
 			if err != nil {
 				g.snapping = false
 				done(meta, err)
 				g.maybeRemove()
+				g.snapshotEnded()
 				return
 			}
 			g.compactAfter = p
@@ -113,7 +123,7 @@ const snapReclaimFactor = 8
 // maybeAutoSnapshot takes a snapshot if entries were applied since
 // the FSM was at entry before and the policy asks for one.
 func (g *Group) maybeAutoSnapshot(before uint64, now int64) {
-	if g.fsm.AppliedIndex() > before && g.w.cfg.Snapshots != nil && !g.snapping && g.err == nil && g.SnapshotDue(now) {
+	if g.fsm.AppliedIndex() > before && g.w.cfg.Snapshots != nil && !g.snapping && !g.installing && g.deferred == nil && g.err == nil && g.SnapshotDue(now) {
 		g.autoSnapshot()
 	}
 }
@@ -122,7 +132,7 @@ func (g *Group) maybeAutoSnapshot(before uint64, now int64) {
 func (g *Group) autoSnapshot() {
 	w := g.w
 	err := g.Snapshot(w.cfg.Snapshots, func(meta raftpb.SnapshotMetadata, err error) {
-		if err != nil && !errors.Is(err, ErrGroupRemoved) { // a queue deleted meanwhile: nothing failed
+		if err != nil && !errors.Is(err, ErrGroupRemoved) && !errors.Is(err, ErrSnapshotSuperseded) { // a queue deleted meanwhile, a leader's snapshot installed instead: nothing failed
 			w.cfg.Logger.Error("replication: snapshot failed", "group", g.id, "index", meta.Index, "err", err)
 		}
 		if w.cfg.SnapshotDone != nil {
@@ -143,7 +153,7 @@ func (w *Worker) MaybeSnapshot(now int64) {
 	}
 	w.now = max(w.now, now)
 	for _, g := range w.ids {
-		if g.err == nil && !g.snapping && g.SnapshotDue(now) {
+		if g.err == nil && !g.snapping && !g.installing && g.deferred == nil && g.SnapshotDue(now) {
 			g.autoSnapshot()
 		}
 	}
@@ -173,6 +183,7 @@ func (g *Group) maybeCompact() {
 		g.snapping = false
 		p.done(p.meta, err)
 		g.maybeRemove()
+		g.snapshotEnded()
 		return
 	}
 	w.cfg.Pool.Go(func() {
@@ -184,6 +195,7 @@ func (g *Group) maybeCompact() {
 			}
 			p.done(p.meta, err)
 			g.maybeRemove()
+			g.snapshotEnded()
 		})
 	})
 }

@@ -193,6 +193,11 @@ type Group struct {
 	// compactAfter: stored, waiting for commit ≥ its index on disk.
 	snapping     bool
 	compactAfter *pendingCompact
+	// deferred: a leader's snapshot raft took while this node's own
+	// snapshot was being stored or compacted (install): installed once
+	// that one ends (snapshotEnded). Its compaction, run after the
+	// install's, would drop the installed snapshot's live entries.
+	deferred *deferredInstall
 	// The policy's memory of the last snapshot: its size, when, and the
 	// FSM's dead and applied byte counts then.
 	lastSnapSize    int
