@@ -204,6 +204,9 @@ func TestWarrenctlReplayIDs(t *testing.T) {
 	if out, errs, code := c.run("", "dlq", "replay", "dlq", "--ids", b); code != 1 || !regexpLine(out, "missing", "1") || !strings.Contains(errs, "nothing replayed") {
 		t.Fatalf("dlq replay --ids %s (none held): exit %d, %q %q", b, code, out, errs)
 	}
+	if _, errs, code := c.run("", "dlq", "replay", "dlq", "--ids", b+","+b); code != 1 || !strings.Contains(errs, "nothing replayed") {
+		t.Fatalf("dlq replay --ids %s,%s (the broker counts it missing once): exit %d %q", b, b, code, errs)
+	}
 	if _, errs, code := c.run("", "dlq", "replay", "dlq", "--ids", "x"); code != 2 || !strings.Contains(errs, "--ids") {
 		t.Fatalf("dlq replay --ids x: exit %d %q", code, errs)
 	}

@@ -336,7 +336,7 @@ func (c *cli) replay(args []string) error {
 	if r.Error != "" {
 		return errors.New("replay stopped early: " + r.Error)
 	}
-	if req.IDs != nil && r.Moved == 0 && r.Missing > 0 && r.Missing == len(req.IDs) {
+	if req.IDs != nil && r.Moved == 0 && r.Missing > 0 && r.Missing == len(slices.Compact(slices.Sorted(slices.Values(req.IDs)))) {
 		// Some ids missing is a partial replay (counted above); all of
 		// them is most likely a wrong queue or ids already replayed.
 		return fmt.Errorf("nothing replayed: queue %s holds none of the ids %s (dlq peek %s shows what it holds)", name, *idList, name)
