@@ -93,8 +93,9 @@ func (a *API) sample() { a.sampleAt(time.Now()) }
 // sample; now is the time of this one (an input, so tests can fake it).
 // The broker's rates sum the queues' changes, each queue counted only
 // against its own previous sample, so a deleted queue does not make a
-// rate dip below zero, and a queue first seen has no rates until its
-// next sample.
+// rate dip below zero, and a queue first seen, or whose counts came from
+// elsewhere at the last sample (sameSource), has no rates until its next
+// sample.
 func (a *API) sampleAt(now time.Time) {
 	cur := map[string]broker.QueueStats{}
 	for _, q := range a.b.Queues() {
@@ -108,11 +109,12 @@ func (a *API) sampleAt(now time.Time) {
 		var d broker.QueueStats // the changes since the last sample
 		for n, q := range cur {
 			p, seen := a.prev[n]
-			if !seen {
-				// First seen: its totals are this sample's baseline, not
-				// this interval's work (a replica opened or caught up
-				// here brings the counts of its log; a queue declared in
-				// the interval shows rates from the next one).
+			if !seen || !sameSource(p, q) {
+				// First seen, or its counts come from elsewhere now: its
+				// totals are this sample's baseline, not this interval's
+				// work (a replica opened, moved in or caught up here
+				// brings the counts of its log; a queue declared in the
+				// interval shows rates from the next one).
 				continue
 			}
 			rates[n] = Rates{Publish: rate(q.Published, p.Published, dt), Deliver: rate(q.Delivered, p.Delivered, dt), Ack: rate(q.Acked, p.Acked, dt),
@@ -128,6 +130,18 @@ func (a *API) sampleAt(now time.Time) {
 			Redeliver: rate(d.Redelivered, 0, dt), DeadLetter: rate(d.DeadLettered, 0, dt)}
 	}
 	a.prev, a.prevT = cur, now
+}
+
+// sameSource reports whether two samples of a queue's counts come from
+// the same place, so that their difference is work done between them:
+// the answering node's own copy both times (a non-durable queue's, or
+// its replica's, whatever raft role it had). A node without a replica
+// ("none": the counts last fetched from the leader) or whose replica
+// failed has no rates, and a replica that opened or moved in since
+// brings its log's whole history.
+func sameSource(p, q broker.QueueStats) bool {
+	here := func(role string) bool { return role == "" || role == "leader" || role == "follower" }
+	return here(p.RaftRole) && here(q.RaftRole) && (p.RaftRole == "") == (q.RaftRole == "")
 }
 
 func delta(cur, prev uint64) uint64 {
