@@ -256,6 +256,15 @@ func (s *shard) peek(q *Queue, n int) Result {
 	if q.gone || q.m == nil {
 		return noQueue(q)
 	}
+	if g := q.grp; g != nil && g.Installing() {
+		// The machine is the one from before the leader's snapshot, whose
+		// install may have compacted the log its bodies are read from.
+		lead := "retry shortly"
+		if l := q.lead.Load(); l != 0 && l != s.nodeID() {
+			lead = "retry shortly, or peek on node " + strconv.FormatUint(l, 10) + ", which leads it"
+		}
+		return Result{Code: wire.PreconditionFailed, Reason: "queue " + strconv.Quote(LocalName(q.name)) + ": this node's replica is installing a snapshot from its leader; " + lead}
+	}
 	var out []Message
 	for _, p := range q.m.Peek(n) {
 		m := s.msgOf(q, p.ID)
