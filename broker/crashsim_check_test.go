@@ -98,8 +98,9 @@ func (s *crashSim) crashAndCheck(clean bool, torn int) {
 
 // recrash restarts the node on the disk m, as the first crash or stop
 // left it, and crashes it again in or right after its recovery: one of
-// the first few fsyncs from the start failing (the recovered WAL's at
-// Open, its close mark, the first writes of the metadata or a queue), or
+// the first 24 fsyncs from the start failing (recovery makes 8 to 21: the
+// recovered WAL's at Open, its close mark, the metadata's and the queues'
+// first writes), or
 // a power cut once it has recovered (torn or not). Nothing happens in
 // between but the recovery: what the checks expect is what they expect
 // of the first crash alone. Returns the disk as the second crash left it.
@@ -111,7 +112,7 @@ func (s *crashSim) recrash(m *segment.MemFS) *segment.MemFS {
 	}
 	failAt := 0
 	if s.rng.IntN(2) == 0 {
-		failAt = 1 + s.rng.IntN(4)
+		failAt = 1 + s.rng.IntN(24)
 		m.FailSync(failAt)
 		s.logf("restart with the %d-th fsync from now failing, then a crash (torn bytes %d)", failAt, torn)
 	} else {

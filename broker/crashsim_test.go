@@ -22,7 +22,7 @@ import (
 // point (an injected fsync or write failure, or a power cut while writes
 // are in flight, torn writes included) or stopped cleanly, and recovered
 // into a new Broker from what survived. One seed in three crashes again
-// in or right after that recovery (recrash: one of its first fsyncs
+// in or right after that recovery (recrash: one of its first 24 fsyncs
 // failing, or a power cut once recovered) before the last recovery. The
 // invariants are checked on what the recovered broker delivers when
 // every queue is drained.
