@@ -2,12 +2,14 @@
 # Three warrend nodes on loopback (make cluster / make cluster-stop).
 #   node N: native 5680+10(N-1), HTTP 15680+10(N-1), cluster 5682+10(N-1)
 #   (PORT_BASE=B moves them to B+10(N-1), B+10000+10(N-1), B+2+10(N-1))
+#   AMQP=1: each node also serves AMQP 0-9-1 on B+3+10(N-1) (5683, 5693, 5703)
 #   data under $DATA/nodeN (default ./warren-data), log in $DATA/nodeN/warrend.log (appended to)
 # The shared cluster secret is $DATA/cluster-secret (made once, 32 random bytes).
 set -euo pipefail
 DATA=${DATA:-./warren-data}
 BIN=${WARREND:-./bin/warrend}
 B=${PORT_BASE:-5680}
+AMQP=${AMQP:-}
 PEERS="1=127.0.0.1:$((B + 2)),2=127.0.0.1:$((B + 12)),3=127.0.0.1:$((B + 22))"
 
 # alive PID: the process runs (not a zombie waiting to be reaped).
@@ -31,7 +33,9 @@ start() {
 			continue
 		fi
 		off=$(( (n - 1) * 10 ))
-		for p in $((B + off)) $((B + 10000 + off)) $((B + 2 + off)); do
+		ports="$((B + off)) $((B + 10000 + off)) $((B + 2 + off))"
+		[ -n "$AMQP" ] && ports="$ports $((B + 3 + off))"
+		for p in $ports; do
 			if in_use "$p"; then
 				echo "node $n: 127.0.0.1:$p is in use (a warrend from make run? stop it first, or move the cluster: make cluster PORT_BASE=6680); no node started" >&2
 				exit 1
@@ -47,9 +51,11 @@ start() {
 		fi
 		off=$(( (n - 1) * 10 ))
 		echo "--- start $(date -u +%FT%TZ)" >>"$dir/warrend.log" # the log of earlier runs is kept
+		amqp=()
+		[ -n "$AMQP" ] && amqp=(--amqp-listen "127.0.0.1:$((B + 3 + off))")
 		"$BIN" --node-id "$n" --peers "$PEERS" --cluster-secret-file "$DATA/cluster-secret" \
 			--listen "127.0.0.1:$((B + off))" --http "127.0.0.1:$((B + 10000 + off))" \
-			--data "$dir" >>"$dir/warrend.log" 2>&1 &
+			"${amqp[@]}" --data "$dir" >>"$dir/warrend.log" 2>&1 &
 		echo $! > "$dir/warrend.pid"
 	done
 	# Ready once each node's metadata group has a leader and it caught up.
@@ -81,10 +87,12 @@ start() {
 			exit 1
 		fi
 	done
-	echo "NODE  NATIVE           HTTP              CLUSTER          DATA"
+	echo "NODE  NATIVE           HTTP              CLUSTER          ${AMQP:+AMQP             }DATA"
 	for n in 1 2 3; do
 		off=$(( (n - 1) * 10 ))
-		printf '%-5s 127.0.0.1:%-6s 127.0.0.1:%-7s 127.0.0.1:%-6s %s\n' "$n" $((B + off)) $((B + 10000 + off)) $((B + 2 + off)) "$DATA/node$n"
+		a=""
+		[ -n "$AMQP" ] && a=$(printf '127.0.0.1:%-6s ' $((B + 3 + off)))
+		printf '%-5s 127.0.0.1:%-6s 127.0.0.1:%-7s 127.0.0.1:%-6s %s%s\n' "$n" $((B + off)) $((B + 10000 + off)) $((B + 2 + off)) "$a" "$DATA/node$n"
 	done
 	echo "warrenctl --url warren://guest:guest@127.0.0.1:$B cluster status"
 }
