@@ -338,3 +338,49 @@ func TestConnectionsAndOverview(t *testing.T) {
 }
 
 func jsonNum(v uint64) string { b, _ := json.Marshal(v); return string(bytes.TrimSpace(b)) }
+
+// TestPeekIsBoundedInBytes: /get returns at most count messages and stops
+// at the first whose body would take the copied bodies past 16 MiB (always
+// at least one). Before, count 10,000 copied all of them on the queue's
+// shard whatever their size (10,000 of 4 MiB: 40 GB in one answer).
+func TestPeekIsBoundedInBytes(t *testing.T) {
+	e := setup(t)
+	if st := e.do("PUT", "/api/queues/big", `{}`, nil); st != 200 {
+		t.Fatal(st)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	c, err := client.Dial(ctx, warrentest.URL(e.srv))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	ch, err := c.Channel(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	body := make([]byte, 3<<20)
+	for i := 0; i < 7; i++ { // 21 MiB
+		if _, err := ch.PublishAsync(ctx, "", client.Message{RoutingKey: "big", Body: body}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := ch.WaitConfirms(ctx); err != nil {
+		t.Fatal(err)
+	}
+	var got struct {
+		Messages []json.RawMessage `json:"messages"`
+	}
+	if st := e.do("POST", "/api/queues/big/get", `{"count":10}`, &got); st != 200 {
+		t.Fatal(st)
+	}
+	if len(got.Messages) != 5 {
+		t.Fatalf("peek of 10 with 7 ready messages of 3 MiB: %d messages, want 5 (15 MiB; a sixth would pass 16)", len(got.Messages))
+	}
+	var one struct {
+		Messages []json.RawMessage `json:"messages"`
+	}
+	if st := e.do("POST", "/api/queues/big/get", `{"count":1}`, &one); st != 200 || len(one.Messages) != 1 {
+		t.Fatalf("peek of 1: %d, %d messages", st, len(one.Messages))
+	}
+}

@@ -247,7 +247,15 @@ func (s *shard) purge(q *Queue) Result {
 	return Result{N: n}
 }
 
-// peek copies up to n ready messages in dispatch order without taking them.
+// MaxPeekBytes bounds the bodies one peek copies (PeekQueue): it stops
+// at the first message that would take them past it, but always returns
+// one. The copy is made on the queue's shard and answered whole (the admin
+// API's /get): 10,000 messages of 4 MiB were 40 GB, every other queue of
+// the shard waiting meanwhile.
+const MaxPeekBytes = 16 << 20
+
+// peek copies up to n ready messages in dispatch order without taking
+// them, their bodies at most MaxPeekBytes together (at least one).
 func (s *shard) peek(q *Queue, n int) Result {
 	if !q.gone && q.remote {
 		code, reason := q.notHere()
@@ -266,10 +274,14 @@ func (s *shard) peek(q *Queue, n int) Result {
 		return Result{Code: wire.PreconditionFailed, Reason: "queue " + strconv.Quote(LocalName(q.name)) + ": this node's replica is installing a snapshot from its leader; " + lead}
 	}
 	var out []Message
+	bytes := 0
 	for _, p := range q.m.Peek(n) {
 		m := s.msgOf(q, p.ID)
 		if m == nil {
 			continue
+		}
+		if bytes += len(m.Body()); bytes > MaxPeekBytes && len(out) > 0 {
+			break
 		}
 		props, _ := wire.DecodeProps(m.Props())
 		out = append(out, Message{ID: p.ID, Exchange: string(m.Exchange()), RoutingKey: string(m.RoutingKey()), Priority: m.Priority,

@@ -159,7 +159,9 @@ type Message struct {
 }
 
 // PeekQueue copies up to n ready messages in dispatch order without
-// taking them: nothing is delivered or counted.
+// taking them: nothing is delivered or counted. It stops at the first
+// message whose body would take the copied bodies past MaxPeekBytes
+// (always returning one).
 func (b *Broker) PeekQueue(ctx context.Context, name string, n int) ([]Message, error) {
 	q := b.topo.lookupQueue(name)
 	if q == nil {
