@@ -192,13 +192,22 @@ func (c *conn) forgetStashedLocked(ch *channel, id queue.ConsumerID, qtag uint64
 func (c *conn) Subscribed(id queue.ConsumerID, _ uint32, code wire.Code, reason string) {
 	c.mu.Lock()
 	cr := c.byID[id]
-	if cr == nil || cr.ch.closing {
+	if cr == nil {
 		c.mu.Unlock()
 		return
 	}
 	if code != wire.OK {
+		// Forgotten even on a closing channel: the queue never had it,
+		// so no ConsumerGone follows, and it counted against
+		// max_consumers_per_connection for the connection's life.
 		delete(c.byID, id)
 		delete(cr.ch.consumers, cr.tag)
+	}
+	if cr.ch.closing {
+		c.mu.Unlock()
+		return
+	}
+	if code != wire.OK {
 		c.mu.Unlock()
 		ae := brokerErr(code, reason)
 		if code == wire.ResourceLocked { // an exclusive consumer, or consumers where one would be

@@ -1,0 +1,108 @@
+package amqp
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	amqp091 "github.com/rabbitmq/amqp091-go"
+	"github.com/warren-mq/warren/netio"
+	"github.com/warren-mq/warren/wire"
+)
+
+// sinkBroker runs a broker with an AMQP listener and one client
+// connection, and returns the client's channel and the broker's side of
+// the connection, whose Sink methods a test calls as a shard would.
+func sinkBroker(t *testing.T, ncfg netio.Config) (*amqp091.Connection, *amqp091.Channel, *conn) {
+	t.Helper()
+	ncfg.Addr, ncfg.Shards, ncfg.EventLoops = "127.0.0.1:0", 2, 1
+	srv, err := netio.Start(ncfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	l, err := Listen(srv, Config{Addr: "127.0.0.1:0"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		_ = l.Close()
+		_ = srv.Close(ctx)
+	})
+	cc, err := amqp091.Dial("amqp://guest:guest@" + l.Addr().String() + "/")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = cc.CloseDeadline(time.Now().Add(10 * time.Second)) })
+	ch, err := cc.Channel()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var c *conn
+	l.mu.Lock()
+	for k := range l.conns {
+		c = k
+	}
+	n := len(l.conns)
+	l.mu.Unlock()
+	if n != 1 {
+		t.Fatalf("%d connections, want 1", n)
+	}
+	return cc, ch, c
+}
+
+// onlyChannel returns the connection's one open channel.
+func onlyChannel(t *testing.T, c *conn) *channel {
+	t.Helper()
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if len(c.channels) != 1 {
+		t.Fatalf("%d channels, want 1", len(c.channels))
+	}
+	for _, ch := range c.channels {
+		return ch
+	}
+	return nil
+}
+
+// pendingConsume registers a consumer on ch as a no-wait basic.consume
+// does before its queue answers (the subscribe itself is not sent: the
+// test answers for the queue).
+func pendingConsume(t *testing.T, c *conn, ch *channel, qn, tag string) *consumer {
+	t.Helper()
+	q := c.srv.LookupQueue(c.qn(qn))
+	if q == nil {
+		t.Fatalf("no queue %q", qn)
+	}
+	cr := &consumer{id: c.srv.NewConsumerID(), tag: tag, ch: ch, q: q, noWait: true}
+	c.mu.Lock()
+	ch.consumers[tag] = cr
+	c.byID[cr.id] = cr
+	c.mu.Unlock()
+	return cr
+}
+
+// A no-wait basic.consume its queue refuses (another connection's
+// exclusive consumer there) on a channel the client closed before the
+// refusal came back is forgotten: no ConsumerGone follows a refusal, and
+// it counted against max_consumers_per_connection for the connection's
+// life (50 such consumes, and a connection with a limit of 3 could
+// consume no more).
+func TestRefusedConsumeOnClosedChannelForgotten(t *testing.T) {
+	_, ch, c := sinkBroker(t, netio.Config{MaxConsumersPerConnection: 3})
+	if _, err := ch.QueueDeclare("q", false, false, false, false, nil); err != nil {
+		t.Fatal(err)
+	}
+	cr := pendingConsume(t, c, onlyChannel(t, c), "q", "t")
+	if err := ch.Close(); err != nil { // answered: the channel is closing when the refusal comes
+		t.Fatal(err)
+	}
+	c.Subscribed(cr.id, 0, wire.ResourceLocked, "queue: has an exclusive consumer")
+	c.mu.Lock()
+	_, kept := c.byID[cr.id]
+	c.mu.Unlock()
+	if kept {
+		t.Fatal("a consume refused after its channel closed still counts against the connection's consumers")
+	}
+}
