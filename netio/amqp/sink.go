@@ -201,7 +201,7 @@ func (c *conn) Subscribed(id queue.ConsumerID, _ uint32, code wire.Code, reason 
 		// so no ConsumerGone follows, and it counted against
 		// max_consumers_per_connection for the connection's life.
 		delete(c.byID, id)
-		delete(cr.ch.consumers, cr.tag)
+		c.dropTagLocked(cr)
 	}
 	if cr.ch.closing {
 		c.mu.Unlock()
@@ -223,6 +223,18 @@ func (c *conn) Subscribed(id queue.ConsumerID, _ uint32, code wire.Code, reason 
 	}
 }
 
+// dropTagLocked frees cr's consumer tag on its channel if the tag is still
+// cr's, and reports whether it was: once the client cancelled cr, it may
+// have reused the tag for a new consumer, which a late answer about cr
+// must not touch. c.mu held.
+func (c *conn) dropTagLocked(cr *consumer) bool {
+	if cur := cr.ch.consumers[cr.tag]; cur == nil || cur != cr {
+		return false
+	}
+	delete(cr.ch.consumers, cr.tag)
+	return true
+}
+
 // closeChannelFromShard closes a channel from a shard goroutine: the
 // consumers' cancels are submitted from another goroutine, since a Sink
 // must not call back into the shard that calls it.
@@ -239,10 +251,10 @@ func (c *conn) Cancelled(id queue.ConsumerID, _ wire.Code, _ string) {
 		c.mu.Unlock()
 		return
 	}
-	delete(cr.ch.consumers, cr.tag)
+	owned := c.dropTagLocked(cr) // false: the client cancelled it (basic.cancel), and the tag may be another's now
 	c.forgetStashedLocked(cr.ch, id, 0)
 	c.mu.Unlock()
-	if cr.get != nil {
+	if cr.get != nil || !owned {
 		// A basic.get's consumer (its message still unacked when the
 		// queue went): no consumer to the client, which has no tag for
 		// it; RabbitMQ sends nothing.

@@ -106,3 +106,46 @@ func TestRefusedConsumeOnClosedChannelForgotten(t *testing.T) {
 		t.Fatal("a consume refused after its channel closed still counts against the connection's consumers")
 	}
 }
+
+// A late answer about a consumer the client cancelled leaves alone the
+// consumer that reuses its tag: the broker's cancel of the old one (its
+// queue deleted, say) neither frees the tag nor tells the client, who
+// would read it as the new consumer's cancel.
+func TestLateCancelLeavesReusedTag(t *testing.T) {
+	_, ch, c := sinkBroker(t, netio.Config{})
+	if _, err := ch.QueueDeclare("q", false, false, false, false, nil); err != nil {
+		t.Fatal(err)
+	}
+	chs := onlyChannel(t, c)
+	old := pendingConsume(t, c, chs, "q", "t")
+	if err := ch.Cancel("t", false); err != nil { // answered: the tag is free
+		t.Fatal(err)
+	}
+	ds, err := ch.Consume("q", "t", true, false, false, false, nil) // answered: the tag is the new consumer's
+	if err != nil {
+		t.Fatal(err)
+	}
+	c.Cancelled(old.id, wire.NotFound, "queue deleted")
+	c.mu.Lock()
+	cur := chs.consumers["t"]
+	c.mu.Unlock()
+	if cur == nil || cur.id == old.id {
+		t.Fatalf("the tag's consumer after the old one's cancel: %+v, want the new one", cur)
+	}
+	// The client still has its consumer: a message reaches it (a
+	// basic.cancel for "t" would have closed ds).
+	if err := ch.PublishWithContext(context.Background(), "", "q", false, false, amqp091.Publishing{Body: []byte("m")}); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case d, ok := <-ds:
+		if !ok {
+			t.Fatal("the client was told its new consumer of tag t was cancelled")
+		}
+		if string(d.Body) != "m" {
+			t.Fatalf("got %q", d.Body)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("no delivery to the new consumer")
+	}
+}
