@@ -248,6 +248,10 @@ func (c *conn) onConsume(ch *channel, r *reader) error {
 		return c.errExclusive(qn)
 	}
 	c.mu.Lock()
+	if ch.closing { // a shard closed it since the frame was read: dropped, as on a closing channel
+		c.mu.Unlock()
+		return nil
+	}
 	if tag == "" {
 		c.ctagSeq++
 		tag = "amq.ctag-" + strconv.FormatUint(c.id, 10) + "-" + strconv.Itoa(c.ctagSeq)

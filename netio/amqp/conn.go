@@ -543,11 +543,12 @@ func (c *conn) handle(typ uint8, chID uint16, p []byte) error {
 	case frameHeader, frameBody:
 		c.mu.Lock()
 		ch := c.channels[chID]
+		closing := ch != nil && ch.closing // set by a shard too (claimClose)
 		c.mu.Unlock()
 		if ch == nil {
 			return connErr(channelError, "CHANNEL_ERROR - content on channel "+strconv.Itoa(int(chID))+", which is not open")
 		}
-		if ch.closing {
+		if closing {
 			return nil
 		}
 		if ch.pub == nil || (typ == frameBody) != ch.pub.header {
@@ -582,6 +583,7 @@ func (c *conn) handle(typ uint8, chID uint16, p []byte) error {
 	}
 	c.mu.Lock()
 	ch := c.channels[chID]
+	closing := ch != nil && ch.closing // set by a shard too (claimClose)
 	c.mu.Unlock()
 	if class == classChannel && id == 10 { // open
 		if ch != nil {
@@ -603,7 +605,7 @@ func (c *conn) handle(typ uint8, chID uint16, p []byte) error {
 	if ch == nil {
 		return connErr(channelError, "CHANNEL_ERROR - expected 'channel.open' on channel "+strconv.Itoa(int(chID)))
 	}
-	if ch.closing {
+	if closing {
 		// The broker sent channel.close: a client's channel.close that
 		// crossed it is answered, and the channel is free only at the
 		// client's close-ok (which it sends to the broker's close after
@@ -649,10 +651,30 @@ func (c *conn) chanResult(ch *channel, err error) error {
 }
 
 // closeChannel sends channel.close and returns what the channel's
-// consumers held. Safe from any goroutine but a shard's (it submits).
+// consumers held; nothing if the channel is closing already (the client's
+// channel.close or another channel.close of the broker's came first).
+// Safe from any goroutine but a shard's (it submits).
 func (c *conn) closeChannel(ch *channel, ae *amqpError) {
-	cons := c.releaseChannel(ch)
+	if r, ok := c.claimClose(ch, ae); ok {
+		c.submitRelease(r)
+	}
+}
+
+// claimClose marks ch closing and sends channel.close, if ch is open and
+// still the channel of its id: the client's channel.close and the
+// broker's both claim the channel under c.mu, and the loser sends nothing.
+// Without it, a close a shard decided on (a consume refused) could go out
+// after the client's own close was answered, on a freed or reused id, and
+// the client's close-ok to it ended the connection (504, expected
+// 'channel.open'). The pointer comparison tells a channel from a later
+// one on the same id. It submits nothing: safe from a shard.
+func (c *conn) claimClose(ch *channel, ae *amqpError) (release, bool) {
 	c.mu.Lock()
+	r, ok := c.releaseLocked(ch)
+	if !ok {
+		c.mu.Unlock()
+		return r, false
+	}
 	b, st := method(c.out, ch.id, classChannel, 40)
 	b = binary.BigEndian.AppendUint16(b, ae.code)
 	b = putShortstr(b, ae.text)
@@ -661,16 +683,36 @@ func (c *conn) closeChannel(ch *channel, ae *amqpError) {
 	c.out = endFrame(b, st)
 	c.flushLocked()
 	c.mu.Unlock()
-	for _, cr := range cons {
+	c.dropReply(r.reply)
+	return r, true
+}
+
+// release is what a closed channel hands back: its consumers to cancel
+// (with requeue) and the basic.gets' messages it did not ack.
+type release struct {
+	cons  []*consumer
+	back  []broker.SettleItem
+	reply *replyConsumer
+}
+
+// submitRelease returns what a closed channel held to its queues.
+func (c *conn) submitRelease(r release) {
+	if len(r.back) > 0 {
+		c.srv.Submit(broker.Command{Kind: broker.CmdSettle, Settles: r.back})
+	}
+	for _, cr := range r.cons {
 		c.srv.Submit(broker.Command{Kind: broker.CmdCancel, Queue: cr.q, Consumer: cr.id, Requeue: true})
 	}
 }
 
-// releaseChannel marks a channel closing, returns its consumers to
-// cancel (with requeue) and submits the return of what its basic.gets
-// took and it did not ack (no consumer's cancel returns those).
-func (c *conn) releaseChannel(ch *channel) []*consumer {
-	c.mu.Lock()
+// releaseLocked marks a channel closing and takes what it holds: its
+// consumers and what its basic.gets took and it did not ack (no
+// consumer's cancel returns those). false: the channel was closing
+// already, or is no longer the channel of its id. c.mu held.
+func (c *conn) releaseLocked(ch *channel) (release, bool) {
+	if ch.closing || c.channels[ch.id] != ch {
+		return release{}, false
+	}
 	ch.closing = true
 	if ch.pub != nil {
 		c.dropPending(ch.pub)
@@ -701,12 +743,8 @@ func (c *conn) releaseChannel(ch *channel) []*consumer {
 	c.resetStashLocked(ch)
 	c.dropTxLocked(ch) // the other held settles: the consumers' cancels return those messages
 	rc := ch.reply
-	c.mu.Unlock()
-	c.dropReply(rc)
-	if len(back) > 0 {
-		c.srv.Submit(broker.Command{Kind: broker.CmdSettle, Settles: back})
-	}
-	return cons
+	ch.reply = nil
+	return release{cons: cons, back: back, reply: rc}, true
 }
 
 // hasConsumer reports whether consumer id is one of ch's (not cancelled).

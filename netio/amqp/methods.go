@@ -3,7 +3,6 @@ package amqp
 import (
 	"strconv"
 
-	"github.com/warren-mq/warren/broker"
 	"github.com/warren-mq/warren/wire"
 )
 
@@ -29,13 +28,17 @@ func (c *conn) onMethod(ch *channel, class, id uint16, r *reader) error {
 			c.reply(ch.id, classChannel, 21, func(b []byte) []byte { return append(b, 1) })
 			return nil
 		case 40: // close
-			cons := c.releaseChannel(ch)
-			for _, cr := range cons {
-				c.srv.Submit(broker.Command{Kind: broker.CmdCancel, Queue: cr.q, Consumer: cr.id, Requeue: true})
-			}
 			c.mu.Lock()
-			delete(c.channels, ch.id)
+			r, ok := c.releaseLocked(ch)
+			if ok {
+				delete(c.channels, ch.id)
+			}
+			// else a shard closed the channel since the frame was read
+			// (a consume refused): the close crossed the broker's, and
+			// the channel is freed at the client's close-ok (handle).
 			c.mu.Unlock()
+			c.dropReply(r.reply)
+			c.submitRelease(r)
 			c.reply(ch.id, classChannel, 41, nil)
 			return nil
 		case 41: // close-ok without a close

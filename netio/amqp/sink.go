@@ -236,10 +236,14 @@ func (c *conn) dropTagLocked(cr *consumer) bool {
 }
 
 // closeChannelFromShard closes a channel from a shard goroutine: the
-// consumers' cancels are submitted from another goroutine, since a Sink
-// must not call back into the shard that calls it.
+// channel is claimed and channel.close sent at once (a client's close read
+// after it is answered as one that crossed it); the consumers' cancels
+// are submitted from another goroutine, since a Sink must not call back
+// into the shard that calls it.
 func (c *conn) closeChannelFromShard(ch *channel, ae *amqpError) {
-	go c.closeChannel(ch, ae)
+	if r, ok := c.claimClose(ch, ae); ok {
+		go c.submitRelease(r)
+	}
 }
 
 // Cancelled tells the client the broker cancelled a consumer (a

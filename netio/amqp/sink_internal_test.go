@@ -14,6 +14,10 @@ import (
 // connection, and returns the client's channel and the broker's side of
 // the connection, whose Sink methods a test calls as a shard would.
 func sinkBroker(t *testing.T, ncfg netio.Config) (*amqp091.Connection, *amqp091.Channel, *conn) {
+	return sinkBrokerWith(t, ncfg, amqp091.Config{})
+}
+
+func sinkBrokerWith(t *testing.T, ncfg netio.Config, acfg amqp091.Config) (*amqp091.Connection, *amqp091.Channel, *conn) {
 	t.Helper()
 	ncfg.Addr, ncfg.Shards, ncfg.EventLoops = "127.0.0.1:0", 2, 1
 	srv, err := netio.Start(ncfg)
@@ -30,7 +34,7 @@ func sinkBroker(t *testing.T, ncfg netio.Config) (*amqp091.Connection, *amqp091.
 		_ = l.Close()
 		_ = srv.Close(ctx)
 	})
-	cc, err := amqp091.Dial("amqp://guest:guest@" + l.Addr().String() + "/")
+	cc, err := amqp091.DialConfig("amqp://guest:guest@"+l.Addr().String()+"/", acfg)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -147,5 +151,40 @@ func TestLateCancelLeavesReusedTag(t *testing.T) {
 		}
 	case <-time.After(10 * time.Second):
 		t.Fatal("no delivery to the new consumer")
+	}
+}
+
+// A channel.close the broker decided on for a channel the client closed
+// meanwhile is not sent: its id is free, and here reused by a new
+// channel, which the close must not hit. Before, the close went out on
+// the id: the new channel was closed, or (id free) the client's close-ok
+// to it ended the connection (504, expected 'channel.open').
+func TestBrokerCloseAfterClientCloseSendsNothing(t *testing.T) {
+	cc, ch, c := sinkBrokerWith(t, netio.Config{}, amqp091.Config{ChannelMax: 1}) // one id: the next channel reuses it
+	old := onlyChannel(t, c)
+	if err := ch.Close(); err != nil {
+		t.Fatal(err)
+	}
+	ch2, err := cc.Channel()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if cur := onlyChannel(t, c); cur.id != old.id || cur == old {
+		t.Fatalf("the new channel is %d (the same: %v), want a new one on id %d", cur.id, cur == old, old.id)
+	}
+	ae := chErr(accessRefused, "ACCESS_REFUSED - queue 'q' in exclusive use")
+	ae.class, ae.method = classBasic, 20
+	c.closeChannel(old, ae)  // as a shard's close of the old channel, run late
+	for i := 0; i < 2; i++ { // the second goes out after the client's answer to any close
+		if _, err := ch2.QueueDeclare("", false, true, true, false, nil); err != nil {
+			t.Fatalf("declare %d on the new channel: %v", i, err)
+		}
+	}
+	cur := onlyChannel(t, c)
+	c.mu.Lock()
+	closing := cur.closing
+	c.mu.Unlock()
+	if closing {
+		t.Fatal("the new channel is closing")
 	}
 }
