@@ -88,13 +88,20 @@ func (c *conn) Subscribed(id queue.ConsumerID, req uint32, code wire.Code, reaso
 	}
 }
 
-// Cancelled tells a consumer the broker cancelled it (Sink).
+// Cancelled tells a consumer the broker cancelled it (Sink), and frees its
+// tag on the channel, as the client does on CANCELLED: a SUBSCRIBE may
+// reuse it at once. A consumer the client cancelled first (its tag freed,
+// maybe reused) is told nothing: the CANCELLED would name the tag's new
+// consumer.
 func (c *conn) Cancelled(id queue.ConsumerID, code wire.Code, reason string) {
 	c.mu.Lock()
 	cr := c.byID[id]
-	closed := cr != nil && cr.ch.closed
+	tell := cr != nil && !cr.ch.closed && cr.ch.consumers[cr.tag] == cr
+	if tell {
+		delete(cr.ch.consumers, cr.tag)
+	}
 	c.mu.Unlock()
-	if cr != nil && !closed {
+	if tell {
 		c.send(cr.ch.id, &wire.Cancelled{ConsumerTag: cr.tag, Code: code, Reason: reason})
 	}
 }
