@@ -18,7 +18,9 @@ func (m *Machine) Subscribe(now int64, spec ConsumerSpec) ([]Effect, error) {
 		if c.ID == spec.ID {
 			return nil, ErrConsumerExists
 		}
-		if c.Exclusive && !c.cancelled {
+		if c.Exclusive && !c.cancelled && !spec.Get {
+			// A get is no consumer: RabbitMQ hands a ready message to
+			// basic.get on a queue another consumes exclusively.
 			return nil, ErrExclusive
 		}
 	}

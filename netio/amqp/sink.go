@@ -214,6 +214,9 @@ func (c *conn) Subscribed(id queue.ConsumerID, _ uint32, code wire.Code, reason 
 			ae = chErr(accessRefused, "ACCESS_REFUSED - "+c.rs("queue", broker.LocalName(cr.q.Name()))+" in exclusive use")
 		}
 		ae.class, ae.method = classBasic, 20
+		if cr.get != nil { // a basic.get's (its get-empty is not sent: the channel is closing)
+			ae.method = 70
+		}
 		c.closeChannelFromShard(cr.ch, ae)
 		return
 	}

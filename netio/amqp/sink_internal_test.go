@@ -188,3 +188,59 @@ func TestBrokerCloseAfterClientCloseSendsNothing(t *testing.T) {
 		t.Fatal("the new channel is closing")
 	}
 }
+
+// basic.get on a queue another connection consumes exclusively takes a
+// ready message, as in RabbitMQ (a get is no consumer). Before, the queue
+// refused the get's consumer: the client got get-empty with a message
+// ready, then a channel.close 403 naming basic.consume.
+func TestGetBesideExclusiveConsumer(t *testing.T) {
+	cc, ch, _ := sinkBroker(t, netio.Config{})
+	if _, err := ch.QueueDeclare("q", false, false, false, false, nil); err != nil {
+		t.Fatal(err)
+	}
+	if err := ch.Qos(1, 0, false); err != nil {
+		t.Fatal(err)
+	}
+	for _, b := range []string{"a", "b"} {
+		if err := ch.PublishWithContext(context.Background(), "", "q", false, false, amqp091.Publishing{Body: []byte(b)}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	ds, err := ch.Consume("q", "x", false, true, false, false, nil) // exclusive, prefetch 1
+	if err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case d := <-ds: // "b" is ready now: the consumer's prefetch is full
+		if string(d.Body) != "a" {
+			t.Fatalf("the consumer got %q", d.Body)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("no delivery to the exclusive consumer")
+	}
+	gc, err := amqp091.Dial("amqp://guest:guest@" + cc.RemoteAddr().String() + "/") // another connection
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer gc.Close()
+	gch, err := gc.Channel()
+	if err != nil {
+		t.Fatal(err)
+	}
+	closes := gch.NotifyClose(make(chan *amqp091.Error, 1))
+	d, ok, err := gch.Get("q", false)
+	if err != nil || !ok || string(d.Body) != "b" {
+		t.Fatalf("basic.get: ok %v, body %q, err %v; want the ready message b", ok, d.Body, err)
+	}
+	if err := d.Ack(false); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := gch.QueueDeclarePassive("q", false, false, false, false, nil); err != nil { // after any close for the get
+		t.Fatalf("the getter's channel after the get: %v", err)
+	}
+	select {
+	case e := <-closes:
+		t.Fatalf("the getter's channel closed: %v", e)
+	default:
+	}
+}
