@@ -117,12 +117,19 @@ soak: soak-segment soak-replication soak-sim soak-crash soak-kill
 bench-segment:
 	$(GO) test -run '^$$' -bench . -benchmem -benchtime 2s ./segment
 
-# Fuzz the frame decoder and the queue command decoder; FUZZTIME=10m make fuzz
-# for a longer run.
+# Fuzz the frame decoder, the queue command decoder and the AMQP front (its
+# field tables, content headers and queue arguments, and a broker fed a
+# client's bytes after the handshake, raw and as well-framed frames);
+# FUZZTIME=10m make fuzz for a longer run.
 FUZZTIME ?= 60s
 fuzz:
 	$(GO) test -run '^$$' -fuzz=FuzzDecode -fuzztime=$(FUZZTIME) ./wire
 	$(GO) test -run '^$$' -fuzz=FuzzDecodeCommand -fuzztime=$(FUZZTIME) ./queue
+	$(GO) test -run '^$$' -fuzz='^FuzzParseTable$$' -fuzztime=$(FUZZTIME) -parallel 1 ./netio/amqp
+	$(GO) test -run '^$$' -fuzz='^FuzzParseHeader$$' -fuzztime=$(FUZZTIME) -parallel 1 ./netio/amqp
+	$(GO) test -run '^$$' -fuzz='^FuzzQueueArgs$$' -fuzztime=$(FUZZTIME) -parallel 1 ./netio/amqp
+	$(GO) test -run '^$$' -fuzz='^FuzzConn$$' -fuzztime=$(FUZZTIME) -parallel 1 ./netio/amqp
+	$(GO) test -run '^$$' -fuzz='^FuzzConnFrames$$' -fuzztime=$(FUZZTIME) -parallel 1 ./netio/amqp
 
 # The example client spec/examples/minimal_client.py (Python 3, standard
 # library only, written from spec/PROTOCOL.md alone) against a warrend of its

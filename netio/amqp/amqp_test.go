@@ -18,11 +18,11 @@ import (
 const deadline = 10 * time.Second
 
 // start runs a broker with an AMQP listener on a free port.
-func start(t *testing.T, cfg amqp.Config) (*netio.Server, *amqp.Listener, string) {
+func start(t testing.TB, cfg amqp.Config) (*netio.Server, *amqp.Listener, string) {
 	return startWith(t, netio.Config{}, cfg)
 }
 
-func startWith(t *testing.T, ncfg netio.Config, cfg amqp.Config) (*netio.Server, *amqp.Listener, string) {
+func startWith(t testing.TB, ncfg netio.Config, cfg amqp.Config) (*netio.Server, *amqp.Listener, string) {
 	t.Helper()
 	ncfg.Addr, ncfg.Shards, ncfg.EventLoops = "127.0.0.1:0", 2, 1
 	srv, err := netio.Start(ncfg)
