@@ -117,9 +117,11 @@ func connSeeds() [][]byte {
 	}
 }
 
-// fuzzAddr starts a broker for a fuzz target: its AMQP address.
-func fuzzAddr(f *testing.F) string {
-	_, l, _ := startWith(f, netio.Config{}, amqp.Config{FrameMax: 131072})
+// fuzzAddr starts a broker for a fuzz target (frame-max 131072, and cfg's
+// other settings): its AMQP address.
+func fuzzAddr(f *testing.F, cfg amqp.Config) string {
+	cfg.FrameMax = 131072
+	_, l, _ := startWith(f, netio.Config{}, cfg)
 	return l.Addr().String()
 }
 
@@ -139,7 +141,7 @@ func FuzzConn(f *testing.F) {
 	for _, s := range connSeeds() {
 		f.Add(s)
 	}
-	addr := fuzzAddr(f)
+	addr := fuzzAddr(f, amqp.Config{})
 	url := "amqp://guest:guest@" + addr + "/"
 	n := 0
 	f.Fuzz(func(t *testing.T, data []byte) {
@@ -151,12 +153,14 @@ func FuzzConn(f *testing.F) {
 // octets kept right, so that mutations reach the methods' arguments more
 // often than the framing: the input is a run of records, each frame type
 // u8, channel u16, payload length u16 (big-endian) and the payload; a
-// record cut short ends the run.
+// record cut short ends the run. Its broker holds a connection's
+// publishes at 2 unconfirmed (the default is 10000), so that the hold
+// and the scan for a close behind it are fuzzed too.
 func FuzzConnFrames(f *testing.F) {
 	for _, s := range connSeeds() {
 		f.Add(frameRecords(s))
 	}
-	addr := fuzzAddr(f)
+	addr := fuzzAddr(f, amqp.Config{MaxUnconfirmed: 2})
 	url := "amqp://guest:guest@" + addr + "/"
 	n := 0
 	f.Fuzz(func(t *testing.T, data []byte) {
@@ -200,7 +204,9 @@ func runInput(t *testing.T, addr, url string, in []byte, n *int) {
 		_, err := nc.Write(in)
 		werr <- err
 	}()
+	began := time.Now()
 	readUntilClosed(t, nc)
+	took := time.Since(began)
 	if err := <-werr; err != nil && !errors.Is(err, net.ErrClosed) && !isReset(err) {
 		t.Fatalf("writing the input: %v", err)
 	}
@@ -210,6 +216,11 @@ func runInput(t *testing.T, addr, url string, in []byte, n *int) {
 	*n++
 	if tr := os.Getenv("WARREN_FUZZ_COUNT"); tr != "" {
 		_ = os.WriteFile(tr, []byte(strconv.Itoa(*n)), 0o644) // the inputs this worker ran
+		if took > 500*time.Millisecond {                      // and the slow ones
+			fh, _ := os.OpenFile(tr+".slow", os.O_APPEND|os.O_CREATE|os.O_WRONLY, 0o644)
+			_, _ = fmt.Fprintf(fh, "%v %q\n", took, in)
+			_ = fh.Close()
+		}
 	}
 }
 
