@@ -128,6 +128,7 @@ fuzz:
 	$(GO) test -run '^$$' -fuzz='^FuzzParseTable$$' -fuzztime=$(FUZZTIME) -parallel 1 ./netio/amqp
 	$(GO) test -run '^$$' -fuzz='^FuzzParseHeader$$' -fuzztime=$(FUZZTIME) -parallel 1 ./netio/amqp
 	$(GO) test -run '^$$' -fuzz='^FuzzQueueArgs$$' -fuzztime=$(FUZZTIME) -parallel 1 ./netio/amqp
+	$(GO) test -run '^$$' -fuzz='^FuzzMethods$$' -fuzztime=$(FUZZTIME) -parallel 1 ./netio/amqp
 	$(GO) test -run '^$$' -fuzz='^FuzzConn$$' -fuzztime=$(FUZZTIME) -parallel 1 ./netio/amqp
 	$(GO) test -run '^$$' -fuzz='^FuzzConnFrames$$' -fuzztime=$(FUZZTIME) -parallel 1 ./netio/amqp
 

@@ -8,13 +8,19 @@ package amqp
 
 import (
 	"bytes"
+	"context"
 	"encoding/binary"
+	"errors"
+	"fmt"
 	"math"
+	"net/netip"
 	"runtime"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/warren-mq/warren/broker"
+	"github.com/warren-mq/warren/netio"
 	"github.com/warren-mq/warren/wire"
 )
 
@@ -386,4 +392,122 @@ func FuzzQueueArgs(f *testing.F) {
 			last = at
 		}
 	})
+}
+
+// FuzzMethods feeds frames straight to a connection's handler (conn.handle,
+// as the event loop and its off-loop runs call it), without a socket: one
+// broker, a fresh open connection per input, the input a run of records
+// as FuzzConnFrames reads them (frame type u8, channel u16, payload
+// length u16, payload), handled until the first error. Every error is the
+// client's (errClientClosed) or an AMQP error with a reply code, its name
+// and never internal_error; every channel.close the connection writes
+// carries one too; and no input takes over 10 s (a hang panics, naming
+// it). Once done the connection closes, as when its socket goes.
+func FuzzMethods(f *testing.F) {
+	seeds := [][]byte{
+		rec(frameMethod, 1, method2(classChannel, 10, []byte{0})),
+	}
+	open := seeds[0]
+	qdecl := rec(frameMethod, 1, method2(classQueue, 10, []byte{0, 0, 2, 'm', 'q', 0, 0, 0, 0, 0}))
+	pub := rec(frameMethod, 1, method2(classBasic, 40, []byte{0, 0, 0, 2, 'm', 'q', 0}))
+	hdr := binary.BigEndian.AppendUint16(nil, classBasic)
+	hdr = append(hdr, 0, 0)
+	hdr = binary.BigEndian.AppendUint64(hdr, 2)
+	hdr = append(hdr, seedHeaders()[1]...)
+	content := append(rec(frameHeader, 1, hdr), rec(frameBody, 1, []byte("hi"))...)
+	seeds = append(seeds,
+		bytes.Join([][]byte{open, qdecl, pub, content,
+			rec(frameMethod, 1, method2(classBasic, 70, []byte{0, 0, 2, 'm', 'q', 0})),
+			rec(frameMethod, 1, method2(classBasic, 80, append(binary.BigEndian.AppendUint64(nil, 1), 0))),
+			rec(frameMethod, 1, method2(classBasic, 20, []byte{0, 0, 2, 'm', 'q', 1, 'c', 0, 0, 0, 0, 0})),
+			rec(frameMethod, 1, method2(classBasic, 30, []byte{1, 'c', 0})),
+			rec(frameMethod, 1, method2(classQueue, 40, []byte{0, 0, 2, 'm', 'q', 0})),
+		}, nil),
+		bytes.Join([][]byte{open, rec(frameMethod, 1, method2(classConfirm, 10, []byte{0})), qdecl, pub, content, pub, content, pub, content}, nil),
+		bytes.Join([][]byte{open, rec(frameMethod, 1, method2(classTx, 10, nil)), qdecl, pub, content,
+			rec(frameMethod, 1, method2(classTx, 20, nil)), rec(frameMethod, 1, method2(classTx, 30, nil))}, nil),
+		bytes.Join([][]byte{open, rec(frameMethod, 1, method2(classExchange, 10, []byte{0, 0, 2, 'm', 'x', 6, 'f', 'a', 'n', 'o', 'u', 't', 0, 0, 0, 0, 0})),
+			qdecl, rec(frameMethod, 1, method2(classQueue, 20, []byte{0, 0, 2, 'm', 'q', 2, 'm', 'x', 0, 0, 0, 0, 0, 0}))}, nil),
+		bytes.Join([][]byte{open, rec(frameMethod, 1, method2(classChannel, 40, []byte{0, 200, 0, 0, 0, 0, 0}))}, nil),
+	)
+	for _, s := range seeds {
+		f.Add(s)
+	}
+	srv, err := netio.Start(netio.Config{Addr: "127.0.0.1:0", Shards: 2, EventLoops: 1})
+	if err != nil {
+		f.Fatal(err)
+	}
+	l, err := Listen(srv, Config{Addr: "127.0.0.1:0", MaxUnconfirmed: 4})
+	if err != nil {
+		f.Fatal(err)
+	}
+	f.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		_ = l.Close()
+		_ = srv.Close(ctx)
+	})
+	f.Fuzz(func(t *testing.T, data []byte) {
+		in := append([]byte(nil), data...)
+		hung := time.AfterFunc(10*time.Second, func() { panic(fmt.Sprintf("FuzzMethods: input %q hung", in)) })
+		defer hung.Stop()
+		c := newConn(l, netip.MustParseAddrPort("127.0.0.1:1"))
+		c.user, c.channelMax = "guest", 2047
+		c.opened.Store(true)
+		c.state.Store(stOpen)
+		defer c.OnClose(nil, nil)
+		for len(data) >= 5 {
+			size := int(binary.BigEndian.Uint16(data[3:]))
+			if len(data)-5 < size {
+				break
+			}
+			typ, ch, p := data[0], binary.BigEndian.Uint16(data[1:]), data[5:5+size]
+			data = data[5+size:]
+			err := c.handle(typ, ch, p)
+			if err == nil {
+				continue
+			}
+			if !errors.Is(err, errClientClosed) {
+				if ae := checkErr(t, err); ae.code == internalError {
+					t.Fatalf("internal_error: %s", ae.text)
+				}
+			}
+			break
+		}
+		c.mu.Lock()
+		out := append([]byte(nil), c.out...)
+		c.mu.Unlock()
+		for len(out) > 0 {
+			if len(out) < 8 {
+				t.Fatalf("a frame cut short: % x", out)
+			}
+			n := int(binary.BigEndian.Uint32(out[3:]))
+			if len(out) < n+8 || out[n+7] != frameEnd {
+				t.Fatalf("a malformed frame: % x", out[:min(len(out), 64)])
+			}
+			p := out[7 : 7+n]
+			if out[0] == frameMethod && n >= 4 && binary.BigEndian.Uint16(p) == classChannel && binary.BigEndian.Uint16(p[2:]) == 40 {
+				r := reader{b: p[4:]}
+				code, text := r.u16(), r.shortstr()
+				checkErr(t, &amqpError{code: code, text: text})
+				if code == internalError {
+					t.Fatalf("channel.close internal_error: %s", text)
+				}
+			}
+			out = out[n+8:]
+		}
+	})
+}
+
+// rec is one of FuzzMethods' records.
+func rec(typ byte, ch uint16, p []byte) []byte {
+	b := binary.BigEndian.AppendUint16([]byte{typ}, ch)
+	b = binary.BigEndian.AppendUint16(b, uint16(len(p)))
+	return append(b, p...)
+}
+
+func method2(class, id uint16, args []byte) []byte {
+	p := binary.BigEndian.AppendUint16(nil, class)
+	p = binary.BigEndian.AppendUint16(p, id)
+	return append(p, args...)
 }
