@@ -153,6 +153,10 @@ func (q *Queue) ReadyCount() int64 { return q.ready.Load() }
 // ConsumerCount: see ReadyCount.
 func (q *Queue) ConsumerCount() int64 { return q.consumers.Load() }
 
+// Local says the queue's consumers and gets are never forwarded to
+// another node: the broker is not in a cluster. Any goroutine.
+func (q *Queue) Local() bool { return !q.shard.clustered() }
+
 // Gone says the queue was deleted. Only its shard may ask (a Sink called
 // by it); anyone else reads a race.
 func (q *Queue) Gone() bool { return q.gone }

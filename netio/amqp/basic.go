@@ -311,6 +311,17 @@ func (c *conn) onGet(ch *channel, r *reader) error {
 	c.byID[cr.id] = cr
 	c.mu.Unlock()
 	c.srv.Submit(broker.Command{Kind: broker.CmdSubscribe, Queue: q, Sink: c, Spec: queue.ConsumerSpec{ID: cr.id, Owner: queue.OwnerID(c.id), Prefetch: 1, Get: true}})
+	// On one node the consumer is cancelled before the barrier, right
+	// after its subscribe handed it the head (if any): nothing reaches it
+	// later. Cancelled after the answer, a message published in between
+	// went to it and its cancel requeued it counted as a delivery, so a
+	// get-empty that no client saw made the message redelivered (and
+	// counted towards a delivery limit). A forwarded get (a cluster) is
+	// drained by its barrier and cancelled after it, as before.
+	local := q.Local()
+	if local {
+		c.srv.Submit(broker.Command{Kind: broker.CmdCancel, Queue: q, Consumer: cr.id})
+	}
 	c.srv.Submit(broker.Command{Kind: broker.CmdBarrier, Queue: q, Sink: getDone{c, cr}})
 	for waiting := true; waiting; {
 		select {
@@ -329,7 +340,9 @@ func (c *conn) onGet(ch *channel, r *reader) error {
 	// message, so nothing more is handed to it (an ack first freed it,
 	// the queue handed it the next message and the cancel requeued that
 	// one, counted as delivered).
-	c.srv.Submit(broker.Command{Kind: broker.CmdCancel, Queue: q, Consumer: cr.id, Requeue: !got})
+	if !local {
+		c.srv.Submit(broker.Command{Kind: broker.CmdCancel, Queue: q, Consumer: cr.id, Requeue: !got})
+	}
 	if got && noAck {
 		c.srv.Submit(broker.Command{Kind: broker.CmdSettle, Settles: []broker.SettleItem{{Q: q, Consumer: cr.id, Op: wire.SettleAck, QTag: qtag}}})
 	}

@@ -1,9 +1,13 @@
 package amqp_test
 
 import (
+	"context"
+	"errors"
+	"strconv"
 	"testing"
 
 	amqp091 "github.com/rabbitmq/amqp091-go"
+	"github.com/warren-mq/warren/netio"
 	"github.com/warren-mq/warren/netio/amqp"
 	"github.com/warren-mq/warren/wire"
 )
@@ -167,4 +171,79 @@ func TestMaxPriorityIsStrict(t *testing.T) {
 	if info, _ := srv.Queue("weighted"); info.Args.StrictPriority {
 		t.Fatal("the redeclare made the existing queue strict")
 	}
+}
+
+// A basic.get answered get-empty leaves nothing behind: a message
+// published just after the answer is not handed to the get's consumer and
+// requeued by its cancel, counted as a delivery (it came out of the next
+// get redelivered, with x-delivery-count 1, and a delivery limit counted
+// it). Found by the AMQP differential test, polling a dead-letter queue
+// with basic.get. A race: gets poll while another connection publishes;
+// before the fix, 3,000 such messages were enough to see one come back
+// redelivered in 6 runs of 6 (the test takes about 2 s).
+func TestEmptyGetLeavesNoDelivery(t *testing.T) {
+	// The publisher on an event loop of its own, so that its publishes
+	// reach the queue while the getter's loop waits on a get.
+	_, _, url := startLoops(t, 2)
+	_, pub := dial(t, url)
+	_, ch := dial(t, url)
+	if _, err := ch.QueueDeclare("gr", false, false, false, false, nil); err != nil {
+		t.Fatal(err)
+	}
+	const n = 3000
+	errs := make(chan error, 1)
+	if err := pub.Confirm(false); err != nil {
+		t.Fatal(err)
+	}
+	go func() { // one at a time, confirmed: the gets in between find the queue empty
+		for i := range n {
+			dc, err := pub.PublishWithDeferredConfirm("", "gr", false, false, amqp091.Publishing{Body: []byte(strconv.Itoa(i))})
+			if err == nil && !dc.Wait() {
+				err = errors.New("publish nacked")
+			}
+			if err != nil {
+				errs <- err
+				return
+			}
+		}
+		errs <- nil
+	}()
+	for got, empty := 0, 0; got < n; {
+		d, ok, err := ch.Get("gr", true)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !ok {
+			empty++
+			continue
+		}
+		if d.Redelivered || d.Headers["x-delivery-count"] != nil {
+			t.Fatalf("message %s (after %d empty gets) redelivered=%v headers %v: no client saw it before",
+				d.Body, empty, d.Redelivered, d.Headers)
+		}
+		got++
+	}
+	if err := <-errs; err != nil {
+		t.Fatal(err)
+	}
+}
+
+// startLoops is start with n event loops (connections spread over them).
+func startLoops(t *testing.T, n int) (*netio.Server, *amqp.Listener, string) {
+	t.Helper()
+	srv, err := netio.Start(netio.Config{Addr: "127.0.0.1:0", Shards: 2, EventLoops: n})
+	if err != nil {
+		t.Fatal(err)
+	}
+	l, err := amqp.Listen(srv, amqp.Config{Addr: "127.0.0.1:0"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), deadline)
+		defer cancel()
+		_ = l.Close()
+		_ = srv.Close(ctx)
+	})
+	return srv, l, "amqp://guest:guest@" + l.Addr().String() + "/"
 }
