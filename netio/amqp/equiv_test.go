@@ -179,6 +179,8 @@ func TestInvalidArgumentsAsRabbitMQ(t *testing.T) {
 	// RabbitMQ: "...: routing_key_but_no_dlx_defined" (found by make amqp-diff).
 	_, err = ch.QueueDeclare("dk", false, false, false, false, amqp091.Table{"x-dead-letter-routing-key": "k"})
 	check(err, 406, "PRECONDITION_FAILED - invalid arg 'x-dead-letter-routing-key' for queue 'dk' in vhost '/': \"x-dead-letter-exchange is not set\"")
+	_, err = ch.QueueDeclare("dt", false, false, false, false, amqp091.Table{"x-dead-letter-exchange": int32(1)})
+	check(err, 406, "PRECONDITION_FAILED - invalid type 'signedint' for arg 'x-dead-letter-exchange' in queue 'dt' in vhost '/'")
 	if _, err := ch.QueueDeclare("cp", false, true, false, false, nil); err != nil {
 		t.Fatal(err)
 	}

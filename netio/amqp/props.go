@@ -324,6 +324,10 @@ func queueArgs(t wire.Table, rs string) (_ wire.Table, quorum bool, _ *amqpError
 			if s := string(f.Value.Bytes); f.Value.Kind == wire.KindString && s != "drop-head" && s != "reject-publish" && s != "reject-publish-dlx" {
 				return nil, false, invalid(f.Key, strconv.Quote("unsupported overflow '"+s+"' (drop-head, reject-publish and reject-publish-dlx are)"))
 			}
+		case f.Key == "x-dead-letter-exchange" && f.Value.Kind != wire.KindString && f.Value.Kind != wire.KindBytes:
+			// RabbitMQ's own words for this one (its other type errors
+			// are "invalid arg ...", as below).
+			return nil, false, chErr(preconditionFailed, "PRECONDITION_FAILED - invalid type '"+amqpTypeName(f.Value)+"' for arg '"+f.Key+"' in "+rs)
 		case f.Key == "x-queue-type":
 			// Warren has one kind of queue: classic and quorum are both
 			// it (quorum ones durable, as RabbitMQ requires, with
