@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/binary"
 	"net/netip"
+	"strconv"
 	"testing"
 	"time"
 
@@ -178,5 +179,35 @@ func TestPublishAllocs(t *testing.T) {
 	})
 	if n > 2 {
 		t.Fatalf("%v allocations per publish, want at most 2 (its bytes and its block)", n)
+	}
+}
+
+// BenchmarkReleaseChannel: what a channel with 1,000 consumers, each
+// holding 10 unacked deliveries (plus as many of consumers the client
+// cancelled), hands back at its close, on the connection's event loop.
+func BenchmarkReleaseChannel(b *testing.B) {
+	c, _ := benchConn(b)
+	const consumers, each = 1000, 10
+	b.ReportAllocs()
+	for i := 0; i < b.N; i++ {
+		b.StopTimer()
+		ch := &channel{id: 1, gen: 1, consumers: make(map[string]*consumer, consumers), tagBase: 1}
+		for k := 0; k < 2*consumers; k++ {
+			id := queue.ConsumerID(k + 1)
+			if k < consumers { // the others the client cancelled
+				ch.consumers[strconv.Itoa(k)] = &consumer{id: id, tag: strconv.Itoa(k), ch: ch}
+			}
+			for j := 0; j < each; j++ {
+				ch.tags = append(ch.tags, tagEntry{q: &broker.Queue{}, cid: id, qtag: uint64(j + 1), live: true})
+			}
+		}
+		c.mu.Lock()
+		c.channels[1] = ch
+		b.StartTimer()
+		r, ok := c.releaseLocked(ch)
+		c.mu.Unlock()
+		if !ok || len(r.back) != consumers*each || len(r.cons) != consumers {
+			b.Fatalf("released %v: %d consumers, %d deliveries back", ok, len(r.cons), len(r.back))
+		}
 	}
 }

@@ -726,9 +726,22 @@ func (c *conn) releaseLocked(ch *channel) (release, bool) {
 	// and those of the consumers the client cancelled (a basic.cancel
 	// leaves its deliveries unacked on the channel, as in RabbitMQ),
 	// returned in the order they were delivered.
+	// The channel's consumers as a set: a scan of them per delivery tag
+	// was O(tags × consumers) on the event loop (136 ms for 20,000 tags
+	// and 1,000 consumers, BenchmarkReleaseChannel).
+	var live map[queue.ConsumerID]struct{}
+	if len(ch.tags) > 0 && len(cons) > 0 {
+		live = make(map[queue.ConsumerID]struct{}, len(cons))
+		for _, cr := range cons {
+			live[cr.id] = struct{}{}
+		}
+	}
 	var back []broker.SettleItem
 	for _, e := range ch.tags {
-		if e.live && e.q != nil && (e.get || !ch.hasConsumer(e.cid)) {
+		if !e.live || e.q == nil {
+			continue
+		}
+		if _, held := live[e.cid]; e.get || !held { // held: the consumer's cancel returns it
 			back = append(back, broker.SettleItem{Q: e.q, Consumer: e.cid, Op: wire.SettleRequeue, QTag: e.qtag})
 		}
 	}
@@ -745,17 +758,6 @@ func (c *conn) releaseLocked(ch *channel) (release, bool) {
 	rc := ch.reply
 	ch.reply = nil
 	return release{cons: cons, back: back, reply: rc}, true
-}
-
-// hasConsumer reports whether consumer id is one of ch's (not cancelled).
-// c.mu held.
-func (ch *channel) hasConsumer(id queue.ConsumerID) bool {
-	for _, cr := range ch.consumers {
-		if cr.id == id {
-			return true
-		}
-	}
-	return false
 }
 
 // requeueOrder orders requeue settlements so that their messages go back
