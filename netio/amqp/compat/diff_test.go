@@ -543,7 +543,10 @@ func topicKey(r *rand.Rand) string {
 	for i := range w {
 		w[i] = words[r.Intn(len(words))]
 	}
-	return strings.Join(w, ".")
+	if k := strings.Join(w, "."); k != "" {
+		return k
+	}
+	return "b" // one empty word: the empty key
 }
 
 var headerVals = []any{"v1", "v2", int32(1), int32(2), "1", nil}
