@@ -265,6 +265,9 @@ func (c *conn) onConsume(ch *channel, r *reader) error {
 		return brokerErr(wire.LimitReached, c.srv.ConsumerLimitReason(n))
 	}
 	cr := &consumer{id: c.srv.NewConsumerID(), tag: tag, ch: ch, q: q, autoAck: noAck, noWait: noWait}
+	if !noWait {
+		cr.subscribed = make(chan struct{})
+	}
 	ch.consumers[tag] = cr
 	c.byID[cr.id] = cr
 	c.mu.Unlock()
@@ -277,6 +280,19 @@ func (c *conn) onConsume(ch *channel, r *reader) error {
 	}
 	spec := queue.ConsumerSpec{ID: cr.id, Owner: queue.OwnerID(c.id), Prefetch: prefetch, PrefetchBytes: ch.prefBytes, Priority: prio, Exclusive: exclusive}
 	c.srv.Submit(broker.Command{Kind: broker.CmdSubscribe, Queue: q, Sink: c, Spec: spec})
+	// consume-ok comes from the queue's shard: the methods behind this
+	// one wait for it, so that their replies follow it (a basic.cancel's
+	// cancel-ok came first). Off the loop, as basic.get waits.
+	for cr.subscribed != nil {
+		select {
+		case <-cr.subscribed:
+			return nil
+		case <-time.After(100 * time.Millisecond):
+			if c.stopped.Load() {
+				return errClientClosed
+			}
+		}
+	}
 	return nil
 }
 

@@ -205,6 +205,9 @@ type consumer struct {
 	q       *broker.Queue
 	autoAck bool
 	noWait  bool
+	// subscribed is closed once the queue's shard has answered the
+	// basic.consume (consume-ok written); nil with no-wait.
+	subscribed chan struct{}
 	// A basic.get's consumer: get is closed once answered; got says a
 	// message was handed over (its tags), answered that the answer went out.
 	get             chan struct{}

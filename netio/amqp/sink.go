@@ -192,6 +192,9 @@ func (c *conn) forgetStashedLocked(ch *channel, id queue.ConsumerID, qtag uint64
 func (c *conn) Subscribed(id queue.ConsumerID, _ uint32, code wire.Code, reason string) {
 	c.mu.Lock()
 	cr := c.byID[id]
+	if cr != nil && cr.subscribed != nil {
+		defer close(cr.subscribed) // once its answer is written: onConsume's run goes on
+	}
 	if cr == nil {
 		c.mu.Unlock()
 		return
