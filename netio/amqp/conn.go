@@ -552,6 +552,7 @@ func (c *conn) handle(typ uint8, chID uint16, p []byte) error {
 			return connErr(channelError, "CHANNEL_ERROR - content on channel "+strconv.Itoa(int(chID))+", which is not open")
 		}
 		if closing {
+			c.dropPub(ch)
 			return nil
 		}
 		if ch.pub == nil || (typ == frameBody) != ch.pub.header {
@@ -609,6 +610,7 @@ func (c *conn) handle(typ uint8, chID uint16, p []byte) error {
 		return connErr(channelError, "CHANNEL_ERROR - expected 'channel.open' on channel "+strconv.Itoa(int(chID)))
 	}
 	if closing {
+		c.dropPub(ch)
 		// The broker sent channel.close: a client's channel.close that
 		// crossed it is answered, and the channel is free only at the
 		// client's close-ok (which it sends to the broker's close after
@@ -690,6 +692,17 @@ func (c *conn) claimClose(ch *channel, ae *amqpError) (release, bool) {
 	return r, true
 }
 
+// dropPub lets go of the publish a closing channel was reading the content
+// of. Only the loop (handle, and what it calls) touches ch.pub: a channel
+// a shard closes mid-content keeps it until the channel's next frame,
+// which the client sends (the rest of the body, or close-ok).
+func (c *conn) dropPub(ch *channel) {
+	if ch.pub != nil {
+		c.dropPending(ch.pub)
+		ch.pub = nil
+	}
+}
+
 // release is what a closed channel hands back: its consumers to cancel
 // (with requeue) and the basic.gets' messages it did not ack.
 type release struct {
@@ -717,10 +730,9 @@ func (c *conn) releaseLocked(ch *channel) (release, bool) {
 		return release{}, false
 	}
 	ch.closing = true
-	if ch.pub != nil {
-		c.dropPending(ch.pub)
-	}
-	ch.pub = nil
+	// ch.pub is left to the loop (dropPub, at the channel's next frame):
+	// a shard clearing it raced the loop between handle's look at it and
+	// onBody's use (a nil dereference on the event loop).
 	cons := make([]*consumer, 0, len(ch.consumers))
 	for _, cr := range ch.consumers {
 		cons = append(cons, cr)
