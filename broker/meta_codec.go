@@ -324,13 +324,21 @@ func (r *metaReader) str() string {
 	return string(r.take(int(n), "a string"))
 }
 
+// legacyMetaTableDepth is the deepest nesting a logged table may have:
+// the AMQP front's bound (netio/amqp maxTableDepth), which tables
+// written before storableArgs could reach.
+const legacyMetaTableDepth = 16
+
 func (r *metaReader) table() wire.Table {
 	n := r.u32()
 	raw := r.take(int(n), "a table")
 	if r.err != nil || len(raw) == 0 {
 		return nil
 	}
-	t, err := wire.DecodeTable(raw)
+	// Up to AMQP's 16 levels: before storableArgs, an AMQP binding's
+	// arguments were logged nested that deep, and a log that holds one
+	// must still recover.
+	t, err := wire.DecodeTableNested(raw, legacyMetaTableDepth)
 	if err != nil {
 		r.fail("a table: " + err.Error())
 		return nil

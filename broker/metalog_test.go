@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"reflect"
 	"strings"
 	"testing"
 	"time"
@@ -368,5 +369,68 @@ func TestMetaLogRecoveryPublishesRoutesBeforeQueuesOpen(t *testing.T) {
 	defer b.CloseMetaLog(context.Background())
 	if want := fmt.Sprintf("dlx routes %q to 1 queue(s)", second); got != want {
 		t.Fatalf("when the first recovered queue was created on its shard, %s; want %s (the recovered routes published first)", got, want)
+	}
+}
+
+// nestedArgs is a table of one entry holding a value nested levels
+// tables deep: its encoding nests levels+1 deep (the outer table is one).
+func nestedArgs(levels int) wire.Table {
+	v := wire.String("leaf")
+	for range levels {
+		v = wire.Value{Kind: wire.KindTable, Table: wire.Table{{Key: "k", Value: v}}}
+	}
+	return wire.Table{{Key: "x-match", Value: wire.String("any")}, {Key: "deep", Value: v}}
+}
+
+// TestMetaLogDeepArgs: arguments nested deeper than Warren's tables may
+// (wire.MaxTableDepth; AMQP's field tables nest to 16) are refused before
+// the metadata log: a binding's were logged and the next start failed to
+// decode the entry ("table nesting too deep"), so one AMQP client's bind
+// kept the node from starting. A log written before, holding one nested
+// 16 deep, still decodes.
+func TestMetaLogDeepArgs(t *testing.T) {
+	fs := segment.NewMemFS()
+	n := openMetaNode(t, fs, 0)
+	must := func(err error) {
+		t.Helper()
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	must(n.b.DeclareExchangeAs(&wire.ExchangeDeclare{Name: "hx", Kind: wire.ExchangeHeaders, Durable: true}, "u"))
+	if _, err := n.b.DeclareQueue(wire.QueueDeclare{Name: "hq", Durable: true}); err != nil {
+		t.Fatal(err)
+	}
+	ok := wire.Bind{Source: "hx", Destination: "hq", Args: nestedArgs(wire.MaxTableDepth - 1)}
+	must(n.b.Bind(ok))
+	deep := wire.Bind{Source: "hx", Destination: "hq", Args: nestedArgs(wire.MaxTableDepth)}
+	for _, unbind := range []bool{false, true} {
+		deep.Unbind = unbind
+		err := n.b.Bind(deep)
+		var we *wire.Error
+		if !errors.As(err, &we) || we.Code != wire.InvalidArgument || !strings.Contains(we.Reason, "levels deep") {
+			t.Fatalf("a binding (unbind %v) nested %d deep: %v, want invalid_argument", unbind, wire.MaxTableDepth+1, err)
+		}
+	}
+	err := n.b.DeclareExchangeAs(&wire.ExchangeDeclare{Name: "hx2", Kind: wire.ExchangeHeaders, Durable: true, Args: nestedArgs(wire.MaxTableDepth)}, "u")
+	if err == nil || !strings.Contains(err.Error(), "levels deep") {
+		t.Fatalf("an exchange declared with arguments nested too deep: %v", err)
+	}
+	n.close(t)
+	n = openMetaNode(t, fs, 0)
+	if got := topoSummary(n.b); !strings.Contains(got, "binding hx -> hq") {
+		t.Fatalf("after the restart the binding nested %d deep is gone:\n%s", wire.MaxTableDepth, got)
+	}
+	n.close(t)
+
+	for _, levels := range []int{legacyMetaTableDepth - 1, legacyMetaTableDepth} {
+		c := MetaCommand{Op: MetaBind, Bind: wire.Bind{Source: "hx", Destination: "hq", Args: nestedArgs(levels)}}
+		got, err := DecodeMetaCommand(AppendMetaCommand(nil, &c))
+		if levels < legacyMetaTableDepth && (err != nil || !reflect.DeepEqual(got.Bind.Args, c.Bind.Args)) {
+			t.Fatalf("a logged binding nested %d deep decodes as %v, %v", levels+1, got.Bind.Args, err)
+		}
+		if levels == legacyMetaTableDepth && err == nil {
+			t.Fatalf("a logged binding nested %d deep decoded", levels+1)
+		}
 	}
 }

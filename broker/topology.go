@@ -540,6 +540,9 @@ func (t *topology) declareExchange(d *wire.ExchangeDeclare, user string) error {
 			}
 		}
 	}
+	if err := storableArgs("exchange arguments", d.Args); err != nil {
+		return err
+	}
 	if cl := t.cl.Load(); cl != nil {
 		return t.clusterChange(cl, &MetaCommand{Op: MetaDeclareExchange, User: user, Exchange: *d}).Err()
 	}
@@ -594,6 +597,9 @@ func (t *topology) deleteExchange(d *wire.ExchangeDelete, who Requester) error {
 // for the admin API). An empty name gets a generated one, chosen here and
 // carried in the command, so a log of commands replays it.
 func (t *topology) declareQueue(d *wire.QueueDeclare, owner uint64, user string) (*Queue, error) {
+	if err := storableArgs("queue arguments", d.Args); err != nil {
+		return nil, err
+	}
 	if cl := t.cl.Load(); cl != nil {
 		return t.clusterDeclareQueue(cl, d, owner, user)
 	}
@@ -665,6 +671,9 @@ func (t *topology) bind(b *wire.Bind, who Requester) error {
 			}
 		}
 	}
+	if err := storableArgs("binding arguments", b.Args); err != nil {
+		return err // an unbind's too: its command is logged as a bind's
+	}
 	if cl := t.cl.Load(); cl != nil {
 		return t.clusterChange(cl, &MetaCommand{Op: MetaBind, User: who.User, Admin: who.Admin, Conn: who.Conn, Bind: *b}).Err()
 	}
@@ -689,6 +698,22 @@ func (t *topology) snapshotWithRetired() ([]*Queue, queueTotals) {
 func (t *topology) snapshotQueues() []*Queue {
 	qs, _ := t.snapshotWithRetired()
 	return qs
+}
+
+// storableArgs refuses arguments the metadata log could not read back:
+// a table whose encoding Warren's decoder refuses (nested deeper than
+// wire.MaxTableDepth; the native front cannot send one, the AMQP front's
+// field tables may nest to 16). Checked before the command is logged or
+// proposed: a cluster's log holds a command before its machine sees it,
+// and an entry that does not decode stops every node's recovery.
+func storableArgs(what string, args wire.Table) error {
+	if len(args) == 0 {
+		return nil
+	}
+	if err := wire.ValidateTable(wire.AppendTable(nil, args)); err != nil {
+		return reqErr(wire.InvalidArgument, "%s nest tables or arrays more than %d levels deep", what, wire.MaxTableDepth)
+	}
+	return nil
 }
 
 // checkXMatch refuses a headers binding whose x-match is not "all" or

@@ -221,7 +221,16 @@ func (r *reader) valueView() Value {
 // hands to its application, and tests, not for the message path, which
 // reads headers in place with NewTableIter.
 func DecodeTable(entries []byte) (Table, error) {
-	if err := validateEntries(entries, true, 1); err != nil {
+	return DecodeTableNested(entries, MaxTableDepth)
+}
+
+// DecodeTableNested is DecodeTable with tables and arrays nested up to
+// maxDepth levels (at least MaxTableDepth): for tables a program stored
+// under a larger bound than the protocol's, never for what a peer sends.
+func DecodeTableNested(entries []byte, maxDepth int) (Table, error) {
+	// validateEntries refuses past MaxTableDepth: starting the count
+	// lower allows the extra levels.
+	if err := validateEntries(entries, true, 1-(max(maxDepth, MaxTableDepth)-MaxTableDepth)); err != nil {
 		return nil, err
 	}
 	return materialize(entries), nil
