@@ -159,6 +159,12 @@ func (c *conn) recover(ch *channel) {
 func (c *conn) settle(ch *channel, tag uint64, multiple bool, op wire.SettleOp) error {
 	var items []broker.SettleItem
 	c.mu.Lock()
+	if ch.closing {
+		// A shard closed the channel since handle looked (its tags are
+		// gone, returned by its release): dropped, as on a closing channel.
+		c.mu.Unlock()
+		return nil
+	}
 	first, last := tag, tag
 	if multiple {
 		first = ch.tagBase
