@@ -43,6 +43,11 @@ type API struct {
 
 	clusterNodes func() []ClusterNode // cluster.go (SetClusterNodes)
 
+	// lists holds a slot per whole list being built (lists.go), listWait
+	// how long a request waits for one.
+	lists    chan struct{}
+	listWait time.Duration
+
 	// PasswordCost is the bcrypt cost of the hashes PUT /api/users makes
 	// from a password (0: bcrypt.DefaultCost). Tests lower it: a cost-10
 	// check under the race detector on a loaded machine takes seconds.
@@ -66,7 +71,8 @@ func New(b *broker.Broker, conns Connections, log *slog.Logger, sampleEvery time
 	if sampleEvery <= 0 {
 		sampleEvery = 5 * time.Second
 	}
-	a := &API{b: b, conns: conns, log: log, mux: http.NewServeMux(), stop: make(chan struct{}), rates: map[string]Rates{}}
+	a := &API{b: b, conns: conns, log: log, mux: http.NewServeMux(), stop: make(chan struct{}), rates: map[string]Rates{},
+		lists: make(chan struct{}, maxWholeLists), listWait: wholeListWait}
 	a.routes()
 	a.sample()
 	go func() {
@@ -221,7 +227,7 @@ func (a *API) routes() {
 	a.clusterRoutes()
 	m.HandleFunc("GET /api/overview", func(w http.ResponseWriter, r *http.Request) { writeJSON(w, 200, a.overview()) })
 
-	m.HandleFunc("GET /api/exchanges", a.listExchanges)
+	m.HandleFunc("GET /api/exchanges", a.wholeList(a.listExchanges))
 	a.handle("GET /api/exchanges/{name}", a.getExchange)
 	a.handle("PUT /api/exchanges/{name}", a.putExchange)
 	a.handle("DELETE /api/exchanges/{name}", func(w http.ResponseWriter, r *http.Request) {
@@ -232,10 +238,10 @@ func (a *API) routes() {
 		w.WriteHeader(http.StatusNoContent)
 	})
 
-	m.HandleFunc("GET /api/queues", a.listQueues)
-	m.HandleFunc("GET /api/channels", func(w http.ResponseWriter, r *http.Request) {
+	m.HandleFunc("GET /api/queues", a.wholeList(a.listQueues))
+	m.HandleFunc("GET /api/channels", a.wholeList(func(w http.ResponseWriter, r *http.Request) {
 		writeJSON(w, 200, nonNil(a.conns.ListChannels()))
-	})
+	}))
 	a.handle("POST /api/exchanges/{name}/publish", a.publish)
 	a.handle("GET /api/queues/{name}", func(w http.ResponseWriter, r *http.Request) {
 		info, ok := a.b.Queue(qname(r))
@@ -266,13 +272,13 @@ func (a *API) routes() {
 	a.handle("POST /api/queues/{name}/get", a.getMessages)
 	a.handle("POST /api/queues/{name}/replay", a.replay)
 
-	m.HandleFunc("GET /api/bindings", a.listBindings)
+	m.HandleFunc("GET /api/bindings", a.wholeList(a.listBindings))
 	m.HandleFunc("PUT /api/bindings", func(w http.ResponseWriter, r *http.Request) { a.binding(w, r, false) })
 	m.HandleFunc("DELETE /api/bindings", func(w http.ResponseWriter, r *http.Request) { a.binding(w, r, true) })
 
-	m.HandleFunc("GET /api/connections", func(w http.ResponseWriter, r *http.Request) {
+	m.HandleFunc("GET /api/connections", a.wholeList(func(w http.ResponseWriter, r *http.Request) {
 		writeJSON(w, 200, nonNil(a.conns.ListConnections()))
-	})
+	}))
 	m.HandleFunc("DELETE /api/connections/{id}", func(w http.ResponseWriter, r *http.Request) {
 		id, err := strconv.ParseUint(r.PathValue("id"), 10, 64)
 		if err != nil {

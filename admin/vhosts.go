@@ -131,7 +131,7 @@ func (a *API) vhostRoutes() {
 		}
 		w.WriteHeader(http.StatusNoContent)
 	})
-	m.HandleFunc("GET /api/bindings/{vhost}", a.listBindings)
+	m.HandleFunc("GET /api/bindings/{vhost}", a.wholeList(a.listBindings))
 	m.HandleFunc("PUT /api/bindings/{vhost}", func(w http.ResponseWriter, r *http.Request) { a.binding(w, r, false) })
 	m.HandleFunc("DELETE /api/bindings/{vhost}", func(w http.ResponseWriter, r *http.Request) { a.binding(w, r, true) })
 }

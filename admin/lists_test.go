@@ -1,0 +1,54 @@
+package admin_test
+
+import (
+	"encoding/json"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/warren-mq/warren/admin"
+	"github.com/warren-mq/warren/netio/warrentest"
+)
+
+// At most admin's maxWholeLists whole lists are built at once: with every slot
+// taken (as by lists being built) a list request waits, then gets 503
+// naming the bound, and builds nothing; a slot freed, it is answered.
+// Every list path goes through the bound; one resource's GET does not.
+func TestWholeListsBounded(t *testing.T) {
+	srv := warrentest.StartServer(t, nil)
+	a := admin.New(srv.Broker, warrentest.AdminConnections(srv), nil, time.Hour)
+	t.Cleanup(a.Close)
+	a.SetListWait(20 * time.Millisecond)
+	get := func(path string) (int, string) {
+		t.Helper()
+		req := httptest.NewRequest("GET", path, nil)
+		req.SetBasicAuth("guest", "guest")
+		req.RemoteAddr = "127.0.0.1:1"
+		rec := httptest.NewRecorder()
+		a.ServeHTTP(rec, req)
+		return rec.Code, rec.Body.String()
+	}
+	paths := []string{"/api/queues", "/api/queues?page=1", "/api/exchanges", "/api/bindings", "/api/bindings/%2F", "/api/connections", "/api/channels"}
+	a.HoldWholeLists(admin.MaxWholeLists)
+	for _, p := range paths {
+		code, body := get(p)
+		var e admin.ErrorBody
+		if code != http.StatusServiceUnavailable || json.Unmarshal([]byte(body), &e) != nil || !strings.Contains(e.Error.Message, "at most 2 whole lists") {
+			t.Fatalf("GET %s with every list slot taken: %d %s, want 503 naming the bound", p, code, body)
+		}
+	}
+	if code, body := get("/api/exchanges/amq.direct"); code != 200 {
+		t.Fatalf("one exchange's GET with every list slot taken: %d %s", code, body)
+	}
+	a.ReleaseWholeList()
+	for _, p := range paths {
+		if code, body := get(p); code != 200 {
+			t.Fatalf("GET %s with a slot free: %d %s", p, code, body)
+		}
+	}
+	if n := a.WholeListsHeld(); n != admin.MaxWholeLists-1 {
+		t.Fatalf("%d slots taken after the lists were answered, want the test's %d", n, admin.MaxWholeLists-1)
+	}
+}
