@@ -77,12 +77,22 @@ func (c *conn) onQueue(ch *channel, id uint16, r *reader) error {
 			return err
 		}
 		if _, strict := wargs.Get(strictPriority); strict && !passive {
-			// A priority queue that exists without strict-priority (declared
-			// natively, or over AMQP before x-max-priority meant strict)
-			// keeps its dispatch: its redeclare is not refused for it.
+			// A priority queue that exists without strict-priority, or
+			// with it false (declared natively, or over AMQP before
+			// x-max-priority meant strict), keeps its dispatch: its
+			// redeclare is not refused for an argument the client did not
+			// send.
 			if info, ok := c.srv.Queue(c.qn(name)); ok {
-				if _, had := info.Declared.Get(strictPriority); !had {
+				switch v, had := info.Declared.Get(strictPriority); {
+				case !had:
 					wargs = slices.DeleteFunc(slices.Clone(wargs), func(f wire.Field) bool { return f.Key == strictPriority })
+				case v.Kind != wire.KindBool || v.Int == 0:
+					wargs = slices.Clone(wargs)
+					for i := range wargs {
+						if wargs[i].Key == strictPriority {
+							wargs[i].Value = v // as declared
+						}
+					}
 				}
 			}
 		}

@@ -171,6 +171,14 @@ func TestMaxPriorityIsStrict(t *testing.T) {
 	if info, _ := srv.Queue("weighted"); info.Args.StrictPriority {
 		t.Fatal("the redeclare made the existing queue strict")
 	}
+	// Declared natively with strict-priority false, said: the same.
+	if _, err := srv.DeclareQueueAs(&wire.QueueDeclare{Name: "weighted2", Args: wire.Table{{Key: "max-priority", Value: wire.Int(9)},
+		{Key: "strict-priority", Value: wire.Bool(false)}}}, 0, "guest"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := ch.QueueDeclare("weighted2", false, false, false, false, amqp091.Table{"x-max-priority": int32(9)}); err != nil {
+		t.Fatalf("redeclare of a priority queue declared with strict-priority false: %v", err)
+	}
 }
 
 // A basic.get answered get-empty leaves nothing behind: a message
