@@ -770,9 +770,11 @@ func (c *conn) releaseLocked(ch *channel) (release, bool) {
 	ch.tags = nil
 	c.resetStashLocked(ch)
 	c.dropTxLocked(ch) // the other held settles: the consumers' cancels return those messages
-	rc := ch.reply
-	ch.reply = nil
-	return release{cons: cons, back: back, reply: rc}, true
+	// ch.reply is left set, for the reader's eyes (onHeader reads it
+	// without the lock; the shard clearing it raced that read): the
+	// channel closing, sendReply delivers nothing to it, and dropReply,
+	// given it here, forgets it (once: OnClose may give it again).
+	return release{cons: cons, back: back, reply: ch.reply}, true
 }
 
 // requeueOrder orders requeue settlements so that their messages go back

@@ -108,3 +108,52 @@ func TestShardCloseDuringAcks(t *testing.T) {
 		c.OnClose(nil, nil)
 	}
 }
+
+// publishFrames are a basic.publish of a 1-byte body to queue q through
+// the default exchange: method, header and body.
+func publishFrames() (m, hdr, body []byte) {
+	m = method2(classBasic, 40, []byte{0, 0, 0, 1, 'q', 0})
+	hdr = binary.BigEndian.AppendUint16(nil, classBasic)
+	hdr = append(hdr, 0, 0)
+	hdr = binary.BigEndian.AppendUint64(hdr, 1)
+	hdr = append(hdr, 0, 0) // no properties
+	return m, hdr, []byte{'b'}
+}
+
+// replyConsume is basic.consume of amq.rabbitmq.reply-to, no-ack.
+func replyConsume() []byte {
+	args := []byte{0, 0, byte(len(replyQueue))}
+	args = append(args, replyQueue...)
+	args = append(args, 0, 2, 0, 0, 0, 0) // no tag; no-ack; no arguments
+	return method2(classBasic, 20, args)
+}
+
+// A shard closes a channel that consumes direct replies while the loop
+// reads publishes on it. The close took the channel's reply consumer
+// (ch.reply = nil) while onHeader read it without the lock, between its
+// look and its use: a data race, and a nil dereference on the event loop
+// when the close fell between the two.
+func TestShardCloseDuringReplyPublishes(t *testing.T) {
+	l := raceListener(t)
+	pm, hdr, body := publishFrames()
+	for i := range raceRounds() {
+		c, ch, step := raceConn(t, l)
+		step(frameMethod, replyConsume())
+		var wg sync.WaitGroup
+		wg.Go(func() { shardClose(c, ch) })
+		for range 32 {
+			step(frameMethod, pm)
+			step(frameHeader, hdr)
+			step(frameBody, body)
+		}
+		wg.Wait()
+		step(frameMethod, method2(classChannel, 41, nil))
+		l.replyMu.Lock()
+		n := len(l.replies)
+		l.replyMu.Unlock()
+		if n != 0 {
+			t.Fatalf("round %d: %d reply consumers after their channel closed", i, n)
+		}
+		c.OnClose(nil, nil)
+	}
+}
