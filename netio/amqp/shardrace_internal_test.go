@@ -157,3 +157,36 @@ func TestShardCloseDuringReplyPublishes(t *testing.T) {
 		c.OnClose(nil, nil)
 	}
 }
+// A shard closes a transactional channel while the loop reads publishes
+// on it. The close drops the transaction's held publishes from the
+// connection's count (txHeld, txHeldBytes); a publish the loop completed
+// after handle saw the channel open was held all the same, on the closed
+// channel, and counted for the connection's life: its transactions could
+// hold that many fewer publishes before tx.commit.
+func TestShardCloseDuringTxPublishes(t *testing.T) {
+	l := raceListener(t)
+	if _, err := l.srv.DeclareQueueAs(&wire.QueueDeclare{Name: broker.QualifyName("", "q")}, 0, "guest"); err != nil {
+		t.Fatal(err)
+	}
+	pm, hdr, body := publishFrames()
+	for i := range raceRounds() {
+		c, ch, step := raceConn(t, l)
+		step(frameMethod, method2(classTx, 10, nil))
+		var wg sync.WaitGroup
+		wg.Go(func() { shardClose(c, ch) })
+		for range 32 {
+			step(frameMethod, pm)
+			step(frameHeader, hdr)
+			step(frameBody, body)
+		}
+		wg.Wait()
+		step(frameMethod, method2(classChannel, 41, nil))
+		c.mu.Lock()
+		held, bytes := c.txHeld, c.txHeldBytes
+		c.mu.Unlock()
+		if held != 0 || bytes != 0 {
+			t.Fatalf("round %d: the connection's transactions hold %d publishes (%d bytes) after their channel closed", i, held, bytes)
+		}
+		c.OnClose(nil, nil)
+	}
+}

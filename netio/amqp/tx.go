@@ -65,6 +65,11 @@ func (c *conn) onTx(ch *channel, id uint16) error {
 func (c *conn) hold(ch *channel, pub *pending) error {
 	c.mu.Lock()
 	defer c.mu.Unlock()
+	if ch.closing {
+		// A shard closed the channel since handle looked: its
+		// transaction is dropped (releaseLocked), and this publish with it.
+		return nil
+	}
 	if c.txHeld >= c.l.cfg.MaxUnconfirmed || c.txHeldBytes+cap(pub.arena) > maxTxBytes {
 		return chErr(preconditionFailed, "PRECONDITION_FAILED - a connection's transactions hold at most "+
 			strconv.Itoa(c.l.cfg.MaxUnconfirmed)+" publishes and "+strconv.Itoa(maxTxBytes>>20)+" MiB before tx.commit: commit more often")
