@@ -157,6 +157,7 @@ func TestShardCloseDuringReplyPublishes(t *testing.T) {
 		c.OnClose(nil, nil)
 	}
 }
+
 // A shard closes a transactional channel while the loop reads publishes
 // on it. The close drops the transaction's held publishes from the
 // connection's count (txHeld, txHeldBytes); a publish the loop completed
