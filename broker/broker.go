@@ -78,6 +78,7 @@ type Broker struct {
 	pool        *replication.Pool // snapshot writes and compactions of durable queues (Config.Durable)
 	storedBytes atomic.Int64
 	consumerSeq atomic.Uint64
+	park        raftPark                    // raft messages for queue groups not open yet (raftpark.go)
 	leaving     atomic.Bool                 // TransferLeaderships ran: take no queue leadership back (replicated.go)
 	origins     fwdOrigins                  // the incarnations of the nodes whose consumers this node serves (forward_consume.go)
 	dlDropLog   [NumDLDrops]ratelog.Limiter // "dead letter dropped" lines, per reason

@@ -117,6 +117,7 @@ type clusterMachine struct {
 	t    *topology
 	live bool
 	rec  *MetaMachine
+	park *raftPark // told Meta's next queue id after each change
 }
 
 func (m *clusterMachine) Apply(index uint64, cmd []byte) (any, error) {
@@ -128,6 +129,7 @@ func (m *clusterMachine) Apply(index uint64, cmd []byte) (any, error) {
 	if t.dirty.Load() {
 		t.publishLocked()
 	}
+	m.park.next.Store(t.meta.NextID()) // after the effects: a queue's slot is set before
 	return res, err
 }
 
@@ -152,6 +154,7 @@ func (m *clusterMachine) Restore(index uint64, snap []byte) error {
 	if t.dirty.Load() {
 		t.publishLocked()
 	}
+	m.park.next.Store(t.meta.NextID())
 	return nil
 }
 
@@ -199,7 +202,7 @@ func (b *Broker) openClusterMeta(ctx context.Context, cfg MetaLogConfig) error {
 		}
 	}
 	rec.SetNodes(nodes)
-	m := &clusterMachine{t: t, rec: &MetaMachine{Meta: rec}}
+	m := &clusterMachine{t: t, rec: &MetaMachine{Meta: rec}, park: &b.park}
 	cl := &metaCluster{timeout: cfg.Timeout, waiting: map[uint64]struct{}{}, results: map[uint64]MetaResult{}, removes: map[uint64]removal{},
 		stop: make(chan struct{}), stopped: make(chan struct{}), forward: cfg.Forward, onRemoved: cfg.OnRemoved}
 	if cl.timeout <= 0 {
@@ -250,6 +253,7 @@ func (b *Broker) openClusterMeta(ctx context.Context, cfg MetaLogConfig) error {
 	err = (&MetaMachine{Meta: t.meta, Sink: t}).Restore(0, rec.Snapshot())
 	if err == nil {
 		m.live = true
+		b.park.next.Store(t.meta.NextID())
 		t.mlog.Store(g)
 		t.cl.Store(cl)
 	}
@@ -271,8 +275,10 @@ func (b *Broker) openClusterMeta(ctx context.Context, cfg MetaLogConfig) error {
 
 // StepRaft hands this node's raft group gid a message a peer sent (a
 // cluster transport's Deliver): the metadata group's, or a replicated
-// queue's, stepped on its shard. A message for a group not open here (its
-// queue not applied here yet, or deleted) is dropped: raft resends.
+// queue's, stepped on its shard. A message for a group not open here is
+// dropped (raft resends), unless it is for a queue this node has not
+// applied or created yet: held until the group opens (raftpark.go), so a
+// new queue's first election needs no election timeout.
 func (b *Broker) StepRaft(gid uint64, m raftpb.Message) {
 	if gid == replication.MetaGroupID {
 		if g := b.topo.mlog.Load(); g != nil {
@@ -286,11 +292,26 @@ func (b *Broker) StepRaft(gid uint64, m raftpb.Message) {
 		// the transfer after an election timeout.
 		return
 	}
-	b.onQueueGroup(gid, func(s *shard, q *Queue) {
-		if err := s.rw.Step(gid, m); err != nil {
-			s.b.log.Debug("replicated queue: raft message dropped", "group", gid, "err", err)
+	if gid < QueueGroupBase || gid-QueueGroupBase > 1<<32 || b.cfg.Durable == nil {
+		return
+	}
+	q := b.topo.slots.get(queue.QueueRef(gid - QueueGroupBase))
+	if q == nil {
+		b.parkUnknown(gid, m) // a declare not applied here yet, or dropped
+		return
+	}
+	s := q.shard
+	s.submit(Command{Kind: cmdPost, post: func() {
+		if g := q.grp; g != nil && !q.gone && g.ID() == gid {
+			if err := s.rw.Step(gid, m); err != nil {
+				s.b.log.Debug("replicated queue: raft message dropped", "group", gid, "err", err)
+			}
+			return
 		}
-	})
+		if _, created := s.queues[q]; !created && !q.gone {
+			b.park.park(gid, m) // createQueue, queued behind, takes it
+		}
+	}})
 }
 
 // onQueueGroup runs fn on the shard of the queue whose raft group is gid,
@@ -314,6 +335,7 @@ func (b *Broker) onQueueGroup(gid uint64, fn func(s *shard, q *Queue)) {
 
 // tickGroups ticks every shard's replicated queue groups (raft's clock).
 func (b *Broker) tickGroups() {
+	b.park.tick()
 	for _, s := range b.shards {
 		if s.rw != nil {
 			s.submit(Command{Kind: cmdPost, post: func() {

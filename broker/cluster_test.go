@@ -78,6 +78,8 @@ type testCluster struct {
 	// the test: that build stops at it). v3Entries counts those sent.
 	oldBuild  [8]atomic.Bool
 	v3Entries atomic.Int64
+	// tick: every node's raft tick (MetaLogConfig.TickEvery; 0: 10 ms).
+	tick time.Duration
 }
 
 // metaV3 says whether e is a version 3 metadata entry.
@@ -300,8 +302,12 @@ func (c *testCluster) start(nd *clusterNode, ln net.Listener) {
 	for id := range c.peers {
 		ids = append(ids, id)
 	}
+	tick := c.tick
+	if tick == 0 {
+		tick = 10 * time.Millisecond
+	}
 	mc := MetaLogConfig{Log: l, Snapshots: store, NodeID: nd.id, Peers: ids, Membership: Membership{Addrs: c.peers},
-		Send: tr.Send, TickEvery: 10 * time.Millisecond, Timeout: 20 * time.Second, Fatal: fatal, SnapshotEntries: c.snapEntries}
+		Send: tr.Send, TickEvery: tick, Timeout: 20 * time.Second, Fatal: fatal, SnapshotEntries: c.snapEntries}
 	c.membership(nd, tr, &mc)
 	if err := b.OpenMetaLog(context.Background(), mc); err != nil {
 		t.Fatal(err)

@@ -224,6 +224,10 @@ func (m *Meta) Exchange(name string) (wire.ExchangeDeclare, bool) {
 	return e.decl, true
 }
 
+// NextID is the id the next queue declared tries first: every id
+// allocated so far is below it (until ids wrap at 2^32).
+func (m *Meta) NextID() uint64 { return m.nextID }
+
 // NumQueues, NumExchanges and NumBindings count what is declared.
 func (m *Meta) NumQueues() int { return len(m.queues) }
 

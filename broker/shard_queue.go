@@ -6,9 +6,16 @@ import (
 
 	"github.com/warren-mq/warren/queue"
 	"github.com/warren-mq/warren/wire"
+	"go.etcd.io/raft/v3/raftpb"
 )
 
 func (s *shard) createQueue(q *Queue) {
+	var early []raftpb.Message
+	if s.clustered() {
+		// Raft messages its group had before it opened here: stepped
+		// into it once open, else dropped (raftpark.go).
+		early = s.b.park.take(queueGroup(q.id))
+	}
 	if q.homedElsewhere(s.nodeID()) {
 		// It lives on another node: served from there (homed.go).
 		q.remote, q.opened = true, true
@@ -31,6 +38,13 @@ func (s *shard) createQueue(q *Queue) {
 	if s.durableLogged(q) {
 		s.queues[q] = struct{}{}
 		s.openDurable(q)
+		if g := q.grp; g != nil && !q.gone {
+			for _, m := range early {
+				if err := s.rw.Step(g.ID(), m); err != nil {
+					s.b.log.Debug("replicated queue: raft message dropped", "group", g.ID(), "err", err)
+				}
+			}
+		}
 		return
 	}
 	q.m = queue.New(queue.ConfigFromArgs(q.args, q.autoDelete), s.now)
