@@ -46,6 +46,7 @@ func TestClusterForwardedDeleteWaitsForApply(t *testing.T) {
 	const conn = 1 << 40 // a connection id no test connection has
 	for _, name := range []string{"lost", "nolead"} {
 		q := b1.topo.lookupQueue(name)
+		barrier(t, q.shard) // its shard created it (queued behind the apply sees waited for)
 		if !q.remote {
 			t.Fatalf("node %d holds a copy of %s", f1.id, name)
 		}
