@@ -215,6 +215,10 @@ const pubBlockSize = int64(unsafe.Sizeof(pubBlock{}))
 // sendReturn sends basic.return for an unroutable mandatory message.
 func (c *conn) sendReturn(ch uint16, m *broker.StoredMsg) {
 	c.mu.Lock()
+	if cur := c.channels[ch]; cur == nil || cur.closing { // a shard's close overtook the publish (as reply)
+		c.mu.Unlock()
+		return
+	}
 	b, st := method(c.out, ch, classBasic, 50)
 	b = binary.BigEndian.AppendUint16(b, noRoute)
 	b = putShortstr(b, "NO_ROUTE")

@@ -271,8 +271,9 @@ func (c *conn) Answer(ref uint64, r broker.Result) {
 	gen, chID, kind := ref>>32, uint16(ref>>8), ref&0xff
 	c.mu.Lock()
 	ch := c.channels[chID]
+	open := ch != nil && ch.gen&(1<<32-1) == gen && !ch.closing // the reference keeps the generation's low 32 bits
 	c.mu.Unlock()
-	if ch == nil || ch.gen&(1<<32-1) != gen || ch.closing { // the reference keeps the generation's low 32 bits
+	if !open {
 		return
 	}
 	if r.Code != wire.OK {
@@ -295,7 +296,7 @@ func (c *conn) Answer(ref uint64, r broker.Result) {
 	if kind&ansDelete != 0 {
 		id = 41
 	}
-	c.reply(chID, classQueue, id, func(b []byte) []byte { return binary.BigEndian.AppendUint32(b, uint32(r.N)) })
+	c.replyTo(ch, classQueue, id, func(b []byte) []byte { return binary.BigEndian.AppendUint32(b, uint32(r.N)) })
 }
 
 // passiveDeclare answers a passive queue.declare from the queue's shard
@@ -310,8 +311,9 @@ func (p passiveDeclare) Answer(ref uint64, _ broker.Result) {
 	gen, chID := ref>>32, uint16(ref>>8)
 	p.mu.Lock()
 	ch := p.channels[chID]
+	open := ch != nil && ch.gen&(1<<32-1) == gen && !ch.closing
 	p.mu.Unlock()
-	if ch == nil || ch.gen&(1<<32-1) != gen || ch.closing {
+	if !open {
 		return
 	}
 	if p.q.Gone() {
@@ -320,7 +322,7 @@ func (p passiveDeclare) Answer(ref uint64, _ broker.Result) {
 		p.closeChannelFromShard(ch, ae)
 		return
 	}
-	p.reply(chID, classQueue, 11, func(b []byte) []byte {
+	p.replyTo(ch, classQueue, 11, func(b []byte) []byte {
 		b = putShortstr(b, broker.LocalName(p.q.Name()))
 		b = binary.BigEndian.AppendUint32(b, uint32(p.q.ReadyCount()))
 		return binary.BigEndian.AppendUint32(b, uint32(p.q.ConsumerCount()))

@@ -4,7 +4,9 @@ import (
 	"context"
 	"encoding/binary"
 	"net/netip"
+	"strconv"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -187,6 +189,166 @@ func TestShardCloseDuringTxPublishes(t *testing.T) {
 		c.mu.Unlock()
 		if held != 0 || bytes != 0 {
 			t.Fatalf("round %d: the connection's transactions hold %d publishes (%d bytes) after their channel closed", i, held, bytes)
+		}
+		c.OnClose(nil, nil)
+	}
+}
+
+// afterClose returns the methods (class<<16|id) the connection's output
+// has on channel chID after the channel's close: after the broker's
+// channel.close, or after the close-ok answering the client's (but the
+// close-ok to a client's close that crossed the broker's).
+func afterClose(t *testing.T, c *conn, chID uint16) []uint32 {
+	t.Helper()
+	c.mu.Lock()
+	out := append([]byte(nil), c.out...)
+	c.mu.Unlock()
+	closed := false
+	var after []uint32
+	for len(out) > 0 {
+		if len(out) < 8 {
+			t.Fatalf("a partial frame in the output: % x", out)
+		}
+		n := int(binary.BigEndian.Uint32(out[3:]))
+		typ, ch, p := out[0], binary.BigEndian.Uint16(out[1:]), out[7:7+n]
+		out = out[n+8:]
+		if ch != chID {
+			continue
+		}
+		var m uint32
+		if typ == frameMethod {
+			m = uint32(binary.BigEndian.Uint16(p))<<16 | uint32(binary.BigEndian.Uint16(p[2:]))
+		}
+		if closed && m != classChannel<<16|41 { // close-ok: a close of the client's that crossed the broker's
+			after = append(after, m)
+		}
+		if m == classChannel<<16|40 || m == classChannel<<16|41 {
+			closed = true
+		}
+	}
+	return after
+}
+
+// openChannels opens channels 2..n on c (raceConn opened 1).
+func openChannels(t *testing.T, c *conn, n int) []*channel {
+	t.Helper()
+	chs := make([]*channel, 0, n)
+	for id := uint16(1); id <= uint16(n); id++ {
+		if id > 1 {
+			if err := c.handle(frameMethod, id, method2(classChannel, 10, []byte{0})); err != nil {
+				t.Fatal(err)
+			}
+		}
+		c.mu.Lock()
+		chs = append(chs, c.channels[id])
+		c.mu.Unlock()
+	}
+	return chs
+}
+
+// A shard answers queue.purges (the client sent many on each channel)
+// while the client closes their channels.
+// The answer looked at the channel (ch.closing, read without the lock: a
+// data race with the close) and wrote purge-ok after unlocking: after
+// the close-ok, on a channel the client has let go (amqp091-go closes
+// the connection on a method for a closed channel), or on a new channel
+// of the same id.
+func TestPurgeAnswersDuringClientCloses(t *testing.T) {
+	l := raceListener(t)
+	const n = 32
+	for i := range raceRounds() {
+		c, _, _ := raceConn(t, l)
+		chs := openChannels(t, c, n)
+		var wg sync.WaitGroup
+		var done atomic.Bool
+		wg.Go(func() { // the answers to purges the client pipelined, until every channel is closed
+			for !done.Load() {
+				for _, ch := range chs {
+					c.Answer((ch.gen&(1<<32-1))<<32|uint64(ch.id)<<8|ansPurge, broker.Result{N: 1})
+				}
+			}
+		})
+		for _, ch := range chs {
+			if err := c.handle(frameMethod, ch.id, method2(classChannel, 40, []byte{0, 200, 0, 0, 0, 0, 0})); err != nil {
+				t.Fatal(err)
+			}
+		}
+		done.Store(true)
+		wg.Wait()
+		for _, ch := range chs {
+			if after := afterClose(t, c, ch.id); len(after) > 0 {
+				t.Fatalf("round %d: methods %x on channel %d after its close-ok", i, after, ch.id)
+			}
+		}
+		c.OnClose(nil, nil)
+	}
+}
+
+// The broker cancels consumers (their queue deleted) while the client
+// closes their channels: basic.cancel, decided under the lock and written
+// after it, went out after the close-ok.
+func TestCancelledDuringClientCloses(t *testing.T) {
+	l := raceListener(t)
+	q, err := l.srv.DeclareQueueAs(&wire.QueueDeclare{Name: broker.QualifyName("", "q")}, 0, "guest")
+	if err != nil {
+		t.Fatal(err)
+	}
+	const n = 32
+	for i := range raceRounds() {
+		c, _, _ := raceConn(t, l)
+		chs := openChannels(t, c, n)
+		var crs []*consumer // 8 on each channel, cancelled a channel's after another's
+		c.mu.Lock()
+		for _, ch := range chs {
+			for k := range 8 {
+				cr := &consumer{id: c.srv.NewConsumerID(), tag: strconv.Itoa(k), ch: ch, q: q, noWait: true}
+				ch.consumers[cr.tag], c.byID[cr.id] = cr, cr
+				crs = append(crs, cr)
+			}
+		}
+		c.mu.Unlock()
+		var wg sync.WaitGroup
+		wg.Go(func() {
+			for _, cr := range crs {
+				c.Cancelled(cr.id, wire.NotFound, "queue deleted")
+			}
+		})
+		for _, ch := range chs {
+			if err := c.handle(frameMethod, ch.id, method2(classChannel, 40, []byte{0, 200, 0, 0, 0, 0, 0})); err != nil {
+				t.Fatal(err)
+			}
+		}
+		wg.Wait()
+		for _, ch := range chs {
+			if after := afterClose(t, c, ch.id); len(after) > 0 {
+				t.Fatalf("round %d: methods %x on channel %d after its close-ok", i, after, ch.id)
+			}
+		}
+		c.OnClose(nil, nil)
+	}
+}
+
+// A shard closes a channel (a no-wait consume refused) while the loop
+// handles methods on it: their replies (and basic.return) went out after
+// the broker's channel.close, where only its close-ok may follow (amqp091-go,
+// having let the channel go at the close, closes the connection on them).
+func TestRepliesAfterShardClose(t *testing.T) {
+	l := raceListener(t)
+	_, hdr, body := publishFrames()
+	pm := method2(classBasic, 40, []byte{0, 0, 0, 7, 'n', 'o', 'w', 'h', 'e', 'r', 'e', 1})
+	for i := range raceRounds() {
+		c, ch, step := raceConn(t, l)
+		var wg sync.WaitGroup
+		wg.Go(func() { shardClose(c, ch) })
+		for range 32 {
+			step(frameMethod, method2(classBasic, 10, []byte{0, 0, 0, 0, 0, 10, 0})) // qos 10
+			step(frameMethod, pm)                                                    // mandatory, unroutable: basic.return
+			step(frameHeader, hdr)
+			step(frameBody, body)
+		}
+		wg.Wait()
+		if after := afterClose(t, c, 1); len(after) > 0 {
+			t.Fatalf("round %d: methods %x on channel 1 after the broker's channel.close", i, after)
 		}
 		c.OnClose(nil, nil)
 	}

@@ -225,7 +225,7 @@ func (c *conn) Subscribed(id queue.ConsumerID, _ uint32, code wire.Code, reason 
 	}
 	c.mu.Unlock()
 	if !cr.noWait {
-		c.reply(cr.ch.id, classBasic, 21, func(b []byte) []byte { return putShortstr(b, cr.tag) })
+		c.replyTo(cr.ch, classBasic, 21, func(b []byte) []byte { return putShortstr(b, cr.tag) })
 	}
 }
 
@@ -270,7 +270,7 @@ func (c *conn) Cancelled(id queue.ConsumerID, _ wire.Code, _ string) {
 		// it; RabbitMQ sends nothing.
 		return
 	}
-	c.reply(cr.ch.id, classBasic, 30, func(b []byte) []byte { return append(putShortstr(b, cr.tag), 1) })
+	c.replyTo(cr.ch, classBasic, 30, func(b []byte) []byte { return append(putShortstr(b, cr.tag), 1) })
 }
 
 // LeaseExpired: a delivery was taken back (consumer timeout); a late ack
