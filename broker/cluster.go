@@ -297,8 +297,14 @@ func (b *Broker) StepRaft(gid uint64, m raftpb.Message) {
 	}
 	q := b.topo.slots.get(queue.QueueRef(gid - QueueGroupBase))
 	if q == nil {
-		b.parkUnknown(gid, m) // a declare not applied here yet, or dropped
-		return
+		if b.parkUnknown(gid, m) { // a declare not applied here yet
+			return
+		}
+		// Not held: dropped, unless the declare's apply set the slot
+		// since the look above (then it goes to the shard, as below).
+		if q = b.topo.slots.get(queue.QueueRef(gid - QueueGroupBase)); q == nil {
+			return
+		}
 	}
 	s := q.shard
 	s.submit(Command{Kind: cmdPost, post: func() {

@@ -110,7 +110,10 @@ func TestClusterFirstElection(t *testing.T) {
 			b.StepRaft(QueueGroupBase+id, stale)
 		}
 		barrier(t, b.topo.lookupQueue("fe1").shard)
-		if n := b.park.n.Load(); n != 0 {
+		b.park.mu.Lock()
+		n := len(b.park.groups)
+		b.park.mu.Unlock()
+		if n != 0 {
 			t.Fatalf("node %d holds messages for %d groups: a deleted queue's, one far ahead or one open", nd.id, n)
 		}
 		// The next queue's: held until its shard creates it.
@@ -174,11 +177,11 @@ func TestRaftParkBounds(t *testing.T) {
 	for range parkTicks - 1 {
 		q.tick()
 	}
-	if q.n.Load() == 0 {
+	if len(q.groups) == 0 {
 		t.Fatal("dropped before parkTicks ticks")
 	}
 	q.tick()
-	if q.n.Load() != 0 || q.bytes != 0 || len(q.groups) != 0 {
+	if q.bytes != 0 || len(q.groups) != 0 {
 		t.Fatalf("after parkTicks ticks: %d groups, %d bytes held", len(q.groups), q.bytes)
 	}
 	if !q.park(QueueGroupBase, mid) {

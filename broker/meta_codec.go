@@ -324,10 +324,11 @@ func (r *metaReader) str() string {
 	return string(r.take(int(n), "a string"))
 }
 
-// legacyMetaTableDepth is the deepest nesting a logged table may have:
-// the AMQP front's bound (netio/amqp maxTableDepth), which tables
-// written before storableArgs could reach.
-const legacyMetaTableDepth = 16
+// legacyMetaTableDepth is the deepest nesting (levels, the outer table
+// counted, as wire.MaxTableDepth counts) a logged table may have: the
+// AMQP front's bound (netio/amqp maxTableDepth: 16 levels below the
+// outer table), which tables written before storableArgs could reach.
+const legacyMetaTableDepth = 17
 
 func (r *metaReader) table() wire.Table {
 	n := r.u32()
@@ -335,7 +336,7 @@ func (r *metaReader) table() wire.Table {
 	if r.err != nil || len(raw) == 0 {
 		return nil
 	}
-	// Up to AMQP's 16 levels: before storableArgs, an AMQP binding's
+	// Up to AMQP's nesting: before storableArgs, an AMQP binding's
 	// arguments were logged nested that deep, and a log that holds one
 	// must still recover.
 	t, err := wire.DecodeTableNested(raw, legacyMetaTableDepth)

@@ -42,7 +42,6 @@ import (
 // the candidate has campaigned again); past a bound a message is dropped,
 // as before (raft resends).
 type raftPark struct {
-	n      atomic.Int32 // groups held (a lock-free look on the common path)
 	mu     sync.Mutex
 	ticks  uint64 // the metadata ticker's count (tick)
 	groups map[uint64]*parkedGroup
@@ -85,7 +84,6 @@ func (p *raftPark) putLocked(gid uint64, m raftpb.Message) bool {
 		}
 		g = &parkedGroup{since: p.ticks}
 		p.groups[gid] = g
-		p.n.Store(int32(len(p.groups)))
 	}
 	if len(g.msgs) >= parkPerGroup {
 		return false
@@ -125,9 +123,9 @@ func (p *raftPark) park(gid uint64, m raftpb.Message) bool {
 
 // take hands over (and forgets) what is held for group gid.
 func (p *raftPark) take(gid uint64) []raftpb.Message {
-	if p.n.Load() == 0 {
-		return nil
-	}
+	// Always under mu (no look at n first): a parkUnknown that saw the
+	// slot empty may be about to hold a message for this group, and
+	// holds mu until it has.
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	g := p.groups[gid]
@@ -141,7 +139,6 @@ func (p *raftPark) take(gid uint64) []raftpb.Message {
 func (p *raftPark) dropLocked(gid uint64, g *parkedGroup) {
 	delete(p.groups, gid)
 	p.bytes -= g.bytes
-	p.n.Store(int32(len(p.groups)))
 }
 
 // tick advances the park's clock (the metadata ticker) and drops what has

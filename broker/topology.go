@@ -671,8 +671,18 @@ func (t *topology) bind(b *wire.Bind, who Requester) error {
 			}
 		}
 	}
-	if err := storableArgs("binding arguments", b.Args); err != nil {
-		return err // an unbind's too: its command is logged as a bind's
+	if b.Unbind {
+		// An unbind is logged as a bind is, so its arguments must read
+		// back too; but a binding recovered from a log written before
+		// storableArgs may nest as deep as that log's decoder reads, and
+		// removing it must stay possible.
+		if len(b.Args) > 0 {
+			if _, err := wire.DecodeTableNested(wire.AppendTable(nil, b.Args)[4:], legacyMetaTableDepth); err != nil {
+				return reqErr(wire.InvalidArgument, "binding arguments nest tables or arrays more than %d levels deep", legacyMetaTableDepth)
+			}
+		}
+	} else if err := storableArgs("binding arguments", b.Args); err != nil {
+		return err
 	}
 	if cl := t.cl.Load(); cl != nil {
 		return t.clusterChange(cl, &MetaCommand{Op: MetaBind, User: who.User, Admin: who.Admin, Conn: who.Conn, Bind: *b}).Err()
