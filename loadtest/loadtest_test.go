@@ -293,3 +293,131 @@ func TestLedgerRunAfterAnOrdinaryRun(t *testing.T) {
 		t.Fatalf("persistent ledger run after an ordinary one: %v", err)
 	}
 }
+
+// ledgerBacklog leaves n confirmed messages from a publish-only ledger run
+// in one durable queue, and returns the config for the next run on it.
+func ledgerBacklog(ctx context.Context, t *testing.T, s *netio.Server, n int64) Config {
+	t.Helper()
+	cfg := testConfig(warrentest.URL(s))
+	cfg.Producers, cfg.Queues = 1, 1
+	cfg.Persistent, cfg.Ledger = true, filepath.Join(t.TempDir(), "l")
+	cfg.Count, cfg.PublishOnly = n, true
+	var out bytes.Buffer
+	if rep, err := Run(ctx, cfg, &out); err != nil || rep.Confirmed != n {
+		t.Fatalf("publish-only run: %v\n%s", err, out.String())
+	}
+	cfg.PublishOnly = false
+	return cfg
+}
+
+// verifyLedger runs --verify on cfg's ledger and fails the test on a loss.
+func verifyLedger(ctx context.Context, t *testing.T, cfg Config) {
+	t.Helper()
+	cfg.Verify = cfg.Ledger
+	var out bytes.Buffer
+	vrep, err := Verify(ctx, cfg, time.Second, &out)
+	if err != nil || vrep.Lost != 0 {
+		t.Fatalf("verify: %v (lost %+v): the run acked messages its ledger does not hold as received\n%s", err, vrep, out.String())
+	}
+}
+
+// A ledger run's consumers also take what earlier runs left in its queues,
+// ahead of its own messages: its drain must wait for its own messages (it
+// ended once it had consumed as many messages as it confirmed, backlog
+// included, and reported its own, still queued, as LOSS), and the ledger
+// must hold everything its consumers acked, or --verify reports it lost.
+func TestLedgerRunBehindABacklog(t *testing.T) {
+	s := warrentest.StartServer(t, &netio.Config{QueueSoftLimit: -1})
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	cfg := ledgerBacklog(ctx, t, s, 20000)
+	cfg.Count = 200
+	var out bytes.Buffer
+	rep, err := Run(ctx, cfg, &out)
+	if err != nil || rep.Confirmed != 200 || rep.Lost != 0 || bytes.Contains(out.Bytes(), []byte("LOSS")) {
+		t.Fatalf("run behind a backlog: %v, confirmed %d lost %d\n%s", err, rep.Confirmed, rep.Lost, out.String())
+	}
+	verifyLedger(ctx, t, cfg)
+}
+
+// A ledger run interrupted (SIGINT: its context cancelled) while its
+// consumers work through a backlog records its ledger only once they have
+// stopped: before, they went on acking while the ledger was taken, and
+// --verify reported those messages lost.
+func TestLedgerRunInterruptedWhileConsuming(t *testing.T) {
+	s := warrentest.StartServer(t, &netio.Config{QueueSoftLimit: -1})
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	cfg := ledgerBacklog(ctx, t, s, 20000)
+	cfg.Count = 100
+	var live Live
+	cfg.Live = &live
+	rctx, interrupt := context.WithCancel(ctx)
+	defer interrupt()
+	var out bytes.Buffer
+	done := make(chan error, 1)
+	go func() { _, err := Run(rctx, cfg, &out); done <- err }()
+	deadline := time.Now().Add(20 * time.Second)
+	for {
+		if _, _, c := live.Totals(); c >= 2000 {
+			break
+		}
+		select {
+		case err := <-done:
+			t.Fatalf("the run ended (%v) before it had consumed 2,000 of the 20,100 messages\n%s", err, out.String())
+		default:
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the run consumed fewer than 2,000 messages in 20 s")
+		}
+		time.Sleep(time.Millisecond)
+	}
+	interrupt()
+	if err := <-done; err != nil {
+		t.Fatalf("interrupted ledger run: %v\n%s", err, out.String())
+	}
+	if _, _, c := live.Totals(); c >= 20100 {
+		t.Fatalf("the run consumed all %d before the interrupt took effect: the test proves nothing", c)
+	}
+	verifyLedger(ctx, t, cfg)
+}
+
+// A ledger run whose broker goes away cannot consume what it confirmed:
+// --verify, after the restart, says whether any of it was lost, so the
+// run's report must not call it LOSS (it did, while exiting 0).
+func TestLedgerRunWhoseBrokerWentAwayReportsNoLoss(t *testing.T) {
+	s := warrentest.StartServer(t, &netio.Config{QueueSoftLimit: -1})
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	cfg := ledgerBacklog(ctx, t, s, 20000)
+	cfg.Count, cfg.DrainTimeout = 100, 500*time.Millisecond
+	var live Live
+	cfg.Live = &live
+	var out bytes.Buffer
+	type result struct {
+		rep *Report
+		err error
+	}
+	done := make(chan result, 1)
+	go func() { rep, err := Run(ctx, cfg, &out); done <- result{rep, err} }()
+	deadline := time.Now().Add(20 * time.Second)
+	for {
+		if _, conf, c := live.Totals(); conf >= 100 && c >= 2000 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the run did not confirm its 100 and consume 2,000 messages in 20 s")
+		}
+		time.Sleep(time.Millisecond)
+	}
+	cctx, ccancel := context.WithTimeout(ctx, 10*time.Second)
+	defer ccancel()
+	_ = s.Close(cctx)
+	r := <-done
+	if r.err != nil {
+		t.Fatalf("ledger run: %v\n%s", r.err, out.String())
+	}
+	if r.rep.Lost != 0 || r.rep.Left == 0 || bytes.Contains(out.Bytes(), []byte("LOSS")) {
+		t.Fatalf("lost %d left %d, want 0 and more (its own 100 were queued behind the backlog)\n%s", r.rep.Lost, r.rep.Left, out.String())
+	}
+}

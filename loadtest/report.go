@@ -38,7 +38,9 @@ type Report struct {
 	Consumed    int64 `json:"consumed"`
 	Lost        int64 `json:"lost"`
 	// Left is what a publish-only run confirmed and left in the queues on
-	// purpose: not consumed, and not lost (a ledger's --verify checks it).
+	// purpose, or what a ledger run could not consume because the broker
+	// went away: not consumed, and not counted as lost (a ledger's
+	// --verify checks it).
 	Left        int64   `json:"left_in_queues,omitempty"`
 	Duplicates  int64   `json:"duplicates"`
 	Reordered   int64   `json:"reordered"`
@@ -137,7 +139,7 @@ func (r *Report) print(w io.Writer) {
 		fmt.Fprintf(w, "%d unconfirmed at the drain deadline (in flight: the broker may still hold them; not counted as lost)\n", r.Unconfirmed)
 	}
 	if r.Left > 0 {
-		fmt.Fprintf(w, "publish-only: %d confirmed messages left in the queues (not consumed, not lost)\n", r.Left)
+		fmt.Fprintf(w, "%d confirmed messages left in the queues (not consumed by this run, not counted as lost)\n", r.Left)
 	}
 	if r.Lost > 0 {
 		fmt.Fprintf(w, "LOSS: %d confirmed messages were never consumed\n", r.Lost)

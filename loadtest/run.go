@@ -62,6 +62,7 @@ func run(ctx context.Context, cfg *Config, d driver, out io.Writer, dropNth int6
 	}
 	tr := newTracker(base+cfg.Producers, nCons, cfg.copies(), cfg.ConfirmWindow)
 	tr.dropNth = dropNth
+	tr.base = base
 	if cfg.Live != nil {
 		cfg.Live.t.Store(tr)
 	}
@@ -255,11 +256,13 @@ loop:
 	}
 	cancel()
 	// Drain: wait until every confirmed copy is consumed, or until nothing
-	// moves for the drain timeout.
+	// moves for the drain timeout. Only this run's own messages count
+	// towards want: with a ledger, the queues may hold a backlog of earlier
+	// runs' messages ahead of them.
 	_, acked, _ := tr.totals()
 	want := acked * int64(cfg.copies())
 	lastMove, lastSeen := time.Now(), tr.consumed.Load()
-	for !connLost && nCons > 0 && tr.consumed.Load() < want && time.Since(lastMove) < cfg.DrainTimeout && ctx.Err() == nil {
+	for !connLost && nCons > 0 && tr.own.Load() < want && time.Since(lastMove) < cfg.DrainTimeout && ctx.Err() == nil {
 		time.Sleep(10 * time.Millisecond)
 		if c := tr.consumed.Load(); c != lastSeen {
 			lastMove, lastSeen = time.Now(), c
@@ -272,10 +275,13 @@ loop:
 	rep := tr.report(cfg, pubEnd.Sub(measureFrom), consEnd.Sub(measureFrom), pubAtEnd-warmPub, consumed)
 	rep.ClientCPU = perMessage(warmCPU.client, endCPU.client, consumed)
 	rep.WarmupS, rep.Series = cfg.Warmup.Seconds(), series
-	if nCons == 0 {
+	if nCons == 0 || ledger != nil {
 		// Publish-only: nothing was meant to be consumed, so nothing
 		// unconsumed is lost; the queues keep it (for --verify, with a
-		// ledger).
+		// ledger). A ledger run's drain ends short of its messages only
+		// when the broker went away, nothing moved for the drain timeout
+		// or it was interrupted: whether any of what it did not consume
+		// was lost is --verify's to say, after a restart.
 		rep.Left, rep.Lost = rep.Lost, 0
 	}
 	if warmCPU.brokerOK && endCPU.brokerOK {
@@ -288,6 +294,12 @@ loop:
 	}
 	rep.print(out)
 	if ledger != nil {
+		// The consumers stop before the ledger takes what was received:
+		// one still running would ack messages the ledger does not hold
+		// as received, and --verify, which cannot get them back, would
+		// report them lost. What they were handed and had not acked goes
+		// back to the queues (for --verify, as duplicates at worst).
+		d.close()
 		if err := ledger.record(tr, base); err != nil {
 			return rep, err
 		}

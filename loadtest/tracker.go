@@ -117,11 +117,16 @@ type tracker struct {
 	copies   int
 	prod     []*producerState
 	consumed atomic.Int64
-	dups     atomic.Int64
-	reorder  atomic.Int64
-	confirm  []*recorder // per producer
-	e2e      []*recorder // per consumer
-	dropNth  int64       // tests: consumers pretend to lose every dropNth message
+	// own counts what was consumed of this run's producers (ids from
+	// base): a ledger run also consumes what earlier runs left in its
+	// queues, which must not end its drain early.
+	own     atomic.Int64
+	base    int
+	dups    atomic.Int64
+	reorder atomic.Int64
+	confirm []*recorder // per producer
+	e2e     []*recorder // per consumer
+	dropNth int64       // tests: consumers pretend to lose every dropNth message
 	// The progress goroutine's accumulators for an interval's confirm and
 	// publish→deliver latency.
 	confirmIv, e2eIv *hdrhistogram.Histogram
@@ -189,6 +194,9 @@ func (t *tracker) consumedMsg(consumer int, body []byte, nowNs int64, last []uin
 		return
 	}
 	n := t.consumed.Add(1)
+	if int(pid) >= t.base {
+		t.own.Add(1)
+	}
 	if t.dropNth > 0 && n%t.dropNth == 0 {
 		return // injected loss: the message was received but is not counted
 	}

@@ -22,6 +22,7 @@ type warrenDriver struct {
 	acks      []*ackState
 	stopFlush chan struct{} // closed by close: ends flushAcks
 	flushDone chan struct{}
+	closeOnce sync.Once
 }
 
 // consumersPerConn bounds how many consumers share one connection.
@@ -187,32 +188,44 @@ func (d *warrenDriver) flushAcks(stop <-chan struct{}, done chan<- struct{}) {
 			return
 		case <-tick.C:
 		}
-		d.ackMu.Lock()
-		acks := d.acks
-		d.ackMu.Unlock()
-		for _, st := range acks {
-			st.mu.Lock()
-			if st.pending {
-				select {
-				case <-st.done:
-				default:
-					_ = st.last.AckMultiple()
-				}
-				st.pending, st.n = false, 0
-			}
-			st.mu.Unlock()
-		}
+		d.flushPending()
 	}
 }
 
+// flushPending acks what each consumer handled and has not acked yet.
+func (d *warrenDriver) flushPending() {
+	d.ackMu.Lock()
+	acks := d.acks
+	d.ackMu.Unlock()
+	for _, st := range acks {
+		st.mu.Lock()
+		if st.pending {
+			select {
+			case <-st.done:
+			default:
+				_ = st.last.AckMultiple()
+			}
+			st.pending, st.n = false, 0
+		}
+		st.mu.Unlock()
+	}
+}
+
+// close acks what the consumers handled, then closes every connection; a
+// second call does nothing. Once it returns no consumer acks anything more,
+// so what the tracker holds as received then covers every ack the broker
+// got (a ledger run records it only after close).
 func (d *warrenDriver) close() {
-	if d.stopFlush != nil {
-		close(d.stopFlush)
-		<-d.flushDone
-	}
-	for _, c := range d.conns {
-		c.Close()
-	}
+	d.closeOnce.Do(func() {
+		if d.stopFlush != nil {
+			close(d.stopFlush)
+			<-d.flushDone
+			d.flushPending()
+		}
+		for _, c := range d.conns {
+			c.Close()
+		}
+	})
 }
 
 // ackBatch keeps the ack batch well under the prefetch, so a consumer never
