@@ -253,8 +253,15 @@ func (c *conn) onConsume(ch *channel, r *reader) error {
 	if x := q.ExclusiveTo(); x != 0 && x != c.id {
 		return c.errExclusive(qn)
 	}
+	prefetch := uint32(ch.prefetch)
+	if g := uint32(ch.globalMax); g > 0 && !noAck && (prefetch == 0 || g < prefetch) {
+		prefetch = g // it can never have more out than the channel
+	}
+	if max := c.srv.MaxPrefetch(); prefetch == 0 || prefetch > max {
+		prefetch = max
+	}
 	c.mu.Lock()
-	if ch.closing { // a shard closed it since the frame was read: dropped, as on a closing channel
+	if ch.closing || c.dead { // a shard closed it since the frame was read, or the socket is gone: dropped, as on a closing channel
 		c.mu.Unlock()
 		return nil
 	}
@@ -276,16 +283,14 @@ func (c *conn) onConsume(ch *channel, r *reader) error {
 	}
 	ch.consumers[tag] = cr
 	c.byID[cr.id] = cr
-	c.mu.Unlock()
-	prefetch := uint32(ch.prefetch)
-	if g := uint32(ch.globalMax); g > 0 && !noAck && (prefetch == 0 || g < prefetch) {
-		prefetch = g // it can never have more out than the channel
-	}
-	if max := c.srv.MaxPrefetch(); prefetch == 0 || prefetch > max {
-		prefetch = max
-	}
+	// Submitted under c.mu, as the channel was found open: OnClose marks
+	// the channels closing under it before it submits the connection's
+	// Down, so the subscribe goes before the Down or not at all (after
+	// it, the queue kept a consumer of a connection that is gone, and
+	// what it handed it unacked).
 	spec := queue.ConsumerSpec{ID: cr.id, Owner: queue.OwnerID(c.id), Prefetch: prefetch, PrefetchBytes: ch.prefBytes, Priority: prio, Exclusive: exclusive}
 	c.srv.Submit(broker.Command{Kind: broker.CmdSubscribe, Queue: q, Sink: c, Spec: spec})
+	c.mu.Unlock()
 	// consume-ok comes from the queue's shard: the methods behind this
 	// one wait for it, so that their replies follow it (a basic.cancel's
 	// cancel-ok came first). Off the loop, as basic.get waits.
@@ -326,13 +331,20 @@ func (c *conn) onGet(ch *channel, r *reader) error {
 	}
 	cr := &consumer{id: c.srv.NewConsumerID(), ch: ch, q: q, autoAck: noAck, noWait: true, get: make(chan struct{})}
 	c.mu.Lock()
+	if ch.closing || c.dead { // as in onConsume
+		c.mu.Unlock()
+		return nil
+	}
 	if n := len(c.byID); n >= c.srv.MaxConsumersPerConnection() { // a get's message unacked keeps its consumer
 		c.mu.Unlock()
 		return brokerErr(wire.LimitReached, c.srv.ConsumerLimitReason(n))
 	}
 	c.byID[cr.id] = cr
-	c.mu.Unlock()
+	// Under c.mu, as onConsume's: before the connection's Down or not at
+	// all (after it, the get was handed the queue's head for nobody, and
+	// its consumer cancelled holding it).
 	c.srv.Submit(broker.Command{Kind: broker.CmdSubscribe, Queue: q, Sink: c, Spec: queue.ConsumerSpec{ID: cr.id, Owner: queue.OwnerID(c.id), Prefetch: 1, Get: true}})
+	c.mu.Unlock()
 	// On one node the consumer is cancelled before the barrier, right
 	// after its subscribe handed it the head (if any): nothing reaches it
 	// later. Cancelled after the answer, a message published in between

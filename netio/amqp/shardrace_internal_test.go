@@ -353,3 +353,83 @@ func TestRepliesAfterShardClose(t *testing.T) {
 		c.OnClose(nil, nil)
 	}
 }
+
+// barrierSink waits for a queue's shard (a Sink for one CmdBarrier).
+type barrierSink struct {
+	broker.Sink
+	done chan struct{}
+}
+
+func (b barrierSink) Answer(uint64, broker.Result) { close(b.done) }
+
+// settled waits until q's shard has done everything submitted before.
+func settled(t *testing.T, l *Listener, q *broker.Queue) {
+	t.Helper()
+	b := barrierSink{done: make(chan struct{})}
+	l.srv.Submit(broker.Command{Kind: broker.CmdBarrier, Queue: q, Sink: b})
+	select {
+	case <-b.done:
+	case <-time.After(10 * time.Second):
+		t.Fatal("the queue's shard did not answer a barrier")
+	}
+}
+
+// The socket goes (OnClose, on the loop) while an off-loop run handles
+// basic.consumes. A consume the run registered before the close, and
+// submitted after the connection's Down, left the queue a consumer of a
+// connection that is gone: what the queue handed it stayed unacked, for
+// no client, until the broker restarted.
+func TestCloseDuringConsume(t *testing.T) {
+	l := raceListener(t)
+	q, err := l.srv.DeclareQueueAs(&wire.QueueDeclare{Name: broker.QualifyName("", "q")}, 0, "guest")
+	if err != nil {
+		t.Fatal(err)
+	}
+	consume := method2(classBasic, 20, []byte{0, 0, 1, 'q', 0, 8, 0, 0, 0, 0}) // no-wait, a generated tag
+	for i := range raceRounds() {
+		c, _, step := raceConn(t, l)
+		var wg sync.WaitGroup
+		wg.Go(func() { c.OnClose(nil, nil) })
+		for range 16 {
+			step(frameMethod, consume)
+		}
+		wg.Wait()
+		settled(t, l, q)
+		if n := q.ConsumerCount(); n != 0 {
+			t.Fatalf("round %d: the queue has %d consumers of a closed connection", i, n)
+		}
+	}
+}
+
+// The socket goes (OnClose) while an off-loop run handles a basic.get. A
+// get submitted after the connection's Down was handed the queue's head,
+// for nobody (the connection dropped the delivery), and its consumer
+// cancelled holding it: the message stayed unacked until the broker
+// restarted.
+func TestCloseDuringGet(t *testing.T) {
+	l := raceListener(t)
+	q, err := l.srv.DeclareQueueAs(&wire.QueueDeclare{Name: broker.QualifyName("", "q")}, 0, "guest")
+	if err != nil {
+		t.Fatal(err)
+	}
+	pm, hdr, body := publishFrames()
+	get := method2(classBasic, 70, []byte{0, 0, 1, 'q', 0}) // with an ack
+	for i := range raceRounds() {
+		c, _, step := raceConn(t, l)
+		for range 8 {
+			step(frameMethod, pm)
+			step(frameHeader, hdr)
+			step(frameBody, body)
+		}
+		var wg sync.WaitGroup
+		wg.Go(func() { c.OnClose(nil, nil) })
+		for range 8 {
+			step(frameMethod, get)
+		}
+		wg.Wait()
+		settled(t, l, q)
+		if n, want := q.ReadyCount(), int64(8*(i+1)); n != want { // 8 more each round
+			t.Fatalf("round %d: %d messages ready after the getter closed, want %d", i, n, want)
+		}
+	}
+}
