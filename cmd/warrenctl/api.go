@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"net"
 	"net/http"
 	"net/url"
 	"sort"
@@ -41,6 +42,12 @@ func (c *cli) call(method, path string, body any, out any) error {
 	}
 	resp, err := hc.Do(req)
 	if err != nil {
+		var op *net.OpError
+		if c.apiDerived && errors.As(err, &op) && op.Op == "dial" {
+			// Nothing there, at an address warrenctl guessed: say so, and
+			// how to name the right one (warrend's --http address).
+			return fmt.Errorf("admin API at %s (the --url port + 10000, as neither --api nor WARREN_API names one; give warrend's --http address: --api http://HOST:PORT): %w", c.api, err)
+		}
 		return fmt.Errorf("admin API at %s: %w", c.api, err)
 	}
 	defer resp.Body.Close()

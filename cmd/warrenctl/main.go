@@ -100,6 +100,7 @@ type cli struct {
 	// --url's.
 	apiUser, apiPass string
 	apiDefaultUser   bool // neither --url nor --api named a user
+	apiDerived       bool // api is defaultAPI's guess: neither --api nor WARREN_API gave it
 	// vhost is the virtual host --url's path names ("/" when none):
 	// resource commands ask the admin API about it (inVhost) and the
 	// native protocol opens it.
@@ -163,6 +164,7 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdin i
 	c.user, c.pass = user, pass
 	if c.api == "" {
 		c.api = defaultAPI(addr, strings.HasPrefix(c.url, "warrens:"))
+		c.apiDerived = true
 	}
 	c.apiUser, c.apiPass = user, pass
 	c.vhost = "/"

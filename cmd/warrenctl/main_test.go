@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"golang.org/x/crypto/bcrypt"
+	"net"
 	"net/http/httptest"
 	"os"
 	"os/exec"
@@ -230,5 +231,34 @@ func TestDefaultAPI(t *testing.T) {
 		if got := defaultAPI(c.addr, c.tls); got != c.want {
 			t.Errorf("defaultAPI(%q, %v) = %q, want %q", c.addr, c.tls, got, c.want)
 		}
+	}
+}
+
+// An admin API that does not answer at the address warrenctl derived from
+// --url (a warrend started with another --http) is reported with what to
+// do: before, the error named only the guessed address.
+func TestDerivedAPIRefusedSaysHowToNameIt(t *testing.T) {
+	var apiPort int
+	for apiPort <= 10000 { // the admin port is the native one + 10000
+		l, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			t.Fatal(err)
+		}
+		apiPort = l.Addr().(*net.TCPAddr).Port
+		l.Close() // closed: nothing answers there
+	}
+	url := fmt.Sprintf("warren://guest:guest@127.0.0.1:%d", apiPort-10000)
+	var out, errb bytes.Buffer
+	code := run(context.Background(), []string{"--url", url, "queue", "list"},
+		func(string) string { return "" }, strings.NewReader(""), &out, &errb)
+	if code != 1 || !strings.Contains(errb.String(), fmt.Sprintf(":%d", apiPort)) || !strings.Contains(errb.String(), "--api http://HOST:PORT") {
+		t.Fatalf("exit %d, stderr %q: want 1 and a hint to give --api", code, errb.String())
+	}
+	// Given with --api, the address is the user's own: no guess to explain.
+	errb.Reset()
+	code = run(context.Background(), []string{"--url", url, "--api", fmt.Sprintf("http://127.0.0.1:%d", apiPort), "queue", "list"},
+		func(string) string { return "" }, strings.NewReader(""), &out, &errb)
+	if code != 1 || strings.Contains(errb.String(), "--api http://HOST:PORT") {
+		t.Fatalf("exit %d, stderr %q: want 1 without the hint", code, errb.String())
 	}
 }
