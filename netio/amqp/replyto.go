@@ -42,6 +42,10 @@ func (c *conn) onReplyConsume(ch *channel, tag string, noAck, noWait bool) error
 	var tok [18]byte
 	_, _ = rand.Read(tok[:])
 	c.mu.Lock()
+	if ch.closing || c.dead { // a shard closed it since the frame was read, or the socket is gone: dropped
+		c.mu.Unlock()
+		return nil
+	}
 	if tag == "" {
 		c.ctagSeq++
 		tag = "amq.ctag-" + strconv.FormatUint(c.id, 10) + "-" + strconv.Itoa(c.ctagSeq)
@@ -52,10 +56,13 @@ func (c *conn) onReplyConsume(ch *channel, tag string, noAck, noWait bool) error
 	}
 	rc := &replyConsumer{c: c, ch: ch, tag: tag, name: replyPrefix + base64.RawURLEncoding.EncodeToString(tok[:]), vhost: c.vh()}
 	ch.reply = rc
-	c.mu.Unlock()
+	// Listed under c.mu: a close (the channel's release, OnClose) takes
+	// ch.reply under it and then forgets it, so it is forgotten after it
+	// is listed (listed after, it stayed, the connection with it).
 	c.l.replyMu.Lock()
 	c.l.replies[rc.name] = rc
 	c.l.replyMu.Unlock()
+	c.mu.Unlock()
 	if !noWait {
 		c.reply(ch.id, classBasic, 21, func(b []byte) []byte { return putShortstr(b, tag) })
 	}

@@ -433,3 +433,38 @@ func TestCloseDuringGet(t *testing.T) {
 		}
 	}
 }
+
+// A shard closes a channel, or the socket goes (OnClose), while the
+// reader handles basic.consume of amq.rabbitmq.reply-to (and its
+// cancel, again and again). A reply consumer set up after the close had
+// gathered the channel's was never forgotten: the listener's map of
+// reply names kept it, and with it the connection, for the broker's life.
+func TestCloseDuringReplyConsume(t *testing.T) {
+	l := raceListener(t)
+	cancel := method2(classBasic, 30, []byte{1, 'r', 0})
+	consume := method2(classBasic, 20, append([]byte{0, 0, byte(len(replyQueue))}, append([]byte(replyQueue), 1, 'r', 2, 0, 0, 0, 0)...))
+	for i := range raceRounds() {
+		c, ch, step := raceConn(t, l)
+		var wg sync.WaitGroup
+		if i%2 == 0 {
+			wg.Go(func() { shardClose(c, ch) })
+		} else {
+			wg.Go(func() { c.OnClose(nil, nil) })
+		}
+		for range 16 {
+			step(frameMethod, consume)
+			step(frameMethod, cancel)
+		}
+		wg.Wait()
+		step(frameMethod, method2(classChannel, 41, nil))
+		if i%2 == 0 {
+			c.OnClose(nil, nil)
+		}
+		l.replyMu.Lock()
+		n := len(l.replies)
+		l.replyMu.Unlock()
+		if n != 0 {
+			t.Fatalf("round %d: %d reply consumers left after the connection closed", i, n)
+		}
+	}
+}
