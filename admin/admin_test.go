@@ -140,6 +140,11 @@ func TestBadInputIsRefusedWhole(t *testing.T) {
 		{"PUT", "/api/bindings", `{"exchange":"amq.topic","routing_key":"a"}`, 400, "invalid_argument"},
 		{"PUT", "/api/bindings", `{"exchange":"amq.topic","queue":"missing","routing_key":"a"}`, 404, "not_found"},
 		{"PUT", "/api/bindings", `{"exchange":"amq.topic","queue":"missing","routing_key":"` + strings.Repeat("a", 256) + `"}`, 400, "invalid_argument"},
+		// An argument key over 255 bytes (JSON has no bound; the tables
+		// have): the handler panicked encoding it.
+		{"PUT", "/api/exchanges/x", `{"type":"headers","arguments":{"` + strings.Repeat("k", 256) + `":1}}`, 400, "invalid_argument"},
+		{"PUT", "/api/bindings", `{"exchange":"amq.headers","queue":"q0","arguments":{"` + strings.Repeat("k", 256) + `":1}}`, 400, "invalid_argument"},
+		{"DELETE", "/api/bindings", `{"exchange":"amq.headers","queue":"q0","arguments":{"` + strings.Repeat("k", 256) + `":1}}`, 400, "invalid_argument"},
 		{"GET", "/api/queues/missing", ``, 404, "not_found"},
 		{"POST", "/api/queues/missing/purge", ``, 404, "not_found"},
 		{"POST", "/api/queues/missing/get", `{"count":1}`, 404, "not_found"},

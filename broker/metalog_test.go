@@ -452,3 +452,29 @@ func TestMetaLogDeepArgs(t *testing.T) {
 		}
 	}
 }
+
+// TestArgsLongKey: arguments with a key over 255 bytes (the admin API's
+// JSON arguments may have one; both protocols' keys are short strings)
+// are refused before anything is encoded: encoding one panicked (the
+// admin API's request got no answer but a closed connection).
+func TestArgsLongKey(t *testing.T) {
+	n := openMetaNode(t, segment.NewMemFS(), 0)
+	defer n.close(t)
+	long := wire.Table{{Key: strings.Repeat("k", 256), Value: wire.String("v")}}
+	if _, err := n.b.DeclareQueue(wire.QueueDeclare{Name: "q", Durable: true}); err != nil {
+		t.Fatal(err)
+	}
+	for what, err := range map[string]error{
+		"exchange declare": n.b.DeclareExchangeAs(&wire.ExchangeDeclare{Name: "hx", Kind: wire.ExchangeHeaders, Durable: true, Args: long}, ""),
+		"bind":             n.b.Bind(wire.Bind{Source: "amq.headers", Destination: "q", Args: long}),
+		"unbind":           n.b.Bind(wire.Bind{Unbind: true, Source: "amq.headers", Destination: "q", Args: long}),
+	} {
+		var we *wire.Error
+		if !errors.As(err, &we) || we.Code != wire.InvalidArgument || !strings.Contains(we.Reason, "key of 256 bytes") {
+			t.Errorf("%s with an argument key of 256 bytes: %v, want invalid_argument", what, err)
+		}
+	}
+	if _, err := n.b.DeclareQueue(wire.QueueDeclare{Name: "q2", Durable: true, Args: long}); err == nil {
+		t.Errorf("a queue declared with an argument key of 256 bytes")
+	}
+}

@@ -4,6 +4,7 @@ import (
 	"crypto/rand"
 	"encoding/base64"
 	"encoding/binary"
+	"errors"
 	"fmt"
 	"github.com/warren-mq/warren/internal/ratelog"
 	"log/slog"
@@ -661,6 +662,17 @@ func (t *topology) lookupQueue(name string) *Queue {
 const MaxBindingArgsLen = 65535
 
 func (t *topology) bind(b *wire.Bind, who Requester) error {
+	depth := wire.MaxTableDepth
+	if b.Unbind {
+		// An unbind is logged as a bind is, so its arguments must read
+		// back too; but a binding recovered from a log written before
+		// storableArgs may nest as deep as that log's decoder reads, and
+		// removing it must stay possible.
+		depth = legacyMetaTableDepth
+	}
+	if err := storableArgsNested("binding arguments", b.Args, depth); err != nil {
+		return err
+	}
 	if !b.Unbind { // an unbind of what exists is never refused
 		if n := len(b.RoutingKey); n > wire.MaxNameLen {
 			return reqErr(wire.InvalidArgument, "binding key of %d bytes: at most %d (a routing key is at most %d bytes, so a longer one matches nothing)", n, wire.MaxNameLen, wire.MaxNameLen)
@@ -670,19 +682,6 @@ func (t *topology) bind(b *wire.Bind, who Requester) error {
 				return reqErr(wire.InvalidArgument, "binding arguments of %d bytes (encoded): at most %d", n, MaxBindingArgsLen)
 			}
 		}
-	}
-	if b.Unbind {
-		// An unbind is logged as a bind is, so its arguments must read
-		// back too; but a binding recovered from a log written before
-		// storableArgs may nest as deep as that log's decoder reads, and
-		// removing it must stay possible.
-		if len(b.Args) > 0 {
-			if _, err := wire.DecodeTableNested(wire.AppendTable(nil, b.Args)[4:], legacyMetaTableDepth); err != nil {
-				return reqErr(wire.InvalidArgument, "binding arguments nest tables or arrays more than %d levels deep", legacyMetaTableDepth)
-			}
-		}
-	} else if err := storableArgs("binding arguments", b.Args); err != nil {
-		return err
 	}
 	if cl := t.cl.Load(); cl != nil {
 		return t.clusterChange(cl, &MetaCommand{Op: MetaBind, User: who.User, Admin: who.Admin, Conn: who.Conn, Bind: *b}).Err()
@@ -710,20 +709,29 @@ func (t *topology) snapshotQueues() []*Queue {
 	return qs
 }
 
-// storableArgs refuses arguments the metadata log could not read back:
-// a table whose encoding Warren's decoder refuses (nested deeper than
-// wire.MaxTableDepth; the native front cannot send one, the AMQP front's
-// field tables may nest to 16). Checked before the command is logged or
+// storableArgs refuses arguments the metadata log could not read back
+// (wire.CheckTable): a table nested deeper than wire.MaxTableDepth (the
+// native front cannot send one, the AMQP front's field tables may nest
+// to 16), or with a key longer than 255 bytes, which the encoding cannot
+// hold (the admin API's JSON arguments may have one; encoding it
+// panicked). Checked before the command is logged or
 // proposed: a cluster's log holds a command before its machine sees it,
 // and an entry that does not decode stops every node's recovery.
 func storableArgs(what string, args wire.Table) error {
-	if len(args) == 0 {
+	return storableArgsNested(what, args, wire.MaxTableDepth)
+}
+
+// storableArgsNested is storableArgs with nesting to depth levels (an
+// unbind's: as deep as the metadata decoder reads).
+func storableArgsNested(what string, args wire.Table, depth int) error {
+	err := wire.CheckTableNested(args, depth)
+	if err == nil {
 		return nil
 	}
-	if err := wire.ValidateTable(wire.AppendTable(nil, args)); err != nil {
-		return reqErr(wire.InvalidArgument, "%s nest tables or arrays more than %d levels deep", what, wire.MaxTableDepth)
+	if we := (*wire.Error)(nil); errors.As(err, &we) && we.Code == wire.InvalidArgument {
+		return reqErr(wire.InvalidArgument, "%s: %s", what, we.Reason)
 	}
-	return nil
+	return reqErr(wire.InvalidArgument, "%s nest tables or arrays more than %d levels deep", what, depth)
 }
 
 // checkXMatch refuses a headers binding whose x-match is not "all" or

@@ -118,6 +118,61 @@ func appendValue(dst []byte, v *Value) []byte {
 	return dst
 }
 
+// CheckTable says whether AppendTable can encode t as a table that
+// DecodeTable reads back: every key at most 255 bytes (a str8), every
+// value of a known kind, tables and arrays nested at most MaxTableDepth
+// levels (t itself is the first). A table built from a peer's JSON, or
+// from an AMQP field table (nested to 16), may be none of these; encoding
+// such a table panics or writes what no decoder takes back. It allocates
+// nothing.
+func CheckTable(t Table) error { return checkFields(t, 1, MaxTableDepth) }
+
+// CheckTableNested is CheckTable with tables and arrays nested up to
+// maxDepth levels (at least MaxTableDepth), as DecodeTableNested reads
+// them.
+func CheckTableNested(t Table, maxDepth int) error {
+	return checkFields(t, 1, max(maxDepth, MaxTableDepth))
+}
+
+func checkFields(t Table, depth, maxDepth int) error {
+	if depth > maxDepth {
+		return errTableDepth
+	}
+	for i := range t {
+		if n := len(t[i].Key); n > math.MaxUint8 {
+			return &Error{InvalidArgument, "table key of " + strconv.Itoa(n) + " bytes: at most 255"}
+		}
+		if err := checkValue(&t[i].Value, depth, maxDepth); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+func checkValue(v *Value, depth, maxDepth int) error {
+	switch v.Kind {
+	case KindNull, KindBool, KindInt, KindFloat, KindTimestamp:
+	case KindString, KindBytes:
+		if uint64(len(v.Bytes)) > math.MaxUint32 {
+			return &Error{InvalidArgument, "table value of 4 GiB or more"}
+		}
+	case KindTable:
+		return checkFields(v.Table, depth+1, maxDepth)
+	case KindArray:
+		if depth+1 > maxDepth {
+			return errTableDepth
+		}
+		for i := range v.Array {
+			if err := checkValue(&v.Array[i], depth+1, maxDepth); err != nil {
+				return err
+			}
+		}
+	default:
+		return errValueType
+	}
+	return nil
+}
+
 // table reads a u32-length-prefixed table and returns the raw entries,
 // validated to the depth limit, without allocating.
 func (r *reader) table() []byte {
