@@ -403,6 +403,12 @@ func (t *topology) clusterChange(cl *metaCluster, c *MetaCommand) MetaResult {
 	t.mu.Lock()
 	c.NowMs = t.now()
 	t.mbuf = AppendMetaCommand(t.mbuf[:0], c)
+	if _, err := DecodeMetaCommand(t.mbuf); err != nil {
+		// Never proposed: every node would stop at it, now and at each
+		// start. The fronts' checks should have refused it first.
+		t.mu.Unlock()
+		return refuse(wire.InvalidArgument, "the change cannot be stored in the metadata log: "+err.Error())
+	}
 	seq := cl.g.Add(t.mbuf)
 	cl.waiting[seq] = struct{}{}
 	t.mu.Unlock()

@@ -33,18 +33,8 @@ func (m *Meta) putUser(c *MetaCommand) (MetaResult, []MetaEffect) {
 	if !c.Admin {
 		return refuse(wire.AccessRefused, "changing users needs the administrator tag"), nil
 	}
-	switch {
-	case u.Name == "" || len(u.Name) > maxUserName:
-		return refuse(wire.InvalidArgument, "a user name is 1 to "+strconv.Itoa(maxUserName)+" bytes"), nil
-	case u.PasswordHash == "" || len(u.PasswordHash) > maxUserHash:
-		return refuse(wire.InvalidArgument, "user "+strconv.Quote(u.Name)+" needs a password hash of 1 to "+strconv.Itoa(maxUserHash)+" bytes"), nil
-	case len(u.Tags) > maxUserTags:
-		return refuse(wire.InvalidArgument, "user "+strconv.Quote(u.Name)+": at most "+strconv.Itoa(maxUserTags)+" tags"), nil
-	}
-	for _, t := range u.Tags {
-		if t == "" || len(t) > maxUserTag {
-			return refuse(wire.InvalidArgument, "user "+strconv.Quote(u.Name)+": a tag is 1 to "+strconv.Itoa(maxUserTag)+" bytes"), nil
-		}
+	if err := checkMetaUser(u); err != nil {
+		return refuseErr(err), nil
 	}
 	old, exists := m.users[u.Name]
 	if exists && (c.IfAbsent || (old.PasswordHash == u.PasswordHash && slices.Equal(old.Tags, u.Tags))) {
@@ -56,6 +46,27 @@ func (m *Meta) putUser(c *MetaCommand) (MetaResult, []MetaEffect) {
 	nu := MetaUser{Name: u.Name, PasswordHash: u.PasswordHash, Tags: slices.Clone(u.Tags)}
 	m.users[u.Name] = &nu
 	return MetaResult{}, []MetaEffect{{Kind: EffUserPut, Name: u.Name}}
+}
+
+// checkMetaUser checks a user's bounds (its name, hash and tags): by the
+// metadata machine, and before the command is logged or proposed (the
+// metadata decoder refuses a user of more than maxUserTags tags: in a
+// cluster, a command is in every node's log before any machine sees it).
+func checkMetaUser(u *MetaUser) error {
+	switch {
+	case u.Name == "" || len(u.Name) > maxUserName:
+		return reqErr(wire.InvalidArgument, "a user name is 1 to %d bytes", maxUserName)
+	case u.PasswordHash == "" || len(u.PasswordHash) > maxUserHash:
+		return reqErr(wire.InvalidArgument, "user %s needs a password hash of 1 to %d bytes", strconv.Quote(u.Name), maxUserHash)
+	case len(u.Tags) > maxUserTags:
+		return reqErr(wire.InvalidArgument, "user %s: at most %d tags", strconv.Quote(u.Name), maxUserTags)
+	}
+	for _, t := range u.Tags {
+		if t == "" || len(t) > maxUserTag {
+			return reqErr(wire.InvalidArgument, "user %s: a tag is 1 to %d bytes", strconv.Quote(u.Name), maxUserTag)
+		}
+	}
+	return nil
 }
 
 func (m *Meta) deleteUser(c *MetaCommand) (MetaResult, []MetaEffect) {

@@ -63,11 +63,8 @@ func (m *Meta) putVhost(c *MetaCommand) (MetaResult, []MetaEffect) {
 	if !c.Admin {
 		return refuse(wire.AccessRefused, "changing virtual hosts needs the administrator tag"), nil
 	}
-	if err := checkVhostName(v.Name); err != nil {
+	if err := checkMetaVhost(&v); err != nil {
 		return refuseErr(err), nil
-	}
-	if v.MaxQueues < 0 || v.MaxConnections < 0 {
-		return refuse(wire.InvalidArgument, "virtual host limits are 0 (none) or more"), nil
 	}
 	old, exists := m.vhosts[v.Name]
 	if exists && (c.IfAbsent || *old == v) {
@@ -90,6 +87,19 @@ func (m *Meta) putVhost(c *MetaCommand) (MetaResult, []MetaEffect) {
 		}
 	}
 	return MetaResult{}, effs
+}
+
+// checkMetaVhost checks a vhost's name and limits: by the metadata
+// machine, and before the command is logged or proposed (the metadata
+// decoder refuses a negative limit).
+func checkMetaVhost(v *MetaVhost) error {
+	if err := checkVhostName(v.Name); err != nil {
+		return err
+	}
+	if v.MaxQueues < 0 || v.MaxConnections < 0 {
+		return reqErr(wire.InvalidArgument, "virtual host limits are 0 (none) or more")
+	}
+	return nil
 }
 
 // deleteVhost removes a vhost and everything in it: its queues (the

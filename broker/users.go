@@ -77,6 +77,18 @@ func (b *Broker) DeleteUser(ctx context.Context, name string) error {
 
 func (b *Broker) userCommand(ctx context.Context, c *MetaCommand) error {
 	t := b.topo
+	// Bounds before the log: in a cluster the command is proposed, and in
+	// every node's log, before any machine could refuse it.
+	switch c.Op {
+	case MetaPutUser:
+		if err := checkMetaUser(&c.Account); err != nil {
+			return err
+		}
+	case MetaPutVhost:
+		if err := checkMetaVhost(&c.Vhost); err != nil {
+			return err
+		}
+	}
 	if cl := t.cl.Load(); cl != nil {
 		return t.clusterChange(cl, c).Err()
 	}
