@@ -145,6 +145,9 @@ func TestBadInputIsRefusedWhole(t *testing.T) {
 		{"PUT", "/api/exchanges/x", `{"type":"headers","arguments":{"` + strings.Repeat("k", 256) + `":1}}`, 400, "invalid_argument"},
 		{"PUT", "/api/bindings", `{"exchange":"amq.headers","queue":"q0","arguments":{"` + strings.Repeat("k", 256) + `":1}}`, 400, "invalid_argument"},
 		{"DELETE", "/api/bindings", `{"exchange":"amq.headers","queue":"q0","arguments":{"` + strings.Repeat("k", 256) + `":1}}`, 400, "invalid_argument"},
+		// A routing key over 255 bytes: a dead letter of it panicked the
+		// broker (PublishOne refuses it).
+		{"POST", "/api/exchanges/amq.direct/publish", `{"routing_key":"` + strings.Repeat("r", 256) + `","payload":"m"}`, 400, "invalid_argument"},
 		{"GET", "/api/queues/missing", ``, 404, "not_found"},
 		{"POST", "/api/queues/missing/purge", ``, 404, "not_found"},
 		{"POST", "/api/queues/missing/get", `{"count":1}`, 404, "not_found"},

@@ -18,6 +18,12 @@ import (
 // It is the admin API's "publish a test message": one message, no hot
 // path; the broker's memory alarm is the caller's to check.
 func (b *Broker) PublishOne(ctx context.Context, exchange, rk string, props, body []byte, priority uint8) (int, error) {
+	if len(rk) > wire.MaxNameLen {
+		// As both protocols bound it: a death record holds the key as a
+		// short string, and a durable queue's log form its length in 16
+		// bits.
+		return 0, reqErr(wire.InvalidArgument, "routing key of %d bytes: at most %d", len(rk), wire.MaxNameLen)
+	}
 	var p wire.Properties
 	if err := wire.ParseProperties(props, &p); err != nil {
 		return 0, reqErr(wire.InvalidArgument, "bad message properties: %v", err)

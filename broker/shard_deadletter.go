@@ -13,7 +13,7 @@ type DLDrop uint8
 const (
 	dlNoExchange    DLDrop = iota // the dead-letter exchange does not exist
 	dlBadProperties               // its stored properties do not parse (a bug if it happens)
-	dlTooLarge                    // its death history would not fit the property block (65,535 bytes, 255 records)
+	dlTooLarge                    // its death history would not fit the property block (65,535 bytes, 255 records, names of 255 bytes)
 	dlUnroutable                  // the exchange routed it to no queue
 	dlCycle                       // every target would close a dead-letter cycle (queue.DeadLetterCycle)
 	dlTargetRefused               // the target queue was deleted meanwhile or refused it (reject-publish)
@@ -78,7 +78,10 @@ func (s *shard) deadLetterTo(q *Queue, msg *StoredMsg, reason wire.DeathReason, 
 		oldDeathsLen = 3 + len(props.Deaths)
 	}
 	deaths = queue.RecordDeath(deaths, LocalName(q.name), reason, at, string(msg.Exchange()), []string{string(msg.RoutingKey())})
-	if len(deaths) > 255 {
+	// A death record holds names as short strings: a routing key over 255
+	// bytes is one an older version's admin API let through (PublishOne
+	// refuses it now), in a log this node must still recover from.
+	if len(deaths) > 255 || len(msg.RoutingKey()) > wire.MaxNameLen || len(msg.Exchange()) > wire.MaxNameLen {
 		s.dropDeadLetter(q, dlx, dlTooLarge)
 		return
 	}
