@@ -148,6 +148,11 @@ func TestBadInputIsRefusedWhole(t *testing.T) {
 		// A routing key over 255 bytes: a dead letter of it panicked the
 		// broker (PublishOne refuses it).
 		{"POST", "/api/exchanges/amq.direct/publish", `{"routing_key":"` + strings.Repeat("r", 256) + `","payload":"m"}`, 400, "invalid_argument"},
+		// Properties the property block cannot hold: the handler
+		// panicked encoding them.
+		{"POST", "/api/exchanges/amq.direct/publish", `{"routing_key":"r","payload":"m","properties":{"content_type":"` + strings.Repeat("c", 65536) + `"}}`, 400, "invalid_argument"},
+		{"POST", "/api/exchanges/amq.direct/publish", `{"routing_key":"r","payload":"m","properties":{"headers":[{"Key":"k","Value":{"Kind":99}}]}}`, 400, "invalid_argument"},
+		{"POST", "/api/exchanges/amq.direct/publish", `{"routing_key":"r","payload":"m","properties":{"deaths":[` + strings.Repeat(`{"queue":"q","reason":1},`, 255) + `{"queue":"q","reason":1}]}}`, 400, "invalid_argument"},
 		{"GET", "/api/queues/missing", ``, 404, "not_found"},
 		{"POST", "/api/queues/missing/purge", ``, 404, "not_found"},
 		{"POST", "/api/queues/missing/get", `{"count":1}`, 404, "not_found"},

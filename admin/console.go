@@ -226,6 +226,10 @@ func (a *API) publish(w http.ResponseWriter, r *http.Request) {
 		exchange = ""
 	}
 	exchange = broker.QualifyName(reqVhost(r), exchange) // "" in a vhost: its default exchange
+	if err := wire.CheckProps(body.Properties); err != nil {
+		writeErr(w, err) // what AppendProps cannot encode: it panicked
+		return
+	}
 	props := wire.AppendProps(nil, body.Properties)[2:]
 	ctx, cancel := context.WithTimeout(r.Context(), 30*time.Second)
 	defer cancel()

@@ -27,6 +27,62 @@ type Props struct {
 	Unknown         []byte  `json:"unknown,omitempty"` // raw entries with ids above 12
 }
 
+// CheckProps says whether AppendProps can encode p (nil is an empty
+// block): each string at most 65,535 bytes, the headers a table
+// CheckTable accepts, at most 255 death records whose queue, exchange and
+// routing keys (at most 255) are each at most 255 bytes, and the whole
+// block at most MaxPropertiesLen bytes. AppendProps panics on anything
+// else; a Props decoded from a peer's JSON (the admin API's publish) may
+// be anything. The error is an InvalidArgument *Error.
+func CheckProps(p *Props) error {
+	if p == nil {
+		return nil
+	}
+	bad := func(what string) error { return &Error{InvalidArgument, "message properties: " + what} }
+	n := len(p.Unknown)
+	for _, s := range [...]string{p.ContentType, p.ContentEncoding, p.MessageID, p.CorrelationID, p.ReplyTo, p.Type, p.UserID, p.AppID} {
+		if len(s) > MaxPropertiesLen {
+			return bad(fmt.Sprintf("a string of %d bytes (at most %d)", len(s), MaxPropertiesLen))
+		}
+		if s != "" {
+			n += 3 + len(s)
+		}
+	}
+	if p.ExpirationMs != nil {
+		n += 3 + 4
+	}
+	if p.TimestampMs != nil {
+		n += 3 + 8
+	}
+	if len(p.Headers) > 0 {
+		if err := CheckTable(p.Headers); err != nil {
+			return bad("headers: " + err.(*Error).Reason)
+		}
+		n += 3 + len(AppendTable(nil, p.Headers)) - 4
+	}
+	if len(p.Deaths) > 255 {
+		return bad(fmt.Sprintf("%d death records (at most 255)", len(p.Deaths)))
+	}
+	for i := range p.Deaths {
+		d := &p.Deaths[i]
+		if len(d.Queue) > MaxNameLen || len(d.Exchange) > MaxNameLen || len(d.RoutingKeys) > 255 {
+			return bad("a death record's queue or exchange over 255 bytes, or over 255 routing keys")
+		}
+		for _, k := range d.RoutingKeys {
+			if len(k) > MaxNameLen {
+				return bad(fmt.Sprintf("a death record's routing key of %d bytes (at most %d)", len(k), MaxNameLen))
+			}
+		}
+	}
+	if len(p.Deaths) > 0 {
+		n += 3 + len(AppendDeaths(nil, p.Deaths))
+	}
+	if n > MaxPropertiesLen {
+		return bad(fmt.Sprintf("%d bytes encoded (at most %d)", n, MaxPropertiesLen))
+	}
+	return nil
+}
+
 // AppendProps appends the u16-length-prefixed property block for p (nil:
 // an empty block).
 func AppendProps(dst []byte, p *Props) []byte {
