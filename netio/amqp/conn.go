@@ -699,6 +699,7 @@ func (c *conn) claimClose(ch *channel, ae *amqpError) (release, bool) {
 func (c *conn) dropPub(ch *channel) {
 	if ch.pub != nil {
 		c.dropPending(ch.pub)
+		*ch.pub = pending{} // its arena with it (publish)
 		ch.pub = nil
 	}
 }

@@ -98,6 +98,11 @@ func (c *conn) publish(ch *channel) error {
 	pub := ch.pub
 	ch.pub = nil
 	c.dropPending(pub)
+	// Once routed (or refused), the channel's pending keeps no view of
+	// the message: an idle channel kept its last one (up to the max
+	// message size) alive after its queues let it go, unseen by the
+	// stored-bytes count the memory alarm reads.
+	defer func() { *pub = pending{} }()
 	// The bounds on what this connection makes the broker hold (its
 	// publishes in flight, the memory alarm) were checked before the
 	// basic.publish was read (conn.mustWait).
