@@ -117,14 +117,17 @@ soak: soak-segment soak-replication soak-sim soak-crash soak-kill
 bench-segment:
 	$(GO) test -run '^$$' -bench . -benchmem -benchtime 2s ./segment
 
-# Fuzz the frame decoder, the queue command decoder and the AMQP front (its
+# Fuzz the frame decoder, the queue command decoder, the AMQP front (its
 # field tables, content headers and queue arguments, and a broker fed a
-# client's bytes after the handshake, raw and as well-framed frames);
+# client's bytes after the handshake, raw and as well-framed frames) and the
+# metadata log (topology, users and vhosts requested as the fronts make them:
+# every command must decode as encoded, and a restart recover the state);
 # FUZZTIME=10m make fuzz for a longer run.
 FUZZTIME ?= 60s
 fuzz:
 	$(GO) test -run '^$$' -fuzz=FuzzDecode -fuzztime=$(FUZZTIME) ./wire
 	$(GO) test -run '^$$' -fuzz=FuzzDecodeCommand -fuzztime=$(FUZZTIME) ./queue
+	$(GO) test -run '^$$' -fuzz='^FuzzMetaLog$$' -fuzztime=$(FUZZTIME) -parallel 1 ./broker
 	$(GO) test -run '^$$' -fuzz='^FuzzParseTable$$' -fuzztime=$(FUZZTIME) -parallel 1 ./netio/amqp
 	$(GO) test -run '^$$' -fuzz='^FuzzParseHeader$$' -fuzztime=$(FUZZTIME) -parallel 1 ./netio/amqp
 	$(GO) test -run '^$$' -fuzz='^FuzzQueueArgs$$' -fuzztime=$(FUZZTIME) -parallel 1 ./netio/amqp
