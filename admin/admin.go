@@ -43,10 +43,12 @@ type API struct {
 
 	clusterNodes func() []ClusterNode // cluster.go (SetClusterNodes)
 
-	// lists holds a slot per whole list being built (lists.go), listWait
-	// how long a request waits for one.
-	lists    chan struct{}
-	listWait time.Duration
+	// lists holds a slot per whole list being built, listBytes the
+	// answers built and not yet written (lists.go), listWait how long a
+	// request waits for either.
+	lists     chan struct{}
+	listBytes listBudget
+	listWait  time.Duration
 
 	// PasswordCost is the bcrypt cost of the hashes PUT /api/users makes
 	// from a password (0: bcrypt.DefaultCost). Tests lower it: a cost-10
@@ -167,12 +169,10 @@ func rate(cur, prev uint64, dt float64) float64 {
 // overview sums the broker's state: the queues' from the broker, the
 // connections' from the connection layer.
 func (a *API) overview() api.Overview {
+	// Totals sums without a copy of every queue's counts: the overview
+	// is polled by every open console page.
 	t, c := a.b.Totals(), a.conns.ConnectionStats()
-	var redelivered, deadLettered uint64
-	for _, q := range a.b.Queues() {
-		redelivered += q.Redelivered
-		deadLettered += q.DeadLettered
-	}
+	redelivered, deadLettered := t.Redelivered, t.DeadLettered
 	a.mu.Lock()
 	rates := a.total
 	a.mu.Unlock()

@@ -52,3 +52,40 @@ func TestWholeListsBounded(t *testing.T) {
 		t.Fatalf("%d slots taken after the lists were answered, want the test's %d", n, admin.MaxWholeLists-1)
 	}
 }
+
+// The answers built and not yet written hold at most admin's
+// maxListBytes: with the budget full (as by answers a slow client has not
+// read), a list is built but refused 503 naming the bound, and its build
+// slot is given back; with the budget free the same list is answered and
+// its bytes given back once written.
+func TestListBytesBounded(t *testing.T) {
+	srv := warrentest.StartServer(t, nil)
+	a := admin.New(srv.Broker, warrentest.AdminConnections(srv), nil, time.Hour)
+	t.Cleanup(a.Close)
+	a.SetListWait(20 * time.Millisecond)
+	get := func(path string) (int, string) {
+		t.Helper()
+		req := httptest.NewRequest("GET", path, nil)
+		req.SetBasicAuth("guest", "guest")
+		req.RemoteAddr = "127.0.0.1:1"
+		rec := httptest.NewRecorder()
+		a.ServeHTTP(rec, req)
+		return rec.Code, rec.Body.String()
+	}
+	a.HoldListBytes(admin.MaxListBytes)
+	code, body := get("/api/exchanges")
+	if code != http.StatusServiceUnavailable || !strings.Contains(body, "not yet read by their clients") {
+		t.Fatalf("a list with the answers' budget full: %d %s, want 503 naming the bound", code, body)
+	}
+	if n := a.WholeListsHeld(); n != 0 {
+		t.Fatalf("%d build slots held after the refusal", n)
+	}
+	a.GiveListBytes(admin.MaxListBytes)
+	if code, body := get("/api/exchanges"); code != 200 || !strings.Contains(body, "amq.direct") {
+		t.Fatalf("a list with the budget free: %d %s", code, body)
+	}
+	if n := a.ListBytesHeld(); n != 0 {
+		t.Fatalf("%d bytes held after the answer was written", n)
+	}
+}
+

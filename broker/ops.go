@@ -266,6 +266,8 @@ type Totals struct {
 	Exchanges, Queues           int
 	Ready, Unacked, Consumers   int64
 	Published, Delivered, Acked uint64
+	// Redelivered and DeadLettered sum the live queues' only.
+	Redelivered, DeadLettered uint64
 }
 
 // Totals returns the broker-wide counts.
@@ -284,6 +286,8 @@ func (b *Broker) Totals() Totals {
 		t.Published += q.Published
 		t.Delivered += q.Delivered
 		t.Acked += q.Acked
+		t.Redelivered += q.Redelivered
+		t.DeadLettered += q.DeadLettered
 	}
 	return t
 }
