@@ -368,14 +368,18 @@ func (c *conn) onGet(ch *channel, r *reader) error {
 		}
 	}
 	c.mu.Lock()
-	got, qtag := cr.got, cr.getQTag
+	got, qtag, lost, lostQTag := cr.got, cr.getQTag, cr.lost, cr.lostQTag
 	c.mu.Unlock()
 	// Cancelled first: its prefetch of 1 is full while it holds its
 	// message, so nothing more is handed to it (an ack first freed it,
 	// the queue handed it the next message and the cancel requeued that
 	// one, counted as delivered).
+	// A message handed over once the channel was closing (lost) went to
+	// no client: the cancel returns it, or (cancelled already) a settle.
 	if !local {
-		c.srv.Submit(broker.Command{Kind: broker.CmdCancel, Queue: q, Consumer: cr.id, Requeue: !got})
+		c.srv.Submit(broker.Command{Kind: broker.CmdCancel, Queue: q, Consumer: cr.id, Requeue: !got || lost})
+	} else if lost {
+		c.srv.Submit(broker.Command{Kind: broker.CmdSettle, Settles: []broker.SettleItem{{Q: q, Consumer: cr.id, Op: wire.SettleRequeue, QTag: lostQTag}}})
 	}
 	if got && noAck {
 		c.srv.Submit(broker.Command{Kind: broker.CmdSettle, Settles: []broker.SettleItem{{Q: q, Consumer: cr.id, Op: wire.SettleAck, QTag: qtag}}})

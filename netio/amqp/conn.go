@@ -210,8 +210,12 @@ type consumer struct {
 	subscribed chan struct{}
 	// A basic.get's consumer: get is closed once answered; got says a
 	// message was handed over (its tags), answered that the answer went out.
-	get             chan struct{}
-	got, answered   bool
+	get           chan struct{}
+	got, answered bool
+	// lost: a message handed over once the channel was closing (no tag
+	// given, no client has it): onGet returns it.
+	lost            bool
+	lostQTag        uint64
 	getTag, getQTag uint64
 }
 

@@ -468,3 +468,49 @@ func TestCloseDuringReplyConsume(t *testing.T) {
 		}
 	}
 }
+
+// A shard closes a channel (another consume of it refused) while the
+// reader handles basic.gets on it. A message the queue handed a get
+// after the close (the first, or one more once the close returned the
+// first) was given no tag (the channel closing, Deliver dropped it, as
+// a consumer's, which the channel's cancel returns) and the get's
+// consumer, cancelled without requeue, kept it: held, for no client,
+// until the connection closed.
+func TestShardCloseDuringGets(t *testing.T) {
+	l := raceListener(t)
+	q, err := l.srv.DeclareQueueAs(&wire.QueueDeclare{Name: broker.QualifyName("", "q")}, 0, "guest")
+	if err != nil {
+		t.Fatal(err)
+	}
+	pm, hdr, body := publishFrames()
+	ae := chErr(accessRefused, "ACCESS_REFUSED - queue 'q' in exclusive use")
+	ae.class, ae.method = classBasic, 20
+	for i := range raceRounds() {
+		c, ch, step := raceConn(t, l)
+		for range 8 {
+			step(frameMethod, pm)
+			step(frameHeader, hdr)
+			step(frameBody, body)
+		}
+		var wg sync.WaitGroup
+		wg.Go(func() { c.closeChannel(ch, ae) }) // as a shard's close, its release submitted before it returns
+		for range 8 {
+			step(frameMethod, method2(classBasic, 70, []byte{0, 0, 1, 'q', 0})) // with an ack
+		}
+		wg.Wait()
+		settled(t, l, q)
+		if n := q.ReadyCount(); n != 8 {
+			t.Fatalf("round %d: %d messages ready after the getter's channel closed, want 8", i, n)
+		}
+		step(frameMethod, method2(classChannel, 41, nil))
+		c.OnClose(nil, nil)
+		// The next round gets 8 of its own.
+		settled(t, l, q)
+		d, _, dstep := raceConn(t, l)
+		for q.ReadyCount() > 0 {
+			dstep(frameMethod, method2(classBasic, 70, []byte{0, 0, 1, 'q', 1})) // no-ack
+			settled(t, l, q)
+		}
+		d.OnClose(nil, nil)
+	}
+}

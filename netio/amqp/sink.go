@@ -57,7 +57,15 @@ func (c *conn) Deliver(ds []broker.Delivery) {
 	for i := range ds {
 		d := &ds[i]
 		cr := c.byID[d.Consumer]
-		if cr == nil || cr.ch.closing {
+		if cr == nil {
+			continue
+		}
+		if cr.ch.closing {
+			if cr.get != nil && !cr.answered && !cr.lost {
+				// A get's message handed over after its channel's release,
+				// which did not know of it: onGet returns it.
+				cr.lost, cr.lostQTag = true, d.QTag
+			}
 			continue // the channel's cancel returns them
 		}
 		ch := cr.ch
