@@ -514,3 +514,26 @@ func TestShardCloseDuringGets(t *testing.T) {
 		d.OnClose(nil, nil)
 	}
 }
+
+// A shard confirms a transactional channel's committed publishes
+// (Confirm reads ch.tx under c.mu) while the reader handles tx.select on
+// it again, which wrote ch.tx without the lock: a data race.
+func TestConfirmDuringTxSelect(t *testing.T) {
+	l := raceListener(t)
+	for range raceRounds() {
+		c, ch, step := raceConn(t, l)
+		step(frameMethod, method2(classTx, 10, nil))
+		b := &broker.PublishBatch{Sink: c, Ch: ch.id, FirstSeq: (ch.gen&(1<<24-1))<<40 | 1, Codes: make([]uint32, 1)}
+		var wg sync.WaitGroup
+		wg.Go(func() {
+			for range 32 {
+				c.Confirm(b)
+			}
+		})
+		for range 32 {
+			step(frameMethod, method2(classTx, 10, nil))
+		}
+		wg.Wait()
+		c.OnClose(nil, nil)
+	}
+}

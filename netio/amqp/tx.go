@@ -33,7 +33,9 @@ func (c *conn) onTx(ch *channel, id uint16) error {
 		if ch.confirm {
 			return chErr(preconditionFailed, "PRECONDITION_FAILED - cannot switch from confirm to tx mode")
 		}
+		c.mu.Lock() // Confirm reads it (a commit's confirms)
 		ch.tx = true
+		c.mu.Unlock()
 		c.reply(ch.id, classTx, 11, nil)
 		return nil
 	case 20, 30: // commit, rollback
