@@ -287,7 +287,7 @@ func (c *conn) Deliver(ds []broker.Delivery) {
 			}
 			out = wire.AppendDelivery(out, &wire.Delivery{
 				Tag: tag, Flags: fl, Priority: msg.Priority, DeliveryCount: d.DeliveryCount, FailedCount: d.FailedCount,
-				Exchange: msg.Exchange(), RoutingKey: msg.RoutingKey(), Properties: msg.Props(), Body: msg.Body(),
+				Exchange: short(msg.Exchange()), RoutingKey: short(msg.RoutingKey()), Properties: msg.Props(), Body: msg.Body(),
 			})
 			if cr.autoAck {
 				ch.pushTag(tagEntry{state: tagAuto})
@@ -329,4 +329,15 @@ func (c *conn) LeaseExpired(id queue.ConsumerID, qtag uint64) {
 	}
 	c.out = wire.AppendFrame(c.out, cr.ch.id, &wire.LeaseExpired{ConsumerTag: cr.tag, Tags: []uint64{chTag}})
 	c.flushLocked()
+}
+
+// short cuts a stored name to the 255 bytes of a frame's short string, as
+// the AMQP front writes it: a message stored before the admin API's
+// publish bounded its routing key may hold a longer one, which
+// wire.AppendDelivery would panic on.
+func short(b []byte) []byte {
+	if len(b) > wire.MaxNameLen {
+		return b[:wire.MaxNameLen]
+	}
+	return b
 }
