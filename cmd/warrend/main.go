@@ -171,7 +171,7 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdin i
 	listen := fs.String("listen", "", "native protocol address (default 127.0.0.1:5680; env WARREN_LISTEN)")
 	amqpListen := fs.String("amqp-listen", "", "AMQP 0-9-1 address, e.g. 127.0.0.1:5672 (default off; env WARREN_AMQP_LISTEN)")
 	httpAddr := fs.String("http", "", "HTTP address for the web console (/), the admin API (/api/), /metrics, /healthz and /readyz (default 127.0.0.1:15680; env WARREN_HTTP); off serves them only over --https, which it then needs")
-	data := fs.String("data", "", "data directory (default ./warren-data; env WARREN_DATA)")
+	data := fs.String("data", "", "data directory (default ./warren-data; env WARREN_DATA); one warrend at a time: a second one on it is refused")
 	cfgPath := fs.String("config", "", "JSON config file (env WARREN_CONFIG)")
 	logLevel := fs.String("log-level", "", "debug, info, warn or error (env WARREN_LOG_LEVEL)")
 	hsTimeout := fs.String("handshake-timeout-ms", "", "close connections not authenticated this long after connecting (default 10000; env WARREN_HANDSHAKE_TIMEOUT_MS)")
@@ -336,6 +336,13 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdin i
 
 	if err := os.MkdirAll(fc.Data, 0o750); err != nil {
 		return fmt.Errorf("data directory: %w", err)
+	}
+	dataLock, err := lockDataDir(fc.Data)
+	if err != nil {
+		return err
+	}
+	if dataLock != nil {
+		defer dataLock.Close()
 	}
 	if fc.MemoryHighWater == 0 {
 		fc.MemoryHighWater = netio.DefaultMemoryHighWater() // 40% of the cgroup's limit or the host's RAM
