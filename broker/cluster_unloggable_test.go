@@ -59,3 +59,33 @@ func TestClusterRefusesUnloggable(t *testing.T) {
 		t.Fatalf("after its restart node %d has user u %v (%v), want it with %d tags", follower.id, u, ok, maxUserTags)
 	}
 }
+
+// TestClusterJoinLongAddress: a join's cluster address is in the conf
+// change's context with a 16-bit length; the admin API's POST
+// /api/cluster/join took an address of any length and form (only an
+// empty one was refused), so one of 70,000 bytes was proposed with its
+// length wrapped, refused at apply on every node (logged there, 'a conf
+// change's context has the wrong length'), and the request answered only
+// when it timed out, 15 s later, with 'not applied in time (it may still
+// be)'. An address that is no HOST:PORT, or longer than one can be, is
+// refused before the proposal (invalid_argument), on a follower as on
+// the leader; the cluster takes the next change.
+func TestClusterJoinLongAddress(t *testing.T) {
+	c := newTestCluster(t, 3)
+	lead := c.leader()
+	follower := c.nodes[lead.id%3]
+	ctx := context.Background()
+	for _, addr := range []string{strings.Repeat("h", 70000) + ":5682", strings.Repeat("h", 300) + ":5682", "no-port"} {
+		for _, nd := range []*clusterNode{lead, follower} {
+			err := nd.b.Load().JoinNode(ctx, 9, addr)
+			var we *wire.Error
+			if !errors.As(err, &we) || we.Code != wire.InvalidArgument {
+				t.Fatalf("node %d: a join at an address of %d bytes (%.12q): %v, want invalid_argument", nd.id, len(addr), addr, err)
+			}
+		}
+	}
+	c.declareSeen(wire.QueueDeclare{Name: "after", Durable: true})
+	c.stop(follower)
+	c.start(follower, nil)
+	c.sees(follower, "queue after durable=true")
+}

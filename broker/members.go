@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"net"
 	"slices"
 	"strconv"
 	"strings"
@@ -213,6 +214,22 @@ func callError(msg string) *wire.Error {
 	return &wire.Error{Code: wire.PreconditionFailed, Reason: msg}
 }
 
+// maxClusterAddr bounds a joining node's cluster address: a DNS name (at
+// most 253 bytes) or an IP literal, a colon and a port.
+const maxClusterAddr = 253 + 1 + 5 + 2
+
+// checkClusterAddr refuses a join's address that is no HOST:PORT, before
+// it is proposed: the conf change holds it with a 16-bit length, and one
+// of 64 KiB or more was logged wrapped and refused at apply, its request
+// answered only by its timeout.
+func checkClusterAddr(addr string) error {
+	host, port, err := net.SplitHostPort(addr)
+	if len(addr) > maxClusterAddr || err != nil || host == "" || port == "" {
+		return &wire.Error{Code: wire.InvalidArgument, Reason: fmt.Sprintf("a node's cluster address is HOST:PORT, at most %d bytes (got %d bytes: %.64q)", maxClusterAddr, len(addr), addr)}
+	}
+	return nil
+}
+
 // memberCall runs op on the metadata leader: here if this node leads,
 // else forwarded to it (once: the leader answers, or says it no longer
 // leads, and this node tries again until ctx ends).
@@ -228,6 +245,11 @@ func (b *Broker) memberCall(ctx context.Context, op byte, req MemberRequest) ([]
 	}
 	if op == CallJoin && (req.NodeID == 0 || req.Address == "") {
 		return nil, &wire.Error{Code: wire.InvalidArgument, Reason: "a join needs the node's id (a number from 1) and its cluster address (HOST:PORT)"}
+	}
+	if op == CallJoin {
+		if err := checkClusterAddr(req.Address); err != nil {
+			return nil, err
+		}
 	}
 	for {
 		st := cl.g.Status()
