@@ -188,6 +188,10 @@ func (c *conn) onSubscribe(ch *channel, r *wire.Subscribe) error {
 		return fail(reqErr(wire.ResourceLocked, "queue %q is exclusive to another connection", r.Queue))
 	}
 	c.mu.Lock()
+	if c.closed || ch.closed { // the socket went (onClose), or the channel closed, since the frame was read: dropped, as on a closed channel
+		c.mu.Unlock()
+		return nil
+	}
 	tag := r.ConsumerTag
 	if tag == "" {
 		ch.ctagSeq++
@@ -235,10 +239,15 @@ func (c *conn) onSubscribe(ch *channel, r *wire.Subscribe) error {
 		c.byID = map[queue.ConsumerID]*consumerRef{}
 	}
 	c.byID[cr.id] = cr
-	c.mu.Unlock()
+	// Submitted under c.mu, as the channel was found open: onClose marks
+	// the connection closed under it before it submits the connection's
+	// Down, so the subscribe goes before the Down or not at all (after
+	// it, the queue kept a consumer of a connection that is gone, and
+	// what it handed it unacked).
 	spec := queue.ConsumerSpec{ID: cr.id, Owner: queue.OwnerID(c.id), Prefetch: prefetch, PrefetchBytes: r.PrefetchBytes, Priority: r.Priority, Exclusive: r.Exclusive,
 		TimeoutMs: args.ConsumerTimeout.Milliseconds()}
 	c.srv.Submit(broker.Command{Kind: broker.CmdSubscribe, Queue: q, Sink: c, Spec: spec, Req: uint64(r.Req)})
+	c.mu.Unlock()
 	return nil
 }
 

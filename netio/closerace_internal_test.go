@@ -1,0 +1,95 @@
+package netio
+
+import (
+	"context"
+	"net"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/panjf2000/gnet/v2"
+	"github.com/warren-mq/warren/broker"
+	"github.com/warren-mq/warren/wire"
+)
+
+// nullGC is a connection's socket that takes every write and sends
+// nothing: the test calls the connection's handlers itself, as its loop
+// and its control runs would.
+type nullGC struct{ gnet.Conn }
+
+func (nullGC) Context() any                                { return nil }
+func (nullGC) RemoteAddr() net.Addr                        { return &net.TCPAddr{IP: net.IPv4(127, 0, 0, 1), Port: 1} }
+func (nullGC) AsyncWrite([]byte, gnet.AsyncCallback) error { return nil }
+func (nullGC) Close() error                                { return nil }
+func (nullGC) Wake(gnet.AsyncCallback) error               { return nil }
+func (nullGC) CloseWithCallback(gnet.AsyncCallback) error  { return nil }
+
+// barrierSink waits for a queue's shard (a Sink for one CmdBarrier).
+type barrierSink struct {
+	broker.Sink
+	done chan struct{}
+}
+
+func (b barrierSink) Answer(uint64, broker.Result) { close(b.done) }
+
+// frameOf is body as a frame on channel ch, as the loop splits it.
+func frameOf(t *testing.T, ch uint16, body wire.Body) wire.Frame {
+	t.Helper()
+	f, _, err := wire.Split(wire.AppendFrame(nil, ch, body), wire.DefaultMaxFrame)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return f
+}
+
+// The socket goes (onClose, on the loop) while a control run handles
+// SUBSCRIBEs. A subscribe the run registered before the close, and
+// submitted after the connection's Down, left the queue a consumer of a
+// connection that is gone: what the queue handed it stayed unacked, for
+// no client, until the broker restarted.
+func TestCloseDuringSubscribe(t *testing.T) {
+	s, err := Start(Config{Addr: "127.0.0.1:0", Shards: 2, EventLoops: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		_ = s.Close(ctx)
+	})
+	q, err := s.Broker.DeclareQueueAs(&wire.QueueDeclare{Name: broker.QualifyName("", "q")}, 0, "guest")
+	if err != nil {
+		t.Fatal(err)
+	}
+	rounds := 200
+	if testing.Short() {
+		rounds = 20
+	}
+	for i := range rounds {
+		c := s.newConn(nullGC{})
+		c.maxFrame, c.maxChannels, c.user = wire.DefaultMaxFrame, 16, "guest"
+		c.opened.Store(true)
+		c.state.Store(stOpen)
+		if err := c.handle(frameOf(t, 1, &wire.ChannelOpen{Req: 1})); err != nil {
+			t.Fatal(err)
+		}
+		var wg sync.WaitGroup
+		wg.Go(c.onClose)
+		for k := 0; k < 16 && c.state.Load() != stClosing; k++ { // as runControl goes through its run
+			if err := c.handle(frameOf(t, 1, &wire.Subscribe{Req: uint32(k + 2), Queue: "q"})); err != nil && c.state.Load() != stClosing {
+				t.Fatal(err)
+			}
+		}
+		wg.Wait()
+		b := barrierSink{done: make(chan struct{})}
+		s.Submit(broker.Command{Kind: broker.CmdBarrier, Queue: q, Sink: b})
+		select {
+		case <-b.done:
+		case <-time.After(10 * time.Second):
+			t.Fatal("the queue's shard did not answer a barrier")
+		}
+		if n := q.ConsumerCount(); n != 0 {
+			t.Fatalf("round %d: the queue has %d consumers of a closed connection", i, n)
+		}
+	}
+}
