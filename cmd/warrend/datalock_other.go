@@ -5,4 +5,4 @@ package main
 import "os"
 
 // lockDataDir does nothing where flock is not available.
-func lockDataDir(string) (*os.File, error) { return nil, nil }
+func lockDataDir(string) (f *os.File, unlocked, err error) { return nil, nil, nil }

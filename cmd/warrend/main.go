@@ -337,12 +337,15 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdin i
 	if err := os.MkdirAll(fc.Data, 0o750); err != nil {
 		return fmt.Errorf("data directory: %w", err)
 	}
-	dataLock, err := lockDataDir(fc.Data)
+	dataLock, unlocked, err := lockDataDir(fc.Data)
 	if err != nil {
 		return err
 	}
 	if dataLock != nil {
 		defer dataLock.Close()
+	}
+	if unlocked != nil {
+		log.Warn("the data directory could not be locked: nothing keeps a second warrend off it", "data", fc.Data, "err", unlocked)
 	}
 	if fc.MemoryHighWater == 0 {
 		fc.MemoryHighWater = netio.DefaultMemoryHighWater() // 40% of the cgroup's limit or the host's RAM
