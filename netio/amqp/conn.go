@@ -847,7 +847,15 @@ func (c *conn) replyLocked(chID uint16, class, id uint16, fill func([]byte) []by
 func (c *conn) control(f func() error) error {
 	c.srv.BeginControlRun()
 	err := f()
-	if serr := c.srv.EndControlRun(c.id); serr != nil {
+	serr := c.srv.EndControlRun(c.id)
+	if c.stopped.Load() && c.opened.Load() {
+		// The connection is ending, and its Down may have reached the
+		// shards before the queues this run declared (their shards have
+		// them once the run ends): one more Down, after them, deletes an
+		// exclusive one with its owner.
+		c.srv.Submit(broker.Command{Kind: broker.CmdDown, Owner: c.id})
+	}
+	if serr != nil {
 		return connErr(internalError, "INTERNAL_ERROR - the topology changes are not confirmed: "+serr.Error())
 	}
 	return err

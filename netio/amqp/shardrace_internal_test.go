@@ -537,3 +537,27 @@ func TestConfirmDuringTxSelect(t *testing.T) {
 		c.OnClose(nil, nil)
 	}
 }
+
+// The socket goes (OnClose) while an off-loop run declares an exclusive
+// queue. A declare whose queue reached its shard after the connection's
+// Down was not deleted with its owner: no other connection could use it
+// (RESOURCE_LOCKED) and it stayed until the broker restarted.
+func TestCloseDuringExclusiveDeclare(t *testing.T) {
+	l := raceListener(t)
+	for i := range raceRounds() {
+		c, _, step := raceConn(t, l)
+		name := "x" + strconv.Itoa(i)
+		args := append([]byte{0, 0, byte(len(name))}, name...)
+		args = append(args, 4, 0, 0, 0, 0) // exclusive
+		var wg sync.WaitGroup
+		wg.Go(func() { c.OnClose(nil, nil) })
+		step(frameMethod, method2(classQueue, 10, args))
+		wg.Wait()
+		if q := l.srv.LookupQueue(broker.QualifyName("", name)); q != nil {
+			settled(t, l, q)
+		}
+		if q := l.srv.LookupQueue(broker.QualifyName("", name)); q != nil {
+			t.Fatalf("round %d: exclusive queue %s outlived its connection", i, name)
+		}
+	}
+}
