@@ -3,6 +3,7 @@ package netio
 import (
 	"context"
 	"net"
+	"strconv"
 	"sync"
 	"testing"
 	"time"
@@ -90,6 +91,53 @@ func TestCloseDuringSubscribe(t *testing.T) {
 		}
 		if n := q.ConsumerCount(); n != 0 {
 			t.Fatalf("round %d: the queue has %d consumers of a closed connection", i, n)
+		}
+	}
+}
+
+// The socket goes (onClose) while a control run declares an exclusive
+// queue. A queue that reached its shard (at the run's end) after the
+// connection's Down was not deleted with its owner: no other connection
+// could use it and it stayed until the broker restarted.
+func TestCloseDuringExclusiveDeclare(t *testing.T) {
+	s, err := Start(Config{Addr: "127.0.0.1:0", Shards: 2, EventLoops: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		_ = s.Close(ctx)
+	})
+	rounds := 200
+	if testing.Short() {
+		rounds = 20
+	}
+	for i := range rounds {
+		c := s.newConn(nullGC{})
+		c.maxFrame, c.maxChannels, c.user = wire.DefaultMaxFrame, 16, "guest"
+		c.opened.Store(true)
+		c.state.Store(stOpen)
+		if err := c.handle(frameOf(t, 1, &wire.ChannelOpen{Req: 1})); err != nil {
+			t.Fatal(err)
+		}
+		name := "x" + strconv.Itoa(i)
+		run := wire.AppendFrame(nil, 1, &wire.QueueDeclare{Req: 2, Name: name, Exclusive: true})
+		var wg sync.WaitGroup
+		wg.Go(c.onClose)
+		c.runControl(run, wire.DefaultMaxFrame) // as the loop starts it, on a goroutine of its own
+		wg.Wait()
+		if q := s.LookupQueue(name); q != nil {
+			b := barrierSink{done: make(chan struct{})}
+			s.Submit(broker.Command{Kind: broker.CmdBarrier, Queue: q, Sink: b})
+			select {
+			case <-b.done:
+			case <-time.After(10 * time.Second):
+				t.Fatal("the queue's shard did not answer a barrier")
+			}
+		}
+		if q := s.LookupQueue(name); q != nil {
+			t.Fatalf("round %d: exclusive queue %s outlived its connection", i, name)
 		}
 	}
 }

@@ -9,6 +9,7 @@ import (
 	"strconv"
 
 	"github.com/panjf2000/gnet/v2"
+	"github.com/warren-mq/warren/broker"
 	"github.com/warren-mq/warren/wire"
 	"golang.org/x/sys/unix"
 )
@@ -129,7 +130,16 @@ func (c *conn) runControl(run []byte, limit uint32) {
 	c.holdOut = true
 	c.mu.Unlock()
 	defer func() {
-		if err := c.srv.EndControlRun(c.id); err != nil {
+		err := c.srv.EndControlRun(c.id)
+		if c.state.Load() == stClosing && c.opened.Load() {
+			// The connection is ending, and its Down may have reached the
+			// shards before the queues this run declared (their shards
+			// have them once the run ends): one more Down, after them,
+			// deletes an exclusive one with its owner.
+			c.srv.downs.Add(1)
+			c.srv.Submit(broker.Command{Kind: broker.CmdDown, Owner: c.id})
+		}
+		if err != nil {
 			// The run's changes may not be on disk: its replies must not
 			// claim them. The connection goes without them.
 			c.srv.log.Error("topology changes not written; closing the connection without its replies", "conn", c.id, "err", err)
