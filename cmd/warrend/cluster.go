@@ -275,7 +275,7 @@ func (cn *clusterNode) membership() broker.Membership {
 		OnMembers: func(members map[uint64]string, removed []uint64) { cn.tr.SetPeers(members, removed) },
 		OnRemoved: func() {
 			select {
-			case cn.removed <- "this node was removed from the cluster":
+			case cn.removed <- removedWhy:
 			default:
 			}
 		},

@@ -437,7 +437,12 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdin i
 	var cn *clusterNode
 	if cc != nil {
 		if why, err := os.ReadFile(filepath.Join(fc.Data, removedMarker)); err == nil {
-			return fmt.Errorf("node %d was removed from the cluster (%s): it cannot serve again; start a new node with an empty data directory and a new --node-id (--join)", cc.NodeID, strings.TrimSpace(string(why)))
+			// The marker holds why; the usual why says nothing more.
+			because := ""
+			if w := strings.TrimSpace(string(why)); w != "" && w != removedWhy {
+				because = " (" + w + ")"
+			}
+			return fmt.Errorf("node %d was removed from the cluster%s: it cannot serve again; start a new node with an empty data directory and a new --node-id (--join)", cc.NodeID, because)
 		}
 		cc.SpoolDir = filepath.Join(fc.Data, "spool")
 		if cn, err = startCluster(cc, log); err != nil {
@@ -559,6 +564,9 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdin i
 // removedMarker, in the data directory, records that the node was
 // removed from the cluster: it refuses to start again.
 const removedMarker = "cluster-removed"
+
+// removedWhy is what the marker says when the metadata removed the node.
+const removedWhy = "this node was removed from the cluster"
 
 // What /readyz reports (readyzHandler).
 const (
