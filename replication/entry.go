@@ -69,6 +69,7 @@ import (
 	"strconv"
 
 	"github.com/warren-mq/warren/queue"
+	"github.com/warren-mq/warren/segment"
 	"go.etcd.io/raft/v3/raftpb"
 )
 
@@ -92,6 +93,10 @@ const (
 	// command (one command alone may be larger: it gets an entry of its
 	// own).
 	MaxEntryBytes = 4 << 20
+	// MaxCommandBytes bounds one command's encoding: an entry holding it
+	// alone (header, frame, padding) must be one the log takes
+	// (segment.MaxEntry), or its write fails and the node stops.
+	MaxCommandBytes = segment.MaxEntry - entryHeaderLen - frameHeaderLen - 8
 )
 
 const (
@@ -121,8 +126,9 @@ var (
 	// command or byte cap); propose this entry and start the next.
 	ErrEntryFull = errors.New("replication: entry full")
 	// ErrCommandTooLarge: one Enqueue holds more than MaxEntryMessages
-	// messages, more than any entry can; split it.
-	ErrCommandTooLarge = errors.New("replication: Enqueue holds more messages than an entry can (split it)")
+	// messages, or more than MaxCommandBytes bytes: more than any entry
+	// can; split it (a message too large alone cannot be logged).
+	ErrCommandTooLarge = errors.New("replication: Enqueue holds more messages or bytes than an entry can (split it)")
 )
 
 // EntryHeader is what an entry says besides its commands.
@@ -202,15 +208,19 @@ type enqueueSrc struct {
 // or an enqueuer frame of kind kind holding pre and then cmd (nil: none);
 // with es, the command is the Enqueue es describes (cmd is nil).
 func (e *EntryEncoder) addFrame(kind byte, pre []byte, cmd queue.Command, es *enqueueSrc) error {
-	msgs, need := 0, 64+len(pre)
+	// need: room to reserve (generous); size: an Enqueue's exact length
+	// (queue.AppendCommand's header, flags, count, records, bodies).
+	msgs, need, size := 0, 64+len(pre), len(pre)
 	if enq, ok := cmd.(*queue.Enqueue); ok {
 		msgs = len(enq.Msgs)
 		if msgs > MaxEntryMessages {
 			return ErrCommandTooLarge
 		}
 		need += msgs * 64
+		size += 15 + 28*msgs
 		for _, b := range enq.Bodies {
 			need += 4 + len(b)
+			size += 4 + len(b)
 		}
 	}
 	if es != nil {
@@ -219,9 +229,15 @@ func (e *EntryEncoder) addFrame(kind byte, pre []byte, cmd queue.Command, es *en
 			return ErrCommandTooLarge
 		}
 		need += msgs * 64
+		size += 15 + 28*msgs
 		for i := range msgs {
-			need += 4 + es.src.BodyLen(i)
+			n := es.src.BodyLen(i)
+			need += 4 + n
+			size += 4 + n
 		}
+	}
+	if size > MaxCommandBytes {
+		return ErrCommandTooLarge
 	}
 	if e.msgs+msgs > MaxEntryMessages || e.n+1 > MaxEntryCommands {
 		return ErrEntryFull

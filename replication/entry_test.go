@@ -7,6 +7,7 @@ import (
 	"testing"
 
 	"github.com/warren-mq/warren/queue"
+	"github.com/warren-mq/warren/segment"
 	"github.com/warren-mq/warren/wire"
 	"go.etcd.io/raft/v3/raftpb"
 )
@@ -383,5 +384,35 @@ func TestAddEnqueueSameBytes(t *testing.T) {
 	before := b.Len()
 	if err := b.AddEnqueue(0, make([]queue.Message, 2), &many); !errors.Is(err, ErrEntryFull) || b.Len() != before || b.Commands() != 1 {
 		t.Fatalf("past the message cap: %v, %d bytes (was %d)", err, b.Len(), before)
+	}
+}
+
+// TestEntryCommandByteBound: an Enqueue whose entry alone would be larger
+// than the log takes (segment.MaxEntry) is ErrCommandTooLarge, by Add and
+// by AddEnqueue (with and without a publish-from frame's prefix), so the
+// caller refuses it rather than a write failing and the node stopping;
+// one at MaxCommandBytes exactly makes an entry the log takes.
+func TestEntryCommandByteBound(t *testing.T) {
+	var enc EntryEncoder
+	at := MaxCommandBytes - (15 + 28 + 4) // the body that makes the command MaxCommandBytes
+	for _, n := range []int{at, at + 1} {
+		body := make([]byte, n)
+		enc.Reset()
+		err := enc.Add(&queue.Enqueue{Msgs: make([]queue.Message, 1), Bodies: [][]byte{body}})
+		enc.Reset()
+		src := sliceBodies([][]byte{body})
+		err2 := enc.AddEnqueue(0, make([]queue.Message, 1), &src)
+		if n == at {
+			if err != nil || err2 != nil {
+				t.Fatalf("a command of MaxCommandBytes: %v, %v", err, err2)
+			}
+			if e := enc.Finish(EntryHeader{}); len(e) > segment.MaxEntry {
+				t.Fatalf("an entry of %d bytes, over segment.MaxEntry %d", len(e), segment.MaxEntry)
+			}
+			continue
+		}
+		if !errors.Is(err, ErrCommandTooLarge) || !errors.Is(err2, ErrCommandTooLarge) {
+			t.Fatalf("a command one byte over MaxCommandBytes: %v, %v", err, err2)
+		}
 	}
 }
