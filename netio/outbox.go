@@ -77,15 +77,21 @@ func (c *conn) Subscribed(id queue.ConsumerID, req uint32, code wire.Code, reaso
 			delete(cr.ch.consumers, cr.tag)
 		}
 	}
-	closed := cr != nil && cr.ch.closed // its client discards the answer, and the id may be reused
-	c.mu.Unlock()
+	// Decided and written under one hold of c.mu: nothing of a channel
+	// follows its end (PROTOCOL.md §6), and a close in between came first.
 	switch {
-	case cr == nil, closed:
+	case cr == nil, cr.ch.closed, c.closed: // its client discards the answer, and the id may be reused
 	case code == wire.OK:
-		c.send(cr.ch.id, &wire.SubscribeOK{Req: req, ConsumerTag: cr.tag})
+		c.out = wire.AppendFrame(c.out, cr.ch.id, &wire.SubscribeOK{Req: req, ConsumerTag: cr.tag})
+		c.flushLocked()
 	default:
-		c.sendError(cr.ch.id, req, code, reason)
+		if len(reason) > 1000 {
+			reason = reason[:1000]
+		}
+		c.out = wire.AppendFrame(c.out, cr.ch.id, &wire.ErrorReply{Req: req, Code: code, Message: reason})
+		c.flushLocked()
 	}
+	c.mu.Unlock()
 }
 
 // Cancelled tells a consumer the broker cancelled it (Sink), and frees its
@@ -95,14 +101,15 @@ func (c *conn) Subscribed(id queue.ConsumerID, req uint32, code wire.Code, reaso
 // consumer.
 func (c *conn) Cancelled(id queue.ConsumerID, code wire.Code, reason string) {
 	c.mu.Lock()
+	defer c.mu.Unlock()
 	cr := c.byID[id]
-	tell := cr != nil && !cr.ch.closed && cr.ch.consumers[cr.tag] == cr
-	if tell {
-		delete(cr.ch.consumers, cr.tag)
+	if cr == nil || cr.ch.closed || cr.ch.consumers[cr.tag] != cr {
+		return
 	}
-	c.mu.Unlock()
-	if tell {
-		c.send(cr.ch.id, &wire.Cancelled{ConsumerTag: cr.tag, Code: code, Reason: reason})
+	delete(cr.ch.consumers, cr.tag)
+	if !c.closed { // written under the lock it was decided with: a channel's close in between came first (PROTOCOL.md §6)
+		c.out = wire.AppendFrame(c.out, cr.ch.id, &wire.Cancelled{ConsumerTag: cr.tag, Code: code, Reason: reason})
+		c.flushLocked()
 	}
 }
 
