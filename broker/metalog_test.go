@@ -478,3 +478,36 @@ func TestArgsLongKey(t *testing.T) {
 		t.Errorf("a queue declared with an argument key of 256 bytes")
 	}
 }
+
+// TestMetaLogLargeControlRun: one control run's changes are one round of
+// the metadata log, and a round was one entry: a client's run of 600
+// bindings with 60 KiB arguments each (each within MaxBindingArgsLen)
+// made an entry of 36 MiB, which the log refuses (segment.MaxEntry, 32
+// MiB): the run's end failed ('segment: an entry over 33554432 bytes')
+// and the metadata group, so the node, stopped. A round past 4 MiB is
+// proposed as several entries; all 600 bindings are there after a
+// restart.
+func TestMetaLogLargeControlRun(t *testing.T) {
+	fs := segment.NewMemFS()
+	n := openMetaNode(t, fs, 0)
+	if _, err := n.b.DeclareQueue(wire.QueueDeclare{Name: "hq", Durable: true}); err != nil {
+		t.Fatal(err)
+	}
+	val := strings.Repeat("v", 60000)
+	n.b.BeginControlRun()
+	for i := range 600 {
+		b := wire.Bind{Source: "amq.headers", Destination: "hq", Args: wire.Table{{Key: "x-match", Value: wire.String("any")}, {Key: fmt.Sprint("k", i), Value: wire.String(val)}}}
+		if err := n.b.BindAs(&b, Requester{Admin: true, Conn: 1}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := n.b.EndControlRun(1); err != nil {
+		t.Fatalf("the run's end: %v", err)
+	}
+	n.close(t)
+	n = openMetaNode(t, fs, 0)
+	defer n.close(t)
+	if got := len(n.b.Bindings()); got != 600 {
+		t.Fatalf("%d bindings after a restart, want 600", got)
+	}
+}

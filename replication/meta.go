@@ -251,7 +251,31 @@ const (
 	metaEntryVersionTerm = 3
 	metaTermHeader       = 40
 	metaSnapBytes        = 8 << 20
+	// metaEntryBytes bounds the commands of one entry: a round's commands
+	// past it are proposed as several entries (one command alone may be
+	// larger), so that no entry is one the log refuses (segment.MaxEntry:
+	// a control run of 600 bindings of 60 KiB arguments made one of
+	// 36 MiB, and the node stopped).
+	metaEntryBytes = 4 << 20
 )
+
+// metaChunks splits cmds into runs of at most metaEntryBytes of commands
+// (with their lengths), each run non-empty.
+func metaChunks(cmds [][]byte) [][][]byte {
+	var out [][][]byte
+	start, size := 0, 0
+	for i, c := range cmds {
+		if i > start && size+4+len(c) > metaEntryBytes {
+			out = append(out, cmds[start:i:i])
+			start, size = i, 0
+		}
+		size += 4 + len(c)
+	}
+	if start < len(cmds) {
+		out = append(out, cmds[start:])
+	}
+	return out
+}
 
 // OpenMeta recovers the metadata group from the log: cfg.Machine is
 // restored from the group's latest snapshot and every committed command
@@ -519,19 +543,19 @@ func (g *MetaGroup) round() error {
 		snap = g.cfg.Snapshot()
 	}
 	g.cfg.Lock.Unlock()
-	if len(cmds) > 0 {
+	for _, run := range metaChunks(cmds) {
 		g.buf = append(g.buf[:0], metaEntryMagic, metaEntryVersion, 0, 0)
-		g.buf = binary.LittleEndian.AppendUint32(g.buf, uint32(len(cmds)))
-		for _, c := range cmds {
+		g.buf = binary.LittleEndian.AppendUint32(g.buf, uint32(len(run)))
+		for _, c := range run {
 			g.buf = binary.LittleEndian.AppendUint32(g.buf, uint32(len(c)))
 			g.buf = append(g.buf, c...)
 		}
-		clear(cmds)
 		// raft keeps the entry's bytes (its log, the storage's tail): a copy.
 		if err := g.rn.Propose(append([]byte(nil), g.buf...)); err != nil {
 			return fmt.Errorf("replication: metadata group: proposal refused: %w", err)
 		}
 	}
+	clear(cmds)
 	if _, err := g.drive(false); err != nil {
 		return err
 	}

@@ -112,7 +112,11 @@ func (g *MetaGroup) roundMulti() error {
 	seq := g.added.Load()
 	g.cfg.Lock.Unlock()
 	if len(cmds) > 0 {
-		g.inflight = append(g.inflight, metaProposal{first: seq - uint64(len(cmds)) + 1, cmds: cmds})
+		first := seq - uint64(len(cmds)) + 1
+		for _, run := range metaChunks(cmds) { // an entry each
+			g.inflight = append(g.inflight, metaProposal{first: first, cmds: run})
+			first += uint64(len(run))
+		}
 		g.collected = seq
 	}
 	if len(gaveUp) > 0 {
