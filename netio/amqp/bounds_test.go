@@ -186,7 +186,11 @@ func TestPerSourceCap(t *testing.T) {
 	defer c2.Close()
 	_, err = amqp091.Dial(url)
 	var ae *amqp091.Error
-	if !errors.As(err, &ae) || ae.Code != 506 || !strings.Contains(ae.Reason, "max_connections_per_source") {
+	// As in TestUnauthenticatedCap: amqp091-go reports the broker's 506,
+	// or, when the close reaches it while it waits for connection.start,
+	// its own 503 "unexpected command received" (once in a -race run of
+	// the whole package under load): refused either way.
+	if !errors.As(err, &ae) || !(ae.Code == 506 && strings.Contains(ae.Reason, "max_connections_per_source") || ae == amqp091.ErrCommandInvalid) {
 		t.Fatalf("third connection from 127.0.0.1: %v, want 506 naming max_connections_per_source", err)
 	}
 	c1.Close()
