@@ -88,4 +88,3 @@ func TestListBytesBounded(t *testing.T) {
 		t.Fatalf("%d bytes held after the answer was written", n)
 	}
 }
-
