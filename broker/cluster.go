@@ -403,6 +403,13 @@ func (t *topology) clusterChange(cl *metaCluster, c *MetaCommand) MetaResult {
 	t.mu.Lock()
 	c.NowMs = t.now()
 	t.mbuf = AppendMetaCommand(t.mbuf[:0], c)
+	if len(t.mbuf) > maxMetaCommand {
+		// Past what any change the machine takes can be; larger than
+		// an entry the log takes (segment.MaxEntry), every node would
+		// stop at the write.
+		t.mu.Unlock()
+		return refuse(wire.InvalidArgument, fmt.Sprintf("the change is %d bytes encoded, larger than the metadata log takes (%d)", len(t.mbuf), maxMetaCommand))
+	}
 	if _, err := DecodeMetaCommand(t.mbuf); err != nil {
 		// Never proposed: every node would stop at it, now and at each
 		// start. The fronts' checks should have refused it first.

@@ -89,3 +89,21 @@ func TestClusterJoinLongAddress(t *testing.T) {
 	c.start(follower, nil)
 	c.sees(follower, "queue after durable=true")
 }
+
+// TestClusterRefusesOversizeCommand: a queue declare's arguments are
+// proposed before any machine checks them, so a native client with
+// max_frame raised past 32 MiB could propose a declare of 33 MiB of
+// arguments: an entry the log refuses (segment.MaxEntry), and every node
+// stopped at the write. A command over maxMetaCommand is refused before
+// the proposal; the cluster takes the next change.
+func TestClusterRefusesOversizeCommand(t *testing.T) {
+	c := newTestCluster(t, 3)
+	lead := c.leader()
+	args := wire.Table{{Key: "x-big", Value: wire.Bytes(make([]byte, 33<<20))}}
+	_, err := lead.b.Load().DeclareQueueAs(&wire.QueueDeclare{Name: "big", Durable: true, Args: args}, 0, "")
+	var we *wire.Error
+	if !errors.As(err, &we) || we.Code != wire.InvalidArgument || !strings.Contains(we.Reason, "larger than") {
+		t.Fatalf("a declare with 33 MiB of arguments: %v, want invalid_argument", err)
+	}
+	c.declareSeen(wire.QueueDeclare{Name: "after", Durable: true})
+}

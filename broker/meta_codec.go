@@ -45,6 +45,12 @@ const MetaSnapshotVersion = 8
 // they came in).
 const maxMetaString = 1 << 20
 
+// maxMetaCommand bounds an encoded command a cluster proposes (before
+// any machine checks it): well past what a change the machine takes can
+// be (a binding's arguments: MaxBindingArgsLen; an admin request body:
+// 1 MiB), well under an entry the log takes (segment.MaxEntry).
+const maxMetaCommand = 4 << 20
+
 // AppendMetaCommand appends c's encoding to dst.
 func AppendMetaCommand(dst []byte, c *MetaCommand) []byte {
 	v := byte(1)
