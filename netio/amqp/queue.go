@@ -9,6 +9,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"time"
 
 	"github.com/warren-mq/warren/broker"
 	"github.com/warren-mq/warren/netio"
@@ -127,8 +128,10 @@ func (c *conn) onQueue(ch *channel, id uint16, r *reader) error {
 			// Answered by the queue's shard after everything submitted
 			// before it, as netio does: the counts are exact, and this
 			// connection's earlier acks and closes have taken effect.
-			c.srv.Submit(broker.Command{Kind: broker.CmdBarrier, Queue: q, Sink: passiveDeclare{c, q}, Req: (ch.gen&(1<<32-1))<<32 | uint64(ch.id)<<8})
-			return nil
+			// The methods behind it wait for the answer (awaitAnswer).
+			k := waitedAnswer{Sink: passiveDeclare{c, q}, done: make(chan struct{})}
+			c.srv.Submit(broker.Command{Kind: broker.CmdBarrier, Queue: q, Sink: k, Req: (ch.gen&(1<<32-1))<<32 | uint64(ch.id)<<8})
+			return c.awaitAnswer(k.done)
 		}
 		if !noWait {
 			c.reply(ch.id, classQueue, 11, func(b []byte) []byte {
@@ -208,8 +211,13 @@ func (c *conn) onQueue(ch *channel, id uint16, r *reader) error {
 			if err := c.srv.Authorize(c.user, netio.ActPurge, q.DeclaredBy(), "queue "+strconv.Quote(qn)); err != nil {
 				return err
 			}
-			c.srv.Submit(broker.Command{Kind: broker.CmdPurge, Queue: q, Sink: c, Req: ref | ansPurge})
-			return nil
+			if ref&ansNoWait != 0 {
+				c.srv.Submit(broker.Command{Kind: broker.CmdPurge, Queue: q, Sink: c, Req: ref | ansPurge})
+				return nil
+			}
+			k := waitedAnswer{Sink: c, done: make(chan struct{})}
+			c.srv.Submit(broker.Command{Kind: broker.CmdPurge, Queue: q, Sink: k, Req: ref | ansPurge})
+			return c.awaitAnswer(k.done)
 		}
 		if err := c.srv.Authorize(c.user, netio.ActDelete, q.DeclaredBy(), "queue "+strconv.Quote(qn)); err != nil {
 			return err
@@ -232,6 +240,36 @@ func (c *conn) onQueue(ch *channel, id uint16, r *reader) error {
 		return nil
 	}
 	return connErr(commandInvalid, "COMMAND_INVALID - unknown queue method "+strconv.Itoa(int(id)))
+}
+
+// waitedAnswer is a Sink for one shard answer (a purge's, a passive
+// declare's) that the channel's next methods wait for, so that their
+// replies follow it as the methods followed each other (RabbitMQ answers
+// a channel's methods in order; a basic.qos pipelined behind a purge got
+// its qos-ok first). done is closed once the answer is written.
+type waitedAnswer struct {
+	broker.Sink
+	done chan struct{}
+}
+
+func (k waitedAnswer) Answer(ref uint64, r broker.Result) {
+	defer close(k.done)
+	k.Sink.Answer(ref, r)
+}
+
+// awaitAnswer waits (off the loop: queue methods are slow frames) until
+// done is closed, or the connection stops.
+func (c *conn) awaitAnswer(done chan struct{}) error {
+	for {
+		select {
+		case <-done:
+			return nil
+		case <-time.After(100 * time.Millisecond):
+			if c.stopped.Load() {
+				return errClientClosed
+			}
+		}
+	}
 }
 
 // heldAnswer keeps a shard's answer to a queue.delete (a Sink for one
