@@ -74,3 +74,30 @@ func TestPublishOneLongRoutingKey(t *testing.T) {
 		t.Fatalf("the dead-letter queue holds %d messages (%v), want none", len(got), err)
 	}
 }
+
+// TestPublishOneInVhostStoresLocalExchange: the operator's publish in a
+// vhost routes through the exchange's internal name ("v1" VhostSep "fx")
+// but stores the name the vhost's clients use, as the fronts do: it
+// stored the internal one, which AMQP and native consumers were handed
+// as the message's exchange (seen with pika: 'v1\x1ffx'), and which a
+// death record kept, so a dlq replay looked for an exchange in no vhost.
+func TestPublishOneInVhostStoresLocalExchange(t *testing.T) {
+	s := startBroker(t, Config{})
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	must := mustFunc(t)
+	must(s.PutVhost(ctx, MetaVhost{Name: "v1"}))
+	fx, q := QualifyName("v1", "fx"), QualifyName("v1", "q")
+	must(s.DeclareExchange(wire.ExchangeDeclare{Name: fx, Kind: wire.ExchangeFanout}))
+	_, err := s.DeclareQueue(wire.QueueDeclare{Name: q})
+	must(err)
+	must(s.Bind(wire.Bind{Source: fx, Destination: q}))
+	if n, err := s.PublishOne(ctx, fx, "r", wire.AppendProperties(nil, nil)[2:], []byte("m"), 0); err != nil || n != 1 {
+		t.Fatalf("publish: %d queues, %v", n, err)
+	}
+	got, err := s.PeekQueue(ctx, q, 1)
+	must(err)
+	if len(got) != 1 || got[0].Exchange != "fx" {
+		t.Fatalf("the queue holds %+v, want one message from exchange \"fx\"", got)
+	}
+}

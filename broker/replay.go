@@ -186,7 +186,9 @@ func (b *Broker) publishCopy(ctx context.Context, view *RouteView, rs *replaySin
 	if len(tqs) == 0 {
 		return 0, wire.OK, nil
 	}
-	m := NewStoredMsg([]byte(exchange), []byte(rk), props, body, flags, priority)
+	// Stored as the vhost's clients name it, as the fronts store what
+	// they publish (routed above by its internal name).
+	m := NewStoredMsg([]byte(LocalName(exchange)), []byte(rk), props, body, flags, priority)
 	m.Arena.Cost = int64(cap(m.Arena.Buf)) + StoredMsgOverhead + int64(len(tqs))*PlacementOverhead
 	m.Arena.Refs.Store(int64(len(tqs)))
 	b.AddStoredBytes(m.Arena.Cost)
