@@ -530,6 +530,10 @@ func (g *MetaGroup) fail(err error) {
 	}
 }
 
+// metaDriveBytes bounds what one round proposes before it writes and
+// commits it: half of raft's MaxUncommittedEntriesSize.
+const metaDriveBytes = 32 << 20
+
 // round proposes the commands added since the last round as one entry,
 // writes and commits it, tells the waiters, and snapshots when due.
 func (g *MetaGroup) round() error {
@@ -543,6 +547,7 @@ func (g *MetaGroup) round() error {
 		snap = g.cfg.Snapshot()
 	}
 	g.cfg.Lock.Unlock()
+	proposed := 0 // bytes proposed and not yet driven to disk
 	for _, run := range metaChunks(cmds) {
 		g.buf = append(g.buf[:0], metaEntryMagic, metaEntryVersion, 0, 0)
 		g.buf = binary.LittleEndian.AppendUint32(g.buf, uint32(len(run)))
@@ -550,10 +555,20 @@ func (g *MetaGroup) round() error {
 			g.buf = binary.LittleEndian.AppendUint32(g.buf, uint32(len(c)))
 			g.buf = append(g.buf, c...)
 		}
+		if proposed > 0 && proposed+len(g.buf) > metaDriveBytes {
+			// Written and committed before more is proposed: raft drops
+			// a proposal past MaxUncommittedEntriesSize (64 MiB), and a
+			// round of many chunks reached it (the node stopped).
+			if _, err := g.drive(false); err != nil {
+				return err
+			}
+			proposed = 0
+		}
 		// raft keeps the entry's bytes (its log, the storage's tail): a copy.
 		if err := g.rn.Propose(append([]byte(nil), g.buf...)); err != nil {
 			return fmt.Errorf("replication: metadata group: proposal refused: %w", err)
 		}
+		proposed += len(g.buf)
 	}
 	clear(cmds)
 	if _, err := g.drive(false); err != nil {
