@@ -53,3 +53,37 @@ func TestDurableBarrierWaitsForApply(t *testing.T) {
 		}
 	}
 }
+
+// A barrier waiting for a proposal of this node's is answered when the
+// node stops leading the queue (stepDown): a proposal lost with the
+// leadership never applies here, so the barrier waited until the node
+// led the queue again, and an AMQP passive declare behind it held its
+// whole connection.
+func TestStepDownAnswersBarriers(t *testing.T) {
+	n := openDurNode(t, segment.NewMemFS())
+	defer n.close(t)
+	q := declareDurable(t, n.b, "sd", true)
+	at := make(chan int, 1)
+	k := newDurSink()
+	done := make(chan struct{})
+	left := -1
+	q.shard.submit(Command{Kind: cmdPost, post: func() {
+		defer close(done)
+		// As if a proposal of this node's were in flight: a barrier
+		// waits for an apply that will not come.
+		q.barriers = append(q.barriers, pendingBarrier{seq: q.applSeq + 1000, sink: answerAt{durSink: k, k: k, at: at}, req: 1})
+		s := q.shard
+		s.barrierQs = append(s.barrierQs, q)
+		s.stepDown(q)
+		left = len(q.barriers)
+	}})
+	<-done
+	select {
+	case <-at:
+	case <-time.After(10 * time.Second):
+		t.Fatal("a barrier waiting for a lost proposal was not answered when the node stepped down")
+	}
+	if left != 0 {
+		t.Fatalf("%d barriers left on the queue", left)
+	}
+}

@@ -231,6 +231,15 @@ func (s *shard) stepDown(q *Queue) {
 		c.sink.ConsumerGone(id)
 	}
 	s.flushEffects()
+	// The barriers waiting for this node's proposals: those lost with the
+	// leadership never apply here, and nothing proposed later is this
+	// node's, so they waited until it led the queue again (an AMQP
+	// passive declare behind one held its whole connection). Answered
+	// now, as failDurable answers them: nothing more of this node's comes.
+	for _, p := range q.barriers {
+		p.sink.Answer(p.req, Result{})
+	}
+	q.barriers = nil
 	s.b.log.Info("replicated queue: this node no longer leads it", queueLog(q.name), "leader", q.lead.Load())
 }
 
