@@ -17,19 +17,7 @@ import (
 // naming the bound, and builds nothing; a slot freed, it is answered.
 // Every list path goes through the bound; one resource's GET does not.
 func TestWholeListsBounded(t *testing.T) {
-	srv := warrentest.StartServer(t, nil)
-	a := admin.New(srv.Broker, warrentest.AdminConnections(srv), nil, time.Hour)
-	t.Cleanup(a.Close)
-	a.SetListWait(20 * time.Millisecond)
-	get := func(path string) (int, string) {
-		t.Helper()
-		req := httptest.NewRequest("GET", path, nil)
-		req.SetBasicAuth("guest", "guest")
-		req.RemoteAddr = "127.0.0.1:1"
-		rec := httptest.NewRecorder()
-		a.ServeHTTP(rec, req)
-		return rec.Code, rec.Body.String()
-	}
+	a, get := listsAPI(t)
 	paths := []string{"/api/queues", "/api/queues?page=1", "/api/exchanges", "/api/bindings", "/api/bindings/%2F", "/api/connections", "/api/channels"}
 	a.HoldWholeLists(admin.MaxWholeLists)
 	for _, p := range paths {
@@ -59,19 +47,7 @@ func TestWholeListsBounded(t *testing.T) {
 // slot is given back; with the budget free the same list is answered and
 // its bytes given back once written.
 func TestListBytesBounded(t *testing.T) {
-	srv := warrentest.StartServer(t, nil)
-	a := admin.New(srv.Broker, warrentest.AdminConnections(srv), nil, time.Hour)
-	t.Cleanup(a.Close)
-	a.SetListWait(20 * time.Millisecond)
-	get := func(path string) (int, string) {
-		t.Helper()
-		req := httptest.NewRequest("GET", path, nil)
-		req.SetBasicAuth("guest", "guest")
-		req.RemoteAddr = "127.0.0.1:1"
-		rec := httptest.NewRecorder()
-		a.ServeHTTP(rec, req)
-		return rec.Code, rec.Body.String()
-	}
+	a, get := listsAPI(t)
 	a.HoldListBytes(admin.MaxListBytes)
 	code, body := get("/api/exchanges")
 	if code != http.StatusServiceUnavailable || !strings.Contains(body, "not yet read by their clients") {
@@ -86,5 +62,23 @@ func TestListBytesBounded(t *testing.T) {
 	}
 	if n := a.ListBytesHeld(); n != 0 {
 		t.Fatalf("%d bytes held after the answer was written", n)
+	}
+}
+
+// listsAPI is an admin API on a broker of its own, waiting 20 ms for a
+// list's slot or bytes, and get, a GET as guest from loopback.
+func listsAPI(t *testing.T) (*admin.API, func(path string) (int, string)) {
+	srv := warrentest.StartServer(t, nil)
+	a := admin.New(srv.Broker, warrentest.AdminConnections(srv), nil, time.Hour)
+	t.Cleanup(a.Close)
+	a.SetListWait(20 * time.Millisecond)
+	return a, func(path string) (int, string) {
+		t.Helper()
+		req := httptest.NewRequest("GET", path, nil)
+		req.SetBasicAuth("guest", "guest")
+		req.RemoteAddr = "127.0.0.1:1"
+		rec := httptest.NewRecorder()
+		a.ServeHTTP(rec, req)
+		return rec.Code, rec.Body.String()
 	}
 }
