@@ -417,7 +417,11 @@ func TestLedgerRunWhoseBrokerWentAwayReportsNoLoss(t *testing.T) {
 	if r.err != nil {
 		t.Fatalf("ledger run: %v\n%s", r.err, out.String())
 	}
-	if r.rep.Lost != 0 || r.rep.Left == 0 || bytes.Contains(out.Bytes(), []byte("LOSS")) {
+	// Its own 100 were queued behind the backlog: left in the queue,
+	// unless the consumers drained all of it before the broker went (a
+	// quiet machine consumes 20,100 in a few ms; CI saw it).
+	drained := r.rep.Consumed >= 20000+100
+	if r.rep.Lost != 0 || (r.rep.Left == 0 && !drained) || bytes.Contains(out.Bytes(), []byte("LOSS")) {
 		t.Fatalf("lost %d left %d, want 0 and more (its own 100 were queued behind the backlog)\n%s", r.rep.Lost, r.rep.Left, out.String())
 	}
 }
