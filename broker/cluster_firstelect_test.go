@@ -122,6 +122,19 @@ func TestClusterFirstElection(t *testing.T) {
 			t.Fatalf("node %d held %d messages for the next queue's group, want 1", nd.id, len(got))
 		}
 	}
+
+	// A node that began leaving after a leadership transfer's
+	// MsgTimeoutNow was held takes none back: createQueue gets the
+	// group's other messages only.
+	b := c.nodes[0].b.Load()
+	next := QueueGroupBase + b.park.next.Load()
+	b.StepRaft(next, raftpb.Message{Type: raftpb.MsgTimeoutNow, From: 2, To: 1, Term: 9})
+	b.StepRaft(next, stale)
+	b.leaving.Store(true)
+	defer b.leaving.Store(false)
+	if got := b.takeParked(next); len(got) != 1 || got[0].Type != raftpb.MsgPreVote {
+		t.Fatalf("a leaving node took %v for a new group, want the MsgPreVote alone", got)
+	}
 }
 
 // TestRaftParkBounds: what a node holds for groups not open yet is

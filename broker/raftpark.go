@@ -1,6 +1,7 @@
 package broker
 
 import (
+	"slices"
 	"sync"
 	"sync/atomic"
 
@@ -134,6 +135,17 @@ func (p *raftPark) take(gid uint64) []raftpb.Message {
 	}
 	p.dropLocked(gid, g)
 	return g.msgs
+}
+
+// takeParked is take for createQueue: once this node is leaving
+// (TransferLeaderships), without a MsgTimeoutNow, which StepRaft refuses
+// then (one held from before is dropped as if it came now).
+func (b *Broker) takeParked(gid uint64) []raftpb.Message {
+	msgs := b.park.take(gid)
+	if b.leaving.Load() {
+		msgs = slices.DeleteFunc(msgs, func(m raftpb.Message) bool { return m.Type == raftpb.MsgTimeoutNow })
+	}
+	return msgs
 }
 
 func (p *raftPark) dropLocked(gid uint64, g *parkedGroup) {

@@ -14,7 +14,7 @@ func (s *shard) createQueue(q *Queue) {
 	if s.clustered() {
 		// Raft messages its group had before it opened here: stepped
 		// into it once open, else dropped (raftpark.go).
-		early = s.b.park.take(queueGroup(q.id))
+		early = s.b.takeParked(queueGroup(q.id))
 	}
 	if q.homedElsewhere(s.nodeID()) {
 		// It lives on another node: served from there (homed.go).
