@@ -69,7 +69,7 @@ func TestBrowser(t *testing.T) {
 		t.Skip("the browser test runs in make test's pass without -race: the console has no Go concurrency of its own to race-check, and Chromium under a race-instrumented server doubles the time")
 	}
 	chrome := browserPath(t)
-	e := start(t)
+	e := startEnv(t) // its own: it counts the queues it sees, and leaves its own behind
 	shots := os.Getenv("WARREN_SCREENSHOTS")
 	if shots == "" {
 		shots = t.TempDir()

@@ -41,7 +41,9 @@ func TestMain(m *testing.M) {
 }
 
 // start returns the broker, admin API and console the tests share (one
-// start-up, not one per test: each test uses names of its own).
+// start-up, not one per test) where what they leave behind does not
+// matter to them, run again (go test -count); TestCSRF and TestBrowser
+// start their own (startEnv).
 func start(t testing.TB) *env {
 	sharedOnce.Do(func() {
 		var cleanups []func()
@@ -153,7 +155,7 @@ func TestSessionCookie(t *testing.T) {
 // with another's) is refused and changes nothing; with it, it is done.
 // Reads need no token.
 func TestCSRF(t *testing.T) {
-	e := start(t)
+	e := startEnv(t) // its own: the queue it declares must not exist before
 	cl, tok, _ := e.login(t, "guest", "guest")
 	_, other, _ := e.login(t, "guest", "guest")
 	for _, hdr := range []map[string]string{nil, {console.CSRFHeader: other}, {console.CSRFHeader: tok + "x"}} {
