@@ -139,3 +139,39 @@ func (a ackCheck) Run(context.Context) error {
 	c.srv.Submit(broker.Command{Kind: broker.CmdSettle, Settles: held})
 	return nil
 }
+
+// reply sends a method whose arguments fill appends (nil: none). On a
+// channel, only its close-ok goes out once it is closing or gone: a
+// shard's channel.close may overtake the method a reply answers, and a
+// client takes nothing else on a channel after its close (amqp091-go
+// closes the connection on a method for a channel it let go). Decided
+// under the lock the reply is written with; the loop's channel of an id
+// is the one its methods are on (only the loop opens and frees them).
+func (c *conn) reply(chID uint16, class, id uint16, fill func([]byte) []byte) {
+	c.mu.Lock()
+	if ch := c.channels[chID]; chID == 0 || class == classChannel && id == 41 || ch != nil && !ch.closing {
+		c.replyLocked(chID, class, id, fill)
+	}
+	c.mu.Unlock()
+}
+
+// replyTo is reply from a shard, to a method on ch: nothing if ch is
+// closing, or is no longer the channel of its id (the client closed it,
+// and may have opened another on the id).
+func (c *conn) replyTo(ch *channel, class, id uint16, fill func([]byte) []byte) {
+	c.mu.Lock()
+	if !ch.closing && c.channels[ch.id] == ch {
+		c.replyLocked(ch.id, class, id, fill)
+	}
+	c.mu.Unlock()
+}
+
+// replyLocked writes a reply. c.mu held.
+func (c *conn) replyLocked(chID uint16, class, id uint16, fill func([]byte) []byte) {
+	b, st := method(c.out, chID, class, id)
+	if fill != nil {
+		b = fill(b)
+	}
+	c.out = endFrame(b, st)
+	c.flushLocked()
+}
