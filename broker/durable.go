@@ -2,6 +2,7 @@ package broker
 
 import (
 	"context"
+	"errors"
 	"slices"
 	"time"
 
@@ -224,6 +225,16 @@ func (s *shard) enqueueDurable(q *Queue, items []EnqItem, batch *PublishBatch, w
 	}
 	s.logSrc.items = nil
 	s.dmsgScratch = msgs[:0]
+	if errors.Is(err, replication.ErrCommandTooLarge) && len(items) > 1 && from == nil && dl == nil {
+		// More messages or bytes than one entry holds (a part past 32
+		// MiB, possible with max_frame raised): halves, each an Enqueue
+		// of its own, in order. (A forwarded part is not split: its
+		// origin's frames are far smaller, and one origin's part is one
+		// publish-from.)
+		h := len(items) / 2
+		w = s.enqueueDurable(q, items[:h], batch, w, dl, from)
+		return s.enqueueDurable(q, items[h:], batch, w, dl, from)
+	}
 	for _, it := range items {
 		s.release(it.Msg)
 		if err != nil {
