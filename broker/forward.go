@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/warren-mq/warren/queue"
+	"github.com/warren-mq/warren/replication"
 	"github.com/warren-mq/warren/wire"
 )
 
@@ -96,6 +97,11 @@ const defaultForwardTimeout = 10 * time.Second
 // elsewhere is nacked at once.
 const maxForwardHeld = 64 << 20
 
+// maxForwardPart bounds one forwarded part's messages in bytes: half of
+// what one log entry holds (replication.MaxCommandBytes), so that the
+// leader's Enqueue of it, a little larger per message, fits one entry.
+const maxForwardPart = replication.MaxCommandBytes / 2
+
 const (
 	fwdPublishHeader = 1 + 8 + 8 + 8 + 8 + 4 + 4
 	fwdConfirmHeader = 1 + 8 + 8 + 8 + 8 + 8 + 1 + 4
@@ -169,6 +175,13 @@ func (s *shard) forward(q *Queue, items []EnqItem, batch *PublishBatch, w *partW
 	size := fwdPublishHeader
 	for _, it := range items {
 		size += 22 + logMsgHeader + len(it.Msg.Exchange()) + len(it.Msg.RoutingKey()) + len(it.Msg.Props()) + len(it.Msg.Body())
+	}
+	if len(items) > 1 && (size > maxForwardPart || len(items) > replication.MaxEntryMessages) {
+		// More than the leader's log takes in one entry (it refuses such
+		// a part whole): halves, parts of their own, in order.
+		h := len(items) / 2
+		w = s.forward(q, items[:h], batch, w)
+		return s.forward(q, items[h:], batch, w)
 	}
 	if s.b.cfg.Durable.Forward == nil || s.fwdHeld+size > maxForwardHeld {
 		for _, it := range items {

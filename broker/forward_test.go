@@ -453,6 +453,55 @@ func TestClusterForwardPastSoftLimit(t *testing.T) {
 	}
 }
 
+// TestClusterForwardPartOverEntryBound: a publish part forwarded to a
+// replicated queue's leader with more messages (70,000) or bytes (three
+// of 12 MiB) than one of the leader's log entries holds is confirmed
+// whole: the origin sends it as parts of their own. The leader refused it
+// whole (internal_nack), each message though small enough alone.
+func TestClusterForwardPartOverEntryBound(t *testing.T) {
+	c := newTestClusterFwd(t, 3, 0, 30*time.Second) // 36 MiB under -race takes seconds
+	c.leader()
+	if _, err := c.nodes[0].b.Load().DeclareQueueAs(&wire.QueueDeclare{Name: "fbig", Durable: true,
+		Args: wire.Table{{Key: "replicas", Value: wire.Int(1)}}}, 0, ""); err != nil {
+		t.Fatal(err)
+	}
+	for _, nd := range c.nodes {
+		c.sees(nd, "queue fbig durable=true")
+	}
+	lead := c.queueLeader("fbig")
+	origin := c.nodes[lead.id%3]
+	q := origin.b.Load().topo.lookupQueue("fbig")
+	var many, big []string
+	for i := range 70_000 {
+		many = append(many, fmt.Sprintf("%06d", i))
+	}
+	for i := range 3 {
+		big = append(big, strings.Repeat(string(rune('a'+i)), 12<<20))
+	}
+	k := newDurSink()
+	for _, bodies := range [][]string{many, big} {
+		batch := publish(origin.b.Load(), q, k, true, bodies...)
+		k.waitFor(t, "the forwarded confirm", func() bool { return k.confirmed(batch) })
+		for i, code := range batch.Codes {
+			if code != 0 {
+				t.Fatalf("message %d of %d nacked (%v)", i, len(bodies), wire.Code(code))
+			}
+		}
+	}
+	if info, _ := lead.b.Load().Queue("fbig"); info.Ready != 70_003 {
+		t.Fatalf("the leader's queue holds %d messages, want 70,003", info.Ready)
+	}
+	msgs, err := lead.b.Load().PeekQueue(t.Context(), "fbig", 70_000)
+	if err != nil || len(msgs) != 70_000 {
+		t.Fatalf("peek: %d messages, %v", len(msgs), err)
+	}
+	for i, m := range msgs {
+		if string(m.Body) != many[i] {
+			t.Fatalf("message %d is %q, want %q (in order)", i, m.Body, many[i])
+		}
+	}
+}
+
 // TestForwardAnswersOfEarlierTries: an origin takes the answer to a
 // part's last send: a refusal of an earlier send (from a node that no
 // longer had the queue) is ignored and the part confirmed by the next
