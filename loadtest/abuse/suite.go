@@ -256,7 +256,7 @@ func RunProbe(ctx context.Context, bin string, s Sizes, p Probe) *Result {
 	// Sample RSS; past the abort line (the bound plus 512 MiB) the probe
 	// is stopped, so a broker without its fix cannot take the machine.
 	abort := make(chan struct{})
-	samplerDone := make(chan struct{})
+	stopSampler, samplerDone := make(chan struct{}), make(chan struct{})
 	var peakMu sync.Mutex
 	var peak int64
 	var abortedAt time.Duration
@@ -268,6 +268,8 @@ func RunProbe(ctx context.Context, bin string, s Sizes, p Probe) *Result {
 		for i := 0; ; i++ {
 			select {
 			case <-ctx.Done():
+				return
+			case <-stopSampler:
 				return
 			case <-t.C:
 			}
@@ -368,14 +370,14 @@ func RunProbe(ctx context.Context, bin string, s Sizes, p Probe) *Result {
 	} else {
 		r.BrokerUp = true
 	}
+	// The sampler writes r's maxima: stopped before r is read (it went
+	// on after the pair when the pair's end raced its tick).
+	close(stopSampler)
+	<-samplerDone
 	if m, err := b.ReadMemory(); err == nil {
-		peakMu.Lock()
 		peak = max(peak, m.RSS, m.HWM)
-		peakMu.Unlock()
 	}
-	peakMu.Lock()
 	r.RSSPeak = peak
-	peakMu.Unlock()
 	if r.RSSPeak > r.RSSBound {
 		r.failf("RSS peaked at %s, over its bound %s (baseline %s)", mb(r.RSSPeak), mb(r.RSSBound), mb(r.RSSBaseline))
 	}
