@@ -3,7 +3,9 @@ package netio
 import (
 	"context"
 	"errors"
+	"strconv"
 	"sync/atomic"
+	"time"
 
 	"github.com/panjf2000/gnet/v2"
 	"github.com/warren-mq/warren/broker"
@@ -248,8 +250,17 @@ func (a ackCheck) Run(context.Context) error {
 }
 
 // Deliver encodes one shard's deliveries for this connection: one DELIVER
-// frame per run of deliveries to the same consumer, channel tags assigned in
-// order, all under one lock (Sink). Called on the shard goroutine.
+// frame per run of deliveries to the same consumer (more where a run would
+// pass the connection's max_frame), channel tags assigned in order, all
+// under one lock (Sink). Called on the shard goroutine.
+//
+// A message whose delivery alone would pass max_frame (one published over
+// AMQP, whose content frames carry up to its max message size; a client
+// that negotiated a smaller max_frame than the publisher's) is not sent:
+// the client would end the connection on the frame (frame_too_large),
+// and the message, requeued, would do it again at each reconnect. Its
+// consumer is cancelled (CANCELLED, frame_too_large) and the message goes
+// back to the queue, for a consumer that can take it.
 func (c *conn) Deliver(ds []broker.Delivery) {
 	c.mu.Lock()
 	if c.closed {
@@ -257,6 +268,8 @@ func (c *conn) Deliver(ds []broker.Delivery) {
 		return // the connection's Down returns them
 	}
 	var back []broker.SettleItem // to consumers the client cancelled
+	var cancels []broker.Command // consumers that cannot take a message (max_frame)
+	maxFrame := int(c.maxFrame)
 	for start := 0; start < len(ds); {
 		id := ds[start].Consumer
 		end := start + 1
@@ -280,38 +293,73 @@ func (c *conn) Deliver(ds []broker.Delivery) {
 			continue
 		}
 		ch := cr.ch
+		frame := len(c.out)
 		out, mark := wire.BeginDeliver(c.out, ch.id, cr.tagBytes)
-		for _, d := range ds[start:end] {
-			ch.nextTag++
-			tag := ch.nextTag
+		n := 0
+		for i, d := range ds[start:end] {
+			msg := d.Msg
 			var fl wire.DeliveryFlags
 			if d.DeliveryCount > 1 {
 				fl |= wire.Redelivered
 			}
-			msg := d.Msg
 			if msg.Flags&wire.Persistent != 0 {
 				fl |= wire.DeliveredPersistent
 			}
-			out = wire.AppendDelivery(out, &wire.Delivery{
-				Tag: tag, Flags: fl, Priority: msg.Priority, DeliveryCount: d.DeliveryCount, FailedCount: d.FailedCount,
-				Exchange: short(msg.Exchange()), RoutingKey: short(msg.RoutingKey()), Properties: msg.Props(), Body: msg.Body(),
-			})
+			wd := wire.Delivery{Flags: fl, Priority: msg.Priority, DeliveryCount: d.DeliveryCount, FailedCount: d.FailedCount,
+				Exchange: short(msg.Exchange()), RoutingKey: short(msg.RoutingKey()), Properties: msg.Props(), Body: msg.Body()}
+			size := wire.DeliverySize(&wd)
+			if n > 0 && len(out)-frame+size > maxFrame {
+				out = mark.End(out, uint32(n))
+				c.srv.metrics.delivered.Add(n)
+				frame = len(out)
+				out, mark = wire.BeginDeliver(out, ch.id, cr.tagBytes)
+				n = 0
+			}
+			if len(out)-frame+size > maxFrame {
+				// Alone too large for the client: nothing of it is sent.
+				out = out[:frame]
+				cr.cancelled = true
+				delete(ch.consumers, cr.tag)
+				reason := "a message of " + strconv.Itoa(len(msg.Body())) + " bytes does not fit this connection's max_frame (" +
+					strconv.Itoa(maxFrame) + " bytes): consumer cancelled, the message stays in the queue"
+				out = wire.AppendFrame(out, ch.id, &wire.Cancelled{ConsumerTag: cr.tag, Code: wire.FrameTooLarge, Reason: reason})
+				cancels = append(cancels, broker.Command{Kind: broker.CmdCancel, Queue: cr.q, Consumer: cr.id})
+				for _, d := range ds[start+i : end] {
+					back = append(back, broker.SettleItem{Q: cr.q, Consumer: cr.id, Op: wire.SettleRequeue, QTag: d.QTag})
+				}
+				if ok, sup := c.srv.bigDeliveryLog.Allow(time.Now()); ok {
+					c.srv.log.Warn("consumer cancelled: a message too large for its connection's max_frame (published over AMQP, or with a larger max_frame)",
+						"conn", c.id, "consumer", cr.tag, "body_bytes", len(msg.Body()), "max_frame", maxFrame, "suppressed_since_last", sup)
+				}
+				break
+			}
+			ch.nextTag++
+			wd.Tag = ch.nextTag
+			out = wire.AppendDelivery(out, &wd)
+			n++
 			if cr.autoAck {
 				ch.pushTag(tagEntry{state: tagAuto})
 				c.autoAcks = append(c.autoAcks, broker.SettleItem{Q: cr.q, Consumer: cr.id, Op: wire.SettleAck, QTag: d.QTag})
 			} else {
 				ch.pushTag(tagEntry{c: cr, qtag: d.QTag})
 				if cr.chTags != nil {
-					cr.chTags[d.QTag] = tag // kept only where leases can expire
+					cr.chTags[d.QTag] = wd.Tag // kept only where leases can expire
 				}
 			}
 		}
-		c.out = mark.End(out, uint32(end-start))
-		c.srv.metrics.delivered.Add(end - start)
+		if n > 0 {
+			c.out = mark.End(out, uint32(n))
+			c.srv.metrics.delivered.Add(n)
+		} else {
+			c.out = out
+		}
 		start = end
 	}
 	c.flushLocked()
 	c.mu.Unlock()
+	for _, cmd := range cancels {
+		c.srv.Submit(cmd) // before the requeues: the queue does not hand them to the consumer again
+	}
 	c.srv.settleAcross(back, 0)
 }
 

@@ -18,6 +18,7 @@ import (
 
 	"github.com/panjf2000/gnet/v2"
 	"github.com/warren-mq/warren/broker"
+	"github.com/warren-mq/warren/internal/ratelog"
 	"github.com/warren-mq/warren/segment"
 
 	"github.com/warren-mq/warren/wire"
@@ -223,7 +224,10 @@ type Server struct {
 	stopped     chan struct{}
 	closing     atomic.Bool
 	connSeq     atomic.Uint64
-	downs       atomic.Uint64 // Down commands sent to the shards (tests read it)
+	// bigDeliveryLog: consumers cancelled for a message over their
+	// connection's max_frame (Deliver).
+	bigDeliveryLog ratelog.Limiter
+	downs          atomic.Uint64 // Down commands sent to the shards (tests read it)
 
 	connsMu sync.Mutex
 	conns   map[uint64]*conn
@@ -293,7 +297,8 @@ func Start(cfg Config) (*Server, error) {
 	if cfg.clustered() && (cfg.NodeID == 0 || cfg.NodeID >= 1<<16) {
 		return nil, fmt.Errorf("netio: node id %d: a cluster's node ids are from 1 to 65535", cfg.NodeID)
 	}
-	s := &Server{cfg: cfg, log: cfg.Logger, booted: make(chan error, 1), stopped: make(chan struct{}), conns: map[uint64]*conn{}, loopsUp: make(chan struct{})}
+	s := &Server{cfg: cfg, log: cfg.Logger, booted: make(chan error, 1), stopped: make(chan struct{}), conns: map[uint64]*conn{}, loopsUp: make(chan struct{}),
+		bigDeliveryLog: ratelog.Limiter{Every: 10 * time.Second}}
 	s.heapSample = []rtmetrics.Sample{{Name: "/gc/heap/live:bytes"}}
 	s.heapBase = s.heapLive()
 	switch {

@@ -299,6 +299,11 @@ func AppendDelivery(dst []byte, d *Delivery) []byte {
 	return appendBytes32(dst, d.Body)
 }
 
+// DeliverySize is the bytes AppendDelivery appends for d.
+func DeliverySize(d *Delivery) int {
+	return 8 + 2 + 4 + 4 + 1 + len(d.Exchange) + 1 + len(d.RoutingKey) + 2 + len(d.Properties) + 4 + len(d.Body)
+}
+
 func (r *reader) delivery(d *Delivery) {
 	d.Tag = r.u64()
 	d.Flags = DeliveryFlags(r.u8())
