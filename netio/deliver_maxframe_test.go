@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"errors"
 	"testing"
+	"time"
 
 	"github.com/warren-mq/warren/client"
 	"github.com/warren-mq/warren/netio/warrentest"
@@ -102,5 +103,80 @@ func TestDeliverOverMaxFrameCancels(t *testing.T) {
 		if i == 0 && !d.Redelivered {
 			t.Fatalf("the message handed back is not flagged redelivered (delivery count %d)", d.DeliveryCount)
 		}
+	}
+}
+
+// TestReturnWithinMaxFrame: the RETURN of a publish frame's unroutable
+// mandatory messages goes out in frames within the publisher's max_frame.
+// Each returned message carries its sequence number, code and exchange
+// (11 bytes more than in the PUBLISH frame), so the returns of a PUBLISH
+// frame filled to max_frame with small messages made one RETURN frame over
+// it, and the client ended its connection on it (frame_too_large).
+func TestReturnWithinMaxFrame(t *testing.T) {
+	s := warrentest.StartServer(t, nil)
+	r := rawDial(t, s, 0) // max_frame 64 KiB (wire.MinMaxFrame)
+	r.write(wire.AppendFrame(nil, 1, &wire.ChannelOpen{Req: 1}))
+	r.read()
+	b, mark := wire.BeginPublish(nil, 1, 1, nil)
+	n := 0
+	m := wire.Message{Flags: wire.Mandatory, RoutingKey: []byte("nowhere"), Body: bytes.Repeat([]byte("r"), 40)}
+	for len(wire.AppendMessage(b, &m)) <= wire.MinMaxFrame {
+		b = wire.AppendMessage(b, &m)
+		n++
+	}
+	r.write(mark.End(b, uint32(n)))
+	// One message filling a PUBLISH frame: its RETURN would be 2 bytes
+	// over max_frame, so it is nacked no_route instead.
+	b, mark = wire.BeginPublish(nil, 1, uint64(n+1), nil)
+	one := m
+	one.Body = make([]byte, wire.MinMaxFrame-len(wire.AppendMessage(b, &one)))
+	b = wire.AppendMessage(b, &one)
+	r.write(mark.End(b, 1))
+	returned := 0
+	var nacked []wire.ConfirmRange
+	_ = r.nc.SetReadDeadline(time.Now().Add(10 * time.Second))
+	for confirmed := uint64(0); confirmed < uint64(n+1); {
+		f, used, err := wire.Split(r.buf, wire.MinMaxFrame)
+		if err != nil {
+			t.Fatalf("after %d of %d returns: %v", returned, n, err)
+		}
+		if used == 0 {
+			tmp := make([]byte, 64<<10)
+			k, err := r.nc.Read(tmp)
+			if err != nil {
+				t.Fatalf("after %d of %d returns: %v", returned, n, err)
+			}
+			r.buf = append(r.buf, tmp[:k]...)
+			continue
+		}
+		r.buf = r.buf[used:]
+		body, err := wire.Decode(f, wire.MinMaxFrame, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		switch body := body.(type) {
+		case *wire.Return:
+			for _, rm := range body.Returns {
+				if rm.Seq != uint64(returned+1) {
+					t.Fatalf("return %d carries seq %d", returned, rm.Seq)
+				}
+				returned++
+			}
+		case *wire.Confirm:
+			for _, cr := range body.Ranges {
+				if cr.Code != wire.OK {
+					nacked = append(nacked, cr)
+				}
+				confirmed = max(confirmed, cr.Last)
+			}
+		default:
+			t.Fatalf("unexpected %T", body)
+		}
+	}
+	if returned != n {
+		t.Fatalf("%d of %d unroutable mandatory messages returned before the confirm", returned, n)
+	}
+	if len(nacked) != 1 || nacked[0].First != uint64(n+1) || nacked[0].Last != uint64(n+1) || nacked[0].Code != wire.NoRoute {
+		t.Fatalf("nacks %+v, want the frame-filling message's alone, no_route", nacked)
 	}
 }

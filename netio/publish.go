@@ -56,9 +56,7 @@ func (c *conn) onPublish(ch *channel, f wire.Frame) error {
 	// nothing zeroed), one slice of messages.
 	ar := &broker.Arena{Buf: b.Own()}
 	msgs := make([]broker.StoredMsg, b.Count)
-	var ret []byte
-	var retMark wire.BatchMark
-	nret := 0
+	rets := returns{max: int(c.maxFrame)}
 	var props wire.Properties
 	var m wire.Message
 	it := b.Messages()
@@ -87,11 +85,9 @@ func (c *conn) onPublish(ch *channel, f wire.Frame) error {
 			refs = ls.routeBuf
 		}
 		if len(refs) == 0 && m.Flags&wire.Mandatory != 0 {
-			if nret == 0 {
-				ret, retMark = wire.BeginReturn(nil, ch.id)
+			if !rets.add(ch.id, &wire.Returned{Seq: b.FirstSeq + uint64(i), Code: wire.NoRoute, Exchange: b.Exchange, Message: sent}) {
+				batch.Codes[i] = uint32(wire.NoRoute) // its RETURN would pass the publisher's max_frame: nacked instead
 			}
-			nret++
-			ret = wire.AppendReturned(ret, &wire.Returned{Seq: b.FirstSeq + uint64(i), Code: wire.NoRoute, Exchange: b.Exchange, Message: sent})
 		}
 		for _, ref := range refs {
 			q := view.Queue(ref)
@@ -108,14 +104,14 @@ func (c *conn) onPublish(ch *channel, f wire.Frame) error {
 		}
 	}
 	ls.memo.forget()
-	if nret > 0 {
+	if rets.total > 0 {
 		c.mu.Lock()
 		if !c.closed {
-			c.out = append(c.out, retMark.End(ret, uint32(nret))...)
+			c.out = append(c.out, rets.end()...)
 			c.flushLocked()
 		}
 		c.mu.Unlock()
-		c.srv.metrics.returned.Add(nret)
+		c.srv.metrics.returned.Add(rets.total)
 	}
 	parts, placed := 1, 0
 	for _, p := range ls.parts {
@@ -151,6 +147,53 @@ func (c *conn) onPublish(ch *channel, f wire.Frame) error {
 	}
 	batch.PartDone()
 	return nil
+}
+
+// returns collects a publish frame's RETURN entries in frames of at most
+// max bytes (the publisher's max_frame): each entry carries its sequence
+// number, code and exchange, more than the message took in the PUBLISH
+// frame, so the returns of a frame filled with small messages need more
+// than one.
+type returns struct {
+	buf   []byte
+	mark  wire.BatchMark
+	start int // the open frame's first byte
+	n     int // entries in the open frame
+	total int
+	max   int
+}
+
+// add appends rm, in the open frame or a new one; false (nothing added)
+// if it alone would pass max.
+func (r *returns) add(ch uint16, rm *wire.Returned) bool {
+	if r.n == 0 {
+		r.start = len(r.buf)
+		r.buf, r.mark = wire.BeginReturn(r.buf, ch)
+	}
+	at := len(r.buf)
+	r.buf = wire.AppendReturned(r.buf, rm)
+	if len(r.buf)-r.start <= r.max {
+		r.n++
+		r.total++
+		return true
+	}
+	r.buf = r.buf[:at]
+	if r.n > 0 {
+		r.buf = r.mark.End(r.buf, uint32(r.n))
+		r.n = 0
+		return r.add(ch, rm)
+	}
+	r.buf = r.buf[:r.start]
+	return false
+}
+
+// end closes the open frame and returns the frames.
+func (r *returns) end() []byte {
+	if r.n > 0 {
+		r.buf = r.mark.End(r.buf, uint32(r.n))
+		r.n = 0
+	}
+	return r.buf
 }
 
 // partsKeepMax: a connection keeps its routing scratch (loopScratch.parts) between
