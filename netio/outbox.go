@@ -32,7 +32,15 @@ func (c *conn) Confirm(b *broker.PublishBatch) {
 	}
 	c.mu.Lock()
 	if !c.closed {
-		c.out = wire.AppendConfirm(c.out, b.Ch, rs)
+		// As many frames as the ranges need: a frame holds at most 65,535,
+		// and within the client's max_frame (a batch whose outcomes
+		// alternate has a range per message).
+		per := min(wire.MaxConfirmRanges, (int(c.maxFrame)-wire.HeaderSize-2)/wire.ConfirmRangeSize)
+		for len(rs) > 0 {
+			n := min(len(rs), per)
+			c.out = wire.AppendConfirm(c.out, b.Ch, rs[:n])
+			rs = rs[n:]
+		}
 		c.srv.metrics.confirmed.Add(len(b.Codes))
 		c.flushLocked()
 	}

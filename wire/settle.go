@@ -125,11 +125,18 @@ type ConfirmRange struct {
 
 const confirmEntrySize = 18
 
+// ConfirmRangeSize is the bytes one range takes in a CONFIRM frame, and
+// MaxConfirmRanges the most ranges one frame holds.
+const (
+	ConfirmRangeSize = confirmEntrySize
+	MaxConfirmRanges = 65535
+)
+
 // CONFIRM payload: count u16, count × (first u64, last u64, code u16).
 
 // AppendConfirm appends a CONFIRM frame.
 func AppendConfirm(dst []byte, ch uint16, ranges []ConfirmRange) []byte {
-	if len(ranges) > 65535 {
+	if len(ranges) > MaxConfirmRanges {
 		panic("wire: BUG: more than 65535 confirm ranges in one frame")
 	}
 	dst, start := beginFrame(dst, TypeConfirm, 0, ch)

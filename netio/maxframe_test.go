@@ -3,10 +3,12 @@ package netio_test
 import (
 	"bytes"
 	"errors"
+	"fmt"
 	"testing"
 	"time"
 
 	"github.com/warren-mq/warren/client"
+	"github.com/warren-mq/warren/netio"
 	"github.com/warren-mq/warren/netio/warrentest"
 	"github.com/warren-mq/warren/wire"
 )
@@ -129,32 +131,14 @@ func TestReturnWithinMaxFrame(t *testing.T) {
 	// over max_frame, so it is nacked no_route instead.
 	b, mark = wire.BeginPublish(nil, 1, uint64(n+1), nil)
 	one := m
+	one.Body = nil // the body fills what the frame has left
 	one.Body = make([]byte, wire.MinMaxFrame-len(wire.AppendMessage(b, &one)))
 	b = wire.AppendMessage(b, &one)
 	r.write(mark.End(b, 1))
 	returned := 0
 	var nacked []wire.ConfirmRange
-	_ = r.nc.SetReadDeadline(time.Now().Add(10 * time.Second))
 	for confirmed := uint64(0); confirmed < uint64(n+1); {
-		f, used, err := wire.Split(r.buf, wire.MinMaxFrame)
-		if err != nil {
-			t.Fatalf("after %d of %d returns: %v", returned, n, err)
-		}
-		if used == 0 {
-			tmp := make([]byte, 64<<10)
-			k, err := r.nc.Read(tmp)
-			if err != nil {
-				t.Fatalf("after %d of %d returns: %v", returned, n, err)
-			}
-			r.buf = append(r.buf, tmp[:k]...)
-			continue
-		}
-		r.buf = r.buf[used:]
-		body, err := wire.Decode(f, wire.MinMaxFrame, nil)
-		if err != nil {
-			t.Fatal(err)
-		}
-		switch body := body.(type) {
+		switch body := nextWithin(t, r, wire.MinMaxFrame).(type) {
 		case *wire.Return:
 			for _, rm := range body.Returns {
 				if rm.Seq != uint64(returned+1) {
@@ -178,5 +162,102 @@ func TestReturnWithinMaxFrame(t *testing.T) {
 	}
 	if len(nacked) != 1 || nacked[0].First != uint64(n+1) || nacked[0].Last != uint64(n+1) || nacked[0].Code != wire.NoRoute {
 		t.Fatalf("nacks %+v, want the frame-filling message's alone, no_route", nacked)
+	}
+}
+
+// nextWithin reads r's next frame, failing the test if it passes limit
+// bytes (as a client with that max_frame refuses it) or none comes within
+// 10 s.
+func nextWithin(t *testing.T, r *rawConn, limit int) wire.Body {
+	t.Helper()
+	_ = r.nc.SetReadDeadline(time.Now().Add(10 * time.Second))
+	for {
+		f, used, err := wire.Split(r.buf, uint32(limit))
+		if err != nil {
+			t.Fatalf("a frame over max_frame %d: %v", limit, err)
+		}
+		if used > 0 {
+			r.buf = r.buf[used:]
+			body, err := wire.Decode(f, uint32(limit), nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			return body
+		}
+		tmp := make([]byte, 64<<10)
+		k, err := r.nc.Read(tmp)
+		if err != nil {
+			t.Fatal(err)
+		}
+		r.buf = append(r.buf, tmp[:k]...)
+	}
+}
+
+// TestConfirmWithinMaxFrame: the CONFIRM of a publish frame whose
+// messages' outcomes alternate (a reject-publish queue that is full, and
+// one that is not) goes out in frames within the publisher's max_frame
+// and of at most 65,535 ranges each. It went out as one frame with a range
+// per message: over a small max_frame the client ended its connection
+// (frame_too_large), and past 65,535 ranges (one PUBLISH of 65,536 such
+// messages, from any client allowed to publish) the broker panicked and
+// exited.
+func TestConfirmWithinMaxFrame(t *testing.T) {
+	s := warrentest.StartServer(t, &netio.Config{QueueSoftLimit: -1}) // no confirm held back by a backlog
+	for k, c := range []struct{ maxFrame, msgs int }{{wire.MinMaxFrame, 5_000}, {2 << 20, 70_000}} {
+		ok, full := fmt.Sprint("ok", k), fmt.Sprint("full", k)
+		r := rawHello(t, s)
+		r.write(wire.AppendFrame(nil, 0, &wire.Auth{Mechanism: "PLAIN", Response: wire.PlainResponse("guest", "guest"), MaxFrame: uint32(c.maxFrame)}))
+		if _, ok := r.read().(*wire.OpenOK); !ok {
+			t.Fatal("no OPEN_OK")
+		}
+		r.write(wire.AppendFrame(nil, 1, &wire.ChannelOpen{Req: 1}))
+		r.write(wire.AppendFrame(nil, 1, &wire.QueueDeclare{Req: 2, Name: ok}))
+		r.write(wire.AppendFrame(nil, 1, &wire.QueueDeclare{Req: 3, Name: full,
+			Args: wire.Table{{Key: "max-length", Value: wire.Int(1)}, {Key: "overflow", Value: wire.String("reject-publish")}}}))
+		for range 3 {
+			nextWithin(t, r, c.maxFrame)
+		}
+		b, mark := wire.BeginPublish(nil, 1, 1, nil)
+		for i := range c.msgs {
+			rk := ok
+			if i%2 == 1 {
+				rk = full
+			}
+			b = wire.AppendMessage(b, &wire.Message{RoutingKey: []byte(rk)})
+		}
+		if len(b) > c.maxFrame {
+			t.Fatalf("the test's PUBLISH is %d bytes, over max_frame %d", len(b), c.maxFrame)
+		}
+		r.write(mark.End(b, uint32(c.msgs)))
+		// The first to full fills it (max-length 1): every later one is
+		// refused, so outcomes alternate from message 3 on.
+		codes := make([]wire.Code, 0, c.msgs)
+		for frames := 0; len(codes) < c.msgs; {
+			cf, ok := nextWithin(t, r, c.maxFrame).(*wire.Confirm)
+			if !ok {
+				continue
+			}
+			frames++
+			for _, cr := range cf.Ranges {
+				if cr.First != uint64(len(codes)+1) || cr.Last < cr.First {
+					t.Fatalf("max_frame %d: range %+v after %d confirmed", c.maxFrame, cr, len(codes))
+				}
+				for range cr.Last - cr.First + 1 {
+					codes = append(codes, cr.Code)
+				}
+			}
+			if len(codes) == c.msgs && frames < 2 {
+				t.Fatalf("max_frame %d: %d confirms in one frame", c.maxFrame, c.msgs)
+			}
+		}
+		for i, code := range codes {
+			want := wire.OK
+			if i%2 == 1 && i > 1 {
+				want = wire.QueueFull
+			}
+			if code != want {
+				t.Fatalf("max_frame %d: message %d confirmed %v", c.maxFrame, i+1, code)
+			}
+		}
 	}
 }
