@@ -183,6 +183,15 @@ func (s *shard) forward(q *Queue, items []EnqItem, batch *PublishBatch, w *partW
 		w = s.forward(q, items[:h], batch, w)
 		return s.forward(q, items[h:], batch, w)
 	}
+	if len(items) == 1 && replication.PublishFromBytes(1, logMsgLen(items[0].Msg)) > replication.MaxCommandBytes {
+		// Alone larger than the leader's log takes in one entry: nacked
+		// here, as the leader nacks its own publishers' (enqueueDurable).
+		// Sent, it was refused whole, and with it the stream's parts
+		// after it (refusedFrom): other publishers' messages.
+		s.release(items[0].Msg)
+		batch.Nack(items[0].Idx, wire.InternalNack)
+		return w
+	}
 	if s.b.cfg.Durable.Forward == nil || s.fwdHeld+size > maxForwardHeld {
 		for _, it := range items {
 			s.release(it.Msg)

@@ -457,7 +457,8 @@ func TestClusterForwardPastSoftLimit(t *testing.T) {
 // replicated queue's leader with more messages (70,000) or bytes (three
 // of 12 MiB) than one of the leader's log entries holds is confirmed
 // whole: the origin sends it as parts of their own. The leader refused it
-// whole (internal_nack), each message though small enough alone.
+// whole (internal_nack), each message though small enough alone. A
+// message alone over the bound is nacked at the origin, and nothing else.
 func TestClusterForwardPartOverEntryBound(t *testing.T) {
 	c := newTestClusterFwd(t, 3, 0, 30*time.Second) // 36 MiB under -race takes seconds
 	c.leader()
@@ -488,8 +489,17 @@ func TestClusterForwardPartOverEntryBound(t *testing.T) {
 			}
 		}
 	}
-	if info, _ := lead.b.Load().Queue("fbig"); info.Ready != 70_003 {
-		t.Fatalf("the leader's queue holds %d messages, want 70,003", info.Ready)
+	// A message alone over an entry's bound is nacked at its origin; the
+	// others, of its part and of the next, are taken (the leader refused
+	// the part whole, and the stream's later parts with it).
+	over := publish(origin.b.Load(), q, k, true, "x", strings.Repeat("o", segment.MaxEntry), "y")
+	after := publish(origin.b.Load(), q, k, true, "z")
+	k.waitFor(t, "the confirms", func() bool { return k.confirmed(over) && k.confirmed(after) })
+	if got := []wire.Code{wire.Code(over.Codes[0]), wire.Code(over.Codes[1]), wire.Code(over.Codes[2]), wire.Code(after.Codes[0])}; !slices.Equal(got, []wire.Code{wire.OK, wire.InternalNack, wire.OK, wire.OK}) {
+		t.Fatalf("a part with a message over an entry's bound, then another: %v, want ok, internal_nack, ok, ok", got)
+	}
+	if info, _ := lead.b.Load().Queue("fbig"); info.Ready != 70_006 {
+		t.Fatalf("the leader's queue holds %d messages, want 70,006", info.Ready)
 	}
 	msgs, err := lead.b.Load().PeekQueue(t.Context(), "fbig", 70_000)
 	if err != nil || len(msgs) != 70_000 {

@@ -80,6 +80,11 @@ func (e *EntryEncoder) AddFrom(o Origin, enq *queue.Enqueue) error {
 	return e.addFrame(kindPublishFrom, pre[:], enq, nil)
 }
 
+// PublishFromBytes is the encoding's length of a publish-from Enqueue of n
+// messages whose log forms (BodySource.BodyLen) total bodies bytes: one
+// over MaxCommandBytes is ErrCommandTooLarge.
+func PublishFromBytes(n, bodies int) int { return publishFromLen + 15 + (28+4)*n + bodies }
+
 // AddEnqueueFrom appends, as a publish-from of origin o, an Enqueue whose
 // bodies src writes (see AddEnqueue).
 func (e *EntryEncoder) AddEnqueueFrom(o Origin, nowMs int64, msgs []queue.Message, src queue.BodySource) error {

@@ -416,3 +416,19 @@ func TestEntryCommandByteBound(t *testing.T) {
 		}
 	}
 }
+
+// TestPublishFromBytes: PublishFromBytes is the length AddEnqueueFrom
+// holds against MaxCommandBytes (a forwarding node nacks a message over
+// it rather than send what its leader must refuse).
+func TestPublishFromBytes(t *testing.T) {
+	var enc EntryEncoder
+	at := MaxCommandBytes - PublishFromBytes(1, 0) // the body that makes the command MaxCommandBytes
+	for _, n := range []int{at, at + 1} {
+		enc.Reset()
+		src := sliceBodies([][]byte{make([]byte, n)})
+		err := enc.AddEnqueueFrom(Origin{Enqueuer: 1, Incarnation: 1, QSeq: 1}, 0, make([]queue.Message, 1), &src)
+		if over := PublishFromBytes(1, n) > MaxCommandBytes; over != errors.Is(err, ErrCommandTooLarge) || !over && err != nil {
+			t.Fatalf("a publish-from of %d bytes by PublishFromBytes (bound %d): %v", PublishFromBytes(1, n), MaxCommandBytes, err)
+		}
+	}
+}
