@@ -580,10 +580,13 @@ func (ch *Channel) settle(op wire.SettleOp, first, last uint64, arg uint32) erro
 
 // flushSettlesLocked turns queued settlements into SETTLE frames.
 func (c *Conn) flushSettlesLocked() {
+	// A frame holds at most 65,535 entries, and within max_frame (a run
+	// of acks and nacks in turn takes an entry each).
+	per := min(wire.MaxSettleEntries, (int(c.maxFrame)-wire.HeaderSize-2)/wire.SettleEntrySize)
 	for ch := range c.settles {
 		q := ch.settleQ
 		for len(q) > 0 {
-			n := min(len(q), 65535)
+			n := min(len(q), per)
 			c.wbuf = wire.AppendSettle(c.wbuf, ch.id, q[:n])
 			q = q[n:]
 		}

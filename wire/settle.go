@@ -48,11 +48,18 @@ type Settlement struct {
 // settleEntrySize is op u8, first u64, last u64, arg u32.
 const settleEntrySize = 21
 
+// SettleEntrySize is the bytes one entry takes in a SETTLE frame, and
+// MaxSettleEntries the most entries one frame holds.
+const (
+	SettleEntrySize  = settleEntrySize
+	MaxSettleEntries = 65535
+)
+
 // SETTLE payload: count u16, count × (op u8, first u64, last u64, arg u32).
 
 // AppendSettle appends a SETTLE frame. At most 65535 entries fit one frame.
 func AppendSettle(dst []byte, ch uint16, entries []Settlement) []byte {
-	if len(entries) > 65535 {
+	if len(entries) > MaxSettleEntries {
 		panic("wire: BUG: more than 65535 settle entries in one frame")
 	}
 	dst, start := beginFrame(dst, TypeSettle, 0, ch)
