@@ -582,7 +582,11 @@ func (ch *Channel) settle(op wire.SettleOp, first, last uint64, arg uint32) erro
 func (c *Conn) flushSettlesLocked() {
 	// A frame holds at most 65,535 entries, and within max_frame (a run
 	// of acks and nacks in turn takes an entry each).
-	per := min(wire.MaxSettleEntries, (int(c.maxFrame)-wire.HeaderSize-2)/wire.SettleEntrySize)
+	maxFrame := int(c.maxFrame)
+	if maxFrame < wire.MinMaxFrame {
+		maxFrame = wire.MinMaxFrame // not negotiated yet (no deliveries then; tests)
+	}
+	per := min(wire.MaxSettleEntries, (maxFrame-wire.HeaderSize-2)/wire.SettleEntrySize)
 	for ch := range c.settles {
 		q := ch.settleQ
 		for len(q) > 0 {
