@@ -434,15 +434,8 @@ func TestClusterForwardResendOfRejected(t *testing.T) {
 func TestClusterForwardPastSoftLimit(t *testing.T) {
 	c := newTestClusterWith(t, 3, func(c *testCluster) { c.softLimit = 2 })
 	c.leader()
-	if _, err := c.nodes[0].b.Load().DeclareQueueAs(&wire.QueueDeclare{Name: "fq", Durable: true,
-		Args: wire.Table{{Key: "replicas", Value: wire.Int(1)}}}, 0, ""); err != nil {
-		t.Fatal(err)
-	}
-	for _, nd := range c.nodes {
-		c.sees(nd, "queue fq durable=true")
-	}
-	lead := c.queueLeader("fq")
-	origin := c.nodes[lead.id%3]
+	_, others := c.declareOneReplica("fq")
+	origin := others[0]
 	k := newDurSink()
 	batch := publish(origin.b.Load(), origin.b.Load().topo.lookupQueue("fq"), k, true, "a", "b", "c", "d", "e")
 	k.waitFor(t, "the forwarded confirm", func() bool { return k.confirmed(batch) })
@@ -462,15 +455,8 @@ func TestClusterForwardPastSoftLimit(t *testing.T) {
 func TestClusterForwardPartOverEntryBound(t *testing.T) {
 	c := newTestClusterFwd(t, 3, 0, 30*time.Second) // 36 MiB under -race takes seconds
 	c.leader()
-	if _, err := c.nodes[0].b.Load().DeclareQueueAs(&wire.QueueDeclare{Name: "fbig", Durable: true,
-		Args: wire.Table{{Key: "replicas", Value: wire.Int(1)}}}, 0, ""); err != nil {
-		t.Fatal(err)
-	}
-	for _, nd := range c.nodes {
-		c.sees(nd, "queue fbig durable=true")
-	}
-	lead := c.queueLeader("fbig")
-	origin := c.nodes[lead.id%3]
+	lead, others := c.declareOneReplica("fbig")
+	origin := others[0]
 	q := origin.b.Load().topo.lookupQueue("fbig")
 	var many, big []string
 	for i := range 70_000 {

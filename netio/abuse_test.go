@@ -76,14 +76,21 @@ func (r *rawConn) read() wire.Body {
 // error (the broker closed it, or no frame within 10 s).
 func (r *rawConn) next() (ch uint16, b wire.Body, err error) {
 	r.t.Helper()
+	return r.nextWithin(wire.HardMaxFrame)
+}
+
+// nextWithin is next for a peer whose max_frame is limit: a frame over it
+// fails the test (such a peer refuses it: frame_too_large).
+func (r *rawConn) nextWithin(limit uint32) (ch uint16, b wire.Body, err error) {
+	r.t.Helper()
 	_ = r.nc.SetReadDeadline(time.Now().Add(10 * time.Second))
 	for {
-		f, n, err := wire.Split(r.buf, wire.HardMaxFrame)
+		f, n, err := wire.Split(r.buf, limit)
 		if err != nil {
-			r.t.Fatal(err)
+			r.t.Fatalf("a frame over max_frame %d: %v", limit, err)
 		}
 		if n > 0 {
-			b, err := wire.Decode(f, wire.HardMaxFrame, nil)
+			b, err := wire.Decode(f, limit, nil)
 			if err != nil {
 				r.t.Fatal(err)
 			}

@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"testing"
-	"time"
 
 	"github.com/warren-mq/warren/client"
 	"github.com/warren-mq/warren/netio"
@@ -170,27 +169,11 @@ func TestReturnWithinMaxFrame(t *testing.T) {
 // 10 s.
 func nextWithin(t *testing.T, r *rawConn, limit int) wire.Body {
 	t.Helper()
-	_ = r.nc.SetReadDeadline(time.Now().Add(10 * time.Second))
-	for {
-		f, used, err := wire.Split(r.buf, uint32(limit))
-		if err != nil {
-			t.Fatalf("a frame over max_frame %d: %v", limit, err)
-		}
-		if used > 0 {
-			r.buf = r.buf[used:]
-			body, err := wire.Decode(f, uint32(limit), nil)
-			if err != nil {
-				t.Fatal(err)
-			}
-			return body
-		}
-		tmp := make([]byte, 64<<10)
-		k, err := r.nc.Read(tmp)
-		if err != nil {
-			t.Fatal(err)
-		}
-		r.buf = append(r.buf, tmp[:k]...)
+	_, body, err := r.nextWithin(uint32(limit))
+	if err != nil {
+		t.Fatal(err)
 	}
+	return body
 }
 
 // TestConfirmWithinMaxFrame: the CONFIRM of a publish frame whose

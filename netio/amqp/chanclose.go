@@ -6,7 +6,6 @@ package amqp
 // back to its queues.
 
 import (
-	"encoding/binary"
 	"errors"
 	"slices"
 
@@ -63,12 +62,7 @@ func (c *conn) claimClose(ch *channel, ae *amqpError) (release, bool) {
 		c.mu.Unlock()
 		return r, false
 	}
-	b, st := method(c.out, ch.id, classChannel, 40)
-	b = binary.BigEndian.AppendUint16(b, ae.code)
-	b = putShortstr(b, ae.text)
-	b = binary.BigEndian.AppendUint16(b, ae.class)
-	b = binary.BigEndian.AppendUint16(b, ae.method)
-	c.out = endFrame(b, st)
+	c.out = appendClose(c.out, ch.id, classChannel, 40, ae)
 	c.flushLocked()
 	c.mu.Unlock()
 	c.dropReply(r.reply)

@@ -43,14 +43,21 @@ func (c *conn) sendConnClose(ae *amqpError) {
 	c.closeBy.Store(time.Now().UnixMilli() + closeWaitMs)
 	c.l.log.Info("AMQP connection error", "conn", c.id, "code", ae.code, "text", ae.text)
 	c.mu.Lock()
-	b, st := method(c.out, 0, classConnection, 50)
+	c.out = appendClose(c.out, 0, classConnection, 50, ae)
+	c.flushLocked()
+	c.mu.Unlock()
+}
+
+// appendClose appends a close method (connection.close, or channel.close
+// on chID) telling ae: reply code and text, and the failing method's class
+// and method ids.
+func appendClose(dst []byte, chID, class, id uint16, ae *amqpError) []byte {
+	b, st := method(dst, chID, class, id)
 	b = binary.BigEndian.AppendUint16(b, ae.code)
 	b = putShortstr(b, ae.text)
 	b = binary.BigEndian.AppendUint16(b, ae.class)
 	b = binary.BigEndian.AppendUint16(b, ae.method)
-	c.out = endFrame(b, st)
-	c.flushLocked()
-	c.mu.Unlock()
+	return endFrame(b, st)
 }
 
 // closeWaitMs: how long a connection.close waits for its close-ok.
